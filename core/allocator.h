@@ -1,0 +1,59 @@
+// The allocator interface every byte of tensor memory comes from. core ships a counting CPU
+// allocator; memory/ installs the caching, budgeted one, and the CUDA backend its own.
+//   void* p = memory::allocator_for(Device::cpu()).allocate(1024, memory::Stream{});
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "core/device.h"
+
+namespace tessel::memory {
+
+// A stream orders work on a device; CPU has one implicit stream (id 0).
+struct Stream {
+  int64_t id = 0;
+};
+
+struct AllocatorStats {
+  int64_t allocated_bytes = 0;  // in use by tensors
+  int64_t peak_allocated_bytes = 0;
+  int64_t reserved_bytes = 0;  // held from the system, used or cached
+  int64_t num_allocations = 0;
+  int64_t num_frees = 0;
+};
+
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  // Returns at least `nbytes` bytes aligned to 64; throws tessel::OutOfMemory when impossible.
+  virtual void* allocate(size_t nbytes, Stream stream) = 0;
+  virtual void deallocate(void* ptr, size_t nbytes, Stream stream) = 0;
+  virtual AllocatorStats stats() const = 0;
+  virtual void reset_peak() = 0;
+};
+
+// malloc-backed, thread-safe, counts bytes; the default for CPU until memory/ replaces it.
+class CountingCpuAllocator : public Allocator {
+ public:
+  void* allocate(size_t nbytes, Stream stream) override;
+  void deallocate(void* ptr, size_t nbytes, Stream stream) override;
+  AllocatorStats stats() const override;
+  void reset_peak() override;
+
+ private:
+  std::atomic<int64_t> allocated_{0};
+  std::atomic<int64_t> peak_{0};
+  std::atomic<int64_t> allocations_{0};
+  std::atomic<int64_t> frees_{0};
+};
+
+// The allocator for a device type (meta has none). Thread-safe. Storage keeps the returned
+// pointer, so bytes go back to the allocator that gave them even after set_allocator.
+std::shared_ptr<Allocator> allocator_for(Device device);
+// Installs `allocator` for every device of `type`; returns the previous one.
+std::shared_ptr<Allocator> set_allocator(DeviceType type, std::shared_ptr<Allocator> allocator);
+
+}  // namespace tessel::memory

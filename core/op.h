@@ -1,0 +1,145 @@
+// The op registry and dispatcher. Every op is registered once (shape rule, kernel per device,
+// backward, cost, splittable dimensions, flags) and every call goes through `dispatch`, which
+// is where autograd recording, recipes for the memory layer and meta-device tracing attach.
+//   static const OpDef& op = OpRegistry::get().find("add");
+//   Tensor out = dispatch(op, {a, b}, Attrs{{"alpha", 1.0}})[0];
+#pragma once
+
+#include <array>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/attrs.h"
+#include "core/tensor.h"
+
+namespace tessel {
+
+struct OpDef;
+
+struct OutputSpec {
+  Shape sizes;
+  DType dtype;
+};
+
+struct OpCost {
+  double flops = 0;  // floating-point operations
+  double bytes = 0;  // bytes read plus written
+};
+
+// What a kernel sees. Inputs are pinned and resident; outputs are allocated (possibly strided
+// views into a larger tensor) and must be fully written.
+struct KernelContext {
+  const OpDef& op;
+  const std::vector<Tensor>& inputs;
+  std::vector<Tensor>& outputs;
+  const Attrs& attrs;
+  bool replay;  // recomputation from a recipe: skip side effects (running statistics)
+  // Scratch memory from the device allocator (counted, budgeted), freed with the context.
+  Tensor workspace(const Shape& sizes, DType dtype);
+  std::vector<Tensor> workspaces;
+  std::vector<StorageAccess> workspace_access;
+};
+
+// What a backward function sees; it returns one gradient per input (undefined: none).
+struct BackwardContext {
+  const std::vector<Tensor>& grad_outputs;     // undefined where an output got no gradient
+  const std::vector<Tensor>& saved_inputs;     // undefined unless listed in OpDef::save_inputs
+  const std::vector<Tensor>& saved_outputs;    // undefined unless listed in OpDef::save_outputs
+  const std::vector<OutputSpec>& input_specs;  // shape and dtype of every input
+  const std::vector<bool>& needs_input_grad;
+  const Attrs& attrs;
+};
+
+using ShapeRule =
+    std::function<std::vector<OutputSpec>(const std::vector<Tensor>& inputs, const Attrs& attrs)>;
+using Kernel = std::function<void(KernelContext& context)>;
+using BackwardFn = std::function<std::vector<Tensor>(const BackwardContext& context)>;
+using CostFn = std::function<OpCost(const std::vector<Tensor>& inputs,
+                                    const std::vector<Tensor>& outputs, const Attrs& attrs)>;
+// For view ops: the output geometry over the input's storage, no kernel.
+using ViewFn = std::function<Tensor(const Tensor& input, const Attrs& attrs)>;
+
+// A dimension along which the op may run in chunks: output dim `output_dim`, and for every
+// input the dim split alongside it (-1: each chunk reads the whole input).
+struct SplitRule {
+  int output_dim;
+  std::vector<int> input_dims;
+};
+
+struct OpFlags {
+  bool pure = true;           // same inputs and attributes give the same outputs
+  bool random = false;        // consumes the RNG; the dispatcher records seed and offset in attrs
+  bool side_effects = false;  // writes some inputs (listed in mutated_inputs) besides its outputs
+  bool view = false;          // output aliases input 0's storage (view_fn, no kernel)
+};
+
+struct OpDef {
+  std::string name;
+  ShapeRule shape;
+  std::array<Kernel, kNumDeviceTypes> kernels;
+  BackwardFn backward;  // empty: not differentiable
+  std::vector<int> save_inputs;
+  std::vector<int> save_outputs;
+  CostFn cost;
+  std::vector<SplitRule> splits;
+  OpFlags flags;
+  std::vector<int> mutated_inputs;
+  ViewFn view_fn;
+  // Random ops: how many Philox counters (4 numbers each) a call consumes.
+  std::function<uint64_t(const std::vector<Tensor>& inputs, const Attrs& attrs)> rng_counters;
+};
+
+class OpRegistry {
+ public:
+  static OpRegistry& get();
+  // Registers a new op; throws if the name is taken.
+  OpDef& define(const std::string& name);
+  // Adds or replaces the kernel of an existing op for one device type (the CUDA backend).
+  void set_kernel(const std::string& name, DeviceType device, Kernel kernel);
+  const OpDef& find(const std::string& name) const;  // throws naming the unknown op
+  const OpDef* find_or_null(const std::string& name) const;
+  std::vector<std::string> names() const;
+
+ private:
+  std::vector<std::unique_ptr<OpDef>> ops_;
+};
+
+// A pure, replayable record of one op call: what the memory layer recomputes from.
+struct RecipeTensor {
+  std::shared_ptr<StorageImpl> storage;
+  Shape sizes, strides;
+  int64_t offset = 0;
+  DType dtype = DType::kFloat32;
+  uint64_t version = 0;
+  Tensor materialize() const;  // a Tensor over the same bytes (adds a user reference)
+};
+struct OpCall {
+  const OpDef* op = nullptr;
+  Attrs attrs;                       // random ops carry rng_seed and rng_offset here
+  std::vector<RecipeTensor> inputs;  // holds recipe references
+  std::vector<std::weak_ptr<StorageImpl>> output_storages;
+  std::vector<RecipeTensor> outputs;  // geometry of the outputs (storage left null)
+  double cost_seconds = 0;
+  ~OpCall();
+};
+std::shared_ptr<OpCall> make_op_call(const OpDef& op, const std::vector<Tensor>& inputs,
+                                     const std::vector<Tensor>& outputs, const Attrs& attrs);
+// Recomputes the outputs of `call` whose storage is evicted, into that storage, bitwise as the
+// first time (inputs must be unmodified: their versions are checked). Side effects are skipped.
+void replay_op_call(const OpCall& call);
+
+// Observes every op call (the planner traces shapes on the meta device with it).
+using TraceHook = std::function<void(const OpDef& op, const std::vector<Tensor>& inputs,
+                                     const std::vector<Tensor>& outputs, const Attrs& attrs)>;
+TraceHook set_trace_hook(TraceHook hook);  // returns the previous hook
+
+// Runs an op: checks devices, applies the shape rule, allocates outputs (or writes into `out`),
+// runs the kernel for the inputs' device, records autograd and the recipe.
+std::vector<Tensor> dispatch(const OpDef& op, const std::vector<Tensor>& inputs, Attrs attrs = {},
+                             const std::vector<Tensor>& out = {});
+// Shorthand for a named op with one output.
+Tensor dispatch1(const char* name, const std::vector<Tensor>& inputs, Attrs attrs = {});
+
+}  // namespace tessel

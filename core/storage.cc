@@ -1,0 +1,93 @@
+#include "core/storage.h"
+
+#include <atomic>
+#include <mutex>
+
+#include "core/error.h"
+
+namespace tessel {
+
+const char* residency_name(Residency residency) {
+  switch (residency) {
+    case Residency::kResident:
+      return "resident";
+    case Residency::kEvicted:
+      return "evicted";
+    case Residency::kOnHost:
+      return "on host";
+  }
+  return "?";
+}
+
+namespace {
+std::mutex hooks_mutex;
+std::shared_ptr<ResidencyHooks> installed_hooks;
+std::atomic<ResidencyHooks*> current_hooks{nullptr};
+std::atomic<uint64_t> next_storage_id{1};
+}  // namespace
+
+std::shared_ptr<ResidencyHooks> set_residency_hooks(std::shared_ptr<ResidencyHooks> hooks) {
+  std::lock_guard<std::mutex> lock(hooks_mutex);
+  std::swap(installed_hooks, hooks);
+  current_hooks.store(installed_hooks.get());
+  return hooks;
+}
+
+ResidencyHooks* residency_hooks() { return current_hooks.load(std::memory_order_acquire); }
+
+StorageImpl::StorageImpl(size_t nbytes, Device device, memory::Stream stream)
+    : nbytes_(nbytes), device_(device), stream_(stream), id_(next_storage_id.fetch_add(1)) {
+  if (!device.is_meta()) {
+    allocator_ = memory::allocator_for(device);
+    data_ = allocator_->allocate(nbytes_, stream_);
+  }
+}
+
+StorageImpl::~StorageImpl() {
+  if (auto* hooks = residency_hooks()) hooks->on_destroy(*this);
+  if (data_) allocator_->deallocate(data_, nbytes_, stream_);
+}
+
+void StorageImpl::release_user_ref() {
+  if (user_refs_.fetch_sub(1) == 1) {
+    if (auto* hooks = residency_hooks()) hooks->on_user_release(*this);
+  }
+}
+
+void StorageImpl::release_bytes(Residency new_state) {
+  TESSEL_CHECK(pins_.load() == 0, "cannot release the bytes of a pinned storage (", pins_.load(),
+               " pins)");
+  if (data_) allocator_->deallocate(data_, nbytes_, stream_);
+  data_ = nullptr;
+  state_ = new_state;
+}
+
+void StorageImpl::allocate_bytes() {
+  if (!data_ && !device_.is_meta()) data_ = allocator_->allocate(nbytes_, stream_);
+  state_ = Residency::kResident;
+}
+
+StorageAccess::StorageAccess(StorageImpl& storage) : storage_(&storage) {
+  storage.pin();
+  ResidencyHooks* hooks = residency_hooks();
+  if (storage.state_ != Residency::kResident) {
+    if (!hooks) {
+      storage.unpin();
+      TESSEL_FAIL("storage ", storage.id_, " is ", residency_name(storage.state_),
+                  " but no memory layer is installed to bring it back");
+    }
+    try {
+      hooks->make_resident(storage);
+    } catch (...) {
+      storage.unpin();
+      throw;
+    }
+  }
+  if (hooks) hooks->on_access(storage);
+}
+
+StorageAccess::~StorageAccess() {
+  if (storage_) storage_->unpin();
+}
+
+}  // namespace tessel

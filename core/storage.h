@@ -1,0 +1,124 @@
+// The storage handle: the bytes behind one or more tensors, and everything the memory layer
+// needs to move them: residency state, version counter, pins, user references kept apart from
+// recipe references, the recipe (op call) that produced it, and a logical access clock.
+// Raw bytes are reached only through StorageAccess (pins, makes resident, unpins at scope end).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+
+#include "core/allocator.h"
+#include "core/device.h"
+
+namespace tessel {
+
+struct OpCall;
+class StorageImpl;
+
+enum class Residency : uint8_t {
+  kResident,  // bytes on the device
+  kEvicted,   // no bytes; recompute from the producer recipe
+  kOnHost,    // bytes swapped to host memory
+};
+
+const char* residency_name(Residency residency);
+
+// What the memory layer plugs into core. Every method may be called from several threads.
+class ResidencyHooks {
+ public:
+  virtual ~ResidencyHooks() = default;
+  // Bytes of `storage` are about to be touched and it is not resident: bring them back.
+  virtual void make_resident(StorageImpl& storage) = 0;
+  // Every access through StorageAccess (after make_resident); for access clocks.
+  virtual void on_access(StorageImpl& /*storage*/) {}
+  // The dispatcher ran an op whose outputs own new storage; `call` is its pure recipe and
+  // `seconds` the measured kernel time. The hook decides whether to keep the recipe.
+  virtual void on_op_recorded(const std::shared_ptr<OpCall>& /*call*/, double /*seconds*/) {}
+  // The last user reference to `storage` is gone (recipes may still refer to it).
+  virtual void on_user_release(StorageImpl& /*storage*/) {}
+  // `storage` is being destroyed.
+  virtual void on_destroy(StorageImpl& /*storage*/) {}
+};
+
+// Installs hooks process-wide (nullptr removes them); returns the previous ones.
+std::shared_ptr<ResidencyHooks> set_residency_hooks(std::shared_ptr<ResidencyHooks> hooks);
+ResidencyHooks* residency_hooks();
+
+class StorageImpl {
+ public:
+  // Allocates `nbytes` on `device` (meta: no bytes).
+  StorageImpl(size_t nbytes, Device device, memory::Stream stream = {});
+  ~StorageImpl();
+  StorageImpl(const StorageImpl&) = delete;
+  StorageImpl& operator=(const StorageImpl&) = delete;
+
+  size_t nbytes() const { return nbytes_; }
+  Device device() const { return device_; }
+  memory::Stream stream() const { return stream_; }
+  Residency state() const { return state_; }
+  uint64_t id() const { return id_; }
+
+  // Version counter: bumped by every in-place write, checked by autograd and recipes.
+  uint64_t version() const { return version_.load(); }
+  void bump_version() { version_.fetch_add(1); }
+
+  int pins() const { return pins_.load(); }
+  int user_refs() const { return user_refs_.load(); }
+  int recipe_refs() const { return recipe_refs_.load(); }
+  void add_user_ref() { user_refs_.fetch_add(1); }
+  void release_user_ref();
+  void add_recipe_ref() { recipe_refs_.fetch_add(1); }
+  void release_recipe_ref() { recipe_refs_.fetch_sub(1); }
+
+  // The recipe that produced these bytes (set by the memory layer's hook), and its own state.
+  std::shared_ptr<OpCall> producer;
+  std::shared_ptr<void> residency_data;
+  int64_t last_access = 0;  // logical clock, maintained by the memory layer
+
+  // For the memory layer only: the raw pointer regardless of pins, and moving bytes.
+  void* data_unchecked() const { return data_; }
+  void* host_data = nullptr;                // while kOnHost
+  void release_bytes(Residency new_state);  // frees device bytes; state becomes new_state
+  void allocate_bytes();                    // gets device bytes again; state becomes kResident
+  void set_state(Residency state) { state_ = state; }
+  std::recursive_mutex& mutex() { return mutex_; }
+
+ private:
+  friend class StorageAccess;
+  void pin() { pins_.fetch_add(1); }
+  void unpin() { pins_.fetch_sub(1); }
+
+  size_t nbytes_;
+  Device device_;
+  memory::Stream stream_;
+  std::shared_ptr<memory::Allocator> allocator_;
+  void* data_ = nullptr;
+  Residency state_ = Residency::kResident;
+  uint64_t id_;
+  std::atomic<uint64_t> version_{0};
+  std::atomic<int> pins_{0};
+  std::atomic<int> user_refs_{0};
+  std::atomic<int> recipe_refs_{0};
+  std::recursive_mutex mutex_;
+};
+
+// The one accessor to raw bytes: pins the storage and makes it resident for its lifetime.
+class StorageAccess {
+ public:
+  explicit StorageAccess(StorageImpl& storage);
+  explicit StorageAccess(const std::shared_ptr<StorageImpl>& storage) : StorageAccess(*storage) {}
+  ~StorageAccess();
+  StorageAccess(const StorageAccess&) = delete;
+  StorageAccess& operator=(const StorageAccess&) = delete;
+  StorageAccess(StorageAccess&& other) noexcept : storage_(other.storage_) {
+    other.storage_ = nullptr;
+  }
+  void* data() const { return storage_->data_; }
+
+ private:
+  StorageImpl* storage_;
+};
+
+}  // namespace tessel
