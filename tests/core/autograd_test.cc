@@ -1,0 +1,140 @@
+#include "core/autograd.h"
+
+#include <cmath>
+
+#include "gtest/gtest.h"
+#include "ops/ops.h"
+#include "tests/testing.h"
+
+namespace tessel {
+namespace {
+
+using testing::all_close;
+using testing::throws_error;
+
+TEST(Autograd, ChainRuleThroughSeveralOps) {
+  Tensor x = tensor({1, 2, 3}, {3}).set_requires_grad(true);
+  Tensor y = sum(mul(exp(x), x));  // d/dx = exp(x) * (x + 1)
+  y.backward();
+  auto g = x.grad().to_vector<float>();
+  for (int i = 0; i < 3; ++i)
+    EXPECT_NEAR(g[i], std::exp(i + 1.0) * (i + 2.0), 1e-4 * std::exp(i + 1.0));
+}
+
+TEST(Autograd, GradientsAccumulateOverUsesAndCalls) {
+  Tensor x = tensor({2}, {1}).set_requires_grad(true);
+  Tensor y = add(mul(x, x), x);  // 2x + 1 = 5
+  y.backward(Tensor(), /*retain_graph=*/true);
+  EXPECT_EQ(x.grad().item<float>(), 5.0f);
+  y.backward();
+  EXPECT_EQ(x.grad().item<float>(), 10.0f);
+}
+
+TEST(Autograd, BackwardTwiceWithoutRetainGraphIsAClearError) {
+  Tensor x = tensor({2}, {1}).set_requires_grad(true);
+  Tensor y = mul(x, x);
+  y.backward();
+  EXPECT_TRUE(throws_error([&] { y.backward(); }, "retain_graph=true"));
+}
+
+TEST(Autograd, ModifyingASavedTensorInPlaceIsDetected) {
+  Tensor a = tensor({1, 2}, {2});
+  Tensor w = tensor({3, 4}, {2}).set_requires_grad(true);
+  Tensor y = sum(mul(a, w));  // saves a
+  a.mul_(2.0);
+  EXPECT_TRUE(throws_error([&] { y.backward(); }, "modified in place after it was saved"));
+}
+
+TEST(Autograd, NoGradGuardAndDetachStopRecording) {
+  Tensor x = ones({2}).set_requires_grad(true);
+  {
+    NoGradGuard no_grad;
+    EXPECT_FALSE(mul(x, x).requires_grad());
+  }
+  EXPECT_TRUE(mul(x, x).requires_grad());
+  Tensor detached = x.detach();
+  EXPECT_FALSE(detached.requires_grad());
+  EXPECT_EQ(detached.storage(), x.storage());
+  EXPECT_FALSE(mul(detached, detached).requires_grad());
+}
+
+TEST(Autograd, NonScalarBackwardNeedsAnExplicitGradient) {
+  Tensor x = ones({2}).set_requires_grad(true);
+  Tensor y = mul(x, 3.0);
+  EXPECT_TRUE(throws_error([&] { y.backward(); }, "one-element tensors"));
+  y.backward(tensor({1, 2}, {2}));
+  EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{3, 6}));
+  EXPECT_TRUE(throws_error([&] { ones({2}).backward(); }, "does not require grad"));
+}
+
+TEST(Autograd, HooksCanReplaceGradients) {
+  Tensor x = ones({2}).set_requires_grad(true);
+  Tensor hidden = mul(x, 2.0);
+  hidden.register_hook([](const Tensor& grad) { return mul(grad, 10.0); });
+  x.register_hook([](const Tensor& grad) { return add(grad, 1.0); });
+  sum(hidden).backward();
+  EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{21, 21}));
+}
+
+TEST(Autograd, PostAccumulateHookFiresOnceAfterAllContributions) {
+  Tensor tied = tensor({1, 2}, {2}).set_requires_grad(true);
+  std::vector<std::vector<float>> seen;
+  tied.register_post_accumulate_grad_hook(
+      [&](const Tensor& leaf) { seen.push_back(leaf.grad().to_vector<float>()); });
+  Tensor loss = add(sum(mul(tied, 3.0)), sum(mul(tied, tied)));  // used three times
+  loss.backward();
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0], (std::vector<float>{5, 7}));
+}
+
+TEST(Autograd, GradReturnsGradientsWithoutTouchingDotGrad) {
+  Tensor x = tensor({3}, {1}).set_requires_grad(true);
+  Tensor y = mul(mul(x, x), x);
+  auto grads = grad({y}, {x});
+  EXPECT_EQ(grads[0].item<float>(), 27.0f);
+  EXPECT_FALSE(x.grad().defined());
+}
+
+TEST(Autograd, RetainGradKeepsIntermediateGradients) {
+  Tensor x = ones({2}).set_requires_grad(true);
+  Tensor hidden = mul(x, 4.0);
+  hidden.retain_grad();
+  sum(mul(hidden, hidden)).backward();
+  EXPECT_EQ(hidden.grad().to_vector<float>(), (std::vector<float>{8, 8}));
+}
+
+TEST(Autograd, BroadcastGradientsAreSummedToTheInputShape) {
+  Tensor row = ones({1, 3}).set_requires_grad(true);
+  Tensor column = ones({4, 1}).set_requires_grad(true);
+  sum(mul(row, column)).backward();
+  EXPECT_EQ(row.grad().sizes(), (Shape{1, 3}));
+  EXPECT_EQ(row.grad().to_vector<float>(), (std::vector<float>{4, 4, 4}));
+  EXPECT_EQ(column.grad().to_vector<float>(), (std::vector<float>{3, 3, 3, 3}));
+}
+
+TEST(Autograd, DeepChainsDoNotOverflowTheStack) {
+  Tensor x = ones({1}).set_requires_grad(true);
+  Tensor y = x;
+  for (int i = 0; i < 20000; ++i) y = add(y, 0.0);
+  y.backward();
+  EXPECT_EQ(x.grad().item<float>(), 1.0f);
+}
+
+TEST(Autograd, NodesSaveOnlyWhatBackwardNeeds) {
+  // add's backward needs nothing: dropping the inputs frees their storage.
+  auto allocator = memory::allocator_for(Device::cpu());
+  Tensor w = ones({1000}).set_requires_grad(true);
+  int64_t before = allocator->stats().allocated_bytes;
+  Tensor out;
+  {
+    Tensor big = mul(w, 2.0);  // saves nothing of its own inputs but the scalar
+    out = add(big, 1.0);
+  }
+  // w's mul output was freed: only `out` (and the scalar operands) remain.
+  EXPECT_LE(allocator->stats().allocated_bytes - before, 4000 + 64);
+  sum(out).backward();
+  EXPECT_TRUE(all_close(w.grad(), full({1000}, 2.0)));
+}
+
+}  // namespace
+}  // namespace tessel
