@@ -1,0 +1,63 @@
+// Containers: Sequential chains its modules' forward and names them "0", "1", ... (or the names
+// given); ModuleList only holds modules, so their parameters are registered and named.
+//   Sequential mlp({std::make_shared<Linear>(784, 128), std::make_shared<ReLU>(), ...});
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "models/nn/module.h"
+
+namespace tessel::nn {
+
+// Shared by Sequential and ModuleList: an ordered list of submodules with indexing.
+class ModuleSequence : public Module {
+ public:
+  using value_type = std::shared_ptr<Module>;
+
+  // Appends with the next index as its name ("0", "1", ...).
+  void push_back(std::shared_ptr<Module> module);
+  void push_back(const std::string& name, std::shared_ptr<Module> module);
+  // Negative indices count from the end.
+  const std::shared_ptr<Module>& operator[](int64_t index) const;
+  // The module at `index` as its concrete type; an error when it is another type.
+  template <typename M>
+  std::shared_ptr<M> at(int64_t index) const {
+    auto typed = std::dynamic_pointer_cast<M>((*this)[index]);
+    TESSEL_CHECK(typed != nullptr, name(), ": module ", index, " is a ", (*this)[index]->name(),
+                 ", not the type asked for");
+    return typed;
+  }
+  size_t size() const { return modules_.size(); }
+  bool empty() const { return modules_.empty(); }
+  std::vector<std::shared_ptr<Module>>::const_iterator begin() const { return modules_.begin(); }
+  std::vector<std::shared_ptr<Module>>::const_iterator end() const { return modules_.end(); }
+
+ protected:
+  explicit ModuleSequence(std::string name) : Module(std::move(name)) {}
+
+ private:
+  std::vector<std::shared_ptr<Module>> modules_;
+};
+
+class Sequential : public ModuleSequence {
+ public:
+  Sequential() : ModuleSequence("Sequential") {}
+  Sequential(std::initializer_list<std::shared_ptr<Module>> modules);
+  explicit Sequential(const std::vector<std::shared_ptr<Module>>& modules);
+  // Named entries, like PyTorch's Sequential(OrderedDict(...)).
+  explicit Sequential(const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& modules);
+  // Each module's forward(const Tensor&) in turn.
+  Tensor forward(const Tensor& input) override;
+};
+
+class ModuleList : public ModuleSequence {
+ public:
+  ModuleList() : ModuleSequence("ModuleList") {}
+  ModuleList(std::initializer_list<std::shared_ptr<Module>> modules);
+  explicit ModuleList(const std::vector<std::shared_ptr<Module>>& modules);
+};
+
+}  // namespace tessel::nn

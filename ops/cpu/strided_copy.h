@@ -1,0 +1,106 @@
+// Strided element copies for CPU kernels whose tensors may have any strides (views, broadcasts,
+// slices of a bigger output): copy between two geometries of one shape, or get a dense copy.
+//   cpu::copy_strided(source, destination);             // same shape and dtype, any strides
+//   Tensor dense = cpu::dense_input(ctx, ctx.inputs[1]);  // the input itself when contiguous
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "core/op.h"
+#include "core/parallel.h"
+#include "core/tensor.h"
+
+namespace tessel::cpu {
+
+namespace detail {
+template <typename Word>
+void copy_words(const char* source_base, const Shape& source_strides, char* destination_base,
+                const Shape& destination_strides, const Shape& sizes) {
+  const int64_t ndim = static_cast<int64_t>(sizes.size());
+  if (ndim == 0) {
+    *reinterpret_cast<Word*>(destination_base) = *reinterpret_cast<const Word*>(source_base);
+    return;
+  }
+  const int64_t inner = sizes[ndim - 1];
+  const int64_t source_inner_stride = source_strides[ndim - 1];
+  const int64_t destination_inner_stride = destination_strides[ndim - 1];
+  int64_t rows = 1;
+  for (int64_t d = 0; d + 1 < ndim; ++d) rows *= sizes[d];
+  if (rows == 0 || inner == 0) return;
+  const Word* source = reinterpret_cast<const Word*>(source_base);
+  Word* destination = reinterpret_cast<Word*>(destination_base);
+  // Each chunk of rows finds its first row's multi-index once, then steps it like an odometer.
+  parallel_for(0, rows, std::max<int64_t>(1, 32768 / std::max<int64_t>(inner, 1)),
+               [&](int64_t begin, int64_t end) {
+                 Shape index(static_cast<size_t>(ndim > 1 ? ndim - 1 : 0), 0);
+                 int64_t remainder = begin;
+                 for (int64_t d = ndim - 2; d >= 0; --d) {
+                   index[d] = remainder % sizes[d];
+                   remainder /= sizes[d];
+                 }
+                 for (int64_t row = begin; row < end; ++row) {
+                   int64_t source_offset = 0, destination_offset = 0;
+                   for (int64_t d = 0; d + 1 < ndim; ++d) {
+                     source_offset += index[d] * source_strides[d];
+                     destination_offset += index[d] * destination_strides[d];
+                   }
+                   const Word* from = source + source_offset;
+                   Word* to = destination + destination_offset;
+                   if (source_inner_stride == 1 && destination_inner_stride == 1) {
+                     std::memcpy(to, from, static_cast<size_t>(inner) * sizeof(Word));
+                   } else {
+                     for (int64_t i = 0; i < inner; ++i)
+                       to[i * destination_inner_stride] = from[i * source_inner_stride];
+                   }
+                   for (int64_t d = ndim - 2; d >= 0; --d) {
+                     if (++index[d] < sizes[d]) break;
+                     index[d] = 0;
+                   }
+                 }
+               });
+}
+}  // namespace detail
+
+// Copies `source` into `destination` element by element (same shape and dtype, any strides).
+// Both storages must be pinned (inside a kernel).
+inline void copy_strided(const Tensor& source, const Tensor& destination) {
+  TESSEL_CHECK(source.sizes() == destination.sizes() && source.dtype() == destination.dtype(),
+               "copy_strided: source ", shape_str(source.sizes()), " ", dtype_name(source.dtype()),
+               " vs destination ", shape_str(destination.sizes()), " ",
+               dtype_name(destination.dtype()));
+  if (source.numel() == 0) return;
+  const char* from = static_cast<const char*>(source.raw_data());
+  char* to = static_cast<char*>(destination.raw_data());
+  if (source.is_contiguous() && destination.is_contiguous()) {
+    std::memcpy(to, from, destination.nbytes());
+    return;
+  }
+  switch (source.element_size()) {
+    case 1:
+      return detail::copy_words<uint8_t>(from, source.strides(), to, destination.strides(),
+                                         source.sizes());
+    case 2:
+      return detail::copy_words<uint16_t>(from, source.strides(), to, destination.strides(),
+                                          source.sizes());
+    case 4:
+      return detail::copy_words<uint32_t>(from, source.strides(), to, destination.strides(),
+                                          source.sizes());
+    case 8:
+      return detail::copy_words<uint64_t>(from, source.strides(), to, destination.strides(),
+                                          source.sizes());
+    default:
+      TESSEL_FAIL("copy_strided: unsupported element size ", source.element_size());
+  }
+}
+
+// `input` itself when it is contiguous, else a dense copy in the kernel's workspace.
+inline Tensor dense_input(KernelContext& context, const Tensor& input) {
+  if (input.is_contiguous()) return input;
+  Tensor dense = context.workspace(input.sizes(), input.dtype());
+  copy_strided(input, dense);
+  return dense;
+}
+
+}  // namespace tessel::cpu
