@@ -1,0 +1,721 @@
+// conv2d (NCHW, stride, padding, dilation, groups, optional bias) and its two backward ops.
+// Grouped and dense convolutions run as im2col + GEMM per image (the column buffer comes from
+// the kernel workspace, so the allocator counts it); depthwise ones (one input channel per
+// group) run directly. Images are spread over threads when the batch allows.
+#include <algorithm>
+#include <cstring>
+
+#include "ops/cpu/gemm.h"
+#include "ops/cpu/strided_copy.h"
+#include "ops/ops.h"
+#include "ops/registry_helpers.h"
+
+namespace tessel {
+
+namespace {
+
+constexpr int kCpu = static_cast<int>(DeviceType::kCpu);
+
+// Every size of one convolution. Input (N, C, H, W), weight (O, C / groups, KH, KW),
+// output (N, O, OH, OW).
+struct ConvGeometry {
+  int64_t batch, in_channels, height, width;
+  int64_t out_channels, kernel_h, kernel_w;
+  int64_t stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, groups;
+  int64_t out_h, out_w;
+  int64_t in_per_group() const { return in_channels / groups; }
+  int64_t out_per_group() const { return out_channels / groups; }
+  int64_t column_rows() const { return in_per_group() * kernel_h * kernel_w; }  // GEMM's k
+  int64_t out_plane() const { return out_h * out_w; }
+  bool depthwise() const { return in_per_group() == 1 && groups > 1; }
+  // A 1x1 kernel that reads every pixel once: the input planes are the columns already.
+  bool pointwise() const {
+    return kernel_h == 1 && kernel_w == 1 && stride_h == 1 && stride_w == 1 && pad_h == 0 &&
+           pad_w == 0;
+  }
+  Shape output_sizes() const { return {batch, out_channels, out_h, out_w}; }
+  Shape weight_sizes() const { return {out_channels, in_per_group(), kernel_h, kernel_w}; }
+  double flops() const {
+    return 2.0 * batch * out_channels * out_h * out_w * in_per_group() * kernel_h * kernel_w;
+  }
+};
+
+const std::vector<int64_t>& pair_attr(const Attrs& attrs, const char* name) {
+  const auto& values = attrs.get<std::vector<int64_t>>(name);
+  TESSEL_CHECK(values.size() == 2, "conv2d: ", name, " must have 2 values (h, w), got ", values);
+  return values;
+}
+
+// Checks the input sizes, weight sizes and attributes, and derives the output size.
+ConvGeometry make_geometry(const Shape& input, const Shape& weight, const Attrs& attrs) {
+  TESSEL_CHECK(input.size() == 4, "conv2d: expected a 4-D input (N, C, H, W), got shape ",
+               shape_str(input));
+  TESSEL_CHECK(weight.size() == 4,
+               "conv2d: expected a 4-D weight (out_channels, in_channels / groups, kH, kW), got "
+               "shape ",
+               shape_str(weight));
+  const auto& stride = pair_attr(attrs, "stride");
+  const auto& padding = pair_attr(attrs, "padding");
+  const auto& dilation = pair_attr(attrs, "dilation");
+  const int64_t groups = attrs.get<int64_t>("groups");
+  TESSEL_CHECK(stride[0] > 0 && stride[1] > 0, "conv2d: stride must be positive, got ", stride);
+  TESSEL_CHECK(dilation[0] > 0 && dilation[1] > 0, "conv2d: dilation must be positive, got ",
+               dilation);
+  TESSEL_CHECK(padding[0] >= 0 && padding[1] >= 0, "conv2d: padding must be non-negative, got ",
+               padding);
+  TESSEL_CHECK(groups > 0, "conv2d: groups must be positive, got ", groups);
+  ConvGeometry g{};
+  g.batch = input[0], g.in_channels = input[1], g.height = input[2], g.width = input[3];
+  g.out_channels = weight[0], g.kernel_h = weight[2], g.kernel_w = weight[3];
+  g.stride_h = stride[0], g.stride_w = stride[1];
+  g.pad_h = padding[0], g.pad_w = padding[1];
+  g.dilation_h = dilation[0], g.dilation_w = dilation[1];
+  g.groups = groups;
+  const char* groups_note = groups > 1 ? ", groups=" : "";
+  TESSEL_CHECK(g.in_channels == weight[1] * groups, "conv2d: input has ", g.in_channels,
+               " channels but weight expects ", weight[1] * groups, " (weight shape ",
+               shape_str(weight), groups_note, groups > 1 ? std::to_string(groups) : "", ")");
+  TESSEL_CHECK(g.out_channels % groups == 0, "conv2d: groups=", groups,
+               " does not divide the weight's ", g.out_channels, " output channels (weight shape ",
+               shape_str(weight), ")");
+  TESSEL_CHECK(g.kernel_h > 0 && g.kernel_w > 0, "conv2d: empty kernel (weight shape ",
+               shape_str(weight), ")");
+  const int64_t span_h = (g.kernel_h - 1) * g.dilation_h + 1;
+  const int64_t span_w = (g.kernel_w - 1) * g.dilation_w + 1;
+  const int64_t padded_h = g.height + 2 * g.pad_h, padded_w = g.width + 2 * g.pad_w;
+  TESSEL_CHECK(span_h <= padded_h && span_w <= padded_w, "conv2d: kernel ", span_h, "x", span_w,
+               " (weight shape ", shape_str(weight), ", dilation ", dilation,
+               ") is larger than the padded input ", padded_h, "x", padded_w, " (input shape ",
+               shape_str(input), ", padding ", padding, ")");
+  g.out_h = (padded_h - span_h) / g.stride_h + 1;
+  g.out_w = (padded_w - span_w) / g.stride_w + 1;
+  return g;
+}
+
+ConvGeometry geometry_from_attr(const Attrs& attrs, const char* name, const Shape& other,
+                                bool other_is_weight) {
+  const auto& sizes = attrs.get<std::vector<int64_t>>(name);
+  return other_is_weight ? make_geometry(sizes, other, attrs) : make_geometry(other, sizes, attrs);
+}
+
+void check_float(const char* op, const Tensor& tensor, const char* what) {
+  TESSEL_CHECK(tensor.dtype() == DType::kFloat32 || tensor.dtype() == DType::kFloat64, op,
+               ": expected a f32 or f64 ", what, ", got ", dtype_name(tensor.dtype()),
+               " (convert with .to(DType::kFloat32))");
+}
+
+void check_same_dtype(const char* op, const Tensor& a, const char* a_name, const Tensor& b,
+                      const char* b_name) {
+  TESSEL_CHECK(a.dtype() == b.dtype(), op, ": ", a_name, " is ", dtype_name(a.dtype()), " but ",
+               b_name, " is ", dtype_name(b.dtype()), "; convert one with .to()");
+}
+
+double total_bytes(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) {
+  double bytes = 0;
+  for (const auto& t : inputs)
+    if (t.defined()) bytes += static_cast<double>(t.nbytes());
+  for (const auto& t : outputs) bytes += static_cast<double>(t.nbytes());
+  return bytes;
+}
+
+// Row stride of the (channels, H*W) matrix of one image when its planes are dense, else -1.
+int64_t plane_matrix_ld(const Tensor& t) {
+  const int64_t h = t.size(2), w = t.size(3);
+  bool dense_rows = w <= 1 || t.stride(3) == 1;
+  bool dense_plane = h <= 1 || t.stride(2) == w;
+  if (!dense_rows || !dense_plane) return -1;
+  if (t.size(1) <= 1) return std::max<int64_t>(h * w, 1);
+  return t.stride(1) >= h * w ? t.stride(1) : -1;
+}
+
+bool shares_storage(const Tensor& output, const std::vector<Tensor>& inputs) {
+  for (const auto& input : inputs)
+    if (input.defined() && input.storage() == output.storage()) return true;
+  return false;
+}
+
+// An output's (channels, H*W) matrices as a kernel writes them: in place when the planes are
+// dense and no input shares the storage, else through a dense workspace copied back at the end.
+template <typename T>
+struct PlaneOutput {
+  Tensor target;
+  T* data = nullptr;
+  int64_t ld = 0, batch_stride = 0;
+  bool staged = false;
+  PlaneOutput(KernelContext& context, const Tensor& output) : target(output) {
+    int64_t row_ld = plane_matrix_ld(output);
+    if (row_ld < 0 || shares_storage(output, context.inputs)) {
+      staged = true;
+      target = context.workspace(output.sizes(), output.dtype());
+      row_ld = output.size(2) * output.size(3);
+    }
+    data = target.data_ptr<T>();
+    ld = row_ld;
+    batch_stride = target.stride(0);
+  }
+  void finish(const Tensor& output) const {
+    if (staged) cpu::copy_strided(target, output);
+  }
+};
+
+// A read-only (channels, H*W) view of one tensor's images, copied dense when needed.
+template <typename T>
+struct PlaneInput {
+  const T* data = nullptr;
+  int64_t ld = 0, batch_stride = 0;
+  PlaneInput(KernelContext& context, const Tensor& input) {
+    Tensor source = input;
+    int64_t row_ld = plane_matrix_ld(input);
+    if (row_ld < 0) {
+      source = cpu::dense_input(context, input);
+      row_ld = input.size(2) * input.size(3);
+    }
+    data = source.data_ptr<T>();
+    ld = row_ld;
+    batch_stride = source.stride(0);
+  }
+};
+
+// Splits the batch into at most get_num_threads() contiguous chunks and runs
+// fn(chunk, first_image, end_image) for each, one chunk per thread.
+int64_t batch_chunks(int64_t batch) {
+  return std::max<int64_t>(1, std::min<int64_t>(get_num_threads(), batch));
+}
+template <typename Fn>
+void for_each_batch_chunk(int64_t batch, int64_t chunks, const Fn& fn) {
+  parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t chunk = begin; chunk < end; ++chunk)
+      fn(chunk, batch * chunk / chunks, batch * (chunk + 1) / chunks);
+  });
+}
+
+// The first and one-past-last output column whose input column ow*stride + offset lies in
+// [0, size).
+inline void valid_range(int64_t offset, int64_t stride, int64_t size, int64_t outputs,
+                        int64_t* first, int64_t* last) {
+  int64_t lo = offset >= 0 ? 0 : (-offset + stride - 1) / stride;
+  int64_t hi = size - offset <= 0 ? 0 : (size - 1 - offset) / stride + 1;
+  *first = std::min(lo, outputs);
+  *last = std::max(*first, std::min(hi, outputs));
+}
+
+// columns (Cg*KH*KW, OH*OW) of one image's group: channel plane c at image + c * channel_stride,
+// rows h * row_stride, columns w * col_stride.
+template <typename T>
+void im2col(const ConvGeometry& g, const T* image, int64_t channel_stride, int64_t row_stride,
+            int64_t col_stride, T* columns) {
+  const int64_t plane = g.out_plane();
+  for (int64_t c = 0; c < g.in_per_group(); ++c) {
+    const T* channel = image + c * channel_stride;
+    for (int64_t ki = 0; ki < g.kernel_h; ++ki) {
+      for (int64_t kj = 0; kj < g.kernel_w; ++kj) {
+        T* row = columns + ((c * g.kernel_h + ki) * g.kernel_w + kj) * plane;
+        const int64_t offset_w = kj * g.dilation_w - g.pad_w;
+        int64_t first, last;
+        valid_range(offset_w, g.stride_w, g.width, g.out_w, &first, &last);
+        for (int64_t oh = 0; oh < g.out_h; ++oh) {
+          T* out = row + oh * g.out_w;
+          const int64_t ih = oh * g.stride_h - g.pad_h + ki * g.dilation_h;
+          if (ih < 0 || ih >= g.height) {
+            std::fill(out, out + g.out_w, T(0));
+            continue;
+          }
+          const T* in = channel + ih * row_stride;
+          std::fill(out, out + first, T(0));
+          if (g.stride_w == 1 && col_stride == 1) {
+            std::memcpy(out + first, in + first + offset_w,
+                        static_cast<size_t>(last - first) * sizeof(T));
+          } else {
+            for (int64_t ow = first; ow < last; ++ow)
+              out[ow] = in[(ow * g.stride_w + offset_w) * col_stride];
+          }
+          std::fill(out + last, out + g.out_w, T(0));
+        }
+      }
+    }
+  }
+}
+
+// Adds columns (Cg*KH*KW, OH*OW) back into one image's group planes (dense, H*W each).
+template <typename T>
+void col2im(const ConvGeometry& g, const T* columns, T* image, int64_t channel_stride) {
+  const int64_t plane = g.out_plane();
+  for (int64_t c = 0; c < g.in_per_group(); ++c) {
+    T* channel = image + c * channel_stride;
+    for (int64_t ki = 0; ki < g.kernel_h; ++ki) {
+      for (int64_t kj = 0; kj < g.kernel_w; ++kj) {
+        const T* row = columns + ((c * g.kernel_h + ki) * g.kernel_w + kj) * plane;
+        const int64_t offset_w = kj * g.dilation_w - g.pad_w;
+        int64_t first, last;
+        valid_range(offset_w, g.stride_w, g.width, g.out_w, &first, &last);
+        for (int64_t oh = 0; oh < g.out_h; ++oh) {
+          const int64_t ih = oh * g.stride_h - g.pad_h + ki * g.dilation_h;
+          if (ih < 0 || ih >= g.height) continue;
+          const T* in = row + oh * g.out_w;
+          T* out = channel + ih * g.width;
+          if (g.stride_w == 1) {
+            T* shifted = out + offset_w;
+            for (int64_t ow = first; ow < last; ++ow) shifted[ow] += in[ow];
+          } else {
+            for (int64_t ow = first; ow < last; ++ow) out[ow * g.stride_w + offset_w] += in[ow];
+          }
+        }
+      }
+    }
+  }
+}
+
+// ---- forward ----
+
+template <typename T>
+void conv2d_gemm_forward(KernelContext& context, const ConvGeometry& g) {
+  const Tensor& x = context.inputs[0];
+  const Tensor& bias = context.inputs[2];
+  Tensor weight = cpu::dense_input(context, context.inputs[1]);
+  PlaneOutput<T> out(context, context.outputs[0]);
+  const T* x_data = x.data_ptr<T>();
+  const T* w_data = weight.data_ptr<T>();
+  const T* bias_data = bias.defined() ? bias.data_ptr<T>() : nullptr;
+  const int64_t bias_stride = bias.defined() ? bias.stride(0) : 0;
+  const int64_t k = g.column_rows(), plane = g.out_plane();
+  const int64_t og = g.out_per_group(), cg = g.in_per_group();
+  const int64_t x_ld = plane_matrix_ld(x);
+  const bool columns_are_input = g.pointwise() && x_ld >= 0;
+
+  const int64_t chunks = batch_chunks(g.batch);
+  T* columns = nullptr;
+  if (!columns_are_input)
+    columns = context.workspace({chunks, k * plane}, x.dtype()).template data_ptr<T>();
+
+  for_each_batch_chunk(g.batch, chunks, [&](int64_t chunk, int64_t first, int64_t last) {
+    T* chunk_columns = columns ? columns + chunk * k * plane : nullptr;
+    for (int64_t n = first; n < last; ++n) {
+      T* out_image = out.data + n * out.batch_stride;
+      if (bias_data) {
+        for (int64_t o = 0; o < g.out_channels; ++o)
+          std::fill(out_image + o * out.ld, out_image + o * out.ld + plane,
+                    bias_data[o * bias_stride]);
+      }
+      for (int64_t group = 0; group < g.groups; ++group) {
+        const T* image = x_data + n * x.stride(0) + group * cg * x.stride(1);
+        const T* columns_data = image;
+        int64_t columns_ld = x_ld;
+        if (!columns_are_input) {
+          im2col(g, image, x.stride(1), x.stride(2), x.stride(3), chunk_columns);
+          columns_data = chunk_columns;
+          columns_ld = plane;
+        }
+        cpu::gemm(false, false, og, plane, k, T(1), w_data + group * og * k, k, columns_data,
+                  columns_ld, bias_data ? T(1) : T(0), out_image + group * og * out.ld, out.ld);
+      }
+    }
+  });
+  out.finish(context.outputs[0]);
+}
+
+// Depthwise: every output channel reads one input channel; a direct loop beats a GEMM whose
+// inner dimension would be KH*KW.
+template <typename T>
+void conv2d_depthwise_forward(KernelContext& context, const ConvGeometry& g) {
+  const Tensor& x = context.inputs[0];
+  const Tensor& bias = context.inputs[2];
+  const Tensor& out = context.outputs[0];
+  Tensor weight = cpu::dense_input(context, context.inputs[1]);
+  const T* x_data = x.data_ptr<T>();
+  const T* w_data = weight.data_ptr<T>();
+  const T* bias_data = bias.defined() ? bias.data_ptr<T>() : nullptr;
+  const int64_t bias_stride = bias.defined() ? bias.stride(0) : 0;
+  T* out_data = out.data_ptr<T>();
+  const bool in_place = shares_storage(out, context.inputs);
+  const int64_t plane = g.out_plane(), og = g.out_per_group();
+  const int64_t planes = g.batch * g.out_channels;
+  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(get_num_threads(), planes));
+  T* scratch = context.workspace({chunks, plane}, x.dtype()).template data_ptr<T>();
+  Tensor staged_tensor = in_place ? context.workspace(out.sizes(), out.dtype()) : Tensor();
+  T* staged = in_place ? staged_tensor.data_ptr<T>() : nullptr;
+  const int64_t sx_w = x.stride(3), sx_h = x.stride(2);
+
+  parallel_for(0, chunks, 1, [&](int64_t chunk_begin, int64_t chunk_end) {
+    for (int64_t chunk = chunk_begin; chunk < chunk_end; ++chunk) {
+      T* acc = scratch + chunk * plane;
+      for (int64_t p = planes * chunk / chunks; p < planes * (chunk + 1) / chunks; ++p) {
+        const int64_t n = p / g.out_channels, o = p % g.out_channels;
+        const T* channel = x_data + n * x.stride(0) + (o / og) * x.stride(1);
+        std::fill(acc, acc + plane, bias_data ? bias_data[o * bias_stride] : T(0));
+        for (int64_t ki = 0; ki < g.kernel_h; ++ki) {
+          for (int64_t kj = 0; kj < g.kernel_w; ++kj) {
+            const T w = w_data[(o * g.kernel_h + ki) * g.kernel_w + kj];
+            const int64_t offset_w = kj * g.dilation_w - g.pad_w;
+            int64_t first, last;
+            valid_range(offset_w, g.stride_w, g.width, g.out_w, &first, &last);
+            for (int64_t oh = 0; oh < g.out_h; ++oh) {
+              const int64_t ih = oh * g.stride_h - g.pad_h + ki * g.dilation_h;
+              if (ih < 0 || ih >= g.height) continue;
+              const T* in = channel + ih * sx_h;
+              T* row = acc + oh * g.out_w;
+              if (g.stride_w == 1 && sx_w == 1) {
+                const T* shifted = in + offset_w;
+                for (int64_t ow = first; ow < last; ++ow) row[ow] += w * shifted[ow];
+              } else {
+                for (int64_t ow = first; ow < last; ++ow)
+                  row[ow] += w * in[(ow * g.stride_w + offset_w) * sx_w];
+              }
+            }
+          }
+        }
+        if (staged) {
+          std::copy(acc, acc + plane, staged + p * plane);
+        } else {
+          T* target = out_data + n * out.stride(0) + o * out.stride(1);
+          for (int64_t oh = 0; oh < g.out_h; ++oh)
+            for (int64_t ow = 0; ow < g.out_w; ++ow)
+              target[oh * out.stride(2) + ow * out.stride(3)] = acc[oh * g.out_w + ow];
+        }
+      }
+    }
+  });
+  if (staged) cpu::copy_strided(staged_tensor, out);
+}
+
+template <typename T>
+void conv2d_forward_kernel(KernelContext& context) {
+  const ConvGeometry g =
+      make_geometry(context.inputs[0].sizes(), context.inputs[1].sizes(), context.attrs);
+  if (context.outputs[0].numel() == 0) return;
+  if (g.depthwise()) {
+    conv2d_depthwise_forward<T>(context, g);
+  } else {
+    conv2d_gemm_forward<T>(context, g);
+  }
+}
+
+// ---- gradient of the input: grad (N, O, OH, OW), weight -> (N, C, H, W) ----
+
+template <typename T>
+void conv2d_gemm_backward_input(KernelContext& context, const ConvGeometry& g) {
+  PlaneInput<T> grad(context, context.inputs[0]);
+  Tensor weight = cpu::dense_input(context, context.inputs[1]);
+  const Tensor& out = context.outputs[0];
+  // col2im accumulates, so it needs dense zeroed planes.
+  const bool write_direct = out.is_contiguous() && !shares_storage(out, context.inputs);
+  Tensor target = write_direct ? out : context.workspace(out.sizes(), out.dtype());
+  T* result = target.data_ptr<T>();
+  const T* w_data = weight.data_ptr<T>();
+  const int64_t k = g.column_rows(), plane = g.out_plane(), in_plane = g.height * g.width;
+  const int64_t og = g.out_per_group(), cg = g.in_per_group();
+  const bool columns_are_output = g.pointwise();
+  const int64_t chunks = batch_chunks(g.batch);
+  T* columns = nullptr;
+  if (!columns_are_output)
+    columns = context.workspace({chunks, k * plane}, out.dtype()).template data_ptr<T>();
+
+  for_each_batch_chunk(g.batch, chunks, [&](int64_t chunk, int64_t first, int64_t last) {
+    T* chunk_columns = columns ? columns + chunk * k * plane : nullptr;
+    for (int64_t n = first; n < last; ++n) {
+      T* image = result + n * g.in_channels * in_plane;
+      for (int64_t group = 0; group < g.groups; ++group) {
+        T* group_image = image + group * cg * in_plane;
+        const T* grad_group = grad.data + n * grad.batch_stride + group * og * grad.ld;
+        // columns (K, OH*OW) = W_g^T (K, Og) * grad_g (Og, OH*OW)
+        if (columns_are_output) {
+          cpu::gemm(true, false, k, plane, og, T(1), w_data + group * og * k, k, grad_group,
+                    grad.ld, T(0), group_image, in_plane);
+        } else {
+          cpu::gemm(true, false, k, plane, og, T(1), w_data + group * og * k, k, grad_group,
+                    grad.ld, T(0), chunk_columns, plane);
+          std::fill(group_image, group_image + cg * in_plane, T(0));
+          col2im(g, chunk_columns, group_image, in_plane);
+        }
+      }
+    }
+  });
+  if (!write_direct) cpu::copy_strided(target, out);
+}
+
+template <typename T>
+void conv2d_depthwise_backward_input(KernelContext& context, const ConvGeometry& g) {
+  const Tensor& grad = context.inputs[0];
+  Tensor weight = cpu::dense_input(context, context.inputs[1]);
+  const Tensor& out = context.outputs[0];
+  const T* g_data = grad.data_ptr<T>();
+  const T* w_data = weight.data_ptr<T>();
+  const int64_t in_plane = g.height * g.width, og = g.out_per_group();
+  const bool write_direct = out.is_contiguous() && !shares_storage(out, context.inputs);
+  Tensor target = write_direct ? out : context.workspace(out.sizes(), out.dtype());
+  T* result = target.data_ptr<T>();
+  const int64_t sg_h = grad.stride(2), sg_w = grad.stride(3);
+  const int64_t planes = g.batch * g.in_channels;
+  parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t n = p / g.in_channels, c = p % g.in_channels;
+      T* acc = result + p * in_plane;
+      std::fill(acc, acc + in_plane, T(0));
+      for (int64_t j = 0; j < og; ++j) {
+        const int64_t o = c * og + j;
+        const T* grad_plane = g_data + n * grad.stride(0) + o * grad.stride(1);
+        for (int64_t ki = 0; ki < g.kernel_h; ++ki) {
+          for (int64_t kj = 0; kj < g.kernel_w; ++kj) {
+            const T w = w_data[(o * g.kernel_h + ki) * g.kernel_w + kj];
+            const int64_t offset_w = kj * g.dilation_w - g.pad_w;
+            int64_t first, last;
+            valid_range(offset_w, g.stride_w, g.width, g.out_w, &first, &last);
+            for (int64_t oh = 0; oh < g.out_h; ++oh) {
+              const int64_t ih = oh * g.stride_h - g.pad_h + ki * g.dilation_h;
+              if (ih < 0 || ih >= g.height) continue;
+              const T* in = grad_plane + oh * sg_h;
+              T* row = acc + ih * g.width;
+              for (int64_t ow = first; ow < last; ++ow)
+                row[ow * g.stride_w + offset_w] += w * in[ow * sg_w];
+            }
+          }
+        }
+      }
+    }
+  });
+  if (!write_direct) cpu::copy_strided(target, out);
+}
+
+template <typename T>
+void conv2d_backward_input_kernel(KernelContext& context) {
+  const ConvGeometry g = geometry_from_attr(context.attrs, "input_size", context.inputs[1].sizes(),
+                                            /*other_is_weight=*/true);
+  if (context.outputs[0].numel() == 0) return;
+  if (g.depthwise()) {
+    conv2d_depthwise_backward_input<T>(context, g);
+  } else {
+    conv2d_gemm_backward_input<T>(context, g);
+  }
+}
+
+// ---- gradient of the weight: grad (N, O, OH, OW), input -> (O, C / groups, KH, KW) ----
+
+template <typename T>
+void conv2d_gemm_backward_weight(KernelContext& context, const ConvGeometry& g) {
+  PlaneInput<T> grad(context, context.inputs[0]);
+  const Tensor& x = context.inputs[1];
+  const Tensor& out = context.outputs[0];
+  const T* x_data = x.data_ptr<T>();
+  const int64_t k = g.column_rows(), plane = g.out_plane();
+  const int64_t og = g.out_per_group(), cg = g.in_per_group();
+  const int64_t weight_numel = g.out_channels * k;
+  const int64_t x_ld = plane_matrix_ld(x);
+  const bool columns_are_input = g.pointwise() && x_ld >= 0;
+  const int64_t chunks = batch_chunks(g.batch);
+  // One partial sum per chunk, added up at the end: threads never write the same weight.
+  Tensor partials = context.workspace({chunks, weight_numel}, out.dtype());
+  T* partial_data = partials.data_ptr<T>();
+  T* columns = nullptr;
+  if (!columns_are_input)
+    columns = context.workspace({chunks, k * plane}, out.dtype()).template data_ptr<T>();
+
+  for_each_batch_chunk(g.batch, chunks, [&](int64_t chunk, int64_t first, int64_t last) {
+    T* partial = partial_data + chunk * weight_numel;
+    std::fill(partial, partial + weight_numel, T(0));
+    T* chunk_columns = columns ? columns + chunk * k * plane : nullptr;
+    for (int64_t n = first; n < last; ++n) {
+      for (int64_t group = 0; group < g.groups; ++group) {
+        const T* image = x_data + n * x.stride(0) + group * cg * x.stride(1);
+        const T* columns_data = image;
+        int64_t columns_ld = x_ld;
+        if (!columns_are_input) {
+          im2col(g, image, x.stride(1), x.stride(2), x.stride(3), chunk_columns);
+          columns_data = chunk_columns;
+          columns_ld = plane;
+        }
+        // dW_g (Og, K) += grad_g (Og, OH*OW) * columns^T (OH*OW, K)
+        const T* grad_group = grad.data + n * grad.batch_stride + group * og * grad.ld;
+        cpu::gemm(false, true, og, k, plane, T(1), grad_group, grad.ld, columns_data, columns_ld,
+                  T(1), partial + group * og * k, k);
+      }
+    }
+  });
+  parallel_for(0, weight_numel, 16384, [&](int64_t begin, int64_t end) {
+    for (int64_t chunk = 1; chunk < chunks; ++chunk) {
+      const T* partial = partial_data + chunk * weight_numel;
+      for (int64_t i = begin; i < end; ++i) partial_data[i] += partial[i];
+    }
+  });
+  Tensor sum =
+      make_view(partials, out.sizes(), contiguous_strides(out.sizes()), partials.storage_offset());
+  cpu::copy_strided(sum, out);
+}
+
+template <typename T>
+void conv2d_depthwise_backward_weight(KernelContext& context, const ConvGeometry& g) {
+  const Tensor& grad = context.inputs[0];
+  const Tensor& x = context.inputs[1];
+  const Tensor& out = context.outputs[0];
+  const T* g_data = grad.data_ptr<T>();
+  const T* x_data = x.data_ptr<T>();
+  const int64_t taps = g.kernel_h * g.kernel_w, og = g.out_per_group();
+  Tensor sums = context.workspace({g.out_channels, taps}, out.dtype());
+  T* sum_data = sums.data_ptr<T>();
+  const int64_t sg_h = grad.stride(2), sg_w = grad.stride(3);
+  const int64_t sx_h = x.stride(2), sx_w = x.stride(3);
+  parallel_for(0, g.out_channels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t o = begin; o < end; ++o) {
+      const int64_t c = o / og;
+      for (int64_t ki = 0; ki < g.kernel_h; ++ki) {
+        for (int64_t kj = 0; kj < g.kernel_w; ++kj) {
+          const int64_t offset_w = kj * g.dilation_w - g.pad_w;
+          int64_t first, last;
+          valid_range(offset_w, g.stride_w, g.width, g.out_w, &first, &last);
+          T total = 0;
+          for (int64_t n = 0; n < g.batch; ++n) {
+            const T* grad_plane = g_data + n * grad.stride(0) + o * grad.stride(1);
+            const T* channel = x_data + n * x.stride(0) + c * x.stride(1);
+            for (int64_t oh = 0; oh < g.out_h; ++oh) {
+              const int64_t ih = oh * g.stride_h - g.pad_h + ki * g.dilation_h;
+              if (ih < 0 || ih >= g.height) continue;
+              const T* grad_row = grad_plane + oh * sg_h;
+              const T* in = channel + ih * sx_h;
+              for (int64_t ow = first; ow < last; ++ow)
+                total += grad_row[ow * sg_w] * in[(ow * g.stride_w + offset_w) * sx_w];
+            }
+          }
+          sum_data[o * taps + ki * g.kernel_w + kj] = total;
+        }
+      }
+    }
+  });
+  Tensor sum = make_view(sums, out.sizes(), contiguous_strides(out.sizes()), sums.storage_offset());
+  cpu::copy_strided(sum, out);
+}
+
+template <typename T>
+void conv2d_backward_weight_kernel(KernelContext& context) {
+  const ConvGeometry g = geometry_from_attr(context.attrs, "weight_size", context.inputs[1].sizes(),
+                                            /*other_is_weight=*/false);
+  if (context.outputs[0].numel() == 0) return;
+  if (g.depthwise()) {
+    conv2d_depthwise_backward_weight<T>(context, g);
+  } else {
+    conv2d_gemm_backward_weight<T>(context, g);
+  }
+}
+
+Attrs with_sizes(const Attrs& attrs, const char* name, const Shape& sizes) {
+  Attrs result = attrs;
+  result.set(name, std::vector<int64_t>(sizes.begin(), sizes.end()));
+  return result;
+}
+
+void check_grad_shape(const char* op, const Tensor& grad, const ConvGeometry& g) {
+  TESSEL_CHECK(grad.dim() == 4 && grad.sizes() == g.output_sizes(), op, ": grad_output has shape ",
+               shape_str(grad.sizes()), " but the convolution output has ", "shape ",
+               shape_str(g.output_sizes()));
+}
+
+std::vector<int64_t> normalized_pair(std::vector<int64_t> values, const char* name) {
+  if (values.size() == 1) values.push_back(values[0]);
+  TESSEL_CHECK(values.size() == 2, "conv2d: ", name, " must have 1 or 2 values, got ", values);
+  return values;
+}
+
+}  // namespace
+
+TESSEL_REGISTER_OPS(conv) {
+  {
+    // conv2d: x (N, C, H, W), weight (O, C / groups, KH, KW), bias (O) or undefined.
+    OpDef& op = OpRegistry::get().define("conv2d");
+    op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
+      const Tensor& x = in.at(0);
+      const Tensor& weight = in.at(1);
+      const Tensor& bias = in.at(2);
+      ConvGeometry g = make_geometry(x.sizes(), weight.sizes(), attrs);
+      check_float("conv2d", x, "input");
+      check_same_dtype("conv2d", x, "input", weight, "weight");
+      if (bias.defined()) {
+        TESSEL_CHECK(bias.dim() == 1 && bias.size(0) == g.out_channels, "conv2d: bias has shape ",
+                     shape_str(bias.sizes()), " but weight has ", g.out_channels,
+                     " output channels (weight shape ", shape_str(weight.sizes()), ")");
+        check_same_dtype("conv2d", bias, "bias", weight, "weight");
+      }
+      return std::vector<OutputSpec>{{g.output_sizes(), x.dtype()}};
+    };
+    op.kernels[kCpu] = [](KernelContext& context) {
+      visit_float_dtype(context.outputs[0].dtype(), "conv2d",
+                        [&](auto tag) { conv2d_forward_kernel<decltype(tag)>(context); });
+    };
+    op.save_inputs = {0, 1};
+    op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
+      const Tensor& grad = context.grad_outputs[0];
+      const Tensor& x = context.saved_inputs[0];
+      const Tensor& weight = context.saved_inputs[1];
+      Tensor grad_x, grad_weight, grad_bias;
+      if (context.needs_input_grad[0]) {
+        grad_x = dispatch(ops::op("conv2d_backward_input"), {grad, weight},
+                          with_sizes(context.attrs, "input_size", x.sizes()))[0];
+      }
+      if (context.needs_input_grad[1]) {
+        grad_weight = dispatch(ops::op("conv2d_backward_weight"), {grad, x},
+                               with_sizes(context.attrs, "weight_size", weight.sizes()))[0];
+      }
+      if (context.needs_input_grad[2]) grad_bias = sum(grad, {0, 2, 3});
+      return {grad_x, grad_weight, grad_bias};
+    };
+    op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out,
+                 const Attrs& attrs) {
+      ConvGeometry g = make_geometry(in[0].sizes(), in[1].sizes(), attrs);
+      return OpCost{g.flops(), total_bytes(in, out)};
+    };
+    op.splits = {{0, {0, -1, -1}}};
+  }
+  {
+    // conv2d_backward_input: grad (N, O, OH, OW), weight -> grad of x (input_size).
+    OpDef& op = OpRegistry::get().define("conv2d_backward_input");
+    op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
+      const Tensor& grad = in.at(0);
+      const Tensor& weight = in.at(1);
+      ConvGeometry g = geometry_from_attr(attrs, "input_size", weight.sizes(), true);
+      check_float("conv2d_backward_input", grad, "grad_output");
+      check_same_dtype("conv2d_backward_input", grad, "grad_output", weight, "weight");
+      check_grad_shape("conv2d_backward_input", grad, g);
+      return std::vector<OutputSpec>{{{g.batch, g.in_channels, g.height, g.width}, grad.dtype()}};
+    };
+    op.kernels[kCpu] = [](KernelContext& context) {
+      visit_float_dtype(context.outputs[0].dtype(), "conv2d_backward_input",
+                        [&](auto tag) { conv2d_backward_input_kernel<decltype(tag)>(context); });
+    };
+    op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out,
+                 const Attrs& attrs) {
+      ConvGeometry g = geometry_from_attr(attrs, "input_size", in[1].sizes(), true);
+      return OpCost{g.flops(), total_bytes(in, out)};
+    };
+    op.splits = {{0, {0, -1}}};
+  }
+  {
+    // conv2d_backward_weight: grad (N, O, OH, OW), x -> grad of weight (weight_size).
+    OpDef& op = OpRegistry::get().define("conv2d_backward_weight");
+    op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
+      const Tensor& grad = in.at(0);
+      const Tensor& x = in.at(1);
+      ConvGeometry g = geometry_from_attr(attrs, "weight_size", x.sizes(), false);
+      check_float("conv2d_backward_weight", grad, "grad_output");
+      check_same_dtype("conv2d_backward_weight", grad, "grad_output", x, "input");
+      check_grad_shape("conv2d_backward_weight", grad, g);
+      return std::vector<OutputSpec>{{g.weight_sizes(), grad.dtype()}};
+    };
+    op.kernels[kCpu] = [](KernelContext& context) {
+      visit_float_dtype(context.outputs[0].dtype(), "conv2d_backward_weight",
+                        [&](auto tag) { conv2d_backward_weight_kernel<decltype(tag)>(context); });
+    };
+    op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out,
+                 const Attrs& attrs) {
+      ConvGeometry g = geometry_from_attr(attrs, "weight_size", in[1].sizes(), false);
+      return OpCost{g.flops(), total_bytes(in, out)};
+    };
+  }
+}
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
+              std::vector<int64_t> stride, std::vector<int64_t> padding,
+              std::vector<int64_t> dilation, int64_t groups) {
+  Attrs attrs{{"stride", normalized_pair(std::move(stride), "stride")},
+              {"padding", normalized_pair(std::move(padding), "padding")},
+              {"dilation", normalized_pair(std::move(dilation), "dilation")},
+              {"groups", groups}};
+  return dispatch(ops::op("conv2d"), {x, weight, bias}, std::move(attrs))[0];
+}
+
+}  // namespace tessel

@@ -1,0 +1,861 @@
+// Element-wise ops: binary arithmetic with broadcasting and type promotion, scalar forms,
+// unary math and activations, clamp, where / masked_fill and comparisons.
+#include <cmath>
+#include <limits>
+#include <type_traits>
+
+#include "ops/cpu/loops.h"
+#include "ops/ops.h"
+#include "ops/registry_helpers.h"
+
+namespace tessel {
+
+namespace {
+
+constexpr int kCpu = static_cast<int>(DeviceType::kCpu);
+
+// Calls fn(T{}) for the dtypes arithmetic kernels run in; bool only where `allow_bool`.
+template <typename Fn>
+void visit_arithmetic_dtype(DType dtype, const char* op, bool allow_bool, Fn&& fn) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return fn(float{});
+    case DType::kFloat64:
+      return fn(double{});
+    case DType::kInt32:
+      return fn(int32_t{});
+    case DType::kInt64:
+      return fn(int64_t{});
+    case DType::kUInt8:
+      return fn(uint8_t{});
+    case DType::kBool:
+      if (allow_bool) return fn(bool{});
+      TESSEL_FAIL(op, ": not supported for bool tensors");
+    default:
+      TESSEL_FAIL(op, ": expected a f32, f64 or integer tensor, got ", dtype_name(dtype),
+                  " (convert with .to(DType::kFloat32))");
+  }
+}
+
+// FLOPs per output element plus every byte read and written.
+CostFn elementwise_cost(double flops_per_element) {
+  return [flops_per_element](const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                             const Attrs&) {
+    double bytes = 0;
+    for (const auto& input : inputs)
+      if (input.defined()) bytes += static_cast<double>(input.nbytes());
+    for (const auto& output : outputs) bytes += static_cast<double>(output.nbytes());
+    return OpCost{flops_per_element * static_cast<double>(outputs.at(0).numel()), bytes};
+  };
+}
+
+// A zero of `like`'s dtype and device, broadcast by the ops it feeds.
+Tensor zero_scalar(const Tensor& like) {
+  return full({}, 0.0, TensorOptions(like.dtype()).device(like.device()));
+}
+
+Tensor scalar_like(const Tensor& like, double value) {
+  return full({}, value, TensorOptions(like.dtype()).device(like.device()));
+}
+
+void check_two_inputs(const char* op, const std::vector<Tensor>& inputs) {
+  TESSEL_CHECK(inputs.size() == 2 && inputs[0].defined() && inputs[1].defined(), op,
+               ": expected two defined tensors");
+}
+
+// ---- binary ops ----
+
+enum class Binary { kAdd, kSub, kMul, kDiv, kPow, kMaximum, kMinimum };
+
+// The result dtype of a binary op: promotion, except true division of integers gives f32.
+DType binary_result_dtype(Binary kind, DType a, DType b) {
+  DType result = promote_types(a, b);
+  if (kind == Binary::kDiv && is_integral(result)) return DType::kFloat32;
+  return result;
+}
+
+template <typename T, typename Fn>
+void run_binary(KernelContext& context, Fn&& fn) {
+  const Tensor& out = context.outputs[0];
+  Tensor a = cpu::converted(context, context.inputs[0], out.dtype());
+  Tensor b = cpu::converted(context, context.inputs[1], out.dtype());
+  cpu::binary_loop<T, T, T>(out, a, b, fn);
+}
+
+template <typename T>
+T nan_aware_maximum(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (a != a) return a;
+    if (b != b) return b;
+  }
+  return a > b ? a : b;
+}
+
+template <typename T>
+T nan_aware_minimum(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (a != a) return a;
+    if (b != b) return b;
+  }
+  return a < b ? a : b;
+}
+
+void binary_kernel(Binary kind, KernelContext& context) {
+  const char* name = context.op.name.c_str();
+  bool allow_bool = kind == Binary::kAdd || kind == Binary::kMul || kind == Binary::kMaximum ||
+                    kind == Binary::kMinimum;
+  visit_arithmetic_dtype(context.outputs[0].dtype(), name, allow_bool, [&](auto tag) {
+    using T = decltype(tag);
+    double alpha = context.attrs.get_or<double>("alpha", 1.0);
+    switch (kind) {
+      case Binary::kAdd:
+        if constexpr (std::is_same_v<T, bool>) {
+          return run_binary<T>(context, [](bool a, bool b) { return a || b; });
+        } else if (alpha == 1.0) {
+          return run_binary<T>(context, [](T a, T b) { return static_cast<T>(a + b); });
+        } else {
+          const T scaled_alpha = static_cast<T>(alpha);
+          return run_binary<T>(context,
+                               [=](T a, T b) { return static_cast<T>(a + scaled_alpha * b); });
+        }
+      case Binary::kSub:
+        if constexpr (!std::is_same_v<T, bool>) {
+          if (alpha == 1.0)
+            return run_binary<T>(context, [](T a, T b) { return static_cast<T>(a - b); });
+          const T scaled_alpha = static_cast<T>(alpha);
+          return run_binary<T>(context,
+                               [=](T a, T b) { return static_cast<T>(a - scaled_alpha * b); });
+        }
+        break;
+      case Binary::kMul:
+        if constexpr (std::is_same_v<T, bool>) {
+          return run_binary<T>(context, [](bool a, bool b) { return a && b; });
+        } else {
+          return run_binary<T>(context, [](T a, T b) { return static_cast<T>(a * b); });
+        }
+      case Binary::kDiv:
+        if constexpr (std::is_floating_point_v<T>) {
+          return run_binary<T>(context, [](T a, T b) { return a / b; });
+        }
+        break;
+      case Binary::kPow:
+        if constexpr (std::is_floating_point_v<T>) {
+          return run_binary<T>(context, [](T a, T b) { return std::pow(a, b); });
+        } else if constexpr (!std::is_same_v<T, bool>) {
+          return run_binary<T>(context, [](T a, T b) {
+            return static_cast<T>(std::pow(static_cast<double>(a), static_cast<double>(b)));
+          });
+        }
+        break;
+      case Binary::kMaximum:
+        return run_binary<T>(context, [](T a, T b) { return nan_aware_maximum(a, b); });
+      case Binary::kMinimum:
+        return run_binary<T>(context, [](T a, T b) { return nan_aware_minimum(a, b); });
+    }
+    TESSEL_FAIL(name, ": not supported for ", dtype_name(context.outputs[0].dtype()), " tensors");
+  });
+}
+
+// Backward of maximum / minimum for one side: the gradient where that side wins, half on ties
+// (PyTorch's rule).
+Tensor extremum_grad(const Tensor& grad, const Tensor& self, const Tensor& other, bool is_max) {
+  Tensor half_on_ties = where(eq(self, other), mul(grad, 0.5), grad);
+  Tensor loses = is_max ? lt(self, other) : gt(self, other);
+  return masked_fill(half_on_ties, loses, 0.0);
+}
+
+void register_binary(const char* name, Binary kind, double flops) {
+  OpDef& op = OpRegistry::get().define(name);
+  op.shape = [name, kind](const std::vector<Tensor>& inputs, const Attrs&) {
+    check_two_inputs(name, inputs);
+    Shape sizes = broadcast_shapes(inputs[0].sizes(), inputs[1].sizes(), name);
+    DType dtype = binary_result_dtype(kind, inputs[0].dtype(), inputs[1].dtype());
+    TESSEL_CHECK(dtype != DType::kBFloat16 && dtype != DType::kFloat16, name,
+                 ": expected f32, f64 or integer tensors, got ", dtype_name(inputs[0].dtype()),
+                 " and ", dtype_name(inputs[1].dtype()), " (convert with .to(DType::kFloat32))");
+    bool bool_ok = kind == Binary::kAdd || kind == Binary::kMul || kind == Binary::kMaximum ||
+                   kind == Binary::kMinimum;
+    TESSEL_CHECK(dtype != DType::kBool || bool_ok, name, ": not supported for two bool tensors");
+    return std::vector<OutputSpec>{{sizes, dtype}};
+  };
+  op.kernels[kCpu] = [kind](KernelContext& context) { binary_kernel(kind, context); };
+  op.cost = elementwise_cost(flops);
+  op.splits = {{0, {0, 0}}};
+  switch (kind) {
+    case Binary::kAdd:
+    case Binary::kSub:
+      op.backward = [kind](const BackwardContext& context) -> std::vector<Tensor> {
+        const Tensor& grad = context.grad_outputs[0];
+        if (!grad.defined()) return {Tensor(), Tensor()};
+        double alpha = context.attrs.get_or<double>("alpha", 1.0);
+        if (kind == Binary::kSub) alpha = -alpha;
+        Tensor grad_b;
+        if (context.needs_input_grad[1]) grad_b = alpha == 1.0 ? grad : mul(grad, alpha);
+        return {grad, grad_b};
+      };
+      break;
+    case Binary::kMul:
+      op.save_inputs = {0, 1};
+      op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
+        const Tensor& grad = context.grad_outputs[0];
+        std::vector<Tensor> grads(2);
+        if (!grad.defined()) return grads;
+        if (context.needs_input_grad[0]) grads[0] = mul(grad, context.saved_inputs[1]);
+        if (context.needs_input_grad[1]) grads[1] = mul(grad, context.saved_inputs[0]);
+        return grads;
+      };
+      break;
+    case Binary::kDiv:
+      op.save_inputs = {0, 1};
+      op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
+        const Tensor& grad = context.grad_outputs[0];
+        const Tensor& a = context.saved_inputs[0];
+        const Tensor& b = context.saved_inputs[1];
+        std::vector<Tensor> grads(2);
+        if (!grad.defined()) return grads;
+        if (context.needs_input_grad[0]) grads[0] = div(grad, b);
+        if (context.needs_input_grad[1]) grads[1] = neg(div(mul(grad, a), mul(b, b)));
+        return grads;
+      };
+      break;
+    case Binary::kPow:
+      op.save_inputs = {0, 1};
+      op.save_outputs = {0};
+      op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
+        const Tensor& grad = context.grad_outputs[0];
+        const Tensor& base = context.saved_inputs[0];
+        const Tensor& exponent = context.saved_inputs[1];
+        std::vector<Tensor> grads(2);
+        if (!grad.defined()) return grads;
+        if (context.needs_input_grad[0]) {
+          // d/da a^b = b * a^(b-1); zero where b == 0 (PyTorch's rule, avoids 0 * inf).
+          Tensor local = mul(exponent, pow(base, sub(exponent, 1.0)));
+          grads[0] = mul(grad, masked_fill(local, eq(exponent, zero_scalar(exponent)), 0.0));
+        }
+        if (context.needs_input_grad[1]) {
+          // d/db a^b = a^b * log(a); zero where a == 0 and b >= 0.
+          Tensor local = mul(context.saved_outputs[0], log(base));
+          Tensor base_zero = mul(eq(base, zero_scalar(base)), ge(exponent, zero_scalar(exponent)));
+          grads[1] = mul(grad, masked_fill(local, base_zero, 0.0));
+        }
+        return grads;
+      };
+      break;
+    case Binary::kMaximum:
+    case Binary::kMinimum:
+      op.save_inputs = {0, 1};
+      op.backward = [kind](const BackwardContext& context) -> std::vector<Tensor> {
+        const Tensor& grad = context.grad_outputs[0];
+        const Tensor& a = context.saved_inputs[0];
+        const Tensor& b = context.saved_inputs[1];
+        bool is_max = kind == Binary::kMaximum;
+        std::vector<Tensor> grads(2);
+        if (!grad.defined()) return grads;
+        if (context.needs_input_grad[0]) grads[0] = extremum_grad(grad, a, b, is_max);
+        if (context.needs_input_grad[1]) grads[1] = extremum_grad(grad, b, a, is_max);
+        return grads;
+      };
+      break;
+  }
+}
+
+// ---- comparisons (bool result, not differentiable) ----
+
+enum class Compare { kEq, kNe, kLt, kLe, kGt, kGe };
+
+void register_comparison(const char* name, Compare kind) {
+  OpDef& op = OpRegistry::get().define(name);
+  op.shape = [name](const std::vector<Tensor>& inputs, const Attrs&) {
+    check_two_inputs(name, inputs);
+    return std::vector<OutputSpec>{
+        {broadcast_shapes(inputs[0].sizes(), inputs[1].sizes(), name), DType::kBool}};
+  };
+  op.kernels[kCpu] = [name, kind](KernelContext& context) {
+    DType compute = promote_types(context.inputs[0].dtype(), context.inputs[1].dtype());
+    if (compute == DType::kBFloat16 || compute == DType::kFloat16) compute = DType::kFloat32;
+    visit_arithmetic_dtype(compute, name, /*allow_bool=*/true, [&](auto tag) {
+      using T = decltype(tag);
+      Tensor a = cpu::converted(context, context.inputs[0], compute);
+      Tensor b = cpu::converted(context, context.inputs[1], compute);
+      const Tensor& out = context.outputs[0];
+      switch (kind) {
+        case Compare::kEq:
+          return cpu::binary_loop<bool, T, T>(out, a, b, [](T x, T y) { return x == y; });
+        case Compare::kNe:
+          return cpu::binary_loop<bool, T, T>(out, a, b, [](T x, T y) { return x != y; });
+        case Compare::kLt:
+          return cpu::binary_loop<bool, T, T>(out, a, b, [](T x, T y) { return x < y; });
+        case Compare::kLe:
+          return cpu::binary_loop<bool, T, T>(out, a, b, [](T x, T y) { return x <= y; });
+        case Compare::kGt:
+          return cpu::binary_loop<bool, T, T>(out, a, b, [](T x, T y) { return x > y; });
+        case Compare::kGe:
+          return cpu::binary_loop<bool, T, T>(out, a, b, [](T x, T y) { return x >= y; });
+      }
+    });
+  };
+  op.cost = elementwise_cost(1);
+  op.splits = {{0, {0, 0}}};
+}
+
+// ---- scalar forms: the tensor's dtype is kept ----
+
+enum class ScalarOp { kAdd, kMul, kDiv, kPow };
+
+template <typename T>
+T apply_scalar(ScalarOp kind, T x, double value) {
+  if constexpr (std::is_floating_point_v<T>) {
+    const T scalar = static_cast<T>(value);
+    switch (kind) {
+      case ScalarOp::kAdd:
+        return x + scalar;
+      case ScalarOp::kMul:
+        return x * scalar;
+      case ScalarOp::kDiv:
+        return x / scalar;
+      case ScalarOp::kPow:
+        return std::pow(x, scalar);
+    }
+  } else {
+    double v = static_cast<double>(x);
+    switch (kind) {
+      case ScalarOp::kAdd:
+        return static_cast<T>(v + value);
+      case ScalarOp::kMul:
+        return static_cast<T>(v * value);
+      case ScalarOp::kDiv:
+        return static_cast<T>(v / value);
+      case ScalarOp::kPow:
+        return static_cast<T>(std::pow(v, value));
+    }
+  }
+  return x;
+}
+
+// Attr: value (exponent for pow_scalar).
+void register_scalar(const char* name, ScalarOp kind, const char* attr) {
+  OpDef& op = OpRegistry::get().define(name);
+  op.shape = [](const std::vector<Tensor>& inputs, const Attrs&) {
+    return std::vector<OutputSpec>{{inputs.at(0).sizes(), inputs[0].dtype()}};
+  };
+  op.kernels[kCpu] = [name, kind, attr](KernelContext& context) {
+    double value = context.attrs.get<double>(attr);
+    visit_arithmetic_dtype(context.outputs[0].dtype(), name, false, [&](auto tag) {
+      using T = decltype(tag);
+      if constexpr (std::is_floating_point_v<T>) {
+        const T scalar = static_cast<T>(value);
+        const Tensor& out = context.outputs[0];
+        const Tensor& in = context.inputs[0];
+        // Separate loops so each one vectorises.
+        switch (kind) {
+          case ScalarOp::kAdd:
+            return cpu::unary_loop<T, T>(out, in, [=](T x) { return x + scalar; });
+          case ScalarOp::kMul:
+            return cpu::unary_loop<T, T>(out, in, [=](T x) { return x * scalar; });
+          case ScalarOp::kDiv:
+            return cpu::unary_loop<T, T>(out, in, [=](T x) { return x / scalar; });
+          case ScalarOp::kPow:
+            if (value == 2.0) return cpu::unary_loop<T, T>(out, in, [](T x) { return x * x; });
+            return cpu::unary_loop<T, T>(out, in, [=](T x) { return std::pow(x, scalar); });
+        }
+      } else {
+        cpu::unary_loop<T, T>(context.outputs[0], context.inputs[0],
+                              [=](T x) { return apply_scalar(kind, x, value); });
+      }
+    });
+  };
+  op.cost = elementwise_cost(kind == ScalarOp::kPow ? 10 : 1);
+  op.splits = {{0, {0}}};
+  if (kind == ScalarOp::kAdd) {
+    op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
+      return {context.grad_outputs[0]};
+    };
+  } else if (kind == ScalarOp::kMul || kind == ScalarOp::kDiv) {
+    op.backward = [kind](const BackwardContext& context) -> std::vector<Tensor> {
+      const Tensor& grad = context.grad_outputs[0];
+      if (!grad.defined()) return {Tensor()};
+      double value = context.attrs.get<double>("value");
+      return {kind == ScalarOp::kMul ? mul(grad, value) : div(grad, value)};
+    };
+  } else {
+    op.save_inputs = {0};
+    op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
+      const Tensor& grad = context.grad_outputs[0];
+      if (!grad.defined()) return {Tensor()};
+      double exponent = context.attrs.get<double>("exponent");
+      if (exponent == 0.0) return {zeros_like(grad)};
+      const Tensor& x = context.saved_inputs[0];
+      Tensor local = exponent == 2.0 ? mul(x, 2.0) : mul(pow(x, exponent - 1.0), exponent);
+      return {mul(grad, local)};
+    };
+  }
+}
+
+// ---- unary ops ----
+
+enum class Unary { kNeg, kAbs, kExp, kLog, kSqrt, kRsqrt, kTanh, kSigmoid, kRelu };
+
+bool unary_allows_integers(Unary kind) {
+  return kind == Unary::kNeg || kind == Unary::kAbs || kind == Unary::kRelu;
+}
+
+template <typename T>
+void unary_float_loop(Unary kind, const Tensor& out, const Tensor& in) {
+  switch (kind) {
+    case Unary::kNeg:
+      return cpu::unary_loop<T, T>(out, in, [](T x) { return -x; });
+    case Unary::kAbs:
+      return cpu::unary_loop<T, T>(out, in, [](T x) { return std::abs(x); });
+    case Unary::kExp:
+      return cpu::unary_loop<T, T>(out, in, [](T x) { return std::exp(x); });
+    case Unary::kLog:
+      return cpu::unary_loop<T, T>(out, in, [](T x) { return std::log(x); });
+    case Unary::kSqrt:
+      return cpu::unary_loop<T, T>(out, in, [](T x) { return std::sqrt(x); });
+    case Unary::kRsqrt:
+      return cpu::unary_loop<T, T>(out, in, [](T x) { return T(1) / std::sqrt(x); });
+    case Unary::kTanh:
+      return cpu::unary_loop<T, T>(out, in, [](T x) { return std::tanh(x); });
+    case Unary::kSigmoid:
+      return cpu::unary_loop<T, T>(out, in, [](T x) { return T(1) / (T(1) + std::exp(-x)); });
+    case Unary::kRelu:
+      // NaN stays NaN, as in PyTorch.
+      return cpu::unary_loop<T, T>(out, in, [](T x) { return x < T(0) ? T(0) : x; });
+  }
+}
+
+template <typename T>
+void unary_integer_loop(Unary kind, const Tensor& out, const Tensor& in) {
+  switch (kind) {
+    case Unary::kNeg:
+      return cpu::unary_loop<T, T>(out, in, [](T x) { return static_cast<T>(-x); });
+    case Unary::kAbs:
+      return cpu::unary_loop<T, T>(out, in, [](T x) { return x < T(0) ? static_cast<T>(-x) : x; });
+    case Unary::kRelu:
+      return cpu::unary_loop<T, T>(out, in, [](T x) { return x < T(0) ? T(0) : x; });
+    default:
+      break;
+  }
+}
+
+void register_unary(const char* name, Unary kind, double flops) {
+  OpDef& op = OpRegistry::get().define(name);
+  op.shape = [name, kind](const std::vector<Tensor>& inputs, const Attrs&) {
+    TESSEL_CHECK(inputs.size() == 1 && inputs[0].defined(), name, ": expected one tensor");
+    DType dtype = inputs[0].dtype();
+    bool ok = is_floating(dtype) ? (dtype == DType::kFloat32 || dtype == DType::kFloat64)
+                                 : (unary_allows_integers(kind) && dtype != DType::kBool);
+    TESSEL_CHECK(ok, name, ": expected a f32 or f64 tensor",
+                 unary_allows_integers(kind) ? " (or an integer one)" : "", ", got ",
+                 dtype_name(dtype));
+    return std::vector<OutputSpec>{{inputs[0].sizes(), dtype}};
+  };
+  op.kernels[kCpu] = [name, kind](KernelContext& context) {
+    visit_arithmetic_dtype(context.outputs[0].dtype(), name, false, [&](auto tag) {
+      using T = decltype(tag);
+      if constexpr (std::is_floating_point_v<T>) {
+        unary_float_loop<T>(kind, context.outputs[0], context.inputs[0]);
+      } else {
+        unary_integer_loop<T>(kind, context.outputs[0], context.inputs[0]);
+      }
+    });
+  };
+  op.cost = elementwise_cost(flops);
+  op.splits = {{0, {0}}};
+  switch (kind) {
+    case Unary::kNeg:
+      op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
+        if (!context.grad_outputs[0].defined()) return {Tensor()};
+        return {neg(context.grad_outputs[0])};
+      };
+      break;
+    case Unary::kAbs:
+      op.save_inputs = {0};
+      op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
+        const Tensor& grad = context.grad_outputs[0];
+        const Tensor& x = context.saved_inputs[0];
+        if (!grad.defined()) return {Tensor()};
+        // grad * sign(x), zero at 0.
+        Tensor zero = zero_scalar(x);
+        return {sub(mul(grad, gt(x, zero)), mul(grad, lt(x, zero)))};
+      };
+      break;
+    case Unary::kExp:
+      op.save_outputs = {0};
+      op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
+        if (!context.grad_outputs[0].defined()) return {Tensor()};
+        return {mul(context.grad_outputs[0], context.saved_outputs[0])};
+      };
+      break;
+    case Unary::kLog:
+      op.save_inputs = {0};
+      op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
+        if (!context.grad_outputs[0].defined()) return {Tensor()};
+        return {div(context.grad_outputs[0], context.saved_inputs[0])};
+      };
+      break;
+    case Unary::kSqrt:
+      op.save_outputs = {0};
+      op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
+        if (!context.grad_outputs[0].defined()) return {Tensor()};
+        return {div(context.grad_outputs[0], mul(context.saved_outputs[0], 2.0))};
+      };
+      break;
+    case Unary::kRsqrt:
+      op.save_outputs = {0};
+      op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
+        if (!context.grad_outputs[0].defined()) return {Tensor()};
+        const Tensor& y = context.saved_outputs[0];
+        // d/dx x^(-1/2) = -1/2 y^3
+        return {mul(context.grad_outputs[0], mul(mul(y, mul(y, y)), -0.5))};
+      };
+      break;
+    case Unary::kTanh:
+      op.save_outputs = {0};
+      op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
+        if (!context.grad_outputs[0].defined()) return {Tensor()};
+        const Tensor& y = context.saved_outputs[0];
+        // 1 - y^2
+        return {mul(context.grad_outputs[0], neg(sub(mul(y, y), 1.0)))};
+      };
+      break;
+    case Unary::kSigmoid:
+      op.save_outputs = {0};
+      op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
+        if (!context.grad_outputs[0].defined()) return {Tensor()};
+        const Tensor& y = context.saved_outputs[0];
+        // y (1 - y)
+        return {mul(context.grad_outputs[0], mul(y, neg(sub(y, 1.0))))};
+      };
+      break;
+    case Unary::kRelu:
+      op.save_outputs = {0};
+      op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
+        if (!context.grad_outputs[0].defined()) return {Tensor()};
+        const Tensor& y = context.saved_outputs[0];
+        return {mul(context.grad_outputs[0], gt(y, zero_scalar(y)))};
+      };
+      break;
+  }
+}
+
+// ---- gelu ----
+
+constexpr double kSqrtHalf = 0.70710678118654752440;
+constexpr double kSqrtTwoOverPi = 0.79788456080286535588;
+constexpr double kInvSqrtTwoPi = 0.39894228040143267794;
+constexpr double kGeluCubic = 0.044715;
+
+bool gelu_uses_tanh(const Attrs& attrs) {
+  const std::string& approximate = attrs.get_or<std::string>("approximate", "none");
+  TESSEL_CHECK(approximate == "none" || approximate == "tanh",
+               "gelu: approximate must be \"none\" or \"tanh\", got \"", approximate, "\"");
+  return approximate == "tanh";
+}
+
+template <typename T>
+T gelu_value(T x, bool tanh_form) {
+  if (tanh_form) {
+    T inner = T(kSqrtTwoOverPi) * (x + T(kGeluCubic) * x * x * x);
+    return T(0.5) * x * (T(1) + std::tanh(inner));
+  }
+  return T(0.5) * x * (T(1) + std::erf(x * T(kSqrtHalf)));
+}
+
+template <typename T>
+T gelu_derivative(T x, bool tanh_form) {
+  if (tanh_form) {
+    T inner = T(kSqrtTwoOverPi) * (x + T(kGeluCubic) * x * x * x);
+    T t = std::tanh(inner);
+    T d_inner = T(kSqrtTwoOverPi) * (T(1) + T(3 * kGeluCubic) * x * x);
+    return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * d_inner;
+  }
+  T cdf = T(0.5) * (T(1) + std::erf(x * T(kSqrtHalf)));
+  T pdf = T(kInvSqrtTwoPi) * std::exp(T(-0.5) * x * x);
+  return cdf + x * pdf;
+}
+
+void register_gelu() {
+  {
+    OpDef& op = OpRegistry::get().define("gelu");
+    op.shape = [](const std::vector<Tensor>& inputs, const Attrs& attrs) {
+      gelu_uses_tanh(attrs);
+      visit_float_dtype(inputs.at(0).dtype(), "gelu", [](auto) {});
+      return std::vector<OutputSpec>{{inputs[0].sizes(), inputs[0].dtype()}};
+    };
+    op.kernels[kCpu] = [](KernelContext& context) {
+      bool tanh_form = gelu_uses_tanh(context.attrs);
+      visit_float_dtype(context.outputs[0].dtype(), "gelu", [&](auto tag) {
+        using T = decltype(tag);
+        cpu::unary_loop<T, T>(context.outputs[0], context.inputs[0],
+                              [=](T x) { return gelu_value(x, tanh_form); });
+      });
+    };
+    op.save_inputs = {0};
+    op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
+      if (!context.grad_outputs[0].defined()) return {Tensor()};
+      return {dispatch(ops::op("gelu_backward"), {context.grad_outputs[0], context.saved_inputs[0]},
+                       context.attrs)[0]};
+    };
+    op.cost = elementwise_cost(20);
+    op.splits = {{0, {0}}};
+  }
+  {
+    // inputs {grad, x}: grad * gelu'(x). Attr approximate, as the forward.
+    OpDef& op = OpRegistry::get().define("gelu_backward");
+    op.shape = [](const std::vector<Tensor>& inputs, const Attrs& attrs) {
+      check_two_inputs("gelu_backward", inputs);
+      gelu_uses_tanh(attrs);
+      TESSEL_CHECK(inputs[0].dtype() == inputs[1].dtype(), "gelu_backward: grad is ",
+                   dtype_name(inputs[0].dtype()), " but x is ", dtype_name(inputs[1].dtype()));
+      return std::vector<OutputSpec>{
+          {broadcast_shapes(inputs[0].sizes(), inputs[1].sizes(), "gelu_backward"),
+           inputs[1].dtype()}};
+    };
+    op.kernels[kCpu] = [](KernelContext& context) {
+      bool tanh_form = gelu_uses_tanh(context.attrs);
+      visit_float_dtype(context.outputs[0].dtype(), "gelu_backward", [&](auto tag) {
+        using T = decltype(tag);
+        cpu::binary_loop<T, T, T>(
+            context.outputs[0], context.inputs[0], context.inputs[1],
+            [=](T grad, T x) { return grad * gelu_derivative(x, tanh_form); });
+      });
+    };
+    op.cost = elementwise_cost(25);
+    op.splits = {{0, {0, 0}}};
+  }
+}
+
+// ---- clamp ----
+
+void register_clamp() {
+  // Attrs: min, max (either may be -inf / +inf).
+  OpDef& op = OpRegistry::get().define("clamp");
+  op.shape = [](const std::vector<Tensor>& inputs, const Attrs& attrs) {
+    DType dtype = inputs.at(0).dtype();
+    TESSEL_CHECK(dtype != DType::kBool && dtype != DType::kBFloat16 && dtype != DType::kFloat16,
+                 "clamp: expected a f32, f64 or integer tensor, got ", dtype_name(dtype));
+    TESSEL_CHECK(!std::isnan(attrs.get<double>("min")) && !std::isnan(attrs.get<double>("max")),
+                 "clamp: bounds must not be NaN");
+    return std::vector<OutputSpec>{{inputs[0].sizes(), dtype}};
+  };
+  op.kernels[kCpu] = [](KernelContext& context) {
+    double low = context.attrs.get<double>("min"), high = context.attrs.get<double>("max");
+    visit_arithmetic_dtype(context.outputs[0].dtype(), "clamp", false, [&](auto tag) {
+      using T = decltype(tag);
+      if constexpr (std::is_floating_point_v<T>) {
+        const T lo = static_cast<T>(low), hi = static_cast<T>(high);
+        // min(max(x, lo), hi) with NaN passing through, as in PyTorch.
+        cpu::unary_loop<T, T>(context.outputs[0], context.inputs[0], [=](T x) {
+          T raised = x < lo ? lo : x;
+          return raised > hi ? hi : raised;
+        });
+      } else {
+        cpu::unary_loop<T, T>(context.outputs[0], context.inputs[0], [=](T x) {
+          double value = static_cast<double>(x);
+          value = value < low ? low : value;
+          value = value > high ? high : value;
+          return static_cast<T>(value);
+        });
+      }
+    });
+  };
+  op.save_inputs = {0};
+  op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
+    const Tensor& grad = context.grad_outputs[0];
+    if (!grad.defined()) return {Tensor()};
+    const Tensor& x = context.saved_inputs[0];
+    // The gradient passes where min <= x <= max (PyTorch's rule).
+    Tensor low = scalar_like(x, context.attrs.get<double>("min"));
+    Tensor high = scalar_like(x, context.attrs.get<double>("max"));
+    return {mul(mul(grad, ge(x, low)), le(x, high))};
+  };
+  op.cost = elementwise_cost(2);
+  op.splits = {{0, {0}}};
+}
+
+// ---- where and masked_fill ----
+
+void check_mask(const char* op, const char* argument, const Tensor& mask) {
+  TESSEL_CHECK(mask.dtype() == DType::kBool || mask.dtype() == DType::kUInt8, op, ": ", argument,
+               " must be bool or u8, got ", dtype_name(mask.dtype()));
+}
+
+void register_selection() {
+  {
+    OpDef& op = OpRegistry::get().define("where");
+    op.shape = [](const std::vector<Tensor>& inputs, const Attrs&) {
+      TESSEL_CHECK(inputs.size() == 3, "where: expected {condition, a, b}");
+      check_mask("where", "condition", inputs[0]);
+      Shape sizes = broadcast_shapes(inputs[1].sizes(), inputs[2].sizes(), "where");
+      sizes = broadcast_shapes(inputs[0].sizes(), sizes, "where (condition)");
+      return std::vector<OutputSpec>{{sizes, promote_types(inputs[1].dtype(), inputs[2].dtype())}};
+    };
+    op.kernels[kCpu] = [](KernelContext& context) {
+      const Tensor& out = context.outputs[0];
+      Tensor a = cpu::converted(context, context.inputs[1], out.dtype());
+      Tensor b = cpu::converted(context, context.inputs[2], out.dtype());
+      Tensor condition = cpu::converted(context, context.inputs[0], DType::kBool);
+      visit_dtype(out.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        cpu::ternary_loop<T, bool, T, T>(out, condition, a, b,
+                                         [](bool c, T x, T y) { return c ? x : y; });
+      });
+    };
+    op.save_inputs = {0};
+    op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
+      const Tensor& grad = context.grad_outputs[0];
+      std::vector<Tensor> grads(3);
+      if (!grad.defined()) return grads;
+      const Tensor& condition = context.saved_inputs[0];
+      Tensor zero = zero_scalar(grad);
+      if (context.needs_input_grad[1]) grads[1] = where(condition, grad, zero);
+      if (context.needs_input_grad[2]) grads[2] = where(condition, zero, grad);
+      return grads;
+    };
+    op.cost = elementwise_cost(1);
+    op.splits = {{0, {0, 0, 0}}};
+  }
+  {
+    // inputs {x, mask}, attr value.
+    OpDef& op = OpRegistry::get().define("masked_fill");
+    op.shape = [](const std::vector<Tensor>& inputs, const Attrs&) {
+      check_two_inputs("masked_fill", inputs);
+      check_mask("masked_fill", "mask", inputs[1]);
+      TESSEL_CHECK(broadcastable_to(inputs[1].sizes(), inputs[0].sizes()),
+                   "masked_fill: mask of shape ", shape_str(inputs[1].sizes()),
+                   " cannot be broadcast to input shape ", shape_str(inputs[0].sizes()));
+      return std::vector<OutputSpec>{{inputs[0].sizes(), inputs[0].dtype()}};
+    };
+    op.kernels[kCpu] = [](KernelContext& context) {
+      const Tensor& out = context.outputs[0];
+      Tensor mask = cpu::converted(context, context.inputs[1], DType::kBool);
+      double value = context.attrs.get<double>("value");
+      visit_dtype(out.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        const T filled = cpu::convert_value<T>(value);
+        cpu::binary_loop<T, T, bool>(out, context.inputs[0], mask,
+                                     [=](T x, bool masked) { return masked ? filled : x; });
+      });
+    };
+    op.save_inputs = {1};
+    op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
+      const Tensor& grad = context.grad_outputs[0];
+      if (!grad.defined() || !context.needs_input_grad[0]) return {Tensor(), Tensor()};
+      return {masked_fill(grad, context.saved_inputs[1], 0.0), Tensor()};
+    };
+    op.cost = elementwise_cost(1);
+    op.splits = {{0, {0, 0}}};
+  }
+}
+
+Tensor binary(const char* name, const Tensor& a, const Tensor& b) {
+  return dispatch(ops::op(name), {a, b})[0];
+}
+
+Tensor scalar_op(const char* name, const Tensor& a, double value) {
+  return dispatch(ops::op(name), {a}, Attrs{{"value", value}})[0];
+}
+
+Tensor unary(const char* name, const Tensor& x) { return dispatch(ops::op(name), {x})[0]; }
+
+}  // namespace
+
+TESSEL_REGISTER_OPS(elementwise) {
+  register_binary("add", Binary::kAdd, 1);
+  register_binary("sub", Binary::kSub, 1);
+  register_binary("mul", Binary::kMul, 1);
+  register_binary("div", Binary::kDiv, 1);
+  register_binary("pow", Binary::kPow, 10);
+  register_binary("maximum", Binary::kMaximum, 1);
+  register_binary("minimum", Binary::kMinimum, 1);
+
+  register_scalar("add_scalar", ScalarOp::kAdd, "value");
+  register_scalar("mul_scalar", ScalarOp::kMul, "value");
+  register_scalar("div_scalar", ScalarOp::kDiv, "value");
+  register_scalar("pow_scalar", ScalarOp::kPow, "exponent");
+
+  register_comparison("eq", Compare::kEq);
+  register_comparison("ne", Compare::kNe);
+  register_comparison("lt", Compare::kLt);
+  register_comparison("le", Compare::kLe);
+  register_comparison("gt", Compare::kGt);
+  register_comparison("ge", Compare::kGe);
+
+  register_unary("neg", Unary::kNeg, 1);
+  register_unary("abs", Unary::kAbs, 1);
+  register_unary("exp", Unary::kExp, 10);
+  register_unary("log", Unary::kLog, 10);
+  register_unary("sqrt", Unary::kSqrt, 4);
+  register_unary("rsqrt", Unary::kRsqrt, 5);
+  register_unary("tanh", Unary::kTanh, 12);
+  register_unary("sigmoid", Unary::kSigmoid, 12);
+  register_unary("relu", Unary::kRelu, 1);
+  register_gelu();
+  register_clamp();
+  register_selection();
+}
+
+Tensor add(const Tensor& a, const Tensor& b, double alpha) {
+  if (alpha == 1.0) return binary("add", a, b);
+  return dispatch(ops::op("add"), {a, b}, Attrs{{"alpha", alpha}})[0];
+}
+Tensor sub(const Tensor& a, const Tensor& b, double alpha) {
+  if (alpha == 1.0) return binary("sub", a, b);
+  return dispatch(ops::op("sub"), {a, b}, Attrs{{"alpha", alpha}})[0];
+}
+Tensor mul(const Tensor& a, const Tensor& b) { return binary("mul", a, b); }
+Tensor div(const Tensor& a, const Tensor& b) { return binary("div", a, b); }
+Tensor pow(const Tensor& a, const Tensor& b) { return binary("pow", a, b); }
+Tensor maximum(const Tensor& a, const Tensor& b) { return binary("maximum", a, b); }
+Tensor minimum(const Tensor& a, const Tensor& b) { return binary("minimum", a, b); }
+
+Tensor add(const Tensor& a, double b) { return scalar_op("add_scalar", a, b); }
+Tensor sub(const Tensor& a, double b) { return scalar_op("add_scalar", a, -b); }
+Tensor mul(const Tensor& a, double b) { return scalar_op("mul_scalar", a, b); }
+Tensor div(const Tensor& a, double b) { return scalar_op("div_scalar", a, b); }
+Tensor pow(const Tensor& a, double exponent) {
+  return dispatch(ops::op("pow_scalar"), {a}, Attrs{{"exponent", exponent}})[0];
+}
+
+Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+Tensor operator+(const Tensor& a, double b) { return add(a, b); }
+Tensor operator-(const Tensor& a, double b) { return sub(a, b); }
+Tensor operator*(const Tensor& a, double b) { return mul(a, b); }
+Tensor operator/(const Tensor& a, double b) { return div(a, b); }
+Tensor operator*(double a, const Tensor& b) { return mul(b, a); }
+Tensor operator-(const Tensor& a) { return neg(a); }
+
+Tensor neg(const Tensor& x) { return unary("neg", x); }
+Tensor abs(const Tensor& x) { return unary("abs", x); }
+Tensor exp(const Tensor& x) { return unary("exp", x); }
+Tensor log(const Tensor& x) { return unary("log", x); }
+Tensor sqrt(const Tensor& x) { return unary("sqrt", x); }
+Tensor rsqrt(const Tensor& x) { return unary("rsqrt", x); }
+Tensor tanh(const Tensor& x) { return unary("tanh", x); }
+Tensor sigmoid(const Tensor& x) { return unary("sigmoid", x); }
+Tensor relu(const Tensor& x) { return unary("relu", x); }
+Tensor gelu(const Tensor& x, const std::string& approximate) {
+  return dispatch(ops::op("gelu"), {x}, Attrs{{"approximate", approximate}})[0];
+}
+Tensor clamp(const Tensor& x, double min, double max) {
+  return dispatch(ops::op("clamp"), {x}, Attrs{{"min", min}, {"max", max}})[0];
+}
+
+Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
+  return dispatch(ops::op("where"), {condition, a, b})[0];
+}
+Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
+  return dispatch(ops::op("masked_fill"), {x, mask}, Attrs{{"value", value}})[0];
+}
+Tensor eq(const Tensor& a, const Tensor& b) { return binary("eq", a, b); }
+Tensor ne(const Tensor& a, const Tensor& b) { return binary("ne", a, b); }
+Tensor lt(const Tensor& a, const Tensor& b) { return binary("lt", a, b); }
+Tensor le(const Tensor& a, const Tensor& b) { return binary("le", a, b); }
+Tensor gt(const Tensor& a, const Tensor& b) { return binary("gt", a, b); }
+Tensor ge(const Tensor& a, const Tensor& b) { return binary("ge", a, b); }
+
+}  // namespace tessel

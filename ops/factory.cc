@@ -1,0 +1,398 @@
+// Creation (full, arange), random tensors (rand, randn, randint and the in-place initialisers),
+// copies and conversions (clone, contiguous, to_dtype, fill_, copy_).
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "core/rng.h"
+#include "ops/cpu/loops.h"
+#include "ops/ops.h"
+#include "ops/registry_helpers.h"
+
+namespace tessel {
+
+namespace {
+
+Shape shape_attr(const char* op, const Attrs& attrs) {
+  const auto& shape = attrs.get<std::vector<int64_t>>("shape");
+  for (int64_t size : shape)
+    TESSEL_CHECK(size >= 0, op, ": negative size in shape ", shape_str(shape));
+  return shape;
+}
+
+DType dtype_attr(const Attrs& attrs) {
+  return dtype_from_name(attrs.get_or<std::string>("dtype", "f32"));
+}
+
+// Attributes every creation op carries: the shape, dtype and device of its one output.
+Attrs creation_attrs(const Shape& sizes, const TensorOptions& options) {
+  return Attrs{{"shape", std::vector<int64_t>(sizes)},
+               {"dtype", std::string(dtype_name(options.dtype_))},
+               {"device", options.device_.str()}};
+}
+
+Tensor finish_creation(Tensor result, const TensorOptions& options) {
+  if (options.requires_grad_) result.set_requires_grad(true);
+  return result;
+}
+
+OpCost write_only_cost(const std::vector<Tensor>&, const std::vector<Tensor>& outputs,
+                       const Attrs&) {
+  return OpCost{0, static_cast<double>(outputs.at(0).nbytes())};
+}
+
+OpCost copy_cost(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                 const Attrs&) {
+  return OpCost{0, static_cast<double>(inputs.back().nbytes() + outputs.at(0).nbytes())};
+}
+
+RngState rng_attrs(const Attrs& attrs) {
+  return RngState{static_cast<uint64_t>(attrs.get<int64_t>("rng_seed")),
+                  static_cast<uint64_t>(attrs.get<int64_t>("rng_offset"))};
+}
+
+// One Philox counter yields 4 numbers.
+uint64_t counters_for_shape(const std::vector<Tensor>&, const Attrs& attrs) {
+  return (static_cast<uint64_t>(shape_numel(attrs.get<std::vector<int64_t>>("shape"))) + 3) / 4;
+}
+
+// The four numbers of one Philox counter, and the values rng.h derives from them. Random
+// kernels compute each counter once instead of once per number; the values are those of
+// random_bits / uniform_at / normal_at at the same index.
+struct PhiloxBlock {
+  std::array<uint32_t, 4> words{};
+  float radius[2] = {}, angle[2] = {};  // Box-Muller over numbers (0, 1) and (2, 3)
+
+  void compute(const RngState& state, uint64_t counter, bool with_normals) {
+    words = philox4x32(state.seed, state.offset + counter);
+    for (int pair = 0; with_normals && pair < 2; ++pair) {
+      // As normal_at: u1 in (0, 1] so the log is finite.
+      float u1 = (static_cast<float>(words[2 * pair] >> 8) + 1.0f) * (1.0f / 16777216.0f);
+      float u2 = static_cast<float>(words[2 * pair + 1] >> 8) * (1.0f / 16777216.0f);
+      radius[pair] = std::sqrt(-2.0f * std::log(u1));
+      angle[pair] = 6.283185307179586f * u2;
+    }
+  }
+  uint32_t bits(uint64_t index) const { return words[index % 4]; }
+  float uniform(uint64_t index) const {
+    return static_cast<float>(words[index % 4] >> 8) * (1.0f / 16777216.0f);
+  }
+  float normal(uint64_t index) const {
+    int pair = static_cast<int>((index % 4) / 2);
+    return (index & 1) ? radius[pair] * std::sin(angle[pair])
+                       : radius[pair] * std::cos(angle[pair]);
+  }
+};
+
+// out[i] = value(block of counter i / 4, i) over every element of `out` (any strides).
+template <typename T, typename Fn>
+void random_loop(const Tensor& out, const RngState& state, bool with_normals, Fn&& value) {
+  cpu::for_each_run<1>(out.sizes(), {cpu::byte_pointer(out)}, {out.strides()},
+                       {static_cast<int64_t>(sizeof(T))}, cpu::kElementwiseGrain,
+                       [&](const std::array<char*, 1>& data, const std::array<int64_t, 1>& strides,
+                           int64_t count, int64_t first_index) {
+                         PhiloxBlock block;
+                         uint64_t cached = UINT64_MAX;
+                         for (int64_t i = 0; i < count; ++i) {
+                           uint64_t index = static_cast<uint64_t>(first_index + i);
+                           if (index / 4 != cached) {
+                             cached = index / 4;
+                             block.compute(state, cached, with_normals);
+                           }
+                           *reinterpret_cast<T*>(data[0] + i * strides[0]) = value(block, index);
+                         }
+                       });
+}
+
+std::vector<OutputSpec> creation_shape(const char* op, const Attrs& attrs) {
+  return {{shape_attr(op, attrs), dtype_attr(attrs)}};
+}
+
+std::vector<Tensor> grad_passthrough(const BackwardContext& context) {
+  return {context.grad_outputs[0]};
+}
+
+}  // namespace
+
+TESSEL_REGISTER_OPS(factory) {
+  {
+    // Attrs: shape, value, dtype (name), device. No inputs.
+    OpDef& op = OpRegistry::get().define("full");
+    op.shape = [](const std::vector<Tensor>&, const Attrs& attrs) {
+      return creation_shape("full", attrs);
+    };
+    op.kernels[static_cast<int>(DeviceType::kCpu)] = [](KernelContext& context) {
+      const Tensor& out = context.outputs[0];
+      double value = context.attrs.get<double>("value");
+      visit_dtype(out.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        const T filled = cpu::convert_value<T>(value);
+        cpu::index_loop<T>(out, [filled](int64_t) { return filled; });
+      });
+    };
+    op.cost = write_only_cost;
+    op.splits = {{0, {}}};
+  }
+  {
+    // Attrs: start, end, step, dtype, device. Element i is start + i * step.
+    OpDef& op = OpRegistry::get().define("arange");
+    op.shape = [](const std::vector<Tensor>&, const Attrs& attrs) {
+      double start = attrs.get<double>("start"), end = attrs.get<double>("end"),
+             step = attrs.get<double>("step");
+      TESSEL_CHECK(step != 0 && std::isfinite(step),
+                   "arange: step must be finite and non-zero, got ", step);
+      TESSEL_CHECK(std::isfinite(start) && std::isfinite(end), "arange: start (", start,
+                   ") and end (", end, ") must be finite");
+      int64_t length = static_cast<int64_t>(std::ceil((end - start) / step));
+      return std::vector<OutputSpec>{{{std::max<int64_t>(length, 0)}, dtype_attr(attrs)}};
+    };
+    op.kernels[static_cast<int>(DeviceType::kCpu)] = [](KernelContext& context) {
+      double start = context.attrs.get<double>("start"), step = context.attrs.get<double>("step");
+      visit_dtype(context.outputs[0].dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        cpu::index_loop<T>(context.outputs[0], [=](int64_t i) {
+          return cpu::convert_value<T>(start + static_cast<double>(i) * step);
+        });
+      });
+    };
+    op.cost = write_only_cost;
+  }
+  {
+    // Uniform in [low, high). Attrs: shape, dtype, device, low, high (+ rng_seed, rng_offset).
+    OpDef& op = OpRegistry::get().define("rand");
+    op.shape = [](const std::vector<Tensor>&, const Attrs& attrs) {
+      auto specs = creation_shape("rand", attrs);
+      TESSEL_CHECK(is_floating(specs[0].dtype), "rand: expected a floating dtype, got ",
+                   dtype_name(specs[0].dtype), " (use randint for integers)");
+      return specs;
+    };
+    op.kernels[static_cast<int>(DeviceType::kCpu)] = [](KernelContext& context) {
+      RngState state = rng_attrs(context.attrs);
+      double low = context.attrs.get_or<double>("low", 0.0);
+      double high = context.attrs.get_or<double>("high", 1.0);
+      visit_dtype(context.outputs[0].dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        random_loop<T>(context.outputs[0], state, false, [=](const PhiloxBlock& block, uint64_t i) {
+          return cpu::convert_value<T>(low + (high - low) * block.uniform(i));
+        });
+      });
+    };
+    op.cost = write_only_cost;
+    op.flags.pure = false;
+    op.flags.random = true;
+    op.rng_counters = counters_for_shape;
+  }
+  {
+    // Normal(mean, std). Attrs: shape, dtype, device, mean, std (+ rng_seed, rng_offset).
+    OpDef& op = OpRegistry::get().define("randn");
+    op.shape = [](const std::vector<Tensor>&, const Attrs& attrs) {
+      auto specs = creation_shape("randn", attrs);
+      TESSEL_CHECK(is_floating(specs[0].dtype), "randn: expected a floating dtype, got ",
+                   dtype_name(specs[0].dtype));
+      return specs;
+    };
+    op.kernels[static_cast<int>(DeviceType::kCpu)] = [](KernelContext& context) {
+      RngState state = rng_attrs(context.attrs);
+      double mean = context.attrs.get_or<double>("mean", 0.0);
+      double stddev = context.attrs.get_or<double>("std", 1.0);
+      visit_dtype(context.outputs[0].dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        random_loop<T>(context.outputs[0], state, true, [=](const PhiloxBlock& block, uint64_t i) {
+          return cpu::convert_value<T>(mean + stddev * block.normal(i));
+        });
+      });
+    };
+    op.cost = write_only_cost;
+    op.flags.pure = false;
+    op.flags.random = true;
+    op.rng_counters = counters_for_shape;
+  }
+  {
+    // Integers uniform in [low, high). Attrs: shape, dtype, device, low, high (int64).
+    OpDef& op = OpRegistry::get().define("randint");
+    op.shape = [](const std::vector<Tensor>&, const Attrs& attrs) {
+      int64_t low = attrs.get<int64_t>("low"), high = attrs.get<int64_t>("high");
+      TESSEL_CHECK(low < high, "randint: expected low < high, got low=", low, ", high=", high);
+      TESSEL_CHECK(static_cast<uint64_t>(high - low) <= (uint64_t{1} << 32), "randint: the range [",
+                   low, ", ", high, ") is wider than 2^32");
+      auto specs = creation_shape("randint", attrs);
+      TESSEL_CHECK(specs[0].dtype != DType::kBool, "randint: bool is not an integer dtype");
+      return specs;
+    };
+    op.kernels[static_cast<int>(DeviceType::kCpu)] = [](KernelContext& context) {
+      RngState state = rng_attrs(context.attrs);
+      int64_t low = context.attrs.get<int64_t>("low");
+      uint64_t range = static_cast<uint64_t>(context.attrs.get<int64_t>("high") - low);
+      visit_dtype(context.outputs[0].dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        random_loop<T>(context.outputs[0], state, false, [=](const PhiloxBlock& block, uint64_t i) {
+          return cpu::convert_value<T>(low + static_cast<int64_t>(block.bits(i) % range));
+        });
+      });
+    };
+    op.cost = write_only_cost;
+    op.flags.pure = false;
+    op.flags.random = true;
+    op.rng_counters = counters_for_shape;
+  }
+
+  // Copies: a row-major copy of any strided input.
+  for (const char* name : {"clone", "contiguous"}) {
+    OpDef& op = OpRegistry::get().define(name);
+    op.shape = [](const std::vector<Tensor>& inputs, const Attrs&) {
+      return std::vector<OutputSpec>{{inputs.at(0).sizes(), inputs[0].dtype()}};
+    };
+    op.kernels[static_cast<int>(DeviceType::kCpu)] = [](KernelContext& context) {
+      cpu::copy_convert(context.outputs[0], context.inputs[0]);
+    };
+    op.backward = grad_passthrough;
+    op.cost = copy_cost;
+    op.splits = {{0, {0}}};
+  }
+  {
+    // Attr: dtype (name). Any dtype to any dtype.
+    OpDef& op = OpRegistry::get().define("to_dtype");
+    op.shape = [](const std::vector<Tensor>& inputs, const Attrs& attrs) {
+      return std::vector<OutputSpec>{
+          {inputs.at(0).sizes(), dtype_from_name(attrs.get<std::string>("dtype"))}};
+    };
+    op.kernels[static_cast<int>(DeviceType::kCpu)] = [](KernelContext& context) {
+      cpu::copy_convert(context.outputs[0], context.inputs[0]);
+    };
+    op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
+      if (!context.grad_outputs[0].defined()) return {Tensor()};
+      return {to_dtype(context.grad_outputs[0], context.input_specs[0].dtype)};
+    };
+    op.cost = copy_cost;
+    op.splits = {{0, {0}}};
+  }
+  {
+    // In place: inputs {self}, out {self}, attr value.
+    OpDef& op = OpRegistry::get().define("fill_");
+    op.shape = [](const std::vector<Tensor>& inputs, const Attrs&) {
+      TESSEL_CHECK(inputs.size() == 1, "fill_: expected one input (the tensor to fill), got ",
+                   inputs.size());
+      return std::vector<OutputSpec>{{inputs[0].sizes(), inputs[0].dtype()}};
+    };
+    op.kernels[static_cast<int>(DeviceType::kCpu)] = [](KernelContext& context) {
+      const Tensor& out = context.outputs[0];
+      double value = context.attrs.get<double>("value");
+      visit_dtype(out.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        const T filled = cpu::convert_value<T>(value);
+        cpu::index_loop<T>(out, [filled](int64_t) { return filled; });
+      });
+    };
+    op.cost = write_only_cost;
+    op.flags.pure = false;
+  }
+  {
+    // In place: inputs {dest, source}, out {dest}. Source is broadcast to dest and converted.
+    OpDef& op = OpRegistry::get().define("copy_");
+    op.shape = [](const std::vector<Tensor>& inputs, const Attrs&) {
+      TESSEL_CHECK(inputs.size() == 2, "copy_: expected inputs {dest, source}, got ", inputs.size(),
+                   " inputs");
+      const Tensor& dest = inputs[0];
+      const Tensor& source = inputs[1];
+      TESSEL_CHECK(broadcastable_to(source.sizes(), dest.sizes()), "copy_: source of shape ",
+                   shape_str(source.sizes()), " cannot be broadcast to destination shape ",
+                   shape_str(dest.sizes()));
+      return std::vector<OutputSpec>{{dest.sizes(), dest.dtype()}};
+    };
+    op.kernels[static_cast<int>(DeviceType::kCpu)] = [](KernelContext& context) {
+      Tensor source = context.inputs[1];
+      // A source sharing the destination's bytes is read from a snapshot, so overlapping
+      // views (x.copy_(x.t())) copy the values they had before the call.
+      if (source.storage() == context.outputs[0].storage()) {
+        Tensor snapshot = context.workspace(source.sizes(), source.dtype());
+        cpu::copy_convert(snapshot, source);
+        source = snapshot;
+      }
+      cpu::copy_convert(context.outputs[0], source);
+    };
+    op.cost = copy_cost;
+    op.flags.pure = false;
+  }
+}
+
+Tensor full(const Shape& sizes, double value, TensorOptions options) {
+  Attrs attrs = creation_attrs(sizes, options);
+  attrs.set("value", value);
+  return finish_creation(dispatch(ops::op("full"), {}, std::move(attrs))[0], options);
+}
+
+Tensor zeros(const Shape& sizes, TensorOptions options) { return full(sizes, 0.0, options); }
+Tensor ones(const Shape& sizes, TensorOptions options) { return full(sizes, 1.0, options); }
+
+Tensor full_like(const Tensor& like, double value) {
+  return full(like.sizes(), value, TensorOptions(like.dtype()).device(like.device()));
+}
+Tensor zeros_like(const Tensor& like) { return full_like(like, 0.0); }
+Tensor ones_like(const Tensor& like) { return full_like(like, 1.0); }
+
+Tensor arange(int64_t end, TensorOptions options) {
+  return arange(0.0, static_cast<double>(end), 1.0, options);
+}
+
+Tensor arange(double start, double end, double step, TensorOptions options) {
+  Attrs attrs{{"start", start},
+              {"end", end},
+              {"step", step},
+              {"dtype", std::string(dtype_name(options.dtype_))},
+              {"device", options.device_.str()}};
+  return finish_creation(dispatch(ops::op("arange"), {}, std::move(attrs))[0], options);
+}
+
+Tensor rand(const Shape& sizes, TensorOptions options) {
+  return finish_creation(dispatch(ops::op("rand"), {}, creation_attrs(sizes, options))[0], options);
+}
+
+Tensor randn(const Shape& sizes, TensorOptions options) {
+  return finish_creation(dispatch(ops::op("randn"), {}, creation_attrs(sizes, options))[0],
+                         options);
+}
+
+Tensor randint(int64_t low, int64_t high, const Shape& sizes, TensorOptions options) {
+  Attrs attrs = creation_attrs(sizes, options);
+  attrs.set("low", low);
+  attrs.set("high", high);
+  return finish_creation(dispatch(ops::op("randint"), {}, std::move(attrs))[0], options);
+}
+
+Tensor& uniform_(Tensor& tensor, double low, double high) {
+  TESSEL_CHECK(low <= high, "uniform_: expected low <= high, got low=", low, ", high=", high);
+  // An initialiser: not recorded by autograd, like torch.nn.init.
+  NoGradGuard no_grad;
+  Attrs attrs =
+      creation_attrs(tensor.sizes(), TensorOptions(tensor.dtype()).device(tensor.device()));
+  attrs.set("low", low);
+  attrs.set("high", high);
+  dispatch(ops::op("rand"), {}, std::move(attrs), {tensor});
+  return tensor;
+}
+
+Tensor& normal_(Tensor& tensor, double mean, double stddev) {
+  TESSEL_CHECK(stddev >= 0, "normal_: expected stddev >= 0, got ", stddev);
+  NoGradGuard no_grad;
+  Attrs attrs =
+      creation_attrs(tensor.sizes(), TensorOptions(tensor.dtype()).device(tensor.device()));
+  attrs.set("mean", mean);
+  attrs.set("std", stddev);
+  dispatch(ops::op("randn"), {}, std::move(attrs), {tensor});
+  return tensor;
+}
+
+Tensor clone(const Tensor& x) { return dispatch(ops::op("clone"), {x})[0]; }
+
+Tensor contiguous(const Tensor& x) {
+  if (x.is_contiguous()) return x;
+  return dispatch(ops::op("contiguous"), {x})[0];
+}
+
+Tensor to_dtype(const Tensor& x, DType dtype) {
+  if (x.dtype() == dtype) return x;
+  return dispatch(ops::op("to_dtype"), {x}, Attrs{{"dtype", std::string(dtype_name(dtype))}})[0];
+}
+
+}  // namespace tessel

@@ -21,8 +21,8 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double al
 // go across the batch when the matrices are small, inside each GEMM when they are large.
 void gemm_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                   const float* a, int64_t lda, int64_t batch_stride_a, const float* b, int64_t ldb,
-                  int64_t batch_stride_b, float beta, float* c, int64_t ldc,
-                  int64_t batch_stride_c, int64_t batch);
+                  int64_t batch_stride_b, float beta, float* c, int64_t ldc, int64_t batch_stride_c,
+                  int64_t batch);
 void gemm_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
                   const double* a, int64_t lda, int64_t batch_stride_a, const double* b,
                   int64_t ldb, int64_t batch_stride_b, double beta, double* c, int64_t ldc,

@@ -1,0 +1,364 @@
+// conv2d: values against PyTorch and against a direct seven-loop convolution, every path
+// (im2col + GEMM, 1x1, depthwise, grouped) forward and backward, and bad inputs.
+#include "core/op.h"
+#include "core/parallel.h"
+#include "ops/ops.h"
+#include "tests/testing.h"
+
+namespace tessel {
+namespace {
+
+using testing::all_close;
+using testing::gradcheck;
+using testing::kF64;
+using testing::throws_error;
+
+// Exactly representable values; the expected literals below come from PyTorch 1.13 (CPU, f64,
+// torch.nn.functional.conv2d) fed the same pattern: ((i * 37 + offset) % 17 - 8) / 8.
+Tensor pattern(const Shape& sizes, int offset = 0, DType dtype = kF64) {
+  std::vector<double> values(static_cast<size_t>(shape_numel(sizes)));
+  for (size_t i = 0; i < values.size(); ++i)
+    values[i] = static_cast<double>((static_cast<int64_t>(i) * 37 + offset) % 17 - 8) / 8.0;
+  return from_vector<double>(values, sizes, dtype);
+}
+
+Tensor expected(const std::vector<double>& values, const Shape& sizes) {
+  return from_vector<double>(values, sizes, kF64);
+}
+
+struct ConvArgs {
+  std::vector<int64_t> stride{1, 1}, padding{0, 0}, dilation{1, 1};
+  int64_t groups = 1;
+};
+
+// The definition of a convolution, looped directly in double.
+Tensor reference_conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const ConvArgs& a) {
+  const int64_t n = x.size(0), c = x.size(1), h = x.size(2), wd = x.size(3);
+  const int64_t o = w.size(0), cg = w.size(1), kh = w.size(2), kw = w.size(3);
+  const int64_t og = o / a.groups;
+  const int64_t oh = (h + 2 * a.padding[0] - a.dilation[0] * (kh - 1) - 1) / a.stride[0] + 1;
+  const int64_t ow = (wd + 2 * a.padding[1] - a.dilation[1] * (kw - 1) - 1) / a.stride[1] + 1;
+  auto xv = x.to_vector<double>();
+  auto wv = w.to_vector<double>();
+  std::vector<double> bv = bias.defined() ? bias.to_vector<double>() : std::vector<double>(o, 0.0);
+  std::vector<double> out(static_cast<size_t>(n * o * oh * ow));
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t oc = 0; oc < o; ++oc)
+      for (int64_t y = 0; y < oh; ++y)
+        for (int64_t z = 0; z < ow; ++z) {
+          double total = bv[oc];
+          for (int64_t ic = 0; ic < cg; ++ic)
+            for (int64_t i = 0; i < kh; ++i)
+              for (int64_t j = 0; j < kw; ++j) {
+                int64_t iy = y * a.stride[0] - a.padding[0] + i * a.dilation[0];
+                int64_t iz = z * a.stride[1] - a.padding[1] + j * a.dilation[1];
+                if (iy < 0 || iy >= h || iz < 0 || iz >= wd) continue;
+                int64_t channel = (oc / og) * cg + ic;
+                total += wv[((oc * cg + ic) * kh + i) * kw + j] *
+                         xv[((b * c + channel) * h + iy) * wd + iz];
+              }
+          out[((b * o + oc) * oh + y) * ow + z] = total;
+        }
+  return from_vector<double>(out, {n, o, oh, ow});
+}
+
+Tensor run_conv(const Tensor& x, const Tensor& w, const Tensor& bias, const ConvArgs& a) {
+  return conv2d(x, w, bias, a.stride, a.padding, a.dilation, a.groups);
+}
+
+TEST(Conv2d, PaddedConvolutionMatchesPyTorch) {
+  // F.conv2d(pat((1,2,4,4)), pat((3,2,3,3), 1), pat((3,), 2), padding=1)
+  Tensor out =
+      conv2d(pattern({1, 2, 4, 4}), pattern({3, 2, 3, 3}, 1), pattern({3}, 2), {1, 1}, {1, 1});
+  EXPECT_TRUE(all_close(
+      out,
+      expected({-2.828125, -2.90625, 1.265625,  0.234375, 2.328125, -0.25,    -2.96875,  -2.046875,
+                0.578125,  0.03125,  1.828125,  0.078125, -2.15625, -2.28125, -1.046875, -0.765625,
+                -1.34375,  -3.34375, -1.46875,  1.578125, 0.171875, 4.234375, -0.734375, -2.421875,
+                -1.734375, 0.03125,  -0.421875, 2.734375, -0.4375,  -1.96875, -1.4375,   -0.78125,
+                1.203125,  -2.1875,  -2.609375, -1.0625,  -0.65625, 2.078125, 3.890625,  -0.140625,
+                -0.859375, -2.09375, -0.28125,  0.34375,  1.015625, -0.0625,  -0.234375, -0.796875},
+               {1, 3, 4, 4})));
+}
+
+TEST(Conv2d, StrideAndDilationMatchPyTorch) {
+  // F.conv2d(pat((1,2,6,6)), pat((2,2,3,3), 3), stride=2, padding=1, dilation=2)
+  Tensor out =
+      conv2d(pattern({1, 2, 6, 6}), pattern({2, 2, 3, 3}, 3), Tensor(), {2, 2}, {1, 1}, {2, 2});
+  EXPECT_TRUE(all_close(
+      out, expected({-0.078125, 0.03125, -1.5, 3.515625, 1.3125, -1.375, -0.84375, -0.9375},
+                    {1, 2, 2, 2})));
+}
+
+TEST(Conv2d, GroupsSplitChannelsLikePyTorch) {
+  // F.conv2d(pat((1,4,4,4)), pat((4,2,2,2), 5), groups=2)
+  Tensor out =
+      conv2d(pattern({1, 4, 4, 4}), pattern({4, 2, 2, 2}, 5), Tensor(), {1, 1}, {0, 0}, {1, 1}, 2);
+  EXPECT_TRUE(all_close(
+      out,
+      expected({1.125,    1.28125,  -0.15625,  -0.375,    -0.75,    1,         -0.28125, -0.125,
+                -0.5,     -1.6875,  0.296875,  0.6875,    0.671875, -0.53125,  -1.46875, 0.90625,
+                0.234375, 0.890625, -0.4375,   -0.34375,  2.671875, -0.59375,  0.03125,  -0.671875,
+                2.4375,   -0.65625, -0.828125, -0.265625, -1,       -0.671875, -0.28125, -0.484375,
+                -0.15625, -0.5625,  2.6875,    -0.171875},
+               {1, 4, 3, 3})));
+}
+
+TEST(Conv2d, DepthwiseWithMultiplierMatchesPyTorch) {
+  // F.conv2d(pat((1,3,4,4)), pat((6,1,3,3), 7), pat((6,), 1), stride=2, padding=1, groups=3)
+  Tensor out = conv2d(pattern({1, 3, 4, 4}), pattern({6, 1, 3, 3}, 7), pattern({6}, 1), {2, 2},
+                      {1, 1}, {1, 1}, 3);
+  EXPECT_TRUE(all_close(
+      out,
+      expected({0.953125, -2.0625,  -0.765625, -1.828125, -1.90625, -0.859375, -0.453125, 0.796875,
+                -0.8125,  2.578125, 2.140625,  -0.890625, 1.890625, -1.15625,  -0.359375, -0.359375,
+                1.078125, -0.84375, -1.15625,  2.5625,    0.3125,   3.5,       2.828125,  0.46875},
+               {1, 6, 2, 2})));
+}
+
+TEST(Conv2d, BackwardMatchesPyTorch) {
+  // xx = pat((1,2,4,4)), ww = pat((2,2,3,3), 2), bb = pat((2,), 4);
+  // y = F.conv2d(xx, ww, bb, stride=2, padding=1); y.backward(pat(y.shape, 8))
+  Tensor x = pattern({1, 2, 4, 4}).set_requires_grad(true);
+  Tensor w = pattern({2, 2, 3, 3}, 2).set_requires_grad(true);
+  Tensor b = pattern({2}, 4).set_requires_grad(true);
+  Tensor y = conv2d(x, w, b, {2, 2}, {1, 1});
+  EXPECT_TRUE(all_close(
+      y, expected({-1.234375, 0.921875, 0.375, 0.140625, 1.046875, -1.015625, -1.140625, -1.3125},
+                  {1, 2, 2, 2})));
+  y.backward(pattern({1, 2, 2, 2}, 8));
+  EXPECT_TRUE(all_close(
+      x.grad(),
+      expected({0.625,    0.34375,   0.53125,   -0.21875, -0.359375, 0.125,     0.25,   0.109375,
+                0.4375,   -0.828125, -1.25,     0.6875,   -0.171875, 0.65625,   0.3125, 0.125,
+                -0.15625, -0.546875, -0.109375, -0.0625,  1.015625,  -0.5625,   -0.75,  0.4375,
+                -0.0625,  0.703125,  0.25,      0.0625,   0.65625,   -0.734375, -1.375, 0.5625},
+               {1, 2, 4, 4})));
+  EXPECT_TRUE(
+      all_close(w.grad(), expected({-0.875,   1.25,      1.15625,   -0.484375, -0.8125,   -0.765625,
+                                    0.703125, -0.890625, -0.84375,  -0.5,      -0.78125,  1.25,
+                                    -0.25,    -0.859375, -0.8125,   0.9375,    1.453125,  -0.890625,
+                                    0.4375,   -0.375,    -0.140625, 0.28125,   0.984375,  0.890625,
+                                    -0.40625, -0.1875,   -0.28125,  0.25,      0.453125,  -0.375,
+                                    0.1875,   -0.25,     0.984375,  -0.5,      -0.359375, -0.1875},
+                                   {2, 2, 3, 3})));
+  EXPECT_TRUE(all_close(b.grad(), expected({0.125, -0.25}, {2})));
+}
+
+// Every kernel path on shapes big enough for several images per thread, in f32, against the
+// direct loop.
+TEST(Conv2d, EveryPathMatchesTheDirectDefinition) {
+  struct Case {
+    Shape x, w;
+    ConvArgs args;
+    bool bias;
+  };
+  std::vector<Case> cases = {
+      {{5, 6, 9, 8}, {7, 6, 3, 3}, {{1, 1}, {1, 1}, {1, 1}, 1}, true},  // im2col + GEMM
+      {{3, 4, 11, 10}, {6, 4, 3, 2}, {{2, 3}, {1, 0}, {2, 1}, 1}, false},
+      {{4, 6, 7, 7}, {9, 2, 3, 3}, {{1, 1}, {1, 1}, {1, 1}, 3}, true},  // grouped
+      {{3, 8, 6, 6}, {5, 8, 1, 1}, {{1, 1}, {0, 0}, {1, 1}, 1}, true},  // 1x1: no columns
+      {{3, 8, 6, 6}, {5, 8, 1, 1}, {{2, 2}, {0, 0}, {1, 1}, 1}, false},
+      {{4, 5, 9, 9}, {10, 1, 3, 3}, {{1, 1}, {1, 1}, {1, 1}, 5}, true},  // depthwise
+      {{2, 4, 10, 9}, {4, 1, 5, 3}, {{2, 1}, {2, 1}, {1, 2}, 4}, false},
+      {{1, 3, 8, 8}, {4, 3, 3, 3}, {{1, 1}, {1, 1}, {1, 1}, 1}, true},  // batch of one
+  };
+  for (const auto& c : cases) {
+    Tensor x = randn(c.x);
+    Tensor w = randn(c.w);
+    Tensor b = c.bias ? randn({c.w[0]}) : Tensor();
+    Tensor out = run_conv(x, w, b, c.args);
+    EXPECT_TRUE(all_close(out, reference_conv2d(x, w, b, c.args), 1e-5, 1e-5))
+        << "x " << shape_str(c.x) << " w " << shape_str(c.w);
+  }
+}
+
+TEST(Conv2d, NonContiguousInputsAndWeights) {
+  Tensor x = transpose(randn({2, 3, 7, 6}, kF64), 2, 3);  // (2, 3, 6, 7)
+  Tensor w = transpose(randn({3, 4, 3, 3}, kF64), 0, 1);  // (4, 3, 3, 3)
+  Tensor b = slice(randn({8}, kF64), 0, 0, 8, 2);
+  ConvArgs args{{1, 2}, {1, 1}, {1, 1}, 1};
+  EXPECT_TRUE(all_close(run_conv(x, w, b, args), reference_conv2d(x, w, b, args), 1e-12, 1e-12));
+  // A channel slice of a bigger batch (strided batch dim) through the 1x1 and depthwise paths.
+  Tensor wide = slice(randn({2, 6, 5, 5}, kF64), 1, 1, 5);
+  ConvArgs pointwise;
+  Tensor w1 = randn({3, 4, 1, 1}, kF64);
+  EXPECT_TRUE(all_close(run_conv(wide, w1, Tensor(), pointwise),
+                        reference_conv2d(wide, w1, Tensor(), pointwise), 1e-12, 1e-12));
+  ConvArgs depthwise{{1, 1}, {1, 1}, {1, 1}, 4};
+  Tensor wd = randn({4, 1, 3, 3}, kF64);
+  EXPECT_TRUE(all_close(run_conv(wide, wd, Tensor(), depthwise),
+                        reference_conv2d(wide, wd, Tensor(), depthwise), 1e-12, 1e-12));
+}
+
+TEST(Conv2d, WritesIntoABatchSliceOfALargerOutput) {
+  Tensor x = randn({4, 3, 6, 6}, kF64);
+  Tensor w = randn({5, 3, 3, 3}, kF64);
+  Tensor whole = conv2d(x, w, Tensor(), {1, 1}, {1, 1});
+  Tensor out = zeros({4, 5, 6, 6}, kF64);
+  const OpDef& op = OpRegistry::get().find("conv2d");
+  Attrs attrs{{"stride", std::vector<int64_t>{1, 1}},
+              {"padding", std::vector<int64_t>{1, 1}},
+              {"dilation", std::vector<int64_t>{1, 1}},
+              {"groups", int64_t{1}}};
+  // How a split runs: each chunk of the batch into its slice of one output.
+  dispatch(op, {slice(x, 0, 0, 2), w, Tensor()}, attrs, {slice(out, 0, 0, 2)});
+  dispatch(op, {slice(x, 0, 2, 4), w, Tensor()}, attrs, {slice(out, 0, 2, 4)});
+  EXPECT_TRUE(all_close(out, whole, 1e-12, 1e-12));
+  // A channel-strided output (every other channel of a bigger tensor) is staged and copied.
+  Tensor interleaved = zeros({4, 10, 6, 6}, kF64);
+  dispatch(op, {x, w, Tensor()}, attrs, {slice(interleaved, 1, 0, 10, 2)});
+  EXPECT_TRUE(all_close(slice(interleaved, 1, 0, 10, 2), whole, 1e-12, 1e-12));
+}
+
+TEST(Conv2d, SingleThreadGivesTheSameValues) {
+  Tensor x = randn({3, 4, 8, 8});
+  Tensor w = randn({6, 4, 3, 3});
+  Tensor threaded = conv2d(x, w, Tensor(), {1, 1}, {1, 1});
+  int threads = get_num_threads();
+  set_num_threads(1);
+  Tensor serial = conv2d(x, w, Tensor(), {1, 1}, {1, 1});
+  set_num_threads(threads);
+  EXPECT_TRUE(all_close(threaded, serial));
+}
+
+// Finite differences over every input of each configuration.
+TEST(Conv2d, GradientsMatchFiniteDifferences) {
+  struct Case {
+    const char* name;
+    Shape x, w;
+    ConvArgs args;
+    bool bias;
+  };
+  std::vector<Case> cases = {
+      {"plain with bias", {2, 3, 5, 5}, {4, 3, 3, 3}, {}, true},
+      {"stride 2, padding 1", {2, 2, 6, 5}, {3, 2, 3, 3}, {{2, 2}, {1, 1}, {1, 1}, 1}, true},
+      {"dilation 2", {1, 2, 7, 7}, {2, 2, 3, 3}, {{1, 1}, {2, 1}, {2, 2}, 1}, false},
+      {"groups 2", {2, 4, 5, 5}, {6, 2, 3, 3}, {{1, 1}, {1, 1}, {1, 1}, 2}, true},
+      {"depthwise", {2, 3, 5, 5}, {3, 1, 3, 3}, {{2, 1}, {1, 1}, {1, 1}, 3}, true},
+      {"depthwise multiplier, dilated",
+       {1, 2, 6, 6},
+       {4, 1, 3, 2},
+       {{1, 2}, {2, 1}, {2, 1}, 2},
+       false},
+      {"1x1", {2, 3, 4, 4}, {2, 3, 1, 1}, {}, true},
+      {"1x1 stride 2", {2, 3, 5, 5}, {2, 3, 1, 1}, {{2, 2}, {0, 0}, {1, 1}, 1}, false},
+  };
+  for (const auto& c : cases) {
+    Tensor x = randn(c.x, kF64).set_requires_grad(true);
+    Tensor w = randn(c.w, kF64).set_requires_grad(true);
+    Tensor b = c.bias ? randn({c.w[0]}, kF64).set_requires_grad(true) : Tensor();
+    ConvArgs args = c.args;
+    std::vector<Tensor> inputs = {x, w};
+    if (c.bias) inputs.push_back(b);
+    EXPECT_TRUE(gradcheck(
+        [args](const std::vector<Tensor>& in) {
+          return run_conv(in[0], in[1], in.size() > 2 ? in[2] : Tensor(), args);
+        },
+        inputs))
+        << c.name;
+  }
+}
+
+TEST(Conv2d, GradientsOfNonContiguousInputs) {
+  Tensor x = transpose(randn({2, 3, 6, 5}, kF64), 2, 3).set_requires_grad(true);  // (2,3,5,6)
+  Tensor w = transpose(randn({3, 4, 3, 3}, kF64), 0, 1).set_requires_grad(true);  // (4,3,3,3)
+  EXPECT_TRUE(gradcheck(
+      [](const std::vector<Tensor>& in) {
+        return conv2d(in[0], in[1], Tensor(), {2, 1}, {1, 1});
+      },
+      {x, w}));
+  Tensor xd = transpose(randn({1, 2, 5, 4}, kF64), 2, 3).set_requires_grad(true);
+  Tensor wd = randn({2, 1, 3, 3}, kF64).set_requires_grad(true);
+  EXPECT_TRUE(gradcheck(
+      [](const std::vector<Tensor>& in) {
+        return conv2d(in[0], in[1], Tensor(), {1, 1}, {1, 1}, {1, 1}, 2);
+      },
+      {xd, wd}));
+}
+
+TEST(Conv2d, BackwardOpsAreRegisteredSplittableAndCosted) {
+  const OpDef& forward = OpRegistry::get().find("conv2d");
+  EXPECT_EQ(forward.splits.at(0).input_dims, (std::vector<int>{0, -1, -1}));
+  EXPECT_EQ(OpRegistry::get().find("conv2d_backward_input").splits.at(0).input_dims,
+            (std::vector<int>{0, -1}));
+  EXPECT_NE(OpRegistry::get().find_or_null("conv2d_backward_weight"), nullptr);
+  Attrs attrs{{"stride", std::vector<int64_t>{1, 1}},
+              {"padding", std::vector<int64_t>{1, 1}},
+              {"dilation", std::vector<int64_t>{1, 1}},
+              {"groups", int64_t{1}}};
+  OpCost cost = forward.cost({zeros({2, 3, 8, 8}), zeros({4, 3, 3, 3}), Tensor()},
+                             {zeros({2, 4, 8, 8})}, attrs);
+  EXPECT_DOUBLE_EQ(cost.flops, 2.0 * 2 * 4 * 8 * 8 * 3 * 3 * 3);
+}
+
+TEST(Conv2d, ChannelMismatchNamesTheShapes) {
+  EXPECT_TRUE(throws_error(
+      [] {
+        conv2d(zeros({1, 3, 5, 5}), zeros({8, 4, 3, 3}));
+      },
+      "conv2d: input has 3 channels but weight expects 4 (weight shape [8, 4, 3, 3])"));
+  EXPECT_TRUE(throws_error(
+      [] {
+        conv2d(zeros({1, 6, 5, 5}), zeros({8, 2, 3, 3}), Tensor(), {1, 1}, {0, 0}, {1, 1}, 2);
+      },
+      "input has 6 channels but weight expects 4 (weight shape [8, 2, 3, 3], groups=2)"));
+  EXPECT_TRUE(throws_error(
+      [] {
+        conv2d(zeros({1, 4, 5, 5}), zeros({6, 1, 3, 3}), Tensor(), {1, 1}, {0, 0}, {1, 1}, 4);
+      },
+      "groups=4 does not divide the weight's 6 output channels"));
+}
+
+TEST(Conv2d, KernelLargerThanPaddedInputIsAnError) {
+  EXPECT_TRUE(throws_error(
+      [] {
+        conv2d(zeros({1, 1, 4, 4}), zeros({1, 1, 5, 5}));
+      },
+      "conv2d: kernel 5x5 (weight shape [1, 1, 5, 5], dilation [1, 1]) is "
+      "larger than the padded input 4x4"));
+  EXPECT_TRUE(throws_error(
+      [] {
+        conv2d(zeros({1, 1, 4, 4}), zeros({1, 1, 3, 3}), Tensor(), {1, 1}, {0, 0}, {2, 2});
+      },
+      "kernel 5x5"));
+  // Padding makes room.
+  EXPECT_EQ(conv2d(zeros({1, 1, 4, 4}), zeros({1, 1, 5, 5}), Tensor(), {1, 1}, {1, 1}).sizes(),
+            (Shape{1, 1, 2, 2}));
+}
+
+TEST(Conv2d, BadDtypesRanksAndAttributes) {
+  EXPECT_TRUE(throws_error(
+      [] {
+        conv2d(zeros({1, 1, 4, 4}, DType::kInt64), zeros({1, 1, 3, 3}, DType::kInt64));
+      },
+      "conv2d: expected a f32 or f64 input, got i64"));
+  EXPECT_TRUE(throws_error(
+      [] {
+        conv2d(zeros({1, 1, 4, 4}), zeros({1, 1, 3, 3}, kF64));
+      },
+      "input is f32 but weight is f64"));
+  EXPECT_TRUE(throws_error(
+      [] {
+        conv2d(zeros({1, 4, 4}), zeros({1, 1, 3, 3}));
+      },
+      "expected a 4-D input (N, C, H, W), got shape [1, 4, 4]"));
+  EXPECT_TRUE(throws_error(
+      [] {
+        conv2d(zeros({1, 1, 4, 4}), zeros({2, 1, 3, 3}), zeros({3}));
+      },
+      "bias has shape [3] but weight has 2 output channels"));
+  EXPECT_TRUE(throws_error(
+      [] {
+        conv2d(zeros({1, 1, 4, 4}), zeros({1, 1, 3, 3}), Tensor(), {0, 1});
+      },
+      "stride must be positive"));
+  EXPECT_TRUE(throws_error(
+      [] {
+        conv2d(zeros({1, 1, 4, 4}), zeros({1, 1, 3, 3}), Tensor(), {1, 1, 1});
+      },
+      "stride must have 1 or 2 values"));
+}
+
+}  // namespace
+}  // namespace tessel
