@@ -55,6 +55,7 @@ void* Tensor::raw_data() const {
 
 void convert_elements(const void* source, DType source_dtype, void* destination,
                       DType destination_dtype, int64_t count) {
+  if (count == 0) return;  // empty tensors may have null buffers
   if (source_dtype == destination_dtype) {
     std::memcpy(destination, source,
                 static_cast<size_t>(count) * tessel::element_size(source_dtype));
@@ -84,6 +85,7 @@ void convert_elements(const void* source, DType source_dtype, void* destination,
 namespace {
 // Copies the elements of any strided tensor into a dense row-major buffer of the same dtype.
 void gather_row_major(const Tensor& tensor, char* destination) {
+  if (tensor.numel() == 0) return;
   StorageAccess access(*tensor.storage());
   const size_t item = tensor.element_size();
   const char* base = static_cast<const char*>(tensor.raw_data());

@@ -1,0 +1,212 @@
+#include "train/cli.h"
+
+#include <zlib.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "gtest/gtest.h"
+#include "tests/testing.h"
+#include "train/recipes/recipe.h"
+
+namespace tessel::train {
+namespace {
+
+using testing::throws_error;
+
+// Runs the CLI on `args` (without the program name).
+struct CliRun {
+  int code;
+  std::string out;
+  std::string err;
+};
+
+CliRun run(std::vector<std::string> args) {
+  args.insert(args.begin(), "train");
+  std::vector<const char*> argv;
+  for (const auto& arg : args) argv.push_back(arg.c_str());
+  std::ostringstream out, err;
+  const int code = run_cli(static_cast<int>(argv.size()), argv.data(), out, err);
+  return {code, out.str(), err.str()};
+}
+
+TrainConfig parse(std::vector<std::string> args) {
+  args.insert(args.begin(), "train");
+  std::vector<const char*> argv;
+  for (const auto& arg : args) argv.push_back(arg.c_str());
+  std::ostringstream out, err;
+  TrainConfig config;
+  EXPECT_EQ(parse_train_flags(static_cast<int>(argv.size()), argv.data(), &config, out, err), -1)
+      << err.str();
+  return config;
+}
+
+TEST(TrainCli, HelpListsEveryFlagAndTheRecipes) {
+  CliRun result = run({"--help"});
+  EXPECT_EQ(result.code, 0);
+  for (const char* flag :
+       {"--recipe", "--model", "--data", "--batch_size", "--lr", "--epochs", "--steps", "--seed",
+        "--threads", "--eval_every", "--log_every", "--metrics", "--checkpoint_dir", "--resume"})
+    EXPECT_NE(result.out.find(flag), std::string::npos) << flag;
+  EXPECT_NE(result.out.find("mlp_fashion_mnist"), std::string::npos);
+}
+
+TEST(TrainCli, FlagsFillTheConfigAndUnsetOnesStayUnset) {
+  TrainConfig config = parse({"--lr=0.01", "--epochs", "2", "--steps=50", "--seed=7", "--threads=2",
+                              "--eval_every=10", "--metrics=m.jsonl"});
+  EXPECT_EQ(config.recipe, "mlp_fashion_mnist");
+  EXPECT_EQ(config.lr, 0.01);
+  EXPECT_EQ(config.epochs, 2);
+  EXPECT_EQ(config.steps, 50);
+  EXPECT_EQ(config.seed, 7u);
+  EXPECT_EQ(config.threads, 2);
+  EXPECT_EQ(config.eval_every, 10);
+  EXPECT_EQ(config.metrics_path, "m.jsonl");
+  EXPECT_FALSE(config.batch_size.has_value());
+  EXPECT_FALSE(config.model.has_value());
+
+  TrainConfig resolved = resolve_config(find_recipe("mlp_fashion_mnist"), config);
+  EXPECT_EQ(*resolved.batch_size, 128);
+  EXPECT_EQ(*resolved.model, "mlp");
+  EXPECT_EQ(*resolved.lr, 0.01);
+}
+
+TEST(TrainCli, UnknownFlagFails) {
+  CliRun result = run({"--bogus=1"});
+  EXPECT_NE(result.code, 0);
+  EXPECT_NE(result.err.find("--bogus"), std::string::npos) << result.err;
+  EXPECT_NE(run({"stray"}).code, 0);
+}
+
+TEST(TrainCli, BadValuesFailWithTheFlagName) {
+  for (const auto& [flag, fragment] : std::vector<std::pair<std::string, std::string>>{
+           {"--lr=abc", "--lr: expected a number, got 'abc'"},
+           {"--lr=0", "--lr: must be positive, got 0"},
+           {"--batch_size=0", "--batch_size: must be positive"},
+           {"--batch_size=1.5", "--batch_size: expected an integer"},
+           {"--epochs=-1", "--epochs: must be positive"},
+           {"--steps=-3", "--steps: must be non-negative"},
+           {"--threads=x", "--threads: expected an integer"},
+       }) {
+    CliRun result = run({flag});
+    EXPECT_NE(result.code, 0) << flag;
+    EXPECT_NE(result.err.find(fragment), std::string::npos) << flag << ": " << result.err;
+  }
+}
+
+TEST(TrainCli, UnknownRecipeListsTheKnownOnes) {
+  CliRun result = run({"--recipe=resnet_imagenet"});
+  EXPECT_EQ(result.code, 1);
+  EXPECT_NE(result.err.find("unknown recipe 'resnet_imagenet' (known recipes: mlp_fashion_mnist"),
+            std::string::npos)
+      << result.err;
+}
+
+TEST(TrainCli, UnknownModelListsTheRecipesModels) {
+  CliRun result = run({"--model=transformer"});
+  EXPECT_EQ(result.code, 1);
+  EXPECT_NE(result.err.find("unknown model 'transformer' (this recipe trains: mlp)"),
+            std::string::npos)
+      << result.err;
+}
+
+TEST(TrainCli, CheckpointFlagsAreRefusedClearlyUntilRecipesSupportThem) {
+  CliRun checkpoint = run({"--checkpoint_dir=/tmp/checkpoints"});
+  EXPECT_EQ(checkpoint.code, 1);
+  EXPECT_NE(checkpoint.err.find("--checkpoint_dir is not supported by this recipe yet"),
+            std::string::npos)
+      << checkpoint.err;
+  CliRun resume = run({"--resume=/tmp/checkpoints/last"});
+  EXPECT_EQ(resume.code, 1);
+  EXPECT_NE(resume.err.find("--resume is not supported by this recipe yet"), std::string::npos);
+}
+
+TEST(TrainCli, MissingDataIsAClearError) {
+  CliRun result = run({"--data=/nonexistent/fashion"});
+  EXPECT_EQ(result.code, 1);
+  EXPECT_NE(result.err.find("/nonexistent/fashion/train-images-idx3-ubyte.gz"), std::string::npos)
+      << result.err;
+}
+
+// A tiny Fashion-MNIST look-alike: class k lights up row block k of the 28x28 image.
+void write_synthetic_split(const std::string& directory, const std::string& prefix, int count) {
+  std::string images, labels;
+  auto put_u32 = [](std::string& bytes, uint32_t value) {
+    for (int shift = 24; shift >= 0; shift -= 8) bytes.push_back(static_cast<char>(value >> shift));
+  };
+  put_u32(images, 0x803);
+  put_u32(images, count);
+  put_u32(images, 28);
+  put_u32(images, 28);
+  put_u32(labels, 0x801);
+  put_u32(labels, count);
+  for (int i = 0; i < count; ++i) {
+    const int label = i % 10;
+    labels.push_back(static_cast<char>(label));
+    for (int pixel = 0; pixel < 28 * 28; ++pixel) {
+      const int row = pixel / 28;
+      const bool lit = row >= 2 * label + 4 && row < 2 * label + 6;
+      images.push_back(static_cast<char>(lit ? 200 + (pixel * 7 + i) % 50 : (pixel + i) % 30));
+    }
+  }
+  for (const auto& [name, bytes] :
+       {std::pair<std::string, std::string>{prefix + "-images-idx3-ubyte.gz", images},
+        {prefix + "-labels-idx1-ubyte.gz", labels}}) {
+    gzFile file = gzopen((directory + "/" + name).c_str(), "wb");
+    ASSERT_NE(file, nullptr);
+    gzwrite(file, bytes.data(), static_cast<unsigned>(bytes.size()));
+    gzclose(file);
+  }
+}
+
+TEST(TrainCli, TrainsEndToEndAndWritesMetrics) {
+  const std::string directory = ::testing::TempDir();
+  write_synthetic_split(directory, "train", 320);
+  write_synthetic_split(directory, "t10k", 100);
+  const std::string metrics_path = directory + "/metrics.jsonl";
+  CliRun result = run({"--data=" + directory, "--epochs=2", "--batch_size=32", "--log_every=5",
+                       "--eval_every=15", "--threads=1", "--metrics=" + metrics_path});
+  ASSERT_EQ(result.code, 0) << result.err;
+  EXPECT_NE(result.out.find("train step      5 | epoch 1/2"), std::string::npos) << result.out;
+  EXPECT_NE(result.out.find("samples/s | memory "), std::string::npos);
+  const size_t final_line = result.out.find("test accuracy: ");
+  ASSERT_NE(final_line, std::string::npos) << result.out;
+  const double accuracy = std::stod(result.out.substr(final_line + 15, 6));
+  EXPECT_GT(accuracy, 0.9);  // the classes are trivially separable
+
+  std::ifstream metrics(metrics_path);
+  std::string line;
+  int train_lines = 0, eval_lines = 0, final_lines = 0;
+  while (std::getline(metrics, line)) {
+    const auto record = nlohmann::json::parse(line);
+    const std::string event = record.at("event");
+    train_lines += event == "train";
+    eval_lines += event == "eval";
+    if (event == "final") {
+      ++final_lines;
+      EXPECT_EQ(record.at("steps"), 20);
+      EXPECT_EQ(record.at("epochs_completed"), 2);
+      EXPECT_DOUBLE_EQ(record.at("test_accuracy").get<double>(), accuracy);
+    }
+    if (event == "train") EXPECT_GT(record.at("peak_memory_bytes").get<int64_t>(), 0);
+  }
+  EXPECT_EQ(train_lines, 4);  // steps 5, 10, 15, 20
+  EXPECT_EQ(eval_lines, 3);   // step 15, end of epoch 1 (10), end of epoch 2 (20)
+  EXPECT_EQ(final_lines, 1);
+}
+
+TEST(TrainCli, StepsLimitStopsMidEpoch) {
+  const std::string directory = ::testing::TempDir() + "/steps";
+  ASSERT_EQ(system(("mkdir -p " + directory).c_str()), 0);
+  write_synthetic_split(directory, "train", 320);
+  write_synthetic_split(directory, "t10k", 50);
+  CliRun result = run({"--data=" + directory, "--steps=3", "--batch_size=16", "--threads=1"});
+  ASSERT_EQ(result.code, 0) << result.err;
+  EXPECT_NE(result.out.find("train step      3 | epoch 1/3"), std::string::npos) << result.out;
+  EXPECT_NE(result.out.find("eval  step      3"), std::string::npos) << result.out;
+  EXPECT_NE(result.out.find("test accuracy: "), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tessel::train

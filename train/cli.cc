@@ -1,0 +1,124 @@
+#include "train/cli.h"
+
+#include <CLI/CLI.hpp>
+#include <cerrno>
+#include <cstdlib>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace tessel::train {
+namespace {
+
+std::string recipes_help() {
+  std::ostringstream text;
+  text << "Recipes (--recipe):\n";
+  for (const auto& recipe : recipes()) {
+    text << "  " << recipe.name << "  " << recipe.description << "\n"
+         << "      defaults: --model=" << recipe.defaults.model
+         << " --data=" << recipe.defaults.data << " --batch_size=" << recipe.defaults.batch_size
+         << " --lr=" << recipe.defaults.lr << " --epochs=" << recipe.defaults.epochs << "\n";
+  }
+  return text.str();
+}
+
+// Value checks with plain messages ("--lr: must be positive, got 0").
+CLI::Validator number_check(const std::string& description, bool integer, double minimum,
+                            bool inclusive) {
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        const char* begin = text.c_str();
+        char* end = nullptr;
+        errno = 0;
+        const double value =
+            integer ? static_cast<double>(std::strtoll(begin, &end, 10)) : std::strtod(begin, &end);
+        if (text.empty() || *end != '\0' || errno == ERANGE)
+          return std::string("expected ") + (integer ? "an integer" : "a number") + ", got '" +
+                 text + "'";
+        if (inclusive ? value < minimum : value <= minimum)
+          return "must be " + description + ", got " + text;
+        return "";
+      },
+      description);
+}
+const CLI::Validator kPositiveInteger = number_check("positive", true, 0, false);
+const CLI::Validator kNonNegativeInteger = number_check("non-negative", true, 0, true);
+const CLI::Validator kPositiveNumber = number_check("positive", false, 0, false);
+
+}  // namespace
+
+int parse_train_flags(int argc, const char* const* argv, TrainConfig* config, std::ostream& out,
+                      std::ostream& err) {
+  CLI::App app("Trains a model with one of Tessel's recipes.", "train");
+  app.footer(recipes_help());
+
+  TrainConfig flags;
+  std::string model, data;
+  int64_t batch_size = 0, epochs = 0;
+  double lr = 0;
+  app.add_option("--recipe", flags.recipe, "recipe to run, by name (listed below)")
+      ->capture_default_str();
+  auto* model_option =
+      app.add_option("--model", model, "model the recipe trains (default: the recipe's)");
+  auto* data_option = app.add_option("--data", data, "data set directory (default: the recipe's)");
+  auto* batch_option =
+      app.add_option("--batch_size", batch_size, "examples per step (default: the recipe's)")
+          ->check(kPositiveInteger);
+  auto* lr_option =
+      app.add_option("--lr", lr, "learning rate (default: the recipe's)")->check(kPositiveNumber);
+  auto* epochs_option =
+      app.add_option("--epochs", epochs, "passes over the training set (default: the recipe's)")
+          ->check(kPositiveInteger);
+  app.add_option("--steps", flags.steps, "stop after this many steps in all; 0: no limit")
+      ->check(kNonNegativeInteger)
+      ->capture_default_str();
+  app.add_option("--seed", flags.seed, "seed of model initialisation and data order")
+      ->check(kNonNegativeInteger)
+      ->capture_default_str();
+  app.add_option("--threads", flags.threads, "intra-op threads; 0: every core")
+      ->check(kNonNegativeInteger)
+      ->capture_default_str();
+  app.add_option("--eval_every", flags.eval_every,
+                 "also evaluate every N steps; 0: after each epoch only")
+      ->check(kNonNegativeInteger)
+      ->capture_default_str();
+  app.add_option("--log_every", flags.log_every, "steps between status lines")
+      ->check(kPositiveInteger)
+      ->capture_default_str();
+  app.add_option("--metrics", flags.metrics_path, "write metrics as JSON lines to this file");
+  app.add_option("--checkpoint_dir", flags.checkpoint_dir,
+                 "save checkpoints here (recipes that support checkpoints)");
+  app.add_option("--resume", flags.resume,
+                 "resume from this checkpoint (recipes that support checkpoints)");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    return app.exit(error, out, err);  // 0 for --help, non-zero for errors
+  }
+  if (model_option->count()) flags.model = model;
+  if (data_option->count()) flags.data = data;
+  if (batch_option->count()) flags.batch_size = batch_size;
+  if (lr_option->count()) flags.lr = lr;
+  if (epochs_option->count()) flags.epochs = epochs;
+  *config = std::move(flags);
+  return -1;
+}
+
+int run_cli(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
+  TrainConfig config;
+  const int parse_code = parse_train_flags(argc, argv, &config, out, err);
+  if (parse_code >= 0) return parse_code;
+  try {
+    run_recipe(config, out);
+  } catch (const Error& error) {
+    err << "train: error: " << error.message() << std::endl;
+    return 1;
+  } catch (const std::exception& error) {
+    err << "train: error: " << error.what() << std::endl;
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace tessel::train

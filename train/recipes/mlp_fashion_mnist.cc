@@ -1,0 +1,76 @@
+#include "train/recipes/mlp_fashion_mnist.h"
+
+#include <chrono>
+
+#include "core/parallel.h"
+#include "core/rng.h"
+#include "models/nn/activation.h"
+#include "models/nn/linear.h"
+#include "train/data/data_loader.h"
+#include "train/data/dataset.h"
+#include "train/optim/adam.h"
+#include "train/recipes/classification.h"
+
+namespace tessel::train {
+
+std::shared_ptr<nn::Sequential> make_mlp(int64_t inputs, const std::vector<int64_t>& hidden,
+                                         int64_t classes) {
+  auto model = std::make_shared<nn::Sequential>();
+  model->push_back(std::make_shared<nn::Flatten>());
+  int64_t width = inputs;
+  for (int64_t size : hidden) {
+    model->push_back(std::make_shared<nn::Linear>(width, size));
+    model->push_back(std::make_shared<nn::ReLU>());
+    width = size;
+  }
+  model->push_back(std::make_shared<nn::Linear>(width, classes));
+  return model;
+}
+
+namespace {
+
+RecipeResult run_mlp_fashion_mnist(const TrainConfig& config, std::ostream& log) {
+  const auto start = std::chrono::steady_clock::now();
+  if (config.threads > 0) set_num_threads(config.threads);
+  manual_seed(config.seed);
+
+  log << "recipe " << config.recipe << ": model " << *config.model << ", data " << *config.data
+      << ", batch " << *config.batch_size << ", lr " << *config.lr << ", epochs " << *config.epochs
+      << (config.steps > 0 ? ", steps " + std::to_string(config.steps) : std::string()) << ", seed "
+      << config.seed << ", threads " << get_num_threads() << std::endl;
+  auto train_set = data::load_fashion_mnist(*config.data, data::Split::kTrain);
+  auto test_set = data::load_fashion_mnist(*config.data, data::Split::kTest);
+  log << "data: " << train_set->size() << " training and " << test_set->size() << " test images"
+      << std::endl;
+
+  auto model = make_mlp(28 * 28, {256, 128}, data::kFashionMnistClasses);
+  log << *model << std::endl;
+  optim::Adam optimizer(model->named_parameters(), optim::AdamOptions(*config.lr));
+  data::DataLoader train_loader(
+      train_set,
+      data::DataLoaderOptions().batch_size(*config.batch_size).shuffle(true).seed(config.seed));
+
+  RecipeResult result = train_classifier(*model, optimizer, train_loader, *test_set, config, log);
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  log << "wall time: " << result.seconds << " s" << std::endl;
+  return result;
+}
+
+}  // namespace
+
+Recipe mlp_fashion_mnist_recipe() {
+  Recipe recipe;
+  recipe.name = "mlp_fashion_mnist";
+  recipe.description = "MLP 784-256-128-10 (ReLU), Adam, on Fashion-MNIST";
+  recipe.defaults.model = "mlp";
+  recipe.defaults.data = data::kFashionMnistDir;
+  recipe.defaults.batch_size = 128;
+  recipe.defaults.lr = 1e-3;
+  recipe.defaults.epochs = 3;
+  recipe.models = {"mlp"};
+  recipe.supports_checkpoints = false;
+  recipe.run = run_mlp_fashion_mnist;
+  return recipe;
+}
+
+}  // namespace tessel::train

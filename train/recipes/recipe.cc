@@ -1,0 +1,64 @@
+#include "train/recipes/recipe.h"
+
+#include "core/error.h"
+#include "train/recipes/mlp_fashion_mnist.h"
+
+namespace tessel::train {
+
+const std::vector<Recipe>& recipes() {
+  // New recipes (ResNet, BERT, ...) add one line here.
+  static const std::vector<Recipe> all = {mlp_fashion_mnist_recipe()};
+  return all;
+}
+
+namespace {
+std::string join(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& name : names) out += (out.empty() ? "" : ", ") + name;
+  return out;
+}
+}  // namespace
+
+const Recipe& find_recipe(const std::string& name) {
+  std::vector<std::string> known;
+  for (const auto& recipe : recipes()) {
+    if (recipe.name == name) return recipe;
+    known.push_back(recipe.name);
+  }
+  TESSEL_FAIL("unknown recipe '", name, "' (known recipes: ", join(known), ")");
+}
+
+TrainConfig resolve_config(const Recipe& recipe, TrainConfig config) {
+  if (!config.model) config.model = recipe.defaults.model;
+  if (!config.data) config.data = recipe.defaults.data;
+  if (!config.batch_size) config.batch_size = recipe.defaults.batch_size;
+  if (!config.lr) config.lr = recipe.defaults.lr;
+  if (!config.epochs) config.epochs = recipe.defaults.epochs;
+
+  bool known_model = false;
+  for (const auto& model : recipe.models) known_model |= model == *config.model;
+  TESSEL_CHECK(known_model, "recipe ", recipe.name, ": unknown model '", *config.model,
+               "' (this recipe trains: ", join(recipe.models), ")");
+  TESSEL_CHECK(*config.batch_size > 0, "--batch_size must be positive, got ", *config.batch_size);
+  TESSEL_CHECK(*config.lr > 0, "--lr must be positive, got ", *config.lr);
+  TESSEL_CHECK(*config.epochs > 0, "--epochs must be positive, got ", *config.epochs);
+  TESSEL_CHECK(config.steps >= 0, "--steps must be >= 0, got ", config.steps);
+  TESSEL_CHECK(config.threads >= 0, "--threads must be >= 0, got ", config.threads);
+  TESSEL_CHECK(config.eval_every >= 0, "--eval_every must be >= 0, got ", config.eval_every);
+  TESSEL_CHECK(config.log_every > 0, "--log_every must be positive, got ", config.log_every);
+  if (!recipe.supports_checkpoints) {
+    TESSEL_CHECK(config.checkpoint_dir.empty(),
+                 "--checkpoint_dir is not supported by this recipe yet (", recipe.name,
+                 " trains without checkpoints)");
+    TESSEL_CHECK(config.resume.empty(), "--resume is not supported by this recipe yet (",
+                 recipe.name, " trains without checkpoints)");
+  }
+  return config;
+}
+
+RecipeResult run_recipe(const TrainConfig& config, std::ostream& log) {
+  const Recipe& recipe = find_recipe(config.recipe);
+  return recipe.run(resolve_config(recipe, config), log);
+}
+
+}  // namespace tessel::train

@@ -1,0 +1,70 @@
+// Training recipes by name: each recipe builds a model, data and optimizer from a TrainConfig
+// and trains it, reporting status lines and metrics. The `train` CLI picks one with --recipe.
+//   TrainConfig config;  config.recipe = "mlp_fashion_mnist";  config.epochs = 1;
+//   RecipeResult result = run_recipe(config, std::cout);
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace tessel::train {
+
+// What a run asks for. Unset values take the recipe's defaults (Recipe::defaults).
+struct TrainConfig {
+  std::string recipe = "mlp_fashion_mnist";
+  std::optional<std::string> model;
+  std::optional<std::string> data;  // a directory or file the recipe reads
+  std::optional<int64_t> batch_size;
+  std::optional<double> lr;
+  std::optional<int64_t> epochs;
+  int64_t steps = 0;           // stop after this many optimizer steps in all; 0: no limit
+  uint64_t seed = 0;           // model initialisation and data order
+  int threads = 0;             // intra-op threads; 0: every core
+  int64_t eval_every = 0;      // evaluate every N steps as well as after each epoch; 0: epochs only
+  int64_t log_every = 100;     // steps between status lines
+  std::string metrics_path;    // JSON lines, one per status line and evaluation
+  std::string checkpoint_dir;  // recipes that support checkpoints only
+  std::string resume;          // a checkpoint to resume from, likewise
+};
+
+// The defaults a recipe fills in for unset TrainConfig fields.
+struct RecipeDefaults {
+  std::string model;
+  std::string data;
+  int64_t batch_size = 0;
+  double lr = 0;
+  int64_t epochs = 0;
+};
+
+struct RecipeResult {
+  int64_t steps = 0;
+  int64_t epochs_completed = 0;
+  double final_train_loss = 0;  // mean over the last status interval
+  double test_accuracy = 0;     // after the last step
+  double seconds = 0;           // wall time of the whole run, data loading included
+};
+
+struct Recipe {
+  std::string name;
+  std::string description;
+  RecipeDefaults defaults;
+  std::vector<std::string> models;  // the values --model accepts
+  bool supports_checkpoints = false;
+  // Runs with a config whose optional fields are all set; writes status lines to `log`.
+  std::function<RecipeResult(const TrainConfig&, std::ostream& log)> run;
+};
+
+// Every recipe, in the order --help lists them.
+const std::vector<Recipe>& recipes();
+// The recipe called `name`; a tessel::Error listing the known names otherwise.
+const Recipe& find_recipe(const std::string& name);
+// `config` with the recipe's defaults filled in; checks values and recipe support (a model the
+// recipe does not know, checkpoint flags a recipe cannot honour yet) with a clear error.
+TrainConfig resolve_config(const Recipe& recipe, TrainConfig config);
+// find_recipe + resolve_config + run.
+RecipeResult run_recipe(const TrainConfig& config, std::ostream& log);
+
+}  // namespace tessel::train
