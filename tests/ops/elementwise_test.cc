@@ -209,6 +209,23 @@ TEST(Elementwise, LargeStridedBroadcastMatchesScalarLoop) {
     for (int64_t j = 0; j < 700; ++j) ASSERT_EQ(rv[i * 700 + j], av[i * 700 + j] * bv[j]);
 }
 
+TEST(Elementwise, TransposedThreeDimInputsWalkedInTilesMatchScalarLoop) {
+  manual_seed(3);
+  Tensor a = transpose(randn({3, 50, 40}, kF64), 1, 2);  // [3, 40, 50]
+  Tensor b = randn({40, 1}, kF64);
+  Tensor c = randn({3, 40, 50}, kF64);
+  Tensor result = where(gt(c, zeros({}, kF64)), sub(a, b), c);
+  auto av = a.to_vector<double>(), bv = b.to_vector<double>(), cv = c.to_vector<double>();
+  auto rv = result.to_vector<double>();
+  for (int64_t n = 0; n < 3; ++n)
+    for (int64_t i = 0; i < 40; ++i)
+      for (int64_t j = 0; j < 50; ++j) {
+        int64_t at = (n * 40 + i) * 50 + j;
+        double expected = cv[at] > 0 ? av[at] - bv[i] : cv[at];
+        ASSERT_EQ(rv[at], expected) << n << " " << i << " " << j;
+      }
+}
+
 TEST(Elementwise, WritesIntoAStridedOutView) {
   Tensor base = zeros({3, 4}, kF64);
   Tensor middle = narrow(base, 1, 1, 2);  // [3, 2], row stride 4

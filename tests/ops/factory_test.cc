@@ -221,6 +221,16 @@ TEST(Initialisers, UniformOnAStridedViewWritesOnlyTheView) {
   }
 }
 
+TEST(Initialisers, ElementIndexIsTheViewsRowMajorIndex) {
+  Tensor base = zeros({50, 40});
+  Tensor view = transpose(base, 0, 1);  // [40, 50], walked in tiles
+  manual_seed(12);
+  RngState saved = get_rng_state();
+  uniform_(view, 0.0, 1.0);
+  auto values = view.to_vector<float>();
+  for (size_t i = 0; i < values.size(); ++i) ASSERT_EQ(values[i], uniform_at(saved, i)) << i;
+}
+
 TEST(Clone, CopiesAStridedInputIntoRowMajor) {
   Tensor x = tensor({1, 2, 3, 4, 5, 6}, {2, 3});
   Tensor copy = clone(transpose(x, 0, 1));
