@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/rng.h"
 #include "core/tensor.h"
 
 namespace tessel {
