@@ -1,0 +1,216 @@
+// BERT (Devlin et al.) with the module tree and parameter names of the public checkpoints
+// (HuggingFace BertModel / BertForPreTraining): post-LN encoder, erf GELU, tied MLM decoder.
+//   models::BertForPreTraining model(models::BertConfig::by_name("mini").vocab_size(1000));
+//   auto [mlm_logits, nsp_logits] = model.forward(input_ids, token_type_ids, attention_mask);
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/nn/nn.h"
+
+namespace tessel::models {
+
+// Hyperparameters with BERT's defaults: bert-base sizes, the bert-base-uncased vocabulary, 512
+// positions, two segment types, dropout 0.1, LayerNorm eps 1e-12, init std 0.02.
+class BertConfig {
+ public:
+  BertConfig() = default;
+
+  // tiny (2 layers, hidden 128, 2 heads, intermediate 512), mini (4, 256, 4, 1024), small (4,
+  // 512, 8, 2048), base (12, 768, 12, 3072), large (24, 1024, 16, 4096).
+  static BertConfig tiny();
+  static BertConfig mini();
+  static BertConfig small();
+  static BertConfig base();
+  static BertConfig large();
+  // One of the presets above by name; an error listing the known names otherwise.
+  static BertConfig by_name(const std::string& name);
+  static std::vector<std::string> known_names();
+
+  BertConfig& vocab_size(int64_t value) {
+    vocab_size_ = value;
+    return *this;
+  }
+  BertConfig& hidden_size(int64_t value) {
+    hidden_size_ = value;
+    return *this;
+  }
+  BertConfig& num_hidden_layers(int64_t value) {
+    num_hidden_layers_ = value;
+    return *this;
+  }
+  BertConfig& num_attention_heads(int64_t value) {
+    num_attention_heads_ = value;
+    return *this;
+  }
+  BertConfig& intermediate_size(int64_t value) {
+    intermediate_size_ = value;
+    return *this;
+  }
+  // "gelu" (erf form), "gelu_new" (tanh approximation) or "relu" (HuggingFace's names).
+  BertConfig& hidden_act(const std::string& value) {
+    hidden_act_ = value;
+    return *this;
+  }
+  BertConfig& hidden_dropout_prob(double value) {
+    hidden_dropout_prob_ = value;
+    return *this;
+  }
+  BertConfig& attention_probs_dropout_prob(double value) {
+    attention_probs_dropout_prob_ = value;
+    return *this;
+  }
+  BertConfig& max_position_embeddings(int64_t value) {
+    max_position_embeddings_ = value;
+    return *this;
+  }
+  BertConfig& type_vocab_size(int64_t value) {
+    type_vocab_size_ = value;
+    return *this;
+  }
+  BertConfig& initializer_range(double value) {
+    initializer_range_ = value;
+    return *this;
+  }
+  BertConfig& layer_norm_eps(double value) {
+    layer_norm_eps_ = value;
+    return *this;
+  }
+  // Both dropout probabilities (hidden and attention) at once.
+  BertConfig& dropout(double p) { return hidden_dropout_prob(p).attention_probs_dropout_prob(p); }
+
+  int64_t vocab_size() const { return vocab_size_; }
+  int64_t hidden_size() const { return hidden_size_; }
+  int64_t num_hidden_layers() const { return num_hidden_layers_; }
+  int64_t num_attention_heads() const { return num_attention_heads_; }
+  int64_t intermediate_size() const { return intermediate_size_; }
+  const std::string& hidden_act() const { return hidden_act_; }
+  double hidden_dropout_prob() const { return hidden_dropout_prob_; }
+  double attention_probs_dropout_prob() const { return attention_probs_dropout_prob_; }
+  int64_t max_position_embeddings() const { return max_position_embeddings_; }
+  int64_t type_vocab_size() const { return type_vocab_size_; }
+  double initializer_range() const { return initializer_range_; }
+  double layer_norm_eps() const { return layer_norm_eps_; }
+  int64_t head_size() const { return hidden_size_ / num_attention_heads_; }
+
+  // Throws a tessel::Error naming the first field out of range.
+  void validate() const;
+
+ private:
+  int64_t vocab_size_ = 30522;
+  int64_t hidden_size_ = 768;
+  int64_t num_hidden_layers_ = 12;
+  int64_t num_attention_heads_ = 12;
+  int64_t intermediate_size_ = 3072;
+  std::string hidden_act_ = "gelu";
+  double hidden_dropout_prob_ = 0.1;
+  double attention_probs_dropout_prob_ = 0.1;
+  int64_t max_position_embeddings_ = 512;
+  int64_t type_vocab_size_ = 2;
+  double initializer_range_ = 0.02;
+  double layer_norm_eps_ = 1e-12;
+};
+
+// word + position + token type embeddings, then LayerNorm and dropout.
+class BertEmbeddings : public nn::Module {
+ public:
+  explicit BertEmbeddings(const BertConfig& config);
+  // input_ids (N, T) i64; token_type_ids (N, T) or undefined (all type 0) -> (N, T, hidden)
+  Tensor forward(const Tensor& input_ids, const Tensor& token_type_ids = Tensor());
+
+  BertConfig config;
+  std::shared_ptr<nn::Embedding> word_embeddings;
+  std::shared_ptr<nn::Embedding> position_embeddings;
+  std::shared_ptr<nn::Embedding> token_type_embeddings;
+  std::shared_ptr<nn::LayerNorm> norm;  // "LayerNorm"
+};
+
+// One post-LN encoder layer: self-attention (attention.self, attention.output) and the
+// feed-forward block (intermediate, output), each followed by dropout, residual and LayerNorm.
+class BertLayer : public nn::Module {
+ public:
+  explicit BertLayer(const BertConfig& config);
+  // hidden (N, T, hidden); attention_bias (N, 1, 1, T) added to the scores, or undefined.
+  Tensor forward(const Tensor& hidden, const Tensor& attention_bias = Tensor());
+
+  BertConfig config;
+  std::shared_ptr<nn::Linear> query, key, value;   // attention.self.*
+  std::shared_ptr<nn::Linear> attention_dense;     // attention.output.dense
+  std::shared_ptr<nn::LayerNorm> attention_norm;   // attention.output.LayerNorm
+  std::shared_ptr<nn::Linear> intermediate_dense;  // intermediate.dense
+  std::shared_ptr<nn::Linear> output_dense;        // output.dense
+  std::shared_ptr<nn::LayerNorm> output_norm;      // output.LayerNorm
+
+ private:
+  Tensor self_attention(const Tensor& hidden, const Tensor& attention_bias);
+};
+
+struct BertModelOutput {
+  Tensor sequence_output;  // (N, T, hidden): the last layer's hidden states
+  Tensor pooled_output;    // (N, hidden): tanh(dense(first token))
+};
+
+// embeddings, encoder.layer.<i>, pooler.dense.
+class BertModel : public nn::Module {
+ public:
+  explicit BertModel(const BertConfig& config);
+  // input_ids (N, T) i64 in [0, vocab_size); token_type_ids (N, T) i64 in [0, type_vocab_size)
+  // or undefined (all zeros); attention_mask (N, T) of 1 (attend) / 0 (padding), any dtype, or
+  // undefined (attend everywhere). T <= max_position_embeddings.
+  BertModelOutput forward(const Tensor& input_ids, const Tensor& token_type_ids = Tensor(),
+                          const Tensor& attention_mask = Tensor());
+  // Re-draws every parameter the way BERT initialises: weights N(0, initializer_range), biases
+  // zero, LayerNorm ones and zeros.
+  void reset_parameters();
+
+  BertConfig config;
+  std::shared_ptr<BertEmbeddings> embeddings;
+  std::shared_ptr<nn::ModuleList> layers;  // encoder.layer, of BertLayer
+  std::shared_ptr<nn::Linear> pooler_dense;
+
+ private:
+  void check_inputs(const Tensor& input_ids, const Tensor& token_type_ids,
+                    const Tensor& attention_mask) const;
+};
+
+struct BertPreTrainingOutput {
+  Tensor mlm_logits;  // (N, T, vocab_size)
+  Tensor nsp_logits;  // (N, 2): is-next, not-next
+};
+
+struct BertPreTrainingLoss {
+  Tensor total;  // mlm + nsp (mlm alone without NSP labels)
+  Tensor mlm;    // mean cross-entropy over positions whose label is not -100
+  Tensor nsp;    // mean cross-entropy over the batch; undefined without NSP labels
+};
+
+// bert (BertModel) and the pre-training heads: cls.predictions (transform.dense, GELU,
+// transform.LayerNorm, then the decoder, whose weight is the word embedding table, plus
+// cls.predictions.bias) and cls.seq_relationship. The tied table is one parameter, listed once
+// under bert.embeddings.word_embeddings.weight; its gradient sums both uses.
+class BertForPreTraining : public nn::Module {
+ public:
+  explicit BertForPreTraining(const BertConfig& config);
+  BertPreTrainingOutput forward(const Tensor& input_ids, const Tensor& token_type_ids = Tensor(),
+                                const Tensor& attention_mask = Tensor());
+  void reset_parameters();
+  // The decoder's weight: the same tensor as bert->embeddings->word_embeddings->weight.
+  const Tensor& decoder_weight() const { return bert->embeddings->word_embeddings->weight; }
+
+  BertConfig config;
+  std::shared_ptr<BertModel> bert;
+  std::shared_ptr<nn::Linear> transform_dense;    // cls.predictions.transform.dense
+  std::shared_ptr<nn::LayerNorm> transform_norm;  // cls.predictions.transform.LayerNorm
+  Tensor decoder_bias;                            // cls.predictions.bias (vocab_size)
+  std::shared_ptr<nn::Linear> seq_relationship;   // cls.seq_relationship
+};
+
+// mlm_labels (N, T) i64: the original token at masked positions, -100 elsewhere.
+// nsp_labels (N) i64 (0: B follows A, 1: random B), or undefined for an MLM-only loss.
+BertPreTrainingLoss bert_pretraining_loss(const BertPreTrainingOutput& output,
+                                          const Tensor& mlm_labels,
+                                          const Tensor& nsp_labels = Tensor());
+
+}  // namespace tessel::models
