@@ -1,5 +1,6 @@
 #include "train/data/data_loader.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "core/rng.h"
@@ -38,7 +39,10 @@ int64_t DataLoader::num_batches() const {
 Batch DataLoader::make_batch(int64_t batch_index) const {
   const int64_t begin = batch_index * options_.batch_size_;
   const int64_t end = std::min<int64_t>(begin + options_.batch_size_, dataset_->size());
-  return dataset_->get_batch(std::vector<int64_t>(order_.begin() + begin, order_.begin() + end));
+  const std::vector<int64_t> indices(order_.begin() + begin, order_.begin() + end);
+  Batch batch = dataset_->get_batch(indices);
+  if (options_.transform_) options_.transform_(batch, BatchInfo{indices, epoch_, options_.seed_});
+  return batch;
 }
 
 void DataLoader::stop_worker() {
@@ -58,6 +62,7 @@ void DataLoader::start_epoch(int64_t epoch) {
     order_.resize(static_cast<size_t>(dataset_->size()));
     for (int64_t i = 0; i < dataset_->size(); ++i) order_[i] = i;
   }
+  epoch_ = epoch;
   next_to_return_ = 0;
   epoch_started_ = true;
   ready_.clear();

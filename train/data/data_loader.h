@@ -5,16 +5,20 @@
 //     loader.start_epoch(epoch);
 //     while (auto batch = loader.next()) train_step(batch->inputs, batch->targets);
 //   }
+// Per-sample augmentation runs on the same background thread through options.transform(...)
+// (train/data/augment.h: .transform(augmentation.batch_transform())).
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -22,12 +26,25 @@
 
 namespace tessel::data {
 
+// What a BatchTransform knows about the batch it rewrites.
+struct BatchInfo {
+  const std::vector<int64_t>& indices;  // the examples' positions in the data set
+  int64_t epoch;
+  uint64_t seed;  // DataLoaderOptions::seed
+};
+// Rewrites a batch after Dataset::get_batch, on the thread that prepared it (the loader's
+// background thread, or next()'s caller when prefetch is 0). Random choices must depend only on
+// `info` (e.g. Philox keyed by seed, epoch and index) so that results do not depend on timing.
+// Batches from get_batch are fresh tensors; a transform may replace or modify them.
+using BatchTransform = std::function<void(Batch& batch, const BatchInfo& info)>;
+
 struct DataLoaderOptions {
   int64_t batch_size_ = 64;
   bool shuffle_ = true;
   uint64_t seed_ = 0;
   bool drop_last_ = false;
-  int64_t prefetch_ = 2;  // batches prepared ahead; 0 prepares each batch in next()
+  int64_t prefetch_ = 2;      // batches prepared ahead; 0 prepares each batch in next()
+  BatchTransform transform_;  // none when empty
 
   DataLoaderOptions& batch_size(int64_t value) {
     TESSEL_CHECK(value > 0, "DataLoaderOptions: batch_size must be positive, got ", value);
@@ -51,6 +68,10 @@ struct DataLoaderOptions {
     prefetch_ = value;
     return *this;
   }
+  DataLoaderOptions& transform(BatchTransform value) {
+    transform_ = std::move(value);
+    return *this;
+  }
 };
 
 // The order of `size` examples in epoch `epoch`: a Fisher-Yates shuffle driven by Philox
@@ -71,6 +92,8 @@ class DataLoader {
 
   // Starts epoch `epoch` (its order depends on seed and epoch), abandoning any unread batches.
   void start_epoch(int64_t epoch);
+  // The epoch last started (0 before any).
+  int64_t epoch() const { return epoch_; }
   // The next batch of the current epoch, or nothing at its end. Errors raised while preparing
   // a batch are rethrown here.
   std::optional<Batch> next();
@@ -83,6 +106,7 @@ class DataLoader {
   std::shared_ptr<const Dataset> dataset_;
   DataLoaderOptions options_;
   std::vector<int64_t> order_;
+  int64_t epoch_ = 0;
   int64_t next_to_return_ = 0;  // batch index next() hands out
   bool epoch_started_ = false;
 
