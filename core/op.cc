@@ -18,23 +18,19 @@ OpDef& OpRegistry::define(const std::string& name) {
   TESSEL_CHECK(find_or_null(name) == nullptr, "op '", name, "' is registered twice");
   ops_.push_back(std::make_unique<OpDef>());
   ops_.back()->name = name;
+  by_name_[name] = ops_.back().get();
   return *ops_.back();
 }
 
 void OpRegistry::set_kernel(const std::string& name, DeviceType device, Kernel kernel) {
-  for (auto& op : ops_) {
-    if (op->name == name) {
-      op->kernels[static_cast<int>(device)] = std::move(kernel);
-      return;
-    }
-  }
-  TESSEL_FAIL("set_kernel: unknown op '", name, "'");
+  OpDef* op = const_cast<OpDef*>(find_or_null(name));
+  TESSEL_CHECK(op != nullptr, "set_kernel: unknown op '", name, "'");
+  op->kernels[static_cast<int>(device)] = std::move(kernel);
 }
 
 const OpDef* OpRegistry::find_or_null(const std::string& name) const {
-  for (const auto& op : ops_)
-    if (op->name == name) return op.get();
-  return nullptr;
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? nullptr : it->second;
 }
 
 const OpDef& OpRegistry::find(const std::string& name) const {

@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/attrs.h"
@@ -103,7 +104,8 @@ class OpRegistry {
   std::vector<std::string> names() const;
 
  private:
-  std::vector<std::unique_ptr<OpDef>> ops_;
+  std::vector<std::unique_ptr<OpDef>> ops_;          // in registration order
+  std::unordered_map<std::string, OpDef*> by_name_;  // every call looks its op up here
 };
 
 // A pure, replayable record of one op call: what the memory layer recomputes from.
