@@ -27,15 +27,19 @@ bool is_punctuation(char32_t c);
 // CJK Unified Ideographs (and extensions, compatibility ideographs), BERT's _is_chinese_char.
 // Hiragana, Katakana and Hangul are not in it: they stay inside words, as in BERT.
 bool is_cjk(char32_t c);
-// Simple lower-casing for ASCII, Latin-1 Supplement, Latin Extended-A, Greek, Cyrillic and
-// the full-width Latin letters; characters of other scripts are returned unchanged.
+// Simple lower-casing for ASCII, Latin-1 Supplement, Latin Extended-A, the regular case pairs
+// of Latin Extended-B, Greek (not Greek Extended: those capitals are lower-cased through their
+// base letter when accents are stripped), Cyrillic, Armenian, Latin Extended Additional and the
+// full-width Latin letters; characters of other scripts are returned unchanged.
 char32_t to_lower(char32_t c);
-// Accent stripping (BERT's NFD-then-drop-marks): a Latin-1 Supplement or Latin Extended-A
-// letter whose canonical decomposition is an ASCII letter plus marks becomes that letter
-// (é -> e, Ł stays Ł as it has no decomposition); combining marks (U+0300-036F, 1AB0-1AFF,
-// 1DC0-1DFF, 20D0-20FF, FE20-FE2F) are dropped, so text already in NFD form loses its accents
-// everywhere. Precomposed letters of other blocks (Vietnamese ệ, Greek ά) keep their accents.
-// Returns 0 for a code point that should be dropped.
+// Accent stripping (BERT's NFD-then-drop-marks): a letter of Latin-1 Supplement, Latin
+// Extended-A/B, Greek, Cyrillic, Latin Extended Additional or Greek Extended whose canonical
+// decomposition is a base letter plus combining marks becomes that base letter (é -> e,
+// ё -> е, ệ -> e, ά -> α; Ł and ø have no decomposition and stay), and every non-spacing mark
+// (category Mn) is dropped, so text in NFD form loses its accents in any script. Precomposed
+// letters of other blocks keep their accents (kana with voicing marks: が stays, BERT gives か),
+// and Hangul syllables stay whole (BERT splits them into jamo). Returns 0 for a code point that
+// should be dropped.
 char32_t strip_accent(char32_t c);
 
 struct BasicTokenizerOptions {

@@ -141,19 +141,19 @@ MlmDataset::MlmDataset(const std::vector<TokenizedDocument>& documents, const Wo
       sep_id_(vocab.sep_id()),
       pad_id_(vocab.pad_id()),
       mask_id_(vocab.mask_id()) {
-  TESSEL_CHECK(options_.max_seq_ >= 5, "MlmOptions: max_seq must be at least 5 ([CLS] A [SEP] B ",
-               "[SEP] with one token each), got ", options_.max_seq_);
-  TESSEL_CHECK(options_.max_predictions_ == -1 || options_.max_predictions_ >= 1,
+  TESSEL_CHECK(options_.max_seq() >= 5, "MlmOptions: max_seq must be at least 5 ([CLS] A [SEP] B ",
+               "[SEP] with one token each), got ", options_.max_seq());
+  TESSEL_CHECK(options_.max_predictions() == -1 || options_.max_predictions() >= 1,
                "MlmOptions: max_predictions must be >= 1 (or -1 for 20 per 128 tokens), got ",
-               options_.max_predictions_);
-  check_probability(options_.mask_prob_, "mask_prob");
-  check_probability(options_.mask_token_prob_, "mask_token_prob");
-  check_probability(options_.random_token_prob_, "random_token_prob");
-  check_probability(options_.random_next_prob_, "random_next_prob");
-  check_probability(options_.short_seq_prob_, "short_seq_prob");
-  TESSEL_CHECK(options_.mask_token_prob_ + options_.random_token_prob_ <= 1.0 + 1e-12,
+               options_.max_predictions());
+  check_probability(options_.mask_prob(), "mask_prob");
+  check_probability(options_.mask_token_prob(), "mask_token_prob");
+  check_probability(options_.random_token_prob(), "random_token_prob");
+  check_probability(options_.random_next_prob(), "random_next_prob");
+  check_probability(options_.short_seq_prob(), "short_seq_prob");
+  TESSEL_CHECK(options_.mask_token_prob() + options_.random_token_prob() <= 1.0 + 1e-12,
                "MlmOptions: mask_token_prob + random_token_prob must be <= 1, got ",
-               options_.mask_token_prob_, " + ", options_.random_token_prob_);
+               options_.mask_token_prob(), " + ", options_.random_token_prob());
 
   special_.resize(vocab_size_);
   for (int64_t id = 0; id < vocab_size_; ++id) {
@@ -189,13 +189,13 @@ void MlmDataset::make_pairs(const std::vector<TokenizedDocument>& all_documents)
     }
     if (!kept.empty()) documents.push_back(std::move(kept));
   }
-  RandomStream random(options_.seed_, Purpose::kPairing, 0, 0);
-  const int64_t max_tokens = options_.max_seq_ - 3;
+  RandomStream random(options_.seed(), Purpose::kPairing, 0, 0);
+  const int64_t max_tokens = options_.max_seq() - 3;
   const int64_t num_documents = static_cast<int64_t>(documents.size());
   for (int64_t d = 0; d < num_documents; ++d) {
     const TokenizedDocument& document = documents[d];
     int64_t target = max_tokens;
-    if (random.uniform() < options_.short_seq_prob_) target = random.between(2, max_tokens);
+    if (random.uniform() < options_.short_seq_prob()) target = random.between(2, max_tokens);
 
     std::vector<std::vector<int64_t>> chunk;
     int64_t chunk_length = 0;
@@ -208,7 +208,7 @@ void MlmDataset::make_pairs(const std::vector<TokenizedDocument>& all_documents)
       // A random B needs another document; an actual B needs two segments or two tokens.
       const bool can_be_actual = chunk.size() >= 2 || chunk_length >= 2;
       pair.random_next =
-          num_documents > 1 && (!can_be_actual || random.uniform() < options_.random_next_prob_);
+          num_documents > 1 && (!can_be_actual || random.uniform() < options_.random_next_prob());
       const size_t a_end = chunk.size() >= 2 ? random.between(1, chunk.size() - 1) : 1;
       append_segments(pair.a, chunk, 0, a_end);
       if (pair.random_next) {
@@ -243,7 +243,7 @@ MlmExample MlmDataset::example(int64_t index, int64_t epoch) const {
   TESSEL_CHECK(index >= 0 && index < size(), "MlmDataset: example index ", index,
                " is outside [0, ", size(), ")");
   const SentencePair& pair = pairs_[index];
-  const int64_t length = options_.max_seq_;
+  const int64_t length = options_.max_seq();
   MlmExample example;
   example.input_ids.reserve(length);
   example.token_type_ids.reserve(length);
@@ -268,10 +268,10 @@ MlmExample MlmDataset::example(int64_t index, int64_t epoch) const {
   }
   if (candidates.empty()) return example;
   const int64_t num_candidates = static_cast<int64_t>(candidates.size());
-  const int64_t wanted = std::max<int64_t>(1, std::llround(num_candidates * options_.mask_prob_));
+  const int64_t wanted = std::max<int64_t>(1, std::llround(num_candidates * options_.mask_prob()));
   const int64_t to_predict =
       std::min({wanted, num_candidates, options_.predictions_per_sequence()});
-  RandomStream random(options_.seed_, Purpose::kMasking, static_cast<uint64_t>(epoch),
+  RandomStream random(options_.seed(), Purpose::kMasking, static_cast<uint64_t>(epoch),
                       static_cast<uint64_t>(index));
   const int64_t num_random = static_cast<int64_t>(random_candidates_.size());
   for (int64_t k = 0; k < to_predict; ++k) {
@@ -280,9 +280,9 @@ MlmExample MlmDataset::example(int64_t index, int64_t epoch) const {
     const int64_t position = candidates[k];
     example.mlm_labels[position] = example.input_ids[position];
     const double choice = random.uniform();
-    if (choice < options_.mask_token_prob_) {
+    if (choice < options_.mask_token_prob()) {
       example.input_ids[position] = mask_id_;
-    } else if (choice < options_.mask_token_prob_ + options_.random_token_prob_) {
+    } else if (choice < options_.mask_token_prob() + options_.random_token_prob()) {
       example.input_ids[position] = random_candidates_[random.below(num_random)];
     }
   }

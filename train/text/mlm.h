@@ -22,20 +22,13 @@ std::vector<TokenizedDocument> tokenize_corpus(const Corpus& corpus, const WordP
 // Label at positions that are not predicted (PyTorch's cross-entropy ignore_index).
 constexpr int64_t kIgnoreLabel = -100;
 
-struct MlmOptions {
-  int64_t max_seq_ = 128;
-  int64_t max_predictions_ = -1;  // -1: 20 per 128 tokens of max_seq, as BERT
-  double mask_prob_ = 0.15;
-  double mask_token_prob_ = 0.8;    // of the chosen tokens, replaced by [MASK]
-  double random_token_prob_ = 0.1;  // replaced by a random non-special token; the rest unchanged
-  double random_next_prob_ = 0.5;
-  double short_seq_prob_ = 0.1;  // BERT's: sometimes aim for a shorter pair than max_seq
-  uint64_t seed_ = 0;
-
+class MlmOptions {
+ public:
   MlmOptions& max_seq(int64_t value) {
     max_seq_ = value;
     return *this;
   }
+  // -1: 20 per 128 tokens of max_seq, as BERT.
   MlmOptions& max_predictions(int64_t value) {
     max_predictions_ = value;
     return *this;
@@ -44,10 +37,12 @@ struct MlmOptions {
     mask_prob_ = value;
     return *this;
   }
+  // Of the chosen tokens, the share replaced by [MASK].
   MlmOptions& mask_token_prob(double value) {
     mask_token_prob_ = value;
     return *this;
   }
+  // Of the chosen tokens, the share replaced by a random non-special token; the rest stay.
   MlmOptions& random_token_prob(double value) {
     random_token_prob_ = value;
     return *this;
@@ -56,6 +51,7 @@ struct MlmOptions {
     random_next_prob_ = value;
     return *this;
   }
+  // BERT's: how often a pair aims for a random length shorter than max_seq.
   MlmOptions& short_seq_prob(double value) {
     short_seq_prob_ = value;
     return *this;
@@ -64,8 +60,26 @@ struct MlmOptions {
     seed_ = value;
     return *this;
   }
+  int64_t max_seq() const { return max_seq_; }
+  int64_t max_predictions() const { return max_predictions_; }
+  double mask_prob() const { return mask_prob_; }
+  double mask_token_prob() const { return mask_token_prob_; }
+  double random_token_prob() const { return random_token_prob_; }
+  double random_next_prob() const { return random_next_prob_; }
+  double short_seq_prob() const { return short_seq_prob_; }
+  uint64_t seed() const { return seed_; }
   // max_predictions, or 20 * max_seq / 128 (at least 1) when it is -1.
   int64_t predictions_per_sequence() const;
+
+ private:
+  int64_t max_seq_ = 128;
+  int64_t max_predictions_ = -1;
+  double mask_prob_ = 0.15;
+  double mask_token_prob_ = 0.8;
+  double random_token_prob_ = 0.1;
+  double random_next_prob_ = 0.5;
+  double short_seq_prob_ = 0.1;
+  uint64_t seed_ = 0;
 };
 
 // One packed sequence: [CLS] A [SEP] B [SEP] then [PAD] up to max_seq.

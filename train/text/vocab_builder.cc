@@ -120,11 +120,11 @@ class PairMerger {
 }  // namespace
 
 VocabBuilder::VocabBuilder(VocabBuilderOptions options)
-    : options_(options), basic_(options.basic_) {
-  TESSEL_CHECK(options_.vocab_size_ > 0, "VocabBuilder: vocab_size must be positive, got ",
-               options_.vocab_size_);
-  TESSEL_CHECK(options_.min_pair_count_ >= 1, "VocabBuilder: min_pair_count must be >= 1, got ",
-               options_.min_pair_count_);
+    : options_(options), basic_(options.basic()) {
+  TESSEL_CHECK(options_.vocab_size() > 0, "VocabBuilder: vocab_size must be positive, got ",
+               options_.vocab_size());
+  TESSEL_CHECK(options_.min_pair_count() >= 1, "VocabBuilder: min_pair_count must be >= 1, got ",
+               options_.min_pair_count());
 }
 
 void VocabBuilder::add_text(const std::string& text) {
@@ -153,7 +153,7 @@ std::vector<std::string> VocabBuilder::build() const {
   std::vector<std::string> tokens = special_tokens();
   const int64_t needed =
       static_cast<int64_t>(tokens.size()) + 2 * static_cast<int64_t>(by_frequency.size());
-  TESSEL_CHECK(needed <= options_.vocab_size_, "VocabBuilder: vocab_size ", options_.vocab_size_,
+  TESSEL_CHECK(needed <= options_.vocab_size(), "VocabBuilder: vocab_size ", options_.vocab_size(),
                " is too small: the corpus has ", by_frequency.size(),
                " distinct characters, which with their ## forms and the ", tokens.size(),
                " special tokens need ", needed, " entries");
@@ -182,7 +182,7 @@ std::vector<std::string> VocabBuilder::build() const {
     word_pieces.push_back(std::move(entry));
   }
   PairMerger merger(std::move(word_pieces), tokens);
-  merger.run(options_.vocab_size_, options_.min_pair_count_);
+  merger.run(options_.vocab_size(), options_.min_pair_count());
   return tokens;
 }
 

@@ -14,11 +14,8 @@
 
 namespace tessel::text {
 
-struct VocabBuilderOptions {
-  int64_t vocab_size_ = 8000;
-  int64_t min_pair_count_ = 2;
-  BasicTokenizerOptions basic_;
-
+class VocabBuilderOptions {
+ public:
   // Upper bound on the number of tokens; the result may be smaller when merges run out.
   VocabBuilderOptions& vocab_size(int64_t value) {
     vocab_size_ = value;
@@ -34,6 +31,14 @@ struct VocabBuilderOptions {
     basic_ = value;
     return *this;
   }
+  int64_t vocab_size() const { return vocab_size_; }
+  int64_t min_pair_count() const { return min_pair_count_; }
+  const BasicTokenizerOptions& basic() const { return basic_; }
+
+ private:
+  int64_t vocab_size_ = 8000;
+  int64_t min_pair_count_ = 2;
+  BasicTokenizerOptions basic_;
 };
 
 // The method, all counts weighted by word frequency:

@@ -132,16 +132,18 @@ std::vector<int64_t> WordPiece::encode(const std::string& text) const {
 
 std::string WordPiece::decode(const std::vector<int64_t>& ids, bool skip_special) const {
   std::string text;
+  bool after_word = false;  // the last token written was a word piece, not a special
   for (int64_t id : ids) {
     const std::string& token = id_to_token(id);
     if (skip_special && special_[id]) continue;
     const bool continuation = token.size() > 2 && token.compare(0, 2, "##") == 0;
-    if (continuation && !text.empty()) {
+    if (continuation && after_word) {
       text.append(token, 2, std::string::npos);
     } else {
       if (!text.empty()) text.push_back(' ');
       text.append(token);
     }
+    after_word = !special_[id];
   }
   return text;
 }

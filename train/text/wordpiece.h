@@ -38,9 +38,10 @@ class WordPiece {
   // One basic token (already cleaned and lower-cased) -> its pieces, or {"[UNK]"} when a
   // character has no piece or the word is over kMaxWordChars characters.
   std::vector<std::string> split_word(const std::u32string& word) const;
-  // Ids -> text: "##" pieces join the piece before them, other tokens are separated by one
-  // space. So basic.tokenize(decode(encode(t))) == basic.tokenize(t) when no [UNK] came up.
-  // `skip_special` leaves out [PAD] [UNK] [CLS] [SEP] [MASK] and other bracketed tokens.
+  // Ids -> text: "##" pieces join the word piece before them (not a special token such as
+  // [MASK]: there they keep their "##"), other tokens are separated by one space. So
+  // basic.tokenize(decode(encode(t))) == basic.tokenize(t) when no [UNK] came up. `skip_special`
+  // leaves out [PAD] [UNK] [CLS] [SEP] [MASK] and other bracketed tokens.
   std::string decode(const std::vector<int64_t>& ids, bool skip_special = false) const;
 
   int64_t size() const { return static_cast<int64_t>(tokens_.size()); }
