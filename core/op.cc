@@ -78,19 +78,159 @@ RecipeTensor describe(const Tensor& tensor, bool keep_storage) {
   return recipe;
 }
 
-void run_kernel(const OpDef& op, const std::vector<Tensor>& inputs, std::vector<Tensor>& outputs,
-                const Attrs& attrs, bool replay) {
-  Device device = outputs.empty() ? inputs.at(0).device() : outputs[0].device();
-  const Kernel& kernel = op.kernels[static_cast<int>(device.type)];
-  TESSEL_CHECK(kernel != nullptr, op.name, ": no kernel for device ", device.str(),
-               device.is_cuda() ? " (build with --config=cuda)" : "");
+thread_local const KernelInProgress* current_kernel = nullptr;
+
+// Marks the kernel this thread runs, for the memory layer (nested replays restore the outer one).
+class KernelInProgressScope {
+ public:
+  explicit KernelInProgressScope(KernelInProgress state)
+      : state_(state), previous_(current_kernel) {
+    current_kernel = &state_;
+  }
+  ~KernelInProgressScope() { current_kernel = previous_; }
+  KernelInProgressScope(const KernelInProgressScope&) = delete;
+  KernelInProgressScope& operator=(const KernelInProgressScope&) = delete;
+
+ private:
+  KernelInProgress state_;
+  const KernelInProgress* previous_;
+};
+
+void run_kernel_once(const OpDef& op, const Kernel& kernel, const std::vector<Tensor>& inputs,
+                     std::vector<Tensor>& outputs, const Attrs& attrs, bool replay,
+                     KernelInProgress progress) {
   std::vector<StorageAccess> accesses;
   accesses.reserve(inputs.size() + outputs.size());
   for (const auto& input : inputs)
     if (input.defined()) accesses.emplace_back(*input.storage());
   for (const auto& output : outputs) accesses.emplace_back(*output.storage());
   KernelContext context{op, inputs, outputs, attrs, replay, {}, {}};
+  KernelInProgressScope scope(progress);
   kernel(context);
+}
+
+// Elements [begin, end) of `tensor` along `dim`, over the same storage.
+Tensor narrow_view(const Tensor& tensor, int64_t dim, int64_t begin, int64_t end) {
+  Shape sizes = tensor.sizes();
+  sizes[dim] = end - begin;
+  return make_view(tensor, sizes, tensor.strides(),
+                   tensor.storage_offset() + begin * tensor.stride(dim));
+}
+
+// The rule the memory layer lets `op` split along, or null: pure, deterministic ops only, and
+// every output must share the split dimension's size.
+const SplitRule* split_rule(const OpDef& op, const std::vector<Tensor>& outputs) {
+  if (op.splits.empty() || !op.flags.pure || op.flags.random || op.flags.side_effects ||
+      op.flags.view || outputs.empty())
+    return nullptr;
+  ResidencyHooks* hooks = residency_hooks();
+  if (!hooks || !hooks->allow_split(op)) return nullptr;
+  for (const SplitRule& rule : op.splits) {
+    bool fits = rule.output_dim >= 0 && rule.output_dim < outputs[0].dim() &&
+                outputs[0].size(rule.output_dim) >= 2;
+    for (const auto& output : outputs)
+      fits = fits && rule.output_dim < output.dim() &&
+             output.size(rule.output_dim) == outputs[0].size(rule.output_dim);
+    if (fits) return &rule;
+  }
+  return nullptr;
+}
+
+// The inputs of the chunk [begin, end) along `rule`: inputs split alongside the output are
+// narrowed, the others (and broadcast ones, of size 1 there) are passed whole. An input of lower
+// rank than the output is tried as given and, failing that, right-aligned (broadcasting). The
+// result is checked with the op's shape rule; false when no reading matches the chunk.
+bool chunk_inputs(const OpDef& op, const SplitRule& rule, const std::vector<Tensor>& inputs,
+                  const std::vector<Tensor>& chunk_outputs, const Attrs& attrs, int64_t full_size,
+                  int64_t begin, int64_t end, std::vector<Tensor>& result) {
+  const int64_t output_rank = chunk_outputs[0].dim();
+  for (int reading = 0; reading < 2; ++reading) {
+    result.clear();
+    bool valid = true;
+    for (size_t i = 0; i < inputs.size() && valid; ++i) {
+      const Tensor& input = inputs[i];
+      int dim = i < rule.input_dims.size() ? rule.input_dims[i] : -1;
+      if (!input.defined() || dim < 0) {
+        result.push_back(input);
+        continue;
+      }
+      if (reading == 1 && input.dim() < output_rank)
+        dim = static_cast<int>(rule.output_dim - (output_rank - input.dim()));
+      if (dim < 0 || dim >= input.dim() || input.size(dim) == 1) {
+        result.push_back(input);
+      } else if (input.size(dim) == full_size) {
+        result.push_back(narrow_view(input, dim, begin, end));
+      } else {
+        valid = false;
+      }
+    }
+    if (!valid) continue;
+    try {
+      std::vector<OutputSpec> specs = op.shape(result, attrs);
+      if (specs.size() != chunk_outputs.size()) continue;
+      for (size_t k = 0; k < specs.size(); ++k)
+        valid = valid && specs[k].sizes == chunk_outputs[k].sizes();
+    } catch (const Error&) {
+      valid = false;
+    }
+    if (valid) return true;
+  }
+  return false;
+}
+
+// Runs `op` as `chunks` calls, each writing its slice of the outputs. False when the inputs
+// cannot be cut to match (the caller then reports the original out-of-memory error).
+bool run_kernel_chunked(const OpDef& op, const Kernel& kernel, const SplitRule& rule,
+                        const std::vector<Tensor>& inputs, std::vector<Tensor>& outputs,
+                        const Attrs& attrs, bool replay, int64_t chunks, bool can_split_further) {
+  const int64_t size = outputs[0].size(rule.output_dim);
+  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+    const int64_t begin = size * chunk / chunks, end = size * (chunk + 1) / chunks;
+    std::vector<Tensor> chunk_outputs;
+    for (const auto& output : outputs)
+      chunk_outputs.push_back(narrow_view(output, rule.output_dim, begin, end));
+    std::vector<Tensor> chunk_in;
+    if (!chunk_inputs(op, rule, inputs, chunk_outputs, attrs, size, begin, end, chunk_in))
+      return false;
+    run_kernel_once(op, kernel, chunk_in, chunk_outputs, attrs, replay,
+                    KernelInProgress{&op, chunks, can_split_further});
+  }
+  return true;
+}
+
+// Runs the kernel for the outputs' device. When it runs out of memory and the memory layer
+// allows it, runs it again in 2, 4, 8, ... chunks (up to the split dimension's size) along the
+// op's SplitRule, writing into slices of the same outputs: the smallest count that fits wins.
+void run_kernel(const OpDef& op, const std::vector<Tensor>& inputs, std::vector<Tensor>& outputs,
+                const Attrs& attrs, bool replay) {
+  Device device = outputs.empty() ? inputs.at(0).device() : outputs[0].device();
+  const Kernel& kernel = op.kernels[static_cast<int>(device.type)];
+  TESSEL_CHECK(kernel != nullptr, op.name, ": no kernel for device ", device.str(),
+               device.is_cuda() ? " (build with --config=cuda)" : "");
+  const SplitRule* rule = split_rule(op, outputs);
+  if (!rule) {
+    run_kernel_once(op, kernel, inputs, outputs, attrs, replay, KernelInProgress{&op, 1, false});
+    return;
+  }
+  const int64_t size = outputs[0].size(rule->output_dim);
+  try {
+    run_kernel_once(op, kernel, inputs, outputs, attrs, replay, KernelInProgress{&op, 1, true});
+    return;
+  } catch (const OutOfMemory&) {
+    for (int64_t chunks = 2;; chunks = std::min(chunks * 2, size)) {
+      const bool last = chunks == size;
+      bool cut = false;
+      try {
+        cut = run_kernel_chunked(op, kernel, *rule, inputs, outputs, attrs, replay, chunks, !last);
+      } catch (const OutOfMemory&) {
+        if (last) throw;
+        continue;
+      }
+      if (!cut) throw;  // the inputs do not split along the rule: the original error
+      if (ResidencyHooks* hooks = residency_hooks()) hooks->on_split(op, chunks);
+      return;
+    }
+  }
 }
 
 TraceHook& trace_hook() {
@@ -98,6 +238,8 @@ TraceHook& trace_hook() {
   return hook;
 }
 }  // namespace
+
+const KernelInProgress* kernel_in_progress() { return current_kernel; }
 
 TraceHook set_trace_hook(TraceHook hook) {
   std::swap(trace_hook(), hook);
@@ -152,6 +294,13 @@ void replay_op_call(const OpCall& call) {
 }
 
 namespace {
+// Adds what the memory layer knows (policy, candidates, top holders) to an out-of-memory report.
+[[noreturn]] void rethrow_explained(const OutOfMemory& error) {
+  ResidencyHooks* hooks = residency_hooks();
+  if (!hooks) throw error;
+  throw OutOfMemory(hooks->explain_out_of_memory(error.message()), error.file(), error.line());
+}
+
 Device common_device(const OpDef& op, const std::vector<Tensor>& inputs, const Attrs& attrs) {
   int first = -1;
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -216,8 +365,12 @@ std::vector<Tensor> dispatch(const OpDef& op, const std::vector<Tensor>& inputs,
     }
     std::vector<OutputSpec> specs = op.shape(inputs, attrs);
     if (out.empty()) {
-      for (const auto& spec : specs)
-        outputs.push_back(empty(spec.sizes, TensorOptions(spec.dtype).device(device)));
+      try {
+        for (const auto& spec : specs)
+          outputs.push_back(empty(spec.sizes, TensorOptions(spec.dtype).device(device)));
+      } catch (const OutOfMemory& error) {
+        rethrow_explained(error);
+      }
     } else {
       TESSEL_CHECK(out.size() == specs.size(), op.name, ": expected ", specs.size(),
                    " out= tensors, got ", out.size());
@@ -244,8 +397,17 @@ std::vector<Tensor> dispatch(const OpDef& op, const std::vector<Tensor>& inputs,
     }
     if (!device.is_meta()) {
       ResidencyHooks* hooks = residency_hooks();
+      if (hooks) {
+        for (const auto& written : out) hooks->before_write(*written.storage());
+        for (int i : op.mutated_inputs)
+          if (inputs.at(i).defined()) hooks->before_write(*inputs[i].storage());
+      }
       auto start = std::chrono::steady_clock::now();
-      run_kernel(op, inputs, outputs, attrs, /*replay=*/false);
+      try {
+        run_kernel(op, inputs, outputs, attrs, /*replay=*/false);
+      } catch (const OutOfMemory& error) {
+        rethrow_explained(error);
+      }
       double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       for (const auto& written : out) written.storage()->bump_version();

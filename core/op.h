@@ -132,6 +132,16 @@ std::shared_ptr<OpCall> make_op_call(const OpDef& op, const std::vector<Tensor>&
 // first time (inputs must be unmodified: their versions are checked). Side effects are skipped.
 void replay_op_call(const OpCall& call);
 
+// The kernel running on this thread, while it runs. `can_split_further`: when it runs out of
+// memory the dispatcher would retry it in more chunks (the memory layer's split policy then
+// prefers that to evicting).
+struct KernelInProgress {
+  const OpDef* op = nullptr;
+  int64_t chunks = 1;
+  bool can_split_further = false;
+};
+const KernelInProgress* kernel_in_progress();  // null outside kernels
+
 // Observes every op call (the planner traces shapes on the meta device with it).
 using TraceHook = std::function<void(const OpDef& op, const std::vector<Tensor>& inputs,
                                      const std::vector<Tensor>& outputs, const Attrs& attrs)>;

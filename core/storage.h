@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 
 #include "core/allocator.h"
 #include "core/device.h"
@@ -15,6 +16,7 @@
 namespace tessel {
 
 struct OpCall;
+struct OpDef;
 class StorageImpl;
 
 enum class Residency : uint8_t {
@@ -40,6 +42,16 @@ class ResidencyHooks {
   virtual void on_user_release(StorageImpl& /*storage*/) {}
   // `storage` is being destroyed.
   virtual void on_destroy(StorageImpl& /*storage*/) {}
+  // The dispatcher is about to write `storage` in place (an out= tensor or an input the op
+  // mutates): recipes that read its old bytes, and its own producer recipe, stop being valid.
+  virtual void before_write(StorageImpl& /*storage*/) {}
+  // The kernel of `op` ran out of memory: may the dispatcher run it in chunks along one of the
+  // op's SplitRules? `on_split` reports a call that ran in `chunks` pieces.
+  virtual bool allow_split(const OpDef& /*op*/) { return false; }
+  virtual void on_split(const OpDef& /*op*/, int64_t /*chunks*/) {}
+  // An OutOfMemory report on its way to the user; returns it with what the memory layer knows
+  // (policy, candidates, top holders and the ops that made them).
+  virtual std::string explain_out_of_memory(const std::string& report) { return report; }
 };
 
 // Installs hooks process-wide (nullptr removes them); returns the previous ones.
@@ -84,6 +96,8 @@ class StorageImpl {
   void allocate_bytes();                    // gets device bytes again; state becomes kResident
   void set_state(Residency state) { state_ = state; }
   std::recursive_mutex& mutex() { return mutex_; }
+  // The allocator the bytes come from (and go back to); null on the meta device.
+  const std::shared_ptr<memory::Allocator>& allocator() const { return allocator_; }
 
  private:
   friend class StorageAccess;
