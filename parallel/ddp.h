@@ -1,0 +1,108 @@
+// DistributedDataParallel: data-parallel training like PyTorch's DDP. Parameters and buffers
+// start as rank 0's; gradients go into buckets whose averages are all-reduced while backward
+// still runs, so after loss.backward() every rank holds the gradient averaged over the group.
+//   DistributedDataParallel ddp(net, world);  loss = criterion(ddp.forward(x), y);
+//   loss.backward();  ddp.finalize();  sgd.step();  sgd.zero_grad();
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "models/nn/module.h"
+#include "parallel/communicator.h"
+
+namespace tessel::parallel {
+
+class DDPOptions {
+ public:
+  DDPOptions() = default;
+  // Bucket capacity in MiB (default 25); the first bucket, filled first in backward, holds at
+  // most first_bucket_mb (default 1) so the first all-reduce starts early. A bucket never exceeds
+  // its capacity unless one parameter alone is larger, which then has a bucket of its own.
+  DDPOptions& bucket_cap_mb(double value) {
+    bucket_cap_mb_ = value;
+    return *this;
+  }
+  DDPOptions& first_bucket_mb(double value) {
+    first_bucket_mb_ = value;
+    return *this;
+  }
+  // Parameters the forward pass did not use (found by walking the autograd graph from the
+  // outputs) count as zero gradients so their buckets complete; a parameter unused on every
+  // rank keeps an undefined gradient. Needs forward() or prepare_for_backward() each step.
+  DDPOptions& find_unused_parameters(bool value) {
+    find_unused_parameters_ = value;
+    return *this;
+  }
+  // Copy rank 0's buffers (batch-norm running statistics) to every rank before each forward().
+  DDPOptions& broadcast_buffers(bool value) {
+    broadcast_buffers_ = value;
+    return *this;
+  }
+  double bucket_cap_mb() const { return bucket_cap_mb_; }
+  double first_bucket_mb() const { return first_bucket_mb_; }
+  bool find_unused_parameters() const { return find_unused_parameters_; }
+  bool broadcast_buffers() const { return broadcast_buffers_; }
+
+ private:
+  double bucket_cap_mb_ = 25.0;
+  double first_bucket_mb_ = 1.0;
+  bool find_unused_parameters_ = false;
+  bool broadcast_buffers_ = true;
+};
+
+// One gradient bucket: a contiguous flat buffer holding these parameters' gradients.
+struct GradBucket {
+  std::vector<size_t> parameters;  // indices into module->parameters(), in backward order
+  std::vector<std::string> names;
+  DType dtype = DType::kFloat32;
+  int64_t bytes = 0;     // the gradients it holds
+  int64_t capacity = 0;  // its cap in bytes
+};
+
+class DistributedDataParallel {
+ public:
+  // Checks that every rank's module has the same parameters (shapes and dtypes), then copies
+  // rank 0's parameters and buffers to every rank: a collective call over `process_group`.
+  DistributedDataParallel(std::shared_ptr<nn::Module> module,
+                          std::shared_ptr<Communicator> process_group, DDPOptions options = {});
+  ~DistributedDataParallel();
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+
+  // prepare_forward(), module->forward(input), prepare_for_backward({output}).
+  Tensor forward(const Tensor& input);
+  Tensor operator()(const Tensor& input) { return forward(input); }
+
+  // For modules whose forward has another signature, call these around it:
+  //   ddp.prepare_forward();  auto out = model->forward(ids, types, mask);
+  //   ddp.prepare_for_backward({out.mlm_logits, out.nsp_logits});
+  // prepare_forward fails if the previous step's reduction never finished (a parameter got no
+  // gradient without find_unused_parameters) and broadcasts buffers when asked to.
+  void prepare_forward();
+  // Starts a step: with find_unused_parameters, finds the parameters `outputs` do not depend
+  // on. Does nothing when gradients are off or no output requires grad (evaluation).
+  void prepare_for_backward(const std::vector<Tensor>& outputs);
+
+  // Waits for every bucket and writes the averaged gradients into .grad. Runs by itself when
+  // the last bucket is ready during backward; calling it again is free. Call it before the
+  // optimizer step to get an error now (not at the next forward) if some parameter received no
+  // gradient this step.
+  void finalize();
+
+  const std::vector<GradBucket>& buckets() const;
+  nn::Module& module() const { return *module_; }
+  const std::shared_ptr<Communicator>& process_group() const { return process_group_; }
+
+  struct Reducer;  // the bucket state the gradient hooks update
+
+ private:
+  std::shared_ptr<nn::Module> module_;
+  std::shared_ptr<Communicator> process_group_;
+  DDPOptions options_;
+  std::shared_ptr<Reducer> reducer_;
+};
+
+}  // namespace tessel::parallel

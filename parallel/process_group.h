@@ -1,0 +1,41 @@
+// ProcessGrid: the ranks laid out as a 2-D grid, dp (data parallel) x tp (tensor parallel), with
+// rank = dp_index * tp + tp_index. The data-parallel group holds the ranks with this rank's
+// tp_index; the tensor-parallel group the ranks with its dp_index.
+//   ProcessGrid grid(2, 2);  grid.data_parallel()->all_reduce(grad, ReduceOp::kMean);
+#pragma once
+
+#include <mpi.h>
+
+#include <memory>
+
+#include "parallel/communicator.h"
+#include "parallel/mpi_communicator.h"
+
+namespace tessel::parallel {
+
+class ProcessGrid {
+ public:
+  // A collective call over `world`'s ranks (MPI_Comm_split). dp * tp must equal the number of
+  // ranks. The groups get the names "world", "dp" and "tp" and `options`' timeout.
+  ProcessGrid(int dp, int tp, CommOptions options = {}, MPI_Comm world = MPI_COMM_WORLD);
+
+  int dp_size() const { return dp_size_; }
+  int tp_size() const { return tp_size_; }
+  int dp_index() const { return dp_index_; }  // this rank's rank in data_parallel()
+  int tp_index() const { return tp_index_; }  // this rank's rank in tensor_parallel()
+
+  const std::shared_ptr<Communicator>& world() const { return world_; }
+  const std::shared_ptr<Communicator>& data_parallel() const { return data_parallel_; }
+  const std::shared_ptr<Communicator>& tensor_parallel() const { return tensor_parallel_; }
+
+ private:
+  int dp_size_;
+  int tp_size_;
+  int dp_index_ = 0;
+  int tp_index_ = 0;
+  std::shared_ptr<Communicator> world_;
+  std::shared_ptr<Communicator> data_parallel_;
+  std::shared_ptr<Communicator> tensor_parallel_;
+};
+
+}  // namespace tessel::parallel
