@@ -1,0 +1,307 @@
+// Tensor parallelism against one process running the unsharded layers: the collectives with
+// their backward, column and row parallel linear, vocabulary-parallel embedding and
+// cross-entropy, and BERT tiny (tp = 2, with dp = 2 at 4 ranks: gradients all-reduced over the
+// data-parallel group) whose losses and gathered gradients match the full model's.
+#include "parallel/tensor_parallel.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/autograd.h"
+#include "core/rng.h"
+#include "models/bert.h"
+#include "models/nn/nn.h"
+#include "ops/ops.h"
+#include "parallel/process_group.h"
+#include "tests/parallel/mpi_testing.h"
+#include "tests/testing.h"
+
+namespace tessel::parallel {
+namespace {
+
+using tessel::testing::throws_error;
+using testing::MpiTest;
+
+constexpr int kTensorParallel = 2;
+
+// max|actual - expected| <= atol + rtol * max|expected|, the rule for whole models whose sums run
+// in another order.
+::testing::AssertionResult close_overall(const Tensor& actual, const Tensor& expected,
+                                         const std::string& what, double rtol = 1e-4,
+                                         double atol = 1e-6) {
+  if (!actual.defined() || !expected.defined())
+    return ::testing::AssertionFailure() << what << ": a tensor is undefined";
+  if (actual.sizes() != expected.sizes())
+    return ::testing::AssertionFailure() << what << ": shape " << shape_str(actual.sizes())
+                                         << " vs " << shape_str(expected.sizes());
+  NoGradGuard no_grad;
+  const double difference = max(abs(sub(actual, expected))).item<double>();
+  const double scale = max(abs(expected)).item<double>();
+  if (difference <= atol + rtol * scale) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << what << ": max|a-b| = " << difference << " exceeds "
+                                       << atol << " + " << rtol << " * " << scale;
+}
+
+class TensorParallel : public MpiTest {
+ protected:
+  // dp x 2 over the world; built once per binary (a collective).
+  static ProcessGrid& grid() {
+    static ProcessGrid grid(size() / kTensorParallel, kTensorParallel);
+    return grid;
+  }
+  static int64_t tp() { return register_tp_group(grid().tensor_parallel()); }
+  static Communicator& tp_comm() { return *grid().tensor_parallel(); }
+};
+
+TEST_F(TensorParallel, CollectivesForwardAndBackwardAreDuals) {
+  const int rank = grid().tp_index();
+  manual_seed(11 + rank);  // a different x on each tp rank
+  Tensor x = randn({3, 4}, DType::kFloat64).set_requires_grad(true);
+  manual_seed(5);  // the same upstream gradient everywhere
+  Tensor upstream = randn({3, 8}, DType::kFloat64);
+
+  Tensor all_x = gather_shards(x, 1, tp_comm());
+  Tensor gathered = gather_from_tp(x, tp());
+  EXPECT_TRUE(close_overall(gathered, all_x, "gather_from_tp", 0, 0));
+  sum(mul(gathered, upstream)).backward();
+  EXPECT_TRUE(close_overall(x.grad(), narrow(upstream, 1, 4 * rank, 4), "gather backward", 0, 0));
+
+  Tensor y = randn({3, 8}, DType::kFloat64).set_requires_grad(true);  // same on every rank
+  Tensor scattered = scatter_to_tp(y, tp());
+  EXPECT_TRUE(close_overall(scattered, narrow(y, 1, 4 * rank, 4), "scatter_to_tp", 0, 0));
+  sum(mul(scattered, narrow(upstream, 1, 0, 4))).backward();
+  // The all-gather of every rank's (equal) gradient part.
+  Tensor expected_y_grad = cat({narrow(upstream, 1, 0, 4), narrow(upstream, 1, 0, 4)}, 1);
+  EXPECT_TRUE(close_overall(y.grad(), expected_y_grad, "scatter backward", 0, 0));
+
+  Tensor z = mul(x.detach(), 1.0).set_requires_grad(true);
+  Tensor reduced = reduce_from_tp(z, tp());
+  Tensor expected_sum = add(narrow(all_x, 1, 0, 4), narrow(all_x, 1, 4, 4));
+  EXPECT_TRUE(close_overall(reduced, expected_sum, "reduce_from_tp", 1e-12, 0));
+  Tensor local_upstream = narrow(upstream, 1, 4 * rank, 4);  // differs per rank
+  sum(mul(reduced, local_upstream)).backward();
+  EXPECT_TRUE(close_overall(z.grad(), local_upstream, "reduce backward (identity)", 0, 0));
+
+  Tensor w = mul(x.detach(), 1.0).set_requires_grad(true);
+  Tensor copied = copy_to_tp(w, tp());
+  EXPECT_TRUE(close_overall(copied, x, "copy_to_tp", 0, 0));
+  sum(mul(copied, local_upstream)).backward();
+  Tensor upstream_sum = add(narrow(upstream, 1, 0, 4), narrow(upstream, 1, 4, 4));
+  EXPECT_TRUE(close_overall(w.grad(), upstream_sum, "copy backward (all-reduce)", 1e-12, 0));
+}
+
+TEST_F(TensorParallel, CollectivesAcceptNonContiguousInputs) {
+  const int rank = grid().tp_index();
+  manual_seed(13 + rank);
+  Tensor base = randn({4, 3}, DType::kFloat64);
+  Tensor x = base.transpose(0, 1);  // (3, 4), strides (1, 3)
+  EXPECT_TRUE(close_overall(gather_from_tp(x, tp()), gather_shards(x.contiguous(), 1, tp_comm()),
+                            "gather of a transposed input", 0, 0));
+  manual_seed(17);
+  Tensor y = randn({8, 3}, DType::kFloat64).transpose(0, 1);  // (3, 8), same on every rank
+  EXPECT_TRUE(close_overall(scatter_to_tp(y, tp()), narrow(y, 1, 4 * rank, 4),
+                            "scatter of a transposed input", 0, 0));
+  Tensor reduced = reduce_from_tp(x, tp());
+  Tensor all_x = gather_shards(x.contiguous(), 1, tp_comm());
+  EXPECT_TRUE(close_overall(reduced, add(narrow(all_x, 1, 0, 4), narrow(all_x, 1, 4, 4)),
+                            "reduce of a transposed input", 1e-12, 0));
+}
+
+TEST_F(TensorParallel, ColumnParallelLinearMatchesLinear) {
+  for (bool gather_output : {true, false}) {
+    manual_seed(21);
+    auto full = std::make_shared<nn::Linear>(6, 8);
+    Tensor input = randn({2, 3, 6}).set_requires_grad(true);
+    Tensor upstream = randn({2, 3, 8});
+    sum(mul(full->forward(input), upstream)).backward();
+
+    ColumnParallelLinear column(6, 8, tp(), /*bias=*/true, gather_output);
+    column.load_from(*full);
+    Tensor parallel_input = input.detach().clone().set_requires_grad(true);
+    Tensor output = column.forward(parallel_input);
+    const int64_t local = 8 / kTensorParallel;
+    Tensor full_output = gather_output ? output : gather_shards(output, 2, tp_comm());
+    Tensor my_upstream =
+        gather_output ? upstream : narrow(upstream, 2, grid().tp_index() * local, local);
+    sum(mul(output, my_upstream)).backward();
+
+    const std::string label = gather_output ? " (gather_output)" : " (parallel output)";
+    EXPECT_TRUE(close_overall(full_output, full->forward(input.detach()), "output" + label));
+    EXPECT_TRUE(close_overall(parallel_input.grad(), input.grad(), "input grad" + label));
+    EXPECT_TRUE(close_overall(gather_shards(column.weight.grad(), 0, tp_comm()),
+                              full->weight.grad(), "weight grad" + label));
+    EXPECT_TRUE(close_overall(gather_shards(column.bias.grad(), 0, tp_comm()), full->bias.grad(),
+                              "bias grad" + label));
+  }
+}
+
+TEST_F(TensorParallel, RowParallelLinearMatchesLinearWithBiasAddedOnce) {
+  for (bool input_is_parallel : {false, true}) {
+    manual_seed(31);
+    auto full = std::make_shared<nn::Linear>(8, 5);
+    Tensor input = randn({4, 8}).set_requires_grad(true);
+    Tensor upstream = randn({4, 5});
+    Tensor expected = full->forward(input);
+    sum(mul(expected, upstream)).backward();
+
+    RowParallelLinear row(8, 5, tp(), /*bias=*/true, input_is_parallel);
+    row.load_from(*full);
+    const int64_t local = 8 / kTensorParallel;
+    Tensor leaf = input.detach().clone();
+    if (input_is_parallel) leaf = narrow(leaf, 1, grid().tp_index() * local, local).contiguous();
+    leaf.set_requires_grad(true);
+    Tensor output = row.forward(leaf);
+    sum(mul(output, upstream)).backward();
+
+    const std::string label = input_is_parallel ? " (parallel input)" : " (replicated input)";
+    EXPECT_TRUE(close_overall(output, expected.detach(), "output" + label));
+    Tensor input_grad = input_is_parallel ? gather_shards(leaf.grad(), 1, tp_comm()) : leaf.grad();
+    EXPECT_TRUE(close_overall(input_grad, input.grad(), "input grad" + label));
+    EXPECT_TRUE(close_overall(gather_shards(row.weight.grad(), 1, tp_comm()), full->weight.grad(),
+                              "weight grad" + label));
+    EXPECT_TRUE(close_overall(row.bias.grad(), full->bias.grad(), "bias grad" + label));
+  }
+}
+
+TEST_F(TensorParallel, VocabParallelEmbeddingMatchesEmbedding) {
+  manual_seed(41);
+  auto full = std::make_shared<nn::Embedding>(nn::EmbeddingOptions(10, 3));
+  Tensor ids = from_vector<int64_t>({0, 9, 4, 5, 5, 2, 7, 1}, {2, 4}, DType::kInt64);
+  Tensor upstream = randn({2, 4, 3});
+  Tensor expected = full->forward(ids);
+  sum(mul(expected, upstream)).backward();
+
+  VocabParallelEmbedding parallel(10, 3, tp());
+  parallel.load_from(*full);
+  Tensor output = parallel.forward(ids);
+  sum(mul(output, upstream)).backward();
+  EXPECT_TRUE(close_overall(output, expected.detach(), "embedding output"));
+  EXPECT_TRUE(close_overall(gather_shards(parallel.weight.grad(), 0, tp_comm()),
+                            full->weight.grad(), "embedding weight grad"));
+}
+
+TEST_F(TensorParallel, VocabParallelCrossEntropyMatchesCrossEntropy) {
+  for (DType dtype : {DType::kFloat32, DType::kFloat64}) {
+    manual_seed(51);
+    Tensor logits = mul(randn({6, 10}, dtype), 5.0).set_requires_grad(true);
+    Tensor target = from_vector<int64_t>({3, 9, -100, 0, 5, 4}, {6}, DType::kInt64);
+    Tensor expected = cross_entropy(logits, target);
+    expected.backward();
+
+    const int64_t local = 10 / kTensorParallel;
+    Tensor local_logits = narrow(logits.detach(), 1, grid().tp_index() * local, local)
+                              .clone()
+                              .set_requires_grad(true);
+    Tensor loss = vocab_parallel_cross_entropy(local_logits, target, tp());
+    loss.backward();
+    const std::string label = std::string(" in ") + dtype_name(dtype);
+    EXPECT_TRUE(close_overall(loss, expected.detach(), "loss" + label, 1e-5));
+    EXPECT_TRUE(close_overall(gather_shards(local_logits.grad(), 1, tp_comm()), logits.grad(),
+                              "logits grad" + label, 1e-5));
+  }
+}
+
+// BERT tiny with a 1000-token vocabulary, 16 positions, no dropout: the full model runs the whole
+// batch in one process; the tensor-parallel copy runs this rank's data-parallel share, its
+// gradients averaged over the data-parallel group, then gathered back to full shapes.
+TEST_F(TensorParallel, BertTinyLossesAndGradientsMatchTheUnshardedModel) {
+  const int64_t batch = 4, seq_len = 16, vocab = 1000;
+  manual_seed(61);
+  models::BertConfig config =
+      models::BertConfig::tiny().vocab_size(vocab).dropout(0).max_position_embeddings(32);
+  models::BertForPreTraining full(config);
+  // Non-zero biases and LayerNorm parameters so their slices are exercised.
+  {
+    NoGradGuard no_grad;
+    for (auto& [name, parameter] : full.named_parameters()) {
+      Tensor noise = mul(randn(parameter.sizes()), 0.02);
+      parameter.copy_(add(parameter, noise));
+    }
+  }
+  Tensor ids = randint(0, vocab, {batch, seq_len});
+  Tensor types = randint(0, 2, {batch, seq_len});
+  Tensor mask = ones({batch, seq_len}, DType::kInt64);
+  {
+    NoGradGuard no_grad;
+    narrow(mask, 1, seq_len - 3, 3).copy_(zeros({batch, 3}, DType::kInt64));  // padding
+  }
+  // Four labelled positions in every sequence, so every data-parallel share's mean is over the
+  // same count and the mean of the shares is the full batch's mean.
+  std::vector<int64_t> labels(batch * seq_len, -100);
+  for (int64_t n = 0; n < batch; ++n)
+    for (int64_t t : {1, 4, 7, 10}) labels[n * seq_len + t] = (n * 131 + t * 37) % vocab;
+  Tensor mlm_labels = from_vector<int64_t>(labels, {batch, seq_len}, DType::kInt64);
+  Tensor nsp_labels = from_vector<int64_t>({0, 1, 1, 0}, {batch}, DType::kInt64);
+
+  auto sharded = shard_bert(full, tp());  // before the full model's backward: clean gradients
+
+  models::BertPreTrainingOutput reference = full.forward(ids, types, mask);
+  models::BertPreTrainingLoss reference_loss =
+      models::bert_pretraining_loss(reference, mlm_labels, nsp_labels);
+  reference_loss.total.backward();
+
+  const int64_t share = batch / grid().dp_size(), first = grid().dp_index() * share;
+  auto mine = [&](const Tensor& t) { return narrow(t, 0, first, share).contiguous(); };
+  TensorParallelBertOutput output = sharded->forward(mine(ids), mine(types), mine(mask));
+  models::BertPreTrainingLoss loss =
+      tensor_parallel_bert_loss(output, mine(mlm_labels), mine(nsp_labels), tp());
+  loss.total.backward();
+
+  Tensor logits = gather_shards(output.mlm_logits, 2, tp_comm());
+  EXPECT_TRUE(close_overall(logits, mine(reference.mlm_logits.detach()), "mlm logits"));
+  auto dp_mean = [&](const Tensor& t) {
+    NoGradGuard no_grad;
+    Tensor copy = t.detach().clone();
+    grid().data_parallel()->all_reduce(copy, ReduceOp::kMean);
+    return copy;
+  };
+  EXPECT_TRUE(close_overall(dp_mean(loss.mlm), reference_loss.mlm.detach(), "mlm loss"));
+  EXPECT_TRUE(close_overall(dp_mean(loss.nsp), reference_loss.nsp.detach(), "nsp loss"));
+  EXPECT_TRUE(close_overall(dp_mean(loss.total), reference_loss.total.detach(), "total loss"));
+
+  std::map<std::string, Tensor> expected_grads;
+  for (auto& [name, parameter] : full.named_parameters()) expected_grads[name] = parameter.grad();
+  const auto split_dims = tensor_parallel_split_dims(*sharded);
+  EXPECT_EQ(split_dims.count("bert.encoder.layer.0.attention.self.query.weight"), 1u);
+  EXPECT_EQ(split_dims.count("cls.predictions.bias"), 1u);
+  const auto named = sharded->named_parameters();
+  EXPECT_EQ(named.size(), expected_grads.size());
+  for (auto& [name, parameter] : named) {
+    ASSERT_EQ(expected_grads.count(name), 1u) << name;
+    Tensor grad = dp_mean(parameter.grad());
+    auto split = split_dims.find(name);
+    if (split != split_dims.end()) grad = gather_shards(grad, split->second, tp_comm());
+    EXPECT_TRUE(close_overall(grad, expected_grads[name], name + " grad"));
+  }
+}
+
+TEST_F(TensorParallel, SizesNotDivisibleByTheGroupAreClearErrors) {
+  EXPECT_TRUE(throws_error([] { ColumnParallelLinear(4, 7, tp()); },
+                           "out_features (7) must be a positive multiple of the tensor parallel"));
+  EXPECT_TRUE(throws_error([] { RowParallelLinear(5, 4, tp()); }, "in_features (5)"));
+  EXPECT_TRUE(throws_error([] { VocabParallelEmbedding(999, 4, tp()); }, "num_embeddings (999)"));
+  EXPECT_TRUE(throws_error(
+      [] {
+        scatter_to_tp(zeros({2, 3}), tp());
+      },
+      "not divisible by the group size 2"));
+  EXPECT_TRUE(throws_error([] { copy_to_tp(zeros({2}), 1 << 20); }, "unknown group id"));
+  EXPECT_TRUE(throws_error(
+      [] {
+        models::BertForPreTraining bert(models::BertConfig::tiny()
+                                            .vocab_size(1000)
+                                            .num_attention_heads(1)
+                                            .hidden_size(64)
+                                            .intermediate_size(64)
+                                            .num_hidden_layers(1));
+        shard_bert(bert, tp());
+      },
+      "num_attention_heads (1)"));
+}
+
+}  // namespace
+}  // namespace tessel::parallel
