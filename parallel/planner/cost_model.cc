@@ -1,0 +1,248 @@
+#include "parallel/planner/cost_model.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace tessel::planner {
+
+const char* collective_name(Collective collective) {
+  switch (collective) {
+    case Collective::kAllReduce:
+      return "all_reduce";
+    case Collective::kAllGather:
+      return "all_gather";
+    case Collective::kReduceScatter:
+      return "reduce_scatter";
+  }
+  return "?";
+}
+
+const char* link_level_name(LinkLevel level) {
+  return level == LinkLevel::kIntraNode ? "intra_node" : "inter_node";
+}
+
+double DeviceProfile::collective_time(Collective collective, int64_t ranks, double bytes,
+                                      LinkLevel level) const {
+  if (ranks <= 1 || bytes <= 0) return 0;
+  const AlphaBeta& cost = link(collective, level);
+  const double p = static_cast<double>(ranks);
+  const double steps = collective == Collective::kAllReduce ? 2 * (p - 1) : p - 1;
+  const double moved =
+      collective == Collective::kAllReduce ? 2 * (p - 1) / p * bytes : (p - 1) / p * bytes;
+  return steps * cost.alpha_s + moved / cost.bus_bandwidth;
+}
+
+double DeviceProfile::compute_time(double flops, double bytes, const std::string& kind) const {
+  const double throughput = kind == "gemm"   ? gemm_flops
+                            : kind == "conv" ? conv_flops
+                                             : elementwise_flops;
+  return std::max(flops / throughput, bytes / memory_bandwidth);
+}
+
+namespace {
+
+using nlohmann::json;
+
+constexpr const char* kFormatHint =
+    " (see parallel/profiles/h200_cluster.json for the format; every number is in SI units: "
+    "bytes, bytes per second, FLOP/s, seconds)";
+
+const json& field(const json& object, const std::string& key, const std::string& path,
+                  const std::string& where) {
+  TESSEL_CHECK(object.is_object(), "profile ", where, ": '", path.empty() ? "(root)" : path,
+               "' must be a JSON object", kFormatHint);
+  auto found = object.find(key);
+  const std::string full = path.empty() ? key : path + "." + key;
+  TESSEL_CHECK(found != object.end(), "profile ", where, ": missing field '", full, "'",
+               kFormatHint);
+  return *found;
+}
+
+double positive_number(const json& object, const std::string& key, const std::string& path,
+                       const std::string& where) {
+  const json& value = field(object, key, path, where);
+  const std::string full = path.empty() ? key : path + "." + key;
+  TESSEL_CHECK(value.is_number(), "profile ", where, ": field '", full, "' must be a number, got ",
+               value.dump());
+  const double number = value.get<double>();
+  TESSEL_CHECK(std::isfinite(number) && number > 0, "profile ", where, ": field '", full,
+               "' must be positive, got ", value.dump());
+  return number;
+}
+
+double optional_number(const json& object, const std::string& key, double fallback,
+                       const std::string& where, bool allow_zero) {
+  auto found = object.find(key);
+  if (found == object.end()) return fallback;
+  TESSEL_CHECK(found->is_number(), "profile ", where, ": field '", key, "' must be a number, got ",
+               found->dump());
+  const double number = found->get<double>();
+  TESSEL_CHECK(std::isfinite(number) && (allow_zero ? number >= 0 : number > 0), "profile ", where,
+               ": field '", key, "' must be ", allow_zero ? "non-negative" : "positive", ", got ",
+               found->dump());
+  return number;
+}
+
+}  // namespace
+
+DeviceProfile parse_profile(const std::string& json_text, const std::string& where) {
+  json root;
+  try {
+    root = json::parse(json_text);
+  } catch (const json::exception& error) {
+    TESSEL_FAIL("profile ", where, ": not valid JSON (", error.what(), ")");
+  }
+  TESSEL_CHECK(root.is_object(), "profile ", where, ": expected a JSON object", kFormatHint);
+  DeviceProfile profile;
+  profile.name = root.value("name", std::string("unnamed"));
+  profile.description = root.value("description", std::string());
+  const double devices = positive_number(root, "devices_per_node", "", where);
+  TESSEL_CHECK(devices == std::floor(devices), "profile ", where,
+               ": field 'devices_per_node' must be a whole number, got ", devices);
+  profile.devices_per_node = static_cast<int>(devices);
+  const json& memory = field(root, "memory_per_device", "", where);
+  if (memory.is_string()) {
+    profile.memory_per_device =
+        parse_bytes(memory.get<std::string>(), "profile " + where + ": memory_per_device");
+  } else {
+    profile.memory_per_device = positive_number(root, "memory_per_device", "", where);
+  }
+  const json& compute = field(root, "compute_flops", "", where);
+  profile.gemm_flops = positive_number(compute, "gemm", "compute_flops", where);
+  profile.conv_flops = positive_number(compute, "conv", "compute_flops", where);
+  profile.elementwise_flops = positive_number(compute, "elementwise", "compute_flops", where);
+  profile.memory_bandwidth = positive_number(root, "memory_bandwidth", "", where);
+  profile.op_overhead_s = optional_number(root, "op_overhead_s", 0.0, where, true);
+  profile.remat_overhead_k = optional_number(root, "remat_overhead_k", 1.0, where, true);
+  const json& collectives = field(root, "collectives", "", where);
+  for (LinkLevel level : {LinkLevel::kIntraNode, LinkLevel::kInterNode}) {
+    const std::string level_path = std::string("collectives.") + link_level_name(level);
+    const json& links = field(collectives, link_level_name(level), "collectives", where);
+    for (Collective collective :
+         {Collective::kAllReduce, Collective::kAllGather, Collective::kReduceScatter}) {
+      const std::string path = level_path + "." + collective_name(collective);
+      const json& entry = field(links, collective_name(collective), level_path, where);
+      AlphaBeta& cost = profile.collectives[static_cast<int>(level)][static_cast<int>(collective)];
+      const json& alpha = field(entry, "alpha_s", path, where);
+      TESSEL_CHECK(alpha.is_number() && alpha.get<double>() >= 0, "profile ", where, ": field '",
+                   path, ".alpha_s' must be a non-negative number, got ", alpha.dump());
+      cost.alpha_s = alpha.get<double>();
+      cost.bus_bandwidth = positive_number(entry, "bus_bandwidth", path, where);
+    }
+  }
+  auto sources = root.find("sources");
+  if (sources != root.end()) profile.sources_json = sources->dump();
+  return profile;
+}
+
+DeviceProfile load_profile(const std::string& path) {
+  std::ifstream file(path);
+  TESSEL_CHECK(file.good(), "cannot open profile '", path,
+               "' (give a JSON file such as parallel/profiles/h200_cluster.json, or measure one "
+               "with `bazel run //parallel/planner:calibrate -- --out=FILE`)");
+  std::stringstream text;
+  text << file.rdbuf();
+  return parse_profile(text.str(), path);
+}
+
+std::string profile_to_json(const DeviceProfile& profile) {
+  json root = json::object();
+  root["name"] = profile.name;
+  root["description"] = profile.description;
+  root["devices_per_node"] = profile.devices_per_node;
+  root["memory_per_device"] = profile.memory_per_device;
+  root["compute_flops"] = {{"gemm", profile.gemm_flops},
+                           {"conv", profile.conv_flops},
+                           {"elementwise", profile.elementwise_flops}};
+  root["memory_bandwidth"] = profile.memory_bandwidth;
+  root["op_overhead_s"] = profile.op_overhead_s;
+  root["remat_overhead_k"] = profile.remat_overhead_k;
+  json collectives = json::object();
+  for (LinkLevel level : {LinkLevel::kIntraNode, LinkLevel::kInterNode}) {
+    json links = json::object();
+    for (Collective collective :
+         {Collective::kAllReduce, Collective::kAllGather, Collective::kReduceScatter}) {
+      const AlphaBeta& cost = profile.link(collective, level);
+      links[collective_name(collective)] = {{"alpha_s", cost.alpha_s},
+                                            {"bus_bandwidth", cost.bus_bandwidth}};
+    }
+    collectives[link_level_name(level)] = links;
+  }
+  root["collectives"] = collectives;
+  root["sources"] = json::parse(profile.sources_json.empty() ? "{}" : profile.sources_json);
+  return root.dump(2) + "\n";
+}
+
+void save_profile(const DeviceProfile& profile, const std::string& path) {
+  std::ofstream file(path);
+  TESSEL_CHECK(file.good(), "cannot write profile '", path, "'");
+  file << profile_to_json(profile);
+  TESSEL_CHECK(file.good(), "writing profile '", path, "' failed");
+}
+
+double parse_bytes(const std::string& text, const std::string& what) {
+  const std::string accepted =
+      " (expected a size such as 16GiB, 1.5GB, 512MiB or a byte count; units B, KB, MB, GB, TB, "
+      "KiB, MiB, GiB, TiB)";
+  size_t end = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &end);
+  } catch (const std::exception&) {
+    TESSEL_FAIL(what, ": cannot read '", text, "' as a size", accepted);
+  }
+  std::string unit = text.substr(end);
+  unit.erase(std::remove_if(unit.begin(), unit.end(), [](unsigned char c) { return c == ' '; }),
+             unit.end());
+  std::transform(unit.begin(), unit.end(), unit.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  static const std::pair<const char*, double> kUnits[] = {{"", 1},
+                                                          {"b", 1},
+                                                          {"kb", 1e3},
+                                                          {"mb", 1e6},
+                                                          {"gb", 1e9},
+                                                          {"tb", 1e12},
+                                                          {"kib", 1024.0},
+                                                          {"mib", 1048576.0},
+                                                          {"gib", 1073741824.0},
+                                                          {"tib", 1099511627776.0}};
+  for (const auto& [name, scale] : kUnits) {
+    if (unit != name) continue;
+    TESSEL_CHECK(std::isfinite(value) && value > 0, what, ": size must be positive, got '", text,
+                 "'");
+    return value * scale;
+  }
+  TESSEL_FAIL(what, ": unknown unit '", text.substr(end), "' in '", text, "'", accepted);
+}
+
+std::string format_bytes(double bytes) {
+  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int unit = 0;
+  while (unit < 4 && std::abs(bytes) >= 1024) {
+    bytes /= 1024;
+    ++unit;
+  }
+  char text[32];
+  std::snprintf(text, sizeof text, unit == 0 ? "%.0f %s" : "%.2f %s", bytes, kUnits[unit]);
+  return text;
+}
+
+std::string format_seconds(double seconds) {
+  char text[32];
+  if (seconds >= 1)
+    std::snprintf(text, sizeof text, "%.3f s", seconds);
+  else if (seconds >= 1e-3)
+    std::snprintf(text, sizeof text, "%.3f ms", seconds * 1e3);
+  else
+    std::snprintf(text, sizeof text, "%.1f us", seconds * 1e6);
+  return text;
+}
+
+}  // namespace tessel::planner

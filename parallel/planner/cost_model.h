@@ -1,0 +1,77 @@
+// Device profiles for the planner: compute throughput per op kind, memory bandwidth, alpha-beta
+// costs per collective and link level (inside a node, between nodes), devices per node and
+// memory per device. Read from JSON (parallel/profiles/*.json) or measured by calibrate.
+//   DeviceProfile profile = load_profile("parallel/profiles/h200_cluster.json");
+//   double t = profile.collective_time(Collective::kAllReduce, 8, 64 << 20);  // ring, 8 ranks
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+namespace tessel::planner {
+
+enum class Collective { kAllReduce, kAllGather, kReduceScatter };
+enum class LinkLevel { kIntraNode, kInterNode };
+const char* collective_name(Collective collective);  // "all_reduce", ...
+const char* link_level_name(LinkLevel level);        // "intra_node", "inter_node"
+
+// Time of a collective on p ranks: alpha per ring step plus the bytes a rank moves over the bus
+// bandwidth (the number nccl-tests reports as busbw).
+struct AlphaBeta {
+  double alpha_s = 0;        // latency per ring step, seconds
+  double bus_bandwidth = 0;  // bytes per second
+};
+
+struct DeviceProfile {
+  std::string name;
+  std::string description;
+  int devices_per_node = 1;
+  double memory_per_device = 0;  // bytes
+  // FLOP/s by op kind: "gemm" (linear, matmul, bmm), "conv" (conv2d), "elementwise" (the rest).
+  double gemm_flops = 0;
+  double conv_flops = 0;
+  double elementwise_flops = 0;
+  double memory_bandwidth = 0;  // bytes per second, for memory-bound ops (roofline)
+  double op_overhead_s = 0;     // fixed cost per op per pass (kernel launch)
+  // Rematerialisation: running under a memory budget that keeps a fraction f of the activations
+  // costs (1 - f) * forward time * remat_overhead_k extra (1: one extra forward pass when
+  // nothing is kept, as in sublinear checkpointing).
+  double remat_overhead_k = 1.0;
+  // [level][collective]
+  std::array<std::array<AlphaBeta, 3>, 2> collectives{};
+  std::string sources_json = "{}";  // where the numbers come from (JSON object, kept verbatim)
+
+  const AlphaBeta& link(Collective collective, LinkLevel level) const {
+    return collectives[static_cast<int>(level)][static_cast<int>(collective)];
+  }
+  // A group of `ranks` consecutive ranks stays inside one node when it has at most
+  // devices_per_node ranks.
+  LinkLevel level_for(int64_t ranks) const {
+    return ranks <= devices_per_node ? LinkLevel::kIntraNode : LinkLevel::kInterNode;
+  }
+  // Ring algorithms; `bytes` is the full buffer per rank (for all_gather: the gathered result):
+  //   all_reduce:      2(p-1) alpha + 2(p-1)/p * bytes / bandwidth
+  //   all_gather, reduce_scatter: (p-1) alpha + (p-1)/p * bytes / bandwidth
+  double collective_time(Collective collective, int64_t ranks, double bytes, LinkLevel level) const;
+  // Same, on the level level_for(ranks) picks.
+  double collective_time(Collective collective, int64_t ranks, double bytes) const {
+    return collective_time(collective, ranks, bytes, level_for(ranks));
+  }
+  // Roofline time of an op's work on one device.
+  double compute_time(double flops, double bytes, const std::string& kind) const;
+};
+
+// Parses and checks a profile; every missing or invalid field is an error naming it and `where`.
+DeviceProfile parse_profile(const std::string& json_text, const std::string& where);
+DeviceProfile load_profile(const std::string& path);
+std::string profile_to_json(const DeviceProfile& profile);
+void save_profile(const DeviceProfile& profile, const std::string& path);
+
+// "16GiB", "1.5GB", "512MiB", "4096" (bytes): units B, KB/MB/GB/TB (powers of 1000) and
+// KiB/MiB/GiB/TiB (powers of 1024), any case. Throws naming `what` and the text otherwise.
+double parse_bytes(const std::string& text, const std::string& what);
+std::string format_bytes(double bytes);      // "15.3 GiB"
+std::string format_seconds(double seconds);  // "12.4 ms"
+
+}  // namespace tessel::planner

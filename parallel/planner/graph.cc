@@ -1,0 +1,198 @@
+#include "parallel/planner/graph.h"
+
+#include <algorithm>
+#include <map>
+#include <sstream>
+#include <unordered_map>
+
+#include "core/op.h"
+
+namespace tessel::planner {
+
+std::vector<std::vector<std::pair<int, int>>> Graph::consumers() const {
+  std::vector<std::vector<std::pair<int, int>>> result(tensors.size());
+  for (const TracedOp& op : ops)
+    for (size_t slot = 0; slot < op.inputs.size(); ++slot)
+      if (op.inputs[slot] >= 0) result[op.inputs[slot]].emplace_back(op.id, static_cast<int>(slot));
+  return result;
+}
+
+std::string Graph::op_histogram() const {
+  std::vector<std::pair<std::string, int>> counts;
+  for (const TracedOp& op : ops) {
+    auto found = std::find_if(counts.begin(), counts.end(),
+                              [&](const auto& entry) { return entry.first == op.name; });
+    if (found == counts.end())
+      counts.emplace_back(op.name, 1);
+    else
+      ++found->second;
+  }
+  std::ostringstream text;
+  for (size_t i = 0; i < counts.size(); ++i)
+    text << (i ? ", " : "") << counts[i].first << " x" << counts[i].second;
+  return text.str();
+}
+
+int64_t Graph::parameter_count() const {
+  int64_t count = 0;
+  for (const TracedTensor& tensor : tensors)
+    if (tensor.is_parameter()) count += shape_numel(tensor.sizes);
+  return count;
+}
+
+namespace {
+
+// Restores the previous trace hook when the trace ends, even by an exception.
+class TraceHookScope {
+ public:
+  explicit TraceHookScope(TraceHook hook) : previous_(set_trace_hook(std::move(hook))) {}
+  ~TraceHookScope() { set_trace_hook(std::move(previous_)); }
+  TraceHookScope(const TraceHookScope&) = delete;
+  TraceHookScope& operator=(const TraceHookScope&) = delete;
+
+ private:
+  TraceHook previous_;
+};
+
+class Tracer {
+ public:
+  Tracer(const std::vector<std::pair<std::string, Tensor>>& parameters,
+         const std::vector<TraceInput>& inputs, int64_t batch_size) {
+    graph_.batch_size = batch_size;
+    for (const auto& [name, tensor] : parameters) {
+      if (!tensor.defined() || tensor_of_.count(tensor.impl())) continue;  // tied: first name
+      TracedTensor& traced = add_tensor(tensor);
+      traced.parameter = name;
+      traced.requires_grad = true;
+    }
+    for (const TraceInput& input : inputs) {
+      TESSEL_CHECK(input.tensor.defined(), "trace_graph: input '", input.name, "' is undefined");
+      TracedTensor& traced = add_tensor(input.tensor);
+      traced.input = input.name;
+      traced.has_batch = input.batch;
+      traced.requires_grad = input.tensor.requires_grad();
+    }
+  }
+
+  void on_call(const OpDef& op, const std::vector<Tensor>& inputs,
+               const std::vector<Tensor>& outputs, const Attrs& attrs) {
+    for (const Tensor& t : inputs) keep_alive_.push_back(t);
+    for (const Tensor& t : outputs) keep_alive_.push_back(t);
+    if (op.flags.view) {
+      if (!outputs.empty() && !inputs.empty() && inputs[0].defined())
+        root_of_[outputs[0].impl()] = root(inputs[0].impl());
+      return;
+    }
+    TracedOp traced;
+    traced.id = static_cast<int>(graph_.ops.size());
+    traced.name = op.name;
+    traced.attrs = attrs;
+    traced.saved_inputs = op.save_inputs;
+    traced.saved_outputs = op.save_outputs;
+    traced.differentiable = op.backward != nullptr;
+    bool any_batch = false;
+    double io_bytes = 0;
+    for (const Tensor& input : inputs) {
+      if (!input.defined()) {
+        traced.inputs.push_back(-1);
+        traced.input_shapes.emplace_back();
+        traced.input_has_batch.push_back(false);
+        continue;
+      }
+      const int id = tensor_for(input);
+      const bool batch = graph_.tensors[id].has_batch && batch_major(input);
+      traced.inputs.push_back(id);
+      traced.input_shapes.push_back(input.sizes());
+      traced.input_has_batch.push_back(batch);
+      any_batch = any_batch || batch;
+      io_bytes += static_cast<double>(input.nbytes());
+    }
+    for (size_t k = 0; k < outputs.size(); ++k) {
+      const Tensor& output = outputs[k];
+      TracedTensor& result = add_tensor(output);
+      root_of_.erase(output.impl());  // an out= view written in place: now its own value
+      tensor_of_[output.impl()] = result.id;
+      result.producer = traced.id;
+      result.producer_slot = static_cast<int>(k);
+      result.has_batch = any_batch && batch_major(output);
+      result.requires_grad = output.requires_grad();
+      traced.outputs.push_back(result.id);
+      traced.output_shapes.push_back(output.sizes());
+      io_bytes += static_cast<double>(output.nbytes());
+    }
+    traced.bytes = io_bytes;
+    if (op.cost) {
+      try {
+        OpCost cost = op.cost(inputs, outputs, attrs);
+        traced.flops = cost.flops;
+        if (cost.bytes > 0) traced.bytes = cost.bytes;
+      } catch (const Error&) {
+        // A cost rule that needs values cannot run on meta tensors: keep the byte estimate.
+      }
+    }
+    graph_.ops.push_back(std::move(traced));
+  }
+
+  Graph take() { return std::move(graph_); }
+
+ private:
+  TracedTensor& add_tensor(const Tensor& tensor) {
+    TracedTensor traced;
+    traced.id = static_cast<int>(graph_.tensors.size());
+    traced.sizes = tensor.sizes();
+    traced.dtype = tensor.dtype();
+    traced.bytes = static_cast<int64_t>(tensor.nbytes());
+    tensor_of_[tensor.impl()] = traced.id;
+    keep_alive_.push_back(tensor);
+    graph_.tensors.push_back(std::move(traced));
+    return graph_.tensors.back();
+  }
+
+  TensorImpl* root(TensorImpl* impl) const {
+    for (auto found = root_of_.find(impl); found != root_of_.end(); found = root_of_.find(impl))
+      impl = found->second;
+    return impl;
+  }
+
+  // The tensor an input reads (through views); one seen for the first time (a buffer, a
+  // constant made outside the trace) becomes a source without a producer.
+  int tensor_for(const Tensor& input) {
+    TensorImpl* source = root(input.impl());
+    auto found = tensor_of_.find(source);
+    if (found != tensor_of_.end()) return found->second;
+    return add_tensor(input).id;
+  }
+
+  // Dim 0 is a whole multiple of the batch and the outermost dimension (largest stride), so
+  // a split of dim 0 is a split of the batch.
+  bool batch_major(const Tensor& tensor) const {
+    const int64_t batch = graph_.batch_size;
+    if (tensor.dim() == 0 || tensor.size(0) < batch || tensor.size(0) % batch != 0) return false;
+    for (int64_t d = 1; d < tensor.dim(); ++d)
+      if (tensor.size(d) > 1 && tensor.stride(d) > tensor.stride(0)) return false;
+    return true;
+  }
+
+  Graph graph_;
+  std::unordered_map<TensorImpl*, int> tensor_of_;
+  std::unordered_map<TensorImpl*, TensorImpl*> root_of_;  // view -> what it views
+  std::vector<Tensor> keep_alive_;  // no address is reused while the trace runs
+};
+
+}  // namespace
+
+Graph trace_graph(const std::function<void()>& forward,
+                  const std::vector<std::pair<std::string, Tensor>>& parameters,
+                  const std::vector<TraceInput>& inputs, int64_t batch_size) {
+  TESSEL_CHECK(batch_size >= 1, "trace_graph: batch_size must be positive, got ", batch_size);
+  Tracer tracer(parameters, inputs, batch_size);
+  {
+    TraceHookScope scope([&](const OpDef& op, const std::vector<Tensor>& in,
+                             const std::vector<Tensor>& out,
+                             const Attrs& attrs) { tracer.on_call(op, in, out, attrs); });
+    forward();
+  }
+  return tracer.take();
+}
+
+}  // namespace tessel::planner

@@ -1,0 +1,326 @@
+#include "parallel/planner/plan_cli.h"
+
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+#include "parallel/planner/plan_io.h"
+#include "parallel/planner/planner.h"
+
+namespace tessel::planner {
+
+namespace {
+
+bool file_exists(const std::string& path) {
+  struct stat info;
+  return ::stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode);
+}
+
+std::string program_path() {
+  char buffer[4096];
+  const ssize_t length = ::readlink("/proc/self/exe", buffer, sizeof buffer - 1);
+  return length > 0 ? std::string(buffer, length) : std::string();
+}
+
+// Files the binary carries as Bazel data: found from the working directory (bazel run and bazel
+// test start there), the runfiles tree beside the binary, or the source tree.
+std::string find_data_file(const std::string& relative) {
+  std::vector<std::string> candidates;
+  if (const char* dir = std::getenv("RUNFILES_DIR"))
+    candidates.push_back(std::string(dir) + "/tessel/" + relative);
+  if (const char* dir = std::getenv("TEST_SRCDIR"))
+    candidates.push_back(std::string(dir) + "/tessel/" + relative);
+  candidates.push_back(relative);
+  const std::string program = program_path();
+  if (!program.empty()) candidates.push_back(program + ".runfiles/tessel/" + relative);
+  if (const char* dir = std::getenv("BUILD_WORKSPACE_DIRECTORY"))
+    candidates.push_back(std::string(dir) + "/" + relative);
+  for (const auto& candidate : candidates)
+    if (file_exists(candidate)) return candidate;
+  return "";
+}
+
+std::string quote(const std::string& text) {
+  std::string quoted = "'";
+  for (char c : text) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
+std::vector<double> parse_fractions(const std::string& text) {
+  std::vector<double> fractions;
+  std::stringstream stream(text);
+  std::string item;
+  while (std::getline(stream, item, ',')) {
+    char* end = nullptr;
+    const double value = std::strtod(item.c_str(), &end);
+    TESSEL_CHECK(!item.empty() && *end == '\0' && value > 0 && value <= 1,
+                 "--remat: expected fractions in (0, 1] separated by commas (1: no recompute), "
+                 "got '",
+                 text, "'");
+    fractions.push_back(value);
+  }
+  TESSEL_CHECK(!fractions.empty(), "--remat: give at least one fraction (1: no recompute)");
+  return fractions;
+}
+
+int optimizer_states(const std::string& optimizer) {
+  if (optimizer == "adam" || optimizer == "adamw") return 2;
+  if (optimizer == "sgd_momentum") return 1;
+  if (optimizer == "sgd") return 0;
+  TESSEL_FAIL("--optimizer: expected adam, adamw, sgd_momentum or sgd, got '", optimizer, "'");
+}
+
+std::string pad(const std::string& text, size_t width, bool right) {
+  if (text.size() >= width) return text;
+  return right ? std::string(width - text.size(), ' ') + text
+               : text + std::string(width - text.size(), ' ');
+}
+
+}  // namespace
+
+std::string user_path(const std::string& path) {
+  if (path.empty() || path[0] == '/') return path;
+  if (const char* dir = std::getenv("BUILD_WORKING_DIRECTORY"))
+    return std::string(dir) + "/" + path;
+  return path;
+}
+
+std::string find_profile(const std::string& name_or_path) {
+  const std::string given = user_path(name_or_path);
+  if (file_exists(given)) return given;
+  if (file_exists(name_or_path)) return name_or_path;
+  if (name_or_path.find('/') == std::string::npos) {
+    std::string name = name_or_path;
+    if (name.size() < 5 || name.substr(name.size() - 5) != ".json") name += ".json";
+    const std::string found = find_data_file("parallel/profiles/" + name);
+    if (!found.empty()) return found;
+  }
+  return given;  // load_profile reports it missing
+}
+
+int run_plan_cli(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
+  CLI::App app(
+      "Prints a model's frontier of (memory per device, time per iteration) over every way of "
+      "splitting its ops on D devices, marks the fastest plan that fits in memory, writes it "
+      "(--out) and draws the frontier (--png).",
+      "plan");
+  std::string model, memory_text, profile_name = "h200_cluster", optimizer = "adam";
+  std::string remat = "1,0.5,0.25", out_path, png_path, frontier_path;
+  int devices = 8, max_tp = 0;
+  int64_t batch = 0, seq = 128, image_size = 224, num_classes = 1000;
+  size_t max_points = 32, rows = 20;
+  bool per_op_degrees = false, show_ops = false;
+  std::string models_help;
+  for (const auto& name : known_models()) models_help += (models_help.empty() ? "" : ", ") + name;
+  app.add_option("--model", model, "model to plan: " + models_help)->required();
+  app.add_option("--devices", devices, "number of devices (ranks)")->capture_default_str();
+  app.add_option("--memory_per_device", memory_text,
+                 "memory limit per device, e.g. 16GiB (default: the profile's)");
+  app.add_option("--profile", profile_name,
+                 "device profile: a JSON file, or a name in parallel/profiles")
+      ->capture_default_str();
+  app.add_option("--batch", batch, "global batch (default: 8 per device for BERT, 32 otherwise)");
+  app.add_option("--seq", seq, "BERT sequence length")->capture_default_str();
+  app.add_option("--image_size", image_size, "ResNet / ShuffleNet image size")
+      ->capture_default_str();
+  app.add_option("--num_classes", num_classes, "ResNet / ShuffleNet classes")
+      ->capture_default_str();
+  app.add_option("--optimizer", optimizer,
+                 "optimizer whose state is counted: adam, adamw (2 states per parameter), "
+                 "sgd_momentum (1), sgd (0)")
+      ->capture_default_str();
+  app.add_option("--max_tp", max_tp,
+                 "largest tensor-parallel group (default 0: the profile's devices per node)")
+      ->capture_default_str();
+  app.add_option("--remat", remat,
+                 "fractions of activation memory the memory layer may keep (auto policy); 1: no "
+                 "recomputation")
+      ->capture_default_str();
+  app.add_option("--max_points", max_points,
+                 "most points per partial frontier (0: exact, may be slow on large models)")
+      ->capture_default_str();
+  app.add_flag("--per_op_degrees", per_op_degrees,
+               "let each op pick its own dp x tp degrees too (TensorOpt's full space; the default "
+               "keeps one dp x tp grid per plan, each op choosing its split on it)");
+  app.add_option("--rows", rows,
+                 "frontier points printed, spread over the frontier with the chosen one "
+                 "(0: all)")
+      ->capture_default_str();
+  app.add_flag("--show_ops", show_ops, "also list every op of the chosen plan with its split");
+  app.add_option("--out", out_path, "write the chosen plan here (JSON, for --plan=FILE)");
+  app.add_option("--png", png_path, "draw the frontier here (tools/plot_frontier.py)");
+  app.add_option("--frontier_json", frontier_path, "write the frontier points here (JSON)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    return app.exit(error, out, err);
+  }
+
+  try {
+    const auto start = std::chrono::steady_clock::now();
+    TESSEL_CHECK(devices >= 1, "--devices must be at least 1, got ", devices);
+    TESSEL_CHECK(batch >= 0, "--batch must not be negative (0: the default), got ", batch);
+    TESSEL_CHECK(max_tp >= 0, "--max_tp must not be negative, got ", max_tp);
+    PlanOptions options;
+    options.config.devices = devices;
+    options.config.max_tp = max_tp;
+    options.config.optimizer_states = optimizer_states(optimizer);
+    options.remat_fractions = parse_fractions(remat);
+    options.frontier.max_points = max_points;
+    options.per_op_degrees = per_op_degrees;
+    if (!memory_text.empty())
+      options.memory_per_device = parse_bytes(memory_text, "--memory_per_device");
+    const std::vector<std::string> names = known_models();
+    TESSEL_CHECK(std::find(names.begin(), names.end(), model) != names.end(), "unknown model '",
+                 model, "' (known: ", models_help, ")");
+    options.config.profile = load_profile(find_profile(profile_name));
+    ModelSpec spec;
+    spec.name = model;
+    spec.batch = batch > 0 ? batch : (is_bert(model) ? 8 : 32) * static_cast<int64_t>(devices);
+    spec.seq = seq;
+    spec.image_size = image_size;
+    spec.num_classes = num_classes;
+
+    const Graph graph = trace_model(spec);
+    const double trace_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const PlanResult result = plan_graph(graph, options);
+    const double total_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+    const DeviceProfile& profile = options.config.profile;
+    const std::vector<int> degrees = tensor_parallel_degrees(options.config);
+    char line[512];
+    std::snprintf(line, sizeof line, "%s: %.1fM parameters, %zu ops traced on the meta device",
+                  model.c_str(), graph.parameter_count() / 1e6, graph.ops.size());
+    out << line << "\n";
+    out << "devices " << devices << " (" << profile.devices_per_node
+        << " per node, tensor parallel up to " << degrees.back() << "), global batch "
+        << spec.batch;
+    if (is_bert(model))
+      out << ", seq " << spec.seq;
+    else
+      out << ", image " << spec.image_size << "x" << spec.image_size;
+    out << ", optimizer " << optimizer << ", profile " << profile.name << "\n";
+    out << "frontier: " << result.frontier.size() << " points (series "
+        << result.stats.series_eliminations << ", leaf " << result.stats.leaf_eliminations
+        << ", parallel " << result.stats.parallel_merges << ", conditioned "
+        << result.stats.conditioned_nodes << "; "
+        << (max_points ? "at most " + std::to_string(max_points) + " points per partial frontier"
+                       : std::string("exact"))
+        << ")\n\n";
+    out << "    " << pad("memory/device", 14, true) << "  " << pad("time/iter", 11, true) << "  "
+        << pad("samples/s", 10, true) << "  plan\n";
+    // The rows shown: spread evenly over the frontier, always with both ends and the chosen one.
+    const size_t count = result.frontier.size();
+    std::vector<bool> shown(count, rows == 0 || count <= rows);
+    if (rows > 0 && count > rows) {
+      for (size_t r = 0; r < rows; ++r)
+        shown[r * (count - 1) / (rows - 1 > 0 ? rows - 1 : 1)] = true;
+      if (result.chosen >= 0) shown[result.chosen] = true;
+    }
+    for (size_t i = 0; i < count; ++i) {
+      if (!shown[i]) continue;
+      const PlannedPoint& point = result.frontier[i];
+      const bool chosen = static_cast<int>(i) == result.chosen;
+      std::snprintf(line, sizeof line, "%s%3zu %14s  %11s  %10.1f  %s%s", chosen ? "*" : " ", i,
+                    format_bytes(point.cost.memory).c_str(),
+                    format_seconds(point.cost.time).c_str(),
+                    static_cast<double>(spec.batch) / point.cost.time, point.summary.c_str(),
+                    chosen ? "   <- chosen" : "");
+      out << line << "\n";
+    }
+    const size_t printed = static_cast<size_t>(std::count(shown.begin(), shown.end(), true));
+    if (printed < count)
+      out << "(" << printed << " of " << count << " points shown; --rows=0 shows all)\n";
+    out << "\n";
+    std::snprintf(line, sizeof line, "traced in %.2f s, frontier in %.2f s, %.2f s in all",
+                  trace_seconds, result.search_seconds, total_seconds);
+    out << line << "\n";
+
+    if (!frontier_path.empty() || !png_path.empty()) {
+      std::string json_path =
+          frontier_path.empty() ? user_path(png_path) + ".frontier.json" : user_path(frontier_path);
+      std::ofstream file(json_path);
+      TESSEL_CHECK(file.good(), "cannot write the frontier to '", json_path, "'");
+      file << frontier_to_json(result, model, devices, profile.name);
+      file.close();
+      if (!png_path.empty()) {
+        const std::string script = find_data_file("tools/plot_frontier.py");
+        TESSEL_CHECK(!script.empty(),
+                     "--png: cannot find tools/plot_frontier.py (run from the "
+                     "repository or with bazel run)");
+        const std::string command = "/usr/bin/python3 " + quote(script) + " " + quote(json_path) +
+                                    " --out " + quote(user_path(png_path));
+        const int status = std::system(command.c_str());
+        TESSEL_CHECK(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                     "--png: tools/plot_frontier.py failed (", command, ")");
+        if (frontier_path.empty()) std::remove(json_path.c_str());
+        out << "wrote " << png_path << "\n";
+      }
+      if (!frontier_path.empty()) out << "wrote " << frontier_path << "\n";
+    }
+
+    if (result.chosen < 0) {
+      err << "plan: no plan fits in " << format_bytes(result.memory_per_device)
+          << " per device; the smallest needs " << format_bytes(result.frontier.front().cost.memory)
+          << " (use more devices, a smaller --batch, or a smaller --remat fraction)" << std::endl;
+      return 2;
+    }
+    const PlannedPoint& chosen = result.frontier[result.chosen];
+    out << "chosen: point " << result.chosen << ", " << format_bytes(chosen.cost.memory)
+        << " per device (limit " << format_bytes(result.memory_per_device) << "), "
+        << format_seconds(chosen.cost.time) << " per iteration: " << chosen.summary << "\n";
+    const PlanBreakdown& b = chosen.breakdown;
+    out << "  memory: parameters, gradients and optimizer state " << format_bytes(b.parameter_bytes)
+        << ", activations " << format_bytes(b.activation_bytes);
+    if (chosen.remat_fraction < 1)
+      out << " (" << static_cast<int>(chosen.remat_fraction * 100 + 0.5) << "% kept)";
+    out << "\n  time: compute " << format_seconds(b.compute_s) << ", split collectives "
+        << format_seconds(b.comm_s) << ", gradient all-reduce " << format_seconds(b.gradient_sync_s)
+        << ", re-distribution " << format_seconds(b.redistribution_s) << ", recompute "
+        << format_seconds(b.recompute_s) << "\n";
+    if (show_ops) {
+      out << "\n  op  name                 output shape          split                    "
+             "compute     collectives  parameters\n";
+      for (const TracedOp& op : graph.ops) {
+        const Strategy& s = result.strategies[op.id][chosen.choice[op.id]];
+        std::string parameters;
+        for (const ParameterSplit& split : s.parameters)
+          if (split.owned)
+            parameters += (parameters.empty() ? "" : " ") + graph.tensors[split.tensor].parameter +
+                          (split.dim >= 0 ? "[dim " + std::to_string(split.dim) + "/" +
+                                                std::to_string(split.parts) + "]"
+                                          : "");
+        std::snprintf(line, sizeof line, "%4d  %-20s %-21s %-24s %-11s %-12s %s", op.id,
+                      op.name.c_str(), shape_str(op.output_shapes.at(0)).c_str(), s.label().c_str(),
+                      format_seconds(s.forward_compute + s.backward_compute).c_str(),
+                      format_seconds(s.forward_comm + s.backward_comm + s.gradient_sync).c_str(),
+                      parameters.c_str());
+        out << line << "\n";
+      }
+    }
+    if (!out_path.empty()) {
+      write_plan(make_plan_file(graph, result, result.chosen, spec, options), user_path(out_path));
+      out << "wrote " << out_path << "\n";
+    }
+    return 0;
+  } catch (const Error& error) {
+    err << "plan: error: " << error.message() << std::endl;
+    return 1;
+  } catch (const std::exception& error) {
+    err << "plan: error: " << error.what() << std::endl;
+    return 1;
+  }
+}
+
+}  // namespace tessel::planner

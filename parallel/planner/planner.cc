@@ -1,0 +1,317 @@
+#include "parallel/planner/planner.h"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <sstream>
+
+#include "core/error.h"
+#include "models/bert.h"
+#include "models/resnet.h"
+#include "models/shufflenet.h"
+#include "ops/ops.h"
+
+namespace tessel::planner {
+
+namespace {
+constexpr const char* kBertPrefix = "bert_";
+
+std::string join(const std::vector<std::string>& names) {
+  std::string text;
+  for (size_t i = 0; i < names.size(); ++i) text += (i ? ", " : "") + names[i];
+  return text;
+}
+
+bool contains(const std::vector<std::string>& names, const std::string& name) {
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+Tensor meta_tensor(const Shape& sizes, DType dtype) {
+  return empty(sizes, TensorOptions(dtype).device(Device::meta()));
+}
+// A module run `uses` times stands for `uses` identical modules: the i-th op (in call order)
+// reading a parameter named prefix + rest gets a copy named renamed_prefix + i + "." + rest.
+void untie_repeated_parameters(Graph& graph, const std::string& prefix,
+                               const std::string& renamed_prefix, int64_t uses) {
+  const size_t original_count = graph.tensors.size();
+  for (size_t id = 0; id < original_count; ++id) {
+    if (graph.tensors[id].parameter.rfind(prefix, 0) != 0) continue;
+    const std::string rest = graph.tensors[id].parameter.substr(prefix.size());
+    int64_t use = -1;
+    int last_op = -1, current = static_cast<int>(id);
+    for (TracedOp& op : graph.ops) {
+      for (int& input : op.inputs) {
+        if (input != static_cast<int>(id)) continue;
+        if (op.id != last_op) {
+          last_op = op.id;
+          if (++use > 0) {
+            TracedTensor copy = graph.tensors[id];
+            copy.id = static_cast<int>(graph.tensors.size());
+            copy.parameter = renamed_prefix + std::to_string(use) + "." + rest;
+            graph.tensors.push_back(std::move(copy));
+          }
+          current = graph.tensors.back().id;
+          if (use == 0) current = static_cast<int>(id);
+        }
+        input = current;
+      }
+    }
+    TESSEL_CHECK(use + 1 == uses, "trace: parameter ", graph.tensors[id].parameter, " was read by ",
+                 use + 1, " layer runs, expected ", uses);
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> known_models() {
+  std::vector<std::string> names = models::resnet_names();
+  for (const auto& name : models::shufflenet_names()) names.push_back(name);
+  for (const auto& name : models::BertConfig::known_names()) names.push_back(kBertPrefix + name);
+  return names;
+}
+
+bool is_bert(const std::string& model) { return model.rfind(kBertPrefix, 0) == 0; }
+
+Graph trace_model(const ModelSpec& spec) {
+  const std::vector<std::string> names = known_models();
+  TESSEL_CHECK(contains(names, spec.name), "unknown model '", spec.name, "' (known: ", join(names),
+               ")");
+  TESSEL_CHECK(spec.batch >= 1, "batch must be at least 1, got ", spec.batch);
+  const int64_t batch = spec.batch;
+  if (is_bert(spec.name)) {
+    models::BertConfig config =
+        models::BertConfig::by_name(spec.name.substr(std::string(kBertPrefix).size()));
+    TESSEL_CHECK(spec.seq >= 1 && spec.seq <= config.max_position_embeddings(),
+                 "seq must be in [1, ", config.max_position_embeddings(), "] for ", spec.name,
+                 ", got ", spec.seq);
+    // The encoder layers are identical: one layer is built and run num_hidden_layers times, and
+    // each run then gets parameters of its own (bert.encoder.layer.<i>.*), so tracing BERT-large
+    // initialises 1/24 of its layer weights on the CPU instead of all of them.
+    const int64_t layers = config.num_hidden_layers();
+    models::BertConfig one_layer = config;
+    one_layer.num_hidden_layers(std::min<int64_t>(layers, 1));
+    models::BertForPreTraining model(one_layer);
+    for (int64_t i = 1; i < layers; ++i) model.bert->layers->push_back((*model.bert->layers)[0]);
+    model.to(Device::meta());
+    Tensor ids = meta_tensor({batch, spec.seq}, DType::kInt64);
+    Tensor types = meta_tensor({batch, spec.seq}, DType::kInt64);
+    Tensor mask = meta_tensor({batch, spec.seq}, DType::kInt64);
+    Tensor mlm_labels = meta_tensor({batch, spec.seq}, DType::kInt64);
+    Tensor nsp_labels = meta_tensor({batch}, DType::kInt64);
+    Graph graph = trace_graph(
+        [&] {
+          models::bert_pretraining_loss(model.forward(ids, types, mask), mlm_labels, nsp_labels);
+        },
+        model.named_parameters(),
+        {{"input_ids", ids},
+         {"token_type_ids", types},
+         {"attention_mask", mask},
+         {"mlm_labels", mlm_labels},
+         {"nsp_labels", nsp_labels}},
+        batch);
+    untie_repeated_parameters(graph, "bert.encoder.layer.0.", "bert.encoder.layer.", layers);
+    return graph;
+  }
+  TESSEL_CHECK(spec.image_size >= 1, "image_size must be at least 1, got ", spec.image_size);
+  TESSEL_CHECK(spec.num_classes >= 1, "num_classes must be at least 1, got ", spec.num_classes);
+  std::shared_ptr<nn::Module> net;
+  if (contains(models::resnet_names(), spec.name))
+    net = models::make_resnet(spec.name, models::ResNetOptions().num_classes(spec.num_classes));
+  else
+    net = models::make_shufflenet(spec.name,
+                                  models::ShuffleNetV2Options().num_classes(spec.num_classes));
+  net->to(Device::meta());
+  Tensor images = meta_tensor({batch, 3, spec.image_size, spec.image_size}, DType::kFloat32);
+  Tensor labels = meta_tensor({batch}, DType::kInt64);
+  return trace_graph([&] { cross_entropy(net->forward(images), labels); }, net->named_parameters(),
+                     {{"images", images}, {"labels", labels}}, batch);
+}
+
+PlannedPoint describe_choice(const Graph& graph,
+                             const std::vector<std::vector<Strategy>>& strategies,
+                             const PlannerConfig& config, const std::vector<int>& choice,
+                             double remat_fraction) {
+  PlannedPoint point;
+  point.remat_fraction = remat_fraction;
+  point.choice = choice;
+  PlanBreakdown& b = point.breakdown;
+  const double k = config.profile.remat_overhead_k;
+  std::map<std::pair<int, int>, double> work_at;  // (dp, tp) -> forward FLOPs
+  int replicated = 0;
+  std::map<std::string, std::map<SplitKind, int>> kinds;  // op name -> kind -> count
+  for (const TracedOp& op : graph.ops) {
+    const Strategy& s = strategies[op.id].at(choice.at(op.id));
+    b.parameter_bytes += s.parameter_bytes;
+    b.activation_bytes += s.activation_bytes;
+    b.compute_s += s.forward_compute + s.backward_compute;
+    b.comm_s += s.forward_comm + s.backward_comm;
+    b.gradient_sync_s += s.gradient_sync;
+    b.recompute_s += (1 - remat_fraction) * k * s.forward_time();
+    if (s.fully_replicated()) {
+      if (strategies[op.id].size() > 1) ++replicated;
+    } else {
+      work_at[{s.dp, s.tp}] += std::max(op.flops, 1.0);
+    }
+    ++kinds[op.name][s.kind];
+    for (size_t slot = 0; slot < op.inputs.size(); ++slot) {
+      const int id = op.inputs[slot];
+      if (id < 0 || graph.tensors[id].producer < 0) continue;
+      const TracedTensor& tensor = graph.tensors[id];
+      const Strategy& from = strategies[tensor.producer][choice[tensor.producer]];
+      const double bytes =
+          static_cast<double>(shape_numel(op.input_shapes[slot])) * element_size(tensor.dtype);
+      b.redistribution_s +=
+          redistribution_time(from.output_layouts[tensor.producer_slot], s.input_layouts[slot],
+                              bytes, tensor.requires_grad && op.differentiable, config.profile);
+    }
+  }
+  for (const SharedParameter& shared : shared_parameters(graph))
+    b.gradient_sync_s +=
+        shared_parameter_time(graph, shared, strategies[shared.owner][choice[shared.owner]],
+                              strategies[shared.user][choice[shared.user]], config);
+  point.cost.memory = b.parameter_bytes + remat_fraction * b.activation_bytes;
+  point.cost.time = b.compute_s + b.comm_s + b.gradient_sync_s + b.redistribution_s + b.recompute_s;
+
+  std::vector<std::string> parts;
+  if (work_at.empty()) {
+    parts.push_back("replicated on every device");
+  } else {
+    auto dominant =
+        std::max_element(work_at.begin(), work_at.end(),
+                         [](const auto& a, const auto& c) { return a.second < c.second; });
+    point.dp = dominant->first.first;
+    point.tp = dominant->first.second;
+    std::string degrees;
+    if (point.dp > 1) degrees = "dp=" + std::to_string(point.dp);
+    if (point.tp > 1)
+      degrees += (degrees.empty() ? "" : " ") + std::string("tp=") + std::to_string(point.tp);
+    parts.push_back(degrees.empty() ? "dp=1" : degrees);
+    int elsewhere = 0;
+    for (const TracedOp& op : graph.ops) {
+      const Strategy& s = strategies[op.id][choice[op.id]];
+      if (!s.fully_replicated() && (s.dp != point.dp || s.tp != point.tp)) ++elsewhere;
+    }
+    auto count = [&](const std::string& op, SplitKind kind) {
+      auto found = kinds.find(op);
+      if (found == kinds.end()) return 0;
+      auto entry = found->second.find(kind);
+      return entry == found->second.end() ? 0 : entry->second;
+    };
+    const int column = count("linear", SplitKind::kColumn), row = count("linear", SplitKind::kRow);
+    if (column && row)
+      parts.push_back("column/row-parallel linears");
+    else if (column)
+      parts.push_back("column-parallel linears");
+    else if (row)
+      parts.push_back("row-parallel linears");
+    if (count("bmm", SplitKind::kHeads)) parts.push_back("heads split in attention");
+    if (count("embedding", SplitKind::kVocab)) parts.push_back("vocab-parallel embedding");
+    if (count("embedding", SplitKind::kColumn)) parts.push_back("hidden-split embedding");
+    if (count("cross_entropy", SplitKind::kVocab) || count("nll_loss", SplitKind::kVocab)) {
+      int64_t classes = 0;
+      for (const TracedOp& op : graph.ops)
+        if (op.name == "cross_entropy" || op.name == "nll_loss")
+          classes = std::max(classes, op.input_shapes[0].back());
+      parts.push_back(classes >= 8192 ? "vocab-parallel loss" : "class-split loss");
+    }
+    const int convs = count("conv2d", SplitKind::kColumn) + count("conv2d", SplitKind::kRow) +
+                      count("conv2d", SplitKind::kFeature);
+    if (convs) parts.push_back(std::to_string(convs) + " channel-split convs");
+    if (elsewhere) parts.push_back(std::to_string(elsewhere) + " ops at other degrees");
+  }
+  if (replicated) parts.push_back(std::to_string(replicated) + " ops replicated");
+  if (remat_fraction < 1) {
+    std::ostringstream text;
+    text << "memory budget " << format_bytes(point.cost.memory) << " under auto (keeps "
+         << static_cast<int>(remat_fraction * 100 + 0.5) << "% of activations)";
+    parts.push_back(text.str());
+  }
+  for (size_t i = 0; i < parts.size(); ++i) point.summary += (i ? ", " : "") + parts[i];
+  return point;
+}
+
+PlanResult plan_graph(const Graph& graph, const PlanOptions& options) {
+  TESSEL_CHECK(options.config.devices >= 1, "devices must be at least 1, got ",
+               options.config.devices);
+  TESSEL_CHECK(!options.remat_fractions.empty(), "at least one remat fraction is needed (1: none)");
+  for (double f : options.remat_fractions)
+    TESSEL_CHECK(f > 0 && f <= 1, "remat fractions must be in (0, 1], got ", f);
+  const auto start = std::chrono::steady_clock::now();
+  PlanResult result;
+  result.memory_per_device = options.memory_per_device > 0
+                                 ? options.memory_per_device
+                                 : options.config.profile.memory_per_device;
+  result.strategies = enumerate_strategies(graph, options.config);
+
+  struct Candidate {
+    Cost cost;
+    double fraction;
+    std::vector<int> choice;
+  };
+  std::vector<Candidate> candidates;
+  // The strategy lists searched together: all of them, or one dp x tp grid at a time (each keeps
+  // the strategies of its tp, and running an op whole on every device).
+  std::vector<std::vector<std::vector<int>>> searches;
+  auto all = [&](auto keep) {
+    std::vector<std::vector<int>> subset(result.strategies.size());
+    for (size_t op = 0; op < result.strategies.size(); ++op)
+      for (size_t s = 0; s < result.strategies[op].size(); ++s)
+        if (keep(result.strategies[op][s])) subset[op].push_back(static_cast<int>(s));
+    return subset;
+  };
+  if (options.per_op_degrees) {
+    searches.push_back(all([](const Strategy&) { return true; }));
+  } else {
+    for (int tp : tensor_parallel_degrees(options.config))
+      searches.push_back(
+          all([tp](const Strategy& s) { return s.fully_replicated() || s.tp == tp; }));
+  }
+  for (const auto& subset : searches) {
+    std::vector<std::vector<Strategy>> lists(subset.size());
+    for (size_t op = 0; op < subset.size(); ++op)
+      for (int s : subset[op]) lists[op].push_back(result.strategies[op][s]);
+    for (double fraction : options.remat_fractions) {
+      CostGraph costs = build_cost_graph(graph, lists, options.config, fraction);
+      FrontierStats stats;
+      for (auto& point : track_frontier(costs, options.frontier, &stats)) {
+        for (size_t op = 0; op < subset.size(); ++op)
+          point.choice[op] = subset[op][point.choice[op]];
+        candidates.push_back({point.cost, fraction, std::move(point.choice)});
+      }
+      result.stats.leaf_eliminations += stats.leaf_eliminations;
+      result.stats.series_eliminations += stats.series_eliminations;
+      result.stats.parallel_merges += stats.parallel_merges;
+      result.stats.conditioned_nodes += stats.conditioned_nodes;
+      result.stats.thinned += stats.thinned;
+      result.stats.largest_frontier =
+          std::max(result.stats.largest_frontier, stats.largest_frontier);
+    }
+  }
+  // One frontier over all fractions; of equal points the one recomputing least is kept.
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [](const Candidate& a, const Candidate& b) {
+                     if (a.cost.memory != b.cost.memory) return a.cost.memory < b.cost.memory;
+                     if (a.cost.time != b.cost.time) return a.cost.time < b.cost.time;
+                     return a.fraction > b.fraction;
+                   });
+  double best_time = 0;
+  for (const Candidate& candidate : candidates) {
+    if (!result.frontier.empty() && candidate.cost.time >= best_time) continue;
+    best_time = candidate.cost.time;
+    PlannedPoint point = describe_choice(graph, result.strategies, options.config, candidate.choice,
+                                         candidate.fraction);
+    point.cost = candidate.cost;
+    result.frontier.push_back(std::move(point));
+  }
+  for (size_t i = 0; i < result.frontier.size(); ++i) {
+    const PlannedPoint& point = result.frontier[i];
+    if (point.cost.memory > result.memory_per_device) continue;
+    if (result.chosen < 0 || point.cost.time < result.frontier[result.chosen].cost.time)
+      result.chosen = static_cast<int>(i);
+  }
+  result.search_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+}  // namespace tessel::planner

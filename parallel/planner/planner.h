@@ -1,0 +1,82 @@
+// The planner end to end: trace a model-zoo model on the meta device, list and cost every op's
+// strategies, track the (memory, time) frontier (also under memory budgets the memory layer's
+// `auto` policy meets by recomputation) and pick the fastest plan that fits.
+//   PlanOptions options;  options.config.devices = 8;  options.config.profile = load_profile(p);
+//   PlanResult result = plan_graph(trace_model(ModelSpec{"bert_base"}), options);
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "parallel/planner/frontier.h"
+#include "parallel/planner/graph.h"
+#include "parallel/planner/strategies.h"
+
+namespace tessel::planner {
+
+struct ModelSpec {
+  std::string name;            // resnet18..152, shufflenet_v2_x0_5..x2_0, bert_tiny..bert_large
+  int64_t batch = 32;          // global batch (samples per iteration over all devices)
+  int64_t seq = 128;           // BERT sequence length
+  int64_t image_size = 224;    // ResNet / ShuffleNet input height and width
+  int64_t num_classes = 1000;  // ResNet / ShuffleNet classes
+};
+
+// Every model name trace_model accepts.
+std::vector<std::string> known_models();
+bool is_bert(const std::string& model);
+// One training forward pass (model and loss) traced on the meta device: no tensor bytes.
+// An unknown name is an error listing the known ones.
+Graph trace_model(const ModelSpec& spec);
+
+struct PlanOptions {
+  PlannerConfig config;
+  double memory_per_device = 0;  // bytes; 0: the profile's
+  // Fractions of activation memory the memory layer may keep (1: no recomputation); each adds
+  // the plans that fit by recomputing the rest.
+  std::vector<double> remat_fractions = {1.0, 0.5, 0.25};
+  FrontierOptions frontier{32};
+  // false: every plan runs on one dp x tp grid (each op still picks its split: replicate,
+  // column, row, heads, ...), one frontier per grid, united; this is what the runtime's process
+  // groups build. true: each op may pick its own degrees too (TensorOpt's full space).
+  bool per_op_degrees = false;
+};
+
+// Where one plan's memory and time go, per device.
+struct PlanBreakdown {
+  double parameter_bytes = 0;   // parameters, gradients, optimizer state
+  double activation_bytes = 0;  // kept for backward (before recomputation)
+  double compute_s = 0;         // forward and backward kernels
+  double comm_s = 0;            // collectives of the splits (row, column, vocabulary, loss)
+  double gradient_sync_s = 0;   // data-parallel gradient all-reduce
+  double redistribution_s = 0;  // moving tensors between layouts of consecutive ops
+  double recompute_s = 0;       // extra forward work under the memory budget
+};
+
+struct PlannedPoint {
+  Cost cost;                    // memory per device (bytes), time per iteration (seconds)
+  double remat_fraction = 1.0;  // < 1: runs under the `auto` memory policy with budget cost.memory
+  std::vector<int> choice;      // strategy index per op
+  int dp = 1, tp = 1;           // the degrees most of the work runs at
+  std::string summary;          // "dp=4 tp=2, heads split in attention, vocab-parallel embedding"
+  PlanBreakdown breakdown;
+};
+
+struct PlanResult {
+  std::vector<std::vector<Strategy>> strategies;
+  std::vector<PlannedPoint> frontier;  // by memory, ascending
+  int chosen = -1;                     // fastest point within memory_per_device; -1: none fits
+  double memory_per_device = 0;
+  FrontierStats stats;  // summed over the remat fractions
+  double search_seconds = 0;
+};
+
+PlanResult plan_graph(const Graph& graph, const PlanOptions& options);
+
+// The summary and breakdown of one choice (used by plan_graph; exposed for tests).
+PlannedPoint describe_choice(const Graph& graph,
+                             const std::vector<std::vector<Strategy>>& strategies,
+                             const PlannerConfig& config, const std::vector<int>& choice,
+                             double remat_fraction);
+
+}  // namespace tessel::planner

@@ -1,0 +1,583 @@
+#include "parallel/planner/strategies.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "core/error.h"
+
+namespace tessel::planner {
+
+const char* split_kind_name(SplitKind kind) {
+  switch (kind) {
+    case SplitKind::kReplicate:
+      return "replicate";
+    case SplitKind::kColumn:
+      return "column";
+    case SplitKind::kRow:
+      return "row";
+    case SplitKind::kHeads:
+      return "heads";
+    case SplitKind::kVocab:
+      return "vocab";
+    case SplitKind::kFeature:
+      return "feature";
+  }
+  return "?";
+}
+
+SplitKind parse_split_kind(const std::string& name) {
+  for (SplitKind kind : {SplitKind::kReplicate, SplitKind::kColumn, SplitKind::kRow,
+                         SplitKind::kHeads, SplitKind::kVocab, SplitKind::kFeature})
+    if (name == split_kind_name(kind)) return kind;
+  TESSEL_FAIL("unknown split kind '", name,
+              "' (expected replicate, column, row, heads, vocab or feature)");
+}
+
+std::string Strategy::label() const {
+  if (fully_replicated()) return "replicate";
+  std::string text;
+  if (dp > 1) text = "dp=" + std::to_string(dp);
+  if (tp > 1) {
+    if (!text.empty()) text += " ";
+    text += "tp=" + std::to_string(tp) + " " + split_kind_name(kind);
+  }
+  return text;
+}
+
+Cost Strategy::cost(double remat_fraction, double remat_k) const {
+  Cost total;
+  total.memory = parameter_bytes + remat_fraction * activation_bytes;
+  total.time = forward_compute + forward_comm + backward_compute + backward_comm + gradient_sync +
+               (1 - remat_fraction) * remat_k * forward_time();
+  return total;
+}
+
+std::vector<int> tensor_parallel_degrees(const PlannerConfig& config) {
+  TESSEL_CHECK(config.devices >= 1, "planner: devices must be at least 1, got ", config.devices);
+  const int limit = config.max_tp > 0 ? config.max_tp : config.profile.devices_per_node;
+  std::vector<int> degrees;
+  for (int tp = 1; tp <= config.devices; ++tp)
+    if (config.devices % tp == 0 && (tp == 1 || tp <= limit)) degrees.push_back(tp);
+  return degrees;
+}
+
+namespace {
+
+enum class Family {
+  kLinear,
+  kBmm,
+  kConv,
+  kEmbedding,
+  kLoss,
+  kSoftmax,
+  kLayerNorm,
+  kBatchNorm,
+  kPool,
+  kReduce,
+  kConcat,
+  kElementwise,
+  kFactory,
+  kOther,
+};
+
+Family family_of(const TracedOp& op) {
+  static const std::set<std::string> kElementwise = {
+      "add",     "sub",        "mul",        "div",        "pow",        "maximum",
+      "minimum", "add_scalar", "mul_scalar", "div_scalar", "pow_scalar", "eq",
+      "ne",      "lt",         "le",         "gt",         "ge",         "neg",
+      "abs",     "exp",        "log",        "sqrt",       "rsqrt",      "tanh",
+      "sigmoid", "relu",       "gelu",       "clamp",      "where",      "masked_fill",
+      "dropout", "clone",      "contiguous", "to_dtype",   "copy_",      "fill_"};
+  const std::string& name = op.name;
+  bool any_input = false;
+  for (int input : op.inputs) any_input = any_input || input >= 0;
+  if (!any_input) return Family::kFactory;
+  if (name == "linear") return Family::kLinear;
+  if (name == "bmm") return Family::kBmm;
+  if (name == "conv2d") return Family::kConv;
+  if (name == "embedding") return Family::kEmbedding;
+  if (name == "cross_entropy" || name == "nll_loss") return Family::kLoss;
+  if (name == "softmax" || name == "log_softmax") return Family::kSoftmax;
+  if (name == "layer_norm") return Family::kLayerNorm;
+  if (name == "batch_norm" || name == "batch_norm_eval") return Family::kBatchNorm;
+  if (name == "max_pool2d" || name == "avg_pool2d" || name == "adaptive_avg_pool2d")
+    return Family::kPool;
+  if (name == "sum" || name == "mean") return Family::kReduce;
+  if (name == "cat") return Family::kConcat;
+  if (kElementwise.count(name)) return Family::kElementwise;
+  return Family::kOther;
+}
+
+const char* work_kind(Family family) {
+  switch (family) {
+    case Family::kLinear:
+    case Family::kBmm:
+      return "gemm";
+    case Family::kConv:
+      return "conv";
+    default:
+      return "elementwise";
+  }
+}
+
+// What every strategy of one op shares.
+struct OpContext {
+  const Graph& graph;
+  const TracedOp& op;
+  const PlannerConfig& config;
+  Family family;
+  bool batch_ok = false;             // some input has the batch in dim 0
+  double backward_factor = 0;        // backward work in units of the forward's
+  double column_share = 1;           // this op's share of the input-gradient all-reduce (column)
+  std::vector<int> parameter_slots;  // input slots holding parameters
+  std::vector<bool> owns;            // per parameter slot: this op is its first user
+  std::vector<bool> saved_output;    // per output: kept for backward by anyone
+  std::vector<int> charged_inputs;   // data-input slots whose saved bytes this op carries
+
+  const TracedTensor* input(int slot) const {
+    const int id = op.inputs.at(slot);
+    return id >= 0 ? &graph.tensors[id] : nullptr;
+  }
+  bool is_parameter(int slot) const {
+    const TracedTensor* tensor = slot < static_cast<int>(op.inputs.size()) ? input(slot) : nullptr;
+    return tensor && tensor->is_parameter();
+  }
+  double input_bytes(int slot) const {
+    const TracedTensor* tensor = input(slot);
+    return tensor ? static_cast<double>(shape_numel(op.input_shapes[slot])) *
+                        element_size(tensor->dtype)
+                  : 0.0;
+  }
+  double output_bytes(int slot) const {
+    return static_cast<double>(graph.tensors[op.outputs.at(slot)].bytes);
+  }
+};
+
+int64_t dim_or(const Shape& shape, int64_t dim, int64_t fallback = 0) {
+  if (dim < 0) dim += static_cast<int64_t>(shape.size());
+  return dim >= 0 && dim < static_cast<int64_t>(shape.size()) ? shape[dim] : fallback;
+}
+
+bool divides(int64_t size, int parts) { return size > 0 && size % parts == 0; }
+
+// The data-parallel all-reduce of `bytes` of gradients, in buckets (see PlannerConfig).
+double gradient_all_reduce(const Strategy& s, double bytes, const PlannerConfig& config) {
+  const DeviceProfile& profile = config.profile;
+  const LinkLevel level = profile.level_for(static_cast<int64_t>(s.dp) * s.tp);
+  const AlphaBeta& link = profile.link(Collective::kAllReduce, level);
+  const double p = s.dp;
+  return 2 * (p - 1) * link.alpha_s * (bytes / config.gradient_bucket_bytes) +
+         2 * (p - 1) / p * bytes / link.bus_bandwidth;
+}
+
+// The model splits an op supports at tensor-parallel degree tp (> 1).
+std::vector<SplitKind> model_kinds(const OpContext& c, int tp) {
+  const TracedOp& op = c.op;
+  const Shape& out = op.output_shapes.at(0);
+  std::vector<SplitKind> kinds;
+  switch (c.family) {
+    case Family::kLinear: {
+      if (!c.is_parameter(1)) break;
+      const Shape& weight = op.input_shapes[1];  // (out, in)
+      if (divides(weight[0], tp)) kinds.push_back(SplitKind::kColumn);
+      if (divides(weight[1], tp)) kinds.push_back(SplitKind::kRow);
+      break;
+    }
+    case Family::kBmm: {
+      // (batch * heads, n, k): the heads are what is left of dim 0 after the batch.
+      if (!op.input_has_batch[0] || !op.input_has_batch[1]) break;
+      const int64_t heads = op.input_shapes[0][0] / c.graph.batch_size;
+      if (divides(heads, tp)) kinds.push_back(SplitKind::kHeads);
+      break;
+    }
+    case Family::kConv: {
+      if (!c.is_parameter(1)) break;
+      const Shape& weight = op.input_shapes[1];  // (O, C / groups, kh, kw)
+      const int64_t groups = op.attrs.get_or<int64_t>("groups", 1);
+      if (groups == 1) {
+        if (divides(weight[0], tp)) kinds.push_back(SplitKind::kColumn);
+        if (divides(weight[1], tp)) kinds.push_back(SplitKind::kRow);
+      } else if (divides(groups, tp)) {
+        kinds.push_back(SplitKind::kFeature);  // grouped / depthwise: whole groups per device
+      }
+      break;
+    }
+    case Family::kEmbedding: {
+      if (!c.is_parameter(0)) break;
+      const Shape& table = op.input_shapes[0];  // (vocab, hidden)
+      if (divides(table[0], tp)) kinds.push_back(SplitKind::kVocab);
+      if (divides(table[1], tp)) kinds.push_back(SplitKind::kColumn);
+      break;
+    }
+    case Family::kLoss: {
+      const Shape& logits = op.input_shapes[0];
+      if (logits.size() == 2 && divides(logits[1], tp)) kinds.push_back(SplitKind::kVocab);
+      break;
+    }
+    case Family::kSoftmax: {
+      // Along the heads of attention scores (batch, heads, n, n) or (batch * heads, n, n);
+      // never along the normalised dimension.
+      const int64_t dim = op.attrs.get_or<int64_t>("dim", -1);
+      const int64_t rank = static_cast<int64_t>(out.size());
+      const bool last = dim == -1 || dim == rank - 1;
+      if (rank < 3 || !last) break;
+      const bool heads_in_dim0 = op.input_has_batch[0] && rank == 3 &&
+                                 divides(out[0] / c.graph.batch_size, tp) &&
+                                 out[0] > c.graph.batch_size;
+      if ((rank >= 4 && divides(out[1], tp)) || heads_in_dim0) kinds.push_back(SplitKind::kFeature);
+      break;
+    }
+    case Family::kBatchNorm:
+    case Family::kPool:
+      if (out.size() >= 2 && divides(out[1], tp)) kinds.push_back(SplitKind::kFeature);
+      break;
+    case Family::kReduce: {
+      // Spatial means keep the channels: (N, C, H, W) -> (N, C).
+      const auto dims = op.attrs.get_or<std::vector<int64_t>>("dims", {});
+      const int64_t rank = static_cast<int64_t>(op.input_shapes[0].size());
+      bool spatial = rank >= 3 && !dims.empty();
+      for (int64_t d : dims) spatial = spatial && (d < 0 ? d + rank : d) >= 2;
+      if (spatial && divides(dim_or(op.input_shapes[0], 1), tp))
+        kinds.push_back(SplitKind::kFeature);
+      break;
+    }
+    case Family::kConcat: {
+      bool ok = out.size() >= 2;
+      for (size_t i = 0; i < op.inputs.size(); ++i)
+        ok = ok && op.inputs[i] >= 0 && divides(dim_or(op.input_shapes[i], 1), tp);
+      if (ok) kinds.push_back(SplitKind::kFeature);
+      break;
+    }
+    case Family::kElementwise: {
+      bool ok = false;
+      for (size_t d = 1; d < out.size(); ++d) ok = ok || divides(out[d], tp);
+      if (ok) kinds.push_back(SplitKind::kFeature);
+      break;
+    }
+    case Family::kLayerNorm:  // normalises over the features: kept whole (Megatron-LM)
+    case Family::kFactory:
+    case Family::kOther:
+      break;
+  }
+  return kinds;
+}
+
+// Whether input `slot` is cut along the model axis under `kind`.
+bool input_model_split(const OpContext& c, SplitKind kind, int slot) {
+  const TracedTensor* tensor = c.input(slot);
+  if (!tensor || tensor->is_parameter()) return false;
+  switch (kind) {
+    case SplitKind::kReplicate:
+    case SplitKind::kColumn:
+      return false;
+    case SplitKind::kRow:
+      return slot == 0;
+    case SplitKind::kHeads:
+      return slot <= 1;
+    case SplitKind::kVocab:
+      return c.family == Family::kLoss && slot == 0;
+    case SplitKind::kFeature:
+      if (c.family == Family::kConv || c.family == Family::kBatchNorm ||
+          c.family == Family::kPool || c.family == Family::kReduce || c.family == Family::kSoftmax)
+        return slot == 0;
+      if (c.family == Family::kConcat) return true;
+      // Element-wise: full-size operands are split, broadcast ones (a bias, a mask) are not.
+      return shape_numel(c.op.input_shapes[slot]) == shape_numel(c.op.output_shapes[0]);
+  }
+  return false;
+}
+
+// The dimension of a parameter input a strategy cuts (-1: whole on every device).
+int parameter_split_dim(const OpContext& c, SplitKind kind, int slot) {
+  switch (c.family) {
+    case Family::kLinear:
+    case Family::kConv:
+      if (kind == SplitKind::kColumn || kind == SplitKind::kFeature) return 0;  // weight, bias
+      if (kind == SplitKind::kRow && slot == 1) return 1;
+      return -1;
+    case Family::kEmbedding:
+      if (slot != 0) return -1;
+      return kind == SplitKind::kVocab ? 0 : kind == SplitKind::kColumn ? 1 : -1;
+    case Family::kBatchNorm:
+      return kind == SplitKind::kFeature ? 0 : -1;
+    default:
+      return -1;
+  }
+}
+
+Strategy make_strategy(const OpContext& c, int dp, int tp, SplitKind kind) {
+  const TracedOp& op = c.op;
+  const DeviceProfile& profile = c.config.profile;
+  Strategy s;
+  s.dp = c.batch_ok ? dp : 1;
+  s.tp = tp;
+  s.kind = kind;
+  const int model_parts = kind == SplitKind::kReplicate ? 1 : tp;
+  const double fraction = 1.0 / (static_cast<double>(s.dp) * model_parts);
+  const char* work = work_kind(c.family);
+  s.forward_compute =
+      profile.compute_time(op.flops * fraction, op.bytes * fraction, work) + profile.op_overhead_s;
+  if (c.backward_factor > 0)
+    s.backward_compute =
+        c.backward_factor * profile.compute_time(op.flops * fraction, op.bytes * fraction, work) +
+        profile.op_overhead_s;
+
+  for (size_t slot = 0; slot < op.inputs.size(); ++slot) {
+    Layout layout;
+    layout.batch = op.input_has_batch[slot] ? s.dp : 1;
+    layout.model = input_model_split(c, kind, static_cast<int>(slot)) ? tp : 1;
+    s.input_layouts.push_back(layout);
+  }
+  Layout first;
+  for (size_t slot = 0; slot < op.outputs.size(); ++slot) {
+    const TracedTensor& tensor = c.graph.tensors[op.outputs[slot]];
+    Layout layout;
+    layout.batch = tensor.has_batch ? s.dp : 1;
+    if (slot == 0) {
+      const bool split =
+          kind == SplitKind::kColumn || kind == SplitKind::kHeads || kind == SplitKind::kFeature;
+      layout.model = split ? tp : 1;
+      first = layout;
+    } else {
+      layout.model = shape_numel(tensor.sizes) % first.model == 0 ? first.model : 1;
+    }
+    s.output_layouts.push_back(layout);
+  }
+
+  // Collectives the split itself needs.
+  const int64_t tp_group = tp;
+  if (kind == SplitKind::kColumn && c.family != Family::kEmbedding) {
+    const TracedTensor* x = c.input(0);
+    if (x && x->requires_grad)
+      s.backward_comm += c.column_share * profile.collective_time(Collective::kAllReduce, tp_group,
+                                                                  c.input_bytes(0) / s.dp);
+  }
+  if (kind == SplitKind::kRow || (kind == SplitKind::kVocab && c.family == Family::kEmbedding))
+    s.forward_comm +=
+        profile.collective_time(Collective::kAllReduce, tp_group, c.output_bytes(0) / s.dp);
+  if (kind == SplitKind::kVocab && c.family == Family::kLoss) {
+    // Vocabulary-parallel cross entropy: all-reduce the row maxima, the sums of exponentials
+    // and the target logits (Megatron-LM); nll_loss only the target values.
+    const double rows = static_cast<double>(op.input_shapes[0][0]) / s.dp;
+    const int collectives = op.name == "cross_entropy" ? 3 : 1;
+    s.forward_comm +=
+        collectives * profile.collective_time(Collective::kAllReduce, tp_group, rows * 4);
+  }
+  // A batch split whose output lost the batch (a loss, a sum): the partial results are summed.
+  if (c.batch_ok && s.dp > 1 && !op.outputs.empty() && !c.graph.tensors[op.outputs[0]].has_batch)
+    s.forward_comm += profile.collective_time(Collective::kAllReduce, s.dp, c.output_bytes(0),
+                                              profile.level_for(static_cast<int64_t>(s.dp) * tp));
+
+  // Owned parameters: values, gradients and optimizer state, sharded by the split; gradients
+  // all-reduced over the data-parallel group.
+  const double per_parameter_copies = 2.0 + c.config.optimizer_states;
+  for (size_t i = 0; i < c.parameter_slots.size(); ++i) {
+    const int slot = c.parameter_slots[i];
+    ParameterSplit split;
+    split.tensor = op.inputs[slot];
+    split.dim = parameter_split_dim(c, kind, slot);
+    split.parts = split.dim >= 0 ? tp : 1;
+    split.owned = c.owns[i];
+    s.parameters.push_back(split);
+    if (!split.owned) continue;
+    const double bytes = static_cast<double>(c.graph.tensors[split.tensor].bytes) / split.parts;
+    s.parameter_bytes += bytes * per_parameter_copies;
+    if (c.batch_ok && s.dp > 1) s.gradient_sync += gradient_all_reduce(s, bytes, c.config);
+  }
+
+  // Activations kept for backward, at this strategy's share.
+  for (size_t slot = 0; slot < op.outputs.size(); ++slot)
+    if (c.saved_output[slot]) {
+      const Layout& layout = s.output_layouts[slot];
+      s.activation_bytes += c.output_bytes(static_cast<int>(slot)) / (layout.batch * layout.model);
+    }
+  for (int slot : c.charged_inputs) {
+    const Layout& layout = s.input_layouts[slot];
+    s.activation_bytes +=
+        static_cast<double>(c.graph.tensors[op.inputs[slot]].bytes) / (layout.batch * layout.model);
+  }
+  return s;
+}
+
+}  // namespace
+
+std::vector<std::vector<Strategy>> enumerate_strategies(const Graph& graph,
+                                                        const PlannerConfig& config) {
+  const std::vector<int> degrees = tensor_parallel_degrees(config);
+  const auto consumers = graph.consumers();
+  // Which tensors something keeps for backward, and who first owns each parameter and carries
+  // each saved data input.
+  std::vector<bool> saved(graph.tensors.size(), false);
+  for (const TracedOp& op : graph.ops) {
+    for (int slot : op.saved_inputs)
+      if (slot < static_cast<int>(op.inputs.size()) && op.inputs[slot] >= 0)
+        saved[op.inputs[slot]] = true;
+    for (int slot : op.saved_outputs)
+      if (slot < static_cast<int>(op.outputs.size())) saved[op.outputs[slot]] = true;
+  }
+  std::vector<bool> claimed(graph.tensors.size(), false);
+
+  std::vector<std::vector<Strategy>> result;
+  result.reserve(graph.ops.size());
+  for (const TracedOp& op : graph.ops) {
+    OpContext c{graph, op, config, family_of(op)};
+    bool any_grad = false;
+    int matrix_grads = 0;
+    for (size_t slot = 0; slot < op.inputs.size(); ++slot) {
+      const int id = op.inputs[slot];
+      if (id < 0) continue;
+      const TracedTensor& tensor = graph.tensors[id];
+      c.batch_ok = c.batch_ok || op.input_has_batch[slot];
+      any_grad = any_grad || tensor.requires_grad;
+      if (slot <= 1 && tensor.requires_grad) ++matrix_grads;
+      if (tensor.is_parameter()) {
+        c.parameter_slots.push_back(static_cast<int>(slot));
+        c.owns.push_back(!claimed[id]);
+        claimed[id] = true;
+      }
+      if (tensor.is_input() && saved[id] && !claimed[id]) {
+        claimed[id] = true;
+        c.charged_inputs.push_back(static_cast<int>(slot));
+      }
+    }
+    // Backward of a matrix product computes one product per operand that needs a gradient;
+    // other ops redo about the forward's work once.
+    const bool matrix =
+        c.family == Family::kLinear || c.family == Family::kBmm || c.family == Family::kConv;
+    if (op.differentiable && any_grad) c.backward_factor = matrix ? matrix_grads : 1.0;
+    if (!op.inputs.empty() && op.inputs[0] >= 0) {
+      int matrix_consumers = 0;
+      for (const auto& [consumer, slot] : consumers[op.inputs[0]]) {
+        const std::string& name = graph.ops[consumer].name;
+        if (slot == 0 && (name == "linear" || name == "conv2d")) ++matrix_consumers;
+      }
+      c.column_share = 1.0 / std::max(1, matrix_consumers);
+    }
+    for (int id : op.outputs) c.saved_output.push_back(saved[id]);
+
+    std::vector<Strategy> strategies;
+    strategies.push_back(make_strategy(c, 1, 1, SplitKind::kReplicate));
+    if (c.family != Family::kFactory) {
+      for (int tp : degrees) {
+        const int dp = config.devices / tp;
+        if (c.batch_ok && graph.batch_size % dp != 0) continue;
+        if (c.batch_ok && !(dp == 1 && tp == 1))
+          strategies.push_back(make_strategy(c, dp, tp, SplitKind::kReplicate));
+        if (tp > 1)
+          for (SplitKind kind : model_kinds(c, tp))
+            strategies.push_back(make_strategy(c, dp, tp, kind));
+      }
+    }
+    result.push_back(std::move(strategies));
+  }
+  return result;
+}
+
+double redistribution_time(const Layout& from, const Layout& to, double bytes, bool gradient,
+                           const DeviceProfile& profile) {
+  auto move = [&](const Layout& have, const Layout& need) {
+    const double needed = 1.0 / (static_cast<double>(need.batch) * need.model);
+    const double overlap =
+        std::min(1.0 / have.batch, 1.0 / need.batch) * std::min(1.0 / have.model, 1.0 / need.model);
+    if (overlap >= needed * (1 - 1e-9)) return 0.0;
+    const int64_t pieces = std::llround(needed / overlap);
+    return profile.collective_time(Collective::kAllGather, pieces, needed * bytes);
+  };
+  return move(from, to) + (gradient ? move(to, from) : 0.0);
+}
+
+std::vector<SharedParameter> shared_parameters(const Graph& graph) {
+  std::vector<int> owner(graph.tensors.size(), -1);
+  std::vector<SharedParameter> shared;
+  for (const TracedOp& op : graph.ops) {
+    std::vector<int> seen;  // an op reading one parameter twice is one user
+    for (int id : op.inputs) {
+      if (id < 0 || !graph.tensors[id].is_parameter()) continue;
+      if (std::find(seen.begin(), seen.end(), id) != seen.end()) continue;
+      seen.push_back(id);
+      if (owner[id] < 0)
+        owner[id] = op.id;
+      else if (owner[id] != op.id)
+        shared.push_back({id, owner[id], op.id});
+    }
+  }
+  return shared;
+}
+
+double shared_parameter_time(const Graph& graph, const SharedParameter& shared,
+                             const Strategy& owner, const Strategy& user,
+                             const PlannerConfig& config) {
+  auto split_of = [&](const Strategy& s) {
+    for (const ParameterSplit& split : s.parameters)
+      if (split.tensor == shared.tensor) return split;
+    return ParameterSplit{shared.tensor, -1, 1, false};
+  };
+  const ParameterSplit owned = split_of(owner), used = split_of(user);
+  const double bytes = static_cast<double>(graph.tensors[shared.tensor].bytes);
+  double time = 0;
+  if (user.dp > 1 && owner.dp == 1) time += gradient_all_reduce(user, bytes / used.parts, config);
+  if (owned.dim != used.dim || owned.parts != used.parts) {
+    const bool same_axis = owned.dim == used.dim || owned.dim < 0 || used.dim < 0;
+    const Layout to{1, same_axis ? used.parts : 1};
+    time += redistribution_time({1, owned.parts}, to, bytes, /*gradient=*/true, config.profile);
+  }
+  return time;
+}
+
+CostGraph build_cost_graph(const Graph& graph, const std::vector<std::vector<Strategy>>& strategies,
+                           const PlannerConfig& config, double remat_fraction) {
+  TESSEL_CHECK(strategies.size() == graph.ops.size(), "build_cost_graph: ", strategies.size(),
+               " strategy lists for ", graph.ops.size(), " ops");
+  TESSEL_CHECK(remat_fraction > 0 && remat_fraction <= 1,
+               "build_cost_graph: remat fraction must be in (0, 1], got ", remat_fraction);
+  const double k = config.profile.remat_overhead_k;
+  CostGraph costs;
+  for (const auto& list : strategies) {
+    std::vector<Cost> node;
+    node.reserve(list.size());
+    for (const Strategy& s : list) node.push_back(s.cost(remat_fraction, k));
+    costs.add_node(std::move(node));
+  }
+  for (const TracedOp& op : graph.ops) {
+    for (size_t slot = 0; slot < op.inputs.size(); ++slot) {
+      const int id = op.inputs[slot];
+      if (id < 0) continue;
+      const TracedTensor& tensor = graph.tensors[id];
+      if (tensor.producer < 0) continue;  // parameters and data arrive in any layout
+      const auto& from = strategies[tensor.producer];
+      const auto& to = strategies[op.id];
+      const double bytes =
+          static_cast<double>(shape_numel(op.input_shapes[slot])) * element_size(tensor.dtype);
+      const bool gradient = tensor.requires_grad && op.differentiable;
+      std::vector<Cost> table(from.size() * to.size());
+      bool any = false;
+      for (size_t a = 0; a < from.size(); ++a)
+        for (size_t b = 0; b < to.size(); ++b) {
+          const double time =
+              redistribution_time(from[a].output_layouts[tensor.producer_slot],
+                                  to[b].input_layouts[slot], bytes, gradient, config.profile);
+          table[a * to.size() + b].time = time;
+          any = any || time > 0;
+        }
+      // Edges that never cost anything need not tie the two ops together.
+      if (any) costs.add_edge(tensor.producer, op.id, std::move(table));
+    }
+  }
+  for (const SharedParameter& shared : shared_parameters(graph)) {
+    const auto& from = strategies[shared.owner];
+    const auto& to = strategies[shared.user];
+    std::vector<Cost> table(from.size() * to.size());
+    bool any = false;
+    for (size_t a = 0; a < from.size(); ++a)
+      for (size_t b = 0; b < to.size(); ++b) {
+        const double time = shared_parameter_time(graph, shared, from[a], to[b], config);
+        table[a * to.size() + b].time = time;
+        any = any || time > 0;
+      }
+    if (any) costs.add_edge(shared.owner, shared.user, std::move(table));
+  }
+  return costs;
+}
+
+}  // namespace tessel::planner

@@ -1,0 +1,127 @@
+// Split strategies per traced op and their costs on D devices: replicate, split the batch (data
+// parallel), split output features or channels (column parallel), split input features with a
+// partial sum (row parallel), split attention heads, vocabulary-parallel embedding and loss.
+//   PlannerConfig config;  config.devices = 8;  config.profile = load_profile(path);
+//   auto strategies = enumerate_strategies(graph, config);
+//   CostGraph costs = build_cost_graph(graph, strategies, config, /*remat_fraction=*/1.0);
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "parallel/planner/cost_model.h"
+#include "parallel/planner/frontier.h"
+#include "parallel/planner/graph.h"
+
+namespace tessel::planner {
+
+// How one tensor lies on the devices: dim 0 (the batch) cut into `batch` parts and the op's model
+// axis (features, channels, heads, vocabulary) cut into `model` parts; every device holds
+// 1 / (batch * model) of it and the rest of the devices hold copies. Model splits of producer and
+// consumer are taken to be along the same axis when their degrees match (the chains of the model
+// zoo: column -> element-wise -> row, heads through views, channels through flatten).
+struct Layout {
+  int batch = 1;
+  int model = 1;
+  bool operator==(const Layout& other) const {
+    return batch == other.batch && model == other.model;
+  }
+};
+
+enum class SplitKind {
+  kReplicate,  // no model split: the tp group computes the same thing (the batch may be split)
+  kColumn,     // output features / channels split; input gradient all-reduced in backward
+  kRow,        // input features split; output is a partial sum, all-reduced in forward
+  kHeads,      // batched matmul split along its batch of heads
+  kVocab,      // embedding rows or loss classes split (vocabulary parallel)
+  kFeature,    // an element-wise, normalisation or pooling op split along the model axis
+};
+const char* split_kind_name(SplitKind kind);  // "replicate", "column", ...
+SplitKind parse_split_kind(const std::string& name);
+
+// A parameter as a strategy shards it: `parts` pieces along `dim` (-1: a whole copy on every
+// device).
+struct ParameterSplit {
+  int tensor = -1;  // Graph::tensors index
+  int dim = -1;
+  int parts = 1;
+  bool owned = false;  // this op is the parameter's first user, which carries its memory
+};
+
+struct Strategy {
+  int dp = 1;  // batch split degree (1 for ops without a batch)
+  int tp = 1;  // size of the tensor-parallel group: model split degree, or copies (kReplicate)
+  SplitKind kind = SplitKind::kReplicate;
+  std::vector<Layout> input_layouts;       // per input slot, what the op needs
+  std::vector<Layout> output_layouts;      // per output
+  std::vector<ParameterSplit> parameters;  // every parameter input, as this strategy cuts it
+  // Seconds per device per iteration.
+  double forward_compute = 0;
+  double backward_compute = 0;
+  double forward_comm = 0;   // collectives of the strategy itself (row: all-reduce of the output)
+  double backward_comm = 0;  // (column: all-reduce of the input gradient)
+  double gradient_sync = 0;  // data-parallel all-reduce of the owned parameters' gradients
+  // Bytes per device.
+  double parameter_bytes = 0;   // owned parameters, their gradients and optimizer state
+  double activation_bytes = 0;  // tensors kept for backward (charged to their producer)
+
+  // "dp=4 tp=2 column"; "replicate" when every device runs the whole op.
+  std::string label() const;
+  bool fully_replicated() const { return dp == 1 && tp == 1; }
+  double forward_time() const { return forward_compute + forward_comm; }
+  // Memory and time of this strategy when the memory layer keeps `remat_fraction` of the
+  // activations and recomputes the rest: activations scale by f, time grows by
+  // (1 - f) * forward_time * remat_k.
+  Cost cost(double remat_fraction, double remat_k) const;
+};
+
+struct PlannerConfig {
+  int devices = 1;
+  // Largest tensor-parallel group; 0: the profile's devices_per_node (tensor parallelism inside
+  // a node, data parallelism across nodes, as Megatron-LM does).
+  int max_tp = 0;
+  // Optimizer state tensors per parameter: Adam 2, SGD with momentum 1, plain SGD 0.
+  int optimizer_states = 2;
+  // Data-parallel gradients are all-reduced in buckets of this size (DDP's 25 MiB): a tensor
+  // pays the bandwidth for its bytes and its share (bytes / bucket) of one bucket's latency.
+  double gradient_bucket_bytes = 25.0 * 1024 * 1024;
+  DeviceProfile profile;
+};
+
+// The tensor-parallel degrees tried: divisors of `devices` up to the max_tp limit.
+std::vector<int> tensor_parallel_degrees(const PlannerConfig& config);
+
+// Every applicable strategy of every op, with costs. Ops without a batch dimension never split
+// it; degrees must divide the dimension they cut.
+std::vector<std::vector<Strategy>> enumerate_strategies(const Graph& graph,
+                                                        const PlannerConfig& config);
+
+// Seconds to move a tensor of `bytes` from layout `from` to layout `to` (each device gathers
+// the part it lacks: an all-gather over the devices holding the pieces), plus the way back for
+// its gradient when `gradient`. Zero when every device already holds what it needs.
+double redistribution_time(const Layout& from, const Layout& to, double bytes, bool gradient,
+                           const DeviceProfile& profile);
+
+// A parameter read by more than one op (a tied weight): its first user owns it (memory, and the
+// data-parallel all-reduce of its gradient when that user splits the batch); each later user is
+// tied to the owner by the cost of the pair.
+struct SharedParameter {
+  int tensor = -1;
+  int owner = -1;  // op ids
+  int user = -1;
+};
+std::vector<SharedParameter> shared_parameters(const Graph& graph);
+// What a later user adds: the gradient all-reduce when it splits the batch and the owner does
+// not (with both split, the contributions are summed locally and all-reduced once), plus
+// gathering the parameter (and its gradient) when the two cut it differently.
+double shared_parameter_time(const Graph& graph, const SharedParameter& shared,
+                             const Strategy& owner, const Strategy& user,
+                             const PlannerConfig& config);
+
+// Nodes are the graph's ops (same indices), strategy costs at `remat_fraction`; edges carry the
+// re-distribution time between a producer's output layout and each consumer's input layout, and
+// the costs of shared parameters between their users.
+CostGraph build_cost_graph(const Graph& graph, const std::vector<std::vector<Strategy>>& strategies,
+                           const PlannerConfig& config, double remat_fraction);
+
+}  // namespace tessel::planner

@@ -1,0 +1,261 @@
+// Strategy costs on hand-computed examples: compute scales with the split, row parallel pays one
+// ring all-reduce of its output, column parallel one of its input gradient, data parallel one of
+// the gradients; re-distribution between layouts; device profiles and their errors.
+#include "parallel/planner/strategies.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "models/nn/nn.h"
+#include "ops/ops.h"
+#include "parallel/planner/cost_model.h"
+#include "parallel/planner/graph.h"
+#include "parallel/planner/plan_cli.h"
+#include "tests/testing.h"
+
+namespace tessel::planner {
+namespace {
+
+// Round numbers: 1 GFLOP/s, memory traffic free, 1 us per ring step, 1 GB/s, 8 per node.
+DeviceProfile simple_profile() {
+  DeviceProfile profile;
+  profile.name = "simple";
+  profile.devices_per_node = 8;
+  profile.memory_per_device = 1e9;
+  profile.gemm_flops = profile.conv_flops = profile.elementwise_flops = 1e9;
+  profile.memory_bandwidth = 1e30;
+  for (auto& level : profile.collectives)
+    for (auto& cost : level) cost = {1e-6, 1e9};
+  return profile;
+}
+
+Tensor meta(const Shape& sizes, DType dtype = DType::kFloat32) {
+  return empty(sizes, TensorOptions(dtype).device(Device::meta()));
+}
+
+// One linear layer, x (8, 64) -> (8, 128), x requiring grad (as inside a network).
+struct OneLinear {
+  nn::Linear layer{64, 128};
+  Graph graph;
+  OneLinear() {
+    layer.to(Device::meta());
+    Tensor x = meta({8, 64});
+    x.set_requires_grad(true);
+    graph = trace_graph([&] { layer(x); }, layer.named_parameters(), {{"x", x}}, 8);
+  }
+};
+
+const Strategy& find(const std::vector<Strategy>& list, int dp, int tp, SplitKind kind) {
+  for (const Strategy& s : list)
+    if (s.dp == dp && s.tp == tp && s.kind == kind) return s;
+  throw std::runtime_error("no strategy dp=" + std::to_string(dp) + " tp=" + std::to_string(tp) +
+                           " " + split_kind_name(kind));
+}
+
+PlannerConfig config_for(int devices) {
+  PlannerConfig config;
+  config.devices = devices;
+  config.profile = simple_profile();
+  config.optimizer_states = 2;  // Adam
+  return config;
+}
+
+TEST(Strategies, ColumnParallelLinearHalvesComputeAndSplitsTheWeightByRows) {
+  OneLinear net;
+  const auto strategies = enumerate_strategies(net.graph, config_for(2));
+  ASSERT_EQ(strategies.size(), 1u);
+  const Strategy& whole = find(strategies[0], 1, 1, SplitKind::kReplicate);
+  const Strategy& column = find(strategies[0], 1, 2, SplitKind::kColumn);
+  const double flops = 2.0 * 8 * 64 * 128;
+  EXPECT_DOUBLE_EQ(whole.forward_compute, flops / 1e9);
+  EXPECT_DOUBLE_EQ(column.forward_compute, whole.forward_compute / 2);
+  // Backward computes the input and the weight gradients: twice the forward's work.
+  EXPECT_DOUBLE_EQ(column.backward_compute, 2 * column.forward_compute);
+  // Weight (128, 64) and bias (128) halved along dim 0, each with its gradient and two Adam
+  // moments.
+  EXPECT_DOUBLE_EQ(whole.parameter_bytes, (128 * 64 + 128) * 4.0 * 4);
+  EXPECT_DOUBLE_EQ(column.parameter_bytes, whole.parameter_bytes / 2);
+  ASSERT_EQ(column.parameters.size(), 2u);
+  EXPECT_EQ(column.parameters[0].dim, 0);
+  EXPECT_EQ(column.parameters[0].parts, 2);
+  // The input arrives whole, the output leaves split; backward all-reduces the input gradient
+  // (8 x 64 floats) over the 2 ranks: 2(p-1) alpha + 2(p-1)/p bytes / bandwidth.
+  EXPECT_EQ(column.input_layouts[0], (Layout{1, 1}));
+  EXPECT_EQ(column.output_layouts[0], (Layout{1, 2}));
+  EXPECT_DOUBLE_EQ(column.forward_comm, 0);
+  EXPECT_DOUBLE_EQ(column.backward_comm, 2 * 1e-6 + 1.0 * (8 * 64 * 4) / 1e9);
+}
+
+TEST(Strategies, RowParallelLinearAddsOneRingAllReduceOfTheOutput) {
+  OneLinear net;
+  const auto strategies = enumerate_strategies(net.graph, config_for(4));
+  const Strategy& row = find(strategies[0], 1, 4, SplitKind::kRow);
+  const Strategy& whole = find(strategies[0], 1, 1, SplitKind::kReplicate);
+  EXPECT_DOUBLE_EQ(row.forward_compute, whole.forward_compute / 4);
+  const double output_bytes = 8 * 128 * 4;
+  const double p = 4;
+  EXPECT_DOUBLE_EQ(row.forward_comm, 2 * (p - 1) * 1e-6 + 2 * (p - 1) / p * output_bytes / 1e9);
+  EXPECT_DOUBLE_EQ(row.backward_comm, 0);
+  EXPECT_EQ(row.input_layouts[0], (Layout{1, 4}));
+  EXPECT_EQ(row.output_layouts[0], (Layout{1, 1}));
+  // The weight is cut along its input features (dim 1); the bias stays whole.
+  EXPECT_EQ(row.parameters[0].dim, 1);
+  EXPECT_EQ(row.parameters[1].dim, -1);
+  EXPECT_DOUBLE_EQ(row.parameter_bytes, (128 * 64 / 4 + 128) * 4.0 * 4);
+}
+
+TEST(Strategies, DataParallelSplitsTheBatchAndAllReducesGradients) {
+  OneLinear net;
+  const auto strategies = enumerate_strategies(net.graph, config_for(2));
+  const Strategy& dp = find(strategies[0], 2, 1, SplitKind::kReplicate);
+  const Strategy& whole = find(strategies[0], 1, 1, SplitKind::kReplicate);
+  EXPECT_EQ(dp.label(), "dp=2");
+  EXPECT_EQ(whole.label(), "replicate");
+  EXPECT_DOUBLE_EQ(dp.forward_compute, whole.forward_compute / 2);
+  EXPECT_DOUBLE_EQ(dp.parameter_bytes, whole.parameter_bytes);  // no sharding of parameters
+  // A ring all-reduce of every gradient byte over 2 ranks, in 25 MiB buckets: each tensor pays
+  // its share of a bucket's latency.
+  const double bytes = (128 * 64 + 128) * 4.0, bucket = 25.0 * 1024 * 1024;
+  const double expected = 2 * 1e-6 * bytes / bucket + 1.0 * bytes / 1e9;
+  EXPECT_NEAR(dp.gradient_sync, expected, 1e-15);
+  EXPECT_DOUBLE_EQ(whole.gradient_sync, 0);
+  EXPECT_EQ(dp.input_layouts[0], (Layout{2, 1}));
+}
+
+TEST(Strategies, DegreesDivideTheDevicesUpToMaxTp) {
+  PlannerConfig config = config_for(8);
+  EXPECT_EQ(tensor_parallel_degrees(config), (std::vector<int>{1, 2, 4, 8}));
+  config.max_tp = 2;
+  EXPECT_EQ(tensor_parallel_degrees(config), (std::vector<int>{1, 2}));
+  config = config_for(6);
+  EXPECT_EQ(tensor_parallel_degrees(config), (std::vector<int>{1, 2, 3, 6}));
+  config.devices = 0;
+  EXPECT_TRUE(testing::throws_error([&] { tensor_parallel_degrees(config); }, "at least 1"));
+}
+
+TEST(Strategies, BatchSplitsMustDivideTheBatch) {
+  OneLinear net;  // batch 8
+  PlannerConfig config = config_for(16);
+  const auto strategies = enumerate_strategies(net.graph, config);
+  for (const Strategy& s : strategies[0]) EXPECT_TRUE(s.dp == 1 || 8 % s.dp == 0) << s.label();
+}
+
+TEST(Redistribution, ColumnThenRowNeedsNothing) {
+  const DeviceProfile profile = simple_profile();
+  EXPECT_DOUBLE_EQ(redistribution_time({2, 4}, {2, 4}, 1e6, true, profile), 0);
+  // A replicated tensor is sliced for free going forward, but its gradient must be gathered.
+  EXPECT_DOUBLE_EQ(redistribution_time({1, 1}, {4, 1}, 1e6, false, profile), 0);
+  EXPECT_GT(redistribution_time({1, 1}, {4, 1}, 1e6, true, profile), 0);
+}
+
+TEST(Redistribution, BatchToColumnIsAnAllGather) {
+  // Produced split over 8 ranks by batch, read by a column-parallel op on dp=4 x tp=2: each rank
+  // gathers its tp pair's two batch pieces: (p-1) alpha + (p-1)/p * needed bytes / bandwidth.
+  const DeviceProfile profile = simple_profile();
+  const double bytes = 8e6;
+  const double needed = bytes / 4;
+  EXPECT_DOUBLE_EQ(redistribution_time({8, 1}, {4, 1}, bytes, false, profile),
+                   1e-6 + 0.5 * needed / 1e9);
+  // Its gradient comes back already split finer: nothing to move.
+  EXPECT_DOUBLE_EQ(redistribution_time({8, 1}, {4, 1}, bytes, true, profile),
+                   1e-6 + 0.5 * needed / 1e9);
+}
+
+TEST(DeviceProfile, RingFormulas) {
+  DeviceProfile profile = simple_profile();
+  profile.collectives[1][0] = {5e-6, 1e8};  // inter-node all_reduce
+  // 8 ranks in one node: 14 steps of 1 us plus 2 * 7/8 of 1 MB at 1 GB/s.
+  EXPECT_DOUBLE_EQ(profile.collective_time(Collective::kAllReduce, 8, 1e6), 14e-6 + 1.75e6 / 1e9);
+  EXPECT_DOUBLE_EQ(profile.collective_time(Collective::kAllGather, 8, 1e6), 7e-6 + 0.875e6 / 1e9);
+  // 16 ranks span two nodes: the inter-node link prices it.
+  EXPECT_DOUBLE_EQ(profile.collective_time(Collective::kAllReduce, 16, 1e6),
+                   30 * 5e-6 + 2 * 15.0 / 16 * 1e6 / 1e8);
+  EXPECT_DOUBLE_EQ(profile.collective_time(Collective::kAllReduce, 1, 1e6), 0);
+}
+
+TEST(DeviceProfile, ShippedProfilesParseAndCiteSources) {
+  const DeviceProfile h200 = load_profile(find_profile("h200_cluster"));
+  EXPECT_EQ(h200.devices_per_node, 8);
+  EXPECT_DOUBLE_EQ(h200.memory_per_device, 141e9);
+  EXPECT_NE(h200.sources_json.find("nvidia.com"), std::string::npos);
+  const DeviceProfile cpu = load_profile(find_profile("cpu_2core_example"));
+  EXPECT_GT(cpu.gemm_flops, 0);
+  // A round trip through JSON keeps every number.
+  const DeviceProfile again = parse_profile(profile_to_json(h200), "round trip");
+  EXPECT_EQ(profile_to_json(again), profile_to_json(h200));
+}
+
+TEST(DeviceProfile, MissingOrBadFieldsAreNamed) {
+  const std::string good = profile_to_json(simple_profile());
+  auto without = [&](const std::string& key) {
+    std::string text = good;
+    const size_t at = text.find("\"" + key + "\"");
+    text.replace(at, key.size() + 2, "\"removed_" + key + "\"");
+    return text;
+  };
+  EXPECT_TRUE(testing::throws_error([&] { parse_profile(without("gemm"), "p.json"); },
+                                    "missing field 'compute_flops.gemm'"));
+  EXPECT_TRUE(testing::throws_error([&] { parse_profile(without("devices_per_node"), "p.json"); },
+                                    "missing field 'devices_per_node'"));
+  EXPECT_TRUE(testing::throws_error([&] { parse_profile(without("inter_node"), "p.json"); },
+                                    "missing field 'collectives.inter_node'"));
+  EXPECT_TRUE(
+      testing::throws_error([&] { parse_profile("{not json", "p.json"); }, "not valid JSON"));
+  EXPECT_TRUE(testing::throws_error([&] { load_profile("/nonexistent/profile.json"); },
+                                    "cannot open profile"));
+}
+
+TEST(ParseBytes, UnitsAndErrors) {
+  EXPECT_DOUBLE_EQ(parse_bytes("16GiB", "m"), 16.0 * 1024 * 1024 * 1024);
+  EXPECT_DOUBLE_EQ(parse_bytes("1.5GB", "m"), 1.5e9);
+  EXPECT_DOUBLE_EQ(parse_bytes("512 mib", "m"), 512.0 * 1024 * 1024);
+  EXPECT_DOUBLE_EQ(parse_bytes("4096", "m"), 4096);
+  EXPECT_TRUE(testing::throws_error([] { parse_bytes("lots", "--memory_per_device"); },
+                                    "--memory_per_device: cannot read 'lots' as a size"));
+  EXPECT_TRUE(testing::throws_error([] { parse_bytes("16GiBs", "m"); }, "unknown unit"));
+  EXPECT_TRUE(testing::throws_error([] { parse_bytes("-1GB", "m"); }, "must be positive"));
+}
+
+}  // namespace
+}  // namespace tessel::planner
+
+namespace tessel::planner {
+namespace {
+
+TEST(SharedParameters, ATiedWeightIsAllReducedOnceWhenAnyUserSplitsTheBatch) {
+  // y = W (W x): one (16, 16) weight read by two linear ops.
+  Tensor weight = meta({16, 16});
+  weight.set_requires_grad(true);
+  Tensor x = meta({8, 16});
+  Graph graph =
+      trace_graph([&] { linear(linear(x, weight), weight); }, {{"w", weight}}, {{"x", x}}, 8);
+  ASSERT_EQ(graph.ops.size(), 2u);
+  const auto shared = shared_parameters(graph);
+  ASSERT_EQ(shared.size(), 1u);
+  EXPECT_EQ(shared[0].owner, 0);
+  EXPECT_EQ(shared[0].user, 1);
+  const PlannerConfig config = config_for(2);
+  const auto strategies = enumerate_strategies(graph, config);
+  const Strategy& owner_dp = find(strategies[0], 2, 1, SplitKind::kReplicate);
+  const Strategy& owner_whole = find(strategies[0], 1, 1, SplitKind::kReplicate);
+  const Strategy& user_dp = find(strategies[1], 2, 1, SplitKind::kReplicate);
+  const Strategy& user_whole = find(strategies[1], 1, 1, SplitKind::kReplicate);
+  // Only the owner carries the weight's memory and its all-reduce.
+  EXPECT_GT(owner_dp.parameter_bytes, 0);
+  EXPECT_DOUBLE_EQ(user_dp.parameter_bytes, 0);
+  EXPECT_GT(owner_dp.gradient_sync, 0);
+  EXPECT_DOUBLE_EQ(user_dp.gradient_sync, 0);
+  // Both split the batch: one all-reduce (the owner's). Only the user splits: the user's
+  // contribution still needs one. Neither: none.
+  EXPECT_DOUBLE_EQ(shared_parameter_time(graph, shared[0], owner_dp, user_dp, config), 0);
+  EXPECT_DOUBLE_EQ(shared_parameter_time(graph, shared[0], owner_whole, user_dp, config),
+                   owner_dp.gradient_sync);
+  EXPECT_DOUBLE_EQ(shared_parameter_time(graph, shared[0], owner_whole, user_whole, config), 0);
+  // Cut differently (rows by one user, whole by the other): the weight is gathered.
+  const Strategy& user_column = find(strategies[1], 1, 2, SplitKind::kColumn);
+  EXPECT_GT(shared_parameter_time(graph, shared[0], owner_whole, user_column, config), 0);
+}
+
+}  // namespace
+}  // namespace tessel::planner
