@@ -138,8 +138,9 @@ const SplitRule* split_rule(const OpDef& op, const std::vector<Tensor>& outputs)
 
 // The inputs of the chunk [begin, end) along `rule`: inputs split alongside the output are
 // narrowed, the others (and broadcast ones, of size 1 there) are passed whole. An input of lower
-// rank than the output is tried as given and, failing that, right-aligned (broadcasting). The
-// result is checked with the op's shape rule; false when no reading matches the chunk.
+// rank than the output is first read right-aligned (broadcasting: a bias of shape (C) is never cut
+// along the batch) and, failing that, with the rule's dimension as given (indices of an
+// embedding). The result is checked with the op's shape rule; false when no reading matches.
 bool chunk_inputs(const OpDef& op, const SplitRule& rule, const std::vector<Tensor>& inputs,
                   const std::vector<Tensor>& chunk_outputs, const Attrs& attrs, int64_t full_size,
                   int64_t begin, int64_t end, std::vector<Tensor>& result) {
@@ -154,7 +155,7 @@ bool chunk_inputs(const OpDef& op, const SplitRule& rule, const std::vector<Tens
         result.push_back(input);
         continue;
       }
-      if (reading == 1 && input.dim() < output_rank)
+      if (reading == 0 && input.dim() < output_rank)
         dim = static_cast<int>(rule.output_dim - (output_rank - input.dim()));
       if (dim < 0 || dim >= input.dim() || input.size(dim) == 1) {
         result.push_back(input);
@@ -219,6 +220,7 @@ void run_kernel(const OpDef& op, const std::vector<Tensor>& inputs, std::vector<
   } catch (const OutOfMemory&) {
     for (int64_t chunks = 2;; chunks = std::min(chunks * 2, size)) {
       const bool last = chunks == size;
+      if (getenv("DEBUG_SPLIT")) fprintf(stderr, "split attempt %s chunks %lld of %lld\n", op.name.c_str(), (long long)chunks, (long long)size);
       bool cut = false;
       try {
         cut = run_kernel_chunked(op, kernel, *rule, inputs, outputs, attrs, replay, chunks, !last);

@@ -58,7 +58,8 @@ class ResidencyHooks {
 std::shared_ptr<ResidencyHooks> set_residency_hooks(std::shared_ptr<ResidencyHooks> hooks);
 ResidencyHooks* residency_hooks();
 
-class StorageImpl {
+// Always owned by a shared_ptr (the memory layer keeps weak references to the storages it tracks).
+class StorageImpl : public std::enable_shared_from_this<StorageImpl> {
  public:
   // Allocates `nbytes` on `device` (meta: no bytes).
   StorageImpl(size_t nbytes, Device device, memory::Stream stream = {});

@@ -1,5 +1,5 @@
 // conv2d (NCHW, stride, padding, dilation, groups, optional bias) and its two backward ops.
-// Grouped and dense convolutions run as im2col + GEMM per image (the column buffer comes from
+// Grouped and dense convolutions run as im2col + GEMM (the column buffer comes from
 // the kernel workspace, so the allocator counts it); depthwise ones (one input channel per
 // group) run directly. Images are spread over threads when the batch allows.
 #include <algorithm>
@@ -199,17 +199,16 @@ inline void valid_range(int64_t offset, int64_t stride, int64_t size, int64_t ou
   *last = std::max(*first, std::min(hi, outputs));
 }
 
-// columns (Cg*KH*KW, OH*OW) of one image's group: channel plane c at image + c * channel_stride,
-// rows h * row_stride, columns w * col_stride.
+// Writes one image's group into columns (Cg*KH*KW rows of OH*OW, row stride columns_ld): channel
+// plane c at image + c * channel_stride, rows h * row_stride, columns w * col_stride.
 template <typename T>
 void im2col(const ConvGeometry& g, const T* image, int64_t channel_stride, int64_t row_stride,
-            int64_t col_stride, T* columns) {
-  const int64_t plane = g.out_plane();
+            int64_t col_stride, T* columns, int64_t columns_ld) {
   for (int64_t c = 0; c < g.in_per_group(); ++c) {
     const T* channel = image + c * channel_stride;
     for (int64_t ki = 0; ki < g.kernel_h; ++ki) {
       for (int64_t kj = 0; kj < g.kernel_w; ++kj) {
-        T* row = columns + ((c * g.kernel_h + ki) * g.kernel_w + kj) * plane;
+        T* row = columns + ((c * g.kernel_h + ki) * g.kernel_w + kj) * columns_ld;
         const int64_t offset_w = kj * g.dilation_w - g.pad_w;
         int64_t first, last;
         valid_range(offset_w, g.stride_w, g.width, g.out_w, &first, &last);
@@ -236,15 +235,16 @@ void im2col(const ConvGeometry& g, const T* image, int64_t channel_stride, int64
   }
 }
 
-// Adds columns (Cg*KH*KW, OH*OW) back into one image's group planes (dense, H*W each).
+// Adds columns (Cg*KH*KW rows of OH*OW, row stride columns_ld) back into one image's group
+// planes (dense, H*W each).
 template <typename T>
-void col2im(const ConvGeometry& g, const T* columns, T* image, int64_t channel_stride) {
-  const int64_t plane = g.out_plane();
+void col2im(const ConvGeometry& g, const T* columns, int64_t columns_ld, T* image,
+            int64_t channel_stride) {
   for (int64_t c = 0; c < g.in_per_group(); ++c) {
     T* channel = image + c * channel_stride;
     for (int64_t ki = 0; ki < g.kernel_h; ++ki) {
       for (int64_t kj = 0; kj < g.kernel_w; ++kj) {
-        const T* row = columns + ((c * g.kernel_h + ki) * g.kernel_w + kj) * plane;
+        const T* row = columns + ((c * g.kernel_h + ki) * g.kernel_w + kj) * columns_ld;
         const int64_t offset_w = kj * g.dilation_w - g.pad_w;
         int64_t first, last;
         valid_range(offset_w, g.stride_w, g.width, g.out_w, &first, &last);
@@ -265,6 +265,29 @@ void col2im(const ConvGeometry& g, const T* columns, T* image, int64_t channel_s
   }
 }
 
+// How many images share one GEMM. Small output planes (late ResNet stages: 7x7 = 49 columns
+// per image) make narrow GEMMs that waste most of each packed panel, so several images' columns
+// sit side by side until a GEMM is about 512 columns wide (capped at 8M column elements).
+int64_t images_per_gemm(const ConvGeometry& g, int64_t chunk_images) {
+  const int64_t plane = std::max<int64_t>(g.out_plane(), 1);
+  int64_t images = std::min<int64_t>((512 + plane - 1) / plane, std::max<int64_t>(chunk_images, 1));
+  while (images > 1 && g.column_rows() * plane * images > (int64_t{8} << 20)) --images;
+  return std::max<int64_t>(images, 1);
+}
+
+// Copies a group's gradient rows of `count` images (Og rows of OH*OW each) side by side into
+// `block` (Og rows of count * OH*OW).
+template <typename T>
+void gather_grad_block(const ConvGeometry& g, const T* grad_group, int64_t grad_ld,
+                       int64_t grad_batch_stride, int64_t count, T* block) {
+  const int64_t plane = g.out_plane(), block_ld = count * plane;
+  for (int64_t i = 0; i < count; ++i)
+    for (int64_t o = 0; o < g.out_per_group(); ++o)
+      std::copy(grad_group + i * grad_batch_stride + o * grad_ld,
+                grad_group + i * grad_batch_stride + o * grad_ld + plane,
+                block + o * block_ld + i * plane);
+}
+
 // ---- forward ----
 
 template <typename T>
@@ -279,34 +302,59 @@ void conv2d_gemm_forward(KernelContext& context, const ConvGeometry& g) {
   const int64_t bias_stride = bias.defined() ? bias.stride(0) : 0;
   const int64_t k = g.column_rows(), plane = g.out_plane();
   const int64_t og = g.out_per_group(), cg = g.in_per_group();
-  const int64_t x_ld = plane_matrix_ld(x);
-  const bool columns_are_input = g.pointwise() && x_ld >= 0;
-
   const int64_t chunks = batch_chunks(g.batch);
+  const int64_t block = images_per_gemm(g, (g.batch + chunks - 1) / chunks);
+  const int64_t x_ld = plane_matrix_ld(x);
+  // A 1x1 kernel over dense planes reads the input as its columns, one image at a time.
+  const bool columns_are_input = g.pointwise() && x_ld >= 0 && block == 1;
   T* columns = nullptr;
   if (!columns_are_input)
-    columns = context.workspace({chunks, k * plane}, x.dtype()).template data_ptr<T>();
+    columns = context.workspace({chunks, k * block * plane}, x.dtype()).template data_ptr<T>();
+  T* staging = nullptr;  // GEMM results of a multi-image block, before they go to each image
+  if (block > 1)
+    staging = context.workspace({chunks, og * block * plane}, x.dtype()).template data_ptr<T>();
 
   for_each_batch_chunk(g.batch, chunks, [&](int64_t chunk, int64_t first, int64_t last) {
-    T* chunk_columns = columns ? columns + chunk * k * plane : nullptr;
-    for (int64_t n = first; n < last; ++n) {
-      T* out_image = out.data + n * out.batch_stride;
-      if (bias_data) {
+    T* chunk_columns = columns ? columns + chunk * k * block * plane : nullptr;
+    T* chunk_staging = staging ? staging + chunk * og * block * plane : nullptr;
+    for (int64_t n0 = first; n0 < last; n0 += block) {
+      const int64_t count = std::min(block, last - n0);
+      const int64_t width = count * plane;  // GEMM columns: `count` images side by side
+      if (block == 1 && bias_data) {
+        T* out_image = out.data + n0 * out.batch_stride;
         for (int64_t o = 0; o < g.out_channels; ++o)
           std::fill(out_image + o * out.ld, out_image + o * out.ld + plane,
                     bias_data[o * bias_stride]);
       }
       for (int64_t group = 0; group < g.groups; ++group) {
-        const T* image = x_data + n * x.stride(0) + group * cg * x.stride(1);
-        const T* columns_data = image;
+        const T* group_input = x_data + n0 * x.stride(0) + group * cg * x.stride(1);
+        const T* columns_data = group_input;
         int64_t columns_ld = x_ld;
         if (!columns_are_input) {
-          im2col(g, image, x.stride(1), x.stride(2), x.stride(3), chunk_columns);
+          for (int64_t i = 0; i < count; ++i)
+            im2col(g, group_input + i * x.stride(0), x.stride(1), x.stride(2), x.stride(3),
+                   chunk_columns + i * plane, width);
           columns_data = chunk_columns;
-          columns_ld = plane;
+          columns_ld = width;
         }
-        cpu::gemm(false, false, og, plane, k, T(1), w_data + group * og * k, k, columns_data,
-                  columns_ld, bias_data ? T(1) : T(0), out_image + group * og * out.ld, out.ld);
+        const T* group_weight = w_data + group * og * k;
+        if (block == 1) {
+          T* target = out.data + n0 * out.batch_stride + group * og * out.ld;
+          cpu::gemm(false, false, og, plane, k, T(1), group_weight, k, columns_data, columns_ld,
+                    bias_data ? T(1) : T(0), target, out.ld);
+          continue;
+        }
+        cpu::gemm(false, false, og, width, k, T(1), group_weight, k, columns_data, columns_ld, T(0),
+                  chunk_staging, width);
+        for (int64_t i = 0; i < count; ++i) {
+          for (int64_t o = 0; o < og; ++o) {
+            const int64_t channel = group * og + o;
+            const T* from = chunk_staging + o * width + i * plane;
+            T* to = out.data + (n0 + i) * out.batch_stride + channel * out.ld;
+            const T shift = bias_data ? bias_data[channel * bias_stride] : T(0);
+            for (int64_t p = 0; p < plane; ++p) to[p] = from[p] + shift;
+          }
+        }
       }
     }
   });
@@ -403,28 +451,45 @@ void conv2d_gemm_backward_input(KernelContext& context, const ConvGeometry& g) {
   const T* w_data = weight.data_ptr<T>();
   const int64_t k = g.column_rows(), plane = g.out_plane(), in_plane = g.height * g.width;
   const int64_t og = g.out_per_group(), cg = g.in_per_group();
-  const bool columns_are_output = g.pointwise();
   const int64_t chunks = batch_chunks(g.batch);
+  const int64_t block = images_per_gemm(g, (g.batch + chunks - 1) / chunks);
+  const bool columns_are_output = g.pointwise() && block == 1;
   T* columns = nullptr;
   if (!columns_are_output)
-    columns = context.workspace({chunks, k * plane}, out.dtype()).template data_ptr<T>();
+    columns = context.workspace({chunks, k * block * plane}, out.dtype()).template data_ptr<T>();
+  T* grad_blocks = nullptr;  // a multi-image block's gradient rows, side by side
+  if (block > 1)
+    grad_blocks =
+        context.workspace({chunks, og * block * plane}, out.dtype()).template data_ptr<T>();
 
   for_each_batch_chunk(g.batch, chunks, [&](int64_t chunk, int64_t first, int64_t last) {
-    T* chunk_columns = columns ? columns + chunk * k * plane : nullptr;
-    for (int64_t n = first; n < last; ++n) {
-      T* image = result + n * g.in_channels * in_plane;
+    T* chunk_columns = columns ? columns + chunk * k * block * plane : nullptr;
+    T* chunk_grad = grad_blocks ? grad_blocks + chunk * og * block * plane : nullptr;
+    for (int64_t n0 = first; n0 < last; n0 += block) {
+      const int64_t count = std::min(block, last - n0);
+      const int64_t width = count * plane;
       for (int64_t group = 0; group < g.groups; ++group) {
-        T* group_image = image + group * cg * in_plane;
-        const T* grad_group = grad.data + n * grad.batch_stride + group * og * grad.ld;
-        // columns (K, OH*OW) = W_g^T (K, Og) * grad_g (Og, OH*OW)
+        const T* grad_group = grad.data + n0 * grad.batch_stride + group * og * grad.ld;
+        int64_t grad_ld = grad.ld;
+        if (block > 1) {
+          gather_grad_block(g, grad_group, grad.ld, grad.batch_stride, count, chunk_grad);
+          grad_group = chunk_grad;
+          grad_ld = width;
+        }
+        const T* group_weight = w_data + group * og * k;
+        T* group_image = result + n0 * g.in_channels * in_plane + group * cg * in_plane;
+        // columns (K, width) = W_g^T (K, Og) * grad_g (Og, width)
         if (columns_are_output) {
-          cpu::gemm(true, false, k, plane, og, T(1), w_data + group * og * k, k, grad_group,
-                    grad.ld, T(0), group_image, in_plane);
-        } else {
-          cpu::gemm(true, false, k, plane, og, T(1), w_data + group * og * k, k, grad_group,
-                    grad.ld, T(0), chunk_columns, plane);
-          std::fill(group_image, group_image + cg * in_plane, T(0));
-          col2im(g, chunk_columns, group_image, in_plane);
+          cpu::gemm(true, false, k, plane, og, T(1), group_weight, k, grad_group, grad_ld, T(0),
+                    group_image, in_plane);
+          continue;
+        }
+        cpu::gemm(true, false, k, width, og, T(1), group_weight, k, grad_group, grad_ld, T(0),
+                  chunk_columns, width);
+        for (int64_t i = 0; i < count; ++i) {
+          T* image = group_image + i * g.in_channels * in_plane;
+          std::fill(image, image + cg * in_plane, T(0));
+          col2im(g, chunk_columns + i * plane, width, image, in_plane);
         }
       }
     }
@@ -498,33 +563,49 @@ void conv2d_gemm_backward_weight(KernelContext& context, const ConvGeometry& g) 
   const int64_t k = g.column_rows(), plane = g.out_plane();
   const int64_t og = g.out_per_group(), cg = g.in_per_group();
   const int64_t weight_numel = g.out_channels * k;
-  const int64_t x_ld = plane_matrix_ld(x);
-  const bool columns_are_input = g.pointwise() && x_ld >= 0;
   const int64_t chunks = batch_chunks(g.batch);
+  const int64_t block = images_per_gemm(g, (g.batch + chunks - 1) / chunks);
+  const int64_t x_ld = plane_matrix_ld(x);
+  const bool columns_are_input = g.pointwise() && x_ld >= 0 && block == 1;
   // One partial sum per chunk, added up at the end: threads never write the same weight.
   Tensor partials = context.workspace({chunks, weight_numel}, out.dtype());
   T* partial_data = partials.data_ptr<T>();
   T* columns = nullptr;
   if (!columns_are_input)
-    columns = context.workspace({chunks, k * plane}, out.dtype()).template data_ptr<T>();
+    columns = context.workspace({chunks, k * block * plane}, out.dtype()).template data_ptr<T>();
+  T* grad_blocks = nullptr;
+  if (block > 1)
+    grad_blocks =
+        context.workspace({chunks, og * block * plane}, out.dtype()).template data_ptr<T>();
 
   for_each_batch_chunk(g.batch, chunks, [&](int64_t chunk, int64_t first, int64_t last) {
     T* partial = partial_data + chunk * weight_numel;
     std::fill(partial, partial + weight_numel, T(0));
-    T* chunk_columns = columns ? columns + chunk * k * plane : nullptr;
-    for (int64_t n = first; n < last; ++n) {
+    T* chunk_columns = columns ? columns + chunk * k * block * plane : nullptr;
+    T* chunk_grad = grad_blocks ? grad_blocks + chunk * og * block * plane : nullptr;
+    for (int64_t n0 = first; n0 < last; n0 += block) {
+      const int64_t count = std::min(block, last - n0);
+      const int64_t width = count * plane;
       for (int64_t group = 0; group < g.groups; ++group) {
-        const T* image = x_data + n * x.stride(0) + group * cg * x.stride(1);
-        const T* columns_data = image;
+        const T* group_input = x_data + n0 * x.stride(0) + group * cg * x.stride(1);
+        const T* columns_data = group_input;
         int64_t columns_ld = x_ld;
         if (!columns_are_input) {
-          im2col(g, image, x.stride(1), x.stride(2), x.stride(3), chunk_columns);
+          for (int64_t i = 0; i < count; ++i)
+            im2col(g, group_input + i * x.stride(0), x.stride(1), x.stride(2), x.stride(3),
+                   chunk_columns + i * plane, width);
           columns_data = chunk_columns;
-          columns_ld = plane;
+          columns_ld = width;
         }
-        // dW_g (Og, K) += grad_g (Og, OH*OW) * columns^T (OH*OW, K)
-        const T* grad_group = grad.data + n * grad.batch_stride + group * og * grad.ld;
-        cpu::gemm(false, true, og, k, plane, T(1), grad_group, grad.ld, columns_data, columns_ld,
+        const T* grad_group = grad.data + n0 * grad.batch_stride + group * og * grad.ld;
+        int64_t grad_ld = grad.ld;
+        if (block > 1) {
+          gather_grad_block(g, grad_group, grad.ld, grad.batch_stride, count, chunk_grad);
+          grad_group = chunk_grad;
+          grad_ld = width;
+        }
+        // dW_g (Og, K) += grad_g (Og, width) * columns^T (width, K)
+        cpu::gemm(false, true, og, k, width, T(1), grad_group, grad_ld, columns_data, columns_ld,
                   T(1), partial + group * og * k, k);
       }
     }

@@ -1,83 +1,110 @@
-// The only translation unit that includes Eigen: every matrix product in ops/ comes here.
+// Strided batched GEMM. The Eigen kernel is built twice: here for the portable x86-64-v3
+// target and in gemm_avx512.cc for x86-64-v4; the AVX-512 build runs where the CPU has it
+// (about twice the f32 throughput on CPUs with full-width AVX-512 units). Set
+// TESSEL_GEMM_ISA=avx2 to force the portable build. Threads each compute one slice of C (or
+// whole matrices of a batch) with a single-threaded Eigen product.
 #include "ops/cpu/gemm.h"
 
 #include <omp.h>
 
-#include <Eigen/Core>
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 #include "core/parallel.h"
 
+#define TESSEL_GEMM_VARIANT portable
+#include "ops/cpu/gemm_eigen.inc"
+
 namespace tessel::cpu {
+
+namespace avx512 {
+// Defined in gemm_avx512.cc.
+void gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+              const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+              int64_t ldc);
+void gemm_f64(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
+              const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c,
+              int64_t ldc);
+}  // namespace avx512
 
 namespace {
 
-template <typename T, int Order>
-using MatrixMap = Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Order>, 0,
-                             Eigen::OuterStride<>>;
-template <typename T>
-using OutputMap = Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>, 0,
-                             Eigen::OuterStride<>>;
+// Decided once per process, so every GEMM (and every recomputation) runs the same kernel.
+bool use_avx512() {
+  static const bool chosen = [] {
+    const char* forced = std::getenv("TESSEL_GEMM_ISA");
+    if (forced && std::strcmp(forced, "avx2") == 0) return false;
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
+  }();
+  return chosen;
+}
 
-// A transposed row-major operand is the same bytes read as a column-major one, so every
-// transpose is only a storage order for Eigen's packing routines: no copy is made.
-template <typename T, int OrderA, int OrderB>
-void gemm_one(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
-              int64_t ldb, T beta, T* c, int64_t ldc) {
-  OutputMap<T> out(c, m, n, Eigen::OuterStride<>(ldc));
-  if (k == 0 || alpha == T(0)) {
-    if (beta == T(0)) {
-      out.setZero();
-    } else if (beta != T(1)) {
-      out *= beta;
-    }
-    return;
-  }
-  MatrixMap<T, OrderA> lhs(a, m, k, Eigen::OuterStride<>(lda));
-  MatrixMap<T, OrderB> rhs(b, k, n, Eigen::OuterStride<>(ldb));
-  if (beta == T(0)) {
-    if (alpha == T(1)) {
-      out.noalias() = lhs * rhs;
-    } else {
-      out.noalias() = alpha * lhs * rhs;
-    }
-    return;
-  }
-  if (beta != T(1)) out *= beta;
-  if (alpha == T(1)) {
-    out.noalias() += lhs * rhs;
+// One single-threaded GEMM on the kernel build this CPU runs.
+void gemm_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                 const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                 int64_t ldc) {
+  if (use_avx512()) {
+    avx512::gemm_f32(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   } else {
-    out.noalias() += alpha * lhs * rhs;
+    portable::gemm<float>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
 }
 
+void gemm_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
+                 const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c,
+                 int64_t ldc) {
+  if (use_avx512()) {
+    avx512::gemm_f64(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  } else {
+    portable::gemm<double>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+}
+
+// Below this many multiply-adds a GEMM runs on one thread: starting threads costs more.
+constexpr double kThreadedGemmWork = 64.0 * 64.0 * 64.0;
+// Slices of C start at multiples of this many rows or columns (whole SIMD registers).
+constexpr int64_t kSliceAlign = 16;
+
+// Splits C into one slice per thread along its longer side; each thread multiplies its rows of
+// op(A) (or columns of op(B)) by the whole other operand.
 template <typename T>
-void gemm_dispatch(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+void gemm_threaded(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
                    int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
-  constexpr int kRow = Eigen::RowMajor;
-  constexpr int kCol = Eigen::ColMajor;
-  if (!trans_a && !trans_b) {
-    gemm_one<T, kRow, kRow>(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  } else if (!trans_a && trans_b) {
-    gemm_one<T, kRow, kCol>(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  } else if (trans_a && !trans_b) {
-    gemm_one<T, kCol, kRow>(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  } else {
-    gemm_one<T, kCol, kCol>(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  const int64_t threads = get_num_threads();
+  const bool split_rows = m >= n;
+  const int64_t extent = split_rows ? m : n;
+  const int64_t slices = std::min<int64_t>(threads, extent / kSliceAlign);
+  if (slices <= 1 || omp_in_parallel() ||
+      static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) <
+          kThreadedGemmWork) {
+    gemm_serial(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
   }
+  auto boundary = [&](int64_t slice) {
+    if (slice >= slices) return extent;
+    return (extent * slice / slices) / kSliceAlign * kSliceAlign;
+  };
+  parallel_for(0, slices, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t slice = begin; slice < end; ++slice) {
+      const int64_t lo = boundary(slice), hi = boundary(slice + 1);
+      if (hi <= lo) continue;
+      if (split_rows) {
+        // Rows lo..hi of op(A): row i is at a + i * lda, or column i of a stored transpose.
+        const T* a_slice = trans_a ? a + lo : a + lo * lda;
+        gemm_serial(trans_a, trans_b, hi - lo, n, k, alpha, a_slice, lda, b, ldb, beta,
+                    c + lo * ldc, ldc);
+      } else {
+        const T* b_slice = trans_b ? b + lo * ldb : b + lo;
+        gemm_serial(trans_a, trans_b, m, hi - lo, k, alpha, a, lda, b_slice, ldb, beta, c + lo,
+                    ldc);
+      }
+    }
+  });
 }
-
-// Eigen reads its thread count from a global; keep it equal to Tessel's. Inside an OpenMP
-// parallel region Eigen runs single-threaded by itself.
-void sync_eigen_threads() {
-  if (omp_in_parallel()) return;
-  int threads = get_num_threads();
-  if (Eigen::nbThreads() != threads) Eigen::setNbThreads(threads);
-}
-
-// Below this many multiply-adds per matrix, Eigen's own threading costs more than it gains.
-constexpr double kSmallGemmWork = 128.0 * 128.0 * 128.0;
 
 template <typename T>
 void gemm_batched_impl(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha,
@@ -85,39 +112,41 @@ void gemm_batched_impl(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t
                        int64_t batch_stride_b, T beta, T* c, int64_t ldc, int64_t batch_stride_c,
                        int64_t batch) {
   if (batch <= 0 || m == 0 || n == 0) return;
-  sync_eigen_threads();
-  auto run = [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      gemm_dispatch(trans_a, trans_b, m, n, k, alpha, a + i * batch_stride_a, lda,
-                    b + i * batch_stride_b, ldb, beta, c + i * batch_stride_c, ldc);
-    }
-  };
-  const int64_t threads = get_num_threads();
-  const double work = static_cast<double>(m) * n * k;
-  // Whole matrices per thread avoid Eigen's per-panel synchronisation, when the batch
-  // divides evenly enough to keep every thread busy.
-  bool across_batch = threads > 1 && batch >= threads &&
-                      (work < kSmallGemmWork || batch % threads == 0 || batch >= 4 * threads);
-  if (across_batch && !omp_in_parallel()) {
-    parallel_for(0, batch, 1, run);
-  } else {
-    run(0, batch);
+  if (batch == 1) {
+    gemm_threaded(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
   }
+  const int64_t threads = get_num_threads();
+  // Whole matrices per thread when the batch keeps every thread about equally busy; otherwise
+  // one matrix at a time, each split across the threads.
+  const bool across_batch = threads > 1 && !omp_in_parallel() && batch >= threads &&
+                            (batch % threads == 0 || batch >= 4 * threads);
+  if (!across_batch) {
+    for (int64_t i = 0; i < batch; ++i)
+      gemm_threaded(trans_a, trans_b, m, n, k, alpha, a + i * batch_stride_a, lda,
+                    b + i * batch_stride_b, ldb, beta, c + i * batch_stride_c, ldc);
+    return;
+  }
+  parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      gemm_serial(trans_a, trans_b, m, n, k, alpha, a + i * batch_stride_a, lda,
+                  b + i * batch_stride_b, ldb, beta, c + i * batch_stride_c, ldc);
+  });
 }
 
 }  // namespace
 
+const char* gemm_isa() { return use_avx512() ? "avx512 (x86-64-v4)" : "avx2 (x86-64-v3)"; }
+
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  sync_eigen_threads();
-  gemm_dispatch(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  gemm_threaded(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
           const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c,
           int64_t ldc) {
-  sync_eigen_threads();
-  gemm_dispatch(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  gemm_threaded(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 void gemm_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,

@@ -1,5 +1,6 @@
 // Strided batched GEMM on CPU (f32, f64): C = alpha * op(A) * op(B) + beta * C per batch entry,
-// row-major with leading dimensions, threaded with OpenMP. Eigen stays inside gemm.cc.
+// row-major with leading dimensions, threaded with OpenMP. Eigen stays inside gemm.cc (and its
+// AVX-512 build, gemm_avx512.cc).
 //   cpu::gemm(false, true, m, n, k, 1.0f, a, k, w, k, 0.0f, y, n);  // y = a * w^T
 #pragma once
 
@@ -27,5 +28,9 @@ void gemm_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, d
                   const double* a, int64_t lda, int64_t batch_stride_a, const double* b,
                   int64_t ldb, int64_t batch_stride_b, double beta, double* c, int64_t ldc,
                   int64_t batch_stride_c, int64_t batch);
+
+// Which build of the kernel this CPU runs: "avx512 (x86-64-v4)" or "avx2 (x86-64-v3)"
+// (TESSEL_GEMM_ISA=avx2 forces the portable one).
+const char* gemm_isa();
 
 }  // namespace tessel::cpu

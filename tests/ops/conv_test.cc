@@ -243,6 +243,14 @@ TEST(Conv2d, GradientsMatchFiniteDifferences) {
        false},
       {"1x1", {2, 3, 4, 4}, {2, 3, 1, 1}, {}, true},
       {"1x1 stride 2", {2, 3, 5, 5}, {2, 3, 1, 1}, {{2, 2}, {0, 0}, {1, 1}, 1}, false},
+      // Small planes and several images per thread: images share one GEMM.
+      {"images side by side", {5, 2, 4, 4}, {3, 2, 3, 3}, {{1, 1}, {1, 1}, {1, 1}, 1}, true},
+      {"images side by side, groups 2",
+       {5, 4, 3, 3},
+       {4, 2, 2, 2},
+       {{1, 1}, {1, 0}, {1, 1}, 2},
+       true},
+      {"images side by side, 1x1", {5, 3, 3, 3}, {2, 3, 1, 1}, {}, false},
   };
   for (const auto& c : cases) {
     Tensor x = randn(c.x, kF64).set_requires_grad(true);

@@ -110,6 +110,26 @@ TEST(Matmul, LargeF32ProductMatchesPlainLoop) {
   EXPECT_TRUE(all_close(matmul(a, b), from_vector<double>(reference, {n, m}), 1e-5, 1e-4));
 }
 
+TEST(Matmul, LargeTransposedProductsSplitAcrossThreads) {
+  // Big enough that each thread takes a slice of C: rows of a transposed A, then columns of a
+  // transposed B.
+  Tensor at = transpose(randn({100, 150}, kF64), 0, 1);  // (150, 100)
+  Tensor b = randn({100, 90}, kF64);
+  EXPECT_TRUE(all_close(matmul(at, b),
+                        from_vector<double>(reference_product(contiguous(at).to_vector<double>(),
+                                                              b.to_vector<double>(), 150, 100, 90),
+                                            {150, 90}),
+                        1e-12, 1e-12));
+  Tensor a = randn({40, 100}, kF64);
+  Tensor bt = transpose(randn({150, 100}, kF64), 0, 1);  // (100, 150)
+  EXPECT_TRUE(all_close(
+      matmul(a, bt),
+      from_vector<double>(reference_product(a.to_vector<double>(),
+                                            contiguous(bt).to_vector<double>(), 40, 100, 150),
+                          {40, 150}),
+      1e-12, 1e-12));
+}
+
 TEST(Matmul, WritesIntoAStridedOutView) {
   Tensor a = randn({4, 5}, kF64);
   Tensor b = randn({5, 3}, kF64);

@@ -1,0 +1,67 @@
+// 3x3 convolutions (stride 1, padding 1, no bias) on ResNet's stage shapes, forward and
+// backward (gradient of the input and of the weight, the two ops autograd runs). Arguments are
+// batch / channels / height (= width).
+//   bazel run //bench:conv_bench -- --threads=2 --benchmark_format=json
+#include "bench/bench_main.h"
+#include "core/op.h"
+#include "core/tensor.h"
+#include "ops/ops.h"
+
+namespace {
+
+tessel::Attrs conv_attrs() {
+  return {{"stride", std::vector<int64_t>{1, 1}},
+          {"padding", std::vector<int64_t>{1, 1}},
+          {"dilation", std::vector<int64_t>{1, 1}},
+          {"groups", int64_t{1}}};
+}
+
+double conv_flops(int64_t batch, int64_t channels, int64_t size) {
+  return 2.0 * batch * channels * size * size * channels * 9;
+}
+
+void BM_Conv2dForward(benchmark::State& state) {
+  const int64_t batch = state.range(0), channels = state.range(1), size = state.range(2);
+  tessel::Tensor x = tessel::randn({batch, channels, size, size});
+  tessel::Tensor w = tessel::randn({channels, channels, 3, 3});
+  for (auto _ : state) {
+    tessel::Tensor y = tessel::conv2d(x, w, tessel::Tensor(), {1, 1}, {1, 1});
+    benchmark::DoNotOptimize(y);
+  }
+  state.counters["flops"] = benchmark::Counter(conv_flops(batch, channels, size),
+                                               benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_Conv2dBackward(benchmark::State& state) {
+  const int64_t batch = state.range(0), channels = state.range(1), size = state.range(2);
+  tessel::Tensor x = tessel::randn({batch, channels, size, size});
+  tessel::Tensor w = tessel::randn({channels, channels, 3, 3});
+  tessel::Tensor grad = tessel::randn({batch, channels, size, size});
+  const tessel::OpDef& backward_input = tessel::OpRegistry::get().find("conv2d_backward_input");
+  const tessel::OpDef& backward_weight = tessel::OpRegistry::get().find("conv2d_backward_weight");
+  tessel::Attrs input_attrs = conv_attrs();
+  input_attrs.set("input_size", x.sizes());
+  tessel::Attrs weight_attrs = conv_attrs();
+  weight_attrs.set("weight_size", w.sizes());
+  for (auto _ : state) {
+    tessel::Tensor grad_x = tessel::dispatch(backward_input, {grad, w}, input_attrs)[0];
+    tessel::Tensor grad_w = tessel::dispatch(backward_weight, {grad, x}, weight_attrs)[0];
+    benchmark::DoNotOptimize(grad_x);
+    benchmark::DoNotOptimize(grad_w);
+  }
+  state.counters["flops"] = benchmark::Counter(2 * conv_flops(batch, channels, size),
+                                               benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void resnet_shapes(benchmark::internal::Benchmark* bench) {
+  for (auto [channels, size] :
+       {std::pair<int64_t, int64_t>{64, 56}, {128, 28}, {256, 14}, {512, 7}})
+    bench->Args({32, channels, size});
+}
+
+}  // namespace
+
+BENCHMARK(BM_Conv2dForward)->Apply(resnet_shapes)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Conv2dBackward)->Apply(resnet_shapes)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+TESSEL_BENCHMARK_MAIN()

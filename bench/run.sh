@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Builds Tessel's CPU benchmarks, runs them and the same shapes in PyTorch with the same thread
+# count, and writes bench/results/cpu_ops.md (with the command that made it).
+# Usage: bench/run.sh [--threads N] [--min-time SECONDS] [--repetitions N] [--filter REGEX]
+#        (or ./tessel bench ...). Defaults: 2 threads, 0.5 s, 3 repetitions, every benchmark.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+command_line="bench/run.sh${*:+ $*}"
+
+threads=2
+min_time=0.5
+repetitions=3
+filter="."
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --threads) threads=$2; shift 2 ;;
+    --threads=*) threads=${1#*=}; shift ;;
+    --min-time) min_time=$2; shift 2 ;;
+    --min-time=*) min_time=${1#*=}; shift ;;
+    --repetitions) repetitions=$2; shift 2 ;;
+    --repetitions=*) repetitions=${1#*=}; shift ;;
+    --filter) filter=$2; shift 2 ;;
+    --filter=*) filter=${1#*=}; shift ;;
+    -h | --help) sed -n '2,5p' "$0"; exit 0 ;;
+    *) echo "run.sh: unknown argument '$1'" >&2; exit 2 ;;
+  esac
+done
+
+bazel build //bench:gemm_bench //bench:conv_bench
+
+scratch=$(mktemp -d "${TMPDIR:-/tmp}/tessel-bench.XXXXXX")
+trap 'rm -rf "$scratch"' EXIT
+
+for bench in gemm_bench conv_bench; do
+  echo "run.sh: $bench, $threads threads" >&2
+  "bazel-bin/bench/$bench" --threads="$threads" --benchmark_filter="$filter" \
+    --benchmark_min_time="$min_time" --benchmark_repetitions="$repetitions" \
+    --benchmark_report_aggregates_only=true --benchmark_format=json >"$scratch/$bench.json"
+done
+
+# Some CPUs here have OPENBLAS_CORETYPE (and OPENBLAS_L2_SIZE) set so that old OpenBLAS builds
+# run; they slow a current OpenBLAS down. Unset both for this comparison only; the script
+# reports the kernel OpenBLAS then picks.
+mkdir -p bench/results
+env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OPENBLAS_NUM_THREADS="$threads" \
+  OMP_NUM_THREADS="$threads" /usr/bin/python3 bench/torch_compare.py \
+  --threads "$threads" --min-time "$min_time" --repetitions "$repetitions" \
+  --tessel-json "$scratch/gemm_bench.json" "$scratch/conv_bench.json" \
+  --output bench/results/cpu_ops.md --command "$command_line"
+echo "run.sh: wrote bench/results/cpu_ops.md" >&2

@@ -1,0 +1,116 @@
+#include "memory/host_link.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+namespace tessel::memory {
+
+namespace {
+// Copies go in pieces so the throttle paces them smoothly rather than in one burst.
+constexpr size_t kPieceBytes = 1 << 20;
+
+bool throttled(double bandwidth) { return bandwidth > 0 && std::isfinite(bandwidth); }
+}  // namespace
+
+HostLink::HostLink(double bytes_per_second) : bandwidth_(bytes_per_second) {
+  thread_ = std::thread([this] { run(); });
+}
+
+HostLink::~HostLink() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  work_ready_.notify_all();
+  thread_.join();
+}
+
+std::shared_ptr<HostTransfer> HostLink::copy_async(void* destination, const void* source,
+                                                   size_t bytes) {
+  std::shared_ptr<HostTransfer> transfer(new HostTransfer(destination, source, bytes));
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    queue_.push_back(transfer);
+  }
+  work_ready_.notify_one();
+  return transfer;
+}
+
+void HostLink::wait(const std::shared_ptr<HostTransfer>& transfer) {
+  if (!transfer || transfer->done()) return;
+  std::unique_lock<std::mutex> lock(mutex_);
+  work_done_.wait(lock, [&] { return transfer->done(); });
+}
+
+void HostLink::wait_all() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  work_done_.wait(lock, [&] { return queue_.empty(); });
+}
+
+void HostLink::set_bandwidth(double bytes_per_second) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  bandwidth_ = bytes_per_second;
+}
+
+double HostLink::bandwidth() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return bandwidth_;
+}
+
+double HostLink::seconds_for(size_t bytes) const {
+  double bandwidth = this->bandwidth();
+  return throttled(bandwidth) ? static_cast<double>(bytes) / bandwidth : 0.0;
+}
+
+int64_t HostLink::bytes_copied() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return bytes_copied_;
+}
+
+double HostLink::busy_seconds() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return busy_seconds_;
+}
+
+void HostLink::run() {
+  using Clock = std::chrono::steady_clock;
+  while (true) {
+    std::shared_ptr<HostTransfer> transfer;
+    double bandwidth;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      // Transfers stay queued while they run, so wait_all sees them; the front is the current one.
+      work_ready_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping with nothing left
+      transfer = queue_.front();
+      bandwidth = bandwidth_;
+    }
+    const auto start = Clock::now();
+    auto* destination = static_cast<char*>(transfer->destination_);
+    const auto* source = static_cast<const char*>(transfer->source_);
+    for (size_t copied = 0; copied < transfer->bytes_;) {
+      size_t piece = std::min(kPieceBytes, transfer->bytes_ - copied);
+      std::memcpy(destination + copied, source + copied, piece);
+      copied += piece;
+      // Sleep until bytes / elapsed <= bandwidth.
+      if (throttled(bandwidth)) {
+        std::this_thread::sleep_until(
+            start + std::chrono::duration_cast<Clock::duration>(
+                        std::chrono::duration<double>(static_cast<double>(copied) / bandwidth)));
+      }
+    }
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      transfer->done_.store(true, std::memory_order_release);
+      queue_.pop_front();
+      bytes_copied_ += static_cast<int64_t>(transfer->bytes_);
+      busy_seconds_ += seconds;
+    }
+    work_done_.notify_all();
+  }
+}
+
+}  // namespace tessel::memory

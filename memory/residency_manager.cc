@@ -1,0 +1,940 @@
+#include "memory/residency_manager.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <sstream>
+#include <unordered_set>
+
+#include "core/error.h"
+#include "core/tensor.h"
+#include "memory/host_allocator.h"
+
+namespace tessel::memory {
+
+namespace {
+
+std::atomic<uint64_t> next_manager_serial{1};
+
+// Seconds added to every cost, so zero-cost candidates still order by size and staleness.
+constexpr double kCostEpsilon = 1e-9;
+// Clock ticks added to staleness, so a tensor touched just now has a finite score.
+constexpr double kStalenessEpsilon = 1e-3;
+// Each recompute of a tensor makes evicting it again slightly less attractive (MegEngine).
+constexpr double kRecomputePenalty = 1.0001;
+// Throughputs behind CostSource::kEstimated (a rough CPU; only ratios matter).
+constexpr double kEstimatedFlopsPerSecond = 5e10;
+constexpr double kEstimatedBytesPerSecond = 1e10;
+// Marks a report this layer has already explained.
+constexpr const char* kExplainedMarker = "\n  memory policy: ";
+
+bool keeps_recipes_for(Policy policy) {
+  return policy == Policy::kDtr || policy == Policy::kSplit || policy == Policy::kAuto;
+}
+bool swaps_for(Policy policy) { return policy == Policy::kSwap || policy == Policy::kAuto; }
+
+bool is_mutated_input(const OpDef& op, size_t index) {
+  return std::find(op.mutated_inputs.begin(), op.mutated_inputs.end(), static_cast<int>(index)) !=
+         op.mutated_inputs.end();
+}
+
+void free_host_copy(StorageImpl& storage) {
+  if (!storage.host_data) return;
+  host_allocator()->deallocate(storage.host_data, storage.nbytes(), Stream{});
+  storage.host_data = nullptr;
+}
+
+std::string producer_name(const StorageImpl& storage) {
+  return storage.producer ? storage.producer->op->name + " output"
+                          : std::string("tensor without a recipe");
+}
+
+}  // namespace
+
+const char* policy_name(Policy policy) {
+  switch (policy) {
+    case Policy::kNone:
+      return "none";
+    case Policy::kDtr:
+      return "dtr";
+    case Policy::kSwap:
+      return "swap";
+    case Policy::kSplit:
+      return "split";
+    case Policy::kAuto:
+      return "auto";
+  }
+  return "?";
+}
+
+Policy parse_policy(const std::string& name) {
+  for (Policy policy :
+       {Policy::kNone, Policy::kDtr, Policy::kSwap, Policy::kSplit, Policy::kAuto}) {
+    if (name == policy_name(policy)) return policy;
+  }
+  TESSEL_FAIL("unknown memory policy '", name, "' (expected one of: none, dtr, swap, split, auto)");
+}
+
+const char* action_name(ResidencyAction action) {
+  switch (action) {
+    case ResidencyAction::kNone:
+      return "none";
+    case ResidencyAction::kRecompute:
+      return "recompute";
+    case ResidencyAction::kSwap:
+      return "swap";
+  }
+  return "?";
+}
+
+// A union-find set of evicted tensors that touch each other through recipes, with the sum of
+// their recompute costs at the root (DTR's h_eq approximation of the evicted neighbourhood).
+struct ResidencyManager::Component {
+  std::shared_ptr<Component> parent;
+  double cost = 0;
+};
+
+// What the manager keeps per storage (in StorageImpl::residency_data).
+struct ResidencyManager::Record {
+  uint64_t manager_serial = 0;
+  int64_t recomputes = 0;
+  std::vector<std::weak_ptr<OpCall>> consumers;  // recipes that read this storage
+  size_t consumers_pruned_at = 8;
+  std::shared_ptr<Component> component;  // while evicted
+  double component_cost = 0;             // what this storage added to it
+  std::shared_ptr<HostTransfer> pending_out;
+  bool rematerializing = false;  // being recomputed: not a candidate
+  bool recipe_stale = false;     // an input of its recipe was (or is being) written in place
+};
+
+ResidencyManager::ResidencyManager(std::shared_ptr<CachingAllocator> allocator,
+                                   ResidencyOptions options)
+    : serial_(next_manager_serial.fetch_add(1)),
+      allocator_(std::move(allocator)),
+      options_(options),
+      link_(options.host_bandwidth()),
+      sampler_(options.sample_seed()) {
+  TESSEL_CHECK(allocator_ != nullptr, "ResidencyManager: allocator must not be null");
+}
+
+ResidencyManager::~ResidencyManager() {
+  try {
+    finish_swaps();
+  } catch (...) {
+    // Destructors do not throw; the copies are done, only releasing failed.
+  }
+}
+
+// ---- records ----
+
+ResidencyManager::Record* ResidencyManager::find_record(const StorageImpl& storage) const {
+  if (!storage.residency_data) return nullptr;
+  auto* record = static_cast<Record*>(storage.residency_data.get());
+  return record->manager_serial == serial_ ? record : nullptr;
+}
+
+ResidencyManager::Record& ResidencyManager::record_of(StorageImpl& storage) {
+  if (Record* record = find_record(storage)) return *record;
+  auto record = std::make_shared<Record>();
+  record->manager_serial = serial_;
+  storage.residency_data = record;
+  storages_[storage.id()] = storage.weak_from_this();
+  storage.last_access = clock_;
+  label(storage);
+  return *record;
+}
+
+bool ResidencyManager::keeps_recipes() const { return keeps_recipes_for(options_.policy()); }
+
+bool ResidencyManager::managed(const StorageImpl& storage) const {
+  return storage.allocator().get() == allocator_.get();
+}
+
+void ResidencyManager::label(StorageImpl& storage) {
+  if (!managed(storage) || !storage.data_unchecked()) return;
+  allocator_->set_owner(storage.data_unchecked(), producer_name(storage));
+}
+
+void ResidencyManager::count(const char* kind, size_t bytes) {
+  const auto amount = static_cast<int64_t>(bytes);
+  const std::string name = kind;
+  if (name == "evict") {
+    ++counters_.evictions;
+    counters_.evicted_bytes += amount;
+  } else if (name == "recompute") {
+    ++counters_.recomputes;
+    counters_.recomputed_bytes += amount;
+  } else if (name == "swap_out") {
+    ++counters_.swaps_out;
+    counters_.swapped_out_bytes += amount;
+  } else if (name == "swap_in") {
+    ++counters_.swaps_in;
+    counters_.swapped_in_bytes += amount;
+  } else if (name == "split") {
+    ++counters_.splits;
+  }
+  allocator_->record_event(name, bytes);
+}
+
+// ---- union-find over evicted tensors ----
+
+std::shared_ptr<ResidencyManager::Component> ResidencyManager::find_root(
+    std::shared_ptr<Component> component) {
+  auto root = component;
+  while (root->parent) root = root->parent;
+  while (component->parent && component->parent != root) {
+    auto next = component->parent;
+    component->parent = root;
+    component = next;
+  }
+  return root;
+}
+
+std::vector<StorageImpl*> ResidencyManager::evicted_neighbours(StorageImpl& storage) {
+  std::vector<StorageImpl*> result;
+  auto add = [&](StorageImpl* neighbour) {
+    if (neighbour == &storage || neighbour->state() != Residency::kEvicted) return;
+    Record* record = find_record(*neighbour);
+    if (record && record->component) result.push_back(neighbour);
+  };
+  if (storage.producer) {
+    for (const auto& input : storage.producer->inputs)
+      if (input.storage) add(input.storage.get());
+  }
+  if (Record* record = find_record(storage)) {
+    for (const auto& weak_call : record->consumers) {
+      auto call = weak_call.lock();
+      if (!call) continue;
+      for (const auto& weak_output : call->output_storages)
+        if (auto output = weak_output.lock()) add(output.get());
+    }
+  }
+  return result;
+}
+
+void ResidencyManager::join_component(StorageImpl& storage) {
+  Record& record = record_of(storage);
+  record.component_cost = storage.producer ? storage.producer->cost_seconds : 0.0;
+  record.component = std::make_shared<Component>();
+  record.component->cost = record.component_cost;
+  for (StorageImpl* neighbour : evicted_neighbours(storage)) {
+    auto mine = find_root(record.component);
+    auto theirs = find_root(find_record(*neighbour)->component);
+    if (mine == theirs) continue;
+    theirs->parent = mine;
+    mine->cost += theirs->cost;
+  }
+}
+
+void ResidencyManager::leave_component(StorageImpl& storage) {
+  Record* record = find_record(storage);
+  if (!record || !record->component) return;
+  auto root = find_root(record->component);
+  root->cost = std::max(0.0, root->cost - record->component_cost);
+  record->component.reset();
+  record->component_cost = 0;
+}
+
+double ResidencyManager::evicted_neighbourhood_cost(StorageImpl& storage) {
+  std::unordered_set<Component*> roots;
+  double cost = 0;
+  for (StorageImpl* neighbour : evicted_neighbours(storage)) {
+    auto root = find_root(find_record(*neighbour)->component);
+    if (roots.insert(root.get()).second) cost += root->cost;
+  }
+  return cost;
+}
+
+// ---- candidates and scores ----
+
+bool ResidencyManager::can_recompute(StorageImpl& storage) {
+  if (!keeps_recipes() || !storage.producer) return false;
+  Record* record = find_record(storage);
+  if (record && record->recipe_stale) return false;
+  const OpCall& recipe = *storage.producer;
+  for (size_t i = 0; i < recipe.inputs.size(); ++i) {
+    const RecipeTensor& input = recipe.inputs[i];
+    if (!input.storage) continue;
+    if (input.storage.get() == &storage) return false;
+    if (!is_mutated_input(*recipe.op, i) && input.storage->version() != input.version) return false;
+    if (input.storage->state() == Residency::kEvicted) {
+      Record* input_record = find_record(*input.storage);
+      if (!input.storage->producer || (input_record && input_record->recipe_stale)) return false;
+    }
+  }
+  return true;
+}
+
+double ResidencyManager::recompute_cost(StorageImpl& storage) {
+  return storage.producer->cost_seconds + evicted_neighbourhood_cost(storage);
+}
+
+ResidencyManager::Candidate ResidencyManager::assess(StorageImpl& storage) {
+  Candidate none{&storage, ResidencyAction::kNone, std::numeric_limits<double>::infinity()};
+  if (!managed(storage) || storage.state() != Residency::kResident || storage.pins() > 0 ||
+      storage.nbytes() < options_.min_candidate_bytes() || !storage.data_unchecked())
+    return none;
+  Record* record = find_record(storage);
+  if (!record || record->rematerializing) return none;
+  const bool recompute_ok = can_recompute(storage);
+  const bool swap_ok = swaps_for(options_.policy());
+  if (!recompute_ok && !swap_ok) return none;
+
+  const double swap_cost = link_.seconds_for(storage.nbytes());
+  const double recompute =
+      recompute_ok ? recompute_cost(storage) : std::numeric_limits<double>::infinity();
+  Candidate result = none;
+  result.action = recompute_ok && (!swap_ok || recompute <= swap_cost) ? ResidencyAction::kRecompute
+                                                                       : ResidencyAction::kSwap;
+  const double cost = result.action == ResidencyAction::kRecompute ? recompute : swap_cost;
+  // score = cost * 1.0001^recomputes / ((bytes + free neighbours) * staleness)
+  const double bytes =
+      static_cast<double>(storage.nbytes()) +
+      static_cast<double>(allocator_->free_bytes_adjacent(storage.data_unchecked()));
+  const double staleness = static_cast<double>(clock_ - storage.last_access) + kStalenessEpsilon;
+  result.score =
+      (cost + kCostEpsilon) * std::pow(kRecomputePenalty, record->recomputes) / (bytes * staleness);
+  return result;
+}
+
+ResidencyManager::Candidate ResidencyManager::choose_victim() {
+  // Strong references first: assessing must not destroy anything while the registry is walked.
+  std::vector<std::shared_ptr<StorageImpl>> pool;
+  pool.reserve(storages_.size());
+  for (const auto& entry : storages_) {
+    auto storage = entry.second.lock();
+    if (!storage || !managed(*storage) || storage->state() != Residency::kResident ||
+        storage->pins() > 0 || storage->nbytes() < options_.min_candidate_bytes())
+      continue;
+    pool.push_back(std::move(storage));
+  }
+  if (options_.sample_candidates() && pool.size() > 4) {
+    // Partial Fisher-Yates: the first ceil(sqrt(N)) entries become a uniform sample.
+    const size_t sample =
+        static_cast<size_t>(std::ceil(std::sqrt(static_cast<double>(pool.size()))));
+    for (size_t i = 0; i < sample; ++i) {
+      std::uniform_int_distribution<size_t> pick(i, pool.size() - 1);
+      std::swap(pool[i], pool[pick(sampler_)]);
+    }
+    // The sample may hold no candidate at all (all without recipes, say): then score them all.
+    Candidate best{nullptr, ResidencyAction::kNone, std::numeric_limits<double>::infinity()};
+    for (size_t i = 0; i < sample; ++i) {
+      Candidate candidate = assess(*pool[i]);
+      if (candidate.action != ResidencyAction::kNone && candidate.score < best.score)
+        best = candidate;
+    }
+    if (best.action != ResidencyAction::kNone) return best;
+  }
+  Candidate best{nullptr, ResidencyAction::kNone, std::numeric_limits<double>::infinity()};
+  for (const auto& storage : pool) {
+    Candidate candidate = assess(*storage);
+    if (candidate.action != ResidencyAction::kNone &&
+        (best.action == ResidencyAction::kNone || candidate.score < best.score))
+      best = candidate;
+  }
+  return best;
+}
+
+void ResidencyManager::apply(const Candidate& victim) {
+  if (victim.action == ResidencyAction::kRecompute) {
+    evict_locked(*victim.storage, /*count_as_eviction=*/true);
+  } else if (victim.action == ResidencyAction::kSwap) {
+    start_swap_out(*victim.storage);
+  }
+}
+
+void ResidencyManager::evict_locked(StorageImpl& storage, bool count_as_eviction) {
+  const size_t bytes = storage.nbytes();
+  storage.release_bytes(Residency::kEvicted);
+  join_component(storage);
+  if (count_as_eviction) count("evict", bytes);
+}
+
+// ---- swaps ----
+
+void ResidencyManager::start_swap_out(StorageImpl& storage) {
+  Record& record = record_of(storage);
+  const size_t bytes = storage.nbytes();
+  storage.host_data = host_allocator()->allocate(bytes, Stream{});
+  record.pending_out = link_.copy_async(storage.host_data, storage.data_unchecked(), bytes);
+  // Reads from now on wait for (and cancel) the copy; the device bytes go when it is done.
+  storage.set_state(Residency::kOnHost);
+  in_flight_.push_back(&storage);
+  count("swap_out", bytes);
+}
+
+void ResidencyManager::complete_swap_out(StorageImpl& storage) {
+  Record& record = record_of(storage);
+  link_.wait(record.pending_out);
+  record.pending_out.reset();
+  in_flight_.erase(std::remove(in_flight_.begin(), in_flight_.end(), &storage), in_flight_.end());
+  if (storage.pins() > 0) {
+    // Another thread is reading it right now: keep the device bytes.
+    free_host_copy(storage);
+    storage.set_state(Residency::kResident);
+    return;
+  }
+  storage.release_bytes(Residency::kOnHost);
+}
+
+void ResidencyManager::cancel_swap_out(StorageImpl& storage) {
+  Record& record = record_of(storage);
+  link_.wait(record.pending_out);
+  record.pending_out.reset();
+  in_flight_.erase(std::remove(in_flight_.begin(), in_flight_.end(), &storage), in_flight_.end());
+  free_host_copy(storage);
+  storage.set_state(Residency::kResident);
+}
+
+bool ResidencyManager::release_finished_swaps() {
+  std::vector<StorageImpl*> finished;
+  for (StorageImpl* storage : in_flight_) {
+    Record* record = find_record(*storage);
+    if (record && record->pending_out && record->pending_out->done()) finished.push_back(storage);
+  }
+  for (StorageImpl* storage : finished) complete_swap_out(*storage);
+  return !finished.empty();
+}
+
+void ResidencyManager::finish_swaps() {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  while (!in_flight_.empty()) complete_swap_out(*in_flight_.front());
+}
+
+void ResidencyManager::swap_in(StorageImpl& storage) {
+  Record& record = record_of(storage);
+  if (record.pending_out) {
+    cancel_swap_out(storage);
+    return;
+  }
+  TESSEL_CHECK(storage.host_data != nullptr, "storage ", storage.id(),
+               " is on host but its host copy is missing");
+  const size_t bytes = storage.nbytes();
+  storage.allocate_bytes();  // may relieve pressure; this storage is not a candidate meanwhile
+  link_.wait(link_.copy_async(storage.data_unchecked(), storage.host_data, bytes));
+  free_host_copy(storage);
+  count("swap_in", bytes);
+  label(storage);
+}
+
+// ---- recompute ----
+
+void ResidencyManager::replay(OpCall& recipe) {
+  std::vector<std::shared_ptr<StorageImpl>> evicted;
+  for (const auto& weak_output : recipe.output_storages) {
+    auto output = weak_output.lock();
+    if (output && output->state() == Residency::kEvicted) evicted.push_back(std::move(output));
+  }
+  // Outputs being recomputed are not candidates while the others are allocated.
+  struct Guard {
+    ResidencyManager* manager;
+    std::vector<std::shared_ptr<StorageImpl>>& storages;
+    ~Guard() {
+      for (auto& storage : storages) manager->record_of(*storage).rematerializing = false;
+    }
+  } guard{this, evicted};
+  for (auto& output : evicted) record_of(*output).rematerializing = true;
+
+  replay_op_call(recipe);
+
+  for (auto& output : evicted) {
+    Record& record = record_of(*output);
+    leave_component(*output);
+    ++record.recomputes;
+    if (getenv("DEBUG_SPLIT") && counters_.recomputes % 500 == 0) fprintf(stderr, "recomputes %lld evictions %lld placeholders %lld op %s storage %llu (%zu bytes) recomputed %lld times\n", (long long)counters_.recomputes, (long long)counters_.evictions, (long long)placeholders_, recipe.op->name.c_str(), (unsigned long long)output->id(), output->nbytes(), (long long)record.recomputes);
+    count("recompute", output->nbytes());
+    label(*output);
+  }
+}
+
+void ResidencyManager::drop_if_unreferenced(StorageImpl& storage) {
+  if (!keeps_recipes() || detaching_ || storage.user_refs() > 0 || storage.recipe_refs() == 0 ||
+      storage.state() != Residency::kResident || storage.pins() > 0 || !managed(storage))
+    return;
+  Record* record = find_record(storage);
+  if (!record || record->rematerializing || !can_recompute(storage)) return;
+  evict_locked(storage, /*count_as_eviction=*/false);
+  ++placeholders_;
+}
+
+// Makes `target` resident with an explicit stack (chains of evicted tensors can be thousands
+// long): look at the top; while an input of its recipe is not resident, push that input; once
+// all are resident (and pinned), replay the recipe and pop.
+void ResidencyManager::rematerialize(StorageImpl& target) {
+  struct Frame {
+    StorageImpl* storage;
+    std::shared_ptr<OpCall> recipe;
+    size_t next_input = 0;
+    std::vector<StorageAccess> pinned_inputs;
+  };
+  std::vector<Frame> stack;
+  std::unordered_set<StorageImpl*> on_stack;
+  stack.push_back(Frame{&target, nullptr, 0, {}});
+  on_stack.insert(&target);
+  while (!stack.empty()) {
+    Frame& frame = stack.back();
+    StorageImpl& storage = *frame.storage;
+    if (!frame.recipe) {
+      if (storage.state() != Residency::kEvicted) {
+        if (storage.state() == Residency::kOnHost) swap_in(storage);
+        on_stack.erase(&storage);
+        stack.pop_back();
+        continue;
+      }
+      // What needed it, innermost first, for the error messages.
+      auto needed_by = [&] {
+        std::string chain;
+        for (size_t i = stack.size() - 1; i-- > 0;)
+          chain += " <- " + producer_name(*stack[i].storage) + " (storage " +
+                   std::to_string(stack[i].storage->id()) + ")";
+        return chain;
+      };
+      TESSEL_CHECK(storage.producer != nullptr, "storage ", storage.id(), " (", storage.nbytes(),
+                   " bytes) was evicted but has no recipe to recompute it from", needed_by());
+      Record* record = find_record(storage);
+      TESSEL_CHECK(!(record && record->recipe_stale), "cannot recompute a ",
+                   storage.producer->op->name, " output (storage ", storage.id(),
+                   "): an input of its recipe was modified in place after it was evicted",
+                   needed_by());
+      frame.recipe = storage.producer;
+    }
+    const OpCall& recipe = *frame.recipe;
+    bool waiting = false;
+    while (frame.next_input < recipe.inputs.size()) {
+      const RecipeTensor& input = recipe.inputs[frame.next_input];
+      if (!input.storage) {
+        ++frame.next_input;
+        continue;
+      }
+      StorageImpl& needed = *input.storage;
+      if (needed.state() == Residency::kResident) {
+        frame.pinned_inputs.emplace_back(needed);  // pinned until the replay is done
+        ++frame.next_input;
+        continue;
+      }
+      TESSEL_CHECK(on_stack.insert(&needed).second, "cannot recompute ", recipe.op->name,
+                   ": its recipe depends on its own output");
+      stack.push_back(Frame{&needed, nullptr, 0, {}});
+      waiting = true;
+      break;
+    }
+    if (waiting) continue;
+
+    std::shared_ptr<OpCall> done = frame.recipe;
+    replay(*done);
+    on_stack.erase(&storage);
+    stack.pop_back();  // unpins the inputs
+    // Inputs nobody holds go back to being placeholders (a chain recomputes in O(1) memory).
+    for (const auto& input : done->inputs)
+      if (input.storage) drop_if_unreferenced(*input.storage);
+  }
+}
+
+// ---- ResidencyHooks ----
+
+void ResidencyManager::make_resident(StorageImpl& storage) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  if (storage.state() == Residency::kResident) return;
+  record_of(storage);
+  try {
+    if (storage.state() == Residency::kOnHost) {
+      swap_in(storage);
+    } else {
+      rematerialize(storage);
+    }
+  } catch (const OutOfMemory& error) {
+    throw OutOfMemory(explain_out_of_memory(error.message()), error.file(), error.line());
+  }
+}
+
+void ResidencyManager::on_access(StorageImpl& storage) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  record_of(storage);
+  storage.last_access = ++clock_;
+}
+
+void ResidencyManager::on_op_recorded(const std::shared_ptr<OpCall>& call, double seconds) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  double cost = seconds;
+  if (options_.cost_source() == CostSource::kEstimated && call->op->cost) {
+    std::vector<Tensor> inputs, outputs;
+    for (const auto& input : call->inputs)
+      inputs.push_back(input.storage ? input.materialize() : Tensor());
+    for (size_t k = 0; k < call->outputs.size(); ++k) {
+      auto storage = call->output_storages[k].lock();
+      const RecipeTensor& geometry = call->outputs[k];
+      outputs.push_back(
+          storage ? Tensor(std::make_shared<TensorImpl>(storage, geometry.sizes, geometry.strides,
+                                                        geometry.offset, geometry.dtype))
+                  : Tensor());
+    }
+    try {
+      OpCost estimate = call->op->cost(inputs, outputs, call->attrs);
+      cost = estimate.flops / kEstimatedFlopsPerSecond + estimate.bytes / kEstimatedBytesPerSecond;
+    } catch (const Error&) {
+      // An op whose cost rule cannot handle these inputs keeps the measured time.
+    }
+  }
+  call->cost_seconds = cost;
+  const bool keep = keeps_recipes();
+  for (const auto& weak_output : call->output_storages) {
+    auto output = weak_output.lock();
+    if (!output) continue;
+    record_of(*output);
+    if (keep) {
+      output->producer = call;
+      label(*output);
+    }
+  }
+  if (!keep) return;
+  for (const auto& input : call->inputs) {
+    if (!input.storage) continue;
+    Record& record = record_of(*input.storage);
+    record.consumers.push_back(call);
+    if (record.consumers.size() > record.consumers_pruned_at) {
+      auto& consumers = record.consumers;
+      consumers.erase(std::remove_if(consumers.begin(), consumers.end(),
+                                     [](const std::weak_ptr<OpCall>& c) { return c.expired(); }),
+                      consumers.end());
+      record.consumers_pruned_at = std::max<size_t>(8, 2 * consumers.size());
+    }
+  }
+}
+
+void ResidencyManager::on_user_release(StorageImpl& storage) {
+  if (!keeps_recipes()) return;
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  drop_if_unreferenced(storage);
+}
+
+void ResidencyManager::on_destroy(StorageImpl& storage) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  Record* record = find_record(storage);
+  if (record && record->pending_out) {
+    link_.wait(record->pending_out);
+    record->pending_out.reset();
+    in_flight_.erase(std::remove(in_flight_.begin(), in_flight_.end(), &storage), in_flight_.end());
+  }
+  free_host_copy(storage);
+  if (!record) return;
+  leave_component(storage);
+  storages_.erase(storage.id());
+}
+
+void ResidencyManager::before_write(StorageImpl& storage) {
+  if (!keeps_recipes()) return;
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  record_of(storage);
+  // An in-place update reads the old bytes: bring them back while the recipe still holds.
+  if (storage.state() != Residency::kResident) {
+    StorageAccess access(storage);
+  }
+
+  // The recipes that read these bytes (running statistics read by batch norm are not part of
+  // its recipe), the outputs they made, and the evicted tensors downstream of evicted outputs.
+  std::vector<std::shared_ptr<OpCall>> readers;
+  std::vector<std::shared_ptr<StorageImpl>> direct, evicted;
+  std::unordered_set<StorageImpl*> seen;
+  auto visit_consumers = [&](StorageImpl& source, bool is_written) {
+    Record* record = find_record(source);
+    if (!record) return;
+    for (const auto& weak_call : record->consumers) {
+      auto call = weak_call.lock();
+      if (!call) continue;
+      if (is_written) {
+        bool reads = false;
+        for (size_t i = 0; i < call->inputs.size(); ++i)
+          reads = reads ||
+                  (call->inputs[i].storage.get() == &source && !is_mutated_input(*call->op, i));
+        if (!reads) continue;
+        readers.push_back(call);
+      }
+      for (const auto& weak_output : call->output_storages) {
+        auto output = weak_output.lock();
+        if (!output || output.get() == &source) continue;
+        if (is_written) direct.push_back(output);
+        if (output->state() == Residency::kEvicted && seen.insert(output.get()).second)
+          evicted.push_back(output);
+      }
+    }
+  };
+  visit_consumers(storage, true);
+  for (size_t i = 0; i < evicted.size(); ++i) visit_consumers(*evicted[i], false);
+
+  bool held_downstream = false;
+  for (const auto& affected : evicted)
+    held_downstream = held_downstream || affected->user_refs() > 0;
+  if (held_downstream) {
+    // The program still holds evicted tensors that need the old bytes: keep a copy of them for
+    // the recipes (copy-on-write, as DTR does), so every recipe stays valid.
+    snapshot_for_readers(storage, readers);
+  } else {
+    // Nothing held needs the old bytes: what was made from them is never recomputed again.
+    for (const auto& output : direct) record_of(*output).recipe_stale = true;
+    for (const auto& affected : evicted) record_of(*affected).recipe_stale = true;
+  }
+
+  // Its own recipe no longer describes its bytes.
+  std::shared_ptr<OpCall> old_recipe = std::move(storage.producer);
+  storage.producer.reset();
+  label(storage);
+}
+
+void ResidencyManager::snapshot_for_readers(StorageImpl& storage,
+                                            const std::vector<std::shared_ptr<OpCall>>& readers) {
+  auto snapshot = std::make_shared<StorageImpl>(storage.nbytes(), storage.device());
+  {
+    StorageAccess from(storage);
+    StorageAccess to(*snapshot);
+    std::memcpy(to.data(), from.data(), storage.nbytes());
+  }
+  Record& snapshot_record = record_of(*snapshot);
+  for (const auto& call : readers) {
+    for (size_t i = 0; i < call->inputs.size(); ++i) {
+      RecipeTensor& input = call->inputs[i];
+      if (input.storage.get() != &storage || is_mutated_input(*call->op, i)) continue;
+      snapshot->add_recipe_ref();
+      storage.release_recipe_ref();
+      input.storage = snapshot;
+      input.version = snapshot->version();
+    }
+    snapshot_record.consumers.push_back(call);
+  }
+  ++snapshots_;
+  allocator_->record_event("snapshot", storage.nbytes());
+}
+
+bool ResidencyManager::allow_split(const OpDef& /*op*/) {
+  return options_.policy() == Policy::kSplit || options_.policy() == Policy::kAuto;
+}
+
+void ResidencyManager::on_split(const OpDef& /*op*/, int64_t /*chunks*/) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  count("split", 0);
+}
+
+// ---- PressureHandler ----
+
+bool ResidencyManager::relieve(size_t bytes_needed, size_t largest_free_block) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  if (options_.policy() == Policy::kNone || detaching_) return false;
+  if (options_.policy() == Policy::kSplit) {
+    // Prefer running the kernel in more chunks while the dispatcher can.
+    const KernelInProgress* kernel = kernel_in_progress();
+    if (kernel && kernel->can_split_further) return false;
+  }
+  if (release_finished_swaps()) return true;
+  Candidate victim = choose_victim();
+  if (victim.action != ResidencyAction::kNone) {
+    apply(victim);
+    if (victim.action == ResidencyAction::kSwap) {
+      // Copies run while the next victims are chosen; wait once they cover the request.
+      size_t pending = 0;
+      for (StorageImpl* storage : in_flight_) pending += storage->nbytes();
+      if (pending + largest_free_block >= bytes_needed) complete_swap_out(*in_flight_.front());
+    }
+    return true;
+  }
+  if (!in_flight_.empty()) {
+    complete_swap_out(*in_flight_.front());
+    return true;
+  }
+  return defragment(bytes_needed);
+}
+
+// Last resort when the free bytes would fit the request but no single block does: move a live
+// tensor, of any size and with or without a recipe, to host memory (it comes back elsewhere on
+// its next access), choosing the one whose block joins the largest hole with its free neighbours.
+bool ResidencyManager::defragment(size_t bytes_needed) {
+  const MemoryStats stats = allocator_->memory_stats();
+  if (stats.free_bytes < bytes_needed) return false;
+  std::vector<std::shared_ptr<StorageImpl>> pool;
+  for (const auto& entry : storages_)
+    if (auto storage = entry.second.lock()) pool.push_back(std::move(storage));
+  StorageImpl* best = nullptr;
+  size_t best_hole = 0;
+  for (const auto& storage : pool) {
+    if (!managed(*storage) || storage->state() != Residency::kResident || storage->pins() > 0 ||
+        !storage->data_unchecked())
+      continue;
+    Record* record = find_record(*storage);
+    if (!record || record->rematerializing) continue;
+    const size_t hole = CachingAllocator::round_size(storage->nbytes()) +
+                        allocator_->free_bytes_adjacent(storage->data_unchecked());
+    if (hole > best_hole || (hole == best_hole && best && storage->nbytes() < best->nbytes())) {
+      best = storage.get();
+      best_hole = hole;
+    }
+  }
+  if (!best) return false;
+  start_swap_out(*best);
+  complete_swap_out(*best);
+  ++defragment_moves_;
+  return true;
+}
+
+// ---- direct control ----
+
+bool ResidencyManager::evict_one() {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  Candidate victim = choose_victim();
+  if (victim.action == ResidencyAction::kNone) return false;
+  apply(victim);
+  if (victim.action == ResidencyAction::kSwap) complete_swap_out(*victim.storage);
+  return true;
+}
+
+ResidencyAction ResidencyManager::planned_action(const StorageImpl& storage) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  return assess(const_cast<StorageImpl&>(storage)).action;
+}
+
+double ResidencyManager::score(const StorageImpl& storage) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  return assess(const_cast<StorageImpl&>(storage)).score;
+}
+
+void ResidencyManager::evict(StorageImpl& storage) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  record_of(storage);
+  TESSEL_CHECK(storage.state() == Residency::kResident, "evict: storage ", storage.id(), " is ",
+               residency_name(storage.state()));
+  TESSEL_CHECK(storage.pins() == 0, "evict: storage ", storage.id(), " is pinned");
+  TESSEL_CHECK(can_recompute(storage), "evict: storage ", storage.id(), " (",
+               producer_name(storage), ") has no valid recipe under policy ",
+               policy_name(options_.policy()), "; only swap can move it");
+  evict_locked(storage, /*count_as_eviction=*/true);
+}
+
+void ResidencyManager::swap_out(StorageImpl& storage) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  record_of(storage);
+  TESSEL_CHECK(storage.state() == Residency::kResident, "swap_out: storage ", storage.id(), " is ",
+               residency_name(storage.state()));
+  TESSEL_CHECK(storage.pins() == 0, "swap_out: storage ", storage.id(), " is pinned");
+  start_swap_out(storage);
+  complete_swap_out(storage);
+}
+
+void ResidencyManager::restore_and_detach() {
+  std::vector<std::shared_ptr<OpCall>> recipes;  // freed after the records are gone
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  detaching_ = true;
+  while (!in_flight_.empty()) cancel_swap_out(*in_flight_.front());
+  std::vector<std::shared_ptr<StorageImpl>> tracked;
+  for (const auto& entry : storages_)
+    if (auto storage = entry.second.lock()) tracked.push_back(std::move(storage));
+  for (const auto& storage : tracked) {
+    if (storage->user_refs() == 0 || storage->state() == Residency::kResident) continue;
+    try {
+      StorageAccess access(*storage);
+    } catch (const Error&) {
+      // Left evicted with its recipe: a later access reports why it cannot come back.
+    }
+  }
+  for (const auto& storage : tracked) {
+    if (storage->state() == Residency::kOnHost && storage->user_refs() == 0) {
+      free_host_copy(*storage);
+      storage->set_state(Residency::kEvicted);
+    }
+    if (storage->state() == Residency::kResident || storage->user_refs() == 0)
+      recipes.push_back(std::move(storage->producer));
+    storage->residency_data.reset();
+  }
+  storages_.clear();
+  tracked.clear();
+}
+
+void ResidencyManager::set_min_candidate_bytes(size_t bytes) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  options_.min_candidate_bytes(bytes);
+}
+
+void ResidencyManager::set_host_bandwidth(double bytes_per_second) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  options_.host_bandwidth(bytes_per_second);
+  link_.set_bandwidth(bytes_per_second);
+}
+
+ResidencyStats ResidencyManager::stats() const {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  ResidencyStats result;
+  result.policy = counters_;
+  result.placeholders = placeholders_;
+  result.snapshots = snapshots_;
+  result.defragment_moves = defragment_moves_;
+  result.storages = static_cast<int64_t>(storages_.size());
+  result.in_flight_swaps = static_cast<int64_t>(in_flight_.size());
+  result.clock = clock_;
+  return result;
+}
+
+// ---- reports ----
+
+std::string ResidencyManager::describe_holders() {
+  struct Holder {
+    std::shared_ptr<StorageImpl> storage;
+    std::string why;
+  };
+  std::vector<Holder> holders;
+  int64_t pinned = 0, without_recipe = 0, small = 0, candidates = 0;
+  size_t pinned_bytes = 0, without_recipe_bytes = 0, small_bytes = 0;
+  for (const auto& entry : storages_) {
+    auto storage = entry.second.lock();
+    if (!storage || !managed(*storage) || storage->state() != Residency::kResident) continue;
+    std::string why;
+    if (storage->pins() > 0) {
+      ++pinned;
+      pinned_bytes += storage->nbytes();
+      why = "pinned by a running op";
+    } else if (storage->nbytes() < options_.min_candidate_bytes()) {
+      ++small;
+      small_bytes += storage->nbytes();
+      why = "below the minimum candidate size";
+    } else if (assess(*storage).action != ResidencyAction::kNone) {
+      ++candidates;
+      why = "candidate";
+    } else {
+      ++without_recipe;
+      without_recipe_bytes += storage->nbytes();
+      why = storage->producer ? "recipe no longer valid" : "no recipe";
+    }
+    holders.push_back(Holder{std::move(storage), why});
+  }
+  std::sort(holders.begin(), holders.end(), [](const Holder& a, const Holder& b) {
+    return a.storage->nbytes() != b.storage->nbytes() ? a.storage->nbytes() > b.storage->nbytes()
+                                                      : a.storage->id() < b.storage->id();
+  });
+  std::ostringstream out;
+  out << kExplainedMarker << policy_name(options_.policy()) << " (tensors of at least "
+      << format_bytes(static_cast<double>(options_.min_candidate_bytes()))
+      << " are candidates) could not free enough: " << candidates << " candidates left";
+  out << "\n    resident tensors: " << pinned << " pinned by running ops ("
+      << format_bytes(static_cast<double>(pinned_bytes)) << "), " << without_recipe
+      << " that only swap can move (" << format_bytes(static_cast<double>(without_recipe_bytes))
+      << ": parameters, inputs, optimizer state or tensors written in place), " << small
+      << " below the minimum size (" << format_bytes(static_cast<double>(small_bytes)) << ")";
+  const PolicyCounters& c = counters_;
+  out << "\n    so far: " << c.evictions << " evictions, " << c.recomputes << " recomputes, "
+      << c.swaps_out << " swaps out, " << c.swaps_in << " swaps in, " << c.splits << " splits";
+  constexpr size_t kShown = 8;
+  if (!holders.empty()) out << "\n    top holders (what made them):";
+  for (size_t i = 0; i < holders.size() && i < kShown; ++i) {
+    const StorageImpl& storage = *holders[i].storage;
+    out << "\n      " << format_bytes(static_cast<double>(storage.nbytes())) << "  "
+        << producer_name(storage) << " (storage " << storage.id() << ", " << holders[i].why << ")";
+  }
+  if (options_.policy() == Policy::kDtr || options_.policy() == Policy::kSplit)
+    out << "\n    tensors without a recipe can only leave the device with the swap or auto policy";
+  return out.str();
+}
+
+std::string ResidencyManager::explain_out_of_memory(const std::string& report) {
+  if (report.find(kExplainedMarker) != std::string::npos) return report;
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  return report + describe_holders();
+}
+
+}  // namespace tessel::memory

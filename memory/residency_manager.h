@@ -1,0 +1,204 @@
+// The residency manager: core's ResidencyHooks and the caching allocator's PressureHandler. It
+// keeps an access clock, the recipe and cost of every tensor, and under memory pressure evicts
+// (to recompute later, DTR), swaps to host, or lets the dispatcher split an op (MegTaiChi).
+//   auto manager = std::make_shared<ResidencyManager>(allocator, ResidencyOptions(Policy::kDtr));
+//   allocator->set_pressure_handler(manager.get());  set_residency_hooks(manager);
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "core/op.h"
+#include "core/storage.h"
+#include "memory/caching_allocator.h"
+#include "memory/host_link.h"
+
+namespace tessel::memory {
+
+// What to do when a request does not fit the budget.
+enum class Policy {
+  kNone,   // nothing: out of memory is an error
+  kDtr,    // evict tensors that have a recipe, recompute them on access
+  kSwap,   // copy tensors to host memory, copy them back on access
+  kSplit,  // run the op in chunks when its working memory does not fit; evict (dtr) otherwise
+  kAuto,   // per tensor, swap or recompute, whichever costs less; split when neither is enough
+};
+const char* policy_name(Policy policy);
+// "none", "dtr", "swap", "split", "auto"; anything else is an error listing them.
+Policy parse_policy(const std::string& name);
+
+// Where a recipe's cost comes from: the measured kernel time (default), or an estimate from the
+// op's registered cost (FLOPs and bytes), which makes decisions independent of timing.
+enum class CostSource { kMeasured, kEstimated };
+
+class ResidencyOptions {
+ public:
+  ResidencyOptions(Policy policy = Policy::kDtr) : policy_(policy) {}  // NOLINT: implicit
+  ResidencyOptions& policy(Policy value) {
+    policy_ = value;
+    return *this;
+  }
+  // Tensors below this size are never evicted or swapped (1 MiB, as in MegEngine).
+  ResidencyOptions& min_candidate_bytes(size_t value) {
+    min_candidate_bytes_ = value;
+    return *this;
+  }
+  // Host link bandwidth in bytes per second (<= 0: unthrottled).
+  ResidencyOptions& host_bandwidth(double value) {
+    host_bandwidth_ = value;
+    return *this;
+  }
+  // Score about sqrt(N) candidates drawn with a generator seeded by `seed` instead of all N.
+  ResidencyOptions& sample_candidates(bool value, uint64_t seed = 0) {
+    sample_candidates_ = value;
+    sample_seed_ = seed;
+    return *this;
+  }
+  ResidencyOptions& cost_source(CostSource value) {
+    cost_source_ = value;
+    return *this;
+  }
+  Policy policy() const { return policy_; }
+  size_t min_candidate_bytes() const { return min_candidate_bytes_; }
+  double host_bandwidth() const { return host_bandwidth_; }
+  bool sample_candidates() const { return sample_candidates_; }
+  uint64_t sample_seed() const { return sample_seed_; }
+  CostSource cost_source() const { return cost_source_; }
+
+ private:
+  Policy policy_;
+  size_t min_candidate_bytes_ = size_t{1} << 20;
+  double host_bandwidth_ = HostLink::kDefaultBandwidth;
+  bool sample_candidates_ = false;
+  uint64_t sample_seed_ = 0;
+  CostSource cost_source_ = CostSource::kMeasured;
+};
+
+// How a candidate would leave the device.
+enum class ResidencyAction { kNone, kRecompute, kSwap };
+const char* action_name(ResidencyAction action);
+
+// The manager's own counts (the allocator's PolicyCounters hold evictions, recomputes, swaps and
+// splits as well; these add what only the manager sees).
+struct ResidencyStats {
+  PolicyCounters policy;
+  int64_t placeholders = 0;      // dropped tensors kept as evicted placeholders for recipes
+  int64_t snapshots = 0;         // copies of overwritten bytes kept for recipes (copy-on-write)
+  int64_t defragment_moves = 0;  // tensors moved to host to join free blocks into one hole
+  int64_t storages = 0;          // storages tracked now
+  int64_t in_flight_swaps = 0;   // swap-outs whose copy has not been released yet
+  int64_t clock = 0;             // logical access clock
+};
+
+class ResidencyManager : public ResidencyHooks, public PressureHandler {
+ public:
+  // Manages the storages of `allocator` (others it only tracks). Install it with
+  // allocator->set_pressure_handler(this) and set_residency_hooks(shared_ptr).
+  ResidencyManager(std::shared_ptr<CachingAllocator> allocator, ResidencyOptions options);
+  ~ResidencyManager() override;
+  ResidencyManager(const ResidencyManager&) = delete;
+  ResidencyManager& operator=(const ResidencyManager&) = delete;
+
+  // ResidencyHooks.
+  void make_resident(StorageImpl& storage) override;
+  void on_access(StorageImpl& storage) override;
+  void on_op_recorded(const std::shared_ptr<OpCall>& call, double seconds) override;
+  void on_user_release(StorageImpl& storage) override;
+  void on_destroy(StorageImpl& storage) override;
+  void before_write(StorageImpl& storage) override;
+  bool allow_split(const OpDef& op) override;
+  void on_split(const OpDef& op, int64_t chunks) override;
+  std::string explain_out_of_memory(const std::string& report) override;
+
+  // PressureHandler: frees room for one more try (evicts or swaps one candidate, or releases a
+  // finished swap-out); false when nothing can be freed.
+  bool relieve(size_t bytes_needed, size_t largest_free_block) override;
+
+  // Evicts (or swaps) the candidate with the smallest score now; false when there is none.
+  bool evict_one();
+  // What relieve would do with `storage`: kNone when it is not a candidate now.
+  ResidencyAction planned_action(const StorageImpl& storage);
+  // The eviction score of a candidate (smaller goes first); infinity for a non-candidate.
+  double score(const StorageImpl& storage);
+  // Forces `storage` off the device: evicts it (it needs a valid recipe) or swaps it to host.
+  // Throws naming the reason when it is pinned, not resident, or cannot be recomputed.
+  void evict(StorageImpl& storage);
+  void swap_out(StorageImpl& storage);
+  // Waits for queued swap-outs and releases their device bytes.
+  void finish_swaps();
+
+  // Brings back every storage the program still holds that is evicted or on host, then forgets
+  // every recipe and per-storage record (before the manager is uninstalled).
+  void restore_and_detach();
+
+  const ResidencyOptions& options() const { return options_; }
+  void set_min_candidate_bytes(size_t bytes);
+  void set_host_bandwidth(double bytes_per_second);
+  ResidencyStats stats() const;
+  CachingAllocator& allocator() const { return *allocator_; }
+  HostLink& host_link() { return link_; }
+
+ private:
+  struct Record;
+  struct Component;
+  struct Candidate {
+    StorageImpl* storage;
+    ResidencyAction action;
+    double score;
+  };
+
+  static std::shared_ptr<Component> find_root(std::shared_ptr<Component> component);
+  Record& record_of(StorageImpl& storage);
+  Record* find_record(const StorageImpl& storage) const;
+  bool keeps_recipes() const;
+  bool managed(const StorageImpl& storage) const;
+  bool can_recompute(StorageImpl& storage);
+  // Candidate action and score; action kNone for a non-candidate.
+  Candidate assess(StorageImpl& storage);
+  double recompute_cost(StorageImpl& storage);
+  double evicted_neighbourhood_cost(StorageImpl& storage);
+  std::vector<StorageImpl*> evicted_neighbours(StorageImpl& storage);
+  Candidate choose_victim();
+  void apply(const Candidate& victim);
+  void evict_locked(StorageImpl& storage, bool count_as_eviction);
+  void start_swap_out(StorageImpl& storage);
+  bool release_finished_swaps();
+  void complete_swap_out(StorageImpl& storage);
+  void cancel_swap_out(StorageImpl& storage);
+  void swap_in(StorageImpl& storage);
+  void rematerialize(StorageImpl& storage);
+  void replay(OpCall& recipe);
+  void drop_if_unreferenced(StorageImpl& storage);
+  bool defragment(size_t bytes_needed);
+  void snapshot_for_readers(StorageImpl& storage,
+                            const std::vector<std::shared_ptr<OpCall>>& readers);
+  void join_component(StorageImpl& storage);
+  void leave_component(StorageImpl& storage);
+  void label(StorageImpl& storage);
+  void count(const char* kind, size_t bytes);
+  std::string describe_holders();
+
+  const uint64_t serial_;
+  std::shared_ptr<CachingAllocator> allocator_;
+  ResidencyOptions options_;
+  HostLink link_;
+  mutable std::recursive_mutex mutex_;
+  std::map<uint64_t, std::weak_ptr<StorageImpl>> storages_;  // by id: a deterministic order
+  std::vector<StorageImpl*> in_flight_;                      // swap-outs in submission order
+  int64_t clock_ = 0;
+  PolicyCounters counters_;
+  int64_t placeholders_ = 0;
+  bool detaching_ = false;
+  int64_t snapshots_ = 0;
+  int64_t defragment_moves_ = 0;  // restoring before uninstall: nothing new leaves the device
+  std::mt19937_64 sampler_;
+};
+
+}  // namespace tessel::memory

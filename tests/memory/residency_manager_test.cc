@@ -1,0 +1,584 @@
+// The residency manager under budgets on the simulated CPU device: DTR eviction and recompute,
+// swap over the throttled host link, the auto policy's choice, op splitting, the user surface
+// (budgets, scopes, counters) and out-of-memory reports. Small tensors, with the minimum
+// candidate size lowered so they count.
+#include "memory/residency_manager.h"
+
+#include <pthread.h>
+
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "core/autograd.h"
+#include "core/parallel.h"
+#include "core/rng.h"
+#include "gtest/gtest.h"
+#include "memory/host_link.h"
+#include "memory/memory.h"
+#include "models/nn/nn.h"
+#include "ops/ops.h"
+#include "tests/testing.h"
+#include "train/optim/sgd.h"
+
+namespace tessel::memory {
+namespace {
+
+using testing::all_close;
+using testing::bitwise_equal;
+using testing::throws_error;
+
+constexpr size_t kKiB = 1024;
+constexpr size_t kMiB = 1024 * 1024;
+
+// ---- a tiny training harness: the same model, data and steps under any memory setup ----
+
+struct ModelCase {
+  std::function<std::shared_ptr<nn::Module>()> make_model;
+  std::function<std::pair<Tensor, Tensor>(int step)> batch;  // (input, labels)
+};
+
+struct RunResult {
+  std::vector<float> losses;
+  std::vector<Tensor> state;  // parameters, then buffers (batch-norm running statistics)
+  size_t peak = 0;
+  size_t fixed = 0;  // parameters + gradients + momentum
+  PolicyCounters counters;
+  PolicyCounters summed_step_counters;
+};
+
+RunResult train(const ModelCase& model_case, const MemoryOptions& options, int steps = 3) {
+  RunResult result;
+  MemoryScope scope(options);
+  manual_seed(1234);
+  auto model = model_case.make_model();
+  optim::SGD sgd(model->parameters(), optim::SGDOptions(0.05).momentum(0.9));
+  result.fixed = fixed_memory_bytes(model->parameters(), 1);
+  step_counters();
+  for (int step = 0; step < steps; ++step) {
+    auto [input, labels] = model_case.batch(step);
+    sgd.zero_grad();
+    Tensor loss = cross_entropy(model->forward(input), labels);
+    loss.backward();
+    sgd.step();
+    result.losses.push_back(loss.item<float>());
+    PolicyCounters step_count = step_counters();
+    result.summed_step_counters.evictions += step_count.evictions;
+    result.summed_step_counters.recomputes += step_count.recomputes;
+    result.summed_step_counters.swaps_out += step_count.swaps_out;
+    result.summed_step_counters.splits += step_count.splits;
+  }
+  result.peak = static_cast<size_t>(scope.allocator().memory_stats().base.peak_allocated_bytes);
+  result.counters = scope.allocator().policy_counters();
+  for (const auto& parameter : model->parameters()) result.state.push_back(parameter);
+  for (const auto& buffer : model->buffers()) result.state.push_back(buffer);
+  return result;
+}
+
+void expect_bitwise_same_training(const RunResult& actual, const RunResult& expected) {
+  ASSERT_EQ(actual.losses.size(), expected.losses.size());
+  for (size_t i = 0; i < actual.losses.size(); ++i)
+    EXPECT_EQ(std::memcmp(&actual.losses[i], &expected.losses[i], sizeof(float)), 0)
+        << "loss of step " << i << ": " << actual.losses[i] << " vs " << expected.losses[i];
+  ASSERT_EQ(actual.state.size(), expected.state.size());
+  for (size_t i = 0; i < actual.state.size(); ++i)
+    EXPECT_TRUE(bitwise_equal(actual.state[i], expected.state[i])) << "state tensor " << i;
+}
+
+// Activations dominate both models (as in the policy benchmarks): many 512 KiB or 128 KiB
+// activations against a few hundred KiB of parameters, gradients and momentum.
+ModelCase mlp_case() {
+  ModelCase result;
+  result.make_model = [] {
+    return std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
+        std::make_shared<nn::Linear>(64, 128), std::make_shared<nn::ReLU>(),
+        std::make_shared<nn::Linear>(128, 128), std::make_shared<nn::Tanh>(),
+        std::make_shared<nn::Linear>(128, 128), std::make_shared<nn::ReLU>(),
+        std::make_shared<nn::Linear>(128, 128), std::make_shared<nn::Tanh>(),
+        std::make_shared<nn::Linear>(128, 10)});
+  };
+  result.batch = [](int step) {
+    manual_seed(100 + step);
+    Tensor input = randn({1024, 64});
+    Tensor labels = randint(0, 10, {1024});
+    return std::make_pair(input, labels);
+  };
+  return result;
+}
+
+ModelCase conv_case() {
+  ModelCase result;
+  result.make_model = [] {
+    auto net = std::make_shared<nn::Sequential>();
+    for (int block = 0; block < 8; ++block) {
+      net->push_back(
+          std::make_shared<nn::Conv2d>(nn::Conv2dOptions(block ? 16 : 3, 16, 3).padding(1)));
+      net->push_back(std::make_shared<nn::BatchNorm2d>(16));
+      net->push_back(std::make_shared<nn::ReLU>());
+    }
+    net->push_back(std::make_shared<nn::AdaptiveAvgPool2d>(1));
+    net->push_back(std::make_shared<nn::Flatten>());
+    net->push_back(std::make_shared<nn::Linear>(16, 10));
+    return net;
+  };
+  result.batch = [](int step) {
+    manual_seed(200 + step);
+    Tensor input = randn({8, 3, 16, 16});
+    Tensor labels = randint(0, 10, {8});
+    return std::make_pair(input, labels);
+  };
+  return result;
+}
+
+MemoryOptions budgeted(const RunResult& reference, double fraction, Policy policy) {
+  return MemoryOptions()
+      .budget(activation_budget(reference.fixed, reference.peak, fraction))
+      .policy(policy)
+      .min_candidate_bytes(16 * kKiB)
+      .cost_source(CostSource::kEstimated)  // decisions independent of timing: reproducible
+      .fixed_bytes(reference.fixed);
+}
+
+// ---- training under a budget ----
+
+TEST(Dtr, MlpUnderABudgetTrainsBitwiseLikeWithoutOne) {
+  ModelCase model = mlp_case();
+  RunResult reference = train(model, MemoryOptions());
+  RunResult dtr = train(model, budgeted(reference, 0.5, Policy::kDtr));
+  expect_bitwise_same_training(dtr, reference);
+  EXPECT_GT(dtr.counters.evictions, 0);
+  EXPECT_GT(dtr.counters.recomputes, 0);
+  EXPECT_LE(dtr.peak, activation_budget(reference.fixed, reference.peak, 0.5));
+}
+
+TEST(Dtr, ConvNetWithBatchNormTrainsBitwiseLikeWithoutOne) {
+  ModelCase model = conv_case();
+  RunResult reference = train(model, MemoryOptions());
+  RunResult dtr = train(model, budgeted(reference, 0.5, Policy::kDtr));
+  // The state includes the running statistics: they changed exactly once per step.
+  expect_bitwise_same_training(dtr, reference);
+  EXPECT_GT(dtr.counters.evictions, 0);
+  EXPECT_GT(dtr.counters.recomputes, 0);
+}
+
+TEST(Swap, MlpAndConvNetUnderABudgetTrainBitwiseLikeWithoutOne) {
+  for (const ModelCase& model : {mlp_case(), conv_case()}) {
+    RunResult reference = train(model, MemoryOptions());
+    RunResult swap = train(model, budgeted(reference, 0.5, Policy::kSwap));
+    expect_bitwise_same_training(swap, reference);
+    EXPECT_GT(swap.counters.swaps_out, 0);
+    EXPECT_GT(swap.counters.swaps_in, 0);
+    EXPECT_EQ(swap.counters.recomputes, 0);
+  }
+}
+
+TEST(Auto, ConvNetUnderABudgetMatchesWithoutOne) {
+  ModelCase model = conv_case();
+  RunResult reference = train(model, MemoryOptions());
+  RunResult automatic = train(model, budgeted(reference, 0.5, Policy::kAuto));
+  ASSERT_EQ(automatic.state.size(), reference.state.size());
+  for (size_t i = 0; i < reference.state.size(); ++i)
+    EXPECT_TRUE(all_close(automatic.state[i], reference.state[i], 1e-4, 1e-6));
+  EXPECT_GT(automatic.counters.evictions + automatic.counters.swaps_out, 0);
+}
+
+TEST(Counters, StepCountersAddUpToTheTotalsAndFormatIntoAStatusLine) {
+  ModelCase model = mlp_case();
+  RunResult reference = train(model, MemoryOptions());
+  RunResult dtr = train(model, budgeted(reference, 0.5, Policy::kDtr));
+  EXPECT_EQ(dtr.summed_step_counters.evictions, dtr.counters.evictions);
+  EXPECT_EQ(dtr.summed_step_counters.recomputes, dtr.counters.recomputes);
+
+  MemoryScope scope(MemoryOptions().budget(4 * kMiB).policy(Policy::kDtr));
+  MemoryStatus now = status();
+  EXPECT_TRUE(now.active);
+  EXPECT_EQ(now.policy, Policy::kDtr);
+  EXPECT_EQ(now.budget, 4 * kMiB);
+  std::string line = status_line(now);
+  EXPECT_NE(line.find("policy dtr"), std::string::npos) << line;
+  EXPECT_NE(line.find("evictions"), std::string::npos) << line;
+  EXPECT_NE(line.find("splits"), std::string::npos) << line;
+}
+
+// ---- recompute mechanics ----
+
+TEST(Dtr, BatchNormRecomputeLeavesRunningStatisticsAlone) {
+  MemoryScope scope(MemoryOptions().policy(Policy::kDtr).min_candidate_bytes(0));
+  manual_seed(4);
+  Tensor x = randn({8, 4, 6, 6});
+  Tensor weight = randn({4}), bias = randn({4});
+  Tensor running_mean = zeros({4}), running_var = ones({4});
+  Tensor y = batch_norm(x, weight, bias, running_mean, running_var, /*training=*/true);
+  Tensor expected = clone(y);
+  Tensor mean_after_forward = clone(running_mean), var_after_forward = clone(running_var);
+  scope.manager()->evict(*y.storage());
+  EXPECT_EQ(y.storage()->state(), Residency::kEvicted);
+  EXPECT_TRUE(bitwise_equal(y, expected));
+  EXPECT_EQ(scope.manager()->stats().policy.recomputes, 1);
+  EXPECT_TRUE(bitwise_equal(running_mean, mean_after_forward));
+  EXPECT_TRUE(bitwise_equal(running_var, var_after_forward));
+  // The running statistics were written in place: they have no recipe, only swap moves them.
+  EXPECT_EQ(scope.manager()->planned_action(*running_mean.storage()), ResidencyAction::kNone);
+}
+
+TEST(Dtr, DropoutReplaysItsMask) {
+  MemoryScope scope(MemoryOptions().policy(Policy::kDtr).min_candidate_bytes(0));
+  manual_seed(9);
+  Tensor x = randn({64, 64});
+  Tensor y = dropout(x, 0.5, /*training=*/true);
+  Tensor expected = clone(y);
+  randn({1000});  // the generator moves on
+  scope.manager()->evict(*y.storage());
+  EXPECT_TRUE(bitwise_equal(y, expected));
+  EXPECT_EQ(scope.manager()->stats().policy.recomputes, 1);
+}
+
+// Runs `body` on a thread with a small stack: recursion 2000 deep would not fit in it.
+void run_with_small_stack(const std::function<void()>& body) {
+  struct Call {
+    const std::function<void()>* body;
+    std::exception_ptr error;
+  } call{&body, nullptr};
+  pthread_attr_t attributes;
+  pthread_attr_init(&attributes);
+  pthread_attr_setstacksize(&attributes, 256 * kKiB);
+  pthread_t thread;
+  auto entry = [](void* argument) -> void* {
+    auto* call = static_cast<Call*>(argument);
+    try {
+      (*call->body)();
+    } catch (...) {
+      call->error = std::current_exception();
+    }
+    return nullptr;
+  };
+  ASSERT_EQ(pthread_create(&thread, &attributes, entry, &call), 0);
+  pthread_join(thread, nullptr);
+  pthread_attr_destroy(&attributes);
+  if (call.error) std::rethrow_exception(call.error);
+}
+
+TEST(Dtr, RematerialisesA2000LongChainOfEvictedTensorsWithAnExplicitStack) {
+  MemoryScope scope(MemoryOptions().policy(Policy::kDtr).min_candidate_bytes(0));
+  manual_seed(11);
+  const Tensor start = randn({256});
+  Tensor last = start;
+  for (int i = 0; i < 2000; ++i) last = tanh(add(mul(last, 0.5), 0.25));
+  Tensor expected = clone(last);
+  // Every intermediate was dropped while a recipe still needed it: an evicted placeholder.
+  EXPECT_GE(scope.manager()->stats().placeholders, 3999);
+  scope.manager()->evict(*last.storage());
+  Tensor copy;
+  run_with_small_stack([&] { copy = clone(last); });
+  EXPECT_TRUE(bitwise_equal(copy, expected));
+  EXPECT_EQ(scope.manager()->stats().policy.recomputes, 6000);
+}
+
+TEST(Dtr, WritingAnInputInPlaceKeepsItsOldBytesForHeldEvictedTensors) {
+  MemoryScope scope(MemoryOptions().policy(Policy::kDtr).min_candidate_bytes(0));
+  ResidencyManager& manager = *scope.manager();
+  manual_seed(12);
+  Tensor x = randn({1000});
+  Tensor y = exp(x);
+  Tensor expected = clone(y);
+  manager.evict(*y.storage());
+  {
+    NoGradGuard no_grad;
+    x.mul_(2.0);
+  }
+  // y's recipe now reads a copy of the old x (copy-on-write).
+  EXPECT_EQ(y.storage()->state(), Residency::kEvicted);
+  EXPECT_EQ(manager.stats().snapshots, 1);
+  EXPECT_TRUE(bitwise_equal(y, expected));
+  EXPECT_EQ(manager.planned_action(*y.storage()), ResidencyAction::kRecompute);
+}
+
+TEST(Dtr, WritingAnInputInPlaceRetiresRecipesNothingHeldNeeds) {
+  MemoryScope scope(MemoryOptions().policy(Policy::kDtr).min_candidate_bytes(0));
+  ResidencyManager& manager = *scope.manager();
+  manual_seed(12);
+  Tensor x = randn({1000});
+  Tensor y = tanh(exp(x));  // exp's output is dropped: an evicted placeholder
+  Tensor expected = clone(y);
+  {
+    NoGradGuard no_grad;
+    x.mul_(2.0);
+  }
+  EXPECT_EQ(manager.stats().snapshots, 0);
+  // y stays resident and keeps its bytes, but can no longer be evicted for recompute.
+  EXPECT_EQ(manager.planned_action(*y.storage()), ResidencyAction::kNone);
+  EXPECT_TRUE(throws_error([&] { manager.evict(*y.storage()); }, "no valid recipe"));
+  EXPECT_TRUE(bitwise_equal(y, expected));
+}
+
+TEST(Dtr, ScoreRisesWithFreshnessAndTheEvictedNeighbourhood) {
+  MemoryScope scope(MemoryOptions().policy(Policy::kDtr).min_candidate_bytes(0));
+  ResidencyManager& manager = *scope.manager();
+  manual_seed(13);
+  Tensor input = randn({64, 64});
+  Tensor middle = exp(input);
+  Tensor output = tanh(middle);
+  for (int i = 0; i < 10; ++i) input.to_vector<float>();  // time passes for the others
+  // Touching a tensor makes it fresher, so a worse victim.
+  const double stale = manager.score(*output.storage());
+  output.to_vector<float>();
+  const double fresh = manager.score(*output.storage());
+  EXPECT_GT(fresh, stale);
+  // Evicting its input adds the input's cost to what evicting it would cost.
+  manager.evict(*middle.storage());
+  EXPECT_GT(manager.score(*output.storage()), fresh);
+  // Pinned tensors are no candidates.
+  {
+    StorageAccess pinned(*output.storage());
+    EXPECT_EQ(manager.planned_action(*output.storage()), ResidencyAction::kNone);
+  }
+  EXPECT_EQ(manager.planned_action(*output.storage()), ResidencyAction::kRecompute);
+  EXPECT_TRUE(manager.evict_one());
+}
+
+// ---- auto: swap or recompute ----
+
+TEST(Auto, SwapsWhatIsCheapToCopyAndRecomputesWhatIsCheapToRecompute) {
+  // Estimated costs: 64x1024 @ 1024x64 takes ~0.2 ms, relu of 64x64 ~2 us; the 16 KiB copy
+  // takes 16 us at 1 GB/s.
+  MemoryScope scope(MemoryOptions()
+                        .policy(Policy::kAuto)
+                        .min_candidate_bytes(0)
+                        .cost_source(CostSource::kEstimated)
+                        .host_bandwidth(1e9));
+  ResidencyManager& manager = *scope.manager();
+  manual_seed(14);
+  Tensor a = randn({64, 1024}), b = randn({1024, 64});
+  Tensor expensive = matmul(a, b);
+  Tensor cheap_input = randn({64, 64});
+  Tensor cheap = relu(cheap_input);
+  Tensor no_recipe = randn({64, 64});
+  {
+    NoGradGuard no_grad;
+    no_recipe.mul_(1.0);  // written in place: its recipe is gone
+  }
+  EXPECT_EQ(manager.planned_action(*expensive.storage()), ResidencyAction::kSwap);
+  EXPECT_EQ(manager.planned_action(*cheap.storage()), ResidencyAction::kRecompute);
+  EXPECT_EQ(manager.planned_action(*no_recipe.storage()), ResidencyAction::kSwap);
+
+  // A link too slow for anything: recompute whatever has a recipe.
+  manager.set_host_bandwidth(1e3);
+  EXPECT_EQ(manager.planned_action(*expensive.storage()), ResidencyAction::kRecompute);
+  EXPECT_EQ(manager.planned_action(*no_recipe.storage()), ResidencyAction::kSwap);
+  // A link faster than any op: swap everything.
+  manager.set_host_bandwidth(1e15);
+  EXPECT_EQ(manager.planned_action(*cheap.storage()), ResidencyAction::kSwap);
+
+  // Both actions bring back the same bytes.
+  Tensor expected_expensive = clone(expensive), expected_cheap = clone(cheap);
+  manager.set_host_bandwidth(1e9);
+  manager.swap_out(*expensive.storage());
+  manager.evict(*cheap.storage());
+  EXPECT_EQ(expensive.storage()->state(), Residency::kOnHost);
+  EXPECT_EQ(cheap.storage()->state(), Residency::kEvicted);
+  EXPECT_TRUE(bitwise_equal(expensive, expected_expensive));
+  EXPECT_TRUE(bitwise_equal(cheap, expected_cheap));
+  EXPECT_EQ(manager.stats().policy.swaps_in, 1);
+  EXPECT_EQ(manager.stats().policy.recomputes, 1);
+}
+
+TEST(Swap, AccessDuringAnUnfinishedSwapOutKeepsTheBytes) {
+  // 1 MiB takes about 20 ms over this link: the read comes while the copy still runs.
+  MemoryScope scope(
+      MemoryOptions().policy(Policy::kSwap).min_candidate_bytes(0).host_bandwidth(50e6));
+  ResidencyManager& manager = *scope.manager();
+  manual_seed(15);
+  Tensor x = randn({256 * 1024});
+  const std::vector<float> expected = x.to_vector<float>();
+  // Asked for far more than the copy frees, the manager starts it and does not wait.
+  EXPECT_TRUE(manager.relieve(size_t{1} << 40, 0));
+  EXPECT_EQ(x.storage()->state(), Residency::kOnHost);
+  EXPECT_EQ(manager.stats().in_flight_swaps, 1);
+  EXPECT_EQ(x.to_vector<float>(), expected);
+  EXPECT_EQ(x.storage()->state(), Residency::kResident);
+  EXPECT_EQ(manager.stats().in_flight_swaps, 0);
+  EXPECT_EQ(manager.stats().policy.swaps_in, 0);  // the device bytes never left
+  // A finished swap-out releases the device bytes; the next read copies them back.
+  manager.swap_out(*x.storage());
+  EXPECT_EQ(x.storage()->data_unchecked(), nullptr);
+  EXPECT_EQ(x.to_vector<float>(), expected);
+  EXPECT_EQ(manager.stats().policy.swaps_in, 1);
+}
+
+TEST(Swap, ScopeEndBringsSwappedTensorsBack) {
+  Tensor x;
+  std::vector<float> expected;
+  {
+    MemoryScope scope(MemoryOptions().policy(Policy::kSwap).min_candidate_bytes(0));
+    manual_seed(16);
+    x = randn({4096});
+    expected = x.to_vector<float>();
+    scope.manager()->swap_out(*x.storage());
+    EXPECT_EQ(x.storage()->state(), Residency::kOnHost);
+  }
+  EXPECT_EQ(residency_hooks(), nullptr);
+  EXPECT_EQ(x.storage()->state(), Residency::kResident);
+  EXPECT_EQ(x.to_vector<float>(), expected);
+}
+
+TEST(HostLink, CopiesEveryByteInOrder) {
+  HostLink link(2e9);
+  std::vector<char> source(3 * kMiB + 17), first(source.size()), second(source.size());
+  for (size_t i = 0; i < source.size(); ++i) source[i] = static_cast<char>(i * 7 + 3);
+  auto a = link.copy_async(first.data(), source.data(), source.size());
+  auto b = link.copy_async(second.data(), first.data(), source.size());
+  link.wait(b);
+  EXPECT_TRUE(a->done());
+  EXPECT_EQ(first, source);
+  EXPECT_EQ(second, source);
+  EXPECT_EQ(link.bytes_copied(), static_cast<int64_t>(2 * source.size()));
+  EXPECT_DOUBLE_EQ(link.seconds_for(2000), 1e-6);
+  link.set_bandwidth(0);
+  EXPECT_EQ(link.seconds_for(2000), 0.0);
+}
+
+// ---- split ----
+
+// Sets the intra-op thread count for a scope: conv2d's workspace holds one image per thread.
+class ThreadCount {
+ public:
+  explicit ThreadCount(int threads) : previous_(get_num_threads()) { set_num_threads(threads); }
+  ~ThreadCount() { set_num_threads(previous_); }
+
+ private:
+  int previous_;
+};
+
+TEST(Split, AConvWhoseOutputPlusWorkspaceExceedTheBudgetRunsInChunks) {
+  ThreadCount threads(4);
+  manual_seed(17);
+  const Tensor x_values = randn({8, 16, 32, 32});                                // 512 KiB
+  const Tensor w_values = randn({32, 16, 3, 3});                                 // 18 KiB
+  const Tensor expected = conv2d(x_values, w_values, Tensor(), {1, 1}, {1, 1});  // 1 MiB
+  // Inputs and output take 1.55 MiB; the im2col workspace 576 KiB per image, 4 images at once.
+  const size_t budget = 2400 * kKiB;
+  {
+    MemoryScope scope(budget, Policy::kNone);
+    Tensor x = clone(x_values), w = clone(w_values);
+    EXPECT_TRUE(throws_error([&] { conv2d(x, w, Tensor(), {1, 1}, {1, 1}); }, "out of memory"));
+  }
+  MemoryScope scope(budget, Policy::kSplit);
+  Tensor x = clone(x_values), w = clone(w_values);
+  Tensor y = conv2d(x, w, Tensor(), {1, 1}, {1, 1});
+  EXPECT_TRUE(all_close(y, expected));
+  EXPECT_EQ(scope.manager()->stats().policy.splits, 1);
+  EXPECT_EQ(status().stats.policy.splits, 1);
+}
+
+// ---- out of memory ----
+
+TEST(OutOfMemory, ReportNamesTopHoldersAndTheOpsThatMadeThemAndTheProcessGoesOn) {
+  MemoryScope scope(MemoryOptions()
+                        .budget(2 * kMiB)
+                        .policy(Policy::kDtr)
+                        .min_candidate_bytes(64 * kMiB));  // nothing is big enough to evict
+  manual_seed(19);
+  Tensor held = exp(randn({192 * 1024}));  // 768 KiB
+  Tensor more = tanh(held);                // 768 KiB
+  try {
+    Tensor too_much = exp(more);
+    FAIL() << "expected an out-of-memory error";
+  } catch (const tessel::OutOfMemory& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("out of memory"), std::string::npos) << message;
+    EXPECT_NE(message.find("memory policy: dtr"), std::string::npos) << message;
+    EXPECT_NE(message.find("top holders"), std::string::npos) << message;
+    EXPECT_NE(message.find("exp output"), std::string::npos) << message;
+    EXPECT_NE(message.find("tanh output"), std::string::npos) << message;
+  }
+  // Usable afterwards: a smaller op fits and computes the right values.
+  Tensor small = mul(randn({1024}), 2.0);
+  EXPECT_EQ(small.numel(), 1024);
+  EXPECT_TRUE(all_close(tanh(held.narrow(0, 0, 1024)), more.narrow(0, 0, 1024)));
+}
+
+// ---- the user surface: budgets, policies, bad input ----
+
+TEST(ParseBudget, ReadsBytesWithUnitsAndFractions) {
+  EXPECT_EQ(parse_budget("1.5GiB").bytes, size_t{3} << 29);
+  EXPECT_EQ(parse_budget("512MiB").bytes, 512 * kMiB);
+  EXPECT_EQ(parse_budget(" 64 kib ").bytes, 64 * kKiB);
+  EXPECT_EQ(parse_budget("2GB").bytes, size_t{2000000000});
+  EXPECT_EQ(parse_budget("4096").bytes, size_t{4096});
+  Budget fraction = parse_budget("0.4");
+  EXPECT_TRUE(fraction.is_fraction());
+  EXPECT_DOUBLE_EQ(fraction.fraction, 0.4);
+  EXPECT_EQ(fraction.resolve(1000, 2000), size_t{1400});
+  EXPECT_EQ(parse_budget("1.0").fraction, 1.0);
+  EXPECT_EQ(activation_budget(100, 300, 0.5), size_t{200});
+}
+
+TEST(ParseBudget, RejectsZeroNegativeUnparsableAndOutOfRangeText) {
+  EXPECT_TRUE(throws_error([] { parse_budget("0"); }, "is zero"));
+  EXPECT_TRUE(throws_error([] { parse_budget("0GiB"); }, "is zero"));
+  EXPECT_TRUE(throws_error([] { parse_budget("-1GiB"); }, "negative"));
+  EXPECT_TRUE(throws_error([] { parse_budget("-0.5"); }, "negative"));
+  EXPECT_TRUE(throws_error([] { parse_budget("lots"); }, "cannot read"));
+  EXPECT_TRUE(throws_error([] { parse_budget(""); }, "empty"));
+  EXPECT_TRUE(throws_error([] { parse_budget("1.5"); }, "(0, 1]"));
+  EXPECT_TRUE(throws_error([] { parse_budget("3XB"); }, "unknown unit"));
+  EXPECT_TRUE(throws_error([] { parse_budget("100"); }, "at least 512"));
+  EXPECT_TRUE(throws_error([] { parse_policy("fast"); }, "none, dtr, swap, split, auto"));
+  EXPECT_TRUE(throws_error([] { set_budget(0); }, "must be positive"));
+}
+
+TEST(Budget, BelowTheFixedMemoryIsAClearOutOfMemoryError) {
+  manual_seed(20);
+  nn::Linear layer(512, 512);  // 1 MiB of weights: 3 MiB with gradients and momentum
+  const size_t fixed = fixed_memory_bytes(layer.parameters(), 1);
+  EXPECT_GE(fixed, 3 * kMiB);
+  try {
+    MemoryScope scope(MemoryOptions().budget(2 * kMiB).policy(Policy::kDtr).fixed_bytes(fixed));
+    FAIL() << "expected an error";
+  } catch (const tessel::OutOfMemory& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("below the fixed memory"), std::string::npos) << message;
+    EXPECT_NE(message.find("parameters, their gradients and the optimizer state"),
+              std::string::npos)
+        << message;
+  }
+  EXPECT_EQ(residency_hooks(), nullptr);  // nothing was installed
+}
+
+TEST(Scope, RestoresThePreviousAllocatorAndHooksAndNests) {
+  auto before = allocator_for(Device::cpu());
+  {
+    MemoryScope outer(MemoryOptions().budget(8 * kMiB).policy(Policy::kDtr));
+    EXPECT_EQ(allocator_for(Device::cpu()).get(), &outer.allocator());
+    EXPECT_EQ(residency_hooks(), outer.manager());
+    {
+      MemoryScope inner(MemoryOptions().policy(Policy::kSwap));
+      EXPECT_EQ(residency_hooks(), inner.manager());
+      EXPECT_EQ(status().policy, Policy::kSwap);
+    }
+    EXPECT_EQ(residency_hooks(), outer.manager());
+    EXPECT_EQ(status().policy, Policy::kDtr);
+  }
+  EXPECT_EQ(allocator_for(Device::cpu()), before);
+  EXPECT_EQ(residency_hooks(), nullptr);
+  EXPECT_FALSE(status().active);
+}
+
+TEST(Scope, ProcessWideSettingsChangeBudgetAndPolicy) {
+  set_policy("dtr");
+  EXPECT_EQ(status().policy, Policy::kDtr);
+  EXPECT_NE(residency_hooks(), nullptr);
+  set_policy(Policy::kNone);
+  EXPECT_EQ(residency_hooks(), nullptr);
+  EXPECT_TRUE(status().active);
+  reset();
+  set_budget(16 * kMiB);
+  EXPECT_EQ(status().budget, 16 * kMiB);
+  EXPECT_EQ(status().policy, Policy::kNone);
+  reset();
+  EXPECT_FALSE(status().active);
+}
+
+}  // namespace
+}  // namespace tessel::memory
