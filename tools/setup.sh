@@ -11,7 +11,7 @@ packages=(
   libeigen3-dev libgtest-dev libgmock-dev libbenchmark-dev libopenmpi-dev openmpi-bin
   nlohmann-json3-dev libcli11-dev zlib1g-dev
   # reference values, benchmarks and plots (never a dependency of the library)
-  python3 python3-numpy python3-torch python3-torchvision libopenblas0-pthread python3-matplotlib
+  python3 python3-numpy python3-torch python3-torchvision libopenblas0-pthread python3-matplotlib python3-threadpoolctl
   # real data: Fashion-MNIST (IDX, gzip) and an English text corpus
   dataset-fashion-mnist fortunes
 )
