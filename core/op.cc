@@ -199,9 +199,22 @@ bool run_kernel_chunked(const OpDef& op, const Kernel& kernel, const SplitRule& 
   return true;
 }
 
+// Whether `inputs` can be cut along `rule` (checked on the first of two chunks).
+bool cuttable(const OpDef& op, const SplitRule& rule, const std::vector<Tensor>& inputs,
+              const std::vector<Tensor>& outputs, const Attrs& attrs) {
+  const int64_t size = outputs[0].size(rule.output_dim);
+  std::vector<Tensor> chunk_outputs;
+  for (const auto& output : outputs)
+    chunk_outputs.push_back(narrow_view(output, rule.output_dim, 0, size / 2));
+  std::vector<Tensor> chunk_in;
+  return chunk_inputs(op, rule, inputs, chunk_outputs, attrs, size, 0, size / 2, chunk_in);
+}
+
 // Runs the kernel for the outputs' device. When it runs out of memory and the memory layer
 // allows it, runs it again in 2, 4, 8, ... chunks (up to the split dimension's size) along the
 // op's SplitRule, writing into slices of the same outputs: the smallest count that fits wins.
+// Only the last try (single rows, or the whole op when its inputs do not cut) tells the memory
+// layer that no smaller split remains, so it evicts instead.
 void run_kernel(const OpDef& op, const std::vector<Tensor>& inputs, std::vector<Tensor>& outputs,
                 const Attrs& attrs, bool replay) {
   Device device = outputs.empty() ? inputs.at(0).device() : outputs[0].device();
@@ -209,7 +222,7 @@ void run_kernel(const OpDef& op, const std::vector<Tensor>& inputs, std::vector<
   TESSEL_CHECK(kernel != nullptr, op.name, ": no kernel for device ", device.str(),
                device.is_cuda() ? " (build with --config=cuda)" : "");
   const SplitRule* rule = split_rule(op, outputs);
-  if (!rule) {
+  if (!rule || !cuttable(op, *rule, inputs, outputs, attrs)) {
     run_kernel_once(op, kernel, inputs, outputs, attrs, replay, KernelInProgress{&op, 1, false});
     return;
   }
@@ -218,21 +231,21 @@ void run_kernel(const OpDef& op, const std::vector<Tensor>& inputs, std::vector<
     run_kernel_once(op, kernel, inputs, outputs, attrs, replay, KernelInProgress{&op, 1, true});
     return;
   } catch (const OutOfMemory&) {
-    for (int64_t chunks = 2;; chunks = std::min(chunks * 2, size)) {
-      const bool last = chunks == size;
-      if (getenv("DEBUG_SPLIT")) fprintf(stderr, "split attempt %s chunks %lld of %lld\n", op.name.c_str(), (long long)chunks, (long long)size);
-      bool cut = false;
-      try {
-        cut = run_kernel_chunked(op, kernel, *rule, inputs, outputs, attrs, replay, chunks, !last);
-      } catch (const OutOfMemory&) {
-        if (last) throw;
-        continue;
-      }
-      if (!cut) throw;  // the inputs do not split along the rule: the original error
-      if (ResidencyHooks* hooks = residency_hooks()) hooks->on_split(op, chunks);
-      return;
-    }
   }
+  for (int64_t chunks = 2;; chunks = std::min(chunks * 2, size)) {
+    const bool last = chunks == size;
+    bool cut = false;
+    try {
+      cut = run_kernel_chunked(op, kernel, *rule, inputs, outputs, attrs, replay, chunks, !last);
+    } catch (const OutOfMemory&) {
+      if (last) throw;
+      continue;
+    }
+    if (!cut) break;  // this count does not cut the inputs: fall back to the whole op
+    if (ResidencyHooks* hooks = residency_hooks()) hooks->on_split(op, chunks);
+    return;
+  }
+  run_kernel_once(op, kernel, inputs, outputs, attrs, replay, KernelInProgress{&op, 1, false});
 }
 
 TraceHook& trace_hook() {

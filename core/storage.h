@@ -131,6 +131,7 @@ class StorageAccess {
     other.storage_ = nullptr;
   }
   void* data() const { return storage_->data_; }
+  StorageImpl* storage() const { return storage_; }
 
  private:
   StorageImpl* storage_;

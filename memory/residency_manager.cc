@@ -105,6 +105,7 @@ struct ResidencyManager::Record {
   std::shared_ptr<Component> component;  // while evicted
   double component_cost = 0;             // what this storage added to it
   std::shared_ptr<HostTransfer> pending_out;
+  bool consumed = false;         // a recorded op has read it since it was made
   bool rematerializing = false;  // being recomputed: not a candidate
   bool recipe_stale = false;     // an input of its recipe was (or is being) written in place
 };
@@ -278,7 +279,9 @@ ResidencyManager::Candidate ResidencyManager::assess(StorageImpl& storage) {
     return none;
   Record* record = find_record(storage);
   if (!record || record->rematerializing) return none;
-  const bool recompute_ok = can_recompute(storage);
+  // Nothing has read it yet, so it is about to be read (a gradient waiting for the optimizer,
+  // an output waiting for its consumer): recomputing it would redo its whole chain at once.
+  const bool recompute_ok = record->consumed && can_recompute(storage);
   const bool swap_ok = swaps_for(options_.policy());
   if (!recompute_ok && !swap_ok) return none;
 
@@ -443,7 +446,6 @@ void ResidencyManager::replay(OpCall& recipe) {
     Record& record = record_of(*output);
     leave_component(*output);
     ++record.recomputes;
-    if (getenv("DEBUG_SPLIT") && counters_.recomputes % 500 == 0) fprintf(stderr, "recomputes %lld evictions %lld placeholders %lld op %s storage %llu (%zu bytes) recomputed %lld times\n", (long long)counters_.recomputes, (long long)counters_.evictions, (long long)placeholders_, recipe.op->name.c_str(), (unsigned long long)output->id(), output->nbytes(), (long long)record.recomputes);
     count("recompute", output->nbytes());
     label(*output);
   }
@@ -461,7 +463,8 @@ void ResidencyManager::drop_if_unreferenced(StorageImpl& storage) {
 
 // Makes `target` resident with an explicit stack (chains of evicted tensors can be thousands
 // long): look at the top; while an input of its recipe is not resident, push that input; once
-// all are resident (and pinned), replay the recipe and pop.
+// all are resident, replay the recipe and pop. As in DTR, each input is pinned as soon as it is
+// resident, until its consumer has replayed, so computing one input never evicts another.
 void ResidencyManager::rematerialize(StorageImpl& target) {
   struct Frame {
     StorageImpl* storage;
@@ -510,7 +513,7 @@ void ResidencyManager::rematerialize(StorageImpl& target) {
       }
       StorageImpl& needed = *input.storage;
       if (needed.state() == Residency::kResident) {
-        frame.pinned_inputs.emplace_back(needed);  // pinned until the replay is done
+        frame.pinned_inputs.emplace_back(needed);
         ++frame.next_input;
         continue;
       }
@@ -521,14 +524,12 @@ void ResidencyManager::rematerialize(StorageImpl& target) {
       break;
     }
     if (waiting) continue;
-
+    // Inputs recomputed on the way stay resident, candidates like any other: dropping them at
+    // once would recompute shared ancestors again for every consumer (exponentially in diamonds).
     std::shared_ptr<OpCall> done = frame.recipe;
     replay(*done);
     on_stack.erase(&storage);
     stack.pop_back();  // unpins the inputs
-    // Inputs nobody holds go back to being placeholders (a chain recomputes in O(1) memory).
-    for (const auto& input : done->inputs)
-      if (input.storage) drop_if_unreferenced(*input.storage);
   }
 }
 
@@ -592,6 +593,7 @@ void ResidencyManager::on_op_recorded(const std::shared_ptr<OpCall>& call, doubl
   for (const auto& input : call->inputs) {
     if (!input.storage) continue;
     Record& record = record_of(*input.storage);
+    record.consumed = true;
     record.consumers.push_back(call);
     if (record.consumers.size() > record.consumers_pruned_at) {
       auto& consumers = record.consumers;
@@ -633,10 +635,15 @@ void ResidencyManager::before_write(StorageImpl& storage) {
   }
 
   // The recipes that read these bytes (running statistics read by batch norm are not part of
-  // its recipe), the outputs they made, and the evicted tensors downstream of evicted outputs.
+  // its recipe), the outputs they made, and what lies downstream of them through tensors that
+  // are evicted or that nobody holds (those would be dropped below).
   std::vector<std::shared_ptr<OpCall>> readers;
-  std::vector<std::shared_ptr<StorageImpl>> direct, evicted;
+  std::vector<std::shared_ptr<StorageImpl>> affected;
   std::unordered_set<StorageImpl*> seen;
+  auto passes_through = [](const StorageImpl& node) {
+    return node.state() == Residency::kEvicted ||
+           (node.state() == Residency::kResident && node.user_refs() == 0);
+  };
   auto visit_consumers = [&](StorageImpl& source, bool is_written) {
     Record* record = find_record(source);
     if (!record) return;
@@ -653,27 +660,35 @@ void ResidencyManager::before_write(StorageImpl& storage) {
       }
       for (const auto& weak_output : call->output_storages) {
         auto output = weak_output.lock();
-        if (!output || output.get() == &source) continue;
-        if (is_written) direct.push_back(output);
-        if (output->state() == Residency::kEvicted && seen.insert(output.get()).second)
-          evicted.push_back(output);
+        if (!output || output.get() == &source || !seen.insert(output.get()).second) continue;
+        // Direct outputs all lose their recipe; further down only what recomputes through them.
+        if (is_written || passes_through(*output)) affected.push_back(output);
       }
     }
   };
   visit_consumers(storage, true);
-  for (size_t i = 0; i < evicted.size(); ++i) visit_consumers(*evicted[i], false);
+  for (size_t i = 0; i < affected.size(); ++i)
+    if (passes_through(*affected[i])) visit_consumers(*affected[i], false);
 
   bool held_downstream = false;
-  for (const auto& affected : evicted)
-    held_downstream = held_downstream || affected->user_refs() > 0;
+  for (const auto& node : affected)
+    held_downstream =
+        held_downstream || (node->state() == Residency::kEvicted && node->user_refs() > 0);
   if (held_downstream) {
     // The program still holds evicted tensors that need the old bytes: keep a copy of them for
     // the recipes (copy-on-write, as DTR does), so every recipe stays valid.
     snapshot_for_readers(storage, readers);
   } else {
-    // Nothing held needs the old bytes: what was made from them is never recomputed again.
-    for (const auto& output : direct) record_of(*output).recipe_stale = true;
-    for (const auto& affected : evicted) record_of(*affected).recipe_stale = true;
+    // Nothing held needs the old bytes: what was made from them is never recomputed again, and
+    // what nobody holds is of no use any more: its bytes go.
+    for (const auto& node : affected) {
+      record_of(*node).recipe_stale = true;
+      if (node->state() == Residency::kResident && node->user_refs() == 0 && node->pins() == 0 &&
+          managed(*node)) {
+        node->release_bytes(Residency::kEvicted);
+        ++placeholders_;
+      }
+    }
   }
 
   // Its own recipe no longer describes its bytes.
@@ -899,7 +914,10 @@ std::string ResidencyManager::describe_holders() {
     } else {
       ++without_recipe;
       without_recipe_bytes += storage->nbytes();
-      why = storage->producer ? "recipe no longer valid" : "no recipe";
+      Record* record = find_record(*storage);
+      why = !storage->producer              ? "no recipe"
+            : (record && !record->consumed) ? "not read yet"
+                                            : "recipe no longer valid";
     }
     holders.push_back(Holder{std::move(storage), why});
   }
@@ -914,7 +932,7 @@ std::string ResidencyManager::describe_holders() {
   out << "\n    resident tensors: " << pinned << " pinned by running ops ("
       << format_bytes(static_cast<double>(pinned_bytes)) << "), " << without_recipe
       << " that only swap can move (" << format_bytes(static_cast<double>(without_recipe_bytes))
-      << ": parameters, inputs, optimizer state or tensors written in place), " << small
+      << ": parameters, inputs, optimizer state, gradients or tensors written in place), " << small
       << " below the minimum size (" << format_bytes(static_cast<double>(small_bytes)) << ")";
   const PolicyCounters& c = counters_;
   out << "\n    so far: " << c.evictions << " evictions, " << c.recomputes << " recomputes, "

@@ -12,13 +12,24 @@ namespace {
 
 std::string recipes_help() {
   std::ostringstream text;
-  text << "Recipes (--recipe):\n";
+  text << "Recipes (--recipe; the first is the default):\n";
   for (const auto& recipe : recipes()) {
-    text << "  " << recipe.name << "  " << recipe.description << "\n"
-         << "      defaults: --model=" << recipe.defaults.model
-         << " --data=" << recipe.defaults.data << " --batch_size=" << recipe.defaults.batch_size
+    text << "  " << recipe.name << "\n      " << recipe.description << "\n"
+         << "      --data: "
+         << (recipe.defaults.data.empty() ? recipe.data_help
+                                          : recipe.defaults.data + " (" + recipe.data_help + ")")
+         << "\n      --model: ";
+    for (size_t i = 0; i < recipe.models.size(); ++i) text << (i ? ", " : "") << recipe.models[i];
+    text << " (default " << recipe.defaults.model << ")\n"
+         << "      defaults: --batch_size=" << recipe.defaults.batch_size
          << " --lr=" << recipe.defaults.lr << " --epochs=" << recipe.defaults.epochs << "\n";
   }
+  text << "\nCheckpoints: --checkpoint_dir=DIR saves after every epoch (and every "
+          "--checkpoint_every steps, and when --steps stops the run), keeping the newest 3. "
+          "--resume continues from the newest checkpoint in --checkpoint_dir (or --resume=PATH: a "
+          "checkpoint folder DIR/step_N or a checkpoint DIR) with the same data order, "
+          "augmentation, RNG and schedule, so parameters match an uninterrupted run exactly; pass "
+          "the same --recipe, --model, --data, --batch_size, --lr, --epochs and --seed.\n";
   return text.str();
 }
 
@@ -87,9 +98,20 @@ int parse_train_flags(int argc, const char* const* argv, TrainConfig* config, st
       ->capture_default_str();
   app.add_option("--metrics", flags.metrics_path, "write metrics as JSON lines to this file");
   app.add_option("--checkpoint_dir", flags.checkpoint_dir,
-                 "save checkpoints here (recipes that support checkpoints)");
-  app.add_option("--resume", flags.resume,
-                 "resume from this checkpoint (recipes that support checkpoints)");
+                 "save checkpoints here after every epoch, keeping the newest 3");
+  app.add_option("--checkpoint_every", flags.checkpoint_every,
+                 "also save every N steps (needs --checkpoint_dir); 0: after each epoch only")
+      ->check(kNonNegativeInteger)
+      ->capture_default_str();
+  std::string resume;
+  auto* resume_option =
+      app.add_option("--resume", resume,
+                     "continue from the newest checkpoint in --checkpoint_dir, or from PATH "
+                     "(--resume=PATH: DIR/step_N or a checkpoint DIR)")
+          ->expected(0, 1);
+  app.add_option("--work_dir", flags.work_dir,
+                 "where recipes cache what they prepare once, such as the BERT vocabulary "
+                 "(default: $HOME/.cache/tessel/RECIPE)");
 
   try {
     app.parse(argc, argv);
@@ -101,6 +123,7 @@ int parse_train_flags(int argc, const char* const* argv, TrainConfig* config, st
   if (batch_option->count()) flags.batch_size = batch_size;
   if (lr_option->count()) flags.lr = lr;
   if (epochs_option->count()) flags.epochs = epochs;
+  if (resume_option->count()) flags.resume = resume;
   *config = std::move(flags);
   return -1;
 }

@@ -33,7 +33,9 @@ using testing::bitwise_equal;
 constexpr double kModelRtol = 1e-4;  // DESIGN.md: whole f32 models
 constexpr double kModelAtol = 1e-6;
 constexpr int kSteps = 3;
-constexpr size_t kMinCandidateBytes = 64 * 1024;
+constexpr size_t kMinCandidateBytes = 4 * 1024;
+// Costs estimated from each op's FLOPs and bytes rather than timed: the same evictions on every
+// run, so a budget that works once works always (measured costs are the default elsewhere).
 
 struct PolicyCase {
   std::string name;
@@ -44,6 +46,9 @@ struct PolicyCase {
   // closeness rule after 3 steps: ShuffleNet amplifies them most (a different thread count alone
   // moves its parameters by more than 1e-4 at lr 1e-3).
   double learning_rate = 1e-3;
+  // Convolutions take im2col workspaces that a split shrinks; BERT's ops need none, so under
+  // the split policy every op fits once others are evicted and nothing is split.
+  bool splits_expected = true;
 };
 
 struct TrainingRun {
@@ -115,7 +120,7 @@ PolicyCase resnet18_case() {
     return models::resnet18(models::ResNetOptions().num_classes(10).small_image_stem(true));
   };
   result.loss = [](nn::Module& model, int step) {
-    constexpr int64_t kBatch = 296;  // 11.2M parameters: activations must outweigh 3 copies
+    constexpr int64_t kBatch = 320;  // 11.2M parameters: activations must outweigh 3 copies
     manual_seed(100 + step);
     Tensor images = randn({kBatch, 3, 16, 16});
     Tensor labels = randint(0, 10, {kBatch});
@@ -142,7 +147,8 @@ PolicyCase shufflenet_case() {
 }
 
 PolicyCase bert_case() {
-  constexpr int64_t kVocab = 1000, kBatch = 16, kSequence = 64;
+  // A small vocabulary: with 30522 words the MLM logits alone would outweigh a whole layer.
+  constexpr int64_t kVocab = 256, kBatch = 8, kSequence = 128;
   PolicyCase result;
   result.name = "bert_tiny";
   result.make_model = [] {
@@ -161,6 +167,7 @@ PolicyCase bert_case() {
     models::BertPreTrainingOutput output = bert.forward(input_ids, token_types);
     return models::bert_pretraining_loss(output, mlm_labels, nsp_labels).total;
   };
+  result.splits_expected = false;
   return result;
 }
 
@@ -209,6 +216,7 @@ TEST_P(PolicyEquality, TrainsLikeWithoutABudgetAtEveryActivationFraction) {
                                                    .budget(budget)
                                                    .policy(policy)
                                                    .min_candidate_bytes(kMinCandidateBytes)
+                                                   .cost_source(CostSource::kEstimated)
                                                    .fixed_bytes(expected.fixed));
     if (probing()) {
       std::cout << "  " << policy_case.name << " " << policy_name(policy) << " f=" << fraction
@@ -235,7 +243,11 @@ TEST_P(PolicyEquality, TrainsLikeWithoutABudgetAtEveryActivationFraction) {
       EXPECT_EQ(total.recomputes, 0);
       break;
     case Policy::kSplit:
-      EXPECT_GT(total.splits, 0);
+      if (policy_case.splits_expected) {
+        EXPECT_GT(total.splits, 0);
+      } else {
+        EXPECT_GT(total.evictions, 0);
+      }
       break;
     default:
       EXPECT_GT(total.evictions + total.swaps_out, 0);

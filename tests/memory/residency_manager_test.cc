@@ -86,22 +86,30 @@ void expect_bitwise_same_training(const RunResult& actual, const RunResult& expe
     EXPECT_TRUE(bitwise_equal(actual.state[i], expected.state[i])) << "state tensor " << i;
 }
 
-// Activations dominate both models (as in the policy benchmarks): many 512 KiB or 128 KiB
-// activations against a few hundred KiB of parameters, gradients and momentum.
+// Activations dominate both models (as in the policy benchmarks), and both are deep enough that
+// one op's working set is a small part of the budget: the arena's holes must still fit it when
+// the op's pinned inputs sit in the middle.
 ModelCase mlp_case() {
   ModelCase result;
   result.make_model = [] {
-    return std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
-        std::make_shared<nn::Linear>(64, 128), std::make_shared<nn::ReLU>(),
-        std::make_shared<nn::Linear>(128, 128), std::make_shared<nn::Tanh>(),
-        std::make_shared<nn::Linear>(128, 128), std::make_shared<nn::ReLU>(),
-        std::make_shared<nn::Linear>(128, 128), std::make_shared<nn::Tanh>(),
-        std::make_shared<nn::Linear>(128, 10)});
+    auto net = std::make_shared<nn::Sequential>();
+    net->push_back(std::make_shared<nn::Linear>(64, 128));
+    for (int layer = 0; layer < 8; ++layer) {
+      if (layer % 2) {
+        net->push_back(std::make_shared<nn::Tanh>());
+      } else {
+        net->push_back(std::make_shared<nn::ReLU>());
+      }
+      net->push_back(std::make_shared<nn::Linear>(128, 128));
+    }
+    net->push_back(std::make_shared<nn::ReLU>());
+    net->push_back(std::make_shared<nn::Linear>(128, 10));
+    return net;
   };
   result.batch = [](int step) {
     manual_seed(100 + step);
-    Tensor input = randn({1024, 64});
-    Tensor labels = randint(0, 10, {1024});
+    Tensor input = randn({512, 64});
+    Tensor labels = randint(0, 10, {512});
     return std::make_pair(input, labels);
   };
   return result;
@@ -111,21 +119,21 @@ ModelCase conv_case() {
   ModelCase result;
   result.make_model = [] {
     auto net = std::make_shared<nn::Sequential>();
-    for (int block = 0; block < 8; ++block) {
+    for (int block = 0; block < 16; ++block) {
       net->push_back(
-          std::make_shared<nn::Conv2d>(nn::Conv2dOptions(block ? 16 : 3, 16, 3).padding(1)));
-      net->push_back(std::make_shared<nn::BatchNorm2d>(16));
+          std::make_shared<nn::Conv2d>(nn::Conv2dOptions(block ? 8 : 3, 8, 3).padding(1)));
+      net->push_back(std::make_shared<nn::BatchNorm2d>(8));
       net->push_back(std::make_shared<nn::ReLU>());
     }
     net->push_back(std::make_shared<nn::AdaptiveAvgPool2d>(1));
     net->push_back(std::make_shared<nn::Flatten>());
-    net->push_back(std::make_shared<nn::Linear>(16, 10));
+    net->push_back(std::make_shared<nn::Linear>(8, 10));
     return net;
   };
   result.batch = [](int step) {
     manual_seed(200 + step);
-    Tensor input = randn({8, 3, 16, 16});
-    Tensor labels = randint(0, 10, {8});
+    Tensor input = randn({16, 3, 16, 16});
+    Tensor labels = randint(0, 10, {16});
     return std::make_pair(input, labels);
   };
   return result;
@@ -150,6 +158,16 @@ TEST(Dtr, MlpUnderABudgetTrainsBitwiseLikeWithoutOne) {
   EXPECT_GT(dtr.counters.evictions, 0);
   EXPECT_GT(dtr.counters.recomputes, 0);
   EXPECT_LE(dtr.peak, activation_budget(reference.fixed, reference.peak, 0.5));
+}
+
+TEST(Dtr, SampledCandidatesStillTrainBitwiseLikeWithoutABudget) {
+  ModelCase model = mlp_case();
+  RunResult reference = train(model, MemoryOptions());
+  MemoryOptions options = budgeted(reference, 0.5, Policy::kDtr);
+  options.sample_candidates(true, /*seed=*/42);
+  RunResult sampled = train(model, options);
+  expect_bitwise_same_training(sampled, reference);
+  EXPECT_GT(sampled.counters.evictions, 0);
 }
 
 TEST(Dtr, ConvNetWithBatchNormTrainsBitwiseLikeWithoutOne) {
@@ -318,7 +336,9 @@ TEST(Dtr, ScoreRisesWithFreshnessAndTheEvictedNeighbourhood) {
   manual_seed(13);
   Tensor input = randn({64, 64});
   Tensor middle = exp(input);
+  Tensor spacer = randn({64, 64});  // keeps middle's block away from output's
   Tensor output = tanh(middle);
+  Tensor consumer = neg(output);  // a tensor nothing has read yet is about to be read: kept
   for (int i = 0; i < 10; ++i) input.to_vector<float>();  // time passes for the others
   // Touching a tensor makes it fresher, so a worse victim.
   const double stale = manager.score(*output.storage());
@@ -353,6 +373,7 @@ TEST(Auto, SwapsWhatIsCheapToCopyAndRecomputesWhatIsCheapToRecompute) {
   Tensor expensive = matmul(a, b);
   Tensor cheap_input = randn({64, 64});
   Tensor cheap = relu(cheap_input);
+  Tensor consumer = add(expensive, cheap);  // both have been read: both are candidates
   Tensor no_recipe = randn({64, 64});
   {
     NoGradGuard no_grad;
@@ -463,12 +484,15 @@ TEST(Split, AConvWhoseOutputPlusWorkspaceExceedTheBudgetRunsInChunks) {
     Tensor x = clone(x_values), w = clone(w_values);
     EXPECT_TRUE(throws_error([&] { conv2d(x, w, Tensor(), {1, 1}, {1, 1}); }, "out of memory"));
   }
-  MemoryScope scope(budget, Policy::kSplit);
-  Tensor x = clone(x_values), w = clone(w_values);
-  Tensor y = conv2d(x, w, Tensor(), {1, 1}, {1, 1});
-  EXPECT_TRUE(all_close(y, expected));
-  EXPECT_EQ(scope.manager()->stats().policy.splits, 1);
-  EXPECT_EQ(status().stats.policy.splits, 1);
+  // auto splits too once nothing is left to evict or swap (the inputs are pinned).
+  for (Policy policy : {Policy::kSplit, Policy::kAuto}) {
+    MemoryScope scope(budget, policy);
+    Tensor x = clone(x_values), w = clone(w_values);
+    Tensor y = conv2d(x, w, Tensor(), {1, 1}, {1, 1});
+    EXPECT_TRUE(all_close(y, expected)) << policy_name(policy);
+    EXPECT_EQ(scope.manager()->stats().policy.splits, 1) << policy_name(policy);
+    EXPECT_EQ(status().stats.policy.splits, 1) << policy_name(policy);
+  }
 }
 
 // ---- out of memory ----

@@ -47,15 +47,19 @@ TEST(TrainCli, HelpListsEveryFlagAndTheRecipes) {
   EXPECT_EQ(result.code, 0);
   for (const char* flag :
        {"--recipe", "--model", "--data", "--batch_size", "--lr", "--epochs", "--steps", "--seed",
-        "--threads", "--eval_every", "--log_every", "--metrics", "--checkpoint_dir", "--resume"})
+        "--threads", "--eval_every", "--log_every", "--metrics", "--checkpoint_dir",
+        "--checkpoint_every", "--resume", "--work_dir"})
     EXPECT_NE(result.out.find(flag), std::string::npos) << flag;
-  EXPECT_NE(result.out.find("mlp_fashion_mnist"), std::string::npos);
+  for (const char* recipe :
+       {"resnet18_fashion_mnist", "shufflenet_v2_fashion_mnist", "bert_mlm_fortunes",
+        "resnet_cifar10", "shufflenet_v2_cifar10", "resnet_imagenet_style", "mlp_fashion_mnist"})
+    EXPECT_NE(result.out.find(recipe), std::string::npos) << recipe;
 }
 
 TEST(TrainCli, FlagsFillTheConfigAndUnsetOnesStayUnset) {
   TrainConfig config = parse({"--lr=0.01", "--epochs", "2", "--steps=50", "--seed=7", "--threads=2",
                               "--eval_every=10", "--metrics=m.jsonl"});
-  EXPECT_EQ(config.recipe, "mlp_fashion_mnist");
+  EXPECT_EQ(config.recipe, "resnet18_fashion_mnist");
   EXPECT_EQ(config.lr, 0.01);
   EXPECT_EQ(config.epochs, 2);
   EXPECT_EQ(config.steps, 50);
@@ -65,6 +69,7 @@ TEST(TrainCli, FlagsFillTheConfigAndUnsetOnesStayUnset) {
   EXPECT_EQ(config.metrics_path, "m.jsonl");
   EXPECT_FALSE(config.batch_size.has_value());
   EXPECT_FALSE(config.model.has_value());
+  EXPECT_FALSE(config.resume.has_value());
 
   TrainConfig resolved = resolve_config(find_recipe("mlp_fashion_mnist"), config);
   EXPECT_EQ(*resolved.batch_size, 128);
@@ -96,30 +101,46 @@ TEST(TrainCli, BadValuesFailWithTheFlagName) {
 }
 
 TEST(TrainCli, UnknownRecipeListsTheKnownOnes) {
-  CliRun result = run({"--recipe=resnet_imagenet"});
+  CliRun result = run({"--recipe=vgg16_imagenet"});
   EXPECT_EQ(result.code, 1);
-  EXPECT_NE(result.err.find("unknown recipe 'resnet_imagenet' (known recipes: mlp_fashion_mnist"),
+  EXPECT_NE(result.err.find("unknown recipe 'vgg16_imagenet' (known recipes: "
+                            "resnet18_fashion_mnist, shufflenet_v2_fashion_mnist, "
+                            "bert_mlm_fortunes, resnet_cifar10, shufflenet_v2_cifar10, "
+                            "resnet_imagenet_style, mlp_fashion_mnist)"),
             std::string::npos)
       << result.err;
 }
 
 TEST(TrainCli, UnknownModelListsTheRecipesModels) {
-  CliRun result = run({"--model=transformer"});
-  EXPECT_EQ(result.code, 1);
-  EXPECT_NE(result.err.find("unknown model 'transformer' (this recipe trains: mlp)"),
+  CliRun mlp = run({"--recipe=mlp_fashion_mnist", "--model=transformer"});
+  EXPECT_EQ(mlp.code, 1);
+  EXPECT_NE(mlp.err.find("unknown model 'transformer' (this recipe trains: mlp)"),
             std::string::npos)
-      << result.err;
+      << mlp.err;
+  CliRun resnet = run({"--model=resnet19"});
+  EXPECT_EQ(resnet.code, 1);
+  EXPECT_NE(resnet.err.find("unknown model 'resnet19' (this recipe trains: resnet18, resnet34, "
+                            "resnet50, resnet101, resnet152)"),
+            std::string::npos)
+      << resnet.err;
+  CliRun bert = run({"--recipe=bert_mlm_fortunes", "--model=bert_huge"});
+  EXPECT_NE(bert.err.find("(this recipe trains: bert_tiny, bert_mini, bert_small, bert_base, "
+                          "bert_large)"),
+            std::string::npos)
+      << bert.err;
 }
 
-TEST(TrainCli, CheckpointFlagsAreRefusedClearlyUntilRecipesSupportThem) {
-  CliRun checkpoint = run({"--checkpoint_dir=/tmp/checkpoints"});
-  EXPECT_EQ(checkpoint.code, 1);
-  EXPECT_NE(checkpoint.err.find("--checkpoint_dir is not supported by this recipe yet"),
-            std::string::npos)
-      << checkpoint.err;
-  CliRun resume = run({"--resume=/tmp/checkpoints/last"});
-  EXPECT_EQ(resume.code, 1);
-  EXPECT_NE(resume.err.find("--resume is not supported by this recipe yet"), std::string::npos);
+TEST(TrainCli, ResumeTakesAnOptionalPath) {
+  TrainConfig bare = parse({"--checkpoint_dir=ckpt", "--resume"});
+  ASSERT_TRUE(bare.resume.has_value());
+  EXPECT_EQ(*bare.resume, "");
+  EXPECT_EQ(bare.checkpoint_dir, "ckpt");
+  TrainConfig with_path = parse({"--resume=ckpt/step_40", "--checkpoint_every=20"});
+  ASSERT_TRUE(with_path.resume.has_value());
+  EXPECT_EQ(*with_path.resume, "ckpt/step_40");
+  EXPECT_EQ(with_path.checkpoint_every, 20);
+  TrainConfig work = parse({"--work_dir=/tmp/work"});
+  EXPECT_EQ(work.work_dir, "/tmp/work");
 }
 
 TEST(TrainCli, MissingDataIsAClearError) {
@@ -165,11 +186,13 @@ TEST(TrainCli, TrainsEndToEndAndWritesMetrics) {
   write_synthetic_split(directory, "train", 320);
   write_synthetic_split(directory, "t10k", 100);
   const std::string metrics_path = directory + "/metrics.jsonl";
-  CliRun result = run({"--data=" + directory, "--epochs=2", "--batch_size=32", "--log_every=5",
-                       "--eval_every=15", "--threads=1", "--metrics=" + metrics_path});
+  CliRun result =
+      run({"--recipe=mlp_fashion_mnist", "--data=" + directory, "--epochs=2", "--batch_size=32",
+           "--log_every=5", "--eval_every=15", "--threads=1", "--metrics=" + metrics_path});
   ASSERT_EQ(result.code, 0) << result.err;
   EXPECT_NE(result.out.find("train step      5 | epoch 1/2"), std::string::npos) << result.out;
-  EXPECT_NE(result.out.find("samples/s | memory "), std::string::npos);
+  EXPECT_NE(result.out.find("samples/s | "), std::string::npos);
+  EXPECT_NE(result.out.find("ms/step | memory "), std::string::npos);
   const size_t final_line = result.out.find("test accuracy: ");
   ASSERT_NE(final_line, std::string::npos) << result.out;
   const double accuracy = std::stod(result.out.substr(final_line + 15, 6));
@@ -201,7 +224,8 @@ TEST(TrainCli, StepsLimitStopsMidEpoch) {
   ASSERT_EQ(system(("mkdir -p " + directory).c_str()), 0);
   write_synthetic_split(directory, "train", 320);
   write_synthetic_split(directory, "t10k", 50);
-  CliRun result = run({"--data=" + directory, "--steps=3", "--batch_size=16", "--threads=1"});
+  CliRun result = run({"--recipe=mlp_fashion_mnist", "--data=" + directory, "--steps=3",
+                       "--batch_size=16", "--threads=1"});
   ASSERT_EQ(result.code, 0) << result.err;
   EXPECT_NE(result.out.find("train step      3 | epoch 1/3"), std::string::npos) << result.out;
   EXPECT_NE(result.out.find("eval  step      3"), std::string::npos) << result.out;

@@ -1,7 +1,7 @@
-// The training loop shared by image-classification recipes: cross-entropy steps over a
-// DataLoader, a status line every log_every steps, test accuracy after every epoch (and every
-// eval_every steps), metrics as JSON lines, and `test accuracy: 0.xxxx` at the end.
-//   RecipeResult result = train_classifier(*model, adam, loader, *test_set, config, std::cout);
+// Image classification on top of the shared training loop: cross-entropy steps over a
+// DataLoader, test loss and accuracy after every epoch (and every eval_every steps), then
+// `test accuracy: 0.xxxx` at the end; checkpoints and exact resume come with the loop.
+//   RecipeResult result = train_classifier(*model, sgd, &schedule, loader, *test_set, config, log);
 #pragma once
 
 #include <ostream>
@@ -11,6 +11,8 @@
 #include "train/data/dataset.h"
 #include "train/optim/optimizer.h"
 #include "train/recipes/recipe.h"
+#include "train/recipes/training_loop.h"
+#include "train/state/lr_scheduler.h"
 
 namespace tessel::train {
 
@@ -23,14 +25,13 @@ struct EvalResult {
 // Accuracy and mean loss of `model` (in eval mode, no autograd) over every example of `dataset`.
 // The model is back in training mode afterwards.
 EvalResult evaluate_classifier(nn::Module& model, const data::Dataset& dataset,
-                               int64_t batch_size = 1000);
+                               int64_t batch_size = 500);
 
 // Trains for config.epochs epochs (or until config.steps steps); `config` must be resolved.
+// `scheduler` (may be null) is stepped after every optimizer step.
 RecipeResult train_classifier(nn::Module& model, optim::Optimizer& optimizer,
-                              data::DataLoader& train_loader, const data::Dataset& test_set,
-                              const TrainConfig& config, std::ostream& log);
-
-// "12.3 MiB": bytes for status lines.
-std::string format_bytes(int64_t bytes);
+                              optim::LRScheduler* scheduler, data::DataLoader& train_loader,
+                              const data::Dataset& test_set, const TrainConfig& config,
+                              std::ostream& log);
 
 }  // namespace tessel::train

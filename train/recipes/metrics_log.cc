@@ -7,9 +7,9 @@
 
 namespace tessel::train {
 
-MetricsLog::MetricsLog(const std::string& path) : path_(path) {
+MetricsLog::MetricsLog(const std::string& path, bool append) : path_(path) {
   if (path_.empty()) return;
-  out_.open(path_, std::ios::trunc);
+  out_.open(path_, append ? std::ios::app : std::ios::trunc);
   TESSEL_CHECK(out_.is_open(), "--metrics: cannot open '", path_,
                "' for writing: ", std::strerror(errno));
 }

@@ -2,14 +2,13 @@
 
 #include <chrono>
 
-#include "core/parallel.h"
-#include "core/rng.h"
 #include "models/nn/activation.h"
 #include "models/nn/linear.h"
 #include "train/data/data_loader.h"
 #include "train/data/dataset.h"
 #include "train/optim/adam.h"
 #include "train/recipes/classification.h"
+#include "train/recipes/recipe_util.h"
 
 namespace tessel::train {
 
@@ -31,13 +30,7 @@ namespace {
 
 RecipeResult run_mlp_fashion_mnist(const TrainConfig& config, std::ostream& log) {
   const auto start = std::chrono::steady_clock::now();
-  if (config.threads > 0) set_num_threads(config.threads);
-  manual_seed(config.seed);
-
-  log << "recipe " << config.recipe << ": model " << *config.model << ", data " << *config.data
-      << ", batch " << *config.batch_size << ", lr " << *config.lr << ", epochs " << *config.epochs
-      << (config.steps > 0 ? ", steps " + std::to_string(config.steps) : std::string()) << ", seed "
-      << config.seed << ", threads " << get_num_threads() << std::endl;
+  begin_run(config, log);
   auto train_set = data::load_fashion_mnist(*config.data, data::Split::kTrain);
   auto test_set = data::load_fashion_mnist(*config.data, data::Split::kTest);
   log << "data: " << train_set->size() << " training and " << test_set->size() << " test images"
@@ -50,7 +43,8 @@ RecipeResult run_mlp_fashion_mnist(const TrainConfig& config, std::ostream& log)
       train_set,
       data::DataLoaderOptions().batch_size(*config.batch_size).shuffle(true).seed(config.seed));
 
-  RecipeResult result = train_classifier(*model, optimizer, train_loader, *test_set, config, log);
+  RecipeResult result =
+      train_classifier(*model, optimizer, nullptr, train_loader, *test_set, config, log);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   log << "wall time: " << result.seconds << " s" << std::endl;
   return result;
@@ -68,7 +62,8 @@ Recipe mlp_fashion_mnist_recipe() {
   recipe.defaults.lr = 1e-3;
   recipe.defaults.epochs = 3;
   recipe.models = {"mlp"};
-  recipe.supports_checkpoints = false;
+  recipe.data_help = "a folder of Fashion-MNIST IDX files";
+  recipe.supports_checkpoints = true;
   recipe.run = run_mlp_fashion_mnist;
   return recipe;
 }

@@ -1,13 +1,19 @@
 #include "train/recipes/recipe.h"
 
 #include "core/error.h"
+#include "train/recipes/bert_mlm_fortunes.h"
 #include "train/recipes/mlp_fashion_mnist.h"
+#include "train/recipes/vision.h"
 
 namespace tessel::train {
 
 const std::vector<Recipe>& recipes() {
-  // New recipes (ResNet, BERT, ...) add one line here.
-  static const std::vector<Recipe> all = {mlp_fashion_mnist_recipe()};
+  // New recipes add one line here.
+  static const std::vector<Recipe> all = {
+      resnet18_fashion_mnist_recipe(), shufflenet_v2_fashion_mnist_recipe(),
+      bert_mlm_fortunes_recipe(),      resnet_cifar10_recipe(),
+      shufflenet_v2_cifar10_recipe(),  resnet_imagenet_style_recipe(),
+      mlp_fashion_mnist_recipe()};
   return all;
 }
 
@@ -46,13 +52,21 @@ TrainConfig resolve_config(const Recipe& recipe, TrainConfig config) {
   TESSEL_CHECK(config.threads >= 0, "--threads must be >= 0, got ", config.threads);
   TESSEL_CHECK(config.eval_every >= 0, "--eval_every must be >= 0, got ", config.eval_every);
   TESSEL_CHECK(config.log_every > 0, "--log_every must be positive, got ", config.log_every);
+  TESSEL_CHECK(config.checkpoint_every >= 0, "--checkpoint_every must be >= 0, got ",
+               config.checkpoint_every);
+  TESSEL_CHECK(!config.data->empty(), "recipe ", recipe.name,
+               " has no default data set: pass --data (", recipe.data_help, ")");
   if (!recipe.supports_checkpoints) {
-    TESSEL_CHECK(config.checkpoint_dir.empty(),
-                 "--checkpoint_dir is not supported by this recipe yet (", recipe.name,
-                 " trains without checkpoints)");
-    TESSEL_CHECK(config.resume.empty(), "--resume is not supported by this recipe yet (",
-                 recipe.name, " trains without checkpoints)");
+    TESSEL_CHECK(config.checkpoint_dir.empty(), "--checkpoint_dir is not supported by recipe ",
+                 recipe.name, " (it trains without checkpoints)");
+    TESSEL_CHECK(!config.resume, "--resume is not supported by recipe ", recipe.name,
+                 " (it trains without checkpoints)");
   }
+  TESSEL_CHECK(config.checkpoint_every == 0 || !config.checkpoint_dir.empty(),
+               "--checkpoint_every needs --checkpoint_dir");
+  TESSEL_CHECK(!config.resume || !config.resume->empty() || !config.checkpoint_dir.empty(),
+               "--resume without a value resumes from the newest checkpoint in --checkpoint_dir, "
+               "which is not set (or pass --resume=PATH)");
   return config;
 }
 
