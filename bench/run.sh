@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds Tessel's CPU benchmarks, runs them and the same shapes in PyTorch with the same thread
-# count, and writes bench/results/cpu_ops.md (with the command that made it).
+# count, and writes bench/results/cpu_ops.md (with the command that made it); then
+# bench/compare_pytorch times whole training steps (bench/results/training_step.md).
 # Usage: bench/run.sh [--threads N] [--min-time SECONDS] [--repetitions N] [--filter REGEX]
 #        (or ./tessel bench ...). Defaults: 2 threads, 0.5 s, 3 repetitions, every benchmark.
 set -euo pipefail
@@ -23,7 +24,7 @@ while [ $# -gt 0 ]; do
     --repetitions=*) repetitions=${1#*=}; shift ;;
     --filter) filter=$2; shift 2 ;;
     --filter=*) filter=${1#*=}; shift ;;
-    -h | --help) sed -n '2,5p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,6p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -50,3 +51,9 @@ env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OPENBLAS_NUM_THREADS="$threads" \
   --tessel-json "$scratch/gemm_bench.json" "$scratch/conv_bench.json" \
   --output bench/results/cpu_ops.md --command "$command_line"
 echo "run.sh: wrote bench/results/cpu_ops.md" >&2
+
+# Whole training steps against PyTorch (writes bench/results/training_step.md); skipped when
+# --filter picks some of the op benchmarks.
+if [ "$filter" = "." ]; then
+  bench/compare_pytorch --threads "$threads"
+fi

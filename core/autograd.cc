@@ -6,6 +6,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "core/autocast.h"
+
 namespace tessel {
 
 namespace {
@@ -39,6 +41,15 @@ Tensor sum_to(const Tensor& grad, const Shape& sizes) {
 Tensor accumulate(const Tensor& existing, const Tensor& incoming) {
   if (!existing.defined()) return incoming;
   if (!incoming.defined()) return existing;
+  const DType dtype = existing.dtype();
+  if (dtype == DType::kBFloat16 || dtype == DType::kFloat16) {
+    // 16-bit gradients (autocast outputs used twice) are summed in f32 and rounded once.
+    auto to = [](const Tensor& t, DType target) {
+      return dispatch1("to_dtype", {t}, Attrs{{"dtype", std::string(dtype_name(target))}});
+    };
+    return to(dispatch1("add", {to(existing, DType::kFloat32), to(incoming, DType::kFloat32)}),
+              dtype);
+  }
   return dispatch1("add", {existing, incoming});
 }
 }  // namespace
@@ -145,6 +156,8 @@ struct Capture {
 void run_engine(const std::vector<Edge>& root_edges, const std::vector<Tensor>& root_grads,
                 bool retain_graph, const std::vector<Capture>& captures) {
   NoGradGuard no_grad;
+  // Gradients run in the dtypes of the forward pass, whatever autocast says.
+  AutocastGuard no_autocast(DType::kBFloat16, /*enabled=*/false);
   // Count, for every reachable node, the edges that point at it.
   std::unordered_map<Node*, int> dependencies;
   std::unordered_map<Node*, std::shared_ptr<Node>> owners;

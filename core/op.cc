@@ -4,6 +4,7 @@
 #include <chrono>
 #include <mutex>
 
+#include "core/autocast.h"
 #include "core/autograd.h"
 #include "core/rng.h"
 
@@ -14,17 +15,37 @@ OpRegistry& OpRegistry::get() {
   return *registry;
 }
 
+namespace {
+// Kernels set before their op is defined: static initialisers of different libraries run in
+// link order, so a backend may register before the op's own file (or for an op from a library
+// this binary does not link). define() picks them up.
+std::unordered_map<std::string, std::vector<std::pair<DeviceType, Kernel>>>& pending_kernels() {
+  static auto* pending =
+      new std::unordered_map<std::string, std::vector<std::pair<DeviceType, Kernel>>>;
+  return *pending;
+}
+}  // namespace
+
 OpDef& OpRegistry::define(const std::string& name) {
   TESSEL_CHECK(find_or_null(name) == nullptr, "op '", name, "' is registered twice");
   ops_.push_back(std::make_unique<OpDef>());
   ops_.back()->name = name;
   by_name_[name] = ops_.back().get();
+  auto pending = pending_kernels().find(name);
+  if (pending != pending_kernels().end()) {
+    for (auto& [device, kernel] : pending->second)
+      ops_.back()->kernels[static_cast<int>(device)] = std::move(kernel);
+    pending_kernels().erase(pending);
+  }
   return *ops_.back();
 }
 
 void OpRegistry::set_kernel(const std::string& name, DeviceType device, Kernel kernel) {
   OpDef* op = const_cast<OpDef*>(find_or_null(name));
-  TESSEL_CHECK(op != nullptr, "set_kernel: unknown op '", name, "'");
+  if (op == nullptr) {
+    pending_kernels()[name].emplace_back(device, std::move(kernel));
+    return;
+  }
   op->kernels[static_cast<int>(device)] = std::move(kernel);
 }
 
@@ -332,6 +353,13 @@ Device common_device(const OpDef& op, const std::vector<Tensor>& inputs, const A
   return Device::parse(attrs.get_or<std::string>("device", "cpu"));
 }
 
+// Outputs live on the inputs' device, except for the device transfer, whose "device" attribute
+// names where its output goes.
+Device output_device(const OpDef& op, const Device& device, const Attrs& attrs) {
+  if (op.name != "to_device") return device;
+  return Device::parse(attrs.get<std::string>("device"));
+}
+
 void record_autograd(const OpDef& op, const std::vector<Tensor>& inputs,
                      const std::vector<Tensor>& outputs, const Attrs& attrs) {
   auto node = std::make_shared<OpNode>(op, attrs);
@@ -359,11 +387,41 @@ void record_autograd(const OpDef& op, const std::vector<Tensor>& inputs,
     impl->output_nr = static_cast<int>(k);
   }
 }
+
+// Under autocast (core/autocast.h): `inputs` with the casts the op's policy asks for, through the
+// differentiable to_dtype op; false when nothing needs a cast.
+bool autocast_inputs(const OpDef& op, const std::vector<Tensor>& inputs,
+                     std::vector<Tensor>& cast) {
+  const AutocastPolicy policy = autocast_policy(op);
+  if (policy == AutocastPolicy::kKeep) return false;
+  const DType lower = *autocast_dtype();
+  bool changed = false;
+  cast = inputs;
+  for (auto& input : cast) {
+    if (!input.defined()) continue;
+    const DType dtype = input.dtype();
+    DType target = dtype;
+    if (policy == AutocastPolicy::kLowerPrecision && dtype == DType::kFloat32) target = lower;
+    if (policy == AutocastPolicy::kWiden && (dtype == DType::kBFloat16 || dtype == DType::kFloat16))
+      target = DType::kFloat32;
+    if (target == dtype) continue;
+    static const OpDef& to_dtype = OpRegistry::get().find("to_dtype");
+    input = dispatch(to_dtype, {input}, Attrs{{"dtype", std::string(dtype_name(target))}})[0];
+    changed = true;
+  }
+  return changed;
+}
+
 }  // namespace
 
 std::vector<Tensor> dispatch(const OpDef& op, const std::vector<Tensor>& inputs, Attrs attrs,
                              const std::vector<Tensor>& out) {
+  if (out.empty() && autocast_dtype()) {
+    std::vector<Tensor> cast;
+    if (autocast_inputs(op, inputs, cast)) return dispatch(op, cast, std::move(attrs), out);
+  }
   Device device = common_device(op, inputs, attrs);
+  const Device out_device = output_device(op, device, attrs);
   bool any_requires_grad = false;
   for (const auto& input : inputs) any_requires_grad |= input.defined() && input.requires_grad();
   bool record = any_requires_grad && GradMode::is_enabled() && op.backward != nullptr;
@@ -382,7 +440,7 @@ std::vector<Tensor> dispatch(const OpDef& op, const std::vector<Tensor>& inputs,
     if (out.empty()) {
       try {
         for (const auto& spec : specs)
-          outputs.push_back(empty(spec.sizes, TensorOptions(spec.dtype).device(device)));
+          outputs.push_back(empty(spec.sizes, TensorOptions(spec.dtype).device(out_device)));
       } catch (const OutOfMemory& error) {
         rethrow_explained(error);
       }
@@ -396,8 +454,8 @@ std::vector<Tensor> dispatch(const OpDef& op, const std::vector<Tensor>& inputs,
         TESSEL_CHECK(out[k].dtype() == specs[k].dtype, op.name, ": out= tensor ", k, " has dtype ",
                      dtype_name(out[k].dtype()), " but the result has dtype ",
                      dtype_name(specs[k].dtype));
-        TESSEL_CHECK(out[k].device() == device, op.name, ": out= tensor ", k, " is on ",
-                     out[k].device().str(), " but the inputs are on ", device.str());
+        TESSEL_CHECK(out[k].device() == out_device, op.name, ": out= tensor ", k, " is on ",
+                     out[k].device().str(), " but the result goes to ", out_device.str());
         TESSEL_CHECK(!out[k].has_internal_overlap(), op.name,
                      ": cannot write in place into an expanded view (shape ",
                      shape_str(out[k].sizes()), ", strides ", shape_str(out[k].strides()),

@@ -65,9 +65,13 @@ float normal_at(const RngState& state, uint64_t index) {
   // u1 in (0, 1] so the log is finite.
   float u1 = (static_cast<float>(random_bits(state, pair) >> 8) + 1.0f) * (1.0f / 16777216.0f);
   float u2 = uniform_at(state, pair + 1);
-  float radius = std::sqrt(-2.0f * std::log(u1));
+  // log, sin and cos in double, rounded to float: correctly rounded on any libm (glibc's float
+  // versions are not, in about 1% of cases), so the CUDA kernels give the same bits.
+  float radius = std::sqrt(-2.0f * static_cast<float>(std::log(static_cast<double>(u1))));
   float angle = 6.283185307179586f * u2;
-  return (index & 1) ? radius * std::sin(angle) : radius * std::cos(angle);
+  double trig =
+      (index & 1) ? std::sin(static_cast<double>(angle)) : std::cos(static_cast<double>(angle));
+  return radius * static_cast<float>(trig);
 }
 
 }  // namespace tessel

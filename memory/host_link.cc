@@ -4,6 +4,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <mutex>
+
+#include "core/error.h"
 
 namespace tessel::memory {
 
@@ -12,9 +15,29 @@ namespace {
 constexpr size_t kPieceBytes = 1 << 20;
 
 bool throttled(double bandwidth) { return bandwidth > 0 && std::isfinite(bandwidth); }
+
+struct CopyEngines {
+  std::mutex mutex;
+  std::shared_ptr<CopyEngine> by_type[kNumDeviceTypes];
+};
+CopyEngines& copy_engines() {
+  static auto* engines = new CopyEngines;
+  return *engines;
+}
 }  // namespace
 
-HostLink::HostLink(double bytes_per_second) : bandwidth_(bytes_per_second) {
+void set_copy_engine(DeviceType type, std::shared_ptr<CopyEngine> engine) {
+  std::lock_guard<std::mutex> lock(copy_engines().mutex);
+  copy_engines().by_type[static_cast<int>(type)] = std::move(engine);
+}
+
+std::shared_ptr<CopyEngine> copy_engine_for(DeviceType type) {
+  std::lock_guard<std::mutex> lock(copy_engines().mutex);
+  return copy_engines().by_type[static_cast<int>(type)];
+}
+
+HostLink::HostLink(double bytes_per_second, std::shared_ptr<CopyEngine> engine)
+    : bandwidth_(bytes_per_second), engine_(std::move(engine)) {
   thread_ = std::thread([this] { run(); });
 }
 
@@ -30,6 +53,7 @@ HostLink::~HostLink() {
 std::shared_ptr<HostTransfer> HostLink::copy_async(void* destination, const void* source,
                                                    size_t bytes) {
   std::shared_ptr<HostTransfer> transfer(new HostTransfer(destination, source, bytes));
+  if (engine_) transfer->prepared_ = engine_->prepare(destination, source, bytes);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     queue_.push_back(transfer);
@@ -39,9 +63,13 @@ std::shared_ptr<HostTransfer> HostLink::copy_async(void* destination, const void
 }
 
 void HostLink::wait(const std::shared_ptr<HostTransfer>& transfer) {
-  if (!transfer || transfer->done()) return;
-  std::unique_lock<std::mutex> lock(mutex_);
-  work_done_.wait(lock, [&] { return transfer->done(); });
+  if (!transfer) return;
+  if (!transfer->done()) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    work_done_.wait(lock, [&] { return transfer->done(); });
+  }
+  TESSEL_CHECK(transfer->error_.empty(), "host link: copy of ", transfer->bytes_,
+               " bytes failed: ", transfer->error_);
 }
 
 void HostLink::wait_all() {
@@ -88,9 +116,19 @@ void HostLink::run() {
       bandwidth = bandwidth_;
     }
     const auto start = Clock::now();
+    if (engine_) {
+      try {
+        engine_->copy(transfer->destination_, transfer->source_, transfer->bytes_,
+                      transfer->prepared_);
+      } catch (const std::exception& error) {
+        transfer->error_ = error.what();
+      }
+      transfer->prepared_.reset();
+    }
     auto* destination = static_cast<char*>(transfer->destination_);
     const auto* source = static_cast<const char*>(transfer->source_);
-    for (size_t copied = 0; copied < transfer->bytes_;) {
+    // With an engine the bytes are already there.
+    for (size_t copied = engine_ ? transfer->bytes_ : 0; copied < transfer->bytes_;) {
       size_t piece = std::min(kPieceBytes, transfer->bytes_ - copied);
       std::memcpy(destination + copied, source + copied, piece);
       copied += piece;

@@ -11,9 +11,27 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 
+#include "core/device.h"
+
 namespace tessel::memory {
+
+// How a link moves bytes. Without one: memcpy, throttled to the bandwidth (the simulated device).
+// The CUDA backend registers one for CUDA devices: copies on its copy stream, not throttled.
+class CopyEngine {
+ public:
+  virtual ~CopyEngine() = default;
+  // On the submitting thread, when the copy is queued (e.g. to order it after queued work).
+  virtual std::shared_ptr<void> prepare(void* destination, const void* source, size_t bytes) = 0;
+  // On the link's thread; returns once the bytes are at `destination`.
+  virtual void copy(void* destination, const void* source, size_t bytes,
+                    const std::shared_ptr<void>& prepared) = 0;
+};
+// The engine for links of managers on `type` (nullptr: memcpy). Thread-safe.
+void set_copy_engine(DeviceType type, std::shared_ptr<CopyEngine> engine);
+std::shared_ptr<CopyEngine> copy_engine_for(DeviceType type);
 
 // One queued copy; shared between the submitter and the copy thread.
 class HostTransfer {
@@ -28,6 +46,8 @@ class HostTransfer {
   void* destination_;
   const void* source_;
   size_t bytes_;
+  std::shared_ptr<void> prepared_;  // the copy engine's, from submission
+  std::string error_;               // set when the engine failed
   std::atomic<bool> done_{false};
 };
 
@@ -35,8 +55,10 @@ class HostLink {
  public:
   static constexpr double kDefaultBandwidth = 25e9;  // bytes per second
 
-  // `bytes_per_second` <= 0 or infinite: copies run at memcpy speed.
-  explicit HostLink(double bytes_per_second = kDefaultBandwidth);
+  // `bytes_per_second` <= 0 or infinite: copies run at memcpy speed. With an `engine`, copies go
+  // through it unthrottled (the bandwidth then only feeds seconds_for, the cost estimate).
+  explicit HostLink(double bytes_per_second = kDefaultBandwidth,
+                    std::shared_ptr<CopyEngine> engine = nullptr);
   // Finishes the queued copies, then stops the thread.
   ~HostLink();
   HostLink(const HostLink&) = delete;
@@ -44,7 +66,7 @@ class HostLink {
 
   // Queues a copy of `bytes` from `source` to `destination`; both must stay valid until it is done.
   std::shared_ptr<HostTransfer> copy_async(void* destination, const void* source, size_t bytes);
-  // Blocks until `transfer` is done.
+  // Blocks until `transfer` is done; throws tessel::Error when its copy failed.
   void wait(const std::shared_ptr<HostTransfer>& transfer);
   // Blocks until every queued copy is done.
   void wait_all();
@@ -65,6 +87,7 @@ class HostLink {
   std::condition_variable work_done_;
   std::deque<std::shared_ptr<HostTransfer>> queue_;
   double bandwidth_;
+  std::shared_ptr<CopyEngine> engine_;
   bool stopping_ = false;
   int64_t bytes_copied_ = 0;
   double busy_seconds_ = 0;

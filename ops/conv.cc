@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "ops/cpu/f32_fallback.h"
 #include "ops/cpu/gemm.h"
 #include "ops/cpu/strided_copy.h"
 #include "ops/ops.h"
@@ -98,10 +99,11 @@ ConvGeometry geometry_from_attr(const Attrs& attrs, const char* name, const Shap
   return other_is_weight ? make_geometry(sizes, other, attrs) : make_geometry(other, sizes, attrs);
 }
 
+// 16-bit floats are accepted for autocast (CPU kernels compute them in f32).
 void check_float(const char* op, const Tensor& tensor, const char* what) {
-  TESSEL_CHECK(tensor.dtype() == DType::kFloat32 || tensor.dtype() == DType::kFloat64, op,
-               ": expected a f32 or f64 ", what, ", got ", dtype_name(tensor.dtype()),
-               " (convert with .to(DType::kFloat32))");
+  TESSEL_CHECK(is_floating(tensor.dtype()), op, ": expected a f32 or f64 ", what, ", got ",
+               dtype_name(tensor.dtype()),
+               " (bf16 and f16 work too; convert with .to(DType::kFloat32))");
 }
 
 void check_same_dtype(const char* op, const Tensor& a, const char* a_name, const Tensor& b,
@@ -199,17 +201,52 @@ inline void valid_range(int64_t offset, int64_t stride, int64_t size, int64_t ou
   *last = std::max(*first, std::min(hi, outputs));
 }
 
+// out (H*W) = the dense plane (H, W) shifted by (dh, dw): out[h, w] = plane[h + dh, w + dw],
+// 0 outside. One run copy for all rows, then the columns that wrapped into a neighbouring row
+// are zeroed: row by row copies cost more than the data in late stages (rows of 8 or 4 values).
+template <typename T>
+void shifted_plane(const T* plane, int64_t H, int64_t W, int64_t dh, int64_t dw, T* out) {
+  const int64_t first_row = std::clamp<int64_t>(-dh, 0, H);
+  const int64_t last_row = std::clamp<int64_t>(H - dh, first_row, H);
+  if (last_row == first_row || dw >= W || -dw >= W) {
+    std::fill(out, out + H * W, T(0));
+    return;
+  }
+  std::fill(out, out + first_row * W, T(0));
+  std::fill(out + last_row * W, out + H * W, T(0));
+  T* dst = out + first_row * W;
+  const T* src = plane + (first_row + dh) * W + dw;
+  const int64_t count = (last_row - first_row) * W;
+  // Only reads inside the plane: the |dw| values past one end of the run are zeros anyway.
+  const int64_t begin = dw < 0 ? -dw : 0, end = dw > 0 ? count - dw : count;
+  std::fill(dst, dst + begin, T(0));
+  std::copy(src + begin, src + end, dst + begin);
+  std::fill(dst + end, dst + count, T(0));
+  for (int64_t r = 0; r < last_row - first_row; ++r) {
+    T* out_row = dst + r * W;
+    if (dw > 0) std::fill(out_row + W - dw, out_row + W, T(0));
+    if (dw < 0) std::fill(out_row, out_row - dw, T(0));
+  }
+}
+
 // Writes one image's group into columns (Cg*KH*KW rows of OH*OW, row stride columns_ld): channel
 // plane c at image + c * channel_stride, rows h * row_stride, columns w * col_stride.
 template <typename T>
 void im2col(const ConvGeometry& g, const T* image, int64_t channel_stride, int64_t row_stride,
             int64_t col_stride, T* columns, int64_t columns_ld) {
+  // Stride 1 keeping the plane size (3x3 padding 1) over dense rows: whole shifted planes.
+  const bool same_plane = g.stride_h == 1 && g.stride_w == 1 && col_stride == 1 &&
+                          row_stride == g.width && g.out_h == g.height && g.out_w == g.width;
   for (int64_t c = 0; c < g.in_per_group(); ++c) {
     const T* channel = image + c * channel_stride;
     for (int64_t ki = 0; ki < g.kernel_h; ++ki) {
       for (int64_t kj = 0; kj < g.kernel_w; ++kj) {
         T* row = columns + ((c * g.kernel_h + ki) * g.kernel_w + kj) * columns_ld;
         const int64_t offset_w = kj * g.dilation_w - g.pad_w;
+        if (same_plane) {
+          shifted_plane(channel, g.height, g.width, ki * g.dilation_h - g.pad_h, offset_w, row);
+          continue;
+        }
         int64_t first, last;
         valid_range(offset_w, g.stride_w, g.width, g.out_w, &first, &last);
         for (int64_t oh = 0; oh < g.out_h; ++oh) {
@@ -235,17 +272,45 @@ void im2col(const ConvGeometry& g, const T* image, int64_t channel_stride, int64
   }
 }
 
-// Adds columns (Cg*KH*KW rows of OH*OW, row stride columns_ld) back into one image's group
-// planes (dense, H*W each).
+// plane (H, W) += column row (H*W) shifted by (dh, dw): plane[h + dh, w + dw] += row[h, w] where
+// inside. The row's entries that would wrap into a neighbouring plane row are zeroed first (the
+// row is scratch), so one run adds all rows at once.
 template <typename T>
-void col2im(const ConvGeometry& g, const T* columns, int64_t columns_ld, T* image,
+void add_shifted_plane(T* row, int64_t H, int64_t W, int64_t dh, int64_t dw, T* plane) {
+  const int64_t first_row = std::clamp<int64_t>(-dh, 0, H);
+  const int64_t last_row = std::clamp<int64_t>(H - dh, first_row, H);
+  if (last_row == first_row || dw >= W || -dw >= W) return;
+  T* src = row + first_row * W;
+  T* dst = plane + (first_row + dh) * W + dw;
+  const int64_t count = (last_row - first_row) * W;
+  for (int64_t r = 0; r < last_row - first_row; ++r) {
+    T* src_row = src + r * W;
+    if (dw > 0) std::fill(src_row + W - dw, src_row + W, T(0));
+    if (dw < 0) std::fill(src_row, src_row - dw, T(0));
+  }
+  // Only writes inside the plane: the |dw| entries past one end of the run are outside it.
+  const int64_t begin = dw < 0 ? -dw : 0, end = dw > 0 ? count - dw : count;
+#pragma omp simd
+  for (int64_t i = begin; i < end; ++i) dst[i] += src[i];
+}
+
+// Adds columns (Cg*KH*KW rows of OH*OW, row stride columns_ld) back into one image's group
+// planes (dense, H*W each). The columns are scratch: the same-plane path zeroes some entries.
+template <typename T>
+void col2im(const ConvGeometry& g, T* columns, int64_t columns_ld, T* image,
             int64_t channel_stride) {
+  const bool same_plane = g.stride_h == 1 && g.stride_w == 1 && g.out_h == g.height &&
+                          g.out_w == g.width && channel_stride >= g.height * g.width;
   for (int64_t c = 0; c < g.in_per_group(); ++c) {
     T* channel = image + c * channel_stride;
     for (int64_t ki = 0; ki < g.kernel_h; ++ki) {
       for (int64_t kj = 0; kj < g.kernel_w; ++kj) {
-        const T* row = columns + ((c * g.kernel_h + ki) * g.kernel_w + kj) * columns_ld;
+        T* row = columns + ((c * g.kernel_h + ki) * g.kernel_w + kj) * columns_ld;
         const int64_t offset_w = kj * g.dilation_w - g.pad_w;
+        if (same_plane) {
+          add_shifted_plane(row, g.height, g.width, ki * g.dilation_h - g.pad_h, offset_w, channel);
+          continue;
+        }
         int64_t first, last;
         valid_range(offset_w, g.stride_w, g.width, g.out_w, &first, &last);
         for (int64_t oh = 0; oh < g.out_h; ++oh) {
@@ -255,6 +320,8 @@ void col2im(const ConvGeometry& g, const T* columns, int64_t columns_ld, T* imag
           T* out = channel + ih * g.width;
           if (g.stride_w == 1) {
             T* shifted = out + offset_w;
+            // Columns and image are separate buffers: vectorise (-O2 alone does not).
+#pragma omp simd
             for (int64_t ow = first; ow < last; ++ow) shifted[ow] += in[ow];
           } else {
             for (int64_t ow = first; ow < last; ++ow) out[ow * g.stride_w + offset_w] += in[ow];
@@ -352,6 +419,7 @@ void conv2d_gemm_forward(KernelContext& context, const ConvGeometry& g) {
             const T* from = chunk_staging + o * width + i * plane;
             T* to = out.data + (n0 + i) * out.batch_stride + channel * out.ld;
             const T shift = bias_data ? bias_data[channel * bias_stride] : T(0);
+#pragma omp simd
             for (int64_t p = 0; p < plane; ++p) to[p] = from[p] + shift;
           }
         }
@@ -381,32 +449,70 @@ void conv2d_depthwise_forward(KernelContext& context, const ConvGeometry& g) {
   T* scratch = context.workspace({chunks, plane}, x.dtype()).template data_ptr<T>();
   Tensor staged_tensor = in_place ? context.workspace(out.sizes(), out.dtype()) : Tensor();
   T* staged = in_place ? staged_tensor.data_ptr<T>() : nullptr;
-  const int64_t sx_w = x.stride(3), sx_h = x.stride(2);
+  const int64_t sx_w = x.stride(3), sx_h = x.stride(2), sx_n = x.stride(0), sx_c = x.stride(1);
+  // Tensor::stride checks its argument: read every stride once, not per plane or element.
+  const int64_t so_n = out.stride(0), so_c = out.stride(1), so_h = out.stride(2),
+                so_w = out.stride(3);
+  // Stride 1: every tap is one flat run over a zero-padded copy of the plane (row stride
+  // padded_w), a vectorised loop per tap instead of a short loop per row and tap; the columns
+  // past out_w in each row are computed and dropped.
+  const bool flat_taps = g.stride_h == 1 && g.stride_w == 1;
+  const int64_t padded_w = g.width + 2 * g.pad_w, padded_h = g.height + 2 * g.pad_h;
+  const int64_t flat_size = g.out_h * padded_w, padded_size = (padded_h + 1) * padded_w;
+  T* flat_scratch =
+      flat_taps
+          ? context.workspace({chunks, flat_size + padded_size}, x.dtype()).template data_ptr<T>()
+          : nullptr;
 
   parallel_for(0, chunks, 1, [&](int64_t chunk_begin, int64_t chunk_end) {
     for (int64_t chunk = chunk_begin; chunk < chunk_end; ++chunk) {
       T* acc = scratch + chunk * plane;
       for (int64_t p = planes * chunk / chunks; p < planes * (chunk + 1) / chunks; ++p) {
         const int64_t n = p / g.out_channels, o = p % g.out_channels;
-        const T* channel = x_data + n * x.stride(0) + (o / og) * x.stride(1);
-        std::fill(acc, acc + plane, bias_data ? bias_data[o * bias_stride] : T(0));
-        for (int64_t ki = 0; ki < g.kernel_h; ++ki) {
-          for (int64_t kj = 0; kj < g.kernel_w; ++kj) {
-            const T w = w_data[(o * g.kernel_h + ki) * g.kernel_w + kj];
-            const int64_t offset_w = kj * g.dilation_w - g.pad_w;
-            int64_t first, last;
-            valid_range(offset_w, g.stride_w, g.width, g.out_w, &first, &last);
-            for (int64_t oh = 0; oh < g.out_h; ++oh) {
-              const int64_t ih = oh * g.stride_h - g.pad_h + ki * g.dilation_h;
-              if (ih < 0 || ih >= g.height) continue;
-              const T* in = channel + ih * sx_h;
-              T* row = acc + oh * g.out_w;
-              if (g.stride_w == 1 && sx_w == 1) {
-                const T* shifted = in + offset_w;
-                for (int64_t ow = first; ow < last; ++ow) row[ow] += w * shifted[ow];
-              } else {
-                for (int64_t ow = first; ow < last; ++ow)
-                  row[ow] += w * in[(ow * g.stride_w + offset_w) * sx_w];
+        const T* channel = x_data + n * sx_n + (o / og) * sx_c;
+        const T initial = bias_data ? bias_data[o * bias_stride] : T(0);
+        if (flat_taps) {
+          T* flat = flat_scratch + chunk * (flat_size + padded_size);
+          T* padded = flat + flat_size;
+          std::fill(padded, padded + padded_size, T(0));
+          for (int64_t h = 0; h < g.height; ++h) {
+            T* to = padded + (h + g.pad_h) * padded_w + g.pad_w;
+            const T* from = channel + h * sx_h;
+            for (int64_t w = 0; w < g.width; ++w) to[w] = from[w * sx_w];
+          }
+          std::fill(flat, flat + flat_size, initial);
+          for (int64_t ki = 0; ki < g.kernel_h; ++ki) {
+            for (int64_t kj = 0; kj < g.kernel_w; ++kj) {
+              const T w = w_data[(o * g.kernel_h + ki) * g.kernel_w + kj];
+              // Reads end before padded_size: (kw - 1) * dilation_w = padded_w - out_w.
+              const T* tap = padded + ki * g.dilation_h * padded_w + kj * g.dilation_w;
+#pragma omp simd
+              for (int64_t i = 0; i < flat_size; ++i) flat[i] += w * tap[i];
+            }
+          }
+          for (int64_t oh = 0; oh < g.out_h; ++oh)
+            std::copy(flat + oh * padded_w, flat + oh * padded_w + g.out_w, acc + oh * g.out_w);
+        } else {
+          std::fill(acc, acc + plane, initial);
+          for (int64_t ki = 0; ki < g.kernel_h; ++ki) {
+            for (int64_t kj = 0; kj < g.kernel_w; ++kj) {
+              const T w = w_data[(o * g.kernel_h + ki) * g.kernel_w + kj];
+              const int64_t offset_w = kj * g.dilation_w - g.pad_w;
+              int64_t first, last;
+              valid_range(offset_w, g.stride_w, g.width, g.out_w, &first, &last);
+              for (int64_t oh = 0; oh < g.out_h; ++oh) {
+                const int64_t ih = oh * g.stride_h - g.pad_h + ki * g.dilation_h;
+                if (ih < 0 || ih >= g.height) continue;
+                const T* in = channel + ih * sx_h;
+                T* row = acc + oh * g.out_w;
+                if (g.stride_w == 1 && sx_w == 1) {
+                  const T* shifted = in + offset_w;
+#pragma omp simd
+                  for (int64_t ow = first; ow < last; ++ow) row[ow] += w * shifted[ow];
+                } else {
+                  for (int64_t ow = first; ow < last; ++ow)
+                    row[ow] += w * in[(ow * g.stride_w + offset_w) * sx_w];
+                }
               }
             }
           }
@@ -414,10 +520,10 @@ void conv2d_depthwise_forward(KernelContext& context, const ConvGeometry& g) {
         if (staged) {
           std::copy(acc, acc + plane, staged + p * plane);
         } else {
-          T* target = out_data + n * out.stride(0) + o * out.stride(1);
+          T* target = out_data + n * so_n + o * so_c;
           for (int64_t oh = 0; oh < g.out_h; ++oh)
             for (int64_t ow = 0; ow < g.out_w; ++ow)
-              target[oh * out.stride(2) + ow * out.stride(3)] = acc[oh * g.out_w + ow];
+              target[oh * so_h + ow * so_w] = acc[oh * g.out_w + ow];
         }
       }
     }
@@ -509,6 +615,7 @@ void conv2d_depthwise_backward_input(KernelContext& context, const ConvGeometry&
   Tensor target = write_direct ? out : context.workspace(out.sizes(), out.dtype());
   T* result = target.data_ptr<T>();
   const int64_t sg_h = grad.stride(2), sg_w = grad.stride(3);
+  const int64_t sg_n = grad.stride(0), sg_c = grad.stride(1);
   const int64_t planes = g.batch * g.in_channels;
   parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
@@ -517,7 +624,7 @@ void conv2d_depthwise_backward_input(KernelContext& context, const ConvGeometry&
       std::fill(acc, acc + in_plane, T(0));
       for (int64_t j = 0; j < og; ++j) {
         const int64_t o = c * og + j;
-        const T* grad_plane = g_data + n * grad.stride(0) + o * grad.stride(1);
+        const T* grad_plane = g_data + n * sg_n + o * sg_c;
         for (int64_t ki = 0; ki < g.kernel_h; ++ki) {
           for (int64_t kj = 0; kj < g.kernel_w; ++kj) {
             const T w = w_data[(o * g.kernel_h + ki) * g.kernel_w + kj];
@@ -529,6 +636,12 @@ void conv2d_depthwise_backward_input(KernelContext& context, const ConvGeometry&
               if (ih < 0 || ih >= g.height) continue;
               const T* in = grad_plane + oh * sg_h;
               T* row = acc + ih * g.width;
+              if (g.stride_w == 1 && sg_w == 1) {  // dense rows: vectorised (acc is not grad)
+                T* shifted = row + offset_w;
+#pragma omp simd
+                for (int64_t ow = first; ow < last; ++ow) shifted[ow] += w * in[ow];
+                continue;
+              }
               for (int64_t ow = first; ow < last; ++ow)
                 row[ow * g.stride_w + offset_w] += w * in[ow * sg_w];
             }
@@ -613,6 +726,7 @@ void conv2d_gemm_backward_weight(KernelContext& context, const ConvGeometry& g) 
   parallel_for(0, weight_numel, 16384, [&](int64_t begin, int64_t end) {
     for (int64_t chunk = 1; chunk < chunks; ++chunk) {
       const T* partial = partial_data + chunk * weight_numel;
+#pragma omp simd
       for (int64_t i = begin; i < end; ++i) partial_data[i] += partial[i];
     }
   });
@@ -633,6 +747,57 @@ void conv2d_depthwise_backward_weight(KernelContext& context, const ConvGeometry
   T* sum_data = sums.data_ptr<T>();
   const int64_t sg_h = grad.stride(2), sg_w = grad.stride(3);
   const int64_t sx_h = x.stride(2), sx_w = x.stride(3);
+  const int64_t sg_n = grad.stride(0), sg_c = grad.stride(1);
+  const int64_t sx_n = x.stride(0), sx_c = x.stride(1);
+  if (g.stride_h == 1 && g.stride_w == 1) {
+    // As in the forward: the gradient plane laid out with the padded row stride (zeros past
+    // out_w), so every tap is one vectorised dot product with a shifted run of the padded input.
+    const int64_t padded_w = g.width + 2 * g.pad_w, padded_h = g.height + 2 * g.pad_h;
+    const int64_t flat_size = g.out_h * padded_w, padded_size = (padded_h + 1) * padded_w;
+    const int64_t chunks =
+        std::max<int64_t>(1, std::min<int64_t>(get_num_threads(), g.out_channels));
+    T* scratch =
+        context.workspace({chunks, flat_size + padded_size}, out.dtype()).template data_ptr<T>();
+    parallel_for(0, chunks, 1, [&](int64_t chunk_begin, int64_t chunk_end) {
+      for (int64_t chunk = chunk_begin; chunk < chunk_end; ++chunk) {
+        T* grad_flat = scratch + chunk * (flat_size + padded_size);
+        T* padded = grad_flat + flat_size;
+        const int64_t o_begin = g.out_channels * chunk / chunks;
+        const int64_t o_end = g.out_channels * (chunk + 1) / chunks;
+        for (int64_t o = o_begin; o < o_end; ++o) {
+          const int64_t c = o / og;
+          T* totals = sum_data + o * taps;
+          std::fill(totals, totals + taps, T(0));
+          for (int64_t n = 0; n < g.batch; ++n) {
+            const T* grad_plane = g_data + n * sg_n + o * sg_c;
+            const T* channel = x_data + n * sx_n + c * sx_c;
+            std::fill(padded, padded + padded_size, T(0));
+            for (int64_t h = 0; h < g.height; ++h) {
+              T* to = padded + (h + g.pad_h) * padded_w + g.pad_w;
+              for (int64_t w = 0; w < g.width; ++w) to[w] = channel[h * sx_h + w * sx_w];
+            }
+            std::fill(grad_flat, grad_flat + flat_size, T(0));
+            for (int64_t oh = 0; oh < g.out_h; ++oh)
+              for (int64_t ow = 0; ow < g.out_w; ++ow)
+                grad_flat[oh * padded_w + ow] = grad_plane[oh * sg_h + ow * sg_w];
+            for (int64_t ki = 0; ki < g.kernel_h; ++ki) {
+              for (int64_t kj = 0; kj < g.kernel_w; ++kj) {
+                const T* tap = padded + ki * g.dilation_h * padded_w + kj * g.dilation_w;
+                T total = 0;
+#pragma omp simd reduction(+ : total)
+                for (int64_t i = 0; i < flat_size; ++i) total += grad_flat[i] * tap[i];
+                totals[ki * g.kernel_w + kj] += total;
+              }
+            }
+          }
+        }
+      }
+    });
+    Tensor sum =
+        make_view(sums, out.sizes(), contiguous_strides(out.sizes()), sums.storage_offset());
+    cpu::copy_strided(sum, out);
+    return;
+  }
   parallel_for(0, g.out_channels, 1, [&](int64_t begin, int64_t end) {
     for (int64_t o = begin; o < end; ++o) {
       const int64_t c = o / og;
@@ -643,13 +808,19 @@ void conv2d_depthwise_backward_weight(KernelContext& context, const ConvGeometry
           valid_range(offset_w, g.stride_w, g.width, g.out_w, &first, &last);
           T total = 0;
           for (int64_t n = 0; n < g.batch; ++n) {
-            const T* grad_plane = g_data + n * grad.stride(0) + o * grad.stride(1);
-            const T* channel = x_data + n * x.stride(0) + c * x.stride(1);
+            const T* grad_plane = g_data + n * sg_n + o * sg_c;
+            const T* channel = x_data + n * sx_n + c * sx_c;
             for (int64_t oh = 0; oh < g.out_h; ++oh) {
               const int64_t ih = oh * g.stride_h - g.pad_h + ki * g.dilation_h;
               if (ih < 0 || ih >= g.height) continue;
               const T* grad_row = grad_plane + oh * sg_h;
               const T* in = channel + ih * sx_h;
+              if (g.stride_w == 1 && sg_w == 1 && sx_w == 1) {  // dense rows: vectorised
+                const T* shifted = in + offset_w;
+#pragma omp simd reduction(+ : total)
+                for (int64_t ow = first; ow < last; ++ow) total += grad_row[ow] * shifted[ow];
+                continue;
+              }
               for (int64_t ow = first; ow < last; ++ow)
                 total += grad_row[ow * sg_w] * in[(ow * g.stride_w + offset_w) * sx_w];
             }
@@ -714,10 +885,10 @@ TESSEL_REGISTER_OPS(conv) {
       }
       return std::vector<OutputSpec>{{g.output_sizes(), x.dtype()}};
     };
-    op.kernels[kCpu] = [](KernelContext& context) {
+    op.kernels[kCpu] = cpu::with_f32_fallback([](KernelContext& context) {
       visit_float_dtype(context.outputs[0].dtype(), "conv2d",
                         [&](auto tag) { conv2d_forward_kernel<decltype(tag)>(context); });
-    };
+    });
     op.save_inputs = {0, 1};
     op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
       const Tensor& grad = context.grad_outputs[0];
@@ -732,7 +903,12 @@ TESSEL_REGISTER_OPS(conv) {
         grad_weight = dispatch(ops::op("conv2d_backward_weight"), {grad, x},
                                with_sizes(context.attrs, "weight_size", weight.sizes()))[0];
       }
-      if (context.needs_input_grad[2]) grad_bias = sum(grad, {0, 2, 3});
+      if (context.needs_input_grad[2]) {
+        // 16-bit gradients (autocast) are summed in f32.
+        grad_bias = cpu::is_16bit_float(grad.dtype())
+                        ? to_dtype(sum(to_dtype(grad, DType::kFloat32), {0, 2, 3}), grad.dtype())
+                        : sum(grad, {0, 2, 3});
+      }
       return {grad_x, grad_weight, grad_bias};
     };
     op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out,
@@ -754,10 +930,10 @@ TESSEL_REGISTER_OPS(conv) {
       check_grad_shape("conv2d_backward_input", grad, g);
       return std::vector<OutputSpec>{{{g.batch, g.in_channels, g.height, g.width}, grad.dtype()}};
     };
-    op.kernels[kCpu] = [](KernelContext& context) {
+    op.kernels[kCpu] = cpu::with_f32_fallback([](KernelContext& context) {
       visit_float_dtype(context.outputs[0].dtype(), "conv2d_backward_input",
                         [&](auto tag) { conv2d_backward_input_kernel<decltype(tag)>(context); });
-    };
+    });
     op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out,
                  const Attrs& attrs) {
       ConvGeometry g = geometry_from_attr(attrs, "input_size", in[1].sizes(), true);
@@ -777,10 +953,10 @@ TESSEL_REGISTER_OPS(conv) {
       check_grad_shape("conv2d_backward_weight", grad, g);
       return std::vector<OutputSpec>{{g.weight_sizes(), grad.dtype()}};
     };
-    op.kernels[kCpu] = [](KernelContext& context) {
+    op.kernels[kCpu] = cpu::with_f32_fallback([](KernelContext& context) {
       visit_float_dtype(context.outputs[0].dtype(), "conv2d_backward_weight",
                         [&](auto tag) { conv2d_backward_weight_kernel<decltype(tag)>(context); });
-    };
+    });
     op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out,
                  const Attrs& attrs) {
       ConvGeometry g = geometry_from_attr(attrs, "weight_size", in[1].sizes(), false);

@@ -532,8 +532,9 @@ void register_unary(const char* name, Unary kind, double flops) {
       op.save_outputs = {0};
       op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
         if (!context.grad_outputs[0].defined()) return {Tensor()};
-        const Tensor& y = context.saved_outputs[0];
-        return {mul(context.grad_outputs[0], gt(y, zero_scalar(y)))};
+        // One fused pass instead of a comparison into a bool tensor and a promoting product.
+        return {dispatch(ops::op("relu_backward"),
+                         {context.grad_outputs[0], context.saved_outputs[0]})[0]};
       };
       break;
   }
@@ -624,6 +625,41 @@ void register_gelu() {
     op.cost = elementwise_cost(25);
     op.splits = {{0, {0, 0}}};
   }
+}
+
+// ---- relu_backward ----
+
+// inputs {grad, y} (y = relu(x)): grad where y > 0, else 0 (PyTorch's threshold_backward).
+void register_relu_backward() {
+  OpDef& op = OpRegistry::get().define("relu_backward");
+  op.shape = [](const std::vector<Tensor>& inputs, const Attrs&) {
+    check_two_inputs("relu_backward", inputs);
+    visit_float_dtype(inputs[1].dtype(), "relu_backward", [](auto) {});
+    TESSEL_CHECK(inputs[0].dtype() == inputs[1].dtype(), "relu_backward: grad is ",
+                 dtype_name(inputs[0].dtype()), " but the relu output is ",
+                 dtype_name(inputs[1].dtype()));
+    return std::vector<OutputSpec>{
+        {broadcast_shapes(inputs[0].sizes(), inputs[1].sizes(), "relu_backward"),
+         inputs[1].dtype()}};
+  };
+  op.kernels[kCpu] = [](KernelContext& context) {
+    visit_float_dtype(context.outputs[0].dtype(), "relu_backward", [&](auto tag) {
+      using T = decltype(tag);
+      cpu::binary_loop<T, T, T>(context.outputs[0], context.inputs[0], context.inputs[1],
+                                [](T grad, T y) { return y > T(0) ? grad : T(0); });
+    });
+  };
+  op.save_inputs = {1};
+  // Linear in grad, piecewise constant in y: the same mask again, nothing for y.
+  op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
+    if (!context.grad_outputs[0].defined() || !context.needs_input_grad[0])
+      return {Tensor(), Tensor()};
+    return {
+        dispatch(ops::op("relu_backward"), {context.grad_outputs[0], context.saved_inputs[1]})[0],
+        Tensor()};
+  };
+  op.cost = elementwise_cost(1);
+  op.splits = {{0, {0, 0}}};
 }
 
 // ---- clamp ----
@@ -792,6 +828,7 @@ TESSEL_REGISTER_OPS(elementwise) {
   register_unary("sigmoid", Unary::kSigmoid, 12);
   register_unary("relu", Unary::kRelu, 1);
   register_gelu();
+  register_relu_backward();
   register_clamp();
   register_selection();
 }

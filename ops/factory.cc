@@ -70,7 +70,7 @@ struct PhiloxBlock {
       // As normal_at: u1 in (0, 1] so the log is finite.
       float u1 = (static_cast<float>(words[2 * pair] >> 8) + 1.0f) * (1.0f / 16777216.0f);
       float u2 = static_cast<float>(words[2 * pair + 1] >> 8) * (1.0f / 16777216.0f);
-      radius[pair] = std::sqrt(-2.0f * std::log(u1));
+      radius[pair] = std::sqrt(-2.0f * static_cast<float>(std::log(static_cast<double>(u1))));
       angle[pair] = 6.283185307179586f * u2;
     }
   }
@@ -80,8 +80,10 @@ struct PhiloxBlock {
   }
   float normal(uint64_t index) const {
     int pair = static_cast<int>((index % 4) / 2);
-    return (index & 1) ? radius[pair] * std::sin(angle[pair])
-                       : radius[pair] * std::cos(angle[pair]);
+    // As normal_at: the trigonometry in double, rounded to float.
+    return (index & 1)
+               ? radius[pair] * static_cast<float>(std::sin(static_cast<double>(angle[pair])))
+               : radius[pair] * static_cast<float>(std::cos(static_cast<double>(angle[pair])));
   }
 };
 

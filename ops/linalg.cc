@@ -3,6 +3,7 @@
 // (a transpose is then free), and copy to a dense workspace only otherwise.
 #include <algorithm>
 
+#include "ops/cpu/f32_fallback.h"
 #include "ops/cpu/gemm.h"
 #include "ops/cpu/strided_copy.h"
 #include "ops/ops.h"
@@ -118,10 +119,10 @@ void batched_product_kernel(KernelContext& context) {
 
 void check_float_pair(const char* op, const Tensor& a, const char* a_name, const Tensor& b,
                       const char* b_name) {
-  TESSEL_CHECK(
-      is_floating(a.dtype()) && a.dtype() != DType::kBFloat16 && a.dtype() != DType::kFloat16, op,
-      ": expected a f32 or f64 tensor for ", a_name, ", got ", dtype_name(a.dtype()),
-      " (convert with .to(DType::kFloat32))");
+  // 16-bit floats are accepted for autocast (CPU kernels compute them in f32).
+  TESSEL_CHECK(is_floating(a.dtype()), op, ": expected a f32 or f64 tensor for ", a_name, ", got ",
+               dtype_name(a.dtype()),
+               " (bf16 and f16 work too; convert with .to(DType::kFloat32))");
   TESSEL_CHECK(a.dtype() == b.dtype(), op, ": ", a_name, " is ", dtype_name(a.dtype()), " but ",
                b_name, " is ", dtype_name(b.dtype()), "; convert one with .to()");
 }
@@ -204,6 +205,12 @@ void linear_kernel(KernelContext& context) {
   if (staged) cpu::copy_strided(target, out);
 }
 
+// sum over `dims`, accumulated in f32 for 16-bit gradients (autocast) and returned in their dtype.
+Tensor sum_in_f32(const Tensor& grad, const std::vector<int64_t>& dims) {
+  if (!cpu::is_16bit_float(grad.dtype())) return sum(grad, dims);
+  return to_dtype(sum(to_dtype(grad, DType::kFloat32), dims), grad.dtype());
+}
+
 Tensor matmul_2d(const Tensor& a, const Tensor& b) {
   return dispatch(ops::op("matmul"), {a, b})[0];
 }
@@ -226,10 +233,11 @@ TESSEL_REGISTER_OPS(linalg) {
                    " vs ", b.size(0), ")");
       return std::vector<OutputSpec>{{{a.size(0), b.size(1)}, a.dtype()}};
     };
-    op.kernels[static_cast<int>(DeviceType::kCpu)] = [](KernelContext& context) {
-      visit_float_dtype(context.outputs[0].dtype(), "matmul",
-                        [&](auto tag) { batched_product_kernel<decltype(tag)>(context); });
-    };
+    op.kernels[static_cast<int>(DeviceType::kCpu)] =
+        cpu::with_f32_fallback([](KernelContext& context) {
+          visit_float_dtype(context.outputs[0].dtype(), "matmul",
+                            [&](auto tag) { batched_product_kernel<decltype(tag)>(context); });
+        });
     op.save_inputs = {0, 1};
     op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
       const Tensor& grad = context.grad_outputs[0];
@@ -262,10 +270,11 @@ TESSEL_REGISTER_OPS(linalg) {
                    " vs ", b.size(1), ")");
       return std::vector<OutputSpec>{{{a.size(0), a.size(1), b.size(2)}, a.dtype()}};
     };
-    op.kernels[static_cast<int>(DeviceType::kCpu)] = [](KernelContext& context) {
-      visit_float_dtype(context.outputs[0].dtype(), "bmm",
-                        [&](auto tag) { batched_product_kernel<decltype(tag)>(context); });
-    };
+    op.kernels[static_cast<int>(DeviceType::kCpu)] =
+        cpu::with_f32_fallback([](KernelContext& context) {
+          visit_float_dtype(context.outputs[0].dtype(), "bmm",
+                            [&](auto tag) { batched_product_kernel<decltype(tag)>(context); });
+        });
     op.save_inputs = {0, 1};
     op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
       const Tensor& grad = context.grad_outputs[0];
@@ -309,10 +318,11 @@ TESSEL_REGISTER_OPS(linalg) {
       sizes.back() = weight.size(0);
       return std::vector<OutputSpec>{{sizes, x.dtype()}};
     };
-    op.kernels[static_cast<int>(DeviceType::kCpu)] = [](KernelContext& context) {
-      visit_float_dtype(context.outputs[0].dtype(), "linear",
-                        [&](auto tag) { linear_kernel<decltype(tag)>(context); });
-    };
+    op.kernels[static_cast<int>(DeviceType::kCpu)] =
+        cpu::with_f32_fallback([](KernelContext& context) {
+          visit_float_dtype(context.outputs[0].dtype(), "linear",
+                            [&](auto tag) { linear_kernel<decltype(tag)>(context); });
+        });
     op.save_inputs = {0, 1};
     op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
       const Tensor& grad = context.grad_outputs[0];  // (..., out)
@@ -324,7 +334,7 @@ TESSEL_REGISTER_OPS(linalg) {
       Tensor grad_rows = reshape(grad, {-1, out_features});
       if (context.needs_input_grad[1])
         grad_weight = matmul_2d(transpose(grad_rows, 0, 1), reshape(x, {-1, in_features}));
-      if (context.needs_input_grad[2]) grad_bias = sum(grad_rows, {0});
+      if (context.needs_input_grad[2]) grad_bias = sum_in_f32(grad_rows, {0});
       return {grad_x, grad_weight, grad_bias};
     };
     op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out, const Attrs&) {

@@ -4,6 +4,7 @@
 #include "core/op.h"
 #include "ops/ops.h"
 #include "ops/registry_helpers.h"
+#include "ops/transfer.h"
 
 namespace tessel {
 
@@ -50,11 +51,7 @@ Tensor Tensor::to(Device target) const {
   if (target.is_meta()) return empty(sizes(), TensorOptions(dtype()).device(target));
   TESSEL_CHECK(!device().is_meta(), "to(", target.str(), "): a meta tensor (shape ",
                shape_str(sizes()), ") has no data to move");
-  // The CUDA backend registers the transfer op when it is built.
-  const OpDef* transfer = OpRegistry::get().find_or_null("to_device");
-  TESSEL_CHECK(transfer != nullptr, "to(", target.str(), "): the CUDA backend is not built ",
-               "(build with --config=cuda on a machine with the CUDA toolkit)");
-  return dispatch(*transfer, {*this}, Attrs{{"device", target.str()}})[0];
+  return to_device(*this, target);  // ops/transfer.cc
 }
 
 Tensor Tensor::sum() const { return tessel::sum(*this); }

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "memory/memory.h"
 
 namespace tessel::train {
 namespace {
@@ -55,6 +56,27 @@ CLI::Validator number_check(const std::string& description, bool integer, double
 const CLI::Validator kPositiveInteger = number_check("positive", true, 0, false);
 const CLI::Validator kNonNegativeInteger = number_check("non-negative", true, 0, true);
 const CLI::Validator kPositiveNumber = number_check("positive", false, 0, false);
+// The memory layer's own parsers, so the flag and the library accept and reject the same text.
+const CLI::Validator kMemoryBudget(
+    [](std::string& text) -> std::string {
+      try {
+        memory::parse_budget(text);
+      } catch (const Error& error) {
+        return error.message();
+      }
+      return "";
+    },
+    "BYTES|FRACTION");
+const CLI::Validator kMemoryPolicy(
+    [](std::string& text) -> std::string {
+      try {
+        memory::parse_policy(text);
+      } catch (const Error& error) {
+        return error.message();
+      }
+      return "";
+    },
+    "none|dtr|swap|split|auto");
 
 }  // namespace
 
@@ -109,9 +131,36 @@ int parse_train_flags(int argc, const char* const* argv, TrainConfig* config, st
                      "continue from the newest checkpoint in --checkpoint_dir, or from PATH "
                      "(--resume=PATH: DIR/step_N or a checkpoint DIR)")
           ->expected(0, 1);
+  app.add_option("--dp", flags.dp,
+                 "data-parallel replicas under mpirun (each trains on its shard of every batch; "
+                 "--batch_size is the global batch); 0: the ranks --tp leaves")
+      ->check(kNonNegativeInteger);
+  app.add_option("--tp", flags.tp,
+                 "tensor-parallel slices under mpirun (BERT: heads, MLP and vocabulary split; "
+                 "ResNet/ShuffleNet: batch-split convolutions, class-split classifier); dp x tp "
+                 "must equal the rank count")
+      ->check(kNonNegativeInteger);
+  app.add_option("--plan", flags.plan,
+                 "a plan file from `bazel run //parallel:plan -- --out=FILE` that sets dp and tp")
+      ->check(CLI::ExistingFile);
   app.add_option("--work_dir", flags.work_dir,
                  "where recipes cache what they prepare once, such as the BERT vocabulary "
                  "(default: $HOME/.cache/tessel/RECIPE)");
+
+  app.add_option("--memory_budget", flags.memory_budget,
+                 "train within this much memory: bytes with a unit (1.5GiB, 512MiB, 2GB, 4096B) "
+                 "or a fraction in (0, 1] of the whole peak, measured in a first unconstrained "
+                 "step (0.4)")
+      ->check(kMemoryBudget);
+  app.add_option("--memory_policy", flags.memory_policy,
+                 "how to stay within --memory_budget: none, dtr (evict and recompute), swap (to "
+                 "host), split (run ops in chunks), auto (per tensor, the cheapest; the default "
+                 "with a budget)")
+      ->check(kMemoryPolicy);
+  app.add_option("--precision", flags.precision,
+                 "f32, or bf16: matmul, linear and conv2d of each training step run in bf16 "
+                 "(autocast; parameters and optimizer state stay f32)")
+      ->check(CLI::IsMember({"f32", "bf16"}));
 
   try {
     app.parse(argc, argv);

@@ -383,7 +383,12 @@ Strategy make_strategy(const OpContext& c, int dp, int tp, SplitKind kind) {
     if (!split.owned) continue;
     const double bytes = static_cast<double>(c.graph.tensors[split.tensor].bytes) / split.parts;
     s.parameter_bytes += bytes * per_parameter_copies;
-    if (c.batch_ok && s.dp > 1) s.gradient_sync += gradient_all_reduce(s, bytes, c.config);
+    if (c.batch_ok && s.dp > 1) {
+      s.gradient_sync += gradient_all_reduce(s, bytes, c.config);
+      // DDP reduces gradients in flat bucket buffers that live beside .grad: one more copy
+      // (measured: bench/results/parallel.md).
+      s.parameter_bytes += bytes;
+    }
   }
 
   // Activations kept for backward, at this strategy's share.

@@ -142,7 +142,10 @@ PolicyCase shufflenet_case() {
     Tensor labels = randint(0, 10, {8});
     return cross_entropy(model.forward(images), labels);
   };
-  result.learning_rate = 3e-5;
+  // Batch-norm biases that start at zero and whose gradients are mostly cancellation (a batch
+  // norm downstream makes them sum to about zero) end up as a few lr-sized steps of rounding
+  // noise: at 3e-5 a vectorised kernel's other rounding already moved one by 1.2e-6.
+  result.learning_rate = 1e-5;
   return result;
 }
 

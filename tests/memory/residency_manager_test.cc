@@ -6,6 +6,7 @@
 
 #include <pthread.h>
 
+#include <atomic>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -457,6 +458,41 @@ TEST(HostLink, CopiesEveryByteInOrder) {
   EXPECT_DOUBLE_EQ(link.seconds_for(2000), 1e-6);
   link.set_bandwidth(0);
   EXPECT_EQ(link.seconds_for(2000), 0.0);
+}
+
+// Records what a backend's engine is asked to do (the CUDA backend's runs on its copy stream).
+class RecordingEngine : public CopyEngine {
+ public:
+  std::shared_ptr<void> prepare(void*, const void*, size_t bytes) override {
+    prepared.fetch_add(1);
+    return std::make_shared<size_t>(bytes);
+  }
+  void copy(void* destination, const void* source, size_t bytes,
+            const std::shared_ptr<void>& token) override {
+    if (bytes == 13) throw Error("engine refused", __FILE__, __LINE__);
+    EXPECT_EQ(*static_cast<size_t*>(token.get()), bytes);
+    std::memcpy(destination, source, bytes);
+    copied.fetch_add(1);
+  }
+  std::atomic<int> prepared{0}, copied{0};
+};
+
+TEST(HostLink, ACopyEngineMovesTheBytesAndItsErrorsReachTheWaiter) {
+  auto engine = std::make_shared<RecordingEngine>();
+  HostLink link(2e9, engine);
+  std::vector<char> source(kMiB + 5, 'x'), destination(source.size());
+  link.wait(link.copy_async(destination.data(), source.data(), source.size()));
+  EXPECT_EQ(destination, source);
+  EXPECT_EQ(engine->prepared.load(), 1);
+  EXPECT_EQ(engine->copied.load(), 1);
+  EXPECT_DOUBLE_EQ(link.seconds_for(2000), 1e-6);  // still the estimate
+  EXPECT_TRUE(
+      throws_error([&] { link.wait(link.copy_async(destination.data(), source.data(), 13)); },
+                   "engine refused"));
+  EXPECT_EQ(copy_engine_for(DeviceType::kMeta), nullptr);
+  set_copy_engine(DeviceType::kMeta, engine);
+  EXPECT_EQ(copy_engine_for(DeviceType::kMeta), engine);
+  set_copy_engine(DeviceType::kMeta, nullptr);
 }
 
 // ---- split ----

@@ -77,6 +77,14 @@ TEST(TrainCli, FlagsFillTheConfigAndUnsetOnesStayUnset) {
   EXPECT_EQ(*resolved.lr, 0.01);
 }
 
+TEST(TrainCli, PrecisionIsF32UnlessBf16IsAskedFor) {
+  EXPECT_EQ(parse({}).precision, "f32");
+  EXPECT_EQ(parse({"--precision=bf16"}).precision, "bf16");
+  CliRun result = run({"--precision=f16"});
+  EXPECT_NE(result.code, 0);
+  EXPECT_NE(result.err.find("--precision"), std::string::npos) << result.err;
+}
+
 TEST(TrainCli, UnknownFlagFails) {
   CliRun result = run({"--bogus=1"});
   EXPECT_NE(result.code, 0);

@@ -237,6 +237,27 @@ TEST(DataLoader, DropLastSkipsThePartialBatch) {
   EXPECT_TRUE(read_epoch(too_small, 0).empty());
 }
 
+TEST(DataLoader, ShardsReadNearEqualPartsOfEveryBatchInOrder) {
+  // 3 data-parallel ranks over batches of 4, 4 and 2 examples of one shuffled order.
+  const auto dataset = std::make_shared<CountingDataset>(10);
+  DataLoader whole(dataset, DataLoaderOptions().batch_size(4).seed(7));
+  const auto expected = read_epoch(whole, 1);
+  std::vector<std::vector<std::vector<int64_t>>> parts;
+  for (int64_t rank = 0; rank < 3; ++rank) {
+    DataLoader shard(dataset, DataLoaderOptions().batch_size(4).seed(7).shard(rank, 3));
+    EXPECT_EQ(shard.num_batches(), whole.num_batches());
+    parts.push_back(read_epoch(shard, 1));
+  }
+  for (size_t b = 0; b < expected.size(); ++b) {
+    std::vector<int64_t> joined;
+    for (const auto& part : parts) joined.insert(joined.end(), part[b].begin(), part[b].end());
+    EXPECT_EQ(joined, expected[b]) << "batch " << b;
+  }
+  EXPECT_EQ(parts[0][0].size(), 2u);  // 4 = 2 + 1 + 1
+  EXPECT_EQ(parts[2][2].size(), 0u);  // 2 = 1 + 1 + 0
+  EXPECT_TRUE(throws_error([] { DataLoaderOptions().shard(3, 3); }, "shard index must be"));
+}
+
 TEST(DataLoader, ShuffleVisitsEveryExampleOncePerEpoch) {
   DataLoader loader(std::make_shared<CountingDataset>(103),
                     DataLoaderOptions().batch_size(10).seed(7));

@@ -211,6 +211,14 @@ TEST(ResNet18FashionMnist, TrainsEndToEndOnIdxFiles) {
   EXPECT_EQ(count, 5);  // 3 status lines, 1 evaluation, the final record
 }
 
+TEST(ResNet18FashionMnist, TrainsInBf16UnderAutocast) {
+  const std::string data = idx_folder("resnet_fmnist_bf16", 8, 4);
+  CliRun result = run({"--data=" + data, "--batch_size=4", "--steps=2", "--log_every=1",
+                       "--threads=1", "--precision=bf16"});
+  ASSERT_EQ(result.code, 0) << result.err << result.out;
+  EXPECT_TRUE(contains(result.out, "train step      2 | epoch 1/")) << result.out;
+}
+
 TEST(ResNet18FashionMnist, TakesOtherResNets) {
   const std::string data = idx_folder("resnet34_fmnist", 8, 4);
   CliRun result =

@@ -37,8 +37,14 @@ int64_t DataLoader::num_batches() const {
 }
 
 Batch DataLoader::make_batch(int64_t batch_index) const {
-  const int64_t begin = batch_index * options_.batch_size_;
-  const int64_t end = std::min<int64_t>(begin + options_.batch_size_, dataset_->size());
+  int64_t begin = batch_index * options_.batch_size_;
+  int64_t end = std::min<int64_t>(begin + options_.batch_size_, dataset_->size());
+  if (options_.shard_count_ > 1) {  // this rank's part of the batch
+    const int64_t rows = end - begin, parts = options_.shard_count_, index = options_.shard_index_;
+    const int64_t start = index * (rows / parts) + std::min(index, rows % parts);
+    end = begin + start + rows / parts + (index < rows % parts ? 1 : 0);
+    begin += start;
+  }
   const std::vector<int64_t> indices(order_.begin() + begin, order_.begin() + end);
   Batch batch = dataset_->get_batch(indices);
   if (options_.transform_) options_.transform_(batch, BatchInfo{indices, epoch_, options_.seed_});

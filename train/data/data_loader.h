@@ -45,6 +45,8 @@ struct DataLoaderOptions {
   bool drop_last_ = false;
   int64_t prefetch_ = 2;      // batches prepared ahead; 0 prepares each batch in next()
   BatchTransform transform_;  // none when empty
+  int64_t shard_index_ = 0;   // with shard_count_ > 1: the part of each batch this loader reads
+  int64_t shard_count_ = 1;
 
   DataLoaderOptions& batch_size(int64_t value) {
     TESSEL_CHECK(value > 0, "DataLoaderOptions: batch_size must be positive, got ", value);
@@ -70,6 +72,17 @@ struct DataLoaderOptions {
   }
   DataLoaderOptions& transform(BatchTransform value) {
     transform_ = std::move(value);
+    return *this;
+  }
+  // Data-parallel ranks: each batch (batch_size examples of the shared order) is cut into `count`
+  // near-equal parts in order (the first batch_size % count one example longer), and this loader
+  // reads, transforms and returns part `index` only.
+  DataLoaderOptions& shard(int64_t index, int64_t count) {
+    TESSEL_CHECK(count >= 1 && index >= 0 && index < count,
+                 "DataLoaderOptions: shard index must be in [0, count), got index ", index, " of ",
+                 count);
+    shard_index_ = index;
+    shard_count_ = count;
     return *this;
   }
 };

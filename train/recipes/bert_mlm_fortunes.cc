@@ -14,9 +14,12 @@
 #include "core/error.h"
 #include "models/bert.h"
 #include "ops/ops.h"
+#include "parallel/ddp.h"
+#include "parallel/tensor_parallel.h"
 #include "train/data/data_loader.h"
 #include "train/optim/adam.h"
 #include "train/optim/clip_grad.h"
+#include "train/recipes/distributed.h"
 #include "train/recipes/recipe_util.h"
 #include "train/recipes/training_loop.h"
 #include "train/state/lr_scheduler.h"
@@ -251,8 +254,15 @@ RecipeResult run_bert_mlm_fortunes(const TrainConfig& config, std::ostream& log)
       << bert.hidden_size() << ", " << bert.num_attention_heads() << " heads, ffn "
       << bert.intermediate_size() << "), " << parameters << " parameters" << std::endl;
 
-  optim::AdamW optimizer(model.named_parameters(),
+  // Under mpirun: with --tp > 1 a tensor-parallel copy trains (and is gathered into `model` to
+  // evaluate); with --dp > 1, DDP averages the gradients of the ranks' shards.
+  const DistributedRun& run = distributed_run();
+  std::shared_ptr<parallel::TensorParallelBertForPreTraining> tp_model;
+  if (run.tp > 1) tp_model = parallel::shard_bert(model, run.tp_group_id);
+  nn::Module& trained = tp_model ? static_cast<nn::Module&>(*tp_model) : model;
+  optim::AdamW optimizer(trained.named_parameters(),
                          optim::AdamWOptions(*config.lr).weight_decay(kWeightDecay).eps(1e-6));
+  const auto ddp = make_ddp(trained);
   const int64_t batch_size = *config.batch_size;
   const int64_t batches_per_epoch = (train_data.size() + batch_size - 1) / batch_size;
   const int64_t total_steps = planned_steps(config, batches_per_epoch);
@@ -267,7 +277,7 @@ RecipeResult run_bert_mlm_fortunes(const TrainConfig& config, std::ostream& log)
   std::vector<std::vector<int64_t>> batches;
   int64_t epoch_index = 0, next_batch = 0;
   TrainingTask task;
-  task.model = &model;
+  task.model = &trained;
   task.optimizer = &optimizer;
   task.scheduler = &scheduler;
   task.batches_per_epoch = batches_per_epoch;
@@ -280,21 +290,50 @@ RecipeResult run_bert_mlm_fortunes(const TrainConfig& config, std::ostream& log)
   task.train_step = [&](StepResult* result) {
     if (next_batch >= static_cast<int64_t>(batches.size())) return false;
     const std::vector<int64_t>& indices = batches[next_batch++];
-    // Masks change every epoch (dynamic masking).
-    const text::MlmBatch batch = make_batch(train_data, indices, epoch_index);
-    const PretrainingStep step = pretraining_step(model, batch);
-    const Tensor loss = add(step.mlm_loss, step.nsp_loss);
+    // Masks change every epoch (dynamic masking). Each data-parallel rank reads its shard.
+    const text::MlmBatch batch = make_batch(train_data, run.shard(indices), epoch_index);
+    if (ddp) ddp->prepare_forward();
+    Tensor mlm_loss, nsp_loss;
+    int64_t predicted = 0;
+    if (tp_model) {
+      const parallel::TensorParallelBertOutput output =
+          tp_model->forward(batch.input_ids, batch.token_type_ids, batch.attention_mask);
+      const models::BertPreTrainingLoss losses = parallel::tensor_parallel_bert_loss(
+          output, batch.mlm_labels, batch.nsp_labels, run.tp_group_id);
+      mlm_loss = losses.mlm;
+      nsp_loss = losses.nsp;
+      for (int64_t label : batch.mlm_labels.to_vector<int64_t>())
+        predicted += label != text::kIgnoreLabel;
+    } else {
+      const PretrainingStep step = pretraining_step(model, batch);
+      mlm_loss = step.mlm_loss;
+      nsp_loss = step.nsp_loss;
+      predicted = static_cast<int64_t>(step.labels.size());
+    }
+    // Losses normalised by the global batch's counts, so DDP's average is the global gradient.
+    std::vector<double> means;
+    const std::vector<Tensor> weighted = weight_by_global_counts(
+        {{mlm_loss, predicted}, {nsp_loss, batch.nsp_labels.numel()}}, &means);
+    const Tensor loss = add(weighted[0], weighted[1]);
     optimizer.zero_grad();
+    if (ddp) ddp->prepare_for_backward({loss});
     loss.backward();
-    optim::clip_grad_norm(optimizer.parameters(), kMaxGradNorm);
+    if (ddp) ddp->finalize();
+    if (tp_model) {
+      clip_grad_norm_tensor_parallel(*tp_model, kMaxGradNorm, run.tp_group_id);
+    } else {
+      optim::clip_grad_norm(optimizer.parameters(), kMaxGradNorm);
+    }
     optimizer.step();
-    result->loss = loss.item<double>();
+    result->loss = run.distributed() ? means[0] + means[1] : loss.item<double>();
     result->samples = static_cast<int64_t>(indices.size());
-    result->parts = {{"mlm_loss", step.mlm_loss.item<double>()},
-                     {"nsp_loss", step.nsp_loss.item<double>()}};
+    result->parts = {{"mlm_loss", means[0]}, {"nsp_loss", means[1]}};
     return true;
   };
-  task.evaluate = [&]() { return evaluate_mlm(model, held_out, baseline); };
+  task.evaluate = [&]() {
+    if (tp_model) gather_into_full_model(*tp_model, model, run.tp_group_id);
+    return evaluate_mlm(model, held_out, baseline);
+  };
 
   RecipeResult result = run_training(task, config, log);
   result.seconds = seconds_since(start);

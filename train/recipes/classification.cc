@@ -2,6 +2,7 @@
 
 #include "core/autograd.h"
 #include "ops/ops.h"
+#include "train/recipes/distributed.h"
 
 namespace tessel::train {
 
@@ -35,6 +36,15 @@ RecipeResult train_classifier(nn::Module& model, optim::Optimizer& optimizer,
                               optim::LRScheduler* scheduler, data::DataLoader& train_loader,
                               const data::Dataset& test_set, const TrainConfig& config,
                               std::ostream& log) {
+  // Under mpirun: this rank's shard of each batch, DDP / tensor-parallel gradient reduction.
+  ParallelClassifier parallel(std::shared_ptr<nn::Module>(&model, [](nn::Module*) {}));
+  // A loader made with .shard(dp_rank, dp) reads only this rank's rows of each batch.
+  const int64_t shards = train_loader.options().shard_count_;
+  TESSEL_CHECK(shards == 1 || shards == distributed_run().dp,
+               "train_classifier: the loader reads 1 of ", shards,
+               " parts of each batch but the run has ", distributed_run().dp,
+               " data-parallel ranks");
+  const bool sharded = shards > 1;
   TrainingTask task;
   task.model = &model;
   task.optimizer = &optimizer;
@@ -47,16 +57,13 @@ RecipeResult train_classifier(nn::Module& model, optim::Optimizer& optimizer,
   task.train_step = [&](StepResult* result) {
     auto batch = train_loader.next();
     if (!batch) return false;
-    const Tensor loss = cross_entropy(model(batch->inputs), batch->targets);
-    optimizer.zero_grad();
-    loss.backward();
+    result->loss = parallel.forward_backward(batch->inputs, batch->targets, optimizer, sharded);
     optimizer.step();
-    result->loss = loss.item<double>();
     result->samples = batch->targets.numel();
     return true;
   };
   task.evaluate = [&]() -> Evaluation {
-    const EvalResult eval = evaluate_classifier(model, test_set);
+    const EvalResult eval = parallel.evaluate(test_set);
     return {{"test_loss", eval.loss}, {"test_accuracy", eval.accuracy}};
   };
   return run_training(task, config, log);

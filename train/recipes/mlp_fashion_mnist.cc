@@ -8,6 +8,7 @@
 #include "train/data/dataset.h"
 #include "train/optim/adam.h"
 #include "train/recipes/classification.h"
+#include "train/recipes/distributed.h"
 #include "train/recipes/recipe_util.h"
 
 namespace tessel::train {
@@ -40,8 +41,11 @@ RecipeResult run_mlp_fashion_mnist(const TrainConfig& config, std::ostream& log)
   log << *model << std::endl;
   optim::Adam optimizer(model->named_parameters(), optim::AdamOptions(*config.lr));
   data::DataLoader train_loader(
-      train_set,
-      data::DataLoaderOptions().batch_size(*config.batch_size).shuffle(true).seed(config.seed));
+      train_set, data::DataLoaderOptions()
+                     .batch_size(*config.batch_size)
+                     .shuffle(true)
+                     .seed(config.seed)
+                     .shard(distributed_run().dp_rank, distributed_run().dp));  // this rank's rows
 
   RecipeResult result =
       train_classifier(*model, optimizer, nullptr, train_loader, *test_set, config, log);

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "train/recipes/bert_mlm_fortunes.h"
+#include "train/recipes/distributed.h"
 #include "train/recipes/mlp_fashion_mnist.h"
 #include "train/recipes/vision.h"
 
@@ -72,7 +73,10 @@ TrainConfig resolve_config(const Recipe& recipe, TrainConfig config) {
 
 RecipeResult run_recipe(const TrainConfig& config, std::ostream& log) {
   const Recipe& recipe = find_recipe(config.recipe);
-  return recipe.run(resolve_config(recipe, config), log);
+  const TrainConfig resolved = resolve_config(recipe, config);
+  // Under mpirun: the dp x tp grid, and a silent log on ranks other than 0.
+  return run_distributed(resolved, log,
+                         [&](std::ostream& rank_log) { return recipe.run(resolved, rank_log); });
 }
 
 }  // namespace tessel::train

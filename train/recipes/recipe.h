@@ -24,8 +24,14 @@ struct TrainConfig {
   // Stop after this many optimizer steps in all (a resumed run counts the steps before it);
   // 0: no limit. It does not change the schedule, which spans `epochs`.
   int64_t steps = 0;
-  uint64_t seed = 0;           // model initialisation, data order, augmentation, masks
-  int threads = 0;             // intra-op threads; 0: every core
+  uint64_t seed = 0;  // model initialisation, data order, augmentation, masks
+  int threads = 0;    // intra-op threads; 0: every core
+  // Ranks under mpirun as a dp x tp grid (train/recipes/distributed.h): --dp data-parallel
+  // replicas, --tp tensor-parallel slices (0: the rest of the ranks), or a plan file written by
+  // //parallel:plan that sets both.
+  int dp = 0;
+  int tp = 0;
+  std::string plan;
   int64_t eval_every = 0;      // evaluate every N steps as well as after each epoch; 0: epochs only
   int64_t log_every = 100;     // steps between status lines
   std::string metrics_path;    // JSON lines, one per status line and evaluation
@@ -35,6 +41,14 @@ struct TrainConfig {
   // checkpoint folder (<dir>/step_<N>) or a checkpoint directory (its newest checkpoint).
   std::optional<std::string> resume;
   std::string work_dir;  // files a recipe prepares once and reuses (the BERT vocab); "" default
+  // Memory budget (memory::parse_budget): "" none; bytes with a unit ("1.5GiB", "512MiB", "2GB")
+  // or a fraction in (0, 1] of the whole peak measured in a first unconstrained step ("0.4").
+  std::string memory_budget;
+  // none, dtr, swap, split or auto; "" is auto with a budget and none without.
+  std::string memory_policy;
+  // "f32", or "bf16": training steps run under autocast (core/autocast.h), so products and
+  // convolutions compute in bf16 while parameters, gradients and optimizer state stay f32.
+  std::string precision = "f32";
 };
 
 // The defaults a recipe fills in for unset TrainConfig fields.

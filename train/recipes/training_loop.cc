@@ -6,7 +6,10 @@
 #include <filesystem>
 
 #include "core/allocator.h"
+#include "core/autocast.h"
 #include "core/error.h"
+#include "train/recipes/distributed.h"
+#include "train/recipes/memory_budget.h"
 #include "train/recipes/metrics_log.h"
 #include "train/state/checkpoint.h"
 
@@ -109,12 +112,16 @@ RecipeResult run_training(const TrainingTask& task, const TrainConfig& config, s
     resumed = true;
   }
   // A resumed run appends to its metrics file.
-  MetricsLog metrics(config.metrics_path, /*append=*/config.resume.has_value());
-  auto allocator = memory::allocator_for(Device::cpu());
+  // Rank 0 alone writes metrics and checkpoints.
+  const bool main_rank = distributed_run().is_main();
+  MetricsLog metrics(main_rank ? config.metrics_path : std::string(),
+                     /*append=*/config.resume.has_value());
+  // --memory_budget / --memory_policy: the training state moves into the budget here.
+  TrainingMemory training_memory(config, *task.model, *task.optimizer, log);
 
   int64_t saved_step = resumed ? step : -1;  // that state is on disk already
   auto save = [&]() {
-    if (config.checkpoint_dir.empty() || saved_step == step) return;
+    if (config.checkpoint_dir.empty() || saved_step == step || !main_rank) return;
     const auto save_start = Clock::now();
     const NamedScalars extra = {{"batches_per_epoch", static_cast<double>(batches_per_epoch)},
                                 {"seed", static_cast<double>(config.seed)},
@@ -163,7 +170,7 @@ RecipeResult run_training(const TrainingTask& task, const TrainConfig& config, s
     const double seconds = seconds_since(interval_start);
     const double samples_per_second = seconds > 0 ? interval_samples / seconds : 0.0;
     const double ms_per_step = interval_steps > 0 ? 1000.0 * seconds / interval_steps : 0.0;
-    const memory::AllocatorStats stats = allocator->stats();
+    const memory::AllocatorStats stats = training_memory.stats();
     const double lr = task.optimizer->lr();
     result.final_train_loss = interval_loss / static_cast<double>(interval_steps);
     char line[160];
@@ -187,7 +194,7 @@ RecipeResult run_training(const TrainingTask& task, const TrainConfig& config, s
                   lr, samples_per_second, task.samples_name.c_str(), ms_per_step,
                   format_bytes(stats.allocated_bytes).c_str(),
                   format_bytes(stats.peak_allocated_bytes).c_str());
-    log << text << line << std::endl;
+    log << text << line << training_memory.report(interval_steps, &record) << std::endl;
     record["lr"] = lr;
     record[task.samples_name + "_per_s"] = samples_per_second;
     record["ms_per_step"] = ms_per_step;
@@ -202,6 +209,13 @@ RecipeResult run_training(const TrainingTask& task, const TrainConfig& config, s
     interval_start = Clock::now();
   };
 
+  // --precision=bf16: autocast for the whole step. Its backward pass and optimizer update keep
+  // the dtypes of what they read (the engine turns autocast off; updates are f32), so this
+  // amounts to autocasting the forward pass.
+  auto train_step = [&](StepResult* step_result) {
+    AutocastGuard autocast(DType::kBFloat16, config.precision == "bf16");
+    return task.train_step(step_result);
+  };
   task.model->train();
   bool stop = step >= last_step;
   result.epochs_completed = step / batches_per_epoch;
@@ -214,9 +228,10 @@ RecipeResult run_training(const TrainingTask& task, const TrainConfig& config, s
       interval_start += Clock::now() - epoch_setup;  // skipping batches is not training time
     }
     StepResult step_result;
-    while (!stop && task.train_step(&step_result)) {
+    while (!stop && train_step(&step_result)) {
       if (task.scheduler) task.scheduler->step();
       ++step;
+      training_memory.after_step(log);  // a fractional budget starts after the first step
       evaluated_after_last_step = false;
       TESSEL_CHECK(std::isfinite(step_result.loss), "recipe ", config.recipe,
                    ": the loss is not finite at step ", step, " (", step_result.loss,

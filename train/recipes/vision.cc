@@ -17,6 +17,7 @@
 #include "train/data/idx.h"
 #include "train/optim/sgd.h"
 #include "train/recipes/classification.h"
+#include "train/recipes/distributed.h"
 #include "train/recipes/recipe_util.h"
 #include "train/state/lr_scheduler.h"
 
@@ -93,10 +94,12 @@ RecipeResult run_image_recipe(const ImageRecipeSpec& spec, const TrainConfig& co
       << channels << "x" << image_shape[2] << "x" << image_shape[3] << ", " << classes << " classes"
       << std::endl;
 
-  auto model = make_model(spec, *config.model, channels, classes);
+  auto full_model = make_model(spec, *config.model, channels, classes);
   int64_t parameters = 0;
-  for (const Tensor& p : model->parameters()) parameters += p.numel();
+  for (const Tensor& p : full_model->parameters()) parameters += p.numel();
   log << "model: " << *config.model << ", " << parameters << " parameters" << std::endl;
+  // With --tp > 1, the tensor-parallel form (batch-split trunk, class-split classifier).
+  auto model = parallel_classifier_model(full_model);
 
   double lr = *config.lr;
   if (spec.scale_lr_with_batch) lr *= static_cast<double>(*config.batch_size) / 256.0;
@@ -116,11 +119,13 @@ RecipeResult run_image_recipe(const ImageRecipeSpec& spec, const TrainConfig& co
     augmentation.add(std::make_shared<data::RandomCrop>(spec.crop_padding, fill));
   }
   augmentation.add(std::make_shared<data::RandomHorizontalFlip>(0.5));
-  data::DataLoader train_loader(train_set, data::DataLoaderOptions()
-                                               .batch_size(*config.batch_size)
-                                               .shuffle(true)
-                                               .seed(config.seed)
-                                               .transform(augmentation.batch_transform()));
+  data::DataLoader train_loader(train_set,
+                                data::DataLoaderOptions()
+                                    .batch_size(*config.batch_size)
+                                    .shuffle(true)
+                                    .seed(config.seed)
+                                    .transform(augmentation.batch_transform())
+                                    .shard(distributed_run().dp_rank, distributed_run().dp));
 
   const int64_t batches_per_epoch = train_loader.num_batches();
   const int64_t total_steps = planned_steps(config, batches_per_epoch);

@@ -1,0 +1,369 @@
+// Training steps under memory budgets, for bench/memory_bench (results in bench/results/memory.md).
+// Budget sweep: one unconstrained run measures the whole peak and the fixed memory (parameters,
+// gradients, momentum), then every policy trains at activation budgets
+// budget = fixed + f * (peak - fixed); each point prints one JSON line.
+//   memory_sweep --model=resnet50 --batch=8 --fractions=1,0.5,0.3 --policies=dtr,auto
+// Largest batch: the largest batch that trains (two steps) within --budget, per policy.
+//   memory_sweep --model=shufflenet --largest_batch --budget=512MiB --policies=none,auto
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/parallel.h"
+#include "core/rng.h"
+#include "memory/memory.h"
+#include "models/bert.h"
+#include "models/resnet.h"
+#include "models/shufflenet.h"
+#include "ops/ops.h"
+#include "train/optim/sgd.h"
+
+namespace tessel::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using memory::MemoryOptions;
+using memory::Policy;
+
+constexpr double kLearningRate = 0.01;
+constexpr double kMomentum = 0.9;
+
+struct Settings {
+  std::string model = "resnet50";
+  int64_t batch = 8;
+  int64_t image = 224;  // vision models
+  int64_t seq = 128;    // BERT
+  // BERT's vocabulary: 8000, the WordPiece vocabulary of the bert_mlm_fortunes recipe. (With
+  // 30522, an MLM head over every position makes logits and their gradient one op's working set
+  // of 2 x 119 MiB at batch 8: most of the activation memory in one op no policy can split.)
+  int64_t vocab = 8000;
+  int warmup = 1;
+  int steps = 2;
+  std::vector<double> fractions = {1.0, 0.7, 0.5, 0.4, 0.3, 0.2};
+  std::vector<std::string> policies = {"dtr", "swap", "split", "auto"};
+  bool largest_batch = false;
+  size_t budget = 0;
+  int64_t max_batch = 1024;
+  double host_bandwidth = memory::HostLink::kDefaultBandwidth;
+  memory::CostSource cost_source = memory::CostSource::kMeasured;
+};
+
+// A model, its optimizer and a fixed batch of random data, made inside the current memory scope.
+struct Trainer {
+  std::shared_ptr<nn::Module> model;
+  std::unique_ptr<optim::SGD> optimizer;
+  std::function<Tensor()> loss;
+  std::vector<Tensor> batch;
+};
+
+std::unique_ptr<Trainer> make_trainer(const Settings& settings, int64_t batch) {
+  manual_seed(0);
+  auto trainer = std::make_unique<Trainer>();
+  Trainer* raw = trainer.get();
+  if (settings.model == "bert_mini") {
+    const models::BertConfig config = models::BertConfig::mini().vocab_size(settings.vocab);
+    auto bert = std::make_shared<models::BertForPreTraining>(config);
+    trainer->model = bert;
+    const int64_t seq = settings.seq;
+    Tensor input_ids = randint(0, config.vocab_size(), {batch, seq});
+    Tensor token_types = randint(0, 2, {batch, seq});
+    Tensor targets = randint(0, config.vocab_size(), {batch, seq});
+    Tensor masked = lt(rand({batch, seq}), full({}, 0.15));
+    Tensor mlm_labels = where(masked, targets, full({batch, seq}, -100, DType::kInt64));
+    Tensor nsp_labels = randint(0, 2, {batch});
+    trainer->batch = {input_ids, token_types, mlm_labels, nsp_labels};
+    trainer->loss = [raw, bert]() {
+      const auto& b = raw->batch;
+      models::BertPreTrainingOutput output = bert->forward(b[0], b[1]);
+      return models::bert_pretraining_loss(output, b[2], b[3]).total;
+    };
+  } else {
+    if (settings.model == "resnet50") {
+      trainer->model = models::resnet50(models::ResNetOptions().num_classes(1000));
+    } else if (settings.model == "shufflenet") {
+      trainer->model = models::shufflenet_v2_x1_0(models::ShuffleNetV2Options().num_classes(1000));
+    } else {
+      TESSEL_FAIL("memory_sweep: unknown --model '", settings.model,
+                  "' (resnet50, shufflenet, bert_mini)");
+    }
+    trainer->batch = {randn({batch, 3, settings.image, settings.image}), randint(0, 1000, {batch})};
+    trainer->loss = [raw]() {
+      return cross_entropy(raw->model->forward(raw->batch[0]), raw->batch[1]);
+    };
+  }
+  trainer->model->train();
+  trainer->optimizer = std::make_unique<optim::SGD>(
+      trainer->model->parameters(), optim::SGDOptions(kLearningRate).momentum(kMomentum));
+  return trainer;
+}
+
+double process_cpu_seconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  auto seconds = [](const timeval& t) { return t.tv_sec + 1e-6 * t.tv_usec; };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
+}
+
+double train_step(Trainer& trainer) {
+  Tensor loss = trainer.loss();
+  trainer.optimizer->zero_grad();
+  loss.backward();
+  trainer.optimizer->step();
+  return loss.item<double>();
+}
+
+struct Point {
+  bool ok = true;
+  std::string error;
+  // The fastest timed step: on a shared machine other work only ever adds time.
+  double step_seconds = 0;
+  std::vector<double> step_times;
+  double cpu_seconds = 0;  // process CPU time (user + system) of the fastest step
+  size_t peak = 0;
+  size_t fixed = 0;
+  memory::PolicyCounters counters;  // per timed step (means)
+  double loss = 0;
+};
+
+Point measure(const Settings& settings, int64_t batch, const MemoryOptions& options) {
+  Point point;
+  memory::MemoryScope scope(options);
+  try {
+    auto trainer = make_trainer(settings, batch);
+    point.fixed = memory::fixed_memory_bytes(trainer->model->parameters(), 1);
+    for (int i = 0; i < settings.warmup; ++i) train_step(*trainer);
+    memory::step_counters();
+    point.step_seconds = 1e30;
+    for (int i = 0; i < settings.steps; ++i) {
+      const double cpu_start = process_cpu_seconds();
+      const auto start = Clock::now();
+      point.loss = train_step(*trainer);
+      const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+      point.step_times.push_back(seconds);
+      if (seconds < point.step_seconds) {
+        point.step_seconds = seconds;
+        point.cpu_seconds = process_cpu_seconds() - cpu_start;
+      }
+    }
+    const memory::PolicyCounters total = memory::step_counters();
+    auto mean = [&](int64_t value) { return value / std::max(1, settings.steps); };
+    point.counters.evictions = mean(total.evictions);
+    point.counters.evicted_bytes = mean(total.evicted_bytes);
+    point.counters.recomputes = mean(total.recomputes);
+    point.counters.recomputed_bytes = mean(total.recomputed_bytes);
+    point.counters.swaps_out = mean(total.swaps_out);
+    point.counters.swapped_out_bytes = mean(total.swapped_out_bytes);
+    point.counters.swaps_in = mean(total.swaps_in);
+    point.counters.swapped_in_bytes = mean(total.swapped_in_bytes);
+    point.counters.splits = mean(total.splits);
+  } catch (const Error& error) {
+    point.ok = false;
+    const std::string& message = error.message();
+    point.error = message.substr(0, message.find('\n'));
+  }
+  point.peak = static_cast<size_t>(scope.allocator().memory_stats().base.peak_allocated_bytes);
+  return point;
+}
+
+nlohmann::ordered_json counters_json(const memory::PolicyCounters& c) {
+  return {{"evictions", c.evictions},   {"evicted_bytes", c.evicted_bytes},
+          {"recomputes", c.recomputes}, {"recomputed_bytes", c.recomputed_bytes},
+          {"swaps_out", c.swaps_out},   {"swapped_out_bytes", c.swapped_out_bytes},
+          {"swaps_in", c.swaps_in},     {"swapped_in_bytes", c.swapped_in_bytes},
+          {"splits", c.splits}};
+}
+
+nlohmann::ordered_json point_json(const Settings& settings, int64_t batch, const Point& point) {
+  nlohmann::ordered_json out = {
+      {"model", settings.model},      {"batch", batch},
+      {"image", settings.image},      {"seq", settings.seq},
+      {"vocab", settings.vocab},      {"ok", point.ok},
+      {"step_s", point.step_seconds}, {"step_times_s", point.step_times},
+      {"cpu_s", point.cpu_seconds},   {"peak_bytes", point.peak},
+      {"fixed_bytes", point.fixed},   {"per_step", counters_json(point.counters)}};
+  if (!point.ok) out["error"] = point.error;
+  return out;
+}
+
+MemoryOptions options_for(const Settings& settings, size_t budget, Policy policy) {
+  return MemoryOptions()
+      .budget(budget)
+      .policy(policy)
+      .host_bandwidth(settings.host_bandwidth)
+      .cost_source(settings.cost_source);
+}
+
+void sweep(const Settings& settings) {
+  Point reference = measure(settings, settings.batch, MemoryOptions());
+  TESSEL_CHECK(reference.ok, "memory_sweep: the unconstrained run failed: ", reference.error);
+  std::cerr << settings.model << " batch " << settings.batch << ": peak "
+            << memory::format_bytes(static_cast<double>(reference.peak)) << ", fixed "
+            << memory::format_bytes(static_cast<double>(reference.fixed)) << ", step "
+            << reference.step_seconds << " s" << std::endl;
+  const double first_seconds = reference.step_seconds;
+  std::vector<nlohmann::ordered_json> points;
+  for (const std::string& name : settings.policies) {
+    const Policy policy = memory::parse_policy(name);
+    for (double fraction : settings.fractions) {
+      const size_t budget = memory::activation_budget(reference.fixed, reference.peak, fraction);
+      const Point point = measure(settings, settings.batch, options_for(settings, budget, policy));
+      nlohmann::ordered_json line = point_json(settings, settings.batch, point);
+      line["kind"] = "sweep";
+      line["policy"] = name;
+      line["fraction"] = fraction;
+      line["budget_bytes"] = budget;
+      line["whole_peak_fraction"] =
+          static_cast<double>(budget) / static_cast<double>(reference.peak);
+      points.push_back(line);
+      std::cerr << "  " << name << " f=" << fraction << ": "
+                << (point.ok ? std::to_string(point.step_seconds / reference.step_seconds) + "x"
+                             : "failed: " + point.error)
+                << "; " << memory::format_counters(point.counters) << std::endl;
+    }
+  }
+  // The unconstrained run again, after the sweep: the faster of the two is the reference, so a
+  // busy moment during either does not scale every ratio.
+  const Point again = measure(settings, settings.batch, MemoryOptions());
+  if (again.ok && again.step_seconds < reference.step_seconds) {
+    reference.step_seconds = again.step_seconds;
+    reference.cpu_seconds = again.cpu_seconds;
+  }
+  nlohmann::ordered_json head = point_json(settings, settings.batch, reference);
+  head["kind"] = "reference";
+  head["step_s_runs"] = {first_seconds, again.step_seconds};
+  std::cout << head.dump() << std::endl;
+  for (auto& line : points) {
+    const double seconds = line["step_s"].get<double>();
+    line["slowdown"] = line["ok"].get<bool>() ? seconds / reference.step_seconds : 0.0;
+    line["cpu_slowdown"] =
+        line["ok"].get<bool>() ? line["cpu_s"].get<double>() / reference.cpu_seconds : 0.0;
+    std::cout << line.dump() << std::endl;
+  }
+}
+
+// The largest batch in [1, max_batch] for which `fits` holds, assuming it holds for every batch
+// below one that fits: doubling, then bisection.
+void largest_batch(const Settings& settings) {
+  TESSEL_CHECK(settings.budget > 0, "memory_sweep: --largest_batch needs --budget");
+  for (const std::string& name : settings.policies) {
+    const Policy policy = memory::parse_policy(name);
+    Settings probe_settings = settings;
+    probe_settings.warmup = 1;
+    probe_settings.steps = 1;
+    int64_t good = 0, bad = settings.max_batch + 1;
+    Point good_point;
+    auto probe = [&](int64_t batch) {
+      const Point point =
+          measure(probe_settings, batch, options_for(settings, settings.budget, policy));
+      std::cerr << "  " << name << " batch " << batch << ": "
+                << (point.ok ? "fits, " + std::to_string(point.step_seconds) + " s/step"
+                             : "does not fit")
+                << std::endl;
+      if (point.ok) {
+        good = batch;
+        good_point = point;
+      } else {
+        bad = batch;
+      }
+      return point.ok;
+    };
+    int64_t batch = std::max<int64_t>(1, settings.batch);
+    while (batch < bad && batch <= settings.max_batch && probe(batch)) batch *= 2;
+    while (bad - good > 1 && (bad - good) * 16 > good) probe(good + (bad - good) / 2);
+    nlohmann::ordered_json line = point_json(settings, good, good_point);
+    line["kind"] = "largest_batch";
+    line["policy"] = name;
+    line["budget_bytes"] = settings.budget;
+    line["first_failing_batch"] = bad;
+    line["max_batch"] = settings.max_batch;
+    line["seconds_per_sample"] = good > 0 ? good_point.step_seconds / good : 0.0;
+    std::cout << line.dump() << std::endl;
+  }
+}
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> items;
+  std::stringstream stream(text);
+  std::string item;
+  while (std::getline(stream, item, ','))
+    if (!item.empty()) items.push_back(item);
+  return items;
+}
+
+int run(int argc, char** argv) {
+  Settings settings;
+  int threads = 2;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&](const char* flag) -> const char* {
+      const size_t length = std::strlen(flag);
+      return arg.compare(0, length, flag) == 0 ? argv[i] + length : nullptr;
+    };
+    if (const char* v = value("--model=")) {
+      settings.model = v;
+    } else if (const char* v = value("--batch=")) {
+      settings.batch = std::atoll(v);
+    } else if (const char* v = value("--image=")) {
+      settings.image = std::atoll(v);
+    } else if (const char* v = value("--seq=")) {
+      settings.seq = std::atoll(v);
+    } else if (const char* v = value("--vocab=")) {
+      settings.vocab = std::atoll(v);
+    } else if (const char* v = value("--warmup=")) {
+      settings.warmup = std::atoi(v);
+    } else if (const char* v = value("--steps=")) {
+      settings.steps = std::atoi(v);
+    } else if (const char* v = value("--threads=")) {
+      threads = std::atoi(v);
+    } else if (const char* v = value("--fractions=")) {
+      settings.fractions.clear();
+      for (const auto& item : split_list(v)) settings.fractions.push_back(std::atof(item.c_str()));
+    } else if (const char* v = value("--policies=")) {
+      settings.policies = split_list(v);
+    } else if (const char* v = value("--budget=")) {
+      settings.budget = memory::parse_budget(v).bytes;
+    } else if (const char* v = value("--max_batch=")) {
+      settings.max_batch = std::atoll(v);
+    } else if (const char* v = value("--host_bandwidth=")) {
+      settings.host_bandwidth = std::atof(v);
+    } else if (arg == "--estimated_costs") {
+      settings.cost_source = memory::CostSource::kEstimated;  // from FLOPs and bytes, not timed
+    } else if (arg == "--largest_batch") {
+      settings.largest_batch = true;
+    } else {
+      std::cerr << "memory_sweep: unknown argument '" << arg << "'\n";
+      return 2;
+    }
+  }
+  set_num_threads(threads);
+  if (settings.largest_batch) {
+    largest_batch(settings);
+  } else {
+    sweep(settings);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace tessel::bench
+
+int main(int argc, char** argv) {
+  try {
+    return tessel::bench::run(argc, argv);
+  } catch (const tessel::Error& error) {
+    std::cerr << "memory_sweep: " << error.message() << std::endl;
+    return 1;
+  }
+}

@@ -1,0 +1,267 @@
+// Training steps of the model zoo over MPI ranks (mpirun -np N): data parallel (DDP) or tensor
+// parallel (the recipes' schemes) on a fixed random batch, with the bytes each collective carries
+// counted. Rank 0 prints one JSON line: the median step time (slowest rank), the per-rank peak
+// memory (largest over ranks), bytes per step by group, and a plan's predictions with --plan.
+//   mpirun -np 2 bazel-bin/bench/parallel_bench --model=resnet50 --batch_per_rank=4
+//   --image_size=128 mpirun -np 2 bazel-bin/bench/parallel_bench --model=bert_mini --plan=plan.json
+//   --batch=16
+#include <mpi.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/allocator.h"
+#include "core/autograd.h"
+#include "core/parallel.h"
+#include "core/rng.h"
+#include "models/bert.h"
+#include "models/resnet.h"
+#include "models/shufflenet.h"
+#include "ops/ops.h"
+#include "parallel/ddp.h"
+#include "parallel/launch.h"
+#include "parallel/planner/plan_io.h"
+#include "parallel/process_group.h"
+#include "parallel/tensor_parallel.h"
+#include "parallel/vision_parallel.h"
+#include "train/optim/adam.h"
+#include "train/optim/sgd.h"
+
+namespace tessel::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using parallel::Communicator;
+using parallel::ReduceOp;
+using parallel::Work;
+
+// Forwards to another communicator and adds up the bytes of the tensors each call carries.
+class CountingCommunicator : public Communicator {
+ public:
+  explicit CountingCommunicator(std::shared_ptr<Communicator> inner) : inner_(std::move(inner)) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  const std::string& name() const override { return inner_->name(); }
+  void all_reduce(const Tensor& t, ReduceOp op) override {
+    all_reduce_bytes += static_cast<int64_t>(t.nbytes());
+    inner_->all_reduce(t, op);
+  }
+  std::shared_ptr<Work> all_reduce_async(const Tensor& t, ReduceOp op) override {
+    all_reduce_bytes += static_cast<int64_t>(t.nbytes());
+    return inner_->all_reduce_async(t, op);
+  }
+  void reduce_scatter(const Tensor& input, const Tensor& output, ReduceOp op) override {
+    other_bytes += static_cast<int64_t>(input.nbytes());
+    inner_->reduce_scatter(input, output, op);
+  }
+  void all_gather(const Tensor& input, const Tensor& output) override {
+    other_bytes += static_cast<int64_t>(output.nbytes());
+    inner_->all_gather(input, output);
+  }
+  void broadcast(const Tensor& t, int root) override {
+    other_bytes += static_cast<int64_t>(t.nbytes());
+    inner_->broadcast(t, root);
+  }
+  void send(const Tensor& t, int destination, int tag) override {
+    other_bytes += static_cast<int64_t>(t.nbytes());
+    inner_->send(t, destination, tag);
+  }
+  void recv(const Tensor& t, int source, int tag) override { inner_->recv(t, source, tag); }
+  void barrier() override { inner_->barrier(); }
+  void reset() { all_reduce_bytes = other_bytes = 0; }
+
+  int64_t all_reduce_bytes = 0;
+  int64_t other_bytes = 0;
+
+ private:
+  std::shared_ptr<Communicator> inner_;
+};
+
+double max_over_world(double value) {
+  double result = value;
+  MPI_Allreduce(&value, &result, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return result;
+}
+
+int run(int argc, char** argv) {
+  CLI::App app("Distributed training steps of a model-zoo network", "parallel_bench");
+  std::string model_name = "resnet50", plan_path, label;
+  int64_t batch = 0, batch_per_rank = 4, image_size = 128, seq = 128, classes = 1000;
+  int dp = 0, tp = 1, steps = 3, warmup = 1, threads = 0;
+  app.add_option("--model", model_name, "resnet18..152, shufflenet_v2_x*, bert_tiny..large");
+  app.add_option("--batch", batch, "global batch (0: batch_per_rank x dp)");
+  app.add_option("--batch_per_rank", batch_per_rank, "per data-parallel rank when --batch is 0");
+  app.add_option("--image_size", image_size);
+  app.add_option("--num_classes", classes);
+  app.add_option("--seq", seq, "BERT sequence length");
+  app.add_option("--dp", dp, "0: ranks / tp");
+  app.add_option("--tp", tp);
+  app.add_option("--plan", plan_path, "take dp and tp from a plan; report its predictions");
+  app.add_option("--steps", steps, "timed steps");
+  app.add_option("--warmup", warmup, "untimed steps first");
+  app.add_option("--threads", threads, "(read by run_ranks)");
+  app.add_option("--label", label, "copied into the JSON line");
+  CLI11_PARSE(app, argc, argv);
+
+  const int world = parallel::world_size();
+  std::optional<planner::PlanFile> plan;
+  if (!plan_path.empty()) {
+    plan = planner::read_plan(plan_path);
+    dp = plan->mesh_dp;
+    tp = plan->mesh_tp;
+  }
+  if (dp == 0) dp = world / tp;
+  TESSEL_CHECK(dp * tp == world, "dp ", dp, " x tp ", tp, " != ", world, " ranks");
+  if (batch == 0) batch = batch_per_rank * dp;
+  parallel::ProcessGrid grid(dp, tp);
+  auto dp_comm = std::make_shared<CountingCommunicator>(grid.data_parallel());
+  auto tp_comm = std::make_shared<CountingCommunicator>(grid.tensor_parallel());
+  const int64_t group = tp > 1 ? parallel::register_tp_group(tp_comm) : -1;
+  const int64_t rows = parallel::part_rows(batch, dp, grid.dp_index());
+  const bool bert = model_name.rfind("bert_", 0) == 0;
+
+  manual_seed(0);
+  std::shared_ptr<nn::Module> trained;
+  std::shared_ptr<models::BertForPreTraining> full_bert;
+  std::shared_ptr<parallel::TensorParallelBertForPreTraining> tp_bert;
+  std::shared_ptr<parallel::TensorParallelClassifier> tp_vision;
+  models::BertConfig bert_config;
+  if (bert) {
+    bert_config = models::BertConfig::by_name(model_name.substr(5)).dropout(0.0);
+    full_bert = std::make_shared<models::BertForPreTraining>(bert_config);
+    if (tp > 1) {
+      tp_bert = parallel::shard_bert(*full_bert, group);
+      full_bert.reset();  // the shards alone stay in memory
+      trained = tp_bert;
+    } else {
+      trained = full_bert;
+    }
+  } else {
+    std::shared_ptr<nn::Module> full =
+        model_name.rfind("resnet", 0) == 0
+            ? std::shared_ptr<nn::Module>(
+                  models::make_resnet(model_name, models::ResNetOptions().num_classes(classes)))
+            : std::shared_ptr<nn::Module>(models::make_shufflenet(
+                  model_name, models::ShuffleNetV2Options().num_classes(classes)));
+    if (tp > 1) {
+      // As the recipes: ShuffleNet's conv5 split by channels, ResNet's classifier by classes.
+      const bool shufflenet = model_name.rfind("shufflenet", 0) == 0;
+      tp_vision = std::make_shared<parallel::TensorParallelClassifier>(full, group, shufflenet);
+      trained = tp_vision;
+    } else {
+      trained = full;
+    }
+  }
+  trained->train();
+  std::unique_ptr<optim::Optimizer> optimizer;
+  if (bert)
+    optimizer =
+        std::make_unique<optim::AdamW>(trained->named_parameters(), optim::AdamWOptions(1e-4));
+  else
+    optimizer = std::make_unique<optim::SGD>(trained->named_parameters(),
+                                             optim::SGDOptions(0.01).momentum(0.9));
+  std::unique_ptr<parallel::DistributedDataParallel> ddp;
+  if (dp > 1) ddp = std::make_unique<parallel::DistributedDataParallel>(trained, dp_comm);
+  int64_t parameter_bytes = 0;
+  for (const Tensor& p : trained->parameters()) parameter_bytes += static_cast<int64_t>(p.nbytes());
+
+  // This data-parallel rank's rows of a fixed random batch.
+  manual_seed(100 + grid.dp_index());
+  Tensor images, labels, ids, types, mask, mlm_labels, nsp_labels;
+  if (bert) {
+    ids = randint(0, bert_config.vocab_size(), {rows, seq});
+    types = zeros({rows, seq}, DType::kInt64);
+    mask = ones({rows, seq}, DType::kInt64);
+    // 15% of positions predicted, the rest ignored (-100).
+    const Tensor ignored = ge(rand({rows, seq}), full({rows, seq}, 0.15));
+    mlm_labels = masked_fill(randint(0, bert_config.vocab_size(), {rows, seq}), ignored, -100);
+    nsp_labels = randint(0, 2, {rows});
+  } else {
+    images = randn({rows, 3, image_size, image_size});
+    labels = randint(0, classes, {rows});
+  }
+
+  auto step = [&]() {
+    if (ddp) ddp->prepare_forward();
+    Tensor loss;
+    if (tp_bert) {
+      loss = parallel::tensor_parallel_bert_loss(tp_bert->forward(ids, types, mask), mlm_labels,
+                                                 nsp_labels, group)
+                 .total;
+    } else if (bert) {
+      loss = models::bert_pretraining_loss(full_bert->forward(ids, types, mask), mlm_labels,
+                                           nsp_labels)
+                 .total;
+    } else if (tp_vision) {
+      loss = tp_vision->loss(tp_vision->forward(images), labels);
+    } else {
+      loss = cross_entropy(trained->forward(images), labels);
+    }
+    optimizer->zero_grad();
+    loss.backward();
+    if (ddp) ddp->finalize();
+    if (tp_vision) tp_vision->reduce_trunk_gradients();
+    optimizer->step();
+  };
+
+  auto allocator = memory::allocator_for(Device::cpu());
+  for (int i = 0; i < warmup; ++i) step();
+  dp_comm->reset();
+  tp_comm->reset();
+  allocator->reset_peak();
+  std::vector<double> times;
+  for (int i = 0; i < steps; ++i) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const auto start = Clock::now();
+    step();
+    times.push_back(max_over_world(std::chrono::duration<double>(Clock::now() - start).count()));
+  }
+  std::sort(times.begin(), times.end());
+  const double median = times[times.size() / 2];
+  const double peak = max_over_world(static_cast<double>(allocator->stats().peak_allocated_bytes));
+  const double dp_bytes = max_over_world(static_cast<double>(dp_comm->all_reduce_bytes) / steps);
+  const double dp_other = max_over_world(static_cast<double>(dp_comm->other_bytes) / steps);
+  const double tp_bytes =
+      max_over_world(static_cast<double>(tp_comm->all_reduce_bytes + tp_comm->other_bytes) / steps);
+  if (parallel::is_main_rank()) {
+    nlohmann::ordered_json out = {{"model", model_name},
+                                  {"ranks", world},
+                                  {"dp", dp},
+                                  {"tp", tp},
+                                  {"threads_per_rank", get_num_threads()},
+                                  {"global_batch", batch},
+                                  {"image_size", bert ? 0 : image_size},
+                                  {"seq", bert ? seq : 0},
+                                  {"step_s", median},
+                                  {"samples_per_s", static_cast<double>(batch) / median},
+                                  {"peak_bytes", peak},
+                                  {"parameter_bytes_per_rank", parameter_bytes},
+                                  {"dp_all_reduce_bytes_per_step", dp_bytes},
+                                  {"dp_other_bytes_per_step", dp_other},
+                                  {"tp_bytes_per_step", tp_bytes}};
+    if (!label.empty()) out["label"] = label;
+    if (plan) {
+      out["plan"] = plan_path;
+      out["plan_profile"] = plan->profile;
+      out["plan_summary"] = plan->summary;
+      out["predicted_memory_bytes"] = plan->predicted_memory;
+      out["predicted_step_s"] = plan->predicted_time;
+    }
+    std::cout << out.dump() << std::endl;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace tessel::bench
+
+int main(int argc, char** argv) {
+  return tessel::parallel::run_ranks(argc, argv, tessel::bench::run);
+}

@@ -1,0 +1,212 @@
+#!/usr/bin/python3
+"""The PyTorch side of bench/compare_pytorch: one training step of a torchvision network (or BERT).
+
+Builds the same network as bench/train_step_bench.cc (torchvision definitions; BERT written out
+below with the module layout of the public checkpoints, as models/bert.cc), a fixed batch of
+random data of the same shapes, SGD with momentum 0.9, then serves the same protocol on stdin:
+"run N" answers "ms t1 ... tN" (milliseconds per step), "quit" ends. By hand:
+  /usr/bin/python3 bench/torch_train_step.py --case resnet18_32 --threads 2
+"""
+
+import argparse
+import math
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torchvision
+
+LEARNING_RATE = 0.01
+MOMENTUM = 0.9
+
+
+class BertConfig:
+    """BERT mini (models::BertConfig::mini()): 4 layers, hidden 256, 4 heads, ffn 1024."""
+    vocab_size = 30522
+    hidden_size = 256
+    num_hidden_layers = 4
+    num_attention_heads = 4
+    intermediate_size = 1024
+    max_position_embeddings = 512
+    type_vocab_size = 2
+    dropout = 0.1
+    layer_norm_eps = 1e-12
+
+
+class BertLayer(nn.Module):
+    """Post-LN encoder layer, erf GELU; q is scaled before the scores, as in models/bert.cc."""
+
+    def __init__(self, config):
+        super().__init__()
+        hidden = config.hidden_size
+        self.heads = config.num_attention_heads
+        self.query = nn.Linear(hidden, hidden)
+        self.key = nn.Linear(hidden, hidden)
+        self.value = nn.Linear(hidden, hidden)
+        self.attention_dense = nn.Linear(hidden, hidden)
+        self.attention_norm = nn.LayerNorm(hidden, eps=config.layer_norm_eps)
+        self.intermediate_dense = nn.Linear(hidden, config.intermediate_size)
+        self.output_dense = nn.Linear(config.intermediate_size, hidden)
+        self.output_norm = nn.LayerNorm(hidden, eps=config.layer_norm_eps)
+        self.p = config.dropout
+
+    def forward(self, hidden, attention_bias):
+        batch, seq_len, width = hidden.shape
+        head_size = width // self.heads
+
+        def split_heads(x):
+            return x.view(batch, seq_len, self.heads, head_size).permute(0, 2, 1, 3)
+
+        q = split_heads(self.query(hidden)) * (1.0 / math.sqrt(head_size))
+        k = split_heads(self.key(hidden))
+        v = split_heads(self.value(hidden))
+        scores = torch.matmul(q, k.transpose(-1, -2)) + attention_bias
+        probs = F.dropout(torch.softmax(scores, -1), self.p, self.training)
+        context = torch.matmul(probs, v).permute(0, 2, 1, 3).reshape(batch, seq_len, width)
+        attended = self.attention_dense(context)
+        attention_output = self.attention_norm(F.dropout(attended, self.p, self.training) + hidden)
+        output = self.output_dense(F.gelu(self.intermediate_dense(attention_output)))
+        return self.output_norm(F.dropout(output, self.p, self.training) + attention_output)
+
+
+class BertForPreTraining(nn.Module):
+    """Embeddings, encoder, pooler, and the MLM (tied decoder) and NSP heads."""
+
+    def __init__(self, config):
+        super().__init__()
+        hidden = config.hidden_size
+        self.word_embeddings = nn.Embedding(config.vocab_size, hidden)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, hidden)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, hidden)
+        self.embedding_norm = nn.LayerNorm(hidden, eps=config.layer_norm_eps)
+        self.layers = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+        self.pooler_dense = nn.Linear(hidden, hidden)
+        self.transform_dense = nn.Linear(hidden, hidden)
+        self.transform_norm = nn.LayerNorm(hidden, eps=config.layer_norm_eps)
+        self.decoder_bias = nn.Parameter(torch.zeros(config.vocab_size))
+        self.seq_relationship = nn.Linear(hidden, 2)
+        self.p = config.dropout
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                module.weight.data.normal_(0.0, 0.02)
+            if isinstance(module, nn.Linear):
+                module.bias.data.zero_()
+
+    def forward(self, input_ids, token_type_ids, attention_mask):
+        batch, seq_len = input_ids.shape
+        embeddings = (self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
+                      + self.position_embeddings.weight[:seq_len])
+        hidden = F.dropout(self.embedding_norm(embeddings), self.p, self.training)
+        mask = attention_mask.to(hidden.dtype)
+        attention_bias = (mask * -10000.0 + 10000.0).view(batch, 1, 1, seq_len)
+        for layer in self.layers:
+            hidden = layer(hidden, attention_bias)
+        pooled = torch.tanh(self.pooler_dense(hidden[:, 0]))
+        transformed = self.transform_norm(F.gelu(self.transform_dense(hidden)))
+        mlm_logits = F.linear(transformed, self.word_embeddings.weight, self.decoder_bias)
+        return mlm_logits, self.seq_relationship(pooled)
+
+
+def classifier_case(model, batch, size, classes):
+    model.train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM)
+    images = torch.randn(batch, 3, size, size)
+    targets = torch.randint(0, classes, (batch,))
+
+    def step():
+        loss = F.cross_entropy(model(images), targets)
+        optimizer.zero_grad(set_to_none=True)  # Tessel's zero_grad leaves no gradient either
+        loss.backward()
+        optimizer.step()
+        return loss.item()
+
+    return batch, step
+
+
+def bert_case(batch, seq_len):
+    config = BertConfig()
+    model = BertForPreTraining(config)
+    model.train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM)
+    input_ids = torch.randint(0, config.vocab_size, (batch, seq_len))
+    token_types = torch.randint(0, 2, (batch, seq_len))
+    mask = torch.ones(batch, seq_len, dtype=torch.int64)
+    targets = torch.randint(0, config.vocab_size, (batch, seq_len))
+    masked = torch.rand(batch, seq_len) < 0.15
+    mlm_labels = torch.where(masked, targets, torch.full_like(targets, -100))
+    nsp_labels = torch.randint(0, 2, (batch,))
+
+    def step():
+        mlm_logits, nsp_logits = model(input_ids, token_types, mask)
+        loss = (F.cross_entropy(mlm_logits.reshape(-1, config.vocab_size), mlm_labels.reshape(-1),
+                                ignore_index=-100)
+                + F.cross_entropy(nsp_logits, nsp_labels))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        return loss.item()
+
+    return batch, step
+
+
+def conv_case(batch, channels, size):
+    x = torch.randn(batch, channels, size, size, requires_grad=True)
+    w = torch.randn(channels, channels, 3, 3, requires_grad=True)
+    grad = torch.randn(batch, channels, size, size)
+
+    def step():
+        x.grad = None
+        w.grad = None
+        F.conv2d(x, w, None, 1, 1).backward(grad)
+        return 0.0
+
+    return batch, step
+
+
+def make_case(name):
+    if name == "resnet18_32":
+        model = torchvision.models.resnet18(num_classes=10)
+        # The small-image stem (models::ResNetOptions::small_image_stem).
+        model.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
+        model.maxpool = nn.Identity()
+        return classifier_case(model, 32, 32, 10)
+    if name == "resnet50_224":
+        return classifier_case(torchvision.models.resnet50(), 8, 224, 1000)
+    if name == "shufflenet_224":
+        return classifier_case(torchvision.models.shufflenet_v2_x1_0(), 16, 224, 1000)
+    if name == "bert_mini_128":
+        return bert_case(8, 128)
+    if name.startswith("conv3x3_"):
+        _, channels, size = name.split("_")
+        return conv_case(32, int(channels), int(size))
+    raise SystemExit(f"torch_train_step: unknown case '{name}'")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--case", required=True)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    batch, step = make_case(args.case)
+    print(f"ready batch {batch} threads {torch.get_num_threads()}", flush=True)
+    for line in sys.stdin:
+        words = line.split()
+        if not words or words[0] == "quit":
+            break
+        if words[0] != "run" or len(words) != 2 or int(words[1]) <= 0:
+            print(f"error: expected 'run N' or 'quit', got '{line.strip()}'", flush=True)
+            continue
+        times = []
+        for _ in range(int(words[1])):
+            start = time.perf_counter()
+            step()
+            times.append((time.perf_counter() - start) * 1e3)
+        print("ms " + " ".join(f"{t:.3f}" for t in times), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,333 @@
+#include "cuda/allocator.h"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+
+#include "core/error.h"
+#include "cuda/runtime.h"
+
+namespace tessel::cuda {
+namespace {
+
+constexpr int kMaxDevices = 64;
+
+memory::CachingAllocatorOptions with_default_budget(int device,
+                                                    memory::CachingAllocatorOptions options) {
+  if (options.has_budget_) return options;
+  DeviceGuard guard(device);
+  size_t free_bytes = 0, total_bytes = 0;
+  TESSEL_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  // Leave room for the libraries' own allocations; on a tiny device keep half of what is free.
+  size_t budget =
+      free_bytes > 2 * kLibraryHeadroomBytes ? free_bytes - kLibraryHeadroomBytes : free_bytes / 2;
+  return options.budget(std::max<size_t>(budget, memory::CachingAllocator::kMinBlockSize));
+}
+
+// Installed for DeviceType::kCuda at load time, so that nothing touches CUDA before the first
+// CUDA allocation. That allocation creates the device's caching allocator, which installs itself
+// in place of this one; only storages made by that first allocation keep this forwarder.
+class LazyCudaAllocator : public memory::Allocator {
+ public:
+  void* allocate(size_t nbytes, memory::Stream stream) override {
+    if (device_count() == 0) check_device(0, "allocating CUDA memory");  // throws, says why
+    return caching_allocator(0)->allocate(nbytes, stream);
+  }
+  void deallocate(void* ptr, size_t nbytes, memory::Stream stream) override {
+    caching_allocator(0)->deallocate(ptr, nbytes, stream);
+  }
+  memory::AllocatorStats stats() const override {
+    return device_count() == 0 ? memory::AllocatorStats{} : caching_allocator(0)->stats();
+  }
+  void reset_peak() override {
+    if (device_count() > 0) caching_allocator(0)->reset_peak();
+  }
+};
+
+// Installed at load time: no CUDA call happens until the first CUDA allocation.
+const bool lazy_allocator_installed = [] {
+  memory::set_allocator(DeviceType::kCuda, std::make_shared<LazyCudaAllocator>());
+  memory::set_copy_engine(DeviceType::kCuda, std::make_shared<CudaCopyEngine>());
+  return true;
+}();
+
+}  // namespace
+
+// ---- segment sources ----
+
+void* CudaSegmentSource::allocate_segment(size_t bytes) {
+  DeviceGuard guard(device_);
+  void* ptr = nullptr;
+  cudaError_t status = cudaMalloc(&ptr, bytes);
+  if (status == cudaErrorMemoryAllocation) {
+    cudaGetLastError();  // not sticky: the caching allocator frees its cache and retries
+    return nullptr;
+  }
+  TESSEL_CUDA_CHECK(status);
+  return ptr;
+}
+
+void CudaSegmentSource::free_segment(void* ptr, size_t) {
+  // Also runs at exit, when the runtime may already be unloading: errors are ignored.
+  int previous = -1;
+  cudaGetDevice(&previous);
+  cudaSetDevice(device_);
+  cudaFree(ptr);
+  if (previous >= 0) cudaSetDevice(previous);
+  cudaGetLastError();
+}
+
+void* PinnedSegmentSource::allocate_segment(size_t bytes) {
+  void* ptr = nullptr;
+  if (cudaHostAlloc(&ptr, bytes, cudaHostAllocPortable) != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  return ptr;
+}
+
+void PinnedSegmentSource::free_segment(void* ptr, size_t) {
+  cudaFreeHost(ptr);
+  cudaGetLastError();
+}
+
+// ---- the caching allocator of one device ----
+
+CudaCachingAllocator::CudaCachingAllocator(int device, memory::CachingAllocatorOptions options)
+    : memory::CachingAllocator(Device::cuda(device), with_default_budget(device, options),
+                               std::make_shared<CudaSegmentSource>(device)),
+      device_(device) {}
+
+CudaCachingAllocator::~CudaCachingAllocator() {
+  try {
+    process_pending_frees(true);
+  } catch (...) {  // the runtime may be gone at exit
+  }
+  for (cudaEvent_t event : spare_events_) cudaEventDestroy(event);
+  cudaGetLastError();
+}
+
+cudaEvent_t CudaCachingAllocator::take_event_locked() {
+  if (!spare_events_.empty()) {
+    cudaEvent_t event = spare_events_.back();
+    spare_events_.pop_back();
+    return event;
+  }
+  cudaEvent_t event = nullptr;
+  TESSEL_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  return event;
+}
+
+void* CudaCachingAllocator::allocate(size_t nbytes, memory::Stream stream) {
+  // Core's allocator table has one allocator per device type; until it has one per device,
+  // tensors live on cuda:0 only, and allocating with another current device is refused.
+  TESSEL_CHECK(current_device() == device_, "CUDA allocator of cuda:", device_,
+               " asked for memory while cuda:", current_device(),
+               " is current (tensors on devices other than cuda:0 are not supported yet)");
+  if (pending_frees() > 0) process_pending_frees(false);
+  if (stream.id != kComputeStreamId.id) {
+    // A recycled block may still be read or written by compute work queued before its free.
+    stream_wait(stream_for(device_, stream), compute_stream(device_));
+  }
+  try {
+    return memory::CachingAllocator::allocate(nbytes, stream);
+  } catch (const OutOfMemory&) {
+    if (pending_frees() == 0) throw;
+  }
+  process_pending_frees(true);  // blocks held only by in-flight work: wait for it, then retry
+  return memory::CachingAllocator::allocate(nbytes, stream);
+}
+
+void CudaCachingAllocator::deallocate(void* ptr, size_t nbytes, memory::Stream stream) {
+  if (!ptr) return;
+  std::vector<cudaStream_t> users;
+  {
+    std::lock_guard<std::mutex> lock(pending_mutex_);
+    auto it = extra_streams_.find(ptr);
+    if (it != extra_streams_.end()) {
+      users = std::move(it->second);
+      extra_streams_.erase(it);
+    }
+  }
+  try {
+    if (stream.id != kComputeStreamId.id) users.push_back(stream_for(device_, stream));
+    if (!users.empty()) {
+      DeviceGuard guard(device_);
+      PendingFree pending{ptr, nbytes, {}};
+      std::lock_guard<std::mutex> lock(pending_mutex_);
+      for (cudaStream_t user : users) {
+        cudaEvent_t event = take_event_locked();
+        TESSEL_CUDA_CHECK(cudaEventRecord(event, user));
+        pending.events.push_back(event);
+      }
+      pending_.push_back(std::move(pending));
+      return;
+    }
+  } catch (const Error&) {
+    // No events (the runtime is shutting down): the device is idle or gone, free at once.
+    cudaGetLastError();
+  }
+  memory::CachingAllocator::deallocate(ptr, nbytes, stream);
+}
+
+void CudaCachingAllocator::record_stream(void* ptr, cudaStream_t stream) {
+  if (stream == compute_stream(device_)) return;
+  std::lock_guard<std::mutex> lock(pending_mutex_);
+  auto& users = extra_streams_[ptr];
+  if (std::find(users.begin(), users.end(), stream) == users.end()) users.push_back(stream);
+}
+
+int64_t CudaCachingAllocator::pending_frees() const {
+  std::lock_guard<std::mutex> lock(pending_mutex_);
+  return static_cast<int64_t>(pending_.size());
+}
+
+void CudaCachingAllocator::process_pending_frees(bool wait) {
+  std::vector<PendingFree> ready;
+  {
+    std::lock_guard<std::mutex> lock(pending_mutex_);
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      bool done = true;
+      for (cudaEvent_t event : it->events) {
+        if (wait) {
+          TESSEL_CUDA_CHECK(cudaEventSynchronize(event));
+          continue;
+        }
+        cudaError_t status = cudaEventQuery(event);
+        if (status == cudaErrorNotReady) {
+          cudaGetLastError();
+          done = false;
+          break;
+        }
+        TESSEL_CUDA_CHECK(status);
+      }
+      if (!done) {
+        ++it;
+        continue;
+      }
+      for (cudaEvent_t event : it->events) spare_events_.push_back(event);
+      ready.push_back(std::move(*it));
+      it = pending_.erase(it);
+    }
+  }
+  for (const PendingFree& free : ready)
+    memory::CachingAllocator::deallocate(free.ptr, free.nbytes, kComputeStreamId);
+}
+
+std::shared_ptr<CudaCachingAllocator> caching_allocator(int device) {
+  static std::mutex mutex;
+  // Never destroyed: tensors may be freed during static destruction.
+  static auto* allocators = new std::array<std::shared_ptr<CudaCachingAllocator>, kMaxDevices>();
+  check_device(device, "CUDA allocator");
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& allocator = (*allocators)[device];
+  if (!allocator) {
+    allocator = std::make_shared<CudaCachingAllocator>(device);
+    // One allocator serves DeviceType::kCuda (core's table is per type): cuda:0's.
+    if (device == 0) memory::set_allocator(DeviceType::kCuda, allocator);
+    install_host_memory();
+  }
+  return allocator;
+}
+
+// ---- pinned staging ----
+
+void* PinnedStagingPool::allocate(size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  process_locked(false);
+  return pool_.allocate(bytes, memory::Stream{});
+}
+
+void PinnedStagingPool::free_after(void* ptr, size_t bytes, cudaStream_t stream) {
+  cudaEvent_t event = nullptr;
+  TESSEL_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  TESSEL_CUDA_CHECK(cudaEventRecord(event, stream));
+  std::lock_guard<std::mutex> lock(mutex_);
+  pending_.push_back({ptr, bytes, event});
+}
+
+int64_t PinnedStagingPool::pending() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return static_cast<int64_t>(pending_.size());
+}
+
+void PinnedStagingPool::process_locked(bool wait) {
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    cudaError_t status = wait ? cudaEventSynchronize(it->event) : cudaEventQuery(it->event);
+    if (status == cudaErrorNotReady) {
+      cudaGetLastError();
+      ++it;
+      continue;
+    }
+    TESSEL_CUDA_CHECK(status);
+    cudaEventDestroy(it->event);
+    pool_.deallocate(it->ptr, it->bytes, memory::Stream{});
+    it = pending_.erase(it);
+  }
+}
+
+PinnedStagingPool& staging_pool() {
+  static auto* pool = new PinnedStagingPool();  // never destroyed: CUDA may be gone at exit
+  return *pool;
+}
+
+// ---- host link copies ----
+
+namespace {
+struct PreparedCopy {
+  int device;
+  Event ordered_after;  // recorded on the compute stream at submission
+};
+
+// The device of a device pointer, or -1 for host memory.
+int device_of(const void* ptr) {
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, ptr) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged
+             ? attributes.device
+             : -1;
+}
+}  // namespace
+
+std::shared_ptr<void> CudaCopyEngine::prepare(void* destination, const void* source, size_t) {
+  int device = device_of(destination);
+  if (device < 0) device = device_of(source);
+  if (device < 0) return nullptr;  // host to host
+  DeviceGuard guard(device);
+  auto prepared = std::make_shared<PreparedCopy>();
+  prepared->device = device;
+  prepared->ordered_after.record(compute_stream(device));
+  return prepared;
+}
+
+void CudaCopyEngine::copy(void* destination, const void* source, size_t bytes,
+                          const std::shared_ptr<void>& prepared) {
+  if (!prepared) {
+    std::memcpy(destination, source, bytes);
+    return;
+  }
+  const auto& order = *static_cast<const PreparedCopy*>(prepared.get());
+  DeviceGuard guard(order.device);
+  cudaStream_t stream = copy_stream(order.device);
+  TESSEL_CUDA_CHECK(cudaStreamWaitEvent(stream, order.ordered_after.get(), 0));
+  TESSEL_CUDA_CHECK(cudaMemcpyAsync(destination, source, bytes, cudaMemcpyDefault, stream));
+  Event done;
+  done.record(stream);
+  done.synchronize();
+}
+
+void install_host_memory() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    // Swapped tensors already on pageable host blocks must go back to the pool they came from.
+    if (memory::host_allocator()->stats().allocated_bytes == 0) {
+      memory::set_host_allocator(
+          std::make_shared<memory::HostAllocator>(std::make_shared<PinnedSegmentSource>()));
+    }
+  });
+}
+
+}  // namespace tessel::cuda

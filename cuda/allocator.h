@@ -1,0 +1,123 @@
+// CUDA memory: the memory layer's caching allocator over cudaMalloc segments, with frees ordered
+// across streams by events; pinned host memory (cudaHostAlloc) for swaps and staging; and the
+// host link's copy engine on the copy stream. A forwarder is installed for DeviceType::kCuda at
+// load time; the first CUDA allocation creates cuda:0's allocator, which replaces it. Core keeps
+// one allocator per device type, so tensors live on cuda:0 (other devices: not yet).
+//   auto allocator = cuda::caching_allocator(0);   // budget: free device memory at creation
+//   allocator->record_stream(ptr, cuda::copy_stream(0));  // reused only after that work
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "memory/caching_allocator.h"
+#include "memory/host_allocator.h"
+#include "memory/host_link.h"
+
+namespace tessel::cuda {
+
+// Segments from cudaMalloc on one device (nullptr when the device is out of memory).
+class CudaSegmentSource : public memory::SegmentSource {
+ public:
+  explicit CudaSegmentSource(int device) : device_(device) {}
+  void* allocate_segment(size_t bytes) override;
+  void free_segment(void* ptr, size_t bytes) override;
+
+ private:
+  int device_;
+};
+
+// Page-locked host segments from cudaHostAlloc (portable: usable from every device).
+class PinnedSegmentSource : public memory::SegmentSource {
+ public:
+  void* allocate_segment(size_t bytes) override;
+  void free_segment(void* ptr, size_t bytes) override;
+};
+
+// What the budget leaves to cuBLAS/cuDNN/NCCL and the CUDA context, which allocate outside it.
+constexpr size_t kLibraryHeadroomBytes = size_t{512} << 20;
+
+// The caching allocator of one device. Blocks freed on the compute stream (memory::Stream id 0,
+// where every kernel runs) are reusable at once: later work on that stream is ordered after it.
+// A block allocated on the copy stream, or marked with record_stream, is reused only after an
+// event recorded on those streams at free time has completed. An allocation for the copy stream
+// makes it wait for the compute stream first, so a recycled block is never written early.
+class CudaCachingAllocator : public memory::CachingAllocator {
+ public:
+  // Without a budget in `options`: the device's free memory now, less kLibraryHeadroomBytes.
+  CudaCachingAllocator(int device, memory::CachingAllocatorOptions options = {});
+  ~CudaCachingAllocator() override;
+
+  void* allocate(size_t nbytes, memory::Stream stream) override;
+  void deallocate(void* ptr, size_t nbytes, memory::Stream stream) override;
+
+  // `ptr` (a live block of this allocator) is also used by work queued on `stream`.
+  void record_stream(void* ptr, cudaStream_t stream);
+  // Frees waiting for their events.
+  int64_t pending_frees() const;
+  // Returns the blocks whose events completed; with `wait`, waits for all of them first.
+  void process_pending_frees(bool wait);
+  int device_index() const { return device_; }
+
+ private:
+  struct PendingFree {
+    void* ptr;
+    size_t nbytes;
+    std::vector<cudaEvent_t> events;
+  };
+  cudaEvent_t take_event_locked();
+
+  const int device_;
+  mutable std::mutex pending_mutex_;
+  std::unordered_map<void*, std::vector<cudaStream_t>> extra_streams_;
+  std::deque<PendingFree> pending_;
+  std::vector<cudaEvent_t> spare_events_;
+};
+
+// The allocator of `device`, created (and its budget measured) on first use; cuda:0's is then
+// installed with memory::set_allocator(DeviceType::kCuda, ...). Thread-safe.
+std::shared_ptr<CudaCachingAllocator> caching_allocator(int device);
+
+// A pool of pinned host memory whose frees can wait for device work (staging buffers of
+// non-blocking copies). Thread-safe.
+class PinnedStagingPool {
+ public:
+  void* allocate(size_t bytes);
+  // `ptr` goes back to the pool once the work queued on `stream` so far has completed.
+  void free_after(void* ptr, size_t bytes, cudaStream_t stream);
+  int64_t pending() const;
+
+ private:
+  void process_locked(bool wait);
+  memory::HostAllocator pool_{std::make_shared<PinnedSegmentSource>()};
+  mutable std::mutex mutex_;
+  struct Pending {
+    void* ptr;
+    size_t bytes;
+    cudaEvent_t event;
+  };
+  std::deque<Pending> pending_;
+};
+PinnedStagingPool& staging_pool();
+
+// Host copies for the residency manager's HostLink on CUDA: each copy is ordered after the work
+// queued on the compute stream when it is submitted, runs on the copy stream (so it overlaps
+// compute), and is done when its bytes have arrived.
+class CudaCopyEngine : public memory::CopyEngine {
+ public:
+  std::shared_ptr<void> prepare(void* destination, const void* source, size_t bytes) override;
+  void copy(void* destination, const void* source, size_t bytes,
+            const std::shared_ptr<void>& prepared) override;
+};
+
+// Installs, once and lazily (first CUDA allocation): pinned memory for the host allocator (when
+// nothing is allocated from it yet) and the CUDA copy engine for host links of CUDA devices.
+void install_host_memory();
+
+}  // namespace tessel::cuda

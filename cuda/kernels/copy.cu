@@ -1,0 +1,316 @@
+// CUDA kernels for copies and creation: copy_convert (the strided, broadcasting cast every other
+// kernel file uses), clone, contiguous, to_dtype, copy_, fill_, full, arange, the random
+// factories rand / randn / randint and dropout (the CPU's Philox stream), cat, slice_backward.
+#include <cmath>
+#include <string>
+
+#include "core/rng.h"
+#include "cuda/kernels/loops.cuh"
+#include "cuda/kernels/philox.cuh"
+#include "ops/registry_helpers.h"
+
+namespace tessel::cuda {
+
+namespace {
+
+constexpr DeviceType kCuda = DeviceType::kCuda;
+
+template <typename Out, typename In>
+struct ConvertFunctor {
+  __device__ Out operator()(In value) const { return convert<Out>(value); }
+};
+
+template <typename T>
+struct ConstantFunctor {
+  T value;
+  __device__ T operator()(int64_t) const { return value; }
+};
+
+template <typename T>
+struct ArangeFunctor {
+  double start, step;
+  __device__ T operator()(int64_t i) const {
+    return convert<T>(start + static_cast<double>(i) * step);
+  }
+};
+
+template <typename T>
+struct UniformFunctor {
+  uint64_t seed, offset;
+  double low, high;
+  __device__ T operator()(int64_t i) const {
+    const uint64_t index = static_cast<uint64_t>(i);
+    const Philox4 words = philox4x32_device(seed, offset + index / 4);
+    return convert<T>(low + (high - low) * uniform_from_bits(words.w[index % 4]));
+  }
+};
+
+template <typename T>
+struct NormalFunctor {
+  uint64_t seed, offset;
+  double mean, stddev;
+  __device__ T operator()(int64_t i) const {
+    const uint64_t index = static_cast<uint64_t>(i);
+    const Philox4 words = philox4x32_device(seed, offset + index / 4);
+    return convert<T>(mean + stddev * normal_from_words(words, index));
+  }
+};
+
+template <typename T>
+struct RandintFunctor {
+  uint64_t seed, offset, range;
+  int64_t low;
+  __device__ T operator()(int64_t i) const {
+    const uint64_t index = static_cast<uint64_t>(i);
+    const Philox4 words = philox4x32_device(seed, offset + index / 4);
+    return convert<T>(low + static_cast<int64_t>(words.w[index % 4] % range));
+  }
+};
+
+// One thread per Philox counter: four elements, kept iff uniform >= p, scaled by 1 / (1 - p).
+template <typename T>
+__global__ void dropout_kernel(const T* x, T* y, bool* mask, int64_t numel, uint64_t seed,
+                               uint64_t offset, double p, T scale) {
+  const int64_t counters = (numel + 3) / 4;
+  for (int64_t counter = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+       counter < counters; counter += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const Philox4 words = philox4x32_device(seed, offset + static_cast<uint64_t>(counter));
+#pragma unroll
+    for (int lane = 0; lane < 4; ++lane) {
+      const int64_t i = counter * 4 + lane;
+      if (i >= numel) break;
+      const bool keep = static_cast<double>(uniform_from_bits(words.w[lane])) >= p;
+      mask[i] = keep;
+      y[i] = keep ? static_cast<T>(x[i] * scale) : T(0);
+    }
+  }
+}
+
+template <typename I>
+__global__ void bad_index_kernel(const I* index, int64_t count, int64_t size, bool has_allowed,
+                                 int64_t allowed, unsigned long long* first_bad) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t value = static_cast<int64_t>(index[i]);
+    const bool ok = (has_allowed && value == allowed) || (value >= 0 && value < size);
+    if (!ok) atomicMin(first_bad, static_cast<unsigned long long>(i));
+  }
+}
+
+RngState rng_attrs(const Attrs& attrs) {
+  return RngState{static_cast<uint64_t>(attrs.get<int64_t>("rng_seed")),
+                  static_cast<uint64_t>(attrs.get<int64_t>("rng_offset"))};
+}
+
+void copy_kernel(KernelContext& context) { copy_convert(context.outputs[0], context.inputs[0]); }
+
+void fill_kernel(KernelContext& context) {
+  const Tensor& out = context.outputs[0];
+  const double value = context.attrs.get<double>("value");
+  visit_device_dtype(out.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    launch_index<T>(out, ConstantFunctor<T>{convert<T>(value)});
+  });
+}
+
+}  // namespace
+
+void copy_convert(const Tensor& out, const Tensor& in) {
+  if (out.numel() == 0) return;
+  if (out.dtype() == in.dtype() && out.sizes() == in.sizes() && out.is_contiguous() &&
+      in.is_contiguous()) {
+    KernelDevice device(out);
+    TESSEL_CUDA_CHECK(cudaMemcpyAsync(out.raw_data(), in.raw_data(), out.nbytes(),
+                                      cudaMemcpyDeviceToDevice, device.stream()));
+    return;
+  }
+  visit_device_dtype(out.dtype(), [&](auto out_tag) {
+    using Out = decltype(out_tag);
+    visit_device_dtype(in.dtype(), [&](auto in_tag) {
+      using In = decltype(in_tag);
+      launch_unary<Out, In>(out, in, ConvertFunctor<Out, In>{});
+    });
+  });
+}
+
+Tensor converted(KernelContext& context, const Tensor& tensor, DType dtype) {
+  if (tensor.dtype() == dtype) return tensor;
+  Tensor copy = context.workspace(tensor.sizes(), dtype);
+  copy_convert(copy, tensor);
+  return copy;
+}
+
+Tensor dense_input(KernelContext& context, const Tensor& tensor) {
+  if (tensor.is_contiguous()) return tensor;
+  Tensor copy = context.workspace(tensor.sizes(), tensor.dtype());
+  copy_convert(copy, tensor);
+  return copy;
+}
+
+void zero_fill(const Tensor& tensor) {
+  TESSEL_CHECK(tensor.is_contiguous(), "zero_fill: expected a contiguous tensor");
+  if (tensor.numel() == 0) return;
+  KernelDevice device(tensor);
+  TESSEL_CUDA_CHECK(cudaMemsetAsync(tensor.raw_data(), 0, tensor.nbytes(), device.stream()));
+}
+
+BadIndex find_bad_index(KernelContext& context, const Tensor& index, int64_t size,
+                        const int64_t* allowed) {
+  BadIndex result;
+  const int64_t count = index.numel();
+  if (count == 0) return result;
+  TESSEL_CHECK(index.is_contiguous(), "find_bad_index: expected a contiguous index tensor");
+  KernelDevice device(index);
+  Tensor flag = context.workspace({1}, DType::kInt64);
+  auto* first_bad = device_data<unsigned long long>(flag);
+  TESSEL_CUDA_CHECK(cudaMemsetAsync(first_bad, 0xff, sizeof(unsigned long long), device.stream()));
+  const bool has_allowed = allowed != nullptr;
+  const int64_t allowed_value = has_allowed ? *allowed : 0;
+  if (index.dtype() == DType::kInt64) {
+    bad_index_kernel<<<grid_for(count), kThreads, 0, device.stream()>>>(
+        device_data<const int64_t>(index), count, size, has_allowed, allowed_value, first_bad);
+  } else {
+    TESSEL_CHECK(index.dtype() == DType::kInt32, "find_bad_index: expected an i64 or i32 index");
+    bad_index_kernel<<<grid_for(count), kThreads, 0, device.stream()>>>(
+        device_data<const int32_t>(index), count, size, has_allowed, allowed_value, first_bad);
+  }
+  check_launch();
+  unsigned long long position = 0;
+  TESSEL_CUDA_CHECK(cudaMemcpyAsync(&position, first_bad, sizeof(position), cudaMemcpyDeviceToHost,
+                                    device.stream()));
+  TESSEL_CUDA_CHECK(cudaStreamSynchronize(device.stream()));
+  if (position == ~0ull) return result;
+  result.position = static_cast<int64_t>(position);
+  const char* base = static_cast<const char*>(index.raw_data());
+  if (index.dtype() == DType::kInt64) {
+    TESSEL_CUDA_CHECK(cudaMemcpy(&result.value, base + position * sizeof(int64_t), sizeof(int64_t),
+                                 cudaMemcpyDeviceToHost));
+  } else {
+    int32_t value = 0;
+    TESSEL_CUDA_CHECK(cudaMemcpy(&value, base + position * sizeof(int32_t), sizeof(int32_t),
+                                 cudaMemcpyDeviceToHost));
+    result.value = value;
+  }
+  return result;
+}
+
+void check_index_range(KernelContext& context, const Tensor& index, int64_t size, const char* op,
+                       const std::string& what, const int64_t* allowed) {
+  BadIndex bad = find_bad_index(context, index, size, allowed);
+  TESSEL_CHECK(bad.position < 0, op, ": index ", bad.value, " is out of range for ", what,
+               " of size ", size);
+}
+
+TESSEL_REGISTER_OPS(cuda_copy) {
+  OpRegistry& registry = OpRegistry::get();
+  registry.set_kernel("clone", kCuda, copy_kernel);
+  registry.set_kernel("contiguous", kCuda, copy_kernel);
+  registry.set_kernel("to_dtype", kCuda, copy_kernel);
+  registry.set_kernel("copy_", kCuda, [](KernelContext& context) {
+    Tensor source = context.inputs[1];
+    // Overlapping views of one storage copy the values they had before the call.
+    if (source.storage() == context.outputs[0].storage()) {
+      Tensor snapshot = context.workspace(source.sizes(), source.dtype());
+      copy_convert(snapshot, source);
+      source = snapshot;
+    }
+    copy_convert(context.outputs[0], source);
+  });
+  registry.set_kernel("fill_", kCuda, fill_kernel);
+  registry.set_kernel("full", kCuda, fill_kernel);
+  registry.set_kernel("arange", kCuda, [](KernelContext& context) {
+    const double start = context.attrs.get<double>("start");
+    const double step = context.attrs.get<double>("step");
+    const Tensor& out = context.outputs[0];
+    visit_device_dtype(out.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      launch_index<T>(out, ArangeFunctor<T>{start, step});
+    });
+  });
+  registry.set_kernel("rand", kCuda, [](KernelContext& context) {
+    const RngState state = rng_attrs(context.attrs);
+    const double low = context.attrs.get_or<double>("low", 0.0);
+    const double high = context.attrs.get_or<double>("high", 1.0);
+    const Tensor& out = context.outputs[0];
+    visit_device_dtype(out.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      launch_index<T>(out, UniformFunctor<T>{state.seed, state.offset, low, high});
+    });
+  });
+  registry.set_kernel("randn", kCuda, [](KernelContext& context) {
+    const RngState state = rng_attrs(context.attrs);
+    const double mean = context.attrs.get_or<double>("mean", 0.0);
+    const double stddev = context.attrs.get_or<double>("std", 1.0);
+    const Tensor& out = context.outputs[0];
+    visit_device_dtype(out.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      launch_index<T>(out, NormalFunctor<T>{state.seed, state.offset, mean, stddev});
+    });
+  });
+  registry.set_kernel("randint", kCuda, [](KernelContext& context) {
+    const RngState state = rng_attrs(context.attrs);
+    const int64_t low = context.attrs.get<int64_t>("low");
+    const uint64_t range = static_cast<uint64_t>(context.attrs.get<int64_t>("high") - low);
+    const Tensor& out = context.outputs[0];
+    visit_device_dtype(out.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      launch_index<T>(out, RandintFunctor<T>{state.seed, state.offset, range, low});
+    });
+  });
+  registry.set_kernel("dropout", kCuda, [](KernelContext& context) {
+    const double p = context.attrs.get<double>("p");
+    const RngState state = rng_attrs(context.attrs);
+    visit_float_dtype(context.inputs[0].dtype(), "dropout", [&](auto tag) {
+      using T = decltype(tag);
+      const Tensor x = dense_input(context, context.inputs[0]);
+      DenseOutput y(context, context.outputs[0]);
+      DenseOutput mask(context, context.outputs[1]);
+      const int64_t numel = x.numel();
+      if (numel > 0) {
+        KernelDevice device(context);
+        const T scale = static_cast<T>(p < 1.0 ? 1.0 / (1.0 - p) : 0.0);
+        dropout_kernel<T><<<grid_for((numel + 3) / 4), kThreads, 0, device.stream()>>>(
+            device_data<const T>(x), y.data<T>(), mask.data<bool>(), numel, state.seed,
+            state.offset, p, scale);
+        check_launch();
+      }
+      y.finish();
+      mask.finish();
+    });
+  });
+  registry.set_kernel("cat", kCuda, [](KernelContext& context) {
+    const Tensor& out = context.outputs[0];
+    const int64_t dim = wrap_dim(context.attrs.get<int64_t>("dim"), out.dim());
+    int64_t position = 0;
+    for (const Tensor& input : context.inputs) {
+      Tensor part = make_view(out, input.sizes(), out.strides(),
+                              out.storage_offset() + position * out.strides()[dim]);
+      copy_convert(part, input);
+      position += input.sizes()[dim];
+    }
+  });
+  registry.set_kernel("slice_backward", kCuda, [](KernelContext& context) {
+    const Tensor& out = context.outputs[0];
+    DenseOutput dense(context, out);
+    zero_fill(dense.dense);
+    const Attrs& attrs = context.attrs;
+    const int64_t dim = wrap_dim(attrs.get<int64_t>("dim"), out.dim());
+    const int64_t step = attrs.get_or<int64_t>("step", 1);
+    const int64_t size = out.sizes()[dim];
+    int64_t start = attrs.get<int64_t>("start"), end = attrs.get<int64_t>("end");
+    // As normalize_slice in ops/shape.cc (the shape rule already checked step > 0).
+    if (start < 0) start += size;
+    if (end < 0) end += size;
+    start = std::min(std::max<int64_t>(start, 0), size);
+    end = std::min(std::max(end, start), size);
+    Shape sizes = dense.dense.sizes(), strides = dense.dense.strides();
+    sizes[dim] = (end - start + step - 1) / step;
+    strides[dim] *= step;
+    Tensor window = make_view(dense.dense, sizes, strides,
+                              dense.dense.storage_offset() + start * dense.dense.strides()[dim]);
+    copy_convert(window, context.inputs[0]);
+    dense.finish();
+  });
+}
+
+}  // namespace tessel::cuda

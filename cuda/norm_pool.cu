@@ -1,0 +1,583 @@
+// CUDA kernels for batch norm (training, eval, backward) and pooling (max_pool2d with its i64
+// indices, avg_pool2d, adaptive_avg_pool2d, and their backward ops), with the CPU semantics of
+// ops/norm.cc and ops/pool.cc: per-channel statistics accumulated in f64, window rules, NaN
+// propagation and index choice as PyTorch's. Backward pooling gathers into each input element
+// in the CPU's order (no atomics), so results are deterministic.
+#include <cmath>
+
+#include "cuda/kernels/loops.cuh"
+#include "ops/registry_helpers.h"
+
+namespace tessel::cuda {
+
+namespace {
+
+constexpr DeviceType kCuda = DeviceType::kCuda;
+constexpr int kReduceThreads = 256;
+
+// A 1-D per-channel tensor on the device: pointer and stride; null when undefined.
+template <typename T>
+struct ChannelVector {
+  T* data = nullptr;
+  int64_t stride = 0;
+  __device__ double get(int64_t c, double fallback) const {
+    return data ? static_cast<double>(data[c * stride]) : fallback;
+  }
+};
+
+template <typename T>
+ChannelVector<T> channel_vector(const Tensor& tensor) {
+  ChannelVector<T> vector;
+  if (!tensor.defined()) return vector;
+  vector.data = device_data<T>(tensor);
+  vector.stride = tensor.stride(0);
+  return vector;
+}
+
+// Sum over a block of `kReduceThreads` threads; every thread gets the total.
+__device__ double block_sum(double value, double* shared) {
+  shared[threadIdx.x] = value;
+  __syncthreads();
+  for (int half = kReduceThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) shared[threadIdx.x] += shared[threadIdx.x + half];
+    __syncthreads();
+  }
+  double total = shared[0];
+  __syncthreads();
+  return total;
+}
+
+// ---- batch norm. x dense (N, C, S) ----
+
+// One block per channel: mean and biased variance (two passes, f64).
+template <typename T>
+__global__ void channel_moments_kernel(const T* x, int64_t batch, int64_t channels, int64_t spatial,
+                                       double* mean, double* variance) {
+  __shared__ double shared[kReduceThreads];
+  const int64_t c = blockIdx.x;
+  const int64_t count = batch * spatial;
+  double total = 0;
+  for (int64_t i = threadIdx.x; i < count; i += blockDim.x)
+    total += static_cast<double>(x[((i / spatial) * channels + c) * spatial + i % spatial]);
+  const double channel_mean = block_sum(total, shared) / static_cast<double>(count);
+  double squares = 0;
+  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) {
+    const double centred =
+        static_cast<double>(x[((i / spatial) * channels + c) * spatial + i % spatial]) -
+        channel_mean;
+    squares += centred * centred;
+  }
+  const double channel_variance = block_sum(squares, shared) / static_cast<double>(count);
+  if (threadIdx.x == 0) {
+    mean[c] = channel_mean;
+    variance[c] = channel_variance;
+  }
+}
+
+// Per channel: saved mean and invstd, scale and shift of y, and (unless replaying) the running
+// statistics, updated with the unbiased variance.
+template <typename T>
+__global__ void batch_norm_finish_kernel(
+    int64_t channels, int64_t count, double momentum, double eps, bool update_running,
+    const double* mean, const double* variance, ChannelVector<T> weight, ChannelVector<T> bias,
+    ChannelVector<T> save_mean, ChannelVector<T> save_invstd, ChannelVector<T> running_mean,
+    ChannelVector<T> running_var, double* scale, double* shift) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= channels) return;
+  const double invstd = 1.0 / sqrt(variance[c] + eps);
+  scale[c] = weight.get(c, 1.0) * invstd;
+  shift[c] = bias.get(c, 0.0) - mean[c] * scale[c];
+  save_mean.data[c * save_mean.stride] = static_cast<T>(mean[c]);
+  save_invstd.data[c * save_invstd.stride] = static_cast<T>(invstd);
+  if (!update_running) return;
+  const double unbiased = static_cast<double>(count) / static_cast<double>(count - 1);
+  if (running_mean.data) {
+    T& value = running_mean.data[c * running_mean.stride];
+    value = static_cast<T>((1 - momentum) * static_cast<double>(value) + momentum * mean[c]);
+  }
+  if (running_var.data) {
+    T& value = running_var.data[c * running_var.stride];
+    value = static_cast<T>((1 - momentum) * static_cast<double>(value) +
+                           momentum * variance[c] * unbiased);
+  }
+}
+
+// Eval: scale and shift from the running statistics.
+template <typename T>
+__global__ void batch_norm_eval_scale_kernel(int64_t channels, double eps, ChannelVector<T> weight,
+                                             ChannelVector<T> bias, ChannelVector<T> mean,
+                                             ChannelVector<T> variance, double* scale,
+                                             double* shift) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= channels) return;
+  scale[c] = weight.get(c, 1.0) / sqrt(variance.get(c, 1.0) + eps);
+  shift[c] = bias.get(c, 0.0) - mean.get(c, 0.0) * scale[c];
+}
+
+// y = x * scale[c] + shift[c] over dense (N, C, S).
+template <typename T>
+__global__ void scale_shift_kernel(const T* x, T* y, int64_t count, int64_t channels,
+                                   int64_t spatial, const double* scale, const double* shift) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t c = (i / spatial) % channels;
+    y[i] = static_cast<T>(static_cast<double>(x[i]) * scale[c] + shift[c]);
+  }
+}
+
+// Backward, one block per channel: grad_bias = sum(g), grad_weight = sum(g * (x - mean)) * invstd,
+// and the coefficients of grad_x = gain * (g - mean_g) - slope * (x - mean).
+template <typename T>
+__global__ void batch_norm_backward_reduce_kernel(
+    const T* grad, const T* x, int64_t batch, int64_t channels, int64_t spatial, bool training,
+    double eps, ChannelVector<T> weight, ChannelVector<T> mean, ChannelVector<T> invstd_or_var,
+    ChannelVector<T> grad_weight, ChannelVector<T> grad_bias, double* coefficients) {
+  __shared__ double shared[kReduceThreads];
+  const int64_t c = blockIdx.x;
+  const int64_t count = batch * spatial;
+  const double channel_mean = mean.get(c, 0.0);
+  double sum_g = 0, sum_g_centred = 0;
+  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) {
+    const int64_t at = ((i / spatial) * channels + c) * spatial + i % spatial;
+    const double g = static_cast<double>(grad[at]);
+    sum_g += g;
+    sum_g_centred += g * (static_cast<double>(x[at]) - channel_mean);
+  }
+  sum_g = block_sum(sum_g, shared);
+  sum_g_centred = block_sum(sum_g_centred, shared);
+  if (threadIdx.x != 0) return;
+  double invstd = invstd_or_var.get(c, 1.0);
+  if (!training) invstd = 1.0 / sqrt(invstd + eps);
+  const double w = weight.get(c, 1.0);
+  if (grad_weight.data)
+    grad_weight.data[c * grad_weight.stride] = static_cast<T>(sum_g_centred * invstd);
+  if (grad_bias.data) grad_bias.data[c * grad_bias.stride] = static_cast<T>(sum_g);
+  const double n = static_cast<double>(count);
+  coefficients[4 * c + 0] = w * invstd;
+  coefficients[4 * c + 1] = training ? sum_g / n : 0.0;
+  coefficients[4 * c + 2] = training ? w * invstd * invstd * invstd * sum_g_centred / n : 0.0;
+  coefficients[4 * c + 3] = channel_mean;
+}
+
+template <typename T>
+__global__ void batch_norm_backward_input_kernel(const T* grad, const T* x, T* grad_x,
+                                                 int64_t count, int64_t channels, int64_t spatial,
+                                                 const double* coefficients) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const double* k = coefficients + 4 * ((i / spatial) % channels);
+    grad_x[i] = static_cast<T>(k[0] * (static_cast<double>(grad[i]) - k[1]) -
+                               k[2] * (static_cast<double>(x[i]) - k[3]));
+  }
+}
+
+// x viewed as (N, C, S).
+struct ChannelLayout {
+  int64_t batch, channels, spatial;
+  explicit ChannelLayout(const Shape& sizes)
+      : batch(sizes[0]),
+        channels(sizes[1]),
+        spatial(shape_numel(Shape(sizes.begin() + 2, sizes.end()))) {}
+};
+
+void batch_norm_train(KernelContext& context) {
+  const double momentum = context.attrs.get<double>("momentum");
+  const double eps = context.attrs.get<double>("eps");
+  KernelDevice device(context);
+  visit_float_dtype(context.inputs[0].dtype(), "batch_norm", [&](auto tag) {
+    using T = decltype(tag);
+    const Tensor x = dense_input(context, context.inputs[0]);
+    const ChannelLayout layout(x.sizes());
+    const int64_t C = layout.channels;
+    Tensor statistics = context.workspace({4, C}, DType::kFloat64);
+    double* mean = device_data<double>(statistics);
+    double* variance = mean + C;
+    double* scale = mean + 2 * C;
+    double* shift = mean + 3 * C;
+    if (C == 0) return;
+    channel_moments_kernel<T><<<static_cast<unsigned>(C), kReduceThreads, 0, device.stream()>>>(
+        device_data<T>(x), layout.batch, C, layout.spatial, mean, variance);
+    check_launch();
+    batch_norm_finish_kernel<T><<<grid_for(C), kThreads, 0, device.stream()>>>(
+        C, layout.batch * layout.spatial, momentum, eps, !context.replay, mean, variance,
+        channel_vector<T>(context.inputs[1]), channel_vector<T>(context.inputs[2]),
+        channel_vector<T>(context.outputs[1]), channel_vector<T>(context.outputs[2]),
+        channel_vector<T>(context.inputs[3]), channel_vector<T>(context.inputs[4]), scale, shift);
+    check_launch();
+    DenseOutput y(context, context.outputs[0]);
+    const int64_t count = x.numel();
+    if (count > 0) {
+      scale_shift_kernel<T><<<grid_for(count), kThreads, 0, device.stream()>>>(
+          device_data<T>(x), y.data<T>(), count, C, layout.spatial, scale, shift);
+      check_launch();
+    }
+    y.finish();
+  });
+}
+
+void batch_norm_eval(KernelContext& context) {
+  const double eps = context.attrs.get<double>("eps");
+  KernelDevice device(context);
+  visit_float_dtype(context.inputs[0].dtype(), "batch_norm", [&](auto tag) {
+    using T = decltype(tag);
+    const Tensor x = dense_input(context, context.inputs[0]);
+    const ChannelLayout layout(x.sizes());
+    const int64_t C = layout.channels;
+    if (x.numel() == 0) return;
+    Tensor coefficients = context.workspace({2, C}, DType::kFloat64);
+    double* scale = device_data<double>(coefficients);
+    double* shift = scale + C;
+    batch_norm_eval_scale_kernel<T><<<grid_for(C), kThreads, 0, device.stream()>>>(
+        C, eps, channel_vector<T>(context.inputs[1]), channel_vector<T>(context.inputs[2]),
+        channel_vector<T>(context.inputs[3]), channel_vector<T>(context.inputs[4]), scale, shift);
+    check_launch();
+    DenseOutput y(context, context.outputs[0]);
+    scale_shift_kernel<T><<<grid_for(x.numel()), kThreads, 0, device.stream()>>>(
+        device_data<T>(x), y.data<T>(), x.numel(), C, layout.spatial, scale, shift);
+    check_launch();
+    y.finish();
+  });
+}
+
+void batch_norm_backward(KernelContext& context) {
+  const bool training = context.attrs.get<bool>("training");
+  const double eps = training ? 0.0 : context.attrs.get<double>("eps");
+  KernelDevice device(context);
+  visit_float_dtype(context.inputs[1].dtype(), "batch_norm_backward", [&](auto tag) {
+    using T = decltype(tag);
+    const Tensor grad = dense_input(context, context.inputs[0]);
+    const Tensor x = dense_input(context, context.inputs[1]);
+    const ChannelLayout layout(x.sizes());
+    const int64_t C = layout.channels;
+    if (C == 0) return;
+    Tensor coefficients = context.workspace({4 * C}, DType::kFloat64);
+    batch_norm_backward_reduce_kernel<T>
+        <<<static_cast<unsigned>(C), kReduceThreads, 0, device.stream()>>>(
+            device_data<T>(grad), device_data<T>(x), layout.batch, C, layout.spatial, training, eps,
+            channel_vector<T>(context.inputs[2]), channel_vector<T>(context.inputs[3]),
+            channel_vector<T>(context.inputs[4]), channel_vector<T>(context.outputs[1]),
+            channel_vector<T>(context.outputs[2]), device_data<double>(coefficients));
+    check_launch();
+    DenseOutput grad_x(context, context.outputs[0]);
+    if (x.numel() > 0) {
+      batch_norm_backward_input_kernel<T><<<grid_for(x.numel()), kThreads, 0, device.stream()>>>(
+          device_data<T>(grad), device_data<T>(x), grad_x.data<T>(), x.numel(), C, layout.spatial,
+          device_data<double>(coefficients));
+      check_launch();
+    }
+    grad_x.finish();
+  });
+}
+
+// ---- pooling over strided (N, C, H, W) tensors ----
+
+struct Planes {
+  int64_t channels, height, width;
+  int64_t stride_n, stride_c, stride_h, stride_w;
+  __host__ __device__ int64_t at(int64_t plane, int64_t h, int64_t w) const {
+    return (plane / channels) * stride_n + (plane % channels) * stride_c + h * stride_h +
+           w * stride_w;
+  }
+};
+
+Planes planes_of(const Tensor& t) {
+  return {t.size(1), t.size(2), t.size(3), t.stride(0), t.stride(1), t.stride(2), t.stride(3)};
+}
+
+// One axis of a max/avg pool window.
+struct PoolAxis {
+  int64_t input, kernel, stride, padding, dilation, output;
+};
+
+PoolAxis pool_axis(const Attrs& attrs, int i, int64_t input, int64_t output, bool with_dilation) {
+  const auto& kernel = attrs.get<std::vector<int64_t>>("kernel_size");
+  const auto& stride = attrs.get<std::vector<int64_t>>("stride");
+  const auto& padding = attrs.get<std::vector<int64_t>>("padding");
+  const int64_t dilation =
+      with_dilation ? attrs.get<std::vector<int64_t>>("dilation")[static_cast<size_t>(i)] : 1;
+  return {input, kernel[i], stride[i], padding[i], dilation, output};
+}
+
+// The outputs along one axis whose (dilated) window may cover input position `x`.
+__device__ void covering_outputs(const PoolAxis& axis, int64_t x, int64_t* first, int64_t* last) {
+  const int64_t reach = x + axis.padding;  // o * stride + i * dilation == reach
+  const int64_t span = (axis.kernel - 1) * axis.dilation;
+  int64_t lo = reach - span <= 0 ? 0 : (reach - span + axis.stride - 1) / axis.stride;
+  int64_t hi = reach < 0 ? -1 : reach / axis.stride;
+  *first = lo;
+  *last = hi < axis.output - 1 ? hi : axis.output - 1;  // inclusive
+}
+
+template <typename T>
+__global__ void max_pool_kernel(const T* x, Planes in, T* values, Planes out, int64_t* indices,
+                                Planes index, PoolAxis rows, PoolAxis cols, int64_t count) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t ow = i % cols.output, oh = (i / cols.output) % rows.output;
+    const int64_t plane = i / (cols.output * rows.output);
+    const int64_t h0 = oh * rows.stride - rows.padding, w0 = ow * cols.stride - cols.padding;
+    T best = -INFINITY;
+    int64_t best_index = -1;
+    for (int64_t a = 0; a < rows.kernel; ++a) {
+      const int64_t h = h0 + a * rows.dilation;
+      if (h < 0 || h >= rows.input) continue;
+      for (int64_t b = 0; b < cols.kernel; ++b) {
+        const int64_t w = w0 + b * cols.dilation;
+        if (w < 0 || w >= cols.input) continue;
+        const T value = x[in.at(plane, h, w)];
+        // NaN wins, as in PyTorch.
+        if (best_index < 0 || value > best || isnan(value)) {
+          best = value;
+          best_index = h * cols.input + w;
+        }
+      }
+    }
+    values[out.at(plane, oh, ow)] = best;
+    indices[index.at(plane, oh, ow)] = best_index;
+  }
+}
+
+// Each input element sums the gradients of the outputs that picked it, in (oh, ow) order.
+template <typename T>
+__global__ void max_pool_backward_kernel(const T* grad, Planes g, const int64_t* indices,
+                                         Planes index, T* out, Planes o, PoolAxis rows,
+                                         PoolAxis cols, int64_t count) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t w = i % cols.input, h = (i / cols.input) % rows.input;
+    const int64_t plane = i / (cols.input * rows.input);
+    const int64_t position = h * cols.input + w;
+    int64_t oh0, oh1, ow0, ow1;
+    covering_outputs(rows, h, &oh0, &oh1);
+    covering_outputs(cols, w, &ow0, &ow1);
+    T total = 0;
+    for (int64_t oh = oh0; oh <= oh1; ++oh)
+      for (int64_t ow = ow0; ow <= ow1; ++ow)
+        if (indices[index.at(plane, oh, ow)] == position) total += grad[g.at(plane, oh, ow)];
+    out[o.at(plane, h, w)] = total;
+  }
+}
+
+// PyTorch's avg window of output `o`: [start, end) clipped, and the divisor of the padded one.
+struct AvgWindow {
+  int64_t start, end, padded_count;
+};
+__device__ AvgWindow avg_window(const PoolAxis& axis, int64_t o) {
+  const int64_t start = o * axis.stride - axis.padding;
+  const int64_t end = min(start + axis.kernel, axis.input + axis.padding);
+  return {max(start, int64_t{0}), min(end, axis.input), end - start};
+}
+
+template <typename T>
+__global__ void avg_pool_kernel(const T* x, Planes in, T* values, Planes out, PoolAxis rows,
+                                PoolAxis cols, bool count_include_pad, int64_t count) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t ow = i % cols.output, oh = (i / cols.output) % rows.output;
+    const int64_t plane = i / (cols.output * rows.output);
+    const AvgWindow wh = avg_window(rows, oh), ww = avg_window(cols, ow);
+    T total = 0;
+    for (int64_t h = wh.start; h < wh.end; ++h)
+      for (int64_t w = ww.start; w < ww.end; ++w) total += x[in.at(plane, h, w)];
+    const int64_t divisor = count_include_pad ? wh.padded_count * ww.padded_count
+                                              : (wh.end - wh.start) * (ww.end - ww.start);
+    values[out.at(plane, oh, ow)] =
+        (wh.start >= wh.end || ww.start >= ww.end) ? T(0) : total / static_cast<T>(divisor);
+  }
+}
+
+template <typename T>
+__global__ void avg_pool_backward_kernel(const T* grad, Planes g, T* out, Planes o, PoolAxis rows,
+                                         PoolAxis cols, bool count_include_pad, int64_t count) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t w = i % cols.input, h = (i / cols.input) % rows.input;
+    const int64_t plane = i / (cols.input * rows.input);
+    int64_t oh0, oh1, ow0, ow1;
+    covering_outputs(rows, h, &oh0, &oh1);
+    covering_outputs(cols, w, &ow0, &ow1);
+    T total = 0;
+    for (int64_t oh = oh0; oh <= oh1; ++oh) {
+      const AvgWindow wh = avg_window(rows, oh);
+      if (h < wh.start || h >= wh.end) continue;
+      for (int64_t ow = ow0; ow <= ow1; ++ow) {
+        const AvgWindow ww = avg_window(cols, ow);
+        if (w < ww.start || w >= ww.end) continue;
+        const int64_t divisor = count_include_pad ? wh.padded_count * ww.padded_count
+                                                  : (wh.end - wh.start) * (ww.end - ww.start);
+        total += grad[g.at(plane, oh, ow)] / static_cast<T>(divisor);
+      }
+    }
+    out[o.at(plane, h, w)] = total;
+  }
+}
+
+// PyTorch's adaptive window of output `o`: [floor(o * in / out), ceil((o + 1) * in / out)).
+__host__ __device__ inline int64_t adaptive_start(int64_t o, int64_t in, int64_t out) {
+  return (o * in) / out;
+}
+__host__ __device__ inline int64_t adaptive_end(int64_t o, int64_t in, int64_t out) {
+  return ((o + 1) * in + out - 1) / out;
+}
+
+template <typename T>
+__global__ void adaptive_avg_kernel(const T* x, Planes in, T* values, Planes out, int64_t count) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t ow = i % out.width, oh = (i / out.width) % out.height;
+    const int64_t plane = i / (out.width * out.height);
+    const int64_t h0 = adaptive_start(oh, in.height, out.height);
+    const int64_t h1 = adaptive_end(oh, in.height, out.height);
+    const int64_t w0 = adaptive_start(ow, in.width, out.width);
+    const int64_t w1 = adaptive_end(ow, in.width, out.width);
+    T total = 0;
+    for (int64_t h = h0; h < h1; ++h)
+      for (int64_t w = w0; w < w1; ++w) total += x[in.at(plane, h, w)];
+    values[out.at(plane, oh, ow)] = total / static_cast<T>((h1 - h0) * (w1 - w0));
+  }
+}
+
+template <typename T>
+__global__ void adaptive_avg_backward_kernel(const T* grad, Planes g, T* out, Planes o,
+                                             int64_t count) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t w = i % o.width, h = (i / o.width) % o.height;
+    const int64_t plane = i / (o.width * o.height);
+    // The outputs whose windows may hold (h, w): around the proportional ones, one more each side.
+    const int64_t oh_first = max((h * g.height) / o.height - 1, int64_t{0});
+    const int64_t oh_last = min(((h + 1) * g.height) / o.height + 1, g.height - 1);
+    const int64_t ow_first = max((w * g.width) / o.width - 1, int64_t{0});
+    const int64_t ow_last = min(((w + 1) * g.width) / o.width + 1, g.width - 1);
+    T total = 0;
+    for (int64_t oh = oh_first; oh <= oh_last; ++oh) {
+      const int64_t h0 = adaptive_start(oh, o.height, g.height);
+      const int64_t h1 = adaptive_end(oh, o.height, g.height);
+      if (h < h0 || h >= h1) continue;
+      for (int64_t ow = ow_first; ow <= ow_last; ++ow) {
+        const int64_t w0 = adaptive_start(ow, o.width, g.width);
+        const int64_t w1 = adaptive_end(ow, o.width, g.width);
+        if (w < w0 || w >= w1) continue;
+        total += grad[g.at(plane, oh, ow)] / static_cast<T>((h1 - h0) * (w1 - w0));
+      }
+    }
+    out[o.at(plane, h, w)] = total;
+  }
+}
+
+void max_pool(KernelContext& context) {
+  const Tensor& x = context.inputs[0];
+  const Tensor& values = context.outputs[0];
+  const Tensor& indices = context.outputs[1];
+  const int64_t count = values.numel();
+  if (count == 0) return;
+  KernelDevice device(context);
+  const PoolAxis rows = pool_axis(context.attrs, 0, x.size(2), values.size(2), true);
+  const PoolAxis cols = pool_axis(context.attrs, 1, x.size(3), values.size(3), true);
+  visit_float_dtype(x.dtype(), "max_pool2d", [&](auto tag) {
+    using T = decltype(tag);
+    max_pool_kernel<T><<<grid_for(count), kThreads, 0, device.stream()>>>(
+        device_data<T>(x), planes_of(x), device_data<T>(values), planes_of(values),
+        device_data<int64_t>(indices), planes_of(indices), rows, cols, count);
+    check_launch();
+  });
+}
+
+void max_pool_backward(KernelContext& context) {
+  const Tensor& grad = context.inputs[0];
+  const Tensor& indices = context.inputs[1];
+  const Tensor& out = context.outputs[0];
+  const int64_t count = out.numel();
+  if (count == 0) return;
+  KernelDevice device(context);
+  const PoolAxis rows = pool_axis(context.attrs, 0, out.size(2), grad.size(2), true);
+  const PoolAxis cols = pool_axis(context.attrs, 1, out.size(3), grad.size(3), true);
+  visit_float_dtype(out.dtype(), "max_pool2d_backward", [&](auto tag) {
+    using T = decltype(tag);
+    max_pool_backward_kernel<T><<<grid_for(count), kThreads, 0, device.stream()>>>(
+        device_data<T>(grad), planes_of(grad), device_data<int64_t>(indices), planes_of(indices),
+        device_data<T>(out), planes_of(out), rows, cols, count);
+    check_launch();
+  });
+}
+
+void avg_pool(KernelContext& context) {
+  const Tensor& x = context.inputs[0];
+  const Tensor& values = context.outputs[0];
+  const int64_t count = values.numel();
+  if (count == 0) return;
+  KernelDevice device(context);
+  const PoolAxis rows = pool_axis(context.attrs, 0, x.size(2), values.size(2), false);
+  const PoolAxis cols = pool_axis(context.attrs, 1, x.size(3), values.size(3), false);
+  const bool count_include_pad = context.attrs.get<bool>("count_include_pad");
+  visit_float_dtype(x.dtype(), "avg_pool2d", [&](auto tag) {
+    using T = decltype(tag);
+    avg_pool_kernel<T><<<grid_for(count), kThreads, 0, device.stream()>>>(
+        device_data<T>(x), planes_of(x), device_data<T>(values), planes_of(values), rows, cols,
+        count_include_pad, count);
+    check_launch();
+  });
+}
+
+void avg_pool_backward(KernelContext& context) {
+  const Tensor& grad = context.inputs[0];
+  const Tensor& out = context.outputs[0];
+  const int64_t count = out.numel();
+  if (count == 0) return;
+  KernelDevice device(context);
+  const PoolAxis rows = pool_axis(context.attrs, 0, out.size(2), grad.size(2), false);
+  const PoolAxis cols = pool_axis(context.attrs, 1, out.size(3), grad.size(3), false);
+  const bool count_include_pad = context.attrs.get<bool>("count_include_pad");
+  visit_float_dtype(out.dtype(), "avg_pool2d_backward", [&](auto tag) {
+    using T = decltype(tag);
+    avg_pool_backward_kernel<T><<<grid_for(count), kThreads, 0, device.stream()>>>(
+        device_data<T>(grad), planes_of(grad), device_data<T>(out), planes_of(out), rows, cols,
+        count_include_pad, count);
+    check_launch();
+  });
+}
+
+void adaptive_avg_pool(KernelContext& context) {
+  const Tensor& x = context.inputs[0];
+  const Tensor& values = context.outputs[0];
+  const int64_t count = values.numel();
+  if (count == 0) return;
+  KernelDevice device(context);
+  visit_float_dtype(x.dtype(), "adaptive_avg_pool2d", [&](auto tag) {
+    using T = decltype(tag);
+    adaptive_avg_kernel<T><<<grid_for(count), kThreads, 0, device.stream()>>>(
+        device_data<T>(x), planes_of(x), device_data<T>(values), planes_of(values), count);
+    check_launch();
+  });
+}
+
+void adaptive_avg_pool_backward(KernelContext& context) {
+  const Tensor& grad = context.inputs[0];
+  const Tensor& out = context.outputs[0];
+  const int64_t count = out.numel();
+  if (count == 0) return;
+  KernelDevice device(context);
+  visit_float_dtype(out.dtype(), "adaptive_avg_pool2d_backward", [&](auto tag) {
+    using T = decltype(tag);
+    adaptive_avg_backward_kernel<T><<<grid_for(count), kThreads, 0, device.stream()>>>(
+        device_data<T>(grad), planes_of(grad), device_data<T>(out), planes_of(out), count);
+    check_launch();
+  });
+}
+
+}  // namespace
+
+TESSEL_REGISTER_OPS(cuda_norm_pool) {
+  OpRegistry& registry = OpRegistry::get();
+  registry.set_kernel("batch_norm", kCuda, batch_norm_train);
+  registry.set_kernel("batch_norm_eval", kCuda, batch_norm_eval);
+  registry.set_kernel("batch_norm_backward", kCuda, batch_norm_backward);
+  registry.set_kernel("max_pool2d", kCuda, max_pool);
+  registry.set_kernel("max_pool2d_backward", kCuda, max_pool_backward);
+  registry.set_kernel("avg_pool2d", kCuda, avg_pool);
+  registry.set_kernel("avg_pool2d_backward", kCuda, avg_pool_backward);
+  registry.set_kernel("adaptive_avg_pool2d", kCuda, adaptive_avg_pool);
+  registry.set_kernel("adaptive_avg_pool2d_backward", kCuda, adaptive_avg_pool_backward);
+}
+
+}  // namespace tessel::cuda

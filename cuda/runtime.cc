@@ -1,0 +1,260 @@
+#include "cuda/runtime.h"
+
+#include <array>
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <string>
+
+#include "core/error.h"
+
+namespace tessel::cuda {
+namespace {
+
+constexpr int kMaxDevices = 64;
+
+const char* base_name(const char* file) {
+  const char* slash = std::strrchr(file, '/');
+  return slash ? slash + 1 : file;
+}
+
+[[noreturn]] void throw_with(const std::string& message, const char* expr, const char* file,
+                             int line) {
+  throw Error(::tessel::detail::str_cat(base_name(file), ":", line, ": ", expr, ": ", message),
+              file, line);
+}
+
+struct DeviceCount {
+  int count = 0;
+  std::string reason;  // why there is none, when count is 0
+};
+
+const DeviceCount& probe_devices() {
+  static const DeviceCount probed = [] {
+    DeviceCount result;
+    int count = 0;
+    cudaError_t status = cudaGetDeviceCount(&count);
+    if (status != cudaSuccess) {
+      result.reason =
+          ::tessel::detail::str_cat(cudaGetErrorName(status), ": ", cudaGetErrorString(status));
+      cudaGetLastError();  // clear it: not having a GPU is not a sticky error
+      count = 0;
+    } else if (count == 0) {
+      result.reason = "the driver reports no device";
+    }
+    result.count = count;
+    return result;
+  }();
+  return probed;
+}
+
+// Lazily created per-device objects, created once under a lock and read lock-free after.
+template <typename Handle>
+struct PerDevice {
+  std::array<std::atomic<Handle>, kMaxDevices> handles{};
+  std::mutex mutex;
+
+  template <typename Create>
+  Handle get(int device, const char* what, Create create) {
+    check_device(device, what);
+    Handle handle = handles[device].load(std::memory_order_acquire);
+    if (handle) return handle;
+    std::lock_guard<std::mutex> lock(mutex);
+    handle = handles[device].load(std::memory_order_relaxed);
+    if (!handle) {
+      DeviceGuard guard(device);
+      handle = create(device);
+      handles[device].store(handle, std::memory_order_release);
+    }
+    return handle;
+  }
+};
+
+cudaStream_t new_stream(int) {
+  cudaStream_t stream = nullptr;
+  TESSEL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  return stream;
+}
+
+PerDevice<cudaStream_t>& compute_streams() {
+  static auto* streams = new PerDevice<cudaStream_t>();  // never destroyed: used at exit
+  return *streams;
+}
+PerDevice<cudaStream_t>& copy_streams() {
+  static auto* streams = new PerDevice<cudaStream_t>();
+  return *streams;
+}
+PerDevice<cublasHandle_t>& cublas_handles() {
+  static auto* handles = new PerDevice<cublasHandle_t>();
+  return *handles;
+}
+PerDevice<cudnnHandle_t>& cudnn_handles() {
+  static auto* handles = new PerDevice<cudnnHandle_t>();
+  return *handles;
+}
+
+std::atomic<bool> tf32_allowed{false};
+
+}  // namespace
+
+namespace internal {
+
+const char* cublas_status_name(cublasStatus_t status) {
+  switch (status) {
+    case CUBLAS_STATUS_SUCCESS:
+      return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+      return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR:
+      return "CUBLAS_STATUS_MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR:
+      return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return "CUBLAS_STATUS_NOT_SUPPORTED";
+    case CUBLAS_STATUS_LICENSE_ERROR:
+      return "CUBLAS_STATUS_LICENSE_ERROR";
+    default:
+      return "CUBLAS_STATUS_UNKNOWN";
+  }
+}
+
+void throw_cuda_error(cudaError_t status, const char* expr, const char* file, int line) {
+  cudaGetLastError();  // reset a non-sticky error so the next call does not report it again
+  throw_with(
+      ::tessel::detail::str_cat(cudaGetErrorString(status), " (", cudaGetErrorName(status), ")"),
+      expr, file, line);
+}
+
+void throw_cublas_error(cublasStatus_t status, const char* expr, const char* file, int line) {
+  throw_with(::tessel::detail::str_cat(cublas_status_name(status), " (cuBLAS error ",
+                                       static_cast<int>(status), ")"),
+             expr, file, line);
+}
+
+void throw_cudnn_error(cudnnStatus_t status, const char* expr, const char* file, int line) {
+  throw_with(::tessel::detail::str_cat(cudnnGetErrorString(status), " (cuDNN error ",
+                                       static_cast<int>(status), ")"),
+             expr, file, line);
+}
+
+void throw_nccl_error(ncclResult_t status, const char* expr, const char* file, int line) {
+  const char* last = ncclGetLastError(nullptr);
+  throw_with(::tessel::detail::str_cat(
+                 ncclGetErrorString(status), " (NCCL error ", static_cast<int>(status), ")",
+                 last && *last ? ::tessel::detail::str_cat(": ", last) : std::string()),
+             expr, file, line);
+}
+
+}  // namespace internal
+
+int device_count() { return probe_devices().count; }
+
+void check_device(int index, const char* what) {
+  const DeviceCount& devices = probe_devices();
+  TESSEL_CHECK(devices.count > 0, what,
+               ": no CUDA device available (device_count() == 0: ", devices.reason,
+               "); this binary was built with CUDA but needs an NVIDIA GPU and ",
+               "driver at run time, or use Device::cpu()");
+  TESSEL_CHECK(
+      index >= 0 && index < devices.count && index < kMaxDevices, what, ": no device cuda:", index,
+      " (", devices.count, " CUDA device", devices.count == 1 ? "" : "s", " visible: cuda:0",
+      devices.count > 1 ? ::tessel::detail::str_cat("..cuda:", devices.count - 1) : std::string(),
+      ")");
+}
+
+int current_device() {
+  int device = 0;
+  TESSEL_CUDA_CHECK(cudaGetDevice(&device));
+  return device;
+}
+
+DeviceGuard::DeviceGuard(int index) {
+  check_device(index, "DeviceGuard");
+  TESSEL_CUDA_CHECK(cudaGetDevice(&previous_));
+  if (previous_ != index) TESSEL_CUDA_CHECK(cudaSetDevice(index));
+}
+
+DeviceGuard::~DeviceGuard() {
+  int now = -1;
+  if (previous_ >= 0 && cudaGetDevice(&now) == cudaSuccess && now != previous_) {
+    cudaSetDevice(previous_);  // destructors must not throw
+  }
+}
+
+cudaStream_t compute_stream(int device) {
+  return compute_streams().get(device, "compute_stream", new_stream);
+}
+
+cudaStream_t copy_stream(int device) {
+  return copy_streams().get(device, "copy_stream", new_stream);
+}
+
+cudaStream_t stream_for(int device, memory::Stream stream) {
+  return stream.id == kCopyStreamId.id ? copy_stream(device) : compute_stream(device);
+}
+
+cublasHandle_t cublas_handle(int device) {
+  cublasHandle_t handle = cublas_handles().get(device, "cublas_handle", [](int index) {
+    cublasHandle_t created = nullptr;
+    TESSEL_CUBLAS_CHECK(cublasCreate(&created));
+    TESSEL_CUBLAS_CHECK(cublasSetStream(created, compute_stream(index)));
+    return created;
+  });
+  TESSEL_CUBLAS_CHECK(cublasSetMathMode(
+      handle, tf32_allowed.load() ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+  return handle;
+}
+
+cudnnHandle_t cudnn_handle(int device) {
+  return cudnn_handles().get(device, "cudnn_handle", [](int index) {
+    cudnnHandle_t created = nullptr;
+    TESSEL_CUDNN_CHECK(cudnnCreate(&created));
+    TESSEL_CUDNN_CHECK(cudnnSetStream(created, compute_stream(index)));
+    return created;
+  });
+}
+
+void set_allow_tf32(bool allow) { tf32_allowed.store(allow); }
+bool allow_tf32() { return tf32_allowed.load(); }
+
+void synchronize(int device) {
+  DeviceGuard guard(device);
+  TESSEL_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+Event::Event() { TESSEL_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming)); }
+
+Event::~Event() {
+  if (event_) cudaEventDestroy(event_);
+}
+
+void Event::record(cudaStream_t stream) { TESSEL_CUDA_CHECK(cudaEventRecord(event_, stream)); }
+
+bool Event::query() const {
+  cudaError_t status = cudaEventQuery(event_);
+  if (status == cudaErrorNotReady) {
+    cudaGetLastError();
+    return false;
+  }
+  TESSEL_CUDA_CHECK(status);
+  return true;
+}
+
+void Event::synchronize() const { TESSEL_CUDA_CHECK(cudaEventSynchronize(event_)); }
+
+void stream_wait(cudaStream_t waiter, cudaStream_t producer) {
+  if (waiter == producer) return;
+  Event event;
+  event.record(producer);
+  TESSEL_CUDA_CHECK(cudaStreamWaitEvent(waiter, event.get(), 0));
+}
+
+}  // namespace tessel::cuda

@@ -1,0 +1,117 @@
+// The CUDA runtime layer every CUDA file uses: checked calls (errors become tessel::Error with
+// file, line and the library's message), per-device compute and copy streams, cuBLAS and cuDNN
+// handles bound to the compute stream, and device guards. Only built under --config=cuda.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+#include <nccl.h>
+
+#include <cstdint>
+
+#include "core/allocator.h"
+#include "core/device.h"
+
+namespace tessel::cuda {
+
+namespace internal {
+[[noreturn]] void throw_cuda_error(cudaError_t status, const char* expr, const char* file,
+                                   int line);
+[[noreturn]] void throw_cublas_error(cublasStatus_t status, const char* expr, const char* file,
+                                     int line);
+[[noreturn]] void throw_cudnn_error(cudnnStatus_t status, const char* expr, const char* file,
+                                    int line);
+[[noreturn]] void throw_nccl_error(ncclResult_t status, const char* expr, const char* file,
+                                   int line);
+const char* cublas_status_name(cublasStatus_t status);
+}  // namespace internal
+
+// Number of visible GPUs; 0 when there is no driver or no GPU. Never throws.
+int device_count();
+// Throws a clear tessel::Error when `index` is not a usable GPU (none visible, or out of range);
+// `what` names the caller in the message.
+void check_device(int index, const char* what = "cuda");
+int current_device();
+
+// Makes `index` the current device for its lifetime, then restores the previous one.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int index);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+// One non-blocking compute stream and one copy stream per device, created on first use and
+// kept for the life of the process. Thread-safe.
+cudaStream_t compute_stream(int device);
+cudaStream_t copy_stream(int device);
+// The memory::Stream ids the allocator sees for these streams.
+constexpr memory::Stream kComputeStreamId{0};
+constexpr memory::Stream kCopyStreamId{1};
+cudaStream_t stream_for(int device, memory::Stream stream);
+
+// Handles bound to compute_stream(device), created on first use. cuBLAS math mode is the
+// default (no TF32) unless set_allow_tf32(true).
+cublasHandle_t cublas_handle(int device);
+cudnnHandle_t cudnn_handle(int device);
+void set_allow_tf32(bool allow);
+bool allow_tf32();
+
+// Waits for every stream of `device`.
+void synchronize(int device);
+
+// An owned cudaEvent_t (timing disabled) created on the current device.
+class Event {
+ public:
+  Event();
+  ~Event();
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  void record(cudaStream_t stream);
+  bool query() const;  // true once the recorded work completed
+  void synchronize() const;
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+// Makes `waiter` wait (on the device, host not blocked) for all work queued so far on `producer`.
+void stream_wait(cudaStream_t waiter, cudaStream_t producer);
+
+}  // namespace tessel::cuda
+
+#define TESSEL_CUDA_CHECK(expr)                                                                   \
+  do {                                                                                            \
+    cudaError_t tessel_cuda_status_ = (expr);                                                     \
+    if (tessel_cuda_status_ != cudaSuccess)                                                       \
+      ::tessel::cuda::internal::throw_cuda_error(tessel_cuda_status_, #expr, __FILE__, __LINE__); \
+  } while (0)
+
+#define TESSEL_CUBLAS_CHECK(expr)                                                          \
+  do {                                                                                     \
+    cublasStatus_t tessel_cublas_status_ = (expr);                                         \
+    if (tessel_cublas_status_ != CUBLAS_STATUS_SUCCESS)                                    \
+      ::tessel::cuda::internal::throw_cublas_error(tessel_cublas_status_, #expr, __FILE__, \
+                                                   __LINE__);                              \
+  } while (0)
+
+#define TESSEL_CUDNN_CHECK(expr)                                                         \
+  do {                                                                                   \
+    cudnnStatus_t tessel_cudnn_status_ = (expr);                                         \
+    if (tessel_cudnn_status_ != CUDNN_STATUS_SUCCESS)                                    \
+      ::tessel::cuda::internal::throw_cudnn_error(tessel_cudnn_status_, #expr, __FILE__, \
+                                                  __LINE__);                             \
+  } while (0)
+
+#define TESSEL_NCCL_CHECK(expr)                                                                   \
+  do {                                                                                            \
+    ncclResult_t tessel_nccl_status_ = (expr);                                                    \
+    if (tessel_nccl_status_ != ncclSuccess)                                                       \
+      ::tessel::cuda::internal::throw_nccl_error(tessel_nccl_status_, #expr, __FILE__, __LINE__); \
+  } while (0)

@@ -1,0 +1,20 @@
+// Moving tensors between devices: the `to_device` op behind Tensor::to(Device). Defined in every
+// build (shape rule, backward = the transfer back); the CUDA backend adds the copies. Without it,
+// a transfer to or from CUDA is a clear error.
+//   Tensor batch = to_device(cpu_batch, Device::cuda(), /*non_blocking=*/true);
+#pragma once
+
+#include "core/tensor.h"
+
+namespace tessel {
+
+// A copy of `x` on `device`, same dtype and shape, contiguous; differentiable (the gradient is
+// moved back). `non_blocking`: a CPU-to-CUDA copy returns before the bytes have arrived (it goes
+// through pinned staging memory on the copy stream; later CUDA work waits for it). Returns `x`
+// itself when it already is on `device`.
+Tensor to_device(const Tensor& x, Device device, bool non_blocking = false);
+
+// Whether this binary has a CUDA transfer (built with --config=cuda).
+bool cuda_transfers_built();
+
+}  // namespace tessel

@@ -1,0 +1,398 @@
+#include "parallel/nccl_communicator.h"
+
+#include <chrono>
+#include <thread>
+
+#include "core/autograd.h"
+#include "core/error.h"
+#include "core/shape.h"
+#include "core/storage.h"
+#include "cuda/runtime.h"
+#include "ops/ops.h"
+
+namespace tessel::parallel {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+ncclDataType_t nccl_type(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return ncclFloat32;
+    case DType::kFloat64:
+      return ncclFloat64;
+    case DType::kBFloat16:
+      return ncclBfloat16;
+    case DType::kFloat16:
+      return ncclFloat16;
+    case DType::kInt32:
+      return ncclInt32;
+    case DType::kInt64:
+      return ncclInt64;
+    case DType::kUInt8:
+    case DType::kBool:
+      return ncclUint8;
+  }
+  TESSEL_FAIL("NcclCommunicator: unsupported dtype");
+}
+
+bool nccl_floating(DType dtype) {
+  return dtype == DType::kFloat32 || dtype == DType::kFloat64 || dtype == DType::kBFloat16 ||
+         dtype == DType::kFloat16;
+}
+
+// bool: sum and max are a logical or, min a logical and, on bytes that hold 0 or 1.
+ncclRedOp_t nccl_op(ReduceOp op, DType dtype) {
+  const bool boolean = dtype == DType::kBool;
+  switch (op) {
+    case ReduceOp::kSum:
+      return boolean ? ncclMax : ncclSum;
+    case ReduceOp::kMean:
+      TESSEL_CHECK(nccl_floating(dtype),
+                   "NcclCommunicator: mean needs a floating-point tensor, got ", dtype_name(dtype));
+      return ncclAvg;
+    case ReduceOp::kMax:
+      return ncclMax;
+    case ReduceOp::kMin:
+      return ncclMin;
+  }
+  TESSEL_FAIL("NcclCommunicator: unknown reduce op");
+}
+
+// The device address of a contiguous tensor's first element.
+void* device_pointer(const Tensor& tensor, StorageAccess& access) {
+  return static_cast<char*>(access.data()) +
+         tensor.storage_offset() * static_cast<int64_t>(tensor.element_size());
+}
+
+}  // namespace
+
+struct NcclCommunicator::State {
+  ncclComm_t comm = nullptr;
+  int rank = 0;
+  int size = 1;
+  int device = 0;
+  std::string name;
+  double timeout_s = 300;
+  int64_t sequence = 0;
+  bool broken = false;
+
+  cudaStream_t stream() const { return cuda::compute_stream(device); }
+
+  void check_usable(const char* what) const {
+    TESSEL_CHECK(!broken, what, " on NCCL communicator '", name,
+                 "': the communicator was aborted after an earlier error or timeout");
+  }
+
+  void check_tensor(const Tensor& tensor, const char* what, const char* argument) const {
+    TESSEL_CHECK(tensor.defined(), what, ": ", argument, " is undefined");
+    TESSEL_CHECK(tensor.device() == Device::cuda(device), what, " on NCCL communicator '", name,
+                 "': ", argument, " is on ", tensor.device().str(), " but the communicator is on ",
+                 Device::cuda(device).str(), " (MPI communicators take CPU tensors)");
+  }
+
+  // Waits on the host for `event` until the deadline; on timeout aborts the communicator.
+  void wait_event(cudaEvent_t event, const std::string& what) {
+    const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
+    while (true) {
+      const cudaError_t status = cudaEventQuery(event);
+      if (status == cudaSuccess) break;
+      if (status != cudaErrorNotReady) TESSEL_CUDA_CHECK(status);
+      ncclResult_t async_error = ncclSuccess;
+      TESSEL_NCCL_CHECK(ncclCommGetAsyncError(comm, &async_error));
+      if (async_error != ncclSuccess && async_error != ncclInProgress) {
+        broken = true;
+        ncclCommAbort(comm);
+        comm = nullptr;
+        TESSEL_NCCL_CHECK(async_error);
+      }
+      if (Clock::now() > deadline) {
+        broken = true;
+        ncclCommAbort(comm);
+        comm = nullptr;
+        TESSEL_FAIL(what, " on NCCL communicator '", name, "' (rank ", rank, " of ", size,
+                    ") did not finish within ", timeout_s,
+                    " s: a rank never arrived or stopped; the communicator is aborted");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+  std::string label(const char* what) { return detail::str_cat(what, " #", ++sequence); }
+};
+
+namespace {
+
+// A recorded event on the compute stream, waited for on the host by Work::wait.
+class NcclWork : public Work {
+ public:
+  NcclWork(std::shared_ptr<NcclCommunicator::State> state, std::string what)
+      : state_(std::move(state)), what_(std::move(what)) {
+    cuda::DeviceGuard guard(state_->device);
+    TESSEL_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+    TESSEL_CUDA_CHECK(cudaEventRecord(event_, state_->stream()));
+  }
+  ~NcclWork() override {
+    if (event_ != nullptr) cudaEventDestroy(event_);
+  }
+  bool poll() override { return done_ || cudaEventQuery(event_) == cudaSuccess; }
+  void wait() override {
+    if (done_) return;
+    state_->wait_event(event_, what_);
+    done_ = true;
+  }
+
+ private:
+  std::shared_ptr<NcclCommunicator::State> state_;
+  std::string what_;
+  cudaEvent_t event_ = nullptr;
+  bool done_ = false;
+};
+
+}  // namespace
+
+NcclCommunicator::NcclCommunicator(MPI_Comm comm, int device, CommOptions options)
+    : state_(std::make_shared<State>()) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  TESSEL_CHECK(initialized,
+               "NcclCommunicator: MPI is not initialised (start the program through "
+               "parallel::run_ranks)");
+  TESSEL_CHECK(options.timeout_s() > 0, "NcclCommunicator: timeout_s must be positive, got ",
+               options.timeout_s());
+  cuda::check_device(device, "NcclCommunicator");
+  MPI_Comm_rank(comm, &state_->rank);
+  MPI_Comm_size(comm, &state_->size);
+  state_->device = device;
+  state_->name = options.name();
+  state_->timeout_s = options.timeout_s();
+  ncclUniqueId id;
+  if (state_->rank == 0) TESSEL_NCCL_CHECK(ncclGetUniqueId(&id));
+  TESSEL_CHECK(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, comm) == MPI_SUCCESS,
+               "NcclCommunicator: MPI_Bcast of the NCCL unique id failed");
+  cuda::DeviceGuard guard(device);
+  TESSEL_NCCL_CHECK(ncclCommInitRank(&state_->comm, state_->size, id, state_->rank));
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  if (state_ && state_->comm != nullptr) {
+    cuda::DeviceGuard guard(state_->device);
+    cudaStreamSynchronize(state_->stream());
+    ncclCommDestroy(state_->comm);
+  }
+}
+
+std::shared_ptr<NcclCommunicator> NcclCommunicator::world(int device, CommOptions options) {
+  return std::make_shared<NcclCommunicator>(MPI_COMM_WORLD, device, std::move(options));
+}
+
+int NcclCommunicator::rank() const { return state_->rank; }
+int NcclCommunicator::size() const { return state_->size; }
+const std::string& NcclCommunicator::name() const { return state_->name; }
+int NcclCommunicator::device() const { return state_->device; }
+
+void NcclCommunicator::all_reduce(const Tensor& tensor, ReduceOp op) {
+  all_reduce_async(tensor, op);  // stream-ordered: nothing to wait for on the host
+}
+
+std::shared_ptr<Work> NcclCommunicator::all_reduce_async(const Tensor& tensor, ReduceOp op) {
+  const char* what = "all_reduce";
+  state_->check_tensor(tensor, what, "tensor");
+  state_->check_usable(what);
+  const ncclRedOp_t nccl_reduce = nccl_op(op, tensor.dtype());
+  NoGradGuard no_grad;
+  const bool direct = tensor.is_contiguous();
+  Tensor buffer = direct ? tensor : contiguous(tensor);
+  {
+    StorageAccess access(buffer.storage());
+    void* data = device_pointer(buffer, access);
+    cuda::DeviceGuard guard(state_->device);
+    TESSEL_NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(buffer.numel()),
+                                    nccl_type(buffer.dtype()), nccl_reduce, state_->comm,
+                                    state_->stream()));
+  }
+  if (!direct) {
+    Tensor target = tensor;
+    target.copy_(buffer);  // queued on the same stream, after the all-reduce
+  }
+  return std::make_shared<NcclWork>(state_, state_->label(what));
+}
+
+void NcclCommunicator::reduce_scatter(const Tensor& input, const Tensor& output, ReduceOp op) {
+  const char* what = "reduce_scatter";
+  state_->check_tensor(input, what, "input");
+  state_->check_tensor(output, what, "output");
+  state_->check_usable(what);
+  TESSEL_CHECK(input.dim() >= 1 && input.dtype() == output.dtype(), what,
+               ": input and output need the same dtype and at least one dim, got ",
+               shape_str(input.sizes()), " ", dtype_name(input.dtype()), " and ",
+               shape_str(output.sizes()), " ", dtype_name(output.dtype()));
+  const int64_t rows = input.size(0);
+  Shape expected = input.sizes();
+  expected[0] = part_rows(rows, state_->size, state_->rank);
+  TESSEL_CHECK(output.sizes() == expected, what, ": output must be ", shape_str(expected),
+               " (this rank's part of input ", shape_str(input.sizes()), "), got ",
+               shape_str(output.sizes()));
+  const ncclRedOp_t nccl_reduce = nccl_op(op, input.dtype());
+  NoGradGuard no_grad;
+  // NCCL needs equal parts: each part goes into a slot of the largest part's rows.
+  const int64_t slot_rows = part_rows(rows, state_->size, 0);
+  const int64_t row_elements = rows > 0 ? input.numel() / rows : 0;
+  Shape padded_sizes = input.sizes();
+  padded_sizes[0] = slot_rows * state_->size;
+  Tensor padded = zeros(padded_sizes, TensorOptions(input.dtype()).device(input.device()));
+  for (int r = 0; r < state_->size; ++r) {
+    const int64_t count = part_rows(rows, state_->size, r);
+    if (count == 0) continue;
+    Tensor slot = padded.narrow(0, r * slot_rows, count);
+    slot.copy_(input.narrow(0, part_start(rows, state_->size, r), count));
+  }
+  Shape slot_sizes = input.sizes();
+  slot_sizes[0] = slot_rows;
+  Tensor received = empty(slot_sizes, TensorOptions(input.dtype()).device(input.device()));
+  {
+    StorageAccess in_access(padded.storage());
+    StorageAccess out_access(received.storage());
+    cuda::DeviceGuard guard(state_->device);
+    TESSEL_NCCL_CHECK(
+        ncclReduceScatter(device_pointer(padded, in_access), device_pointer(received, out_access),
+                          static_cast<size_t>(slot_rows * row_elements), nccl_type(input.dtype()),
+                          nccl_reduce, state_->comm, state_->stream()));
+  }
+  state_->label(what);
+  if (expected[0] > 0) {
+    Tensor target = output;
+    target.copy_(received.narrow(0, 0, expected[0]));
+  }
+}
+
+void NcclCommunicator::all_gather(const Tensor& input, const Tensor& output) {
+  const char* what = "all_gather";
+  state_->check_tensor(input, what, "input");
+  state_->check_tensor(output, what, "output");
+  state_->check_usable(what);
+  TESSEL_CHECK(output.dim() >= 1 && input.dtype() == output.dtype(), what,
+               ": input and output need the same dtype and at least one dim");
+  const int64_t rows = output.size(0);
+  Shape expected = output.sizes();
+  expected[0] = part_rows(rows, state_->size, state_->rank);
+  TESSEL_CHECK(input.sizes() == expected, what, ": input must be ", shape_str(expected),
+               " (this rank's part of output ", shape_str(output.sizes()), "), got ",
+               shape_str(input.sizes()));
+  NoGradGuard no_grad;
+  const int64_t slot_rows = part_rows(rows, state_->size, 0);
+  const int64_t row_elements = rows > 0 ? output.numel() / rows : 0;
+  Shape slot_sizes = output.sizes();
+  slot_sizes[0] = slot_rows;
+  Tensor mine = zeros(slot_sizes, TensorOptions(input.dtype()).device(input.device()));
+  if (expected[0] > 0) mine.narrow(0, 0, expected[0]).copy_(input);
+  Shape gathered_sizes = output.sizes();
+  gathered_sizes[0] = slot_rows * state_->size;
+  Tensor gathered = empty(gathered_sizes, TensorOptions(input.dtype()).device(input.device()));
+  {
+    StorageAccess in_access(mine.storage());
+    StorageAccess out_access(gathered.storage());
+    cuda::DeviceGuard guard(state_->device);
+    TESSEL_NCCL_CHECK(ncclAllGather(device_pointer(mine, in_access),
+                                    device_pointer(gathered, out_access),
+                                    static_cast<size_t>(slot_rows * row_elements),
+                                    nccl_type(input.dtype()), state_->comm, state_->stream()));
+  }
+  state_->label(what);
+  for (int r = 0; r < state_->size; ++r) {
+    const int64_t count = part_rows(rows, state_->size, r);
+    if (count == 0) continue;
+    output.narrow(0, part_start(rows, state_->size, r), count)
+        .copy_(gathered.narrow(0, r * slot_rows, count));
+  }
+}
+
+void NcclCommunicator::broadcast(const Tensor& tensor, int root) {
+  const char* what = "broadcast";
+  state_->check_tensor(tensor, what, "tensor");
+  state_->check_usable(what);
+  TESSEL_CHECK(root >= 0 && root < state_->size, what, ": root ", root, " is not a rank of ",
+               state_->size);
+  NoGradGuard no_grad;
+  const bool direct = tensor.is_contiguous();
+  Tensor buffer = direct ? tensor : contiguous(tensor);
+  {
+    StorageAccess access(buffer.storage());
+    void* data = device_pointer(buffer, access);
+    cuda::DeviceGuard guard(state_->device);
+    TESSEL_NCCL_CHECK(ncclBroadcast(data, data, static_cast<size_t>(buffer.numel()),
+                                    nccl_type(buffer.dtype()), root, state_->comm,
+                                    state_->stream()));
+  }
+  state_->label(what);
+  if (!direct) {
+    Tensor target = tensor;
+    target.copy_(buffer);
+  }
+}
+
+void NcclCommunicator::send(const Tensor& tensor, int destination, int tag) {
+  const char* what = "send";
+  state_->check_tensor(tensor, what, "tensor");
+  state_->check_usable(what);
+  TESSEL_CHECK(destination >= 0 && destination < state_->size && destination != state_->rank, what,
+               ": destination ", destination, " is not another rank of ", state_->size);
+  TESSEL_CHECK(tag >= 0 && tag <= 32767, what, ": tag ", tag, " is outside [0, 32767]");
+  NoGradGuard no_grad;
+  Tensor buffer = contiguous(tensor);
+  StorageAccess access(buffer.storage());
+  cuda::DeviceGuard guard(state_->device);
+  TESSEL_NCCL_CHECK(ncclSend(device_pointer(buffer, access), static_cast<size_t>(buffer.numel()),
+                             nccl_type(buffer.dtype()), destination, state_->comm,
+                             state_->stream()));
+  state_->label(what);
+}
+
+void NcclCommunicator::recv(const Tensor& tensor, int source, int tag) {
+  const char* what = "recv";
+  state_->check_tensor(tensor, what, "tensor");
+  state_->check_usable(what);
+  TESSEL_CHECK(source >= 0 && source < state_->size && source != state_->rank, what, ": source ",
+               source, " is not another rank of ", state_->size);
+  TESSEL_CHECK(tag >= 0 && tag <= 32767, what, ": tag ", tag, " is outside [0, 32767]");
+  NoGradGuard no_grad;
+  const bool direct = tensor.is_contiguous();
+  Tensor buffer =
+      direct ? tensor
+             : empty(tensor.sizes(), TensorOptions(tensor.dtype()).device(tensor.device()));
+  {
+    StorageAccess access(buffer.storage());
+    cuda::DeviceGuard guard(state_->device);
+    TESSEL_NCCL_CHECK(ncclRecv(device_pointer(buffer, access), static_cast<size_t>(buffer.numel()),
+                               nccl_type(buffer.dtype()), source, state_->comm, state_->stream()));
+  }
+  state_->label(what);
+  if (!direct) {
+    Tensor target = tensor;
+    target.copy_(buffer);
+  }
+}
+
+void NcclCommunicator::synchronize() {
+  state_->check_usable("synchronize");
+  cuda::DeviceGuard guard(state_->device);
+  cudaEvent_t event = nullptr;
+  TESSEL_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  TESSEL_CUDA_CHECK(cudaEventRecord(event, state_->stream()));
+  try {
+    state_->wait_event(event, detail::str_cat("the collectives up to #", state_->sequence));
+  } catch (...) {
+    cudaEventDestroy(event);
+    throw;
+  }
+  cudaEventDestroy(event);
+}
+
+void NcclCommunicator::barrier() {
+  Tensor token = zeros({1}, TensorOptions(DType::kInt32).device(Device::cuda(state_->device)));
+  all_reduce(token, ReduceOp::kSum);
+  synchronize();
+}
+
+}  // namespace tessel::parallel

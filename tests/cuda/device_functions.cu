@@ -1,0 +1,48 @@
+#include <cstring>
+
+#include "core/dtype.h"
+#include "core/rng.h"
+#include "cuda/kernels/loops.cuh"
+#include "cuda/kernels/philox.cuh"
+#include "tests/cuda/device_functions.h"
+
+namespace tessel::cuda {
+
+DeviceFunctionMismatches compare_device_functions_with_core(int64_t samples) {
+  DeviceFunctionMismatches result;
+  const RngState state{0x9e3779b97f4a7c15ull, 12345};
+  uint64_t mix = 88172645463325252ull;  // xorshift64 for arbitrary float bit patterns
+  for (int64_t i = 0; i < samples; ++i) {
+    const uint64_t counter = static_cast<uint64_t>(i) * 7919 + (static_cast<uint64_t>(i) << 33);
+    const auto cpu_words = philox4x32(state.seed ^ static_cast<uint64_t>(i), counter);
+    const Philox4 device_words = philox4x32_device(state.seed ^ static_cast<uint64_t>(i), counter);
+    for (int k = 0; k < 4; ++k) result.philox_words += cpu_words[k] != device_words.w[k];
+
+    const uint64_t index = static_cast<uint64_t>(i) * 3;
+    const Philox4 words = philox4x32_device(state.seed, state.offset + index / 4);
+    result.uniform += uniform_at(state, index) != uniform_from_bits(words.w[index % 4]);
+    const float cpu_normal = normal_at(state, index);
+    const float device_normal = normal_from_words(words, index);
+    result.normal += std::memcmp(&cpu_normal, &device_normal, sizeof(float)) != 0;
+
+    mix ^= mix << 13, mix ^= mix >> 7, mix ^= mix << 17;
+    const uint32_t bits = static_cast<uint32_t>(mix);
+    float value;
+    std::memcpy(&value, &bits, sizeof(value));
+    if (value == value) {  // NaN payloads may differ; both sides give a NaN
+      result.to_bf16 += BFloat16(value).bits != float_to_bf16(value).bits;
+      result.to_f16 += Float16(value).bits != float_to_f16(value).bits;
+    }
+    Float16 half;
+    half.bits = static_cast<uint16_t>(bits);
+    BFloat16 brain;
+    brain.bits = static_cast<uint16_t>(bits >> 16);
+    const float cpu_half = half, device_half = f16_to_float(F16{half.bits});
+    const float cpu_brain = brain, device_brain = bf16_to_float(BF16{brain.bits});
+    result.from_half += std::memcmp(&cpu_half, &device_half, sizeof(float)) != 0;
+    result.from_half += std::memcmp(&cpu_brain, &device_brain, sizeof(float)) != 0;
+  }
+  return result;
+}
+
+}  // namespace tessel::cuda

@@ -1,0 +1,16 @@
+// Host runs of the __host__ __device__ functions CUDA kernels share (cuda/kernels/philox.cuh,
+// loops.cuh), compared with core's CPU versions; runs without a GPU.
+//   DeviceFunctionMismatches m = compare_device_functions_with_core(100000);  // all zero
+#pragma once
+
+#include <cstdint>
+
+namespace tessel::cuda {
+
+// How many samples differ from core (rng.cc, dtype.cc), per function.
+struct DeviceFunctionMismatches {
+  int64_t philox_words = 0, uniform = 0, normal = 0, to_bf16 = 0, to_f16 = 0, from_half = 0;
+};
+DeviceFunctionMismatches compare_device_functions_with_core(int64_t samples);
+
+}  // namespace tessel::cuda

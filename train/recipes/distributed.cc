@@ -1,0 +1,346 @@
+#include "train/recipes/distributed.h"
+
+#include <cmath>
+#include <map>
+#include <streambuf>
+
+#include "core/autograd.h"
+#include "core/error.h"
+#include "models/shufflenet.h"
+#include "ops/ops.h"
+#include "parallel/ddp.h"
+#include "parallel/process_group.h"
+#include "parallel/tensor_parallel.h"
+#include "parallel/vision_parallel.h"
+#include "train/data/data_loader.h"
+
+namespace tessel::train {
+
+namespace {
+
+DistributedRun& current_run() {
+  static DistributedRun run;
+  return run;
+}
+
+MPI_Comm& training_world() {
+  static MPI_Comm world = MPI_COMM_WORLD;
+  return world;
+}
+
+bool mpi_running() {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  return initialized && !finalized;
+}
+
+// A stream buffer that drops everything: the log of ranks other than 0.
+class NullBuffer : public std::streambuf {
+ protected:
+  int overflow(int c) override { return c == EOF ? 0 : c; }
+  std::streamsize xsputn(const char*, std::streamsize count) override { return count; }
+};
+
+// Restores the single-process run when `body` returns or throws.
+class CurrentRunScope {
+ public:
+  explicit CurrentRunScope(DistributedRun run) { current_run() = std::move(run); }
+  ~CurrentRunScope() { current_run() = DistributedRun(); }
+};
+
+std::string ranks_text(int world_size) {
+  return world_size == 1 ? std::string("this process runs alone (start it with mpirun -np N)")
+                         : "the job has " + std::to_string(world_size) + " ranks (mpirun -np " +
+                               std::to_string(world_size) + ")";
+}
+
+}  // namespace
+
+ParallelLayout resolve_layout(const TrainConfig& config, int world_size) {
+  ParallelLayout layout;
+  TESSEL_CHECK(config.dp >= 0 && config.tp >= 0,
+               "--dp and --tp must be positive, got --dp=", config.dp, " --tp=", config.tp);
+  if (!config.plan.empty()) {
+    TESSEL_CHECK(config.dp == 0 && config.tp == 0,
+                 "--plan sets the dp x tp grid itself: pass either --plan or --dp/--tp");
+    layout.plan = planner::read_plan(config.plan);
+    const planner::PlanFile& plan = *layout.plan;
+    const std::string model = config.model ? *config.model : "";
+    TESSEL_CHECK(plan.model == model, "--plan: '", config.plan, "' is a plan for model ",
+                 plan.model, " but this run trains ", model,
+                 " (make one with: bazel run //parallel:plan -- --model=", model,
+                 " --devices=", world_size, " --out=plan.json)");
+    TESSEL_CHECK(plan.devices == world_size, "--plan: '", config.plan, "' is a plan for ",
+                 plan.devices, " devices but ", ranks_text(world_size));
+    layout.dp = plan.mesh_dp;
+    layout.tp = plan.mesh_tp;
+  } else {
+    layout.dp = config.dp;
+    layout.tp = config.tp;
+    if (layout.dp == 0 && layout.tp == 0) {
+      layout.dp = world_size;
+      layout.tp = 1;
+    } else if (layout.dp == 0) {
+      TESSEL_CHECK(world_size % layout.tp == 0, "--tp=", layout.tp, " needs a multiple of ",
+                   layout.tp, " ranks, but ", ranks_text(world_size));
+      layout.dp = world_size / layout.tp;
+    } else if (layout.tp == 0) {
+      TESSEL_CHECK(world_size % layout.dp == 0, "--dp=", layout.dp, " needs a multiple of ",
+                   layout.dp, " ranks, but ", ranks_text(world_size));
+      layout.tp = world_size / layout.dp;
+    }
+  }
+  TESSEL_CHECK(static_cast<int64_t>(layout.dp) * layout.tp == world_size, "--dp=", layout.dp,
+               " x --tp=", layout.tp, " = ", static_cast<int64_t>(layout.dp) * layout.tp,
+               " ranks, but ", ranks_text(world_size), "; choose dp x tp = the rank count");
+  return layout;
+}
+
+int64_t DistributedRun::shard_begin(int64_t rows) const {
+  return parallel::part_start(rows, dp, dp_rank);
+}
+
+int64_t DistributedRun::shard_rows(int64_t rows) const {
+  return parallel::part_rows(rows, dp, dp_rank);
+}
+
+Tensor DistributedRun::shard(const Tensor& batch) const {
+  if (dp == 1) return batch;
+  const int64_t rows = batch.size(0);
+  return contiguous(narrow(batch, 0, shard_begin(rows), shard_rows(rows)));
+}
+
+std::vector<int64_t> DistributedRun::shard(const std::vector<int64_t>& indices) const {
+  if (dp == 1) return indices;
+  const int64_t rows = static_cast<int64_t>(indices.size());
+  const int64_t begin = shard_begin(rows);
+  return std::vector<int64_t>(indices.begin() + begin, indices.begin() + begin + shard_rows(rows));
+}
+
+std::vector<double> DistributedRun::sum_over_dp(std::vector<double> values) const {
+  if (dp == 1 || values.empty()) return values;
+  Tensor buffer = from_vector<double>(values, {static_cast<int64_t>(values.size())});
+  dp_group->all_reduce(buffer, parallel::ReduceOp::kSum);
+  return buffer.to_vector<double>();
+}
+
+const DistributedRun& distributed_run() { return current_run(); }
+
+void set_training_world(MPI_Comm world) { training_world() = world; }
+
+RecipeResult run_distributed(const TrainConfig& config, std::ostream& log,
+                             const std::function<RecipeResult(std::ostream&)>& body) {
+  const bool asked = config.dp > 0 || config.tp > 0 || !config.plan.empty();
+  int world_size = 1, rank = 0;
+  if (mpi_running()) {
+    MPI_Comm_size(training_world(), &world_size);
+    MPI_Comm_rank(training_world(), &rank);
+  }
+  if (world_size == 1 && !asked) return body(log);
+  ParallelLayout layout = resolve_layout(config, world_size);
+  if (world_size == 1) return body(log);  // --dp=1 --tp=1 or a one-device plan
+
+  TESSEL_CHECK(layout.tp == 1 || (config.checkpoint_dir.empty() && !config.resume),
+               "--checkpoint_dir and --resume need --tp=1: checkpoints hold whole models, and "
+               "a tensor-parallel run holds slices (train with --dp only to checkpoint)");
+  DistributedRun run;
+  run.rank = rank;
+  run.world_size = world_size;
+  run.dp = layout.dp;
+  run.tp = layout.tp;
+  run.plan = layout.plan;
+  {
+    parallel::ProcessGrid grid(layout.dp, layout.tp, parallel::CommOptions(), training_world());
+    run.dp_rank = grid.dp_index();
+    run.tp_rank = grid.tp_index();
+    run.world = grid.world();
+    run.dp_group = grid.data_parallel();
+    run.tp_group = grid.tensor_parallel();
+  }
+  if (run.tp > 1) run.tp_group_id = parallel::register_tp_group(run.tp_group);
+
+  NullBuffer null_buffer;
+  std::ostream null_log(&null_buffer);
+  std::ostream& rank_log = run.is_main() ? log : null_log;
+  rank_log << "parallel: " << world_size << " ranks as dp " << run.dp << " x tp " << run.tp;
+  if (run.plan) {
+    char numbers[128];
+    std::snprintf(numbers, sizeof(numbers), "; predicted %.1f MiB per rank, %.3f s per step",
+                  run.plan->predicted_memory / (1024.0 * 1024.0), run.plan->predicted_time);
+    rank_log << " from plan " << config.plan << " (" << run.plan->summary << numbers
+             << "; the grid is applied with this runtime's splits: BERT by heads, MLP and "
+                "vocabulary, ResNet/ShuffleNet by batch with a class-split classifier)";
+    if (run.plan->memory_policy != "none")
+      rank_log << "; the plan expects memory policy " << run.plan->memory_policy
+               << " with a budget of " << run.plan->memory_budget / (1024.0 * 1024.0) << " MiB";
+  }
+  rank_log << "; rank 0 alone prints and writes metrics and checkpoints" << std::endl;
+  CurrentRunScope scope(std::move(run));
+  return body(rank_log);
+}
+
+// ---- classifiers
+
+std::shared_ptr<nn::Module> parallel_classifier_model(std::shared_ptr<nn::Module> full) {
+  const DistributedRun& run = distributed_run();
+  if (run.tp == 1) return full;
+  // ShuffleNet's widest convolution (conv5, to 1024 channels) splits by channels; ResNet keeps a
+  // batch-split trunk and splits its classifier by classes.
+  const bool shufflenet = dynamic_cast<models::ShuffleNetV2*>(full.get()) != nullptr;
+  return std::make_shared<parallel::TensorParallelClassifier>(std::move(full), run.tp_group_id,
+                                                              /*split_widest_conv=*/shufflenet);
+}
+
+ParallelClassifier::ParallelClassifier(std::shared_ptr<nn::Module> model)
+    : model_(std::move(model)) {
+  const DistributedRun& run = distributed_run();
+  tensor_parallel_ = dynamic_cast<parallel::TensorParallelClassifier*>(model_.get());
+  TESSEL_CHECK(run.tp == 1 || tensor_parallel_ != nullptr, "--tp=", run.tp,
+               ": this recipe's model has no tensor-parallel form (ResNet, "
+               "ShuffleNet and BERT do); use --dp only");
+  ddp_ = make_ddp(*model_);
+}
+
+ParallelClassifier::~ParallelClassifier() = default;
+
+double ParallelClassifier::forward_backward(const Tensor& inputs, const Tensor& targets,
+                                            optim::Optimizer& optimizer, bool is_shard) {
+  const DistributedRun& run = distributed_run();
+  if (!run.distributed()) {
+    const Tensor loss = cross_entropy((*model_)(inputs), targets);
+    optimizer.zero_grad();
+    loss.backward();
+    return loss.item<double>();
+  }
+  const Tensor x = is_shard ? inputs : run.shard(inputs);
+  const Tensor y = is_shard ? targets : run.shard(targets);
+  const Tensor logits = ddp_ ? ddp_->forward(x) : model_->forward(x);
+  const Tensor loss =
+      tensor_parallel_ ? tensor_parallel_->loss(logits, y) : cross_entropy(logits, y);
+  std::vector<double> global;
+  const Tensor weighted = weight_by_global_counts({{loss, y.numel()}}, &global)[0];
+  optimizer.zero_grad();
+  weighted.backward();
+  if (ddp_) ddp_->finalize();
+  if (tensor_parallel_) tensor_parallel_->reduce_trunk_gradients();
+  return global[0];
+}
+
+EvalResult ParallelClassifier::evaluate(const data::Dataset& dataset, int64_t batch_size) {
+  const DistributedRun& run = distributed_run();
+  if (!run.distributed()) return evaluate_classifier(*model_, dataset, batch_size);
+  nn::Module* model = model_.get();
+  if (tensor_parallel_) {
+    tensor_parallel_->gather_into_full_model();
+    model = tensor_parallel_->full_model().get();
+  }
+  NoGradGuard no_grad;
+  model->eval();
+  data::DataLoader loader(std::shared_ptr<const data::Dataset>(&dataset, [](auto*) {}),
+                          data::DataLoaderOptions().batch_size(batch_size).shuffle(false));
+  loader.start_epoch(0);
+  double loss_sum = 0, correct = 0, examples = 0;
+  for (int64_t index = 0;; ++index) {
+    auto batch = loader.next();
+    if (!batch) break;
+    if (index % run.dp != run.dp_rank) continue;
+    const Tensor logits = (*model)(batch->inputs);
+    loss_sum += cross_entropy(logits, batch->targets, -100, 0.0, "sum").item<double>();
+    const auto predicted = argmax(logits, 1).to_vector<int64_t>();
+    const auto labels = batch->targets.to_vector<int64_t>();
+    for (size_t i = 0; i < labels.size(); ++i) correct += predicted[i] == labels[i];
+    examples += static_cast<double>(labels.size());
+  }
+  model_->train();
+  model->train();
+  const std::vector<double> sums = run.sum_over_dp({loss_sum, correct, examples});
+  EvalResult result;
+  result.examples = static_cast<int64_t>(sums[2]);
+  if (sums[2] > 0) {
+    result.loss = sums[0] / sums[2];
+    result.accuracy = sums[1] / sums[2];
+  }
+  return result;
+}
+
+// ---- helpers
+
+std::unique_ptr<parallel::DistributedDataParallel> make_ddp(nn::Module& module) {
+  const DistributedRun& run = distributed_run();
+  if (run.dp == 1) return nullptr;
+  std::shared_ptr<nn::Module> alias(&module, [](nn::Module*) {});
+  return std::make_unique<parallel::DistributedDataParallel>(alias, run.dp_group);
+}
+
+std::vector<Tensor> weight_by_global_counts(const std::vector<std::pair<Tensor, int64_t>>& means,
+                                            std::vector<double>* global_means) {
+  const DistributedRun& run = distributed_run();
+  std::vector<Tensor> weighted;
+  global_means->clear();
+  if (run.dp == 1) {
+    for (const auto& [mean_value, count] : means) {
+      weighted.push_back(mean_value);
+      global_means->push_back(mean_value.item<double>());
+    }
+    return weighted;
+  }
+  std::vector<double> values;
+  for (const auto& [mean_value, count] : means) values.push_back(static_cast<double>(count));
+  for (const auto& [mean_value, count] : means)
+    values.push_back(mean_value.item<double>() * static_cast<double>(count));
+  const std::vector<double> sums = run.sum_over_dp(values);
+  const size_t n = means.size();
+  for (size_t i = 0; i < n; ++i) {
+    const double global_count = sums[i];
+    TESSEL_CHECK(global_count > 0, "weight_by_global_counts: no example counted in the batch");
+    const double weight = static_cast<double>(means[i].second) * run.dp / global_count;
+    weighted.push_back(mul(means[i].first, weight));
+    global_means->push_back(sums[n + i] / global_count);
+  }
+  return weighted;
+}
+
+double clip_grad_norm_tensor_parallel(nn::Module& model, double max_norm, int64_t group) {
+  NoGradGuard no_grad;
+  const auto split = parallel::tensor_parallel_split_dims(model);
+  double split_squares = 0, replicated_squares = 0;
+  std::vector<Tensor> grads;
+  for (const auto& [name, parameter] : model.named_parameters()) {
+    const Tensor grad = parameter.grad();
+    if (!grad.defined() || grad.numel() == 0) continue;
+    grads.push_back(grad);
+    const double squares = sum(mul(grad, grad)).item<double>();
+    (split.count(name) ? split_squares : replicated_squares) += squares;
+  }
+  Tensor total = from_vector<double>({split_squares}, {1});
+  parallel::tp_group(group)->all_reduce(total, parallel::ReduceOp::kSum);
+  const double norm = std::sqrt(total.to_vector<double>()[0] + replicated_squares);
+  const double scale = max_norm / (norm + 1e-6);
+  if (scale < 1.0 || std::isnan(scale))
+    for (Tensor& grad : grads) grad.mul_(scale);
+  return norm;
+}
+
+void gather_into_full_model(nn::Module& sharded, nn::Module& full, int64_t group) {
+  NoGradGuard no_grad;
+  const auto split = parallel::tensor_parallel_split_dims(sharded);
+  std::map<std::string, Tensor> targets;
+  for (const auto& [name, parameter] : full.named_parameters()) targets[name] = parameter;
+  auto& comm = *parallel::tp_group(group);
+  for (const auto& [name, parameter] : sharded.named_parameters()) {
+    auto target = targets.find(name);
+    TESSEL_CHECK(target != targets.end(), "gather_into_full_model: the full model has no ",
+                 "parameter '", name, "'");
+    auto dim = split.find(name);
+    Tensor value = dim == split.end() ? parameter.detach()
+                                      : parallel::gather_shards(parameter, dim->second, comm);
+    TESSEL_CHECK(value.sizes() == target->second.sizes(), "gather_into_full_model: '", name,
+                 "' gathers to ", shape_str(value.sizes()), " but the full model's is ",
+                 shape_str(target->second.sizes()));
+    Tensor copy = target->second;
+    copy.copy_(value);
+  }
+}
+
+}  // namespace tessel::train

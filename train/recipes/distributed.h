@@ -1,0 +1,125 @@
+// Recipes over MPI ranks: --dp=N --tp=M (or --plan=FILE from //parallel:plan) lay the ranks out
+// as a dp x tp grid; each rank trains on its data-parallel shard of every batch, DDP averages
+// gradients over dp, tensor-parallel models split over tp; rank 0 alone prints and writes.
+//   mpirun -np 2 bazel-bin/train/train --recipe=resnet18_fashion_mnist --dp=2
+#pragma once
+
+#include <mpi.h>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+#include "models/nn/module.h"
+#include "parallel/communicator.h"
+#include "parallel/planner/plan_io.h"
+#include "train/data/dataset.h"
+#include "train/optim/optimizer.h"
+#include "train/recipes/classification.h"
+#include "train/recipes/recipe.h"
+
+namespace tessel::parallel {
+class DistributedDataParallel;
+class TensorParallelClassifier;
+}  // namespace tessel::parallel
+
+namespace tessel::train {
+
+// The grid a run asks for.
+struct ParallelLayout {
+  int dp = 1;
+  int tp = 1;
+  std::optional<planner::PlanFile> plan;  // with --plan
+};
+
+// dp x tp for `world_size` ranks: --plan's mesh, else --dp and --tp (one unset fills the other
+// ranks; both unset: dp = world_size, tp = 1). A tessel::Error when the product is not the
+// number of ranks, or the plan was made for another model or device count.
+ParallelLayout resolve_layout(const TrainConfig& config, int world_size);
+
+// This rank's place in the run. A single process is dp = tp = 1 with no communicators.
+struct DistributedRun {
+  int rank = 0;
+  int world_size = 1;
+  int dp = 1, tp = 1;
+  int dp_rank = 0, tp_rank = 0;
+  std::shared_ptr<parallel::Communicator> world, dp_group, tp_group;
+  int64_t tp_group_id = -1;  // parallel::register_tp_group's id when tp > 1
+  std::optional<planner::PlanFile> plan;
+
+  bool is_main() const { return rank == 0; }
+  bool distributed() const { return world_size > 1; }
+  // Rows [shard_begin, shard_begin + shard_rows) of a global batch of `rows` are this
+  // data-parallel rank's (near-equal parts in rank order, as Communicator::part_rows).
+  int64_t shard_begin(int64_t rows) const;
+  int64_t shard_rows(int64_t rows) const;
+  // This rank's rows of a global batch (the batch itself when dp == 1).
+  Tensor shard(const Tensor& batch) const;
+  std::vector<int64_t> shard(const std::vector<int64_t>& indices) const;
+  // Element-wise sums over the data-parallel group (the values themselves when dp == 1).
+  std::vector<double> sum_over_dp(std::vector<double> values) const;
+};
+
+// The run in progress (inside run_distributed); a single-process run otherwise.
+const DistributedRun& distributed_run();
+
+// Lays out the ranks for `config` (a collective over the training world when it has more than
+// one rank), makes the layout current while `body` runs, and hands ranks other than 0 a log that
+// drops every line. A single process without --dp/--tp/--plan runs `body` unchanged.
+RecipeResult run_distributed(const TrainConfig& config, std::ostream& log,
+                             const std::function<RecipeResult(std::ostream&)>& body);
+
+// The MPI communicator recipes run over: MPI_COMM_WORLD unless set (tests train a one-process
+// reference inside an MPI job with MPI_COMM_SELF).
+void set_training_world(MPI_Comm world);
+
+// ---- classifiers (train_classifier): the module the optimizer updates, and one training step.
+// `full` itself, or with tp > 1 a parallel::TensorParallelClassifier over it: batch-split trunk;
+// ResNet's classifier split by classes; ShuffleNet's conv5 split by channels and its classifier
+// by input features.
+std::shared_ptr<nn::Module> parallel_classifier_model(std::shared_ptr<nn::Module> full);
+
+class ParallelClassifier {
+ public:
+  // `model`: what the optimizer updates (parallel_classifier_model's result, or any
+  // single-tensor classifier when tp == 1). Wraps it in DDP over the dp group when dp > 1.
+  explicit ParallelClassifier(std::shared_ptr<nn::Module> model);
+  ~ParallelClassifier();
+  // Forward on this rank's shard of the global batch, cross-entropy weighted so that the average
+  // over the dp group is the global batch's mean, optimizer.zero_grad(), backward and gradient
+  // reduction. Returns the global batch's mean loss, the same on every rank. `inputs` and
+  // `targets` are the global batch, or already this rank's shard with `is_shard` (a loader with
+  // DataLoaderOptions::shard(dp_rank, dp)).
+  double forward_backward(const Tensor& inputs, const Tensor& targets, optim::Optimizer& optimizer,
+                          bool is_shard = false);
+  // Loss and accuracy over `dataset`: batches dealt round-robin to the dp ranks and summed.
+  EvalResult evaluate(const data::Dataset& dataset, int64_t batch_size = 500);
+
+ private:
+  std::shared_ptr<nn::Module> model_;
+  parallel::TensorParallelClassifier* tensor_parallel_ = nullptr;
+  std::unique_ptr<parallel::DistributedDataParallel> ddp_;
+};
+
+// ---- helpers for other recipes
+// DDP over the dp group for `module` (null when dp == 1). `module` must outlive it.
+std::unique_ptr<parallel::DistributedDataParallel> make_ddp(nn::Module& module);
+// Means over this rank's shard, each with its count (masked positions, sequences), scaled so
+// that averaging gradients over the dp group gives the gradient of the global batch's means:
+// mean_i * count_i * dp / global_count_i. Returns the scaled tensors and, in `global_means`, the
+// global batch's means (the same on every rank). With dp == 1 the tensors come back unchanged.
+std::vector<Tensor> weight_by_global_counts(const std::vector<std::pair<Tensor, int64_t>>& means,
+                                            std::vector<double>* global_means);
+// clip_grad_norm for a tensor-parallel model: split parameters' squares summed over the tp
+// group, replicated ones counted once. Returns the total norm.
+double clip_grad_norm_tensor_parallel(nn::Module& model, double max_norm, int64_t group);
+// Copies a tensor-parallel model's parameters into the full model of the same names, gathering
+// split ones over the tp group (a collective): evaluation runs on the full model.
+void gather_into_full_model(nn::Module& sharded, nn::Module& full, int64_t group);
+
+}  // namespace tessel::train
