@@ -449,7 +449,6 @@ void ResidencyManager::replay(OpCall& recipe) {
     ++record.recomputes;
     count("recompute", output->nbytes());
     label(*output);
-    { static std::map<std::string, std::pair<long, long>>* PROBE_m = new std::map<std::string, std::pair<long, long>>; static long PROBE_n = 0; auto& e = (*PROBE_m)[recipe.op->name]; e.first++; e.second += output->nbytes(); if (++PROBE_n % 400 == 0) { for (auto& [k, v] : *PROBE_m) fprintf(stderr, "PROBE %ld %s %ld %ld\n", PROBE_n, k.c_str(), v.first, v.second >> 20); } }
   }
 }
 
