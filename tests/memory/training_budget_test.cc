@@ -1,80 +1,31 @@
 // The train CLI under --memory_budget and --memory_policy: bad budgets and policies are clear
 // errors, a budget below the fixed memory says how much is needed, and a recipe trained under a
 // fractional budget with dtr gives bitwise the same losses and parameters as without one.
-#include <zlib.h>
-
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "core/safetensors.h"
 #include "gtest/gtest.h"
 #include "tests/testing.h"
-#include "train/cli.h"
+#include "tests/train/train_test_util.h"
 
 namespace tessel::train {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct CliRun {
-  int code;
-  std::string out;
-  std::string err;
-};
-
-CliRun run(std::vector<std::string> args) {
-  args.insert(args.begin(), "train");
-  std::vector<const char*> argv;
-  for (const auto& arg : args) argv.push_back(arg.c_str());
-  std::ostringstream out, err;
-  const int code = run_cli(static_cast<int>(argv.size()), argv.data(), out, err);
-  return {code, out.str(), err.str()};
-}
-
-// A tiny Fashion-MNIST look-alike: class k lights up row block k of the 28x28 image.
-void write_split(const std::string& directory, const std::string& prefix, int count) {
-  std::string images, labels;
-  auto put_u32 = [](std::string& bytes, uint32_t value) {
-    for (int shift = 24; shift >= 0; shift -= 8) bytes.push_back(static_cast<char>(value >> shift));
-  };
-  put_u32(images, 0x803);
-  put_u32(images, count);
-  put_u32(images, 28);
-  put_u32(images, 28);
-  put_u32(labels, 0x801);
-  put_u32(labels, count);
-  for (int i = 0; i < count; ++i) {
-    const int label = i % 10;
-    labels.push_back(static_cast<char>(label));
-    for (int pixel = 0; pixel < 28 * 28; ++pixel) {
-      const int row = pixel / 28;
-      const bool lit = row >= 2 * label + 4 && row < 2 * label + 6;
-      images.push_back(static_cast<char>(lit ? 200 + (pixel * 7 + i) % 50 : (pixel + i) % 30));
-    }
-  }
-  for (const auto& [name, bytes] :
-       {std::pair<std::string, std::string>{prefix + "-images-idx3-ubyte.gz", images},
-        {prefix + "-labels-idx1-ubyte.gz", labels}}) {
-    gzFile file = gzopen((directory + "/" + name).c_str(), "wb");
-    ASSERT_NE(file, nullptr);
-    gzwrite(file, bytes.data(), static_cast<unsigned>(bytes.size()));
-    gzclose(file);
-  }
-}
-
 // A data folder made once per process.
 const std::string& data_dir() {
   static const std::string directory = [] {
     const std::string path = ::testing::TempDir() + "/budget_data";
     fs::create_directories(path);
-    write_split(path, "train", 256);
-    write_split(path, "t10k", 40);
+    write_synthetic_fashion_mnist_split(path, "train", 256);
+    write_synthetic_fashion_mnist_split(path, "t10k", 40);
     return path;
   }();
   return directory;
@@ -83,31 +34,31 @@ const std::string& data_dir() {
 // ---- bad flags ----
 
 TEST(MemoryBudgetFlag, ZeroIsAnError) {
-  CliRun result = run({"--memory_budget=0"});
+  CliRun result = run_train_cli({"--memory_budget=0"});
   EXPECT_NE(result.code, 0);
   EXPECT_NE(result.err.find("--memory_budget"), std::string::npos) << result.err;
   EXPECT_NE(result.err.find("is zero"), std::string::npos) << result.err;
 }
 
 TEST(MemoryBudgetFlag, NegativeIsAnError) {
-  CliRun result = run({"--memory_budget=-1GiB"});
+  CliRun result = run_train_cli({"--memory_budget=-1GiB"});
   EXPECT_NE(result.code, 0);
   EXPECT_NE(result.err.find("is negative"), std::string::npos) << result.err;
 }
 
 TEST(MemoryBudgetFlag, UnparsableTextIsAnErrorListingTheForms) {
-  CliRun lots = run({"--memory_budget=lots"});
+  CliRun lots = run_train_cli({"--memory_budget=lots"});
   EXPECT_NE(lots.code, 0);
   EXPECT_NE(lots.err.find("cannot read 'lots'"), std::string::npos) << lots.err;
   EXPECT_NE(lots.err.find("1.5GiB"), std::string::npos) << lots.err;
-  CliRun unit = run({"--memory_budget=3parsecs"});
+  CliRun unit = run_train_cli({"--memory_budget=3parsecs"});
   EXPECT_NE(unit.err.find("unknown unit 'parsecs'"), std::string::npos) << unit.err;
-  CliRun too_big = run({"--memory_budget=1.5"});
+  CliRun too_big = run_train_cli({"--memory_budget=1.5"});
   EXPECT_NE(too_big.err.find("fraction"), std::string::npos) << too_big.err;
 }
 
 TEST(MemoryPolicyFlag, UnknownPolicyListsTheKnownOnes) {
-  CliRun result = run({"--memory_policy=lru"});
+  CliRun result = run_train_cli({"--memory_policy=lru"});
   EXPECT_NE(result.code, 0);
   EXPECT_NE(result.err.find("unknown memory policy 'lru' (expected one of: none, dtr, swap, "
                             "split, auto)"),
@@ -116,7 +67,7 @@ TEST(MemoryPolicyFlag, UnknownPolicyListsTheKnownOnes) {
 }
 
 TEST(MemoryBudgetFlag, HelpDescribesBothFlags) {
-  CliRun result = run({"--help"});
+  CliRun result = run_train_cli({"--help"});
   EXPECT_EQ(result.code, 0);
   EXPECT_NE(result.out.find("--memory_budget"), std::string::npos);
   EXPECT_NE(result.out.find("--memory_policy"), std::string::npos);
@@ -125,8 +76,8 @@ TEST(MemoryBudgetFlag, HelpDescribesBothFlags) {
 // ---- budgets the model cannot train in ----
 
 TEST(MemoryBudget, BelowTheFixedMemorySaysHowMuchIsNeeded) {
-  CliRun result = run({"--recipe=mlp_fashion_mnist", "--data=" + data_dir(), "--steps=1",
-                       "--threads=1", "--memory_budget=256KiB", "--memory_policy=dtr"});
+  CliRun result = run_train_cli({"--recipe=mlp_fashion_mnist", "--data=" + data_dir(), "--steps=1",
+                                 "--threads=1", "--memory_budget=256KiB", "--memory_policy=dtr"});
   EXPECT_EQ(result.code, 1);
   // 784*256 + 256*128 + 128*10 weights and biases, with gradients and Adam's two moments.
   EXPECT_NE(result.err.find("--memory_budget=256KiB: 256.00 KiB is below the fixed memory of"),
@@ -137,8 +88,8 @@ TEST(MemoryBudget, BelowTheFixedMemorySaysHowMuchIsNeeded) {
 }
 
 TEST(MemoryBudget, AFractionBelowTheFixedMemorySaysWhichFractionWouldDo) {
-  CliRun result = run({"--recipe=mlp_fashion_mnist", "--data=" + data_dir(), "--steps=2",
-                       "--threads=1", "--batch_size=16", "--memory_budget=0.05"});
+  CliRun result = run_train_cli({"--recipe=mlp_fashion_mnist", "--data=" + data_dir(), "--steps=2",
+                                 "--threads=1", "--batch_size=16", "--memory_budget=0.05"});
   EXPECT_EQ(result.code, 1);
   EXPECT_NE(result.err.find("of the measured peak of"), std::string::npos) << result.err;
   EXPECT_NE(result.err.find("use a fraction of at least"), std::string::npos) << result.err;
@@ -167,7 +118,7 @@ TrainingRun train_shufflenet(const std::string& name, std::vector<std::string> e
                                    "--metrics=" + directory + "/metrics.jsonl",
                                    "--checkpoint_dir=" + directory + "/checkpoints"};
   args.insert(args.end(), extra.begin(), extra.end());
-  TrainingRun result{run(args), {}, {}, {}};
+  TrainingRun result{run_train_cli(args), {}, {}, {}};
   std::ifstream metrics(directory + "/metrics.jsonl");
   std::string line;
   while (std::getline(metrics, line)) {

@@ -1,35 +1,18 @@
 #include "train/cli.h"
 
-#include <zlib.h>
-
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "gtest/gtest.h"
 #include "tests/testing.h"
+#include "tests/train/train_test_util.h"
 #include "train/recipes/recipe.h"
 
 namespace tessel::train {
 namespace {
 
 using testing::throws_error;
-
-// Runs the CLI on `args` (without the program name).
-struct CliRun {
-  int code;
-  std::string out;
-  std::string err;
-};
-
-CliRun run(std::vector<std::string> args) {
-  args.insert(args.begin(), "train");
-  std::vector<const char*> argv;
-  for (const auto& arg : args) argv.push_back(arg.c_str());
-  std::ostringstream out, err;
-  const int code = run_cli(static_cast<int>(argv.size()), argv.data(), out, err);
-  return {code, out.str(), err.str()};
-}
 
 TrainConfig parse(std::vector<std::string> args) {
   args.insert(args.begin(), "train");
@@ -43,7 +26,7 @@ TrainConfig parse(std::vector<std::string> args) {
 }
 
 TEST(TrainCli, HelpListsEveryFlagAndTheRecipes) {
-  CliRun result = run({"--help"});
+  CliRun result = run_train_cli({"--help"});
   EXPECT_EQ(result.code, 0);
   for (const char* flag :
        {"--recipe", "--model", "--data", "--batch_size", "--lr", "--epochs", "--steps", "--seed",
@@ -80,16 +63,16 @@ TEST(TrainCli, FlagsFillTheConfigAndUnsetOnesStayUnset) {
 TEST(TrainCli, PrecisionIsF32UnlessBf16IsAskedFor) {
   EXPECT_EQ(parse({}).precision, "f32");
   EXPECT_EQ(parse({"--precision=bf16"}).precision, "bf16");
-  CliRun result = run({"--precision=f16"});
+  CliRun result = run_train_cli({"--precision=f16"});
   EXPECT_NE(result.code, 0);
   EXPECT_NE(result.err.find("--precision"), std::string::npos) << result.err;
 }
 
 TEST(TrainCli, UnknownFlagFails) {
-  CliRun result = run({"--bogus=1"});
+  CliRun result = run_train_cli({"--bogus=1"});
   EXPECT_NE(result.code, 0);
   EXPECT_NE(result.err.find("--bogus"), std::string::npos) << result.err;
-  EXPECT_NE(run({"stray"}).code, 0);
+  EXPECT_NE(run_train_cli({"stray"}).code, 0);
 }
 
 TEST(TrainCli, BadValuesFailWithTheFlagName) {
@@ -102,14 +85,14 @@ TEST(TrainCli, BadValuesFailWithTheFlagName) {
            {"--steps=-3", "--steps: must be non-negative"},
            {"--threads=x", "--threads: expected an integer"},
        }) {
-    CliRun result = run({flag});
+    CliRun result = run_train_cli({flag});
     EXPECT_NE(result.code, 0) << flag;
     EXPECT_NE(result.err.find(fragment), std::string::npos) << flag << ": " << result.err;
   }
 }
 
 TEST(TrainCli, UnknownRecipeListsTheKnownOnes) {
-  CliRun result = run({"--recipe=vgg16_imagenet"});
+  CliRun result = run_train_cli({"--recipe=vgg16_imagenet"});
   EXPECT_EQ(result.code, 1);
   EXPECT_NE(result.err.find("unknown recipe 'vgg16_imagenet' (known recipes: "
                             "resnet18_fashion_mnist, shufflenet_v2_fashion_mnist, "
@@ -120,18 +103,18 @@ TEST(TrainCli, UnknownRecipeListsTheKnownOnes) {
 }
 
 TEST(TrainCli, UnknownModelListsTheRecipesModels) {
-  CliRun mlp = run({"--recipe=mlp_fashion_mnist", "--model=transformer"});
+  CliRun mlp = run_train_cli({"--recipe=mlp_fashion_mnist", "--model=transformer"});
   EXPECT_EQ(mlp.code, 1);
   EXPECT_NE(mlp.err.find("unknown model 'transformer' (this recipe trains: mlp)"),
             std::string::npos)
       << mlp.err;
-  CliRun resnet = run({"--model=resnet19"});
+  CliRun resnet = run_train_cli({"--model=resnet19"});
   EXPECT_EQ(resnet.code, 1);
   EXPECT_NE(resnet.err.find("unknown model 'resnet19' (this recipe trains: resnet18, resnet34, "
                             "resnet50, resnet101, resnet152)"),
             std::string::npos)
       << resnet.err;
-  CliRun bert = run({"--recipe=bert_mlm_fortunes", "--model=bert_huge"});
+  CliRun bert = run_train_cli({"--recipe=bert_mlm_fortunes", "--model=bert_huge"});
   EXPECT_NE(bert.err.find("(this recipe trains: bert_tiny, bert_mini, bert_small, bert_base, "
                           "bert_large)"),
             std::string::npos)
@@ -152,51 +135,20 @@ TEST(TrainCli, ResumeTakesAnOptionalPath) {
 }
 
 TEST(TrainCli, MissingDataIsAClearError) {
-  CliRun result = run({"--data=/nonexistent/fashion"});
+  CliRun result = run_train_cli({"--data=/nonexistent/fashion"});
   EXPECT_EQ(result.code, 1);
   EXPECT_NE(result.err.find("/nonexistent/fashion/train-images-idx3-ubyte.gz"), std::string::npos)
       << result.err;
 }
 
-// A tiny Fashion-MNIST look-alike: class k lights up row block k of the 28x28 image.
-void write_synthetic_split(const std::string& directory, const std::string& prefix, int count) {
-  std::string images, labels;
-  auto put_u32 = [](std::string& bytes, uint32_t value) {
-    for (int shift = 24; shift >= 0; shift -= 8) bytes.push_back(static_cast<char>(value >> shift));
-  };
-  put_u32(images, 0x803);
-  put_u32(images, count);
-  put_u32(images, 28);
-  put_u32(images, 28);
-  put_u32(labels, 0x801);
-  put_u32(labels, count);
-  for (int i = 0; i < count; ++i) {
-    const int label = i % 10;
-    labels.push_back(static_cast<char>(label));
-    for (int pixel = 0; pixel < 28 * 28; ++pixel) {
-      const int row = pixel / 28;
-      const bool lit = row >= 2 * label + 4 && row < 2 * label + 6;
-      images.push_back(static_cast<char>(lit ? 200 + (pixel * 7 + i) % 50 : (pixel + i) % 30));
-    }
-  }
-  for (const auto& [name, bytes] :
-       {std::pair<std::string, std::string>{prefix + "-images-idx3-ubyte.gz", images},
-        {prefix + "-labels-idx1-ubyte.gz", labels}}) {
-    gzFile file = gzopen((directory + "/" + name).c_str(), "wb");
-    ASSERT_NE(file, nullptr);
-    gzwrite(file, bytes.data(), static_cast<unsigned>(bytes.size()));
-    gzclose(file);
-  }
-}
-
 TEST(TrainCli, TrainsEndToEndAndWritesMetrics) {
   const std::string directory = ::testing::TempDir();
-  write_synthetic_split(directory, "train", 320);
-  write_synthetic_split(directory, "t10k", 100);
+  write_synthetic_fashion_mnist_split(directory, "train", 320);
+  write_synthetic_fashion_mnist_split(directory, "t10k", 100);
   const std::string metrics_path = directory + "/metrics.jsonl";
-  CliRun result =
-      run({"--recipe=mlp_fashion_mnist", "--data=" + directory, "--epochs=2", "--batch_size=32",
-           "--log_every=5", "--eval_every=15", "--threads=1", "--metrics=" + metrics_path});
+  CliRun result = run_train_cli({"--recipe=mlp_fashion_mnist", "--data=" + directory, "--epochs=2",
+                                 "--batch_size=32", "--log_every=5", "--eval_every=15",
+                                 "--threads=1", "--metrics=" + metrics_path});
   ASSERT_EQ(result.code, 0) << result.err;
   EXPECT_NE(result.out.find("train step      5 | epoch 1/2"), std::string::npos) << result.out;
   EXPECT_NE(result.out.find("samples/s | "), std::string::npos);
@@ -220,7 +172,9 @@ TEST(TrainCli, TrainsEndToEndAndWritesMetrics) {
       EXPECT_EQ(record.at("epochs_completed"), 2);
       EXPECT_DOUBLE_EQ(record.at("test_accuracy").get<double>(), accuracy);
     }
-    if (event == "train") EXPECT_GT(record.at("peak_memory_bytes").get<int64_t>(), 0);
+    if (event == "train") {
+      EXPECT_GT(record.at("peak_memory_bytes").get<int64_t>(), 0);
+    }
   }
   EXPECT_EQ(train_lines, 4);  // steps 5, 10, 15, 20
   EXPECT_EQ(eval_lines, 3);   // step 15, end of epoch 1 (10), end of epoch 2 (20)
@@ -230,10 +184,10 @@ TEST(TrainCli, TrainsEndToEndAndWritesMetrics) {
 TEST(TrainCli, StepsLimitStopsMidEpoch) {
   const std::string directory = ::testing::TempDir() + "/steps";
   ASSERT_EQ(system(("mkdir -p " + directory).c_str()), 0);
-  write_synthetic_split(directory, "train", 320);
-  write_synthetic_split(directory, "t10k", 50);
-  CliRun result = run({"--recipe=mlp_fashion_mnist", "--data=" + directory, "--steps=3",
-                       "--batch_size=16", "--threads=1"});
+  write_synthetic_fashion_mnist_split(directory, "train", 320);
+  write_synthetic_fashion_mnist_split(directory, "t10k", 50);
+  CliRun result = run_train_cli({"--recipe=mlp_fashion_mnist", "--data=" + directory, "--steps=3",
+                                 "--batch_size=16", "--threads=1"});
   ASSERT_EQ(result.code, 0) << result.err;
   EXPECT_NE(result.out.find("train step      3 | epoch 1/3"), std::string::npos) << result.out;
   EXPECT_NE(result.out.find("eval  step      3"), std::string::npos) << result.out;

@@ -1,7 +1,5 @@
 // Every recipe end to end through the CLI on tiny data written here (IDX, CIFAR-10 binary, fortune
 // text), checkpoints and their rotation, and resume matching an uninterrupted run bit for bit.
-#include <zlib.h>
-
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
@@ -10,6 +8,7 @@
 
 #include "core/safetensors.h"
 #include "gtest/gtest.h"
+#include "tests/train/train_test_util.h"
 #include "train/cli.h"
 #include "train/recipes/recipe.h"
 
@@ -17,21 +16,6 @@ namespace tessel::train {
 namespace {
 
 namespace fs = std::filesystem;
-
-struct CliRun {
-  int code;
-  std::string out;
-  std::string err;
-};
-
-CliRun run(std::vector<std::string> args) {
-  args.insert(args.begin(), "train");
-  std::vector<const char*> argv;
-  for (const auto& arg : args) argv.push_back(arg.c_str());
-  std::ostringstream out, err;
-  const int code = run_cli(static_cast<int>(argv.size()), argv.data(), out, err);
-  return {code, out.str(), err.str()};
-}
 
 // A fresh folder under the test's temporary directory.
 std::string fresh_dir(const std::string& name) {
@@ -41,15 +25,8 @@ std::string fresh_dir(const std::string& name) {
   return path.string();
 }
 
-void write_file(const std::string& path, const std::string& bytes, bool gzip) {
-  if (gzip) {
-    gzFile file = gzopen(path.c_str(), "wb");
-    ASSERT_NE(file, nullptr) << path;
-    gzwrite(file, bytes.data(), static_cast<unsigned>(bytes.size()));
-    gzclose(file);
-  } else {
-    std::ofstream(path, std::ios::binary) << bytes;
-  }
+void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
 }
 
 // Class k of `classes` lights up band k of the image; a little noise on top.
@@ -60,34 +37,24 @@ uint8_t pixel(int example, int label, int classes, int channel, int row, int col
                                   : (row + column + example) % 40);
 }
 
-// {prefix}-images-idx3-ubyte.gz / {prefix}-labels-idx1-ubyte.gz with `count` size x size images.
-void write_idx_split(const std::string& directory, const std::string& prefix, int count,
-                     int size = 28) {
+// {prefix}-images-idx3-ubyte.gz / {prefix}-labels-idx1-ubyte.gz with `count` 28x28 images.
+void write_banded_idx_split(const std::string& directory, const std::string& prefix, int count) {
+  constexpr int kSize = 28;
   std::string images, labels;
-  auto put_u32 = [](std::string& bytes, uint32_t value) {
-    for (int shift = 24; shift >= 0; shift -= 8) bytes.push_back(static_cast<char>(value >> shift));
-  };
-  put_u32(images, 0x803);
-  put_u32(images, count);
-  put_u32(images, size);
-  put_u32(images, size);
-  put_u32(labels, 0x801);
-  put_u32(labels, count);
   for (int i = 0; i < count; ++i) {
     const int label = i % 10;
     labels.push_back(static_cast<char>(label));
-    for (int row = 0; row < size; ++row)
-      for (int column = 0; column < size; ++column)
-        images.push_back(static_cast<char>(pixel(i, label, 10, 0, row, column, size)));
+    for (int row = 0; row < kSize; ++row)
+      for (int column = 0; column < kSize; ++column)
+        images.push_back(static_cast<char>(pixel(i, label, 10, 0, row, column, kSize)));
   }
-  write_file(directory + "/" + prefix + "-images-idx3-ubyte.gz", images, true);
-  write_file(directory + "/" + prefix + "-labels-idx1-ubyte.gz", labels, true);
+  write_idx_split(directory, prefix, kSize, images, labels);
 }
 
 std::string idx_folder(const std::string& name, int train = 24, int test = 10) {
   const std::string directory = fresh_dir(name);
-  write_idx_split(directory, "train", train);
-  write_idx_split(directory, "t10k", test);
+  write_banded_idx_split(directory, "train", train);
+  write_banded_idx_split(directory, "t10k", test);
   return directory;
 }
 
@@ -108,8 +75,8 @@ std::string cifar_folder(const std::string& name, int per_file = 4, int test = 6
   };
   for (int file = 1; file <= 5; ++file)
     write_file(directory + "/data_batch_" + std::to_string(file) + ".bin",
-               records(per_file, file * per_file), false);
-  write_file(directory + "/test_batch.bin", records(test, 0), false);
+               records(per_file, file * per_file));
+  write_file(directory + "/test_batch.bin", records(test, 0));
   return directory;
 }
 
@@ -173,7 +140,7 @@ bool contains(const std::string& text, const std::string& fragment) {
 // ---- each recipe, a few steps end to end ----
 
 TEST(Recipes, HelpListsEveryRecipeWithItsDataAndModels) {
-  CliRun result = run({"--help"});
+  CliRun result = run_train_cli({"--help"});
   ASSERT_EQ(result.code, 0);
   for (const auto& recipe : recipes()) {
     EXPECT_TRUE(contains(result.out, recipe.name)) << recipe.name;
@@ -195,8 +162,8 @@ TEST(Recipes, DefaultRecipeIsResNet18OnFashionMnist) {
 TEST(ResNet18FashionMnist, TrainsEndToEndOnIdxFiles) {
   const std::string data = idx_folder("resnet_fmnist");
   const std::string metrics = fs::path(data) / "metrics.jsonl";
-  CliRun result = run({"--data=" + data, "--batch_size=8", "--epochs=3", "--steps=3",
-                       "--log_every=1", "--threads=1", "--metrics=" + metrics});
+  CliRun result = run_train_cli({"--data=" + data, "--batch_size=8", "--epochs=3", "--steps=3",
+                                 "--log_every=1", "--threads=1", "--metrics=" + metrics});
   ASSERT_EQ(result.code, 0) << result.err << result.out;
   EXPECT_TRUE(contains(result.out, "recipe resnet18_fashion_mnist: model resnet18")) << result.out;
   EXPECT_TRUE(contains(result.out, "RandomCrop(padding=2")) << result.out;
@@ -213,24 +180,25 @@ TEST(ResNet18FashionMnist, TrainsEndToEndOnIdxFiles) {
 
 TEST(ResNet18FashionMnist, TrainsInBf16UnderAutocast) {
   const std::string data = idx_folder("resnet_fmnist_bf16", 8, 4);
-  CliRun result = run({"--data=" + data, "--batch_size=4", "--steps=2", "--log_every=1",
-                       "--threads=1", "--precision=bf16"});
+  CliRun result = run_train_cli({"--data=" + data, "--batch_size=4", "--steps=2", "--log_every=1",
+                                 "--threads=1", "--precision=bf16"});
   ASSERT_EQ(result.code, 0) << result.err << result.out;
   EXPECT_TRUE(contains(result.out, "train step      2 | epoch 1/")) << result.out;
 }
 
 TEST(ResNet18FashionMnist, TakesOtherResNets) {
   const std::string data = idx_folder("resnet34_fmnist", 8, 4);
-  CliRun result =
-      run({"--data=" + data, "--model=resnet34", "--batch_size=4", "--steps=1", "--threads=1"});
+  CliRun result = run_train_cli(
+      {"--data=" + data, "--model=resnet34", "--batch_size=4", "--steps=1", "--threads=1"});
   ASSERT_EQ(result.code, 0) << result.err;
   EXPECT_TRUE(contains(result.out, "model: resnet34, 21"));  // 21.3M parameters
 }
 
 TEST(ShuffleNetV2FashionMnist, TrainsEndToEnd) {
   const std::string data = idx_folder("shufflenet_fmnist");
-  CliRun result = run({"--recipe=shufflenet_v2_fashion_mnist", "--model=shufflenet_v2_x0_5",
-                       "--data=" + data, "--batch_size=8", "--steps=2", "--threads=1"});
+  CliRun result =
+      run_train_cli({"--recipe=shufflenet_v2_fashion_mnist", "--model=shufflenet_v2_x0_5",
+                     "--data=" + data, "--batch_size=8", "--steps=2", "--threads=1"});
   ASSERT_EQ(result.code, 0) << result.err;
   EXPECT_TRUE(contains(result.out, "train step      2")) << result.out;
   EXPECT_TRUE(contains(result.out, "test accuracy: ")) << result.out;
@@ -238,7 +206,7 @@ TEST(ShuffleNetV2FashionMnist, TrainsEndToEnd) {
 
 TEST(ResNetCifar10, TrainsOnCifarBinaryFiles) {
   const std::string data = cifar_folder("resnet_cifar");
-  CliRun result = run(
+  CliRun result = run_train_cli(
       {"--recipe=resnet_cifar10", "--data=" + data, "--batch_size=8", "--steps=2", "--threads=1"});
   ASSERT_EQ(result.code, 0) << result.err;
   EXPECT_TRUE(contains(result.out, "data: 20 training and 6 test images of 3x32x32, 10 classes"))
@@ -248,23 +216,24 @@ TEST(ResNetCifar10, TrainsOnCifarBinaryFiles) {
 
 TEST(ShuffleNetV2Cifar10, TrainsOnCifarBinaryFiles) {
   const std::string data = cifar_folder("shufflenet_cifar");
-  CliRun result = run({"--recipe=shufflenet_v2_cifar10", "--model=shufflenet_v2_x0_5",
-                       "--data=" + data, "--batch_size=8", "--steps=2", "--threads=1"});
+  CliRun result = run_train_cli({"--recipe=shufflenet_v2_cifar10", "--model=shufflenet_v2_x0_5",
+                                 "--data=" + data, "--batch_size=8", "--steps=2", "--threads=1"});
   ASSERT_EQ(result.code, 0) << result.err;
   EXPECT_TRUE(contains(result.out, "test accuracy: ")) << result.out;
 }
 
 TEST(ResNetImagenetStyle, ReadsCifarOrIdxFolders) {
   const std::string cifar = cifar_folder("imagenet_style_cifar");
-  CliRun on_cifar = run({"--recipe=resnet_imagenet_style", "--model=resnet18", "--data=" + cifar,
-                         "--batch_size=8", "--steps=1", "--threads=1"});
+  CliRun on_cifar =
+      run_train_cli({"--recipe=resnet_imagenet_style", "--model=resnet18", "--data=" + cifar,
+                     "--batch_size=8", "--steps=1", "--threads=1"});
   ASSERT_EQ(on_cifar.code, 0) << on_cifar.err;
   EXPECT_TRUE(contains(on_cifar.out, "lr 0.003125")) << on_cifar.out;  // 0.1 * 8 / 256
   EXPECT_TRUE(contains(on_cifar.out, "schedule StepLR")) << on_cifar.out;
 
   const std::string idx = idx_folder("imagenet_style_idx", 12, 4);
-  CliRun on_idx = run({"--recipe=resnet_imagenet_style", "--model=resnet18", "--data=" + idx,
-                       "--batch_size=4", "--steps=1", "--threads=1"});
+  CliRun on_idx = run_train_cli({"--recipe=resnet_imagenet_style", "--model=resnet18",
+                                 "--data=" + idx, "--batch_size=4", "--steps=1", "--threads=1"});
   ASSERT_EQ(on_idx.code, 0) << on_idx.err;
   EXPECT_TRUE(contains(on_idx.out, "data: 12 training and 4 test images of 1x28x28, 10 classes"))
       << on_idx.out;
@@ -272,14 +241,14 @@ TEST(ResNetImagenetStyle, ReadsCifarOrIdxFolders) {
 
 TEST(ResNetImagenetStyle, AFolderOfNeitherFormatIsAClearError) {
   const std::string empty = fresh_dir("imagenet_style_empty");
-  CliRun result = run({"--recipe=resnet_imagenet_style", "--data=" + empty});
+  CliRun result = run_train_cli({"--recipe=resnet_imagenet_style", "--data=" + empty});
   EXPECT_EQ(result.code, 1);
   EXPECT_TRUE(contains(result.err, "holds neither CIFAR-10 binary files")) << result.err;
 }
 
 TEST(Recipes, RecipesWithoutDefaultDataAskForIt) {
   for (const char* recipe : {"resnet_cifar10", "shufflenet_v2_cifar10", "resnet_imagenet_style"}) {
-    CliRun result = run({std::string("--recipe=") + recipe});
+    CliRun result = run_train_cli({std::string("--recipe=") + recipe});
     EXPECT_EQ(result.code, 1) << recipe;
     EXPECT_TRUE(contains(result.err, std::string("recipe ") + recipe +
                                          " has no default data set: pass --data (required: "))
@@ -297,7 +266,7 @@ TEST(BertMlmFortunes, TrainsAndComparesWithTheUnigramBaseline) {
                                          "--batch_size=8",
                                          "--steps=3",
                                          "--threads=1"};
-  CliRun first = run(args);
+  CliRun first = run_train_cli(args);
   ASSERT_EQ(first.code, 0) << first.err << first.out;
   EXPECT_TRUE(contains(first.out, "vocab: built ")) << first.out;
   EXPECT_TRUE(contains(first.out, "data: 57 training and 3 held-out documents")) << first.out;
@@ -311,7 +280,7 @@ TEST(BertMlmFortunes, TrainsAndComparesWithTheUnigramBaseline) {
     vocab_files += entry.path().filename().string().rfind("vocab-8000-", 0) == 0;
   EXPECT_EQ(vocab_files, 1);
 
-  CliRun second = run(args);  // reads the cached vocab
+  CliRun second = run_train_cli(args);  // reads the cached vocab
   ASSERT_EQ(second.code, 0) << second.err;
   EXPECT_TRUE(contains(second.out, "vocab: ")) << second.out;
   EXPECT_FALSE(contains(second.out, "vocab: built")) << second.out;
@@ -319,8 +288,8 @@ TEST(BertMlmFortunes, TrainsAndComparesWithTheUnigramBaseline) {
 
 TEST(BertMlmFortunes, TooSmallACorpusIsAClearError) {
   const std::string corpus = fortunes_file("bert_small_corpus", 5);
-  CliRun result = run({"--recipe=bert_mlm_fortunes", "--model=bert_tiny", "--data=" + corpus,
-                       "--work_dir=" + fresh_dir("bert_small_work")});
+  CliRun result = run_train_cli({"--recipe=bert_mlm_fortunes", "--model=bert_tiny",
+                                 "--data=" + corpus, "--work_dir=" + fresh_dir("bert_small_work")});
   EXPECT_EQ(result.code, 1);
   EXPECT_TRUE(contains(result.err, "holds 5 documents; at least 20 are needed")) << result.err;
 }
@@ -330,8 +299,9 @@ TEST(BertMlmFortunes, TooSmallACorpusIsAClearError) {
 TEST(Checkpoints, SavedEveryEpochAndEveryNStepsKeepingTheNewestThree) {
   const std::string data = idx_folder("checkpoint_data", 16, 4);
   const std::string dir = fresh_dir("checkpoint_rotation");
-  CliRun result = run({"--data=" + data, "--model=resnet18", "--batch_size=8", "--epochs=3",
-                       "--checkpoint_dir=" + dir, "--checkpoint_every=1", "--threads=1"});
+  CliRun result =
+      run_train_cli({"--data=" + data, "--model=resnet18", "--batch_size=8", "--epochs=3",
+                     "--checkpoint_dir=" + dir, "--checkpoint_every=1", "--threads=1"});
   ASSERT_EQ(result.code, 0) << result.err;
   EXPECT_TRUE(contains(result.out, "checkpoint " + dir + "/step_6")) << result.out;
   std::vector<std::string> kept;
@@ -357,12 +327,13 @@ void expect_exact_resume(const std::vector<std::string>& base, int first, int st
     return args;
   };
   CliRun uninterrupted =
-      run(with({"--steps=" + std::to_string(steps), "--checkpoint_dir=" + straight}));
+      run_train_cli(with({"--steps=" + std::to_string(steps), "--checkpoint_dir=" + straight}));
   ASSERT_EQ(uninterrupted.code, 0) << uninterrupted.err << uninterrupted.out;
-  CliRun before = run(with({"--steps=" + std::to_string(first), "--checkpoint_dir=" + split}));
+  CliRun before =
+      run_train_cli(with({"--steps=" + std::to_string(first), "--checkpoint_dir=" + split}));
   ASSERT_EQ(before.code, 0) << before.err;
-  CliRun after =
-      run(with({"--steps=" + std::to_string(steps), "--checkpoint_dir=" + split, "--resume"}));
+  CliRun after = run_train_cli(
+      with({"--steps=" + std::to_string(steps), "--checkpoint_dir=" + split, "--resume"}));
   ASSERT_EQ(after.code, 0) << after.err << after.out;
   EXPECT_TRUE(contains(after.out, "resumed from " + split + "/step_" + std::to_string(first) +
                                       " at step " + std::to_string(first)))
@@ -401,8 +372,8 @@ TEST(Checkpoints, ResumeFromAnExplicitCheckpointFolder) {
     args.push_back(extra);
     return args;
   };
-  ASSERT_EQ(run(with("--steps=2")).code, 0);
-  CliRun resumed = run(with("--resume=" + dir + "/step_2"));
+  ASSERT_EQ(run_train_cli(with("--steps=2")).code, 0);
+  CliRun resumed = run_train_cli(with("--resume=" + dir + "/step_2"));
   ASSERT_EQ(resumed.code, 0) << resumed.err;
   EXPECT_TRUE(contains(resumed.out, "at step 2")) << resumed.out;
   EXPECT_TRUE(contains(resumed.out, "train step      3 | epoch 2/3")) << resumed.out;
@@ -411,36 +382,37 @@ TEST(Checkpoints, ResumeFromAnExplicitCheckpointFolder) {
 TEST(Checkpoints, ResumeProblemsAreClearErrors) {
   const std::string data = idx_folder("resume_errors_data", 16, 4);
   const std::string empty = fresh_dir("resume_errors_empty");
-  CliRun nothing = run({"--data=" + data, "--checkpoint_dir=" + empty, "--resume", "--threads=1"});
+  CliRun nothing =
+      run_train_cli({"--data=" + data, "--checkpoint_dir=" + empty, "--resume", "--threads=1"});
   EXPECT_EQ(nothing.code, 1);
   EXPECT_TRUE(contains(nothing.err, "--resume: no checkpoint in '" + empty + "'")) << nothing.err;
 
-  CliRun no_dir = run({"--data=" + data, "--resume"});
+  CliRun no_dir = run_train_cli({"--data=" + data, "--resume"});
   EXPECT_EQ(no_dir.code, 1);
   EXPECT_TRUE(contains(no_dir.err, "--resume without a value resumes from the newest checkpoint"))
       << no_dir.err;
 
-  CliRun missing = run({"--data=" + data, "--resume=/nonexistent/checkpoints"});
+  CliRun missing = run_train_cli({"--data=" + data, "--resume=/nonexistent/checkpoints"});
   EXPECT_EQ(missing.code, 1);
   EXPECT_TRUE(contains(missing.err, "'/nonexistent/checkpoints' does not exist")) << missing.err;
 
   const std::string dir = fresh_dir("resume_errors_seed");
-  ASSERT_EQ(run({"--data=" + data, "--batch_size=8", "--steps=1", "--threads=1",
-                 "--checkpoint_dir=" + dir})
+  ASSERT_EQ(run_train_cli({"--data=" + data, "--batch_size=8", "--steps=1", "--threads=1",
+                           "--checkpoint_dir=" + dir})
                 .code,
             0);
-  CliRun other_seed = run({"--data=" + data, "--batch_size=8", "--seed=5", "--threads=1",
-                           "--checkpoint_dir=" + dir, "--resume"});
+  CliRun other_seed = run_train_cli({"--data=" + data, "--batch_size=8", "--seed=5", "--threads=1",
+                                     "--checkpoint_dir=" + dir, "--resume"});
   EXPECT_EQ(other_seed.code, 1);
   EXPECT_TRUE(contains(other_seed.err, "resume with the same --data, --batch_size and --seed"))
       << other_seed.err;
 }
 
 TEST(Checkpoints, CheckpointEveryNeedsADirectory) {
-  CliRun result = run({"--checkpoint_every=10"});
+  CliRun result = run_train_cli({"--checkpoint_every=10"});
   EXPECT_EQ(result.code, 1);
   EXPECT_TRUE(contains(result.err, "--checkpoint_every needs --checkpoint_dir")) << result.err;
-  CliRun negative = run({"--checkpoint_every=-2"});
+  CliRun negative = run_train_cli({"--checkpoint_every=-2"});
   EXPECT_NE(negative.code, 0);
   EXPECT_TRUE(contains(negative.err, "--checkpoint_every: must be non-negative")) << negative.err;
 }
