@@ -4,6 +4,7 @@
 // group) run directly. Images are spread over threads when the batch allows.
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "ops/cpu/f32_fallback.h"
 #include "ops/cpu/gemm.h"
@@ -229,11 +230,72 @@ void shifted_plane(const T* plane, int64_t H, int64_t W, int64_t dh, int64_t dw,
   }
 }
 
+// Output rows of fewer than 8 values (late ResNet stages: 7x7, 4x4) go through per-tap index
+// tables in im2col and col2im: one pass per column row, where the run copies and fills of the
+// general paths cost more in call overhead than the few values they move (from 8 values on,
+// the runs are as fast or faster).
+bool uses_tap_tables(const ConvGeometry& g) { return g.out_w < 8 && g.out_plane() <= 1024; }
+
+// table[t * OH*OW + p]: offset in a channel (rows row_stride, columns col_stride) of the input
+// pixel that output pixel p reads through tap t = ki * KW + kj, or -1 in the padding.
+std::vector<int64_t> im2col_table(const ConvGeometry& g, int64_t row_stride, int64_t col_stride) {
+  std::vector<int64_t> table(g.kernel_h * g.kernel_w * g.out_plane(), -1);
+  int64_t* entry = table.data();
+  for (int64_t ki = 0; ki < g.kernel_h; ++ki) {
+    for (int64_t kj = 0; kj < g.kernel_w; ++kj) {
+      for (int64_t oh = 0; oh < g.out_h; ++oh) {
+        for (int64_t ow = 0; ow < g.out_w; ++ow, ++entry) {
+          const int64_t ih = oh * g.stride_h - g.pad_h + ki * g.dilation_h;
+          const int64_t iw = ow * g.stride_w - g.pad_w + kj * g.dilation_w;
+          if (ih >= 0 && ih < g.height && iw >= 0 && iw < g.width)
+            *entry = ih * row_stride + iw * col_stride;
+        }
+      }
+    }
+  }
+  return table;
+}
+
+// table[t * H*W + i]: the output pixel that reads input pixel i (dense H x W plane) through tap
+// t, or -1 when none does (each tap reads a pixel at most once).
+std::vector<int64_t> col2im_table(const ConvGeometry& g) {
+  const int64_t in_plane = g.height * g.width;
+  std::vector<int64_t> table(g.kernel_h * g.kernel_w * in_plane, -1);
+  for (int64_t ki = 0; ki < g.kernel_h; ++ki) {
+    for (int64_t kj = 0; kj < g.kernel_w; ++kj) {
+      int64_t* tap = table.data() + (ki * g.kernel_w + kj) * in_plane;
+      for (int64_t oh = 0; oh < g.out_h; ++oh) {
+        for (int64_t ow = 0; ow < g.out_w; ++ow) {
+          const int64_t ih = oh * g.stride_h - g.pad_h + ki * g.dilation_h;
+          const int64_t iw = ow * g.stride_w - g.pad_w + kj * g.dilation_w;
+          if (ih >= 0 && ih < g.height && iw >= 0 && iw < g.width)
+            tap[ih * g.width + iw] = oh * g.out_w + ow;
+        }
+      }
+    }
+  }
+  return table;
+}
+
 // Writes one image's group into columns (Cg*KH*KW rows of OH*OW, row stride columns_ld): channel
-// plane c at image + c * channel_stride, rows h * row_stride, columns w * col_stride.
+// plane c at image + c * channel_stride, rows h * row_stride, columns w * col_stride. `table`:
+// im2col_table for these strides, or null.
 template <typename T>
 void im2col(const ConvGeometry& g, const T* image, int64_t channel_stride, int64_t row_stride,
-            int64_t col_stride, T* columns, int64_t columns_ld) {
+            int64_t col_stride, T* columns, int64_t columns_ld, const int64_t* table) {
+  if (table) {
+    const int64_t taps = g.kernel_h * g.kernel_w, plane = g.out_plane();
+    for (int64_t c = 0; c < g.in_per_group(); ++c) {
+      const T* channel = image + c * channel_stride;
+      for (int64_t t = 0; t < taps; ++t) {
+        T* row = columns + (c * taps + t) * columns_ld;
+        const int64_t* source = table + t * plane;
+#pragma omp simd
+        for (int64_t p = 0; p < plane; ++p) row[p] = source[p] >= 0 ? channel[source[p]] : T(0);
+      }
+    }
+    return;
+  }
   // Stride 1 keeping the plane size (3x3 padding 1) over dense rows: whole shifted planes.
   const bool same_plane = g.stride_h == 1 && g.stride_w == 1 && col_stride == 1 &&
                           row_stride == g.width && g.out_h == g.height && g.out_w == g.width;
@@ -296,9 +358,29 @@ void add_shifted_plane(T* row, int64_t H, int64_t W, int64_t dh, int64_t dw, T* 
 
 // Adds columns (Cg*KH*KW rows of OH*OW, row stride columns_ld) back into one image's group
 // planes (dense, H*W each). The columns are scratch: the same-plane path zeroes some entries.
+// With `table` (col2im_table) the planes are written, not added to: they need no zeroing.
 template <typename T>
-void col2im(const ConvGeometry& g, T* columns, int64_t columns_ld, T* image,
-            int64_t channel_stride) {
+void col2im(const ConvGeometry& g, T* columns, int64_t columns_ld, T* image, int64_t channel_stride,
+            const int64_t* table) {
+  if (table) {
+    // Taps in the order of the general path, so the sums round the same way.
+    const int64_t taps = g.kernel_h * g.kernel_w, in_plane = g.height * g.width;
+    for (int64_t c = 0; c < g.in_per_group(); ++c) {
+      T* channel = image + c * channel_stride;
+      const T* rows = columns + c * taps * columns_ld;
+      const int64_t* source = table;
+#pragma omp simd
+      for (int64_t i = 0; i < in_plane; ++i)
+        channel[i] = T(0) + (source[i] >= 0 ? rows[source[i]] : T(0));
+      for (int64_t t = 1; t < taps; ++t) {
+        const T* row = rows + t * columns_ld;
+        source = table + t * in_plane;
+#pragma omp simd
+        for (int64_t i = 0; i < in_plane; ++i) channel[i] += source[i] >= 0 ? row[source[i]] : T(0);
+      }
+    }
+    return;
+  }
   const bool same_plane = g.stride_h == 1 && g.stride_w == 1 && g.out_h == g.height &&
                           g.out_w == g.width && channel_stride >= g.height * g.width;
   for (int64_t c = 0; c < g.in_per_group(); ++c) {
@@ -342,6 +424,26 @@ int64_t images_per_gemm(const ConvGeometry& g, int64_t chunk_images) {
   return std::max<int64_t>(images, 1);
 }
 
+// Input channels per im2col + GEMM pass. The columns of all of a group's channels can be many
+// MB in late ResNet stages (3x3 over 512 channels: 9 MB for 512 columns); written in one go,
+// they have left the L2 cache before the GEMM reads them back. Passes over slices of about
+// 1 MB of columns keep them there; each pass still gives the GEMM 384 or more rows of its
+// inner dimension.
+int64_t channels_per_pass(const ConvGeometry& g, int64_t width, int64_t element_size) {
+  const int64_t taps = g.kernel_h * g.kernel_w, cg = g.in_per_group();
+  const int64_t channel_bytes = taps * width * element_size;
+  if (cg * channel_bytes <= (int64_t{4} << 20)) return cg;
+  const int64_t channels = std::max((int64_t{1} << 20) / channel_bytes, (384 + taps - 1) / taps);
+  const int64_t passes = (cg + channels - 1) / channels;
+  return (cg + passes - 1) / passes;
+}
+
+// The geometry of `channels` input channels of each group (for im2col and col2im of a slice).
+ConvGeometry channel_slice(ConvGeometry g, int64_t channels) {
+  g.in_channels = channels * g.groups;
+  return g;
+}
+
 // Copies a group's gradient rows of `count` images (Og rows of OH*OW each) side by side into
 // `block` (Og rows of count * OH*OW).
 template <typename T>
@@ -371,18 +473,25 @@ void conv2d_gemm_forward(KernelContext& context, const ConvGeometry& g) {
   const int64_t og = g.out_per_group(), cg = g.in_per_group();
   const int64_t chunks = batch_chunks(g.batch);
   const int64_t block = images_per_gemm(g, (g.batch + chunks - 1) / chunks);
+  // Channels per im2col (col2im) pass, and the column rows one pass holds.
+  const int64_t step = channels_per_pass(g, block * plane, sizeof(T));
+  const int64_t pass_rows = step * g.kernel_h * g.kernel_w;
   const int64_t x_ld = plane_matrix_ld(x);
+  const std::vector<int64_t> tap_table_data =
+      uses_tap_tables(g) ? im2col_table(g, x.stride(2), x.stride(3)) : std::vector<int64_t>();
+  const int64_t* tap_table = tap_table_data.empty() ? nullptr : tap_table_data.data();
   // A 1x1 kernel over dense planes reads the input as its columns, one image at a time.
   const bool columns_are_input = g.pointwise() && x_ld >= 0 && block == 1;
   T* columns = nullptr;
   if (!columns_are_input)
-    columns = context.workspace({chunks, k * block * plane}, x.dtype()).template data_ptr<T>();
+    columns =
+        context.workspace({chunks, pass_rows * block * plane}, x.dtype()).template data_ptr<T>();
   T* staging = nullptr;  // GEMM results of a multi-image block, before they go to each image
   if (block > 1)
     staging = context.workspace({chunks, og * block * plane}, x.dtype()).template data_ptr<T>();
 
   for_each_batch_chunk(g.batch, chunks, [&](int64_t chunk, int64_t first, int64_t last) {
-    T* chunk_columns = columns ? columns + chunk * k * block * plane : nullptr;
+    T* chunk_columns = columns ? columns + chunk * pass_rows * block * plane : nullptr;
     T* chunk_staging = staging ? staging + chunk * og * block * plane : nullptr;
     for (int64_t n0 = first; n0 < last; n0 += block) {
       const int64_t count = std::min(block, last - n0);
@@ -395,24 +504,29 @@ void conv2d_gemm_forward(KernelContext& context, const ConvGeometry& g) {
       }
       for (int64_t group = 0; group < g.groups; ++group) {
         const T* group_input = x_data + n0 * x.stride(0) + group * cg * x.stride(1);
-        const T* columns_data = group_input;
-        int64_t columns_ld = x_ld;
-        if (!columns_are_input) {
-          for (int64_t i = 0; i < count; ++i)
-            im2col(g, group_input + i * x.stride(0), x.stride(1), x.stride(2), x.stride(3),
-                   chunk_columns + i * plane, width);
-          columns_data = chunk_columns;
-          columns_ld = width;
-        }
         const T* group_weight = w_data + group * og * k;
-        if (block == 1) {
-          T* target = out.data + n0 * out.batch_stride + group * og * out.ld;
-          cpu::gemm(false, false, og, plane, k, T(1), group_weight, k, columns_data, columns_ld,
-                    bias_data ? T(1) : T(0), target, out.ld);
-          continue;
+        // One image straight into the output (onto the bias), several into the staging rows.
+        T* target =
+            block == 1 ? out.data + n0 * out.batch_stride + group * og * out.ld : chunk_staging;
+        const int64_t target_ld = block == 1 ? out.ld : width;
+        const T beta = block == 1 && bias_data ? T(1) : T(0);
+        if (columns_are_input) {
+          cpu::gemm(false, false, og, plane, k, T(1), group_weight, k, group_input, x_ld, beta,
+                    target, target_ld);
+        } else {
+          for (int64_t c0 = 0; c0 < cg; c0 += step) {
+            const int64_t channels = std::min(step, cg - c0);
+            const ConvGeometry slice = channel_slice(g, channels);
+            for (int64_t i = 0; i < count; ++i)
+              im2col(slice, group_input + c0 * x.stride(1) + i * x.stride(0), x.stride(1),
+                     x.stride(2), x.stride(3), chunk_columns + i * plane, width, tap_table);
+            const int64_t rows = channels * g.kernel_h * g.kernel_w;
+            cpu::gemm(false, false, og, width, rows, T(1),
+                      group_weight + c0 * g.kernel_h * g.kernel_w, k, chunk_columns, width,
+                      c0 == 0 ? beta : T(1), target, target_ld);
+          }
         }
-        cpu::gemm(false, false, og, width, k, T(1), group_weight, k, columns_data, columns_ld, T(0),
-                  chunk_staging, width);
+        if (block == 1) continue;
         for (int64_t i = 0; i < count; ++i) {
           for (int64_t o = 0; o < og; ++o) {
             const int64_t channel = group * og + o;
@@ -559,17 +673,24 @@ void conv2d_gemm_backward_input(KernelContext& context, const ConvGeometry& g) {
   const int64_t og = g.out_per_group(), cg = g.in_per_group();
   const int64_t chunks = batch_chunks(g.batch);
   const int64_t block = images_per_gemm(g, (g.batch + chunks - 1) / chunks);
+  // Channels per im2col (col2im) pass, and the column rows one pass holds.
+  const int64_t step = channels_per_pass(g, block * plane, sizeof(T));
+  const int64_t pass_rows = step * g.kernel_h * g.kernel_w;
   const bool columns_are_output = g.pointwise() && block == 1;
+  const std::vector<int64_t> tap_table_data =
+      uses_tap_tables(g) && !columns_are_output ? col2im_table(g) : std::vector<int64_t>();
+  const int64_t* tap_table = tap_table_data.empty() ? nullptr : tap_table_data.data();
   T* columns = nullptr;
   if (!columns_are_output)
-    columns = context.workspace({chunks, k * block * plane}, out.dtype()).template data_ptr<T>();
+    columns =
+        context.workspace({chunks, pass_rows * block * plane}, out.dtype()).template data_ptr<T>();
   T* grad_blocks = nullptr;  // a multi-image block's gradient rows, side by side
   if (block > 1)
     grad_blocks =
         context.workspace({chunks, og * block * plane}, out.dtype()).template data_ptr<T>();
 
   for_each_batch_chunk(g.batch, chunks, [&](int64_t chunk, int64_t first, int64_t last) {
-    T* chunk_columns = columns ? columns + chunk * k * block * plane : nullptr;
+    T* chunk_columns = columns ? columns + chunk * pass_rows * block * plane : nullptr;
     T* chunk_grad = grad_blocks ? grad_blocks + chunk * og * block * plane : nullptr;
     for (int64_t n0 = first; n0 < last; n0 += block) {
       const int64_t count = std::min(block, last - n0);
@@ -590,12 +711,17 @@ void conv2d_gemm_backward_input(KernelContext& context, const ConvGeometry& g) {
                     group_image, in_plane);
           continue;
         }
-        cpu::gemm(true, false, k, width, og, T(1), group_weight, k, grad_group, grad_ld, T(0),
-                  chunk_columns, width);
-        for (int64_t i = 0; i < count; ++i) {
-          T* image = group_image + i * g.in_channels * in_plane;
-          std::fill(image, image + cg * in_plane, T(0));
-          col2im(g, chunk_columns + i * plane, width, image, in_plane);
+        const int64_t taps = g.kernel_h * g.kernel_w;
+        for (int64_t c0 = 0; c0 < cg; c0 += step) {
+          const int64_t channels = std::min(step, cg - c0);
+          const ConvGeometry slice = channel_slice(g, channels);
+          cpu::gemm(true, false, channels * taps, width, og, T(1), group_weight + c0 * taps, k,
+                    grad_group, grad_ld, T(0), chunk_columns, width);
+          for (int64_t i = 0; i < count; ++i) {
+            T* image = group_image + i * g.in_channels * in_plane + c0 * in_plane;
+            if (!tap_table) std::fill(image, image + channels * in_plane, T(0));
+            col2im(slice, chunk_columns + i * plane, width, image, in_plane, tap_table);
+          }
         }
       }
     }
@@ -678,38 +804,45 @@ void conv2d_gemm_backward_weight(KernelContext& context, const ConvGeometry& g) 
   const int64_t weight_numel = g.out_channels * k;
   const int64_t chunks = batch_chunks(g.batch);
   const int64_t block = images_per_gemm(g, (g.batch + chunks - 1) / chunks);
+  // Channels per im2col (col2im) pass, and the column rows one pass holds.
+  const int64_t step = channels_per_pass(g, block * plane, sizeof(T));
+  const int64_t pass_rows = step * g.kernel_h * g.kernel_w;
   const int64_t x_ld = plane_matrix_ld(x);
+  const std::vector<int64_t> tap_table_data =
+      uses_tap_tables(g) ? im2col_table(g, x.stride(2), x.stride(3)) : std::vector<int64_t>();
+  const int64_t* tap_table = tap_table_data.empty() ? nullptr : tap_table_data.data();
   const bool columns_are_input = g.pointwise() && x_ld >= 0 && block == 1;
-  // One partial sum per chunk, added up at the end: threads never write the same weight.
-  Tensor partials = context.workspace({chunks, weight_numel}, out.dtype());
-  T* partial_data = partials.data_ptr<T>();
+  // One sum per chunk, added up at the end: threads never write the same weight. The first
+  // chunk sums straight into a dense output (no buffer to fill, fault in and copy back).
+  const bool direct = out.is_contiguous() && !shares_storage(out, context.inputs);
+  const int64_t buffered = direct ? chunks - 1 : chunks;
+  Tensor partials =
+      buffered > 0 ? context.workspace({buffered, weight_numel}, out.dtype()) : Tensor();
+  T* partial_data = buffered > 0 ? partials.template data_ptr<T>() : nullptr;
+  T* out_data = direct ? out.data_ptr<T>() : nullptr;
+  auto chunk_sum = [&](int64_t chunk) {
+    return direct ? (chunk == 0 ? out_data : partial_data + (chunk - 1) * weight_numel)
+                  : partial_data + chunk * weight_numel;
+  };
   T* columns = nullptr;
   if (!columns_are_input)
-    columns = context.workspace({chunks, k * block * plane}, out.dtype()).template data_ptr<T>();
+    columns =
+        context.workspace({chunks, pass_rows * block * plane}, out.dtype()).template data_ptr<T>();
   T* grad_blocks = nullptr;
   if (block > 1)
     grad_blocks =
         context.workspace({chunks, og * block * plane}, out.dtype()).template data_ptr<T>();
 
   for_each_batch_chunk(g.batch, chunks, [&](int64_t chunk, int64_t first, int64_t last) {
-    T* partial = partial_data + chunk * weight_numel;
-    std::fill(partial, partial + weight_numel, T(0));
-    T* chunk_columns = columns ? columns + chunk * k * block * plane : nullptr;
+    T* partial = chunk_sum(chunk);
+    if (first == last) std::fill(partial, partial + weight_numel, T(0));
+    T* chunk_columns = columns ? columns + chunk * pass_rows * block * plane : nullptr;
     T* chunk_grad = grad_blocks ? grad_blocks + chunk * og * block * plane : nullptr;
     for (int64_t n0 = first; n0 < last; n0 += block) {
       const int64_t count = std::min(block, last - n0);
       const int64_t width = count * plane;
       for (int64_t group = 0; group < g.groups; ++group) {
         const T* group_input = x_data + n0 * x.stride(0) + group * cg * x.stride(1);
-        const T* columns_data = group_input;
-        int64_t columns_ld = x_ld;
-        if (!columns_are_input) {
-          for (int64_t i = 0; i < count; ++i)
-            im2col(g, group_input + i * x.stride(0), x.stride(1), x.stride(2), x.stride(3),
-                   chunk_columns + i * plane, width);
-          columns_data = chunk_columns;
-          columns_ld = width;
-        }
         const T* grad_group = grad.data + n0 * grad.batch_stride + group * og * grad.ld;
         int64_t grad_ld = grad.ld;
         if (block > 1) {
@@ -717,19 +850,37 @@ void conv2d_gemm_backward_weight(KernelContext& context, const ConvGeometry& g) 
           grad_group = chunk_grad;
           grad_ld = width;
         }
-        // dW_g (Og, K) += grad_g (Og, width) * columns^T (width, K)
-        cpu::gemm(false, true, og, k, width, T(1), grad_group, grad_ld, columns_data, columns_ld,
-                  T(1), partial + group * og * k, k);
+        const T beta = n0 == first ? T(0) : T(1);
+        T* group_sum = partial + group * og * k;
+        if (columns_are_input) {
+          // dW_g (Og, K) += grad_g (Og, width) * x_g^T (width, K)
+          cpu::gemm(false, true, og, k, width, T(1), grad_group, grad_ld, group_input, x_ld, beta,
+                    group_sum, k);
+          continue;
+        }
+        // The same product over slices of the columns (channel passes, as in the forward).
+        const int64_t taps = g.kernel_h * g.kernel_w;
+        for (int64_t c0 = 0; c0 < cg; c0 += step) {
+          const int64_t channels = std::min(step, cg - c0);
+          const ConvGeometry slice = channel_slice(g, channels);
+          for (int64_t i = 0; i < count; ++i)
+            im2col(slice, group_input + c0 * x.stride(1) + i * x.stride(0), x.stride(1),
+                   x.stride(2), x.stride(3), chunk_columns + i * plane, width, tap_table);
+          cpu::gemm(false, true, og, channels * taps, width, T(1), grad_group, grad_ld,
+                    chunk_columns, width, beta, group_sum + c0 * taps, k);
+        }
       }
     }
   });
+  T* total = chunk_sum(0);
   parallel_for(0, weight_numel, 16384, [&](int64_t begin, int64_t end) {
     for (int64_t chunk = 1; chunk < chunks; ++chunk) {
-      const T* partial = partial_data + chunk * weight_numel;
+      const T* partial = chunk_sum(chunk);
 #pragma omp simd
-      for (int64_t i = begin; i < end; ++i) partial_data[i] += partial[i];
+      for (int64_t i = begin; i < end; ++i) total[i] += partial[i];
     }
   });
+  if (direct) return;
   Tensor sum =
       make_view(partials, out.sizes(), contiguous_strides(out.sizes()), partials.storage_offset());
   cpu::copy_strided(sum, out);

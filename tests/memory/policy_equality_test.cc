@@ -120,7 +120,7 @@ PolicyCase resnet18_case() {
     return models::resnet18(models::ResNetOptions().num_classes(10).small_image_stem(true));
   };
   result.loss = [](nn::Module& model, int step) {
-    constexpr int64_t kBatch = 320;  // 11.2M parameters: activations must outweigh 3 copies
+    constexpr int64_t kBatch = 352;  // 11.2M parameters: activations must outweigh 3 copies
     manual_seed(100 + step);
     Tensor images = randn({kBatch, 3, 16, 16});
     Tensor labels = randint(0, 10, {kBatch});
