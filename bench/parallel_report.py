@@ -13,7 +13,7 @@ def main(path):
     runs = [json.loads(line) for line in open(path) if line.startswith("{")]
     scaling = [r for r in runs if "plan" not in r and "label" not in r]
     plans = [r for r in runs if "plan" in r and r["ranks"] > 1]
-    singles = [r for r in runs if "plan" in r and r["ranks"] == 1]
+    singles = [r for r in runs if "plan" in r and r["ranks"] == 1 and "label" not in r]
     copies = [r for r in runs if "label" in r]
     for line in open(path):
         if line.startswith("#"):
@@ -58,20 +58,24 @@ def main(path):
               f"| {100 * (pt - mt) / mt:+.0f}% |")
 
     print("\n### Controls: one rank alone against the 1-device plan; two independent copies\n")
-    print("| model | run | threads | batch | predicted peak | measured | error | predicted step "
-          "| measured | error |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| model | run | profile | threads | batch | predicted peak | measured | error "
+          "| predicted step | measured | error |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in singles:
         pm, mm = r["predicted_memory_bytes"], r["peak_bytes"]
         pt, mt = r["predicted_step_s"], r["step_s"]
-        print(f"| {r['model']} | one rank alone | {r['threads_per_rank']} | {r['global_batch']} "
+        print(f"| {r['model']} | one rank alone | {r['plan_profile']} | {r['threads_per_rank']} "
+              f"| {r['global_batch']} "
               f"| {pm / MIB:.1f} MiB | {mm / MIB:.1f} MiB | {100 * (pm - mm) / mm:+.0f}% "
               f"| {pt:.3f} s | {mt:.3f} s | {100 * (pt - mt) / mt:+.0f}% |")
         for c in copies:
             if c["model"] == r["model"]:
-                print(f"| {c['model']} | {c['label']} (no communication) | {c['threads_per_rank']} "
+                ct = c.get("predicted_step_s", pt)
+                print(f"| {c['model']} | {c['label']} (no communication) "
+                      f"| {c.get('plan_profile', r['plan_profile'])} | {c['threads_per_rank']} "
                       f"| {c['global_batch']} | | {c['peak_bytes'] / MIB:.1f} MiB | "
-                      f"| {pt:.3f} s | {c['step_s']:.3f} s | {100 * (pt - c['step_s']) / c['step_s']:+.0f}% |")
+                      f"| {ct:.3f} s | {c['step_s']:.3f} s "
+                      f"| {100 * (ct - c['step_s']) / c['step_s']:+.0f}% |")
 
 
 if __name__ == "__main__":

@@ -36,9 +36,13 @@ done
 run 2 --model=bert_mini --seq=128 --batch=16 --tp=2 --steps=3
 run 4 --model=bert_mini --seq=128 --batch=16 --dp=2 --tp=2 --steps=3
 
-# The committed profile, and one calibrated now (2 ranks of 1 thread, as the runs below).
+# The committed profile, and one calibrated now with 2 ranks of 1 thread measuring at once (the
+# layout of the 2-rank runs below: every rank's throughput with the cores shared), and one with a
+# single rank of 1 thread (the layout of the one-rank controls).
 mpirun --allow-run-as-root --oversubscribe -np 2 bazel-bin/parallel/planner/calibrate \
-  --threads=1 --name=calibrated_now --out="$plans/calibrated_now.json" | tail -n 4 >&2
+  --threads=1 --name=calibrated_now --out="$plans/calibrated_now.json" | tail -n 5 >&2
+bazel-bin/parallel/planner/calibrate --threads=1 --name=calibrated_now_one_rank \
+  --out="$plans/calibrated_now_one_rank.json" | tail -n 3 >&2
 plan() {
   local model=$1
   shift
@@ -60,19 +64,26 @@ for profile in cpu_2core_example "$plans/calibrated_now.json"; do
     run 2 --model=bert_mini --seq=128 --batch=16 --plan="$plans/bert_mini.json" --steps=3
   done
 done
-# Controls on the same models: one rank of one thread against the planner's 1-device plan, and
-# two independent one-rank copies at once (no communication at all), which shows what sharing
-# the cores costs the 2-rank runs above.
+# Controls on the same models: one rank of one thread against the planner's 1-device plan priced
+# with the one-rank profile, and two independent one-rank copies at once (no communication at
+# all) against the same 1-device plan priced with the 2-rank profile (2 ranks sharing the cores).
 control() {
   local model=$1 plan_args=$2 bench_args=$3
+  # shellcheck disable=SC2086
   bazel-bin/parallel/planner/plan --model="$model" --devices=1 --remat=1 \
-    --profile=cpu_2core_example --out="$plans/$model.1.json" $plan_args | tail -n 4 >&2
+    --profile="$plans/calibrated_now_one_rank.json" --out="$plans/$model.1.json" $plan_args |
+    tail -n 4 >&2
+  # shellcheck disable=SC2086
+  bazel-bin/parallel/planner/plan --model="$model" --devices=1 --remat=1 \
+    --profile="$plans/calibrated_now.json" --out="$plans/$model.shared.json" $plan_args |
+    tail -n 4 >&2
   # shellcheck disable=SC2086
   run 1 --model="$model" $bench_args --threads=1 --plan="$plans/$model.1.json" --steps=3
   for copy in 1 2; do
     # shellcheck disable=SC2086
     mpirun --allow-run-as-root -np 1 "$bench" --model="$model" $bench_args --threads=1 \
-      --steps=3 --label="independent copy $copy of 2" > "$plans/copy$copy.json" &
+      --steps=3 --plan="$plans/$model.shared.json" --label="independent copy $copy of 2" \
+      > "$plans/copy$copy.json" &
   done
   wait
   cat "$plans/copy1.json" "$plans/copy2.json" | tee -a "$out"

@@ -46,6 +46,35 @@ double DeviceProfile::compute_time(double flops, double bytes, const std::string
   return std::max(flops / throughput, bytes / memory_bandwidth);
 }
 
+double DeviceProfile::op_time(const std::string& kind, double flops, double bytes, bool backward,
+                              double work_factor) const {
+  auto found = op_kinds.find(kind);
+  if (found != op_kinds.end()) {
+    const OpKindRate& rate = found->second;
+    const double work = rate.per == "bytes" ? bytes : flops;
+    return (backward ? rate.backward_call_s : rate.forward_call_s) +
+           work_factor * work / (backward ? rate.backward : rate.forward);
+  }
+  const std::string roofline = kind == "gemm"                             ? "gemm"
+                               : kind == "conv" || kind == "conv_grouped" ? "conv"
+                                                                          : "elementwise";
+  return work_factor * compute_time(flops, bytes, roofline);
+}
+
+double DeviceProfile::optimizer_time(double parameters, int states) const {
+  const char* kind = states >= 2 ? "adam_update" : "sgd_update";
+  auto found = op_kinds.find(kind);
+  if (found != op_kinds.end()) return parameters / found->second.forward;
+  return (3.0 + 2.0 * states) * 4.0 * parameters / memory_bandwidth;
+}
+
+std::string DeviceProfile::layout_description() const {
+  if (calibrated_ranks <= 0) return "layout not recorded";
+  return std::to_string(calibrated_ranks) + (calibrated_ranks == 1 ? " rank x " : " ranks x ") +
+         std::to_string(calibrated_threads) + (calibrated_threads == 1 ? " thread" : " threads") +
+         (calibrated_ranks > 1 ? " at once" : "");
+}
+
 namespace {
 
 using nlohmann::json;
@@ -121,6 +150,33 @@ DeviceProfile parse_profile(const std::string& json_text, const std::string& whe
   profile.memory_bandwidth = positive_number(root, "memory_bandwidth", "", where);
   profile.op_overhead_s = optional_number(root, "op_overhead_s", 0.0, where, true);
   profile.remat_overhead_k = optional_number(root, "remat_overhead_k", 1.0, where, true);
+  auto kinds = root.find("op_kinds");
+  if (kinds != root.end()) {
+    TESSEL_CHECK(kinds->is_object(), "profile ", where, ": 'op_kinds' must be a JSON object",
+                 kFormatHint);
+    for (auto entry = kinds->begin(); entry != kinds->end(); ++entry) {
+      const std::string path = "op_kinds." + entry.key();
+      OpKindRate rate;
+      const json& per = field(entry.value(), "per", path, where);
+      TESSEL_CHECK(per.is_string() && (per == "flops" || per == "bytes" || per == "parameters"),
+                   "profile ", where, ": field '", path,
+                   ".per' must be \"flops\", \"bytes\" or \"parameters\", got ", per.dump());
+      rate.per = per.get<std::string>();
+      rate.forward = positive_number(entry.value(), "forward", path, where);
+      rate.backward = positive_number(entry.value(), "backward", path, where);
+      rate.forward_call_s = optional_number(entry.value(), "forward_call_s", 0.0, where, true);
+      rate.backward_call_s = optional_number(entry.value(), "backward_call_s", 0.0, where, true);
+      profile.op_kinds[entry.key()] = rate;
+    }
+  }
+  profile.rank_skew = optional_number(root, "rank_skew", 0.0, where, true);
+  auto layout = root.find("calibrated_layout");
+  if (layout != root.end()) {
+    const double ranks = positive_number(*layout, "ranks_at_once", "calibrated_layout", where);
+    const double threads = positive_number(*layout, "threads_per_rank", "calibrated_layout", where);
+    profile.calibrated_ranks = static_cast<int>(ranks);
+    profile.calibrated_threads = static_cast<int>(threads);
+  }
   const json& collectives = field(root, "collectives", "", where);
   for (LinkLevel level : {LinkLevel::kIntraNode, LinkLevel::kInterNode}) {
     const std::string level_path = std::string("collectives.") + link_level_name(level);
@@ -164,6 +220,20 @@ std::string profile_to_json(const DeviceProfile& profile) {
   root["memory_bandwidth"] = profile.memory_bandwidth;
   root["op_overhead_s"] = profile.op_overhead_s;
   root["remat_overhead_k"] = profile.remat_overhead_k;
+  if (!profile.op_kinds.empty()) {
+    json kinds = json::object();
+    for (const auto& [kind, rate] : profile.op_kinds)
+      kinds[kind] = {{"per", rate.per},
+                     {"forward", rate.forward},
+                     {"backward", rate.backward},
+                     {"forward_call_s", rate.forward_call_s},
+                     {"backward_call_s", rate.backward_call_s}};
+    root["op_kinds"] = kinds;
+  }
+  if (profile.rank_skew > 0) root["rank_skew"] = profile.rank_skew;
+  if (profile.calibrated_ranks > 0)
+    root["calibrated_layout"] = {{"ranks_at_once", profile.calibrated_ranks},
+                                 {"threads_per_rank", profile.calibrated_threads}};
   json collectives = json::object();
   for (LinkLevel level : {LinkLevel::kIntraNode, LinkLevel::kInterNode}) {
     json links = json::object();

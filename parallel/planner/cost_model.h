@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <string>
 
 namespace tessel::planner {
@@ -21,6 +22,16 @@ const char* link_level_name(LinkLevel level);        // "intra_node", "inter_nod
 struct AlphaBeta {
   double alpha_s = 0;        // latency per ring step, seconds
   double bus_bandwidth = 0;  // bytes per second
+};
+
+// Measured throughput of one kind of op (calibrate), in units of the work the planner counts for
+// it: "flops" (OpDef::cost), "bytes" (read plus written) or "parameters" (optimizer updates).
+struct OpKindRate {
+  std::string per = "flops";
+  double forward = 0;         // units of forward work per second of forward time
+  double backward = 0;        // units of backward work (backward factor x forward work) per second
+  double forward_call_s = 0;  // fixed cost of one call, whatever its work
+  double backward_call_s = 0;
 };
 
 struct DeviceProfile {
@@ -38,6 +49,18 @@ struct DeviceProfile {
   // costs (1 - f) * forward time * remat_overhead_k extra (1: one extra forward pass when
   // nothing is kept, as in sublinear checkpointing).
   double remat_overhead_k = 1.0;
+  // Per op kind (see op_kind_of in strategies.cc: "gemm", "conv", "conv_grouped", "elementwise",
+  // "activation", "batch_norm", "layer_norm", "softmax", "pool", "concat", "loss",
+  // "sgd_update", "adam_update"); a kind not listed falls back to the roofline numbers above.
+  std::map<std::string, OpKindRate> op_kinds;
+  // The thread layout the compute numbers were measured under: this many ranks running at once
+  // on one node, each with this many threads (0: not recorded). A profile describes per-rank
+  // throughput only under the layout it was measured with.
+  int calibrated_ranks = 0;
+  int calibrated_threads = 0;
+  // Plans on more than one device: each step waits for the slowest rank, so compute takes
+  // (1 + rank_skew) times the per-rank time (measured with ranks sharing cores; 0: no skew).
+  double rank_skew = 0;
   // [level][collective]
   std::array<std::array<AlphaBeta, 3>, 2> collectives{};
   std::string sources_json = "{}";  // where the numbers come from (JSON object, kept verbatim)
@@ -58,8 +81,20 @@ struct DeviceProfile {
   double collective_time(Collective collective, int64_t ranks, double bytes) const {
     return collective_time(collective, ranks, bytes, level_for(ranks));
   }
-  // Roofline time of an op's work on one device.
+  // Roofline time of an op's work on one device; `kind` is "gemm", "conv" or anything else
+  // (element-wise).
   double compute_time(double flops, double bytes, const std::string& kind) const;
+  // Forward (or backward, for `work_factor` times the forward's work) time of an op of `kind`:
+  // the measured rate of op_kinds when the profile has it, else the roofline of the closest of
+  // gemm / conv / element-wise. Optimizer kinds count `parameters` instead of FLOPs and bytes.
+  double op_time(const std::string& kind, double flops, double bytes, bool backward,
+                 double work_factor = 1.0) const;
+  // Seconds to update `parameters` elements with an optimizer keeping `states` tensors per
+  // parameter (0 plain SGD, 1 SGD momentum, 2 Adam): the measured rate, else the memory traffic
+  // (3 + 2 states) x 4 bytes per parameter over memory_bandwidth.
+  double optimizer_time(double parameters, int states) const;
+  // "2 ranks x 1 thread at once" or "layout not recorded".
+  std::string layout_description() const;
 };
 
 // Parses and checks a profile; every missing or invalid field is an error naming it and `where`.

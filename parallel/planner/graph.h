@@ -54,6 +54,7 @@ struct Graph {
   std::vector<TracedTensor> tensors;
   std::vector<TracedOp> ops;  // in call order (a topological order)
   int64_t batch_size = 1;
+  std::string model;  // the model-zoo name when trace_model built it, else empty
 
   // For each tensor: the (op, input slot) pairs that read it.
   std::vector<std::vector<std::pair<int, int>>> consumers() const;

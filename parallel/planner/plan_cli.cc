@@ -118,7 +118,7 @@ int run_plan_cli(int argc, const char* const* argv, std::ostream& out, std::ostr
   int devices = 8, max_tp = 0;
   int64_t batch = 0, seq = 128, image_size = 224, num_classes = 1000;
   size_t max_points = 32, rows = 20;
-  bool per_op_degrees = false, show_ops = false;
+  bool per_op_degrees = false, show_ops = false, any_plan = false;
   std::string models_help;
   for (const auto& name : known_models()) models_help += (models_help.empty() ? "" : ", ") + name;
   app.add_option("--model", model, "model to plan: " + models_help)->required();
@@ -151,6 +151,10 @@ int run_plan_cli(int argc, const char* const* argv, std::ostream& out, std::ostr
   app.add_flag("--per_op_degrees", per_op_degrees,
                "let each op pick its own dp x tp degrees too (TensorOpt's full space; the default "
                "keeps one dp x tp grid per plan, each op choosing its split on it)");
+  app.add_flag("--any_plan", any_plan,
+               "choose among every frontier point, also those the runtime's recipes do not run as "
+               "priced (by default: ResNet / ShuffleNet plans with a tensor-parallel group are "
+               "listed but not chosen)");
   app.add_option("--rows", rows,
                  "frontier points printed, spread over the frontier with the chosen one "
                  "(0: all)")
@@ -177,6 +181,7 @@ int run_plan_cli(int argc, const char* const* argv, std::ostream& out, std::ostr
     options.remat_fractions = parse_fractions(remat);
     options.frontier.max_points = max_points;
     options.per_op_degrees = per_op_degrees;
+    options.executable_only = !any_plan;
     if (!memory_text.empty())
       options.memory_per_device = parse_bytes(memory_text, "--memory_per_device");
     const std::vector<std::string> names = known_models();
@@ -210,7 +215,15 @@ int run_plan_cli(int argc, const char* const* argv, std::ostream& out, std::ostr
       out << ", seq " << spec.seq;
     else
       out << ", image " << spec.image_size << "x" << spec.image_size;
-    out << ", optimizer " << optimizer << ", profile " << profile.name << "\n";
+    out << ", optimizer " << optimizer << "\n";
+    out << "profile " << profile.name << " (compute measured with " << profile.layout_description()
+        << ")\n";
+    const int ranks_per_node = std::min(devices, profile.devices_per_node);
+    if (profile.calibrated_ranks > 0 && profile.calibrated_ranks != ranks_per_node)
+      out << "note: this plan puts " << ranks_per_node << " rank(s) on a node, but the profile's "
+          << "compute was measured with " << profile.calibrated_ranks
+          << " at once; ranks sharing cores run slower than it says (calibrate under mpirun -np "
+          << ranks_per_node << " with threads = cores / ranks)\n";
     out << "frontier: " << result.frontier.size() << " points (series "
         << result.stats.series_eliminations << ", leaf " << result.stats.leaf_eliminations
         << ", parallel " << result.stats.parallel_merges << ", conditioned "
@@ -232,13 +245,19 @@ int run_plan_cli(int argc, const char* const* argv, std::ostream& out, std::ostr
       if (!shown[i]) continue;
       const PlannedPoint& point = result.frontier[i];
       const bool chosen = static_cast<int>(i) == result.chosen;
-      std::snprintf(line, sizeof line, "%s%3zu %14s  %11s  %10.1f  %s%s", chosen ? "*" : " ", i,
+      std::snprintf(line, sizeof line, "%s%3zu %14s  %11s  %10.1f  %s%s%s", chosen ? "*" : " ", i,
                     format_bytes(point.cost.memory).c_str(),
                     format_seconds(point.cost.time).c_str(),
                     static_cast<double>(spec.batch) / point.cost.time, point.summary.c_str(),
-                    chosen ? "   <- chosen" : "");
+                    point.executable ? "" : " [not run as priced]", chosen ? "   <- chosen" : "");
       out << line << "\n";
     }
+    for (const PlannedPoint& point : result.frontier)
+      if (!point.executable) {
+        out << "[not run as priced]: " << point.not_executable_reason
+            << (any_plan ? "" : "; not chosen (--any_plan chooses among them too)") << "\n";
+        break;
+      }
     const size_t printed = static_cast<size_t>(std::count(shown.begin(), shown.end(), true));
     if (printed < count)
       out << "(" << printed << " of " << count << " points shown; --rows=0 shows all)\n";
@@ -270,6 +289,17 @@ int run_plan_cli(int argc, const char* const* argv, std::ostream& out, std::ostr
       if (!frontier_path.empty()) out << "wrote " << frontier_path << "\n";
     }
 
+    if (result.chosen < 0 && !any_plan) {
+      bool fits = false;
+      for (const PlannedPoint& point : result.frontier)
+        fits = fits || point.cost.memory <= result.memory_per_device;
+      if (fits) {
+        err << "plan: every plan that fits in " << format_bytes(result.memory_per_device)
+            << " is one the runtime does not run as priced (--any_plan chooses among them)"
+            << std::endl;
+        return 2;
+      }
+    }
     if (result.chosen < 0) {
       err << "plan: no plan fits in " << format_bytes(result.memory_per_device)
           << " per device; the smallest needs " << format_bytes(result.frontier.front().cost.memory)

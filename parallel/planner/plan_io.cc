@@ -23,6 +23,7 @@ PlanFile make_plan_file(const Graph& graph, const PlanResult& result, int point,
   plan.seq = is_bert(spec.name) ? spec.seq : 0;
   plan.image_size = is_bert(spec.name) ? 0 : spec.image_size;
   plan.profile = options.config.profile.name;
+  plan.profile_layout = options.config.profile.layout_description();
   plan.memory_per_device = result.memory_per_device;
   plan.mesh_dp = chosen.dp;
   plan.mesh_tp = chosen.tp;
@@ -71,6 +72,7 @@ std::string plan_to_json(const PlanFile& plan) {
   root["seq"] = plan.seq;
   root["image_size"] = plan.image_size;
   root["profile"] = plan.profile;
+  root["profile_layout"] = plan.profile_layout;
   root["memory_per_device"] = plan.memory_per_device;
   root["mesh"] = {{"dp", plan.mesh_dp}, {"tp", plan.mesh_tp}};
   root["memory_policy"] = plan.memory_policy;
@@ -172,6 +174,8 @@ PlanFile plan_from_json(const std::string& text, const std::string& where) {
   plan.seq = r.integer(root, "seq", "", 0);
   plan.image_size = r.integer(root, "image_size", "", 0);
   plan.profile = r.text(root, "profile", "");
+  if (root.contains("profile_layout") && root["profile_layout"].is_string())
+    plan.profile_layout = root["profile_layout"].get<std::string>();
   plan.memory_per_device = r.number(root, "memory_per_device", "", 0);
   const json& mesh = r.get(root, "mesh", "");
   plan.mesh_dp = static_cast<int>(r.integer(mesh, "dp", "mesh", 1));

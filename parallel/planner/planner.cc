@@ -110,6 +110,7 @@ Graph trace_model(const ModelSpec& spec) {
          {"nsp_labels", nsp_labels}},
         batch);
     untie_repeated_parameters(graph, "bert.encoder.layer.0.", "bert.encoder.layer.", layers);
+    graph.model = spec.name;
     return graph;
   }
   TESSEL_CHECK(spec.image_size >= 1, "image_size must be at least 1, got ", spec.image_size);
@@ -123,8 +124,11 @@ Graph trace_model(const ModelSpec& spec) {
   net->to(Device::meta());
   Tensor images = meta_tensor({batch, 3, spec.image_size, spec.image_size}, DType::kFloat32);
   Tensor labels = meta_tensor({batch}, DType::kInt64);
-  return trace_graph([&] { cross_entropy(net->forward(images), labels); }, net->named_parameters(),
-                     {{"images", images}, {"labels", labels}}, batch);
+  Graph graph =
+      trace_graph([&] { cross_entropy(net->forward(images), labels); }, net->named_parameters(),
+                  {{"images", images}, {"labels", labels}}, batch);
+  graph.model = spec.name;
+  return graph;
 }
 
 PlannedPoint describe_choice(const Graph& graph,
@@ -139,11 +143,12 @@ PlannedPoint describe_choice(const Graph& graph,
   std::map<std::pair<int, int>, double> work_at;  // (dp, tp) -> forward FLOPs
   int replicated = 0;
   std::map<std::string, std::map<SplitKind, int>> kinds;  // op name -> kind -> count
+  bool uses_tensor_parallel = false;
   for (const TracedOp& op : graph.ops) {
     const Strategy& s = strategies[op.id].at(choice.at(op.id));
     b.parameter_bytes += s.parameter_bytes;
     b.activation_bytes += s.activation_bytes;
-    b.compute_s += s.forward_compute + s.backward_compute;
+    b.compute_s += s.forward_compute + s.backward_compute + s.optimizer_compute;
     b.comm_s += s.forward_comm + s.backward_comm;
     b.gradient_sync_s += s.gradient_sync;
     b.recompute_s += (1 - remat_fraction) * k * s.forward_time();
@@ -153,6 +158,7 @@ PlannedPoint describe_choice(const Graph& graph,
       work_at[{s.dp, s.tp}] += std::max(op.flops, 1.0);
     }
     ++kinds[op.name][s.kind];
+    uses_tensor_parallel = uses_tensor_parallel || s.tp > 1;
     for (size_t slot = 0; slot < op.inputs.size(); ++slot) {
       const int id = op.inputs[slot];
       if (id < 0 || graph.tensors[id].producer < 0) continue;
@@ -169,6 +175,16 @@ PlannedPoint describe_choice(const Graph& graph,
     b.gradient_sync_s +=
         shared_parameter_time(graph, shared, strategies[shared.owner][choice[shared.owner]],
                               strategies[shared.user][choice[shared.user]], config);
+  // The runtime's --tp for ResNet and ShuffleNet (parallel/vision_parallel.h) splits the batch in
+  // the convolutions and the classes in the classifier; a vision plan using a tensor-parallel
+  // group prices its ops replicated or split by channels instead, so it would not run as priced.
+  if (uses_tensor_parallel && !graph.model.empty() && !is_bert(graph.model)) {
+    point.executable = false;
+    point.not_executable_reason =
+        "tensor parallel for " + graph.model +
+        " is priced with replicated or channel-split convolutions; the runtime's --tp splits the "
+        "batch in the convolutions (parallel/vision_parallel.h)";
+  }
   point.cost.memory = b.parameter_bytes + remat_fraction * b.activation_bytes;
   point.cost.time = b.compute_s + b.comm_s + b.gradient_sync_s + b.redistribution_s + b.recompute_s;
 
@@ -247,6 +263,15 @@ PlanResult plan_graph(const Graph& graph, const PlanOptions& options) {
     Cost cost;
     double fraction;
     std::vector<int> choice;
+    bool executable = true;
+  };
+  // A vision model's plan with a tensor-parallel group is not run as priced (describe_choice).
+  const bool vision = !graph.model.empty() && !is_bert(graph.model);
+  auto executable = [&](const std::vector<int>& choice) {
+    if (!vision) return true;
+    for (size_t op = 0; op < choice.size(); ++op)
+      if (result.strategies[op][choice[op]].tp > 1) return false;
+    return true;
   };
   std::vector<Candidate> candidates;
   // The strategy lists searched together: all of them, or one dp x tp grid at a time (each keeps
@@ -276,7 +301,8 @@ PlanResult plan_graph(const Graph& graph, const PlanOptions& options) {
       for (auto& point : track_frontier(costs, options.frontier, &stats)) {
         for (size_t op = 0; op < subset.size(); ++op)
           point.choice[op] = subset[op][point.choice[op]];
-        candidates.push_back({point.cost, fraction, std::move(point.choice)});
+        const bool runs = executable(point.choice);
+        candidates.push_back({point.cost, fraction, std::move(point.choice), runs});
       }
       result.stats.leaf_eliminations += stats.leaf_eliminations;
       result.stats.series_eliminations += stats.series_eliminations;
@@ -294,10 +320,24 @@ PlanResult plan_graph(const Graph& graph, const PlanOptions& options) {
                      if (a.cost.time != b.cost.time) return a.cost.time < b.cost.time;
                      return a.fraction > b.fraction;
                    });
-  double best_time = 0;
+  // The frontier of every candidate; with executable_only, also that of the executable ones (a
+  // point dominated only by plans the runtime would not run as priced is kept).
+  double best_time = 0, best_executable_time = 0;
+  bool any = false, any_executable = false;
   for (const Candidate& candidate : candidates) {
-    if (!result.frontier.empty() && candidate.cost.time >= best_time) continue;
-    best_time = candidate.cost.time;
+    const bool on_frontier = !any || candidate.cost.time < best_time;
+    const bool on_executable_frontier =
+        options.executable_only && candidate.executable &&
+        (!any_executable || candidate.cost.time < best_executable_time);
+    if (on_frontier) {
+      best_time = candidate.cost.time;
+      any = true;
+    }
+    if (on_executable_frontier) {
+      best_executable_time = candidate.cost.time;
+      any_executable = true;
+    }
+    if (!on_frontier && !on_executable_frontier) continue;
     PlannedPoint point = describe_choice(graph, result.strategies, options.config, candidate.choice,
                                          candidate.fraction);
     point.cost = candidate.cost;
@@ -306,6 +346,7 @@ PlanResult plan_graph(const Graph& graph, const PlanOptions& options) {
   for (size_t i = 0; i < result.frontier.size(); ++i) {
     const PlannedPoint& point = result.frontier[i];
     if (point.cost.memory > result.memory_per_device) continue;
+    if (options.executable_only && !point.executable) continue;
     if (result.chosen < 0 || point.cost.time < result.frontier[result.chosen].cost.time)
       result.chosen = static_cast<int>(i);
   }

@@ -40,13 +40,16 @@ struct PlanOptions {
   // column, row, heads, ...), one frontier per grid, united; this is what the runtime's process
   // groups build. true: each op may pick its own degrees too (TensorOpt's full space).
   bool per_op_degrees = false;
+  // Choose only among points the runtime's recipes execute as priced (PlannedPoint::executable);
+  // the frontier keeps every point either way.
+  bool executable_only = false;
 };
 
 // Where one plan's memory and time go, per device.
 struct PlanBreakdown {
   double parameter_bytes = 0;   // parameters, gradients, optimizer state
   double activation_bytes = 0;  // kept for backward (before recomputation)
-  double compute_s = 0;         // forward and backward kernels
+  double compute_s = 0;         // forward and backward kernels, and the optimizer update
   double comm_s = 0;            // collectives of the splits (row, column, vocabulary, loss)
   double gradient_sync_s = 0;   // data-parallel gradient all-reduce
   double redistribution_s = 0;  // moving tensors between layouts of consecutive ops
@@ -60,12 +63,16 @@ struct PlannedPoint {
   int dp = 1, tp = 1;           // the degrees most of the work runs at
   std::string summary;          // "dp=4 tp=2, heads split in attention, vocab-parallel embedding"
   PlanBreakdown breakdown;
+  // Whether the runtime's recipes run this plan as it is priced; why not, otherwise.
+  bool executable = true;
+  std::string not_executable_reason;
 };
 
 struct PlanResult {
   std::vector<std::vector<Strategy>> strategies;
   std::vector<PlannedPoint> frontier;  // by memory, ascending
-  int chosen = -1;                     // fastest point within memory_per_device; -1: none fits
+  // Fastest point within memory_per_device (and executable, with executable_only); -1: none.
+  int chosen = -1;
   double memory_per_device = 0;
   FrontierStats stats;  // summed over the remat fractions
   double search_seconds = 0;

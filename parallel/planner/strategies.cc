@@ -49,7 +49,7 @@ Cost Strategy::cost(double remat_fraction, double remat_k) const {
   Cost total;
   total.memory = parameter_bytes + remat_fraction * activation_bytes;
   total.time = forward_compute + forward_comm + backward_compute + backward_comm + gradient_sync +
-               (1 - remat_fraction) * remat_k * forward_time();
+               optimizer_compute + (1 - remat_fraction) * remat_k * forward_time();
   return total;
 }
 
@@ -109,15 +109,33 @@ Family family_of(const TracedOp& op) {
   return Family::kOther;
 }
 
-const char* work_kind(Family family) {
+// The profile's op kind (DeviceProfile::op_kinds) an op is priced with.
+std::string op_kind_of(const TracedOp& op, Family family) {
+  static const std::set<std::string> kTranscendental = {
+      "gelu", "tanh", "sigmoid", "exp", "log", "sqrt", "rsqrt", "pow", "pow_scalar"};
   switch (family) {
     case Family::kLinear:
     case Family::kBmm:
       return "gemm";
     case Family::kConv:
-      return "conv";
+      return op.attrs.get_or<int64_t>("groups", 1) > 1 ? "conv_grouped" : "conv";
+    case Family::kBatchNorm:
+      return "batch_norm";
+    case Family::kLayerNorm:
+      return "layer_norm";
+    case Family::kSoftmax:
+      return "softmax";
+    case Family::kPool:
+      return op.name == "adaptive_avg_pool2d" ? "elementwise" : "pool";
+    case Family::kConcat:
+      return "concat";
+    case Family::kLoss:
+      return "loss";
+    case Family::kEmbedding:
+      return "embedding";
     default:
-      return "elementwise";
+      if (op.name == "matmul") return "gemm";
+      return kTranscendental.count(op.name) ? "activation" : "elementwise";
   }
 }
 
@@ -315,13 +333,16 @@ Strategy make_strategy(const OpContext& c, int dp, int tp, SplitKind kind) {
   s.kind = kind;
   const int model_parts = kind == SplitKind::kReplicate ? 1 : tp;
   const double fraction = 1.0 / (static_cast<double>(s.dp) * model_parts);
-  const char* work = work_kind(c.family);
+  const std::string kind_name = op_kind_of(op, c.family);
+  // Every rank of a multi-device plan waits for the slowest at each step.
+  const double skew = c.config.devices > 1 ? 1 + profile.rank_skew : 1.0;
   s.forward_compute =
-      profile.compute_time(op.flops * fraction, op.bytes * fraction, work) + profile.op_overhead_s;
+      skew * (profile.op_time(kind_name, op.flops * fraction, op.bytes * fraction, false) +
+              profile.op_overhead_s);
   if (c.backward_factor > 0)
-    s.backward_compute =
-        c.backward_factor * profile.compute_time(op.flops * fraction, op.bytes * fraction, work) +
-        profile.op_overhead_s;
+    s.backward_compute = skew * (profile.op_time(kind_name, op.flops * fraction,
+                                                 op.bytes * fraction, true, c.backward_factor) +
+                                 profile.op_overhead_s);
 
   for (size_t slot = 0; slot < op.inputs.size(); ++slot) {
     Layout layout;
@@ -383,6 +404,11 @@ Strategy make_strategy(const OpContext& c, int dp, int tp, SplitKind kind) {
     if (!split.owned) continue;
     const double bytes = static_cast<double>(c.graph.tensors[split.tensor].bytes) / split.parts;
     s.parameter_bytes += bytes * per_parameter_copies;
+    s.optimizer_compute +=
+        skew *
+        profile.optimizer_time(
+            static_cast<double>(shape_numel(c.graph.tensors[split.tensor].sizes)) / split.parts,
+            c.config.optimizer_states);
     if (c.batch_ok && s.dp > 1) {
       s.gradient_sync += gradient_all_reduce(s, bytes, c.config);
       // DDP reduces gradients in flat bucket buffers that live beside .grad: one more copy
@@ -406,6 +432,8 @@ Strategy make_strategy(const OpContext& c, int dp, int tp, SplitKind kind) {
 }
 
 }  // namespace
+
+std::string op_kind(const TracedOp& op) { return op_kind_of(op, family_of(op)); }
 
 std::vector<std::vector<Strategy>> enumerate_strategies(const Graph& graph,
                                                         const PlannerConfig& config) {

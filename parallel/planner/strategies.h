@@ -61,6 +61,7 @@ struct Strategy {
   double forward_comm = 0;   // collectives of the strategy itself (row: all-reduce of the output)
   double backward_comm = 0;  // (column: all-reduce of the input gradient)
   double gradient_sync = 0;  // data-parallel all-reduce of the owned parameters' gradients
+  double optimizer_compute = 0;  // the optimizer's update of the owned parameters (its shard)
   // Bytes per device.
   double parameter_bytes = 0;   // owned parameters, their gradients and optimizer state
   double activation_bytes = 0;  // tensors kept for backward (charged to their producer)
@@ -87,6 +88,11 @@ struct PlannerConfig {
   double gradient_bucket_bytes = 25.0 * 1024 * 1024;
   DeviceProfile profile;
 };
+
+// The kind of op the profile prices `op` as (DeviceProfile::op_kinds): "gemm", "conv",
+// "conv_grouped" (groups > 1, depthwise), "batch_norm", "layer_norm", "softmax", "pool",
+// "concat", "loss", "embedding", "activation" (gelu, tanh, exp, ...) or "elementwise".
+std::string op_kind(const TracedOp& op);
 
 // The tensor-parallel degrees tried: divisors of `devices` up to the max_tp limit.
 std::vector<int> tensor_parallel_degrees(const PlannerConfig& config);

@@ -14,14 +14,26 @@ export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
 "$calibrate" --quick --threads=1 --out="$dir/one.json"
 grep -q '"gemm"' "$dir/one.json"
 grep -q 'not measured (one rank)' "$dir/one.json"
+# Per-kind rates and the layout they were measured under.
+grep -q '"conv_grouped"' "$dir/one.json"
+grep -q '"adam_update"' "$dir/one.json"
+grep -q '"ranks_at_once": 1' "$dir/one.json"
 
 mpirun --allow-run-as-root --oversubscribe -np 2 "$calibrate" --quick --threads=1 \
   --out="$dir/two.json"
 grep -q 'MpiCommunicator over 2 ranks' "$dir/two.json"
+grep -q '"ranks_at_once": 2' "$dir/two.json"
 
 for profile in one two; do
   "$plan" --model=bert_tiny --devices=2 --batch=4 --seq=16 --profile="$dir/$profile.json" \
     > "$dir/$profile.txt"
   grep -q -- '<- chosen' "$dir/$profile.txt"
 done
+# The plan says which profile it used and under which layout that profile was measured; a plan
+# for one rank priced with the profile of 2 ranks sharing the cores says so.
+grep -q 'compute measured with 2 ranks x 1 thread at once' "$dir/two.txt"
+grep -q 'compute measured with 1 rank x 1 thread' "$dir/one.txt"
+"$plan" --model=bert_tiny --devices=1 --batch=4 --seq=16 --profile="$dir/two.json" \
+  > "$dir/single.txt"
+grep -q 'note: this plan puts 1 rank(s) on a node' "$dir/single.txt"
 echo "calibrate_test: PASS"

@@ -1,0 +1,238 @@
+// Per-kind pricing: ops are priced by the profile's measured rate for their kind (a fixed cost per
+// call plus their FLOPs or bytes over the rate, forward and backward apart), kinds a profile lacks
+// fall back to the roofline, the optimizer update is priced per parameter, the profile records the
+// thread layout it was measured under, and vision plans the runtime would not run as priced are
+// marked and not chosen when only executable plans are asked for.
+#include <gtest/gtest.h>
+
+#include "models/nn/nn.h"
+#include "ops/ops.h"
+#include "parallel/planner/cost_model.h"
+#include "parallel/planner/graph.h"
+#include "parallel/planner/plan_cli.h"
+#include "parallel/planner/planner.h"
+#include "parallel/planner/strategies.h"
+#include "tests/testing.h"
+
+namespace tessel::planner {
+namespace {
+
+// Roofline numbers: 1 GFLOP/s everywhere, memory traffic free.
+DeviceProfile roofline_profile() {
+  DeviceProfile profile;
+  profile.name = "roofline";
+  profile.devices_per_node = 8;
+  profile.memory_per_device = 1e9;
+  profile.gemm_flops = profile.conv_flops = profile.elementwise_flops = 1e9;
+  profile.memory_bandwidth = 1e30;
+  for (auto& level : profile.collectives)
+    for (auto& cost : level) cost = {1e-6, 1e9};
+  return profile;
+}
+
+Tensor meta(const Shape& sizes) {
+  return empty(sizes, TensorOptions(DType::kFloat32).device(Device::meta()));
+}
+
+// The traced ops of `forward` on meta tensors (no parameters; x requires grad).
+Graph trace_ops(const std::function<void(const Tensor&)>& forward, const Shape& shape) {
+  Tensor x = meta(shape);
+  x.set_requires_grad(true);
+  return trace_graph([&] { forward(x); }, {}, {{"x", x}}, shape[0]);
+}
+
+TEST(OpKind, ConvolutionsNormalisationAndActivationsGetTheirOwnKinds) {
+  Tensor dense_weight = meta({8, 8, 3, 3}), depthwise_weight = meta({8, 1, 3, 3});
+  const Graph convs = trace_ops(
+      [&](const Tensor& x) {
+        conv2d(x, dense_weight, Tensor(), {1, 1}, {1, 1});
+        conv2d(x, depthwise_weight, Tensor(), {1, 1}, {1, 1}, {1, 1}, 8);
+        max_pool2d(x, {3, 3}, {2, 2}, {1, 1});
+        cat({x, x}, 1);
+        relu(x);
+        gelu(x);
+      },
+      {2, 8, 8, 8});
+  ASSERT_EQ(convs.ops.size(), 6u);
+  EXPECT_EQ(op_kind(convs.ops[0]), "conv");
+  EXPECT_EQ(op_kind(convs.ops[1]), "conv_grouped");
+  EXPECT_EQ(op_kind(convs.ops[2]), "pool");
+  EXPECT_EQ(op_kind(convs.ops[3]), "concat");
+  EXPECT_EQ(op_kind(convs.ops[4]), "elementwise");
+  EXPECT_EQ(op_kind(convs.ops[5]), "activation");
+
+  Tensor w = meta({16}), b = meta({16});
+  const Graph norms = trace_ops(
+      [&](const Tensor& x) {
+        layer_norm(x, {16}, w, b);
+        softmax(x, -1);
+      },
+      {4, 16});
+  ASSERT_EQ(norms.ops.size(), 2u);
+  EXPECT_EQ(op_kind(norms.ops[0]), "layer_norm");
+  EXPECT_EQ(op_kind(norms.ops[1]), "softmax");
+}
+
+TEST(OpTime, MeasuredKindsUseTheirRateAndCallCostOthersTheRoofline) {
+  DeviceProfile profile = roofline_profile();
+  OpKindRate relu_rate;
+  relu_rate.per = "bytes";
+  relu_rate.forward = 1e9;
+  relu_rate.backward = 5e8;
+  relu_rate.forward_call_s = 1e-5;
+  relu_rate.backward_call_s = 2e-5;
+  profile.op_kinds["elementwise"] = relu_rate;
+  // Bytes, not FLOPs: 1e6 bytes at 1 GB/s plus the call.
+  EXPECT_DOUBLE_EQ(profile.op_time("elementwise", 123.0, 1e6, false), 1e-5 + 1e-3);
+  // Backward: its own rate and call cost, times the backward work factor.
+  EXPECT_DOUBLE_EQ(profile.op_time("elementwise", 123.0, 1e6, true, 2.0), 2e-5 + 2 * 2e-3);
+  // A kind the profile lacks: the roofline of the closest of gemm / conv / element-wise.
+  EXPECT_DOUBLE_EQ(profile.op_time("conv_grouped", 2e9, 0, false), 2.0);
+  EXPECT_DOUBLE_EQ(profile.op_time("gemm", 1e9, 0, true, 2.0), 2.0);
+}
+
+TEST(OpTime, StrategiesSplitTheWorkButEveryDeviceStillPaysTheCall) {
+  DeviceProfile profile = roofline_profile();
+  OpKindRate rate;
+  rate.per = "bytes";
+  rate.forward = rate.backward = 1e9;
+  rate.forward_call_s = rate.backward_call_s = 1e-4;
+  profile.op_kinds["elementwise"] = rate;
+  const Graph graph = trace_ops([](const Tensor& x) { relu(x); }, {8, 64});
+  PlannerConfig config;
+  config.devices = 2;
+  config.profile = profile;
+  const auto strategies = enumerate_strategies(graph, config);
+  ASSERT_EQ(strategies.size(), 1u);
+  const Strategy* whole = nullptr;
+  const Strategy* halves = nullptr;
+  for (const Strategy& s : strategies[0]) {
+    if (s.fully_replicated()) whole = &s;
+    if (s.dp == 2 && s.tp == 1) halves = &s;
+  }
+  ASSERT_TRUE(whole && halves);
+  const double bytes = graph.ops[0].bytes;
+  EXPECT_DOUBLE_EQ(whole->forward_compute, 1e-4 + bytes / 1e9);
+  EXPECT_DOUBLE_EQ(halves->forward_compute, 1e-4 + bytes / 2 / 1e9);
+}
+
+TEST(OptimizerTime, PricedPerParameterOrByMemoryTraffic) {
+  DeviceProfile profile = roofline_profile();
+  profile.memory_bandwidth = 1e9;
+  // No measured rate: (3 + 2 states) x 4 bytes per parameter over the memory bandwidth.
+  EXPECT_DOUBLE_EQ(profile.optimizer_time(1e6, 2), 7 * 4e6 / 1e9);
+  EXPECT_DOUBLE_EQ(profile.optimizer_time(1e6, 1), 5 * 4e6 / 1e9);
+  OpKindRate adam;
+  adam.per = "parameters";
+  adam.forward = adam.backward = 1e8;
+  profile.op_kinds["adam_update"] = adam;
+  EXPECT_DOUBLE_EQ(profile.optimizer_time(1e6, 2), 1e-2);
+  EXPECT_DOUBLE_EQ(profile.optimizer_time(1e6, 1), 5 * 4e6 / 1e9);  // SGD: still the traffic
+}
+
+TEST(OptimizerTime, OwnedParametersPayTheUpdateAtTheirShard) {
+  nn::Linear layer(64, 128);
+  layer.to(Device::meta());
+  Tensor x = meta({8, 64});
+  const Graph graph = trace_graph([&] { layer(x); }, layer.named_parameters(), {{"x", x}}, 8);
+  PlannerConfig config;
+  config.devices = 2;
+  config.profile = roofline_profile();
+  config.optimizer_states = 2;
+  const double parameters = 64 * 128 + 128;
+  const auto strategies = enumerate_strategies(graph, config);
+  for (const Strategy& s : strategies[0]) {
+    double shard = 0;
+    for (const ParameterSplit& split : s.parameters)
+      shard += static_cast<double>(shape_numel(graph.tensors[split.tensor].sizes)) / split.parts;
+    EXPECT_DOUBLE_EQ(s.optimizer_compute, config.profile.optimizer_time(shard, 2)) << s.label();
+    EXPECT_LE(shard, parameters);
+    // The update is part of the strategy's time.
+    EXPECT_DOUBLE_EQ(s.cost(1.0, 1.0).time, s.forward_compute + s.forward_comm +
+                                                s.backward_compute + s.backward_comm +
+                                                s.gradient_sync + s.optimizer_compute);
+  }
+}
+
+TEST(DeviceProfile, OpKindsAndLayoutRoundTripAndBadKindsAreNamed) {
+  DeviceProfile profile = roofline_profile();
+  OpKindRate rate;
+  rate.per = "flops";
+  rate.forward = 3e10;
+  rate.backward = 2e10;
+  rate.forward_call_s = 5e-6;
+  profile.op_kinds["conv_grouped"] = rate;
+  profile.calibrated_ranks = 2;
+  profile.calibrated_threads = 1;
+  const std::string text = profile_to_json(profile);
+  const DeviceProfile again = parse_profile(text, "round trip");
+  EXPECT_EQ(profile_to_json(again), text);
+  ASSERT_EQ(again.op_kinds.count("conv_grouped"), 1u);
+  EXPECT_DOUBLE_EQ(again.op_kinds.at("conv_grouped").forward_call_s, 5e-6);
+  EXPECT_EQ(again.layout_description(), "2 ranks x 1 thread at once");
+  EXPECT_EQ(roofline_profile().layout_description(), "layout not recorded");
+
+  std::string bad = text;
+  bad.replace(bad.find("\"flops\""), 7, "\"watts\"");
+  EXPECT_TRUE(
+      testing::throws_error([&] { parse_profile(bad, "p.json"); }, "op_kinds.conv_grouped.per"));
+}
+
+TEST(DeviceProfile, ShippedCpuProfileSaysWhichLayoutItWasMeasuredUnder) {
+  const DeviceProfile cpu = load_profile(find_profile("cpu_2core_example"));
+  EXPECT_GT(cpu.calibrated_ranks, 0);
+  EXPECT_GT(cpu.calibrated_threads, 0);
+  for (const char* kind : {"gemm", "conv", "conv_grouped", "elementwise", "batch_norm"})
+    EXPECT_EQ(cpu.op_kinds.count(kind), 1u) << kind;
+}
+
+TEST(Executable, VisionPlansWithATensorParallelGroupAreMarkedAndNotChosen) {
+  ModelSpec spec;
+  spec.name = "resnet18";
+  spec.batch = 4;
+  spec.image_size = 32;
+  PlanOptions options;
+  options.config.devices = 2;
+  options.config.max_tp = 2;
+  options.config.profile = load_profile(find_profile("h200_cluster"));
+  options.remat_fractions = {1.0};
+  const Graph graph = trace_model(spec);
+  EXPECT_EQ(graph.model, "resnet18");
+
+  const PlanResult any = plan_graph(graph, options);
+  bool marked = false;
+  for (const PlannedPoint& point : any.frontier) {
+    if (point.tp > 1) EXPECT_FALSE(point.executable) << point.summary;
+    if (!point.executable) {
+      marked = true;
+      EXPECT_NE(point.not_executable_reason.find("splits the batch"), std::string::npos);
+    }
+  }
+  EXPECT_TRUE(marked) << "expected some tensor-parallel point on the frontier";
+
+  options.executable_only = true;
+  const PlanResult runnable = plan_graph(graph, options);
+  ASSERT_GE(runnable.chosen, 0);
+  const PlannedPoint& chosen = runnable.frontier[runnable.chosen];
+  EXPECT_TRUE(chosen.executable);
+  // The fastest executable point that fits, even if only non-executable points dominate it.
+  for (const PlannedPoint& point : runnable.frontier)
+    if (point.executable && point.cost.memory <= runnable.memory_per_device)
+      EXPECT_GE(point.cost.time, chosen.cost.time);
+}
+
+TEST(Executable, BertPlansStayExecutable) {
+  ModelSpec spec;
+  spec.name = "bert_tiny";
+  spec.batch = 4;
+  spec.seq = 16;
+  PlanOptions options;
+  options.config.devices = 2;
+  options.config.profile = load_profile(find_profile("h200_cluster"));
+  options.remat_fractions = {1.0};
+  const PlanResult result = plan_graph(trace_model(spec), options);
+  for (const PlannedPoint& point : result.frontier) EXPECT_TRUE(point.executable);
+}
+
+}  // namespace
+}  // namespace tessel::planner
