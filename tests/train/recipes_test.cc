@@ -277,7 +277,7 @@ TEST(BertMlmFortunes, TrainsAndComparesWithTheUnigramBaseline) {
     EXPECT_TRUE(contains(first.out, line)) << line << "\n" << first.out;
   int vocab_files = 0;
   for (const auto& entry : fs::directory_iterator(work))
-    vocab_files += entry.path().filename().string().rfind("vocab-8000-", 0) == 0;
+    vocab_files += entry.path().filename().string().rfind("vocab-2000-", 0) == 0;
   EXPECT_EQ(vocab_files, 1);
 
   CliRun second = run_train_cli(args);  // reads the cached vocab
