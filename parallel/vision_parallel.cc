@@ -222,4 +222,23 @@ void TensorParallelClassifier::reduce_trunk_gradients() {
   }
 }
 
+std::map<std::string, int64_t> split_state_dims(nn::Module& root) {
+  std::map<std::string, int64_t> dims = tensor_parallel_split_dims(root);
+  for (auto& [prefix, module] : root.named_modules()) {
+    const std::string dot = prefix.empty() ? "" : prefix + ".";
+    if (auto* conv = dynamic_cast<ChannelParallelConv2d*>(module)) {
+      dims[dot + "weight"] = 0;
+      if (conv->bias.defined()) dims[dot + "bias"] = 0;
+    } else if (auto* classifier = dynamic_cast<TensorParallelClassifier*>(module)) {
+      if (!classifier->split_norm) continue;
+      for (auto& [name, child] : classifier->named_modules()) {
+        if (child != classifier->split_norm.get()) continue;
+        for (const char* tensor : {"weight", "bias", "running_mean", "running_var"})
+          dims[dot + name + "." + tensor] = 0;
+      }
+    }
+  }
+  return dims;
+}
+
 }  // namespace tessel::parallel

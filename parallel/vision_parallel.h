@@ -4,6 +4,7 @@
 //   TensorParallelClassifier net(full_resnet, tp_group_id);  loss = net.loss(images, labels);
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 
@@ -90,5 +91,10 @@ class TensorParallelClassifier : public nn::Module {
   std::string family_;                          // "resnet" or "shufflenet"
   std::vector<Tensor> trunk_parameters_;
 };
+
+// Which dim of each parameter and buffer of `root` (by dotted name) is split over the group:
+// tensor_parallel_split_dims's, plus ChannelParallelConv2d's filters and the channel-split batch
+// norm of a TensorParallelClassifier (its running statistics too). Others are replicated.
+std::map<std::string, int64_t> split_state_dims(nn::Module& root);
 
 }  // namespace tessel::parallel

@@ -1,6 +1,7 @@
 // The train recipes under mpirun -np 2: --dp=2 trains the parameters one process trains (the
 // closeness rule for whole f32 models), --tp=2 on ResNet gives the losses of --dp=2 (both split
-// the batch in two for batch norm), and a grid that does not match the ranks is a clear error.
+// the batch in two for batch norm), checkpoints under --tp=2 resume bit for bit and load with
+// another split (tp = 2 <-> tp = 1), and a grid that does not match the ranks is a clear error.
 #include <mpi.h>
 
 #include <cstdio>
@@ -12,11 +13,20 @@
 #include "core/rng.h"
 #include "core/safetensors.h"
 #include "gtest/gtest.h"
+#include "models/bert.h"
+#include "models/nn/nn.h"
 #include "ops/ops.h"
+#include "parallel/tensor_parallel.h"
 #include "tests/parallel/mpi_testing.h"
 #include "tests/testing.h"
+#include "train/optim/adam.h"
+#include "train/optim/clip_grad.h"
+#include "train/optim/sgd.h"
 #include "train/recipes/distributed.h"
 #include "train/recipes/recipe.h"
+#include "train/recipes/training_loop.h"
+#include "train/state/checkpoint.h"
+#include "train/state/lr_scheduler.h"
 
 namespace tessel::train {
 namespace {
@@ -24,16 +34,25 @@ namespace {
 namespace fs = std::filesystem;
 using parallel::testing::MpiTest;
 using tessel::testing::all_close;
+using tessel::testing::bitwise_equal;
 using tessel::testing::throws_error;
+
+std::string test_folder(const std::string& name) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  const fs::path path = fs::path(base ? base : "/tmp") / "distributed_recipe_test" / name;
+  return path.string();
+}
+
+int world_rank() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
 
 class DistributedRecipe : public MpiTest {
  protected:
   // A small Fashion-MNIST-shaped data set (IDX files) shared by the ranks, and an empty folder.
-  static std::string folder(const std::string& name) {
-    const char* base = std::getenv("TEST_TMPDIR");
-    const fs::path path = fs::path(base ? base : "/tmp") / "distributed_recipe_test" / name;
-    return path.string();
-  }
+  static std::string folder(const std::string& name) { return test_folder(name); }
 
   static void write_be32(std::ofstream& out, uint32_t value) {
     const unsigned char bytes[4] = {
@@ -183,13 +202,257 @@ TEST_F(DistributedRecipe, GridThatDoesNotMatchTheRanksIsAnError) {
   EXPECT_TRUE(throws_error([&] { run_recipe(wrong, log); }, "no tensor-parallel form"));
 }
 
-TEST_F(DistributedRecipe, TensorParallelCheckpointsAreRefused) {
+// ---- checkpoints under tensor parallelism: whole tensors on disk, any split on resume.
+
+// Every tensor of two checkpoint files, bit for bit.
+void expect_same_bits(const std::string& actual_file, const std::string& expected_file) {
+  const auto want = load_safetensors(expected_file);
+  const auto got = load_safetensors(actual_file);
+  ASSERT_EQ(want.size(), got.size()) << actual_file;
+  for (const auto& [name, tensor] : want) {
+    ASSERT_TRUE(got.count(name)) << name;
+    EXPECT_TRUE(bitwise_equal(got.at(name), tensor)) << name;
+  }
+}
+
+// Every parameter of two checkpoints within the closeness rule for whole f32 models.
+void expect_close_parameters(const std::string& actual, const std::string& expected) {
+  const auto want = load_safetensors(expected + "/model.safetensors");
+  const auto got = load_safetensors(actual + "/model.safetensors");
+  ASSERT_EQ(want.size(), got.size());
+  for (const auto& [name, tensor] : want) {
+    ASSERT_TRUE(got.count(name)) << name;
+    EXPECT_TRUE(all_close(got.at(name), tensor, 1e-4, 1e-6)) << name;
+  }
+}
+
+constexpr int64_t kBertVocab = 64, kBertSeq = 16, kBertBatch = 4, kBertSteps = 20;
+
+// BERT tiny without dropout, trained through run_training on masked-LM and next-sentence batches
+// that depend on (epoch, position) only: the full model with --tp=1, shard_bert's with --tp=2.
+RecipeResult train_bert(const TrainConfig& config) {
   std::ostringstream log;
-  TrainConfig config_with_checkpoints = config("resnet18_fashion_mnist", "resnet18");
-  config_with_checkpoints.tp = 2;
-  config_with_checkpoints.checkpoint_dir = folder("tp_checkpoints");
-  EXPECT_TRUE(throws_error([&] { run_recipe(config_with_checkpoints, log); },
-                           "--checkpoint_dir and --resume need --tp=1"));
+  return run_distributed(config, log, [&](std::ostream& rank_log) {
+    const DistributedRun& run = distributed_run();
+    manual_seed(7);
+    models::BertForPreTraining model(models::BertConfig::tiny()
+                                         .vocab_size(kBertVocab)
+                                         .dropout(0)
+                                         .max_position_embeddings(kBertSeq));
+    std::shared_ptr<parallel::TensorParallelBertForPreTraining> tp_model;
+    if (run.tp > 1) tp_model = parallel::shard_bert(model, run.tp_group_id);
+    nn::Module& trained = tp_model ? static_cast<nn::Module&>(*tp_model) : model;
+    optim::AdamW optimizer(trained.named_parameters(),
+                           optim::AdamWOptions(1e-3).weight_decay(0.01).eps(1e-6));
+    optim::LinearWarmupDecay scheduler(optimizer, 2, kBertSteps);
+    int64_t epoch_index = 0, next_batch = 0;
+    TrainingTask task;
+    task.model = &trained;
+    task.optimizer = &optimizer;
+    task.scheduler = &scheduler;
+    task.batches_per_epoch = kBertSteps;
+    task.start_epoch = [&](int64_t epoch, int64_t skip) {
+      epoch_index = epoch;
+      next_batch = skip;
+    };
+    task.train_step = [&](StepResult* result) {
+      if (next_batch >= kBertSteps) return false;
+      uint32_t state = static_cast<uint32_t>(1000 * epoch_index + next_batch++) * 2654435761u + 1;
+      auto next = [&state](int64_t bound) {
+        state = state * 1664525u + 1013904223u;
+        return static_cast<int64_t>((state >> 8) % static_cast<uint32_t>(bound));
+      };
+      std::vector<int64_t> ids, types, labels, nsp;
+      for (int64_t n = 0; n < kBertBatch; ++n) {
+        nsp.push_back(next(2));
+        for (int64_t t = 0; t < kBertSeq; ++t) {
+          ids.push_back(next(kBertVocab));
+          types.push_back(t < kBertSeq / 2 ? 0 : 1);
+          labels.push_back(t % 4 == 1 ? next(kBertVocab) : -100);
+        }
+      }
+      const Tensor input_ids = from_vector<int64_t>(ids, {kBertBatch, kBertSeq});
+      const Tensor token_types = from_vector<int64_t>(types, {kBertBatch, kBertSeq});
+      const Tensor mlm_labels = from_vector<int64_t>(labels, {kBertBatch, kBertSeq});
+      const Tensor nsp_labels = from_vector<int64_t>(nsp, {kBertBatch});
+      models::BertPreTrainingLoss loss;
+      if (tp_model) {
+        loss = parallel::tensor_parallel_bert_loss(tp_model->forward(input_ids, token_types),
+                                                   mlm_labels, nsp_labels, run.tp_group_id);
+      } else {
+        loss = models::bert_pretraining_loss(model.forward(input_ids, token_types), mlm_labels,
+                                             nsp_labels);
+      }
+      optimizer.zero_grad();
+      loss.total.backward();
+      if (tp_model) {
+        clip_grad_norm_tensor_parallel(*tp_model, 1.0, run.tp_group_id);
+      } else {
+        optim::clip_grad_norm(optimizer.parameters(), 1.0);
+      }
+      optimizer.step();
+      result->loss = loss.total.item<double>();
+      result->samples = kBertBatch;
+      return true;
+    };
+    task.evaluate = [] { return Evaluation{}; };
+    return run_training(task, config, rank_log);
+  });
+}
+
+TrainConfig bert_config(const std::string& checkpoint_dir, int tp, int64_t steps) {
+  TrainConfig config;
+  config.recipe = "bert_tiny_test";
+  config.batch_size = kBertBatch;
+  config.epochs = 1;
+  config.steps = steps;
+  config.log_every = kBertSteps;
+  config.tp = tp;
+  config.checkpoint_dir = checkpoint_dir;
+  return config;
+}
+
+// BERT on one process (rank 0; the others wait), as run_alone does for recipes.
+RecipeResult train_bert_alone(const TrainConfig& config) {
+  RecipeResult result;
+  if (world_rank() == 0) {
+    set_training_world(MPI_COMM_SELF);
+    try {
+      result = train_bert(config);
+    } catch (...) {
+      set_training_world(MPI_COMM_WORLD);
+      throw;
+    }
+    set_training_world(MPI_COMM_WORLD);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  return result;
+}
+
+TEST_F(DistributedRecipe, TensorParallelBertResumesExactly) {
+  // Split parameters (heads, MLP columns, vocabulary) and their AdamW moments are gathered into
+  // the checkpoint and sliced again on resume.
+  const RecipeResult straight = train_bert(bert_config(folder("bert_tp2_straight"), 2, 20));
+  TrainConfig first_half = bert_config(folder("bert_tp2_resumed"), 2, 10);
+  const RecipeResult half = train_bert(first_half);
+  TrainConfig second_half = first_half;
+  second_half.steps = 20;
+  second_half.resume = "";
+  const RecipeResult resumed = train_bert(second_half);
+  EXPECT_EQ(resumed.resumed_from_step, 10);
+  EXPECT_EQ(resumed.steps, 20);
+  if (rank() != 0) {
+    EXPECT_EQ(resumed.last_checkpoint, "") << "only rank 0 writes checkpoints";
+    return;
+  }
+  EXPECT_EQ(half.last_checkpoint, folder("bert_tp2_resumed") + "/step_10");
+  expect_same_bits(resumed.last_checkpoint + "/model.safetensors",
+                   straight.last_checkpoint + "/model.safetensors");
+  expect_same_bits(resumed.last_checkpoint + "/train_state.safetensors",
+                   straight.last_checkpoint + "/train_state.safetensors");
+  // On disk the tensors are whole: the layout of a one-process run.
+  const auto saved = load_safetensors(straight.last_checkpoint + "/model.safetensors");
+  EXPECT_EQ(saved.at("bert.embeddings.word_embeddings.weight").sizes(), Shape({kBertVocab, 128}));
+  EXPECT_EQ(saved.at("bert.encoder.layer.0.attention.self.query.weight").sizes(),
+            Shape({128, 128}));
+  EXPECT_EQ(saved.at("bert.encoder.layer.0.output.dense.weight").sizes(), Shape({128, 512}));
+  EXPECT_EQ(saved.at("cls.predictions.bias").sizes(), Shape({kBertVocab}));
+  const auto state = load_safetensors(straight.last_checkpoint + "/train_state.safetensors");
+  EXPECT_EQ(state.at("optimizer.bert.encoder.layer.0.intermediate.dense.weight.exp_avg").sizes(),
+            Shape({512, 128}));
+}
+
+TEST_F(DistributedRecipe, TensorParallelBertCheckpointResumesWithAnotherSplit) {
+  // Other splits sum in other orders (the vocabulary-parallel cross-entropy, the all-reduced
+  // row-parallel products), so the runs stay close rather than equal.
+  TrainConfig tp2 = bert_config(folder("bert_split_tp2"), 2, 20);
+  tp2.checkpoint_every = 10;
+  const RecipeResult tp2_run = train_bert(tp2);
+  TrainConfig tp1 = bert_config(folder("bert_split_tp1"), 1, 20);
+  tp1.checkpoint_every = 10;
+  const RecipeResult tp1_run = train_bert_alone(tp1);
+
+  // tp = 2 -> tp = 1: one process continues from the tp = 2 run's step 10.
+  TrainConfig tp1_from_tp2 = bert_config(folder("bert_split_tp1_from_tp2"), 1, 20);
+  tp1_from_tp2.resume = folder("bert_split_tp2") + "/step_10";
+  const RecipeResult tp1_resumed = train_bert_alone(tp1_from_tp2);
+  // tp = 1 -> tp = 2.
+  TrainConfig tp2_from_tp1 = bert_config(folder("bert_split_tp2_from_tp1"), 2, 20);
+  tp2_from_tp1.resume = folder("bert_split_tp1") + "/step_10";
+  const RecipeResult tp2_resumed = train_bert(tp2_from_tp1);
+  EXPECT_EQ(tp2_resumed.resumed_from_step, 10);
+  if (rank() != 0) return;
+  EXPECT_EQ(tp1_resumed.resumed_from_step, 10);
+  EXPECT_EQ(tp1_resumed.steps, 20);
+  expect_close_parameters(tp1_resumed.last_checkpoint, tp2_run.last_checkpoint);
+  expect_close_parameters(tp2_resumed.last_checkpoint, tp1_run.last_checkpoint);
+}
+
+// `recipe` with --tp=2: 4 steps straight, and 2 steps then a resume to 4, give the same bits.
+// Returns the straight run's last checkpoint on rank 0.
+std::string expect_tensor_parallel_resume_exact(const TrainConfig& base, const std::string& name) {
+  TrainConfig straight = base;
+  straight.tp = 2;
+  straight.steps = 4;
+  straight.checkpoint_dir = test_folder(name + "_straight");
+  std::ostringstream log;
+  const RecipeResult expected = run_recipe(straight, log);
+  TrainConfig first_half = straight;
+  first_half.steps = 2;
+  first_half.checkpoint_dir = test_folder(name + "_resumed");
+  run_recipe(first_half, log);
+  TrainConfig second_half = first_half;
+  second_half.steps = 4;
+  second_half.resume = "";
+  const RecipeResult resumed = run_recipe(second_half, log);
+  EXPECT_EQ(resumed.resumed_from_step, 2);
+  if (world_rank() != 0) return "";
+  EXPECT_EQ(resumed.final_train_loss, expected.final_train_loss);
+  expect_same_bits(resumed.last_checkpoint + "/model.safetensors",
+                   expected.last_checkpoint + "/model.safetensors");
+  expect_same_bits(resumed.last_checkpoint + "/train_state.safetensors",
+                   expected.last_checkpoint + "/train_state.safetensors");
+  return expected.last_checkpoint;
+}
+
+TEST_F(DistributedRecipe, TensorParallelResNetResumesExactly) {
+  // The batch-split trunk is replicated; the class-split classifier and its momentum are
+  // gathered and sliced. Rank 0's batch-norm statistics are the ones saved.
+  const std::string saved_at =
+      expect_tensor_parallel_resume_exact(config("resnet18_fashion_mnist", "resnet18"), "resnet");
+  if (rank() != 0) return;
+  const auto saved = load_safetensors(saved_at + "/model.safetensors");
+  EXPECT_EQ(saved.at("fc.weight").sizes(), Shape({10, 512}));
+  EXPECT_EQ(saved.at("fc.bias").sizes(), Shape({10}));
+}
+
+TEST_F(DistributedRecipe, TensorParallelShuffleNetResumesExactly) {
+  // conv5 split by channels: its filters, batch-norm weights and running statistics too.
+  const std::string saved_at = expect_tensor_parallel_resume_exact(
+      config("shufflenet_v2_fashion_mnist", "shufflenet_v2_x0_5"), "shufflenet");
+  if (rank() != 0) return;
+  const auto saved = load_safetensors(saved_at + "/model.safetensors");
+  EXPECT_EQ(saved.at("conv5.0.weight").size(0), 1024);
+  EXPECT_EQ(saved.at("conv5.1.running_mean").sizes(), Shape({1024}));
+  EXPECT_EQ(saved.at("fc.weight").sizes(), Shape({10, 1024}));
+}
+
+TEST_F(DistributedRecipe, CheckpointThatDoesNotSplitIsAnError) {
+  // A whole tensor whose split dim is not a multiple of the ranks cannot be sliced.
+  CheckpointSharding sharding;
+  sharding.split_dims = {{"weight", 0}};
+  sharding.parts = 3;
+  sharding.part = 0;
+  sharding.gather = [](const Tensor& local, int64_t) { return local; };
+  const std::string dir = folder("uneven") + "_" + std::to_string(rank());
+  auto layer = std::make_shared<nn::Linear>(4, 2);
+  optim::SGD sgd(layer->named_parameters(), optim::SGDOptions(0.1));
+  save_checkpoint(dir, 1, *layer, sgd);
+  nn::Linear target(4, 2);
+  optim::SGD target_sgd(target.named_parameters(), optim::SGDOptions(0.1));
+  EXPECT_TRUE(throws_error(
+      [&] { load_checkpoint(dir + "/step_1", target, target_sgd, nullptr, nullptr, &sharding); },
+      "does not split into 3 equal parts"));
 }
 
 }  // namespace

@@ -141,9 +141,6 @@ RecipeResult run_distributed(const TrainConfig& config, std::ostream& log,
   ParallelLayout layout = resolve_layout(config, world_size);
   if (world_size == 1) return body(log);  // --dp=1 --tp=1 or a one-device plan
 
-  TESSEL_CHECK(layout.tp == 1 || (config.checkpoint_dir.empty() && !config.resume),
-               "--checkpoint_dir and --resume need --tp=1: checkpoints hold whole models, and "
-               "a tensor-parallel run holds slices (train with --dp only to checkpoint)");
   DistributedRun run;
   run.rank = rank;
   run.world_size = world_size;
@@ -320,6 +317,20 @@ double clip_grad_norm_tensor_parallel(nn::Module& model, double max_norm, int64_
   if (scale < 1.0 || std::isnan(scale))
     for (Tensor& grad : grads) grad.mul_(scale);
   return norm;
+}
+
+std::optional<CheckpointSharding> checkpoint_sharding(nn::Module& model) {
+  const DistributedRun& run = distributed_run();
+  if (run.tp == 1) return std::nullopt;
+  CheckpointSharding sharding;
+  sharding.split_dims = parallel::split_state_dims(model);
+  sharding.parts = run.tp;
+  sharding.part = run.tp_group->rank();
+  std::shared_ptr<parallel::Communicator> group = run.tp_group;
+  sharding.gather = [group](const Tensor& local, int64_t dim) {
+    return parallel::gather_shards(local, dim, *group);
+  };
+  return sharding;
 }
 
 void gather_into_full_model(nn::Module& sharded, nn::Module& full, int64_t group) {

@@ -22,6 +22,7 @@
 #include "train/optim/optimizer.h"
 #include "train/recipes/classification.h"
 #include "train/recipes/recipe.h"
+#include "train/state/checkpoint.h"
 
 namespace tessel::parallel {
 class DistributedDataParallel;
@@ -118,6 +119,9 @@ std::vector<Tensor> weight_by_global_counts(const std::vector<std::pair<Tensor, 
 // clip_grad_norm for a tensor-parallel model: split parameters' squares summed over the tp
 // group, replicated ones counted once. Returns the total norm.
 double clip_grad_norm_tensor_parallel(nn::Module& model, double max_norm, int64_t group);
+// How `model` (what the optimizer updates) is split over the tp group, so that checkpoints hold
+// whole tensors and resume with any --tp; nullopt when tp == 1.
+std::optional<CheckpointSharding> checkpoint_sharding(nn::Module& model);
 // Copies a tensor-parallel model's parameters into the full model of the same names, gathering
 // split ones over the tp group (a collective): evaluation runs on the full model.
 void gather_into_full_model(nn::Module& sharded, nn::Module& full, int64_t group);

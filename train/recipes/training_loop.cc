@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include "core/allocator.h"
 #include "core/autocast.h"
@@ -90,10 +91,14 @@ RecipeResult run_training(const TrainingTask& task, const TrainConfig& config, s
   RecipeResult result;
   int64_t step = 0;
   bool resumed = false;
+  // With --tp > 1: checkpoints hold whole tensors, gathered to save and sliced to resume.
+  const std::optional<CheckpointSharding> sharding = checkpoint_sharding(*task.model);
+  const CheckpointSharding* sharding_or_null = sharding ? &*sharding : nullptr;
   if (config.resume) {
     const std::string path = resolve_resume_path(config);
     NamedScalars extra;
-    step = load_checkpoint(path, *task.model, *task.optimizer, task.scheduler, &extra);
+    step = load_checkpoint(path, *task.model, *task.optimizer, task.scheduler, &extra,
+                           sharding_or_null);
     const double saved_batches = find_value(extra, "batches_per_epoch", -1);
     const double saved_seed = find_value(extra, "seed", -1);
     TESSEL_CHECK(saved_batches == static_cast<double>(batches_per_epoch) &&
@@ -113,7 +118,8 @@ RecipeResult run_training(const TrainingTask& task, const TrainConfig& config, s
   }
   // A resumed run appends to its metrics file.
   // Rank 0 alone writes metrics and checkpoints.
-  const bool main_rank = distributed_run().is_main();
+  const DistributedRun& run = distributed_run();
+  const bool main_rank = run.is_main();
   MetricsLog metrics(main_rank ? config.metrics_path : std::string(),
                      /*append=*/config.resume.has_value());
   // --memory_budget / --memory_policy: the training state moves into the budget here.
@@ -121,17 +127,27 @@ RecipeResult run_training(const TrainingTask& task, const TrainConfig& config, s
 
   int64_t saved_step = resumed ? step : -1;  // that state is on disk already
   auto save = [&]() {
-    if (config.checkpoint_dir.empty() || saved_step == step || !main_rank) return;
+    if (config.checkpoint_dir.empty() || saved_step == step) return;
+    saved_step = step;
+    // The first data-parallel replica's tensor-parallel ranks gather the split tensors.
+    if (!main_rank && !(sharding && run.dp_rank == 0)) {
+      if (run.distributed()) run.world->barrier();
+      return;
+    }
     const auto save_start = Clock::now();
     const NamedScalars extra = {{"batches_per_epoch", static_cast<double>(batches_per_epoch)},
                                 {"seed", static_cast<double>(config.seed)},
                                 {"planned_steps", static_cast<double>(total_steps)}};
-    result.last_checkpoint = save_checkpoint(config.checkpoint_dir, step, *task.model,
-                                             *task.optimizer, task.scheduler, extra);
-    saved_step = step;
-    char line[96];
-    std::snprintf(line, sizeof(line), " (%.1f s)", seconds_since(save_start));
-    log << "checkpoint " << result.last_checkpoint << line << std::endl;
+    const CheckpointContents contents = capture_checkpoint(step, *task.model, *task.optimizer,
+                                                           task.scheduler, extra, sharding_or_null);
+    if (main_rank) {
+      result.last_checkpoint = write_checkpoint(config.checkpoint_dir, contents);
+      char line[96];
+      std::snprintf(line, sizeof(line), " (%.1f s)", seconds_since(save_start));
+      log << "checkpoint " << result.last_checkpoint << line << std::endl;
+    }
+    // Every rank goes on once the checkpoint is on disk (a later --resume may read it at once).
+    if (run.distributed()) run.world->barrier();
   };
 
   Evaluation last_eval;

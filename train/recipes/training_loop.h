@@ -51,7 +51,8 @@ int64_t planned_steps(const TrainConfig& config, int64_t batches_per_epoch);
 // checkpoint (model, optimizer, schedule, RNG) and continues from its step, skipping the batches
 // already trained; parameters then match an uninterrupted run bit for bit. With
 // config.checkpoint_dir, saves at the end of every epoch, every checkpoint_every steps and when
-// --steps stops the run, keeping the newest 3.
+// --steps stops the run, keeping the newest 3. Under --tp > 1 the split tensors are gathered
+// whole to save and sliced to resume (checkpoint_sharding), so any --tp resumes any checkpoint.
 RecipeResult run_training(const TrainingTask& task, const TrainConfig& config, std::ostream& log);
 
 // The checkpoint folder config.resume names: "" (bare --resume) is the newest in

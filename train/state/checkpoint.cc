@@ -25,6 +25,8 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/safetensors.h"
+#include "core/shape.h"
+#include "ops/ops.h"
 
 namespace tessel::train {
 
@@ -230,15 +232,31 @@ std::map<std::string, Tensor> read_checkpoint_file(const fs::path& path,
   }
 }
 
+// This rank's part of the whole tensor `name` (the tensor itself when it is not split).
+Tensor this_part(const CheckpointSharding& sharding, const std::string& name, const Tensor& whole,
+                 const std::string& file) {
+  auto dim = sharding.split_dims.find(name);
+  if (dim == sharding.split_dims.end()) return whole;
+  TESSEL_CHECK(dim->second >= 0 && dim->second < whole.dim(), "load_checkpoint: '", file,
+               "' holds '", name, "' of shape ", shape_str(whole.sizes()),
+               ", but this run splits it along dim ", dim->second);
+  const int64_t size = whole.size(dim->second);
+  TESSEL_CHECK(size % sharding.parts == 0, "load_checkpoint: '", file, "' holds '", name,
+               "' of shape ", shape_str(whole.sizes()), ", whose dim ", dim->second, " (", size,
+               ") does not split into ", sharding.parts, " equal parts for this run's ",
+               sharding.parts, " tensor-parallel ranks");
+  const int64_t part = size / sharding.parts;
+  return contiguous(narrow(whole, dim->second, sharding.part * part, part));
+}
+
 }  // namespace
 
-std::string save_checkpoint(const std::string& dir, int64_t step, const nn::Module& module,
-                            const optim::Optimizer& optimizer, const optim::LRScheduler* scheduler,
-                            const NamedScalars& extra, const CheckpointOptions& options) {
-  TESSEL_CHECK(!dir.empty(), "save_checkpoint: the checkpoint directory is empty");
+CheckpointContents capture_checkpoint(int64_t step, const nn::Module& module,
+                                      const optim::Optimizer& optimizer,
+                                      const optim::LRScheduler* scheduler,
+                                      const NamedScalars& extra,
+                                      const CheckpointSharding* sharding) {
   TESSEL_CHECK(step >= 0, "save_checkpoint: step must be >= 0, got ", step);
-  TESSEL_CHECK(options.keep_last >= 0, "save_checkpoint: keep_last must be >= 0, got ",
-               options.keep_last);
   TESSEL_CHECK(scheduler == nullptr || &scheduler->optimizer() == &optimizer,
                "save_checkpoint: the scheduler (", scheduler ? scheduler->name() : "",
                ") drives another optimizer than the one given");
@@ -248,28 +266,69 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const nn::Modu
     TESSEL_CHECK(extra_names.insert(name).second, "save_checkpoint: extra scalar '", name,
                  "' is given twice");
   }
+  TESSEL_CHECK(sharding == nullptr || (sharding->parts >= 1 && sharding->gather),
+               "save_checkpoint: the sharding needs a part count and a gather function");
+  // Split tensors are gathered in the order of state_dict and state_tensors, the same on every
+  // rank.
+  auto whole = [&](const std::string& name, const Tensor& tensor) {
+    if (sharding == nullptr || sharding->parts == 1) return tensor;
+    auto dim = sharding->split_dims.find(name);
+    return dim == sharding->split_dims.end() ? tensor : sharding->gather(tensor, dim->second);
+  };
+  CheckpointContents contents;
+  contents.step = step;
+  for (const auto& [name, tensor] : module.state_dict())
+    contents.model.emplace_back(name, whole(name, tensor));
+  contents.optimizer_name = optimizer.name();
+  for (const auto& [name, tensor] : optimizer.state_tensors())
+    contents.optimizer_tensors.emplace_back(name, whole(name.substr(0, name.rfind('.')), tensor));
+  contents.optimizer_scalars = optimizer.state_scalars();
+  if (scheduler) {
+    contents.scheduler_name = scheduler->name();
+    contents.scheduler_scalars = scheduler->state_scalars();
+  }
+  contents.extra = extra;
+  contents.rng = get_rng_state();
+  return contents;
+}
+
+std::string save_checkpoint(const std::string& dir, int64_t step, const nn::Module& module,
+                            const optim::Optimizer& optimizer, const optim::LRScheduler* scheduler,
+                            const NamedScalars& extra, const CheckpointOptions& options) {
+  TESSEL_CHECK(!dir.empty(), "save_checkpoint: the checkpoint directory is empty");
+  return write_checkpoint(dir, capture_checkpoint(step, module, optimizer, scheduler, extra),
+                          options);
+}
+
+std::string write_checkpoint(const std::string& dir, const CheckpointContents& contents,
+                             const CheckpointOptions& options) {
+  TESSEL_CHECK(!dir.empty(), "save_checkpoint: the checkpoint directory is empty");
+  const int64_t step = contents.step;
+  TESSEL_CHECK(step >= 0, "save_checkpoint: step must be >= 0, got ", step);
+  TESSEL_CHECK(options.keep_last >= 0, "save_checkpoint: keep_last must be >= 0, got ",
+               options.keep_last);
 
   // Everything to write is gathered before touching the disk.
   const std::string save_id = new_save_id();
   SafetensorsMetadata model_metadata{
       {"format", kFormat}, {"save_id", save_id}, {"step", std::to_string(step)}};
   SafetensorsMetadata train_metadata = model_metadata;
-  const RngState rng = get_rng_state();
-  train_metadata["rng.seed"] = std::to_string(rng.seed);
-  train_metadata["rng.offset"] = std::to_string(rng.offset);
-  train_metadata["optimizer"] = optimizer.name();
-  for (const auto& [name, value] : optimizer.state_scalars())
+  train_metadata["rng.seed"] = std::to_string(contents.rng.seed);
+  train_metadata["rng.offset"] = std::to_string(contents.rng.offset);
+  train_metadata["optimizer"] = contents.optimizer_name;
+  for (const auto& [name, value] : contents.optimizer_scalars)
     train_metadata[kOptimizerPrefix + name] = format_exact(value);
-  if (scheduler) {
-    train_metadata["scheduler"] = scheduler->name();
-    for (const auto& [name, value] : scheduler->state_scalars())
+  if (!contents.scheduler_name.empty()) {
+    train_metadata["scheduler"] = contents.scheduler_name;
+    for (const auto& [name, value] : contents.scheduler_scalars)
       train_metadata[kSchedulerPrefix + name] = format_exact(value);
   }
-  for (const auto& [name, value] : extra) train_metadata[kExtraPrefix + name] = format_exact(value);
+  for (const auto& [name, value] : contents.extra)
+    train_metadata[kExtraPrefix + name] = format_exact(value);
   std::vector<std::pair<std::string, Tensor>> optimizer_tensors;
-  for (const auto& [name, tensor] : optimizer.state_tensors())
+  for (const auto& [name, tensor] : contents.optimizer_tensors)
     optimizer_tensors.emplace_back(kOptimizerPrefix + name, tensor);
-  const nn::NamedTensors model_tensors = module.state_dict();
+  const nn::NamedTensors& model_tensors = contents.model;
 
   const fs::path root(dir);
   const std::string folder_name = step_folder_name(step);
@@ -316,7 +375,8 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const nn::Modu
 }
 
 int64_t load_checkpoint(const std::string& path, nn::Module& module, optim::Optimizer& optimizer,
-                        optim::LRScheduler* scheduler, NamedScalars* extra) {
+                        optim::LRScheduler* scheduler, NamedScalars* extra,
+                        const CheckpointSharding* sharding) {
   const fs::path folder(path);
   std::error_code error;
   TESSEL_CHECK(fs::exists(folder, error), "load_checkpoint: '", path, "' does not exist");
@@ -332,8 +392,7 @@ int64_t load_checkpoint(const std::string& path, nn::Module& module, optim::Opti
   const std::string train_path = (folder / kTrainStateFile).string();
   SafetensorsMetadata model_metadata;
   SafetensorsMetadata train_metadata;
-  const std::map<std::string, Tensor> model_state =
-      read_checkpoint_file(model_path, &model_metadata);
+  std::map<std::string, Tensor> model_state = read_checkpoint_file(model_path, &model_metadata);
   const std::map<std::string, Tensor> train_state =
       read_checkpoint_file(train_path, &train_metadata);
 
@@ -368,6 +427,12 @@ int64_t load_checkpoint(const std::string& path, nn::Module& module, optim::Opti
     TESSEL_CHECK(starts_with(name, kOptimizerPrefix), "load_checkpoint: '", train_path,
                  "' holds an unexpected tensor '", name, "'");
     optimizer_tensors.emplace_back(name.substr(std::strlen(kOptimizerPrefix)), tensor);
+  }
+  if (sharding != nullptr && sharding->parts > 1) {
+    for (auto& [name, tensor] : model_state)
+      tensor = this_part(*sharding, name, tensor, model_path);
+    for (auto& [name, tensor] : optimizer_tensors)
+      tensor = this_part(*sharding, name.substr(0, name.rfind('.')), tensor, train_path);
   }
 
   NamedScalars scheduler_scalars;

@@ -4,8 +4,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <string>
 
+#include "core/rng.h"
 #include "models/nn/module.h"
 #include "train/optim/optimizer.h"
 #include "train/state/lr_scheduler.h"
@@ -30,6 +33,44 @@ struct CheckpointOptions {
   int keep_last = 3;
 };
 
+// A model split over ranks (tensor parallelism): which of its tensors are split, along which dim,
+// and how to gather one. Checkpoints then hold whole tensors, as a one-process run saves them, so
+// a run resumes with the same split or another one (a tp = 2 checkpoint loads into tp = 1).
+struct CheckpointSharding {
+  // state_dict names of the split tensors -> the dim split; optimizer state follows its
+  // parameter. Tensors not listed are the same on every rank.
+  std::map<std::string, int64_t> split_dims;
+  int parts = 1;  // ranks sharing each split tensor, in equal parts in rank order
+  int part = 0;   // this rank's part
+  // The whole tensor from every part's `local` (a collective over the ranks sharing it).
+  std::function<Tensor(const Tensor& local, int64_t dim)> gather;
+};
+
+// Everything a checkpoint holds, split tensors gathered whole.
+struct CheckpointContents {
+  int64_t step = 0;
+  nn::NamedTensors model;  // state_dict
+  std::string optimizer_name;
+  optim::NamedTensors optimizer_tensors;
+  NamedScalars optimizer_scalars;
+  std::string scheduler_name;  // "" without a scheduler
+  NamedScalars scheduler_scalars;
+  NamedScalars extra;
+  RngState rng;
+};
+
+// The state at training step `step` (>= 0), checked as save_checkpoint does. With `sharding`, a
+// collective: every rank that holds a part calls it; one of them then writes the result.
+CheckpointContents capture_checkpoint(int64_t step, const nn::Module& module,
+                                      const optim::Optimizer& optimizer,
+                                      const optim::LRScheduler* scheduler = nullptr,
+                                      const NamedScalars& extra = {},
+                                      const CheckpointSharding* sharding = nullptr);
+
+// Writes `contents` as the checkpoint of its step and returns the folder ("<dir>/step_<N>").
+std::string write_checkpoint(const std::string& dir, const CheckpointContents& contents,
+                             const CheckpointOptions& options = {});
+
 // Saves the state at training step `step` (>= 0) and returns the folder written
 // ("<dir>/step_<N>"). `dir` is created when missing. `extra` holds any other numbers to restore
 // (epoch, best accuracy...): names unique and non-empty. Saving a step that already exists
@@ -44,9 +85,11 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const nn::Modu
 // checkpoint must hold one of the same kind) and the global RNG, and returns its step. The extra
 // scalars go to `extra` when given. Throws tessel::Error naming the file and the problem on a
 // missing folder or file, a truncated or corrupt file, or a checkpoint of another model or
-// optimizer; on an error the module, optimizer, scheduler and RNG are left unchanged.
+// optimizer; on an error the module, optimizer, scheduler and RNG are left unchanged. With
+// `sharding`, `module` and `optimizer` receive this rank's part of each split tensor.
 int64_t load_checkpoint(const std::string& path, nn::Module& module, optim::Optimizer& optimizer,
-                        optim::LRScheduler* scheduler = nullptr, NamedScalars* extra = nullptr);
+                        optim::LRScheduler* scheduler = nullptr, NamedScalars* extra = nullptr,
+                        const CheckpointSharding* sharding = nullptr);
 
 // The same for the checkpoint that `<dir>/latest` names.
 int64_t load_latest_checkpoint(const std::string& dir, nn::Module& module,
