@@ -9,6 +9,7 @@
 // (calibrated_layout in the file).
 // Collective alpha-beta costs are measured with the MPI communicator when started with more than
 // one rank; otherwise they are copied from --base and the file says so in "sources".
+#include <time.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -64,14 +65,11 @@ struct PassTimes {
   double forward = 0, backward = 0;
 };
 
-// Mean of the middle half of `values` (robust to the rounds another process preempted, and to
-// the lucky ones).
-double trimmed_mean(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const size_t cut = values.size() / 4;
-  double sum = 0;
-  for (size_t i = cut; i < values.size() - cut; ++i) sum += values[i];
-  return sum / static_cast<double>(values.size() - 2 * cut);
+// CPU time of this process (every thread), seconds.
+double process_cpu_seconds() {
+  timespec now{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
 }
 
 // The work the planner counts for the ops `forward` runs (traced as the planner traces models):
@@ -153,13 +151,16 @@ std::pair<double, double> fit_call_and_rate(const std::vector<double>& work,
 // Forward and backward times of every case, measured in rounds (each round runs every case once,
 // forward then backward from a gradient of ones) until `budget_s` has passed (at least 5
 // rounds): a load that comes and goes on a shared machine then weighs on every case alike.
-// Each case's time is the trimmed mean over rounds; with `comm`, every rank runs the same rounds
-// at the same time and each case counts at the slowest rank's mean.
+// Each case's time is its trimmed mean CPU time over rounds scaled by the share of the cores the
+// process got over all rounds (shared_core_times: short ops lose that share as long ones do);
+// with `comm`, every rank runs the same rounds at the same time and each case counts at the
+// ranks' mean.
 // `skew`: with `comm`, how much longer a round takes from one synchronisation to the next than
 // the average rank's own work in it (the wait for the slowest rank, as every training step has),
 // as a fraction; 0 without.
 std::vector<PassTimes> time_in_rounds(const std::vector<KindCase>& cases, double budget_s,
-                                      parallel::Communicator* comm, double* skew) {
+                                      parallel::Communicator* comm, double* skew,
+                                      double* wall_per_cpu = nullptr) {
   auto clear = [](const KindCase& c) {
     for (const Tensor& leaf : c.leaves) leaf.set_grad(Tensor());
   };
@@ -170,8 +171,11 @@ std::vector<PassTimes> time_in_rounds(const std::vector<KindCase>& cases, double
     out.backward(seeds.back());
     clear(c);
   }
+  // Per case, the process's CPU time (trimmed over rounds: robust to noise); and the wall and
+  // CPU time of all cases over all rounds, whose ratio is the share of the cores this process got.
   std::vector<std::vector<double>> forwards(cases.size()), backwards(cases.size());
   std::vector<double> walls, busy;
+  double busy_wall = 0, busy_cpu = 0;
   const auto start = Clock::now();
   auto round_start = start;
   for (int round = 0; round < 10000; ++round) {
@@ -188,22 +192,30 @@ std::vector<PassTimes> time_in_rounds(const std::vector<KindCase>& cases, double
     busy.push_back(0);
     for (size_t i = 0; i < cases.size(); ++i) {
       const auto begin = Clock::now();
+      const double cpu_begin = process_cpu_seconds();
       Tensor out = cases[i].forward();
-      const auto middle = Clock::now();
+      const double cpu_middle = process_cpu_seconds();
       out.backward(seeds[i]);
+      const double cpu_end = process_cpu_seconds();
       const auto end = Clock::now();
       out = Tensor();
       clear(cases[i]);
-      forwards[i].push_back(std::chrono::duration<double>(middle - begin).count());
-      backwards[i].push_back(std::chrono::duration<double>(end - middle).count());
-      busy.back() += std::chrono::duration<double>(end - begin).count();
+      forwards[i].push_back(cpu_middle - cpu_begin);
+      backwards[i].push_back(cpu_end - cpu_middle);
+      const double wall = std::chrono::duration<double>(end - begin).count();
+      busy.back() += wall;
+      busy_wall += wall;
+      busy_cpu += cpu_end - cpu_begin;
     }
   }
+  const std::vector<double> forward_s = shared_core_times(forwards, busy_wall, busy_cpu);
+  const std::vector<double> backward_s = shared_core_times(backwards, busy_wall, busy_cpu);
+  if (wall_per_cpu) *wall_per_cpu = busy_cpu > 0 ? busy_wall / busy_cpu : 1.0;
   *skew = 0;
   std::vector<float> means;
   for (size_t i = 0; i < cases.size(); ++i) {
-    means.push_back(static_cast<float>(trimmed_mean(forwards[i])));
-    means.push_back(static_cast<float>(trimmed_mean(backwards[i])));
+    means.push_back(static_cast<float>(forward_s[i]));
+    means.push_back(static_cast<float>(backward_s[i]));
   }
   if (comm) {
     // The average rank's times; the wait for the slowest one is the skew.
@@ -382,7 +394,7 @@ int calibrate(int argc, char** argv) {
     world->barrier();
   }
   const int64_t scale = quick ? 4 : 1;  // --quick: smaller batches
-  std::string kinds_text;
+  std::string kinds_text, share_text;
   struct KindEntry {
     std::string kind, per, what;
     std::vector<KindCase> cases;
@@ -542,8 +554,15 @@ int calibrate(int argc, char** argv) {
     std::vector<KindCase> all;
     for (const KindEntry& entry : entries)
       for (const KindCase& c : entry.cases) all.push_back(c);
-    const std::vector<PassTimes> times =
-        time_in_rounds(all, quick ? 0.5 : 24 * budget, world.get(), &profile.rank_skew);
+    double wall_per_cpu = 1;
+    const std::vector<PassTimes> times = time_in_rounds(all, quick ? 0.5 : 24 * budget, world.get(),
+                                                        &profile.rank_skew, &wall_per_cpu);
+    char share[160];
+    std::snprintf(share, sizeof share,
+                  "; rank 0's wall time was %.2f x its CPU time over these rounds (the share of "
+                  "the cores it got), which every case's CPU time is scaled by",
+                  wall_per_cpu);
+    share_text = share;
     sources["rank_skew"] =
         ranks > 1 ? "rounds of every op-kind case (step-sized work between two synchronisations) "
                     "took this much longer, synchronisation to synchronisation, than the average "
@@ -666,8 +685,16 @@ int calibrate(int argc, char** argv) {
     optimizer->step();
     std::vector<double> times;
     double spent = 0;
-    for (int rep = 0; rep < 200 && (rep < 5 || spent < budget / 4); ++rep) {
-      if (world) world->barrier();
+    for (int rep = 0; rep < 200; ++rep) {
+      // Every rank runs the same number of steps (each rank's own time would differ): the
+      // ranks agree whether to go on, which also starts them together.
+      int more = rep < 5 || spent < budget / 4;
+      if (world) {
+        Tensor flag = tensor({static_cast<float>(more)}, {1});
+        world->all_reduce(flag, parallel::ReduceOp::kMax);
+        more = flag.item<float>() > 0;
+      }
+      if (!more) break;
       const auto start = Clock::now();
       optimizer->step();
       times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
@@ -694,8 +721,10 @@ int calibrate(int argc, char** argv) {
   sources["calibrated_layout"] =
       std::to_string(profile.calibrated_ranks) + " rank(s) on this node measuring at once, " +
       std::to_string(get_num_threads()) +
-      " thread(s) each: the op_kinds rates are per-rank throughput under that layout (mean of "
-      "the middle half of interleaved rounds, the slowest rank's)";
+      " thread(s) each: the op_kinds rates are per-rank throughput under that layout (the "
+      "ranks' mean of the middle half of interleaved rounds, in CPU time scaled by the share of "
+      "the cores the rank got)" +
+      share_text;
 
   const long pages = ::sysconf(_SC_PHYS_PAGES), page_size = ::sysconf(_SC_PAGE_SIZE);
   profile.memory_per_device =

@@ -257,6 +257,25 @@ void save_profile(const DeviceProfile& profile, const std::string& path) {
   TESSEL_CHECK(file.good(), "writing profile '", path, "' failed");
 }
 
+double trimmed_mean(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t cut = values.size() / 4;
+  double sum = 0;
+  for (size_t i = cut; i < values.size() - cut; ++i) sum += values[i];
+  return sum / static_cast<double>(values.size() - 2 * cut);
+}
+
+std::vector<double> shared_core_times(const std::vector<std::vector<double>>& cpu_samples,
+                                      double wall_s, double cpu_s) {
+  const double ratio = cpu_s > 0 && wall_s > 0 ? wall_s / cpu_s : 1.0;
+  std::vector<double> times;
+  times.reserve(cpu_samples.size());
+  for (const std::vector<double>& samples : cpu_samples)
+    times.push_back(trimmed_mean(samples) * ratio);
+  return times;
+}
+
 double parse_bytes(const std::string& text, const std::string& what) {
   const std::string accepted =
       " (expected a size such as 16GiB, 1.5GB, 512MiB or a byte count; units B, KB, MB, GB, TB, "

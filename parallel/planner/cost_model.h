@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 namespace tessel::planner {
 
@@ -102,6 +103,20 @@ DeviceProfile parse_profile(const std::string& json_text, const std::string& whe
 DeviceProfile load_profile(const std::string& path);
 std::string profile_to_json(const DeviceProfile& profile);
 void save_profile(const DeviceProfile& profile, const std::string& path);
+
+// Mean of the middle half of `values` (robust to outliers either way); 0 when empty.
+double trimmed_mean(std::vector<double> values);
+
+// What calibrate prices each case at on cores shared with other processes. `cpu_samples[i]`
+// holds case i's CPU time in each round; `wall_s` and `cpu_s` are the wall and CPU time of all
+// cases over all rounds. A process that gets a share s of a core runs 1/s times longer than its
+// CPU time, and loses that share in proportion to how long it runs, however short its ops: a
+// trimmed mean of wall times would drop the preemptions of short ops (a 50 us op is rarely hit,
+// but then by milliseconds) and keep those of long ones. So each case is its trimmed CPU time
+// times wall_s / cpu_s (with several threads that ratio also spreads their idle time over the
+// cases in proportion to their CPU time). Without CPU time (cpu_s <= 0) the ratio is 1.
+std::vector<double> shared_core_times(const std::vector<std::vector<double>>& cpu_samples,
+                                      double wall_s, double cpu_s);
 
 // "16GiB", "1.5GB", "512MiB", "4096" (bytes): units B, KB/MB/GB/TB (powers of 1000) and
 // KiB/MiB/GiB/TiB (powers of 1024), any case. Throws naming `what` and the text otherwise.

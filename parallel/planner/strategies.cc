@@ -152,6 +152,11 @@ struct OpContext {
   std::vector<bool> owns;            // per parameter slot: this op is its first user
   std::vector<bool> saved_output;    // per output: kept for backward by anyone
   std::vector<int> charged_inputs;   // data-input slots whose saved bytes this op carries
+  // Buffers (batch norm's running statistics: sources that are neither parameters nor data)
+  // this op is the first reader of: data parallelism broadcasts them from rank 0 before every
+  // forward, one collective for all of them, whose latency the first buffer reader carries.
+  double broadcast_bytes = 0;
+  bool first_buffer_reader = false;
 
   const TracedTensor* input(int slot) const {
     const int id = op.inputs.at(slot);
@@ -344,6 +349,22 @@ Strategy make_strategy(const OpContext& c, int dp, int tp, SplitKind kind) {
                                                  op.bytes * fraction, true, c.backward_factor) +
                                  profile.op_overhead_s);
 
+  // An input read through a view with fewer elements than its tensor (a chunk, a slice): the
+  // view's backward scatters the gradient into zeros of the whole tensor, a memory-bound op of
+  // its own that the traced graph (views folded away) does not have.
+  for (size_t slot = 0; c.backward_factor > 0 && slot < op.inputs.size(); ++slot) {
+    const TracedTensor* whole = c.input(static_cast<int>(slot));
+    if (!whole || !whole->requires_grad) continue;
+    const double view_bytes = c.input_bytes(static_cast<int>(slot));
+    if (view_bytes <= 0 || view_bytes >= static_cast<double>(whole->bytes)) continue;
+    const double share = op.input_has_batch[slot] ? 1.0 / s.dp : 1.0;
+    s.backward_compute +=
+        skew *
+        (profile.op_time("elementwise", 0,
+                         share * (static_cast<double>(whole->bytes) + 2 * view_bytes), false) +
+         profile.op_overhead_s);
+  }
+
   for (size_t slot = 0; slot < op.inputs.size(); ++slot) {
     Layout layout;
     layout.batch = op.input_has_batch[slot] ? s.dp : 1;
@@ -389,6 +410,15 @@ Strategy make_strategy(const OpContext& c, int dp, int tp, SplitKind kind) {
   if (c.batch_ok && s.dp > 1 && !op.outputs.empty() && !c.graph.tensors[op.outputs[0]].has_batch)
     s.forward_comm += profile.collective_time(Collective::kAllReduce, s.dp, c.output_bytes(0),
                                               profile.level_for(static_cast<int64_t>(s.dp) * tp));
+
+  // DDP's broadcast of the buffers before each forward: every byte reaches every rank, and the
+  // one collective waits for the slowest rank like any other (the all_gather latency, p - 1 steps).
+  if (c.batch_ok && s.dp > 1 && (c.broadcast_bytes > 0 || c.first_buffer_reader)) {
+    const AlphaBeta& link =
+        profile.link(Collective::kAllGather, profile.level_for(static_cast<int64_t>(s.dp) * tp));
+    s.forward_comm += c.broadcast_bytes / link.bus_bandwidth;
+    if (c.first_buffer_reader) s.forward_comm += (s.dp - 1) * link.alpha_s;
+  }
 
   // Owned parameters: values, gradients and optimizer state, sharded by the split; gradients
   // all-reduced over the data-parallel group.
@@ -450,6 +480,7 @@ std::vector<std::vector<Strategy>> enumerate_strategies(const Graph& graph,
       if (slot < static_cast<int>(op.outputs.size())) saved[op.outputs[slot]] = true;
   }
   std::vector<bool> claimed(graph.tensors.size(), false);
+  bool buffer_seen = false;
 
   std::vector<std::vector<Strategy>> result;
   result.reserve(graph.ops.size());
@@ -473,6 +504,20 @@ std::vector<std::vector<Strategy>> enumerate_strategies(const Graph& graph,
         claimed[id] = true;
         c.charged_inputs.push_back(static_cast<int>(slot));
       }
+    }
+    // Buffers are priced with the first batch-split op that reads them (a step counter updated
+    // on its own has no data-parallel strategy to carry them).
+    for (size_t slot = 0; c.batch_ok && slot < op.inputs.size(); ++slot) {
+      const int id = op.inputs[slot];
+      if (id < 0 || claimed[id]) continue;
+      const TracedTensor& tensor = graph.tensors[id];
+      if (tensor.producer >= 0 || tensor.is_parameter() || tensor.is_input() ||
+          tensor.requires_grad)
+        continue;
+      claimed[id] = true;
+      c.broadcast_bytes += static_cast<double>(tensor.bytes);
+      if (!buffer_seen) c.first_buffer_reader = true;
+      buffer_seen = true;
     }
     // Backward of a matrix product computes one product per operand that needs a gradient;
     // other ops redo about the forward's work once.

@@ -124,6 +124,68 @@ TEST(Strategies, DataParallelSplitsTheBatchAndAllReducesGradients) {
   EXPECT_EQ(dp.input_layouts[0], (Layout{2, 1}));
 }
 
+// Two batch norms (16 channels each) in a row, x (8, 16, 4, 4): four running-statistics buffers.
+struct TwoBatchNorms {
+  nn::BatchNorm2d first{nn::BatchNormOptions(16)}, second{nn::BatchNormOptions(16)};
+  Graph graph;
+  TwoBatchNorms() {
+    first.to(Device::meta());
+    second.to(Device::meta());
+    Tensor x = meta({8, 16, 4, 4});
+    auto parameters = first.named_parameters();
+    for (const auto& named : second.named_parameters())
+      parameters.push_back({"second." + named.first, named.second});
+    graph = trace_graph([&] { second(first(x)); }, parameters, {{"x", x}}, 8);
+  }
+};
+
+TEST(Strategies, DataParallelBroadcastsBuffersOnceBeforeTheForward) {
+  TwoBatchNorms net;
+  std::vector<int> norms;
+  for (const TracedOp& op : net.graph.ops)
+    if (op.name == "batch_norm") norms.push_back(op.id);
+  ASSERT_EQ(norms.size(), 2u);
+  const auto strategies = enumerate_strategies(net.graph, config_for(2));
+  const double buffer_bytes = 2 * 16 * 4.0;  // running mean and variance of one batch norm
+  // One collective for all buffers: the first reader carries its latency (one all_gather step),
+  // every reader the bytes of its own buffers.
+  const Strategy& first = find(strategies[norms[0]], 2, 1, SplitKind::kReplicate);
+  const Strategy& second = find(strategies[norms[1]], 2, 1, SplitKind::kReplicate);
+  EXPECT_NEAR(first.forward_comm, 1e-6 + buffer_bytes / 1e9, 1e-15);
+  EXPECT_NEAR(second.forward_comm, buffer_bytes / 1e9, 1e-15);
+  // Nothing to broadcast without data parallelism.
+  EXPECT_DOUBLE_EQ(find(strategies[norms[0]], 1, 1, SplitKind::kReplicate).forward_comm, 0);
+}
+
+TEST(Strategies, ReadingPartOfATensorPaysTheGradientScatterInBackward) {
+  // A linear on one half of x's features (a chunk, as ShuffleNet splits its channels) against the
+  // same linear on a whole tensor of that shape: the chunk's backward writes zeros over all of x
+  // and copies the half's gradient in (read and written), bytes over the memory bandwidth.
+  nn::Linear layer{32, 16};
+  layer.to(Device::meta());
+  Tensor x = meta({8, 64}), half = meta({8, 32});
+  x.set_requires_grad(true);
+  half.set_requires_grad(true);
+  const Graph on_view =
+      trace_graph([&] { layer(chunk(x, 2, 1)[1]); }, layer.named_parameters(), {{"x", x}}, 8);
+  const Graph on_whole =
+      trace_graph([&] { layer(half); }, layer.named_parameters(), {{"x", half}}, 8);
+  PlannerConfig config = config_for(2);
+  config.profile.memory_bandwidth = 1e9;
+  const auto view_strategies = enumerate_strategies(on_view, config);
+  const auto whole_strategies = enumerate_strategies(on_whole, config);
+  ASSERT_EQ(on_view.ops.size(), 1u);
+  const double scatter_bytes = (8 * 64 + 2 * 8 * 32) * 4.0;
+  const double skew = 1 + config.profile.rank_skew;
+  for (int dp : {1, 2}) {
+    const Strategy& viewed = find(view_strategies[0], dp, 1, SplitKind::kReplicate);
+    const Strategy& whole = find(whole_strategies[0], dp, 1, SplitKind::kReplicate);
+    EXPECT_DOUBLE_EQ(viewed.forward_compute, whole.forward_compute);
+    EXPECT_NEAR(viewed.backward_compute - whole.backward_compute, skew * scatter_bytes / dp / 1e9,
+                1e-15);
+  }
+}
+
 TEST(Strategies, DegreesDivideTheDevicesUpToMaxTp) {
   PlannerConfig config = config_for(8);
   EXPECT_EQ(tensor_parallel_degrees(config), (std::vector<int>{1, 2, 4, 8}));
@@ -185,6 +247,21 @@ TEST(DeviceProfile, ShippedProfilesParseAndCiteSources) {
   // A round trip through JSON keeps every number.
   const DeviceProfile again = parse_profile(profile_to_json(h200), "round trip");
   EXPECT_EQ(profile_to_json(again), profile_to_json(h200));
+}
+
+TEST(DeviceProfile, SharedCoreTimesScaleTrimmedCpuTimeByTheCoreShare) {
+  // The middle half of each case's CPU samples (outliers either way dropped), times wall / CPU
+  // of all rounds: a short case loses the share of the cores as a long one does.
+  const std::vector<std::vector<double>> samples = {{1e-4, 1e-4, 1e-4, 9e-3},
+                                                    {2e-2, 2e-2, 1e-3, 2e-2}};
+  const std::vector<double> shared = shared_core_times(samples, 4.0, 2.0);
+  ASSERT_EQ(shared.size(), 2u);
+  EXPECT_NEAR(shared[0], 2e-4, 1e-15);
+  EXPECT_NEAR(shared[1], 4e-2, 1e-15);
+  // Without CPU time the samples stand as they are.
+  EXPECT_NEAR(shared_core_times(samples, 4.0, 0.0)[1], 2e-2, 1e-15);
+  EXPECT_DOUBLE_EQ(trimmed_mean({}), 0);
+  EXPECT_DOUBLE_EQ(trimmed_mean({5.0}), 5.0);
 }
 
 TEST(DeviceProfile, MissingOrBadFieldsAreNamed) {
