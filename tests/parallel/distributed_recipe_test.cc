@@ -388,11 +388,10 @@ TEST_F(DistributedRecipe, TensorParallelBertCheckpointResumesWithAnotherSplit) {
   expect_close_parameters(tp2_resumed.last_checkpoint, tp1_run.last_checkpoint);
 }
 
-// `recipe` with --tp=2: 4 steps straight, and 2 steps then a resume to 4, give the same bits.
+// `base` (its --dp / --tp): 4 steps straight, and 2 steps then a resume to 4, give the same bits.
 // Returns the straight run's last checkpoint on rank 0.
-std::string expect_tensor_parallel_resume_exact(const TrainConfig& base, const std::string& name) {
+std::string expect_resume_exact(const TrainConfig& base, const std::string& name) {
   TrainConfig straight = base;
-  straight.tp = 2;
   straight.steps = 4;
   straight.checkpoint_dir = test_folder(name + "_straight");
   std::ostringstream log;
@@ -415,6 +414,13 @@ std::string expect_tensor_parallel_resume_exact(const TrainConfig& base, const s
   return expected.last_checkpoint;
 }
 
+// The same with --tp=2.
+std::string expect_tensor_parallel_resume_exact(const TrainConfig& base, const std::string& name) {
+  TrainConfig tensor_parallel = base;
+  tensor_parallel.tp = 2;
+  return expect_resume_exact(tensor_parallel, name);
+}
+
 TEST_F(DistributedRecipe, TensorParallelResNetResumesExactly) {
   // The batch-split trunk is replicated; the class-split classifier and its momentum are
   // gathered and sliced. Rank 0's batch-norm statistics are the ones saved.
@@ -435,6 +441,86 @@ TEST_F(DistributedRecipe, TensorParallelShuffleNetResumesExactly) {
   EXPECT_EQ(saved.at("conv5.0.weight").size(0), 1024);
   EXPECT_EQ(saved.at("conv5.1.running_mean").sizes(), Shape({1024}));
   EXPECT_EQ(saved.at("fc.weight").sizes(), Shape({10, 1024}));
+}
+
+// A fortune file of `count` short entries between "%" lines, written by rank 0.
+std::string fortunes_corpus(const std::string& name, int count = 60) {
+  const std::string directory = test_folder(name);
+  const std::string path = directory + "/fortunes";
+  if (world_rank() == 0) {
+    fs::create_directories(directory);
+    const char* subjects[] = {"the cat",       "a dog",       "my friend", "the old man",
+                              "every student", "our teacher", "the river", "a small bird"};
+    const char* verbs[] = {"sees", "likes", "finds", "follows", "remembers", "watches"};
+    const char* objects[] = {"the moon",      "a red apple", "the long road",    "warm bread",
+                             "the quiet sea", "a good book", "the morning light"};
+    std::ofstream text(path);
+    for (int i = 0; i < count; ++i)
+      text << subjects[i % 8] << " " << verbs[i % 6] << " " << objects[i % 7] << ".\n"
+           << subjects[(i + 3) % 8] << " " << verbs[(i + 1) % 6] << " " << objects[(i + 2) % 7]
+           << " again.\n%\n";
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  return path;
+}
+
+TrainConfig bert_fortunes_config(const std::string& name) {
+  TrainConfig config;
+  config.recipe = "bert_mlm_fortunes";
+  config.model = "bert_tiny";
+  config.data = fortunes_corpus(name + "_corpus");
+  config.work_dir = test_folder(name + "_work");
+  // Odd: the shards have 4 and 3 rows, so the ranks draw different amounts of random numbers
+  // for dropout from the first step on.
+  config.batch_size = 7;
+  config.epochs = 1;
+  config.log_every = 1;
+  config.threads = 1;
+  return config;
+}
+
+TEST_F(DistributedRecipe, DataParallelBertWithDropoutResumesExactly) {
+  // Dropout (the recipe's default) draws from each rank's RNG on its own shard, so the ranks'
+  // RNG states part ways: every rank must get its own state back on resume.
+  TrainConfig config = bert_fortunes_config("bert_dp2");
+  config.dp = 2;
+  expect_resume_exact(config, "bert_dp2");
+  if (rank() != 0) return;
+  SafetensorsMetadata metadata;  // where the resume started
+  load_safetensors(test_folder("bert_dp2_resumed") + "/step_2/train_state.safetensors", &metadata);
+  EXPECT_EQ(metadata.at("rng.ranks"), "2");
+  EXPECT_EQ(metadata.at("rng.layout"), "dp=2,tp=1");
+  EXPECT_NE(metadata.at("rng.rank.0.offset"), metadata.at("rng.rank.1.offset"))
+      << "the ranks drew different amounts of random numbers";
+  EXPECT_EQ(metadata.at("rng.rank.0.offset"), metadata.at("rng.offset"));
+}
+
+TEST_F(DistributedRecipe, BertCheckpointResumesInAnotherLayoutFromRankZerosRng) {
+  // Saved by one process, resumed with --dp=2: rank 1 has no state of its own in the checkpoint,
+  // so every rank continues from rank 0's, deterministically (two resumes give the same bits).
+  TrainConfig config = bert_fortunes_config("bert_layout");
+  config.steps = 2;
+  config.checkpoint_dir = test_folder("bert_layout_alone");
+  run_alone(config);
+  std::vector<RecipeResult> resumed;
+  for (const char* name : {"bert_layout_dp2_a", "bert_layout_dp2_b"}) {
+    TrainConfig dp2 = config;
+    dp2.dp = 2;
+    dp2.steps = 4;
+    dp2.checkpoint_dir = test_folder(name);
+    dp2.resume = test_folder("bert_layout_alone") + "/step_2";
+    std::ostringstream resume_log;
+    resumed.push_back(run_recipe(dp2, resume_log));
+    EXPECT_EQ(resumed.back().resumed_from_step, 2);
+    if (rank() == 0) {
+      EXPECT_NE(resume_log.str().find("every rank continues from rank 0's random-number state"),
+                std::string::npos)
+          << resume_log.str();
+    }
+  }
+  if (rank() != 0) return;
+  expect_same_bits(resumed[1].last_checkpoint + "/model.safetensors",
+                   resumed[0].last_checkpoint + "/model.safetensors");
 }
 
 TEST_F(DistributedRecipe, CheckpointThatDoesNotSplitIsAnError) {

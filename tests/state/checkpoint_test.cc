@@ -192,6 +192,67 @@ TEST(Checkpoint, LoadRestoresModelOptimizerScheduleAndRng) {
   EXPECT_EQ(get_rng_state(), rng);
 }
 
+TEST(Checkpoint, EachRankGetsItsOwnRngBackInTheSameLayoutOnly) {
+  const std::string dir = fresh_dir();
+  manual_seed(5);
+  TrainingRun run;
+  train_step(*run.net, run.sgd);
+  CheckpointContents contents = capture_checkpoint(1, *run.net, run.sgd);
+  const RngState rank0 = contents.rng;
+  const RngState rank1{5, rank0.offset + 17};
+  contents.rank_rngs = {rank0, rank1};
+  contents.rank_layout = "dp=2,tp=1";
+  write_checkpoint(dir, contents);
+  SafetensorsMetadata metadata;
+  load_safetensors(dir + "/step_1/train_state.safetensors", &metadata);
+  EXPECT_EQ(metadata.at("rng.ranks"), "2");
+  EXPECT_EQ(metadata.at("rng.layout"), "dp=2,tp=1");
+  EXPECT_EQ(metadata.at("rng.rank.1.offset"), std::to_string(rank1.offset));
+
+  // {rank, ranks, layout} -> the state restored and whether it is the rank's own.
+  struct Case {
+    int rank, ranks;
+    std::string layout;
+    RngState expected;
+    bool own;
+  };
+  for (const Case& c : {Case{0, 2, "dp=2,tp=1", rank0, true}, Case{1, 2, "dp=2,tp=1", rank1, true},
+                        Case{1, 2, "dp=1,tp=2", rank0, false},
+                        Case{3, 4, "dp=4,tp=1", rank0, false}, Case{0, 1, "", rank0, false}}) {
+    TrainingRun restored;
+    manual_seed(99);
+    CheckpointRank rank;
+    rank.rank = c.rank;
+    rank.ranks = c.ranks;
+    rank.layout = c.layout;
+    load_checkpoint(dir + "/step_1", *restored.net, restored.sgd, nullptr, nullptr, nullptr, &rank);
+    EXPECT_EQ(get_rng_state(), c.expected) << c.rank << " of " << c.ranks << " " << c.layout;
+    EXPECT_EQ(rank.own_rng, c.own) << c.rank << " of " << c.ranks << " " << c.layout;
+    EXPECT_EQ(rank.saved_ranks, 2);
+    EXPECT_EQ(rank.saved_layout, "dp=2,tp=1");
+  }
+
+  // A one-process checkpoint (no per-rank states): every rank of a larger run takes its state.
+  const std::string single = dir + "/single";
+  save_checkpoint(single, 1, *run.net, run.sgd);
+  const RngState saved = get_rng_state();
+  TrainingRun restored;
+  manual_seed(99);
+  CheckpointRank rank;
+  rank.rank = 1;
+  rank.ranks = 2;
+  rank.layout = "dp=2,tp=1";
+  load_checkpoint(single + "/step_1", *restored.net, restored.sgd, nullptr, nullptr, nullptr,
+                  &rank);
+  EXPECT_EQ(get_rng_state(), saved);
+  EXPECT_FALSE(rank.own_rng);
+  EXPECT_EQ(rank.saved_ranks, 1);
+
+  // A mismatched rank_rngs[0] is refused.
+  contents.rank_rngs[0].offset += 1;
+  EXPECT_TRUE(throws_error([&] { write_checkpoint(dir, contents); }, "rank_rngs[0]"));
+}
+
 TEST(Checkpoint, KeepsTheLastThreeByDefault) {
   const std::string dir = fresh_dir();
   TrainingRun run;

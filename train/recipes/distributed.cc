@@ -125,6 +125,28 @@ std::vector<double> DistributedRun::sum_over_dp(std::vector<double> values) cons
   return buffer.to_vector<double>();
 }
 
+std::string DistributedRun::layout() const {
+  if (!distributed()) return "";
+  return "dp=" + std::to_string(dp) + ",tp=" + std::to_string(tp);
+}
+
+std::vector<RngState> DistributedRun::gather_rng_states() const {
+  if (!distributed()) return {};
+  // Seed and offset travel as int64 bits (the same 64 bits back on every rank).
+  const RngState mine = get_rng_state();
+  const Tensor local = from_vector<int64_t>(
+      {static_cast<int64_t>(mine.seed), static_cast<int64_t>(mine.offset)}, {1, 2});
+  Tensor all = zeros({world->size(), 2}, DType::kInt64);
+  world->all_gather(local, all);
+  const std::vector<int64_t> values = all.to_vector<int64_t>();
+  std::vector<RngState> states(world->size());
+  for (size_t r = 0; r < states.size(); ++r) {
+    states[r].seed = static_cast<uint64_t>(values[2 * r]);
+    states[r].offset = static_cast<uint64_t>(values[2 * r + 1]);
+  }
+  return states;
+}
+
 const DistributedRun& distributed_run() { return current_run(); }
 
 void set_training_world(MPI_Comm world) { training_world() = world; }

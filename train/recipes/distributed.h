@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/rng.h"
 #include "core/tensor.h"
 #include "models/nn/module.h"
 #include "parallel/communicator.h"
@@ -64,6 +65,11 @@ struct DistributedRun {
   std::vector<int64_t> shard(const std::vector<int64_t>& indices) const;
   // Element-wise sums over the data-parallel group (the values themselves when dp == 1).
   std::vector<double> sum_over_dp(std::vector<double> values) const;
+  // The grid as checkpoints record it ("dp=2,tp=1"); "" for a single process.
+  std::string layout() const;
+  // Every rank's RNG state in rank order (a collective over the world); empty for a single
+  // process. Checkpoints keep them, so each rank resumes its own random-number stream.
+  std::vector<RngState> gather_rng_states() const;
 };
 
 // The run in progress (inside run_distributed); a single-process run otherwise.

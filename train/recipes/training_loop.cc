@@ -94,11 +94,27 @@ RecipeResult run_training(const TrainingTask& task, const TrainConfig& config, s
   // With --tp > 1: checkpoints hold whole tensors, gathered to save and sliced to resume.
   const std::optional<CheckpointSharding> sharding = checkpoint_sharding(*task.model);
   const CheckpointSharding* sharding_or_null = sharding ? &*sharding : nullptr;
+  const DistributedRun& run = distributed_run();
+  const bool main_rank = run.is_main();
   if (config.resume) {
     const std::string path = resolve_resume_path(config);
     NamedScalars extra;
+    // Each rank takes back its own RNG state (ranks draw different amounts: dropout on their
+    // own shard) when the checkpoint was saved in this layout.
+    CheckpointRank this_rank;
+    this_rank.rank = run.distributed() ? run.world->rank() : 0;
+    this_rank.ranks = run.distributed() ? run.world->size() : 1;
+    this_rank.layout = run.layout();
     step = load_checkpoint(path, *task.model, *task.optimizer, task.scheduler, &extra,
-                           sharding_or_null);
+                           sharding_or_null, &this_rank);
+    if (!this_rank.own_rng)
+      log << "note: the checkpoint was saved by " << this_rank.saved_ranks << " rank(s)"
+          << (this_rank.saved_layout.empty() ? "" : " as " + this_rank.saved_layout)
+          << ", this run has " << this_rank.ranks
+          << (this_rank.layout.empty() ? "" : " as " + this_rank.layout)
+          << ": every rank continues from rank 0's random-number state, so dropout does not "
+             "replay bit for bit (an exact resume needs the same --dp and --tp)"
+          << std::endl;
     const double saved_batches = find_value(extra, "batches_per_epoch", -1);
     const double saved_seed = find_value(extra, "seed", -1);
     TESSEL_CHECK(saved_batches == static_cast<double>(batches_per_epoch) &&
@@ -118,8 +134,6 @@ RecipeResult run_training(const TrainingTask& task, const TrainConfig& config, s
   }
   // A resumed run appends to its metrics file.
   // Rank 0 alone writes metrics and checkpoints.
-  const DistributedRun& run = distributed_run();
-  const bool main_rank = run.is_main();
   MetricsLog metrics(main_rank ? config.metrics_path : std::string(),
                      /*append=*/config.resume.has_value());
   // --memory_budget / --memory_policy: the training state moves into the budget here.
@@ -129,6 +143,8 @@ RecipeResult run_training(const TrainingTask& task, const TrainConfig& config, s
   auto save = [&]() {
     if (config.checkpoint_dir.empty() || saved_step == step) return;
     saved_step = step;
+    // Every rank's RNG state goes to the checkpoint, so that each resumes its own stream.
+    const std::vector<RngState> rank_rngs = run.gather_rng_states();
     // The first data-parallel replica's tensor-parallel ranks gather the split tensors.
     if (!main_rank && !(sharding && run.dp_rank == 0)) {
       if (run.distributed()) run.world->barrier();
@@ -138,8 +154,10 @@ RecipeResult run_training(const TrainingTask& task, const TrainConfig& config, s
     const NamedScalars extra = {{"batches_per_epoch", static_cast<double>(batches_per_epoch)},
                                 {"seed", static_cast<double>(config.seed)},
                                 {"planned_steps", static_cast<double>(total_steps)}};
-    const CheckpointContents contents = capture_checkpoint(step, *task.model, *task.optimizer,
-                                                           task.scheduler, extra, sharding_or_null);
+    CheckpointContents contents = capture_checkpoint(step, *task.model, *task.optimizer,
+                                                     task.scheduler, extra, sharding_or_null);
+    contents.rank_rngs = rank_rngs;
+    contents.rank_layout = run.layout();
     if (main_rank) {
       result.last_checkpoint = write_checkpoint(config.checkpoint_dir, contents);
       char line[96];

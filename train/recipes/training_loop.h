@@ -53,6 +53,9 @@ int64_t planned_steps(const TrainConfig& config, int64_t batches_per_epoch);
 // config.checkpoint_dir, saves at the end of every epoch, every checkpoint_every steps and when
 // --steps stops the run, keeping the newest 3. Under --tp > 1 the split tensors are gathered
 // whole to save and sliced to resume (checkpoint_sharding), so any --tp resumes any checkpoint.
+// Every rank's RNG state is saved and each rank gets its own back, so a resume is exact under
+// mpirun too, given the same --dp and --tp; with another layout every rank continues from rank
+// 0's RNG state (deterministic, but dropout differs from an uninterrupted run; a note says so).
 RecipeResult run_training(const TrainingTask& task, const TrainConfig& config, std::ostream& log);
 
 // The checkpoint folder config.resume names: "" (bare --resume) is the newest in

@@ -42,6 +42,7 @@ constexpr const char* kTempMarker = ".tmp.";
 constexpr const char* kOptimizerPrefix = "optimizer.";
 constexpr const char* kSchedulerPrefix = "scheduler.";
 constexpr const char* kExtraPrefix = "extra.";
+constexpr const char* kRankRngPrefix = "rng.rank.";
 
 std::string step_folder_name(int64_t step) { return "step_" + std::to_string(step); }
 
@@ -315,6 +316,17 @@ std::string write_checkpoint(const std::string& dir, const CheckpointContents& c
   SafetensorsMetadata train_metadata = model_metadata;
   train_metadata["rng.seed"] = std::to_string(contents.rng.seed);
   train_metadata["rng.offset"] = std::to_string(contents.rng.offset);
+  if (!contents.rank_rngs.empty()) {
+    TESSEL_CHECK(contents.rank_rngs[0] == contents.rng,
+                 "save_checkpoint: rank_rngs[0] is not rank 0's RNG state `rng`");
+    train_metadata["rng.ranks"] = std::to_string(contents.rank_rngs.size());
+    train_metadata["rng.layout"] = contents.rank_layout;
+    for (size_t r = 0; r < contents.rank_rngs.size(); ++r) {
+      const std::string prefix = kRankRngPrefix + std::to_string(r);
+      train_metadata[prefix + ".seed"] = std::to_string(contents.rank_rngs[r].seed);
+      train_metadata[prefix + ".offset"] = std::to_string(contents.rank_rngs[r].offset);
+    }
+  }
   train_metadata["optimizer"] = contents.optimizer_name;
   for (const auto& [name, value] : contents.optimizer_scalars)
     train_metadata[kOptimizerPrefix + name] = format_exact(value);
@@ -376,7 +388,7 @@ std::string write_checkpoint(const std::string& dir, const CheckpointContents& c
 
 int64_t load_checkpoint(const std::string& path, nn::Module& module, optim::Optimizer& optimizer,
                         optim::LRScheduler* scheduler, NamedScalars* extra,
-                        const CheckpointSharding* sharding) {
+                        const CheckpointSharding* sharding, CheckpointRank* rank) {
   const fs::path folder(path);
   std::error_code error;
   TESSEL_CHECK(fs::exists(folder, error), "load_checkpoint: '", path, "' does not exist");
@@ -416,6 +428,26 @@ int64_t load_checkpoint(const std::string& path, nn::Module& module, optim::Opti
       parse_unsigned(require(train_metadata, "rng.seed", train_path), "rng.seed", train_path);
   rng.offset =
       parse_unsigned(require(train_metadata, "rng.offset", train_path), "rng.offset", train_path);
+  // This rank's own state when the same ranks in the same layout saved it; else rank 0's.
+  uint64_t saved_ranks = 1;
+  std::string saved_layout;
+  if (train_metadata.count("rng.ranks")) {
+    saved_ranks = parse_unsigned(train_metadata.at("rng.ranks"), "rng.ranks", train_path);
+    TESSEL_CHECK(
+        saved_ranks >= 1 && saved_ranks <= static_cast<uint64_t>(std::numeric_limits<int>::max()),
+        "load_checkpoint: '", train_path, "' has an out-of-range rng.ranks ", saved_ranks);
+    saved_layout = require(train_metadata, "rng.layout", train_path);
+  }
+  const bool same_layout = rank != nullptr && rank->rank >= 0 && rank->rank < rank->ranks &&
+                           saved_ranks == static_cast<uint64_t>(rank->ranks) &&
+                           saved_layout == rank->layout;
+  if (same_layout && rank->rank > 0) {
+    const std::string prefix = kRankRngPrefix + std::to_string(rank->rank);
+    rng.seed = parse_unsigned(require(train_metadata, prefix + ".seed", train_path),
+                              prefix + ".seed", train_path);
+    rng.offset = parse_unsigned(require(train_metadata, prefix + ".offset", train_path),
+                                prefix + ".offset", train_path);
+  }
 
   const std::string saved_optimizer = require(train_metadata, "optimizer", train_path);
   TESSEL_CHECK(saved_optimizer == optimizer.name(), "load_checkpoint: '", train_path,
@@ -476,6 +508,11 @@ int64_t load_checkpoint(const std::string& path, nn::Module& module, optim::Opti
                 "' does not match this model: ", failure.message());
   }
   set_rng_state(rng);
+  if (rank) {
+    rank->own_rng = same_layout;
+    rank->saved_ranks = static_cast<int>(saved_ranks);
+    rank->saved_layout = saved_layout;
+  }
   if (extra) *extra = extra_scalars;
   return static_cast<int64_t>(step);
 }

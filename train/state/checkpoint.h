@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "core/rng.h"
 #include "models/nn/module.h"
@@ -21,7 +22,10 @@ using NamedScalars = optim::NamedScalars;
 //   step_<N>/model.safetensors        the module's state_dict (parameters and buffers)
 //   step_<N>/train_state.safetensors  optimizer state tensors ("optimizer.<name>.<key>"); in
 //                                     __metadata__, as exact text: the step, the RNG state, the
-//                                     optimizer's and scheduler's scalars, the extra scalars
+//                                     optimizer's and scheduler's scalars, the extra scalars;
+//                                     under several ranks also every rank's RNG state
+//                                     ("rng.rank.<r>.seed" / ".offset"), their count
+//                                     ("rng.ranks") and layout ("rng.layout")
 //   latest                            "step_<N>": the newest complete checkpoint
 // Every file is written to a temporary file in the same folder, flushed, fsynced and renamed
 // over its final name, then the folder is fsynced; `latest` is replaced the same way only after
@@ -56,7 +60,28 @@ struct CheckpointContents {
   std::string scheduler_name;  // "" without a scheduler
   NamedScalars scheduler_scalars;
   NamedScalars extra;
-  RngState rng;
+  RngState rng;  // rank 0's
+  // Under several ranks, which draw different amounts of random numbers (dropout on their own
+  // data-parallel shard): every rank's RNG state in rank order (rank_rngs[0] == rng) and the
+  // layout they ran in ("dp=2,tp=1"). Empty in a one-process run.
+  std::vector<RngState> rank_rngs;
+  std::string rank_layout;
+};
+
+// Which RNG state a rank resumes with. In: this rank, the rank count and the layout. Out: whether
+// it got its own saved state back. A rank gets the state it saved when the checkpoint was written
+// by the same number of ranks in the same layout (an exact resume); otherwise, or for a
+// checkpoint saved without per-rank states, every rank continues from rank 0's state, as a fresh
+// start seeds every rank alike: the run goes on deterministically, but its random numbers are not
+// the ones an uninterrupted run would have drawn.
+struct CheckpointRank {
+  int rank = 0;
+  int ranks = 1;
+  std::string layout;  // "" for one process
+  // Set by load_checkpoint.
+  bool own_rng = false;
+  int saved_ranks = 1;
+  std::string saved_layout;
 };
 
 // The state at training step `step` (>= 0), checked as save_checkpoint does. With `sharding`, a
@@ -86,10 +111,12 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const nn::Modu
 // scalars go to `extra` when given. Throws tessel::Error naming the file and the problem on a
 // missing folder or file, a truncated or corrupt file, or a checkpoint of another model or
 // optimizer; on an error the module, optimizer, scheduler and RNG are left unchanged. With
-// `sharding`, `module` and `optimizer` receive this rank's part of each split tensor.
+// `sharding`, `module` and `optimizer` receive this rank's part of each split tensor. With
+// `rank`, the global RNG gets the state CheckpointRank describes (rank 0's without).
 int64_t load_checkpoint(const std::string& path, nn::Module& module, optim::Optimizer& optimizer,
                         optim::LRScheduler* scheduler = nullptr, NamedScalars* extra = nullptr,
-                        const CheckpointSharding* sharding = nullptr);
+                        const CheckpointSharding* sharding = nullptr,
+                        CheckpointRank* rank = nullptr);
 
 // The same for the checkpoint that `<dir>/latest` names.
 int64_t load_latest_checkpoint(const std::string& dir, nn::Module& module,
