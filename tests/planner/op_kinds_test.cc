@@ -12,23 +12,11 @@
 #include "parallel/planner/plan_cli.h"
 #include "parallel/planner/planner.h"
 #include "parallel/planner/strategies.h"
+#include "tests/planner/round_number_profile.h"
 #include "tests/testing.h"
 
 namespace tessel::planner {
 namespace {
-
-// Roofline numbers: 1 GFLOP/s everywhere, memory traffic free.
-DeviceProfile roofline_profile() {
-  DeviceProfile profile;
-  profile.name = "roofline";
-  profile.devices_per_node = 8;
-  profile.memory_per_device = 1e9;
-  profile.gemm_flops = profile.conv_flops = profile.elementwise_flops = 1e9;
-  profile.memory_bandwidth = 1e30;
-  for (auto& level : profile.collectives)
-    for (auto& cost : level) cost = {1e-6, 1e9};
-  return profile;
-}
 
 Tensor meta(const Shape& sizes) {
   return empty(sizes, TensorOptions(DType::kFloat32).device(Device::meta()));
@@ -74,7 +62,7 @@ TEST(OpKind, ConvolutionsNormalisationAndActivationsGetTheirOwnKinds) {
 }
 
 TEST(OpTime, MeasuredKindsUseTheirRateAndCallCostOthersTheRoofline) {
-  DeviceProfile profile = roofline_profile();
+  DeviceProfile profile = round_number_profile();
   OpKindRate relu_rate;
   relu_rate.per = "bytes";
   relu_rate.forward = 1e9;
@@ -92,7 +80,7 @@ TEST(OpTime, MeasuredKindsUseTheirRateAndCallCostOthersTheRoofline) {
 }
 
 TEST(OpTime, StrategiesSplitTheWorkButEveryDeviceStillPaysTheCall) {
-  DeviceProfile profile = roofline_profile();
+  DeviceProfile profile = round_number_profile();
   OpKindRate rate;
   rate.per = "bytes";
   rate.forward = rate.backward = 1e9;
@@ -117,7 +105,7 @@ TEST(OpTime, StrategiesSplitTheWorkButEveryDeviceStillPaysTheCall) {
 }
 
 TEST(OptimizerTime, PricedPerParameterOrByMemoryTraffic) {
-  DeviceProfile profile = roofline_profile();
+  DeviceProfile profile = round_number_profile();
   profile.memory_bandwidth = 1e9;
   // No measured rate: (3 + 2 states) x 4 bytes per parameter over the memory bandwidth.
   EXPECT_DOUBLE_EQ(profile.optimizer_time(1e6, 2), 7 * 4e6 / 1e9);
@@ -137,7 +125,7 @@ TEST(OptimizerTime, OwnedParametersPayTheUpdateAtTheirShard) {
   const Graph graph = trace_graph([&] { layer(x); }, layer.named_parameters(), {{"x", x}}, 8);
   PlannerConfig config;
   config.devices = 2;
-  config.profile = roofline_profile();
+  config.profile = round_number_profile();
   config.optimizer_states = 2;
   const double parameters = 64 * 128 + 128;
   const auto strategies = enumerate_strategies(graph, config);
@@ -155,7 +143,7 @@ TEST(OptimizerTime, OwnedParametersPayTheUpdateAtTheirShard) {
 }
 
 TEST(DeviceProfile, OpKindsAndLayoutRoundTripAndBadKindsAreNamed) {
-  DeviceProfile profile = roofline_profile();
+  DeviceProfile profile = round_number_profile();
   OpKindRate rate;
   rate.per = "flops";
   rate.forward = 3e10;
@@ -170,7 +158,7 @@ TEST(DeviceProfile, OpKindsAndLayoutRoundTripAndBadKindsAreNamed) {
   ASSERT_EQ(again.op_kinds.count("conv_grouped"), 1u);
   EXPECT_DOUBLE_EQ(again.op_kinds.at("conv_grouped").forward_call_s, 5e-6);
   EXPECT_EQ(again.layout_description(), "2 ranks x 1 thread at once");
-  EXPECT_EQ(roofline_profile().layout_description(), "layout not recorded");
+  EXPECT_EQ(round_number_profile().layout_description(), "layout not recorded");
 
   std::string bad = text;
   bad.replace(bad.find("\"flops\""), 7, "\"watts\"");

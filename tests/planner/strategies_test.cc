@@ -12,23 +12,11 @@
 #include "parallel/planner/cost_model.h"
 #include "parallel/planner/graph.h"
 #include "parallel/planner/plan_cli.h"
+#include "tests/planner/round_number_profile.h"
 #include "tests/testing.h"
 
 namespace tessel::planner {
 namespace {
-
-// Round numbers: 1 GFLOP/s, memory traffic free, 1 us per ring step, 1 GB/s, 8 per node.
-DeviceProfile simple_profile() {
-  DeviceProfile profile;
-  profile.name = "simple";
-  profile.devices_per_node = 8;
-  profile.memory_per_device = 1e9;
-  profile.gemm_flops = profile.conv_flops = profile.elementwise_flops = 1e9;
-  profile.memory_bandwidth = 1e30;
-  for (auto& level : profile.collectives)
-    for (auto& cost : level) cost = {1e-6, 1e9};
-  return profile;
-}
 
 Tensor meta(const Shape& sizes, DType dtype = DType::kFloat32) {
   return empty(sizes, TensorOptions(dtype).device(Device::meta()));
@@ -56,7 +44,7 @@ const Strategy& find(const std::vector<Strategy>& list, int dp, int tp, SplitKin
 PlannerConfig config_for(int devices) {
   PlannerConfig config;
   config.devices = devices;
-  config.profile = simple_profile();
+  config.profile = round_number_profile();
   config.optimizer_states = 2;  // Adam
   return config;
 }
@@ -205,7 +193,7 @@ TEST(Strategies, BatchSplitsMustDivideTheBatch) {
 }
 
 TEST(Redistribution, ColumnThenRowNeedsNothing) {
-  const DeviceProfile profile = simple_profile();
+  const DeviceProfile profile = round_number_profile();
   EXPECT_DOUBLE_EQ(redistribution_time({2, 4}, {2, 4}, 1e6, true, profile), 0);
   // A replicated tensor is sliced for free going forward, but its gradient must be gathered.
   EXPECT_DOUBLE_EQ(redistribution_time({1, 1}, {4, 1}, 1e6, false, profile), 0);
@@ -215,7 +203,7 @@ TEST(Redistribution, ColumnThenRowNeedsNothing) {
 TEST(Redistribution, BatchToColumnIsAnAllGather) {
   // Produced split over 8 ranks by batch, read by a column-parallel op on dp=4 x tp=2: each rank
   // gathers its tp pair's two batch pieces: (p-1) alpha + (p-1)/p * needed bytes / bandwidth.
-  const DeviceProfile profile = simple_profile();
+  const DeviceProfile profile = round_number_profile();
   const double bytes = 8e6;
   const double needed = bytes / 4;
   EXPECT_DOUBLE_EQ(redistribution_time({8, 1}, {4, 1}, bytes, false, profile),
@@ -226,7 +214,7 @@ TEST(Redistribution, BatchToColumnIsAnAllGather) {
 }
 
 TEST(DeviceProfile, RingFormulas) {
-  DeviceProfile profile = simple_profile();
+  DeviceProfile profile = round_number_profile();
   profile.collectives[1][0] = {5e-6, 1e8};  // inter-node all_reduce
   // 8 ranks in one node: 14 steps of 1 us plus 2 * 7/8 of 1 MB at 1 GB/s.
   EXPECT_DOUBLE_EQ(profile.collective_time(Collective::kAllReduce, 8, 1e6), 14e-6 + 1.75e6 / 1e9);
@@ -265,7 +253,7 @@ TEST(DeviceProfile, SharedCoreTimesScaleTrimmedCpuTimeByTheCoreShare) {
 }
 
 TEST(DeviceProfile, MissingOrBadFieldsAreNamed) {
-  const std::string good = profile_to_json(simple_profile());
+  const std::string good = profile_to_json(round_number_profile());
   auto without = [&](const std::string& key) {
     std::string text = good;
     const size_t at = text.find("\"" + key + "\"");
