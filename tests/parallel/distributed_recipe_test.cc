@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,24 @@ int world_rank() {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   return rank;
+}
+
+// Runs `train` as one process on rank 0 (its training world is itself) while the other ranks
+// wait at a barrier: the single-process reference of a multi-rank run.
+RecipeResult on_rank_zero_alone(const std::function<RecipeResult()>& train) {
+  RecipeResult result;
+  if (world_rank() == 0) {
+    set_training_world(MPI_COMM_SELF);
+    try {
+      result = train();
+    } catch (...) {
+      set_training_world(MPI_COMM_WORLD);
+      throw;
+    }
+    set_training_world(MPI_COMM_WORLD);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  return result;
 }
 
 class DistributedRecipe : public MpiTest {
@@ -110,20 +129,10 @@ class DistributedRecipe : public MpiTest {
 
   // One process trains `config` on rank 0 while the other ranks wait: the reference.
   static RecipeResult run_alone(const TrainConfig& config) {
-    RecipeResult result;
-    if (rank() == 0) {
-      set_training_world(MPI_COMM_SELF);
-      try {
-        std::ostringstream log;
-        result = run_recipe(config, log);
-      } catch (...) {
-        set_training_world(MPI_COMM_WORLD);
-        throw;
-      }
-      set_training_world(MPI_COMM_WORLD);
-    }
-    MPI_Barrier(MPI_COMM_WORLD);
-    return result;
+    return on_rank_zero_alone([&config] {
+      std::ostringstream log;
+      return run_recipe(config, log);
+    });
   }
 
   static std::map<std::string, Tensor> parameters(const RecipeResult& result) {
@@ -314,19 +323,7 @@ TrainConfig bert_config(const std::string& checkpoint_dir, int tp, int64_t steps
 
 // BERT on one process (rank 0; the others wait), as run_alone does for recipes.
 RecipeResult train_bert_alone(const TrainConfig& config) {
-  RecipeResult result;
-  if (world_rank() == 0) {
-    set_training_world(MPI_COMM_SELF);
-    try {
-      result = train_bert(config);
-    } catch (...) {
-      set_training_world(MPI_COMM_WORLD);
-      throw;
-    }
-    set_training_world(MPI_COMM_WORLD);
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
-  return result;
+  return on_rank_zero_alone([&config] { return train_bert(config); });
 }
 
 TEST_F(DistributedRecipe, TensorParallelBertResumesExactly) {
