@@ -204,9 +204,11 @@ TEST(Executable, VisionPlansWithATensorParallelGroupAreMarkedAndNotChosen) {
   const PlannedPoint& chosen = runnable.frontier[runnable.chosen];
   EXPECT_TRUE(chosen.executable);
   // The fastest executable point that fits, even if only non-executable points dominate it.
-  for (const PlannedPoint& point : runnable.frontier)
-    if (point.executable && point.cost.memory <= runnable.memory_per_device)
+  for (const PlannedPoint& point : runnable.frontier) {
+    if (point.executable && point.cost.memory <= runnable.memory_per_device) {
       EXPECT_GE(point.cost.time, chosen.cost.time);
+    }
+  }
 }
 
 TEST(Executable, BertPlansStayExecutable) {
