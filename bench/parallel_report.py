@@ -9,6 +9,14 @@ import sys
 MIB = 1024.0 * 1024.0
 
 
+
+def predicted_against_measured(r):
+    """The cells predicted peak | measured | error | predicted step | measured | error."""
+    pm, mm = r["predicted_memory_bytes"], r["peak_bytes"]
+    pt, mt = r["predicted_step_s"], r["step_s"]
+    return (f"{pm / MIB:.1f} MiB | {mm / MIB:.1f} MiB | {100 * (pm - mm) / mm:+.0f}% "
+            f"| {pt:.3f} s | {mt:.3f} s | {100 * (pt - mt) / mt:+.0f}%")
+
 def main(path):
     runs = [json.loads(line) for line in open(path) if line.startswith("{")]
     scaling = [r for r in runs if "plan" not in r and "label" not in r]
@@ -51,26 +59,19 @@ def main(path):
           "| predicted step | measured | error |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in plans:
-        pm, mm = r["predicted_memory_bytes"], r["peak_bytes"]
-        pt, mt = r["predicted_step_s"], r["step_s"]
-        print(f"| {r['model']} | {r['plan_profile']} | {r['plan_summary']} | {pm / MIB:.1f} MiB "
-              f"| {mm / MIB:.1f} MiB | {100 * (pm - mm) / mm:+.0f}% | {pt:.3f} s | {mt:.3f} s "
-              f"| {100 * (pt - mt) / mt:+.0f}% |")
+        print(f"| {r['model']} | {r['plan_profile']} | {r['plan_summary']} | "
+              f"{predicted_against_measured(r)} |")
 
     print("\n### Controls: one rank alone against the 1-device plan; two independent copies\n")
     print("| model | run | profile | threads | batch | predicted peak | measured | error "
           "| predicted step | measured | error |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in singles:
-        pm, mm = r["predicted_memory_bytes"], r["peak_bytes"]
-        pt, mt = r["predicted_step_s"], r["step_s"]
         print(f"| {r['model']} | one rank alone | {r['plan_profile']} | {r['threads_per_rank']} "
-              f"| {r['global_batch']} "
-              f"| {pm / MIB:.1f} MiB | {mm / MIB:.1f} MiB | {100 * (pm - mm) / mm:+.0f}% "
-              f"| {pt:.3f} s | {mt:.3f} s | {100 * (pt - mt) / mt:+.0f}% |")
+              f"| {r['global_batch']} | {predicted_against_measured(r)} |")
         for c in copies:
             if c["model"] == r["model"]:
-                ct = c.get("predicted_step_s", pt)
+                ct = c.get("predicted_step_s", r["predicted_step_s"])
                 print(f"| {c['model']} | {c['label']} (no communication) "
                       f"| {c.get('plan_profile', r['plan_profile'])} | {c['threads_per_rank']} "
                       f"| {c['global_batch']} | | {c['peak_bytes'] / MIB:.1f} MiB | "

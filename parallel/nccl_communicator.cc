@@ -124,6 +124,28 @@ struct NcclCommunicator::State {
 
 namespace {
 
+// NCCL reads and writes dense buffers: runs `call(data, buffer)` on `tensor` itself when it is
+// contiguous, else on a dense copy (of its values when `load`, uninitialised otherwise) whose
+// result is copied back, queued on the same stream after the call.
+template <typename Call>
+void on_dense_buffer(const Tensor& tensor, int device, bool load, Call&& call) {
+  const bool direct = tensor.is_contiguous();
+  Tensor buffer =
+      direct ? tensor
+      : load ? contiguous(tensor)
+             : empty(tensor.sizes(), TensorOptions(tensor.dtype()).device(tensor.device()));
+  {
+    StorageAccess access(buffer.storage());
+    void* data = device_pointer(buffer, access);
+    cuda::DeviceGuard guard(device);
+    call(data, buffer);
+  }
+  if (!direct) {
+    Tensor target = tensor;
+    target.copy_(buffer);
+  }
+}
+
 // A recorded event on the compute stream, waited for on the host by Work::wait.
 class NcclWork : public Work {
  public:
@@ -202,20 +224,11 @@ std::shared_ptr<Work> NcclCommunicator::all_reduce_async(const Tensor& tensor, R
   state_->check_usable(what);
   const ncclRedOp_t nccl_reduce = nccl_op(op, tensor.dtype());
   NoGradGuard no_grad;
-  const bool direct = tensor.is_contiguous();
-  Tensor buffer = direct ? tensor : contiguous(tensor);
-  {
-    StorageAccess access(buffer.storage());
-    void* data = device_pointer(buffer, access);
-    cuda::DeviceGuard guard(state_->device);
+  on_dense_buffer(tensor, state_->device, /*load=*/true, [&](void* data, const Tensor& buffer) {
     TESSEL_NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(buffer.numel()),
                                     nccl_type(buffer.dtype()), nccl_reduce, state_->comm,
                                     state_->stream()));
-  }
-  if (!direct) {
-    Tensor target = tensor;
-    target.copy_(buffer);  // queued on the same stream, after the all-reduce
-  }
+  });
   return std::make_shared<NcclWork>(state_, state_->label(what));
 }
 
@@ -315,21 +328,12 @@ void NcclCommunicator::broadcast(const Tensor& tensor, int root) {
   TESSEL_CHECK(root >= 0 && root < state_->size, what, ": root ", root, " is not a rank of ",
                state_->size);
   NoGradGuard no_grad;
-  const bool direct = tensor.is_contiguous();
-  Tensor buffer = direct ? tensor : contiguous(tensor);
-  {
-    StorageAccess access(buffer.storage());
-    void* data = device_pointer(buffer, access);
-    cuda::DeviceGuard guard(state_->device);
+  on_dense_buffer(tensor, state_->device, /*load=*/true, [&](void* data, const Tensor& buffer) {
     TESSEL_NCCL_CHECK(ncclBroadcast(data, data, static_cast<size_t>(buffer.numel()),
                                     nccl_type(buffer.dtype()), root, state_->comm,
                                     state_->stream()));
-  }
+  });
   state_->label(what);
-  if (!direct) {
-    Tensor target = tensor;
-    target.copy_(buffer);
-  }
 }
 
 void NcclCommunicator::send(const Tensor& tensor, int destination, int tag) {
@@ -357,21 +361,11 @@ void NcclCommunicator::recv(const Tensor& tensor, int source, int tag) {
                source, " is not another rank of ", state_->size);
   TESSEL_CHECK(tag >= 0 && tag <= 32767, what, ": tag ", tag, " is outside [0, 32767]");
   NoGradGuard no_grad;
-  const bool direct = tensor.is_contiguous();
-  Tensor buffer =
-      direct ? tensor
-             : empty(tensor.sizes(), TensorOptions(tensor.dtype()).device(tensor.device()));
-  {
-    StorageAccess access(buffer.storage());
-    cuda::DeviceGuard guard(state_->device);
-    TESSEL_NCCL_CHECK(ncclRecv(device_pointer(buffer, access), static_cast<size_t>(buffer.numel()),
-                               nccl_type(buffer.dtype()), source, state_->comm, state_->stream()));
-  }
+  on_dense_buffer(tensor, state_->device, /*load=*/false, [&](void* data, const Tensor& buffer) {
+    TESSEL_NCCL_CHECK(ncclRecv(data, static_cast<size_t>(buffer.numel()), nccl_type(buffer.dtype()),
+                               source, state_->comm, state_->stream()));
+  });
   state_->label(what);
-  if (!direct) {
-    Tensor target = tensor;
-    target.copy_(buffer);
-  }
 }
 
 void NcclCommunicator::synchronize() {
