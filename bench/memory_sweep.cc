@@ -134,6 +134,8 @@ struct Point {
   size_t peak = 0;
   size_t fixed = 0;
   memory::PolicyCounters counters;  // per timed step (means)
+  double link_busy_seconds = 0;     // per timed step: the copy thread copying
+  double link_wait_seconds = 0;     // per timed step: compute blocked on the host link
   double loss = 0;
 };
 
@@ -145,6 +147,9 @@ Point measure(const Settings& settings, int64_t batch, const MemoryOptions& opti
     point.fixed = memory::fixed_memory_bytes(trainer->model->parameters(), 1);
     for (int i = 0; i < settings.warmup; ++i) train_step(*trainer);
     memory::step_counters();
+    memory::ResidencyManager* manager = scope.manager();
+    const double busy_start = manager ? manager->host_link().busy_seconds() : 0;
+    const double wait_start = manager ? manager->host_link().wait_seconds() : 0;
     point.step_seconds = 1e30;
     for (int i = 0; i < settings.steps; ++i) {
       const double cpu_start = process_cpu_seconds();
@@ -158,6 +163,10 @@ Point measure(const Settings& settings, int64_t batch, const MemoryOptions& opti
       }
     }
     const memory::PolicyCounters total = memory::step_counters();
+    if (manager) {
+      point.link_busy_seconds = (manager->host_link().busy_seconds() - busy_start) / settings.steps;
+      point.link_wait_seconds = (manager->host_link().wait_seconds() - wait_start) / settings.steps;
+    }
     auto mean = [&](int64_t value) { return value / std::max(1, settings.steps); };
     point.counters.evictions = mean(total.evictions);
     point.counters.evicted_bytes = mean(total.evicted_bytes);
@@ -186,13 +195,20 @@ nlohmann::ordered_json counters_json(const memory::PolicyCounters& c) {
 }
 
 nlohmann::ordered_json point_json(const Settings& settings, int64_t batch, const Point& point) {
-  nlohmann::ordered_json out = {
-      {"model", settings.model},      {"batch", batch},
-      {"image", settings.image},      {"seq", settings.seq},
-      {"vocab", settings.vocab},      {"ok", point.ok},
-      {"step_s", point.step_seconds}, {"step_times_s", point.step_times},
-      {"cpu_s", point.cpu_seconds},   {"peak_bytes", point.peak},
-      {"fixed_bytes", point.fixed},   {"per_step", counters_json(point.counters)}};
+  nlohmann::ordered_json out = {{"model", settings.model},
+                                {"batch", batch},
+                                {"image", settings.image},
+                                {"seq", settings.seq},
+                                {"vocab", settings.vocab},
+                                {"ok", point.ok},
+                                {"step_s", point.step_seconds},
+                                {"step_times_s", point.step_times},
+                                {"cpu_s", point.cpu_seconds},
+                                {"peak_bytes", point.peak},
+                                {"fixed_bytes", point.fixed},
+                                {"per_step", counters_json(point.counters)},
+                                {"link_busy_s", point.link_busy_seconds},
+                                {"link_wait_s", point.link_wait_seconds}};
   if (!point.ok) out["error"] = point.error;
   return out;
 }
@@ -230,7 +246,9 @@ void sweep(const Settings& settings) {
       std::cerr << "  " << name << " f=" << fraction << ": "
                 << (point.ok ? std::to_string(point.step_seconds / reference.step_seconds) + "x"
                              : "failed: " + point.error)
-                << "; " << memory::format_counters(point.counters) << std::endl;
+                << "; " << memory::format_counters(point.counters) << "; host link busy "
+                << point.link_busy_seconds << " s, waited for " << point.link_wait_seconds << " s"
+                << std::endl;
     }
   }
   // The unconstrained run again, after the sweep: the faster of the two is the reference, so a

@@ -78,6 +78,7 @@ class HostLink {
 
   int64_t bytes_copied() const;
   double busy_seconds() const;  // time the copy thread spent copying (sleeps included)
+  double wait_seconds() const;  // time callers spent blocked in wait and wait_all (stalls)
 
  private:
   void run();
@@ -91,6 +92,7 @@ class HostLink {
   bool stopping_ = false;
   int64_t bytes_copied_ = 0;
   double busy_seconds_ = 0;
+  double wait_seconds_ = 0;
   std::thread thread_;
 };
 

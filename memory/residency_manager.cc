@@ -662,6 +662,12 @@ void ResidencyManager::before_write(StorageImpl& storage) {
       for (const auto& weak_output : call->output_storages) {
         auto output = weak_output.lock();
         if (!output || output.get() == &source || !seen.insert(output.get()).second) continue;
+        // Evicted with a stale recipe: an earlier write already released it and everything
+        // downstream (an optimizer step writes many parameters that feed one graph).
+        if (output->state() == Residency::kEvicted) {
+          Record* output_record = find_record(*output);
+          if (output_record && output_record->recipe_stale) continue;
+        }
         // Direct outputs all lose their recipe; further down only what recomputes through them.
         if (is_written || passes_through(*output)) affected.push_back(output);
       }

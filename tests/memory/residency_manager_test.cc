@@ -7,9 +7,12 @@
 #include <pthread.h>
 
 #include <atomic>
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "core/autograd.h"
@@ -458,6 +461,44 @@ TEST(HostLink, CopiesEveryByteInOrder) {
   EXPECT_DOUBLE_EQ(link.seconds_for(2000), 1e-6);
   link.set_bandwidth(0);
   EXPECT_EQ(link.seconds_for(2000), 0.0);
+}
+
+TEST(HostLink, StreamsAlignedCopiesWithTheirTails) {
+  HostLink link(0);  // unthrottled
+  for (size_t bytes : {size_t{4096}, size_t{kMiB + 96}, size_t{2 * kMiB + 33}}) {
+    auto* source = static_cast<char*>(std::aligned_alloc(4096, 3 * kMiB));
+    auto* destination = static_cast<char*>(std::aligned_alloc(4096, 3 * kMiB));
+    for (size_t i = 0; i < 3 * kMiB; ++i) {
+      source[i] = static_cast<char>(i * 13 + 1);
+      destination[i] = 0;
+    }
+    link.wait(link.copy_async(destination, source, bytes));
+    EXPECT_EQ(std::memcmp(destination, source, bytes), 0) << bytes << " bytes";
+    EXPECT_EQ(destination[bytes], 0) << "wrote past " << bytes << " bytes";
+    std::free(source);
+    std::free(destination);
+  }
+}
+
+// Sleeps in every copy, so whoever waits for one blocks.
+class SlowEngine : public CopyEngine {
+ public:
+  std::shared_ptr<void> prepare(void*, const void*, size_t) override { return nullptr; }
+  void copy(void* destination, const void* source, size_t bytes,
+            const std::shared_ptr<void>&) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::memcpy(destination, source, bytes);
+  }
+};
+
+TEST(HostLink, CountsTimeSpentCopyingAndTimeCallersWaited) {
+  HostLink link(2e9, std::make_shared<SlowEngine>());
+  std::vector<char> source(kMiB, 'y'), destination(kMiB);
+  EXPECT_EQ(link.wait_seconds(), 0.0);
+  link.wait(link.copy_async(destination.data(), source.data(), source.size()));
+  EXPECT_EQ(destination, source);
+  EXPECT_GE(link.busy_seconds(), 0.09);
+  EXPECT_GT(link.wait_seconds(), 0.0);
 }
 
 // Records what a backend's engine is asked to do (the CUDA backend's runs on its copy stream).
