@@ -62,9 +62,9 @@ void StorageImpl::release_bytes(Residency new_state) {
   state_ = new_state;
 }
 
-void StorageImpl::allocate_bytes() {
+void StorageImpl::allocate_bytes(Residency new_state) {
   if (!data_ && !device_.is_meta()) data_ = allocator_->allocate(nbytes_, stream_);
-  state_ = Residency::kResident;
+  state_ = new_state;
 }
 
 StorageAccess::StorageAccess(StorageImpl& storage) : storage_(&storage) {

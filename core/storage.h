@@ -94,7 +94,8 @@ class StorageImpl : public std::enable_shared_from_this<StorageImpl> {
   void* data_unchecked() const { return data_; }
   void* host_data = nullptr;                // while kOnHost
   void release_bytes(Residency new_state);  // frees device bytes; state becomes new_state
-  void allocate_bytes();                    // gets device bytes again; state becomes kResident
+  // Gets device bytes again; the state becomes `new_state` (kOnHost while a prefetch copies in).
+  void allocate_bytes(Residency new_state = Residency::kResident);
   void set_state(Residency state) { state_ = state; }
   std::recursive_mutex& mutex() { return mutex_; }
   // The allocator the bytes come from (and go back to); null on the meta device.

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <unordered_set>
 
+#include "core/autograd.h"
 #include "core/error.h"
 #include "core/tensor.h"
 #include "memory/host_allocator.h"
@@ -105,9 +106,10 @@ struct ResidencyManager::Record {
   std::shared_ptr<Component> component;  // while evicted
   double component_cost = 0;             // what this storage added to it
   std::shared_ptr<HostTransfer> pending_out;
-  bool consumed = false;         // a recorded op has read it since it was made
-  bool rematerializing = false;  // being recomputed: not a candidate
-  bool recipe_stale = false;     // an input of its recipe was (or is being) written in place
+  std::shared_ptr<HostTransfer> pending_in;  // a prefetch: device bytes held, host copy kept
+  bool consumed = false;                     // a recorded op has read it since it was made
+  bool rematerializing = false;              // being recomputed: not a candidate
+  bool recipe_stale = false;  // an input of its recipe was (or is being) written in place
 };
 
 ResidencyManager::ResidencyManager(std::shared_ptr<CachingAllocator> allocator,
@@ -287,11 +289,16 @@ ResidencyManager::Candidate ResidencyManager::assess(StorageImpl& storage) {
   if (!recompute_ok && !swap_ok) return none;
 
   const double swap_cost = link_.seconds_for(storage.nbytes());
+  // The recipe's own time bounds the recompute cost from below: when it alone loses to the
+  // swap, the evicted neighbourhood need not be walked.
+  const bool recompute_may_win =
+      recompute_ok && (!swap_ok || storage.producer->cost_seconds <= swap_cost);
   const double recompute =
-      recompute_ok ? recompute_cost(storage) : std::numeric_limits<double>::infinity();
+      recompute_may_win ? recompute_cost(storage) : std::numeric_limits<double>::infinity();
   Candidate result = none;
-  result.action = recompute_ok && (!swap_ok || recompute <= swap_cost) ? ResidencyAction::kRecompute
-                                                                       : ResidencyAction::kSwap;
+  result.action = recompute_may_win && (!swap_ok || recompute <= swap_cost)
+                      ? ResidencyAction::kRecompute
+                      : ResidencyAction::kSwap;
   const double cost = result.action == ResidencyAction::kRecompute ? recompute : swap_cost;
   // score = cost * 1.0001^recomputes / ((bytes + free neighbours) * staleness)
   const double bytes =
@@ -416,11 +423,78 @@ void ResidencyManager::swap_in(StorageImpl& storage) {
   TESSEL_CHECK(storage.host_data != nullptr, "storage ", storage.id(),
                " is on host but its host copy is missing");
   const size_t bytes = storage.nbytes();
-  storage.allocate_bytes();  // may relieve pressure; this storage is not a candidate meanwhile
-  link_.wait(link_.copy_async(storage.data_unchecked(), storage.host_data, bytes));
+  if (record.pending_in) {
+    settle_prefetch(storage, /*keep=*/true);
+    ++prefetch_hits_;
+  } else {
+    storage.allocate_bytes();  // may relieve pressure; this storage is not a candidate meanwhile
+    link_.wait(link_.copy_async(storage.data_unchecked(), storage.host_data, bytes));
+  }
   free_host_copy(storage);
   count("swap_in", bytes);
   label(storage);
+  prefetch_before(storage.last_access);
+}
+
+void ResidencyManager::prefetch_before(int64_t clock) {
+  // Forward reads swapped tensors rarely and in no useful order; backward reads them in reverse.
+  if (!options_.prefetch() || GradMode::is_enabled() || detaching_) return;
+  constexpr int kDepth = 2;                        // prefetches in flight or waiting to be read
+  std::vector<std::shared_ptr<StorageImpl>> next;  // the kDepth on host last used before `clock`
+  for (const auto& entry : storages_) {
+    auto storage = entry.second.lock();
+    if (!storage || storage->state() != Residency::kOnHost || !managed(*storage) ||
+        storage->last_access >= clock || storage->user_refs() == 0)
+      continue;
+    Record* record = find_record(*storage);
+    if (!record || record->pending_out) continue;
+    next.push_back(std::move(storage));
+    std::sort(next.begin(), next.end(),
+              [](const auto& a, const auto& b) { return a->last_access > b->last_access; });
+    if (next.size() > kDepth) next.pop_back();
+  }
+  for (const auto& storage : next) {
+    Record& record = record_of(*storage);
+    if (record.pending_in) continue;
+    // Only into room the step does not need: at most half of the largest free block.
+    const size_t bytes = storage->nbytes();
+    if (allocator_->largest_free_block() < 2 * CachingAllocator::round_size(bytes)) return;
+    prefetching_ = true;
+    try {
+      storage->allocate_bytes(Residency::kOnHost);
+    } catch (const OutOfMemory&) {
+      prefetching_ = false;
+      return;
+    }
+    prefetching_ = false;
+    record.pending_in = link_.copy_async(storage->data_unchecked(), storage->host_data, bytes);
+    ++prefetches_;
+  }
+}
+
+void ResidencyManager::settle_prefetch(StorageImpl& storage, bool keep) {
+  Record& record = record_of(storage);
+  link_.wait(record.pending_in);
+  record.pending_in.reset();
+  if (keep) {
+    storage.set_state(Residency::kResident);
+  } else {
+    storage.release_bytes(Residency::kOnHost);
+  }
+}
+
+bool ResidencyManager::drop_prefetch() {
+  std::shared_ptr<StorageImpl> last;
+  for (const auto& entry : storages_) {
+    auto storage = entry.second.lock();
+    if (!storage || storage->state() != Residency::kOnHost) continue;
+    Record* record = find_record(*storage);
+    if (record && record->pending_in && (!last || storage->last_access < last->last_access))
+      last = std::move(storage);
+  }
+  if (!last) return false;
+  settle_prefetch(*last, /*keep=*/false);
+  return true;
 }
 
 // ---- recompute ----
@@ -620,6 +694,7 @@ void ResidencyManager::on_destroy(StorageImpl& storage) {
     record->pending_out.reset();
     in_flight_.erase(std::remove(in_flight_.begin(), in_flight_.end(), &storage), in_flight_.end());
   }
+  if (record && record->pending_in) settle_prefetch(storage, /*keep=*/false);
   free_host_copy(storage);
   if (!record) return;
   leave_component(storage);
@@ -747,7 +822,8 @@ bool ResidencyManager::relieve(size_t bytes_needed, size_t largest_free_block) {
     const KernelInProgress* kernel = kernel_in_progress();
     if (kernel && kernel->can_split_further) return false;
   }
-  if (release_finished_swaps()) return true;
+  if (prefetching_) return false;  // a prefetch only takes room that is free anyway
+  if (release_finished_swaps() || drop_prefetch()) return true;
   Candidate victim = choose_victim();
   if (victim.action != ResidencyAction::kNone) {
     apply(victim);
@@ -849,6 +925,10 @@ void ResidencyManager::restore_and_detach() {
   for (const auto& entry : storages_)
     if (auto storage = entry.second.lock()) tracked.push_back(std::move(storage));
   for (const auto& storage : tracked) {
+    Record* record = find_record(*storage);
+    if (record && record->pending_in) settle_prefetch(*storage, /*keep=*/false);
+  }
+  for (const auto& storage : tracked) {
     if (storage->user_refs() == 0 || storage->state() == Residency::kResident) continue;
     try {
       StorageAccess access(*storage);
@@ -889,6 +969,8 @@ ResidencyStats ResidencyManager::stats() const {
   result.defragment_moves = defragment_moves_;
   result.storages = static_cast<int64_t>(storages_.size());
   result.in_flight_swaps = static_cast<int64_t>(in_flight_.size());
+  result.prefetches = prefetches_;
+  result.prefetch_hits = prefetch_hits_;
   result.clock = clock_;
   return result;
 }

@@ -65,12 +65,19 @@ class ResidencyOptions {
     cost_source_ = value;
     return *this;
   }
+  // In backward, copy swapped tensors back ahead of need (the next ones backward will read, in
+  // reverse order of their last use) while free memory allows; on by default.
+  ResidencyOptions& prefetch(bool value) {
+    prefetch_ = value;
+    return *this;
+  }
   Policy policy() const { return policy_; }
   size_t min_candidate_bytes() const { return min_candidate_bytes_; }
   double host_bandwidth() const { return host_bandwidth_; }
   bool sample_candidates() const { return sample_candidates_; }
   uint64_t sample_seed() const { return sample_seed_; }
   CostSource cost_source() const { return cost_source_; }
+  bool prefetch() const { return prefetch_; }
 
  private:
   Policy policy_;
@@ -79,6 +86,7 @@ class ResidencyOptions {
   bool sample_candidates_ = false;
   uint64_t sample_seed_ = 0;
   CostSource cost_source_ = CostSource::kMeasured;
+  bool prefetch_ = true;
 };
 
 // How a candidate would leave the device.
@@ -94,6 +102,8 @@ struct ResidencyStats {
   int64_t defragment_moves = 0;  // tensors moved to host to join free blocks into one hole
   int64_t storages = 0;          // storages tracked now
   int64_t in_flight_swaps = 0;   // swap-outs whose copy has not been released yet
+  int64_t prefetches = 0;        // swap-ins started ahead of need
+  int64_t prefetch_hits = 0;     // prefetched tensors read before memory pressure dropped them
   int64_t clock = 0;             // logical access clock
 };
 
@@ -173,6 +183,13 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   void complete_swap_out(StorageImpl& storage);
   void cancel_swap_out(StorageImpl& storage);
   void swap_in(StorageImpl& storage);
+  // Starts swap-ins of the on-host tensors last used just before `clock` (backward reads them
+  // next), while free memory allows.
+  void prefetch_before(int64_t clock);
+  // Under pressure: gives back the device bytes of the prefetched tensor needed last.
+  bool drop_prefetch();
+  // Waits for a prefetch copy of `storage`, keeping its device bytes (true) or dropping them.
+  void settle_prefetch(StorageImpl& storage, bool keep);
   void rematerialize(StorageImpl& storage);
   void replay(OpCall& recipe);
   void drop_if_unreferenced(StorageImpl& storage);
@@ -195,9 +212,12 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   int64_t clock_ = 0;
   PolicyCounters counters_;
   int64_t placeholders_ = 0;
-  bool detaching_ = false;
+  bool detaching_ = false;  // restoring before uninstall: nothing new leaves the device
   int64_t snapshots_ = 0;
-  int64_t defragment_moves_ = 0;  // restoring before uninstall: nothing new leaves the device
+  int64_t defragment_moves_ = 0;
+  int64_t prefetches_ = 0;
+  int64_t prefetch_hits_ = 0;
+  bool prefetching_ = false;  // a prefetch allocates: pressure must not evict for it
   std::mt19937_64 sampler_;
 };
 

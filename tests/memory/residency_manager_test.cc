@@ -431,6 +431,47 @@ TEST(Swap, AccessDuringAnUnfinishedSwapOutKeepsTheBytes) {
   EXPECT_EQ(manager.stats().policy.swaps_in, 1);
 }
 
+TEST(Swap, BackwardPrefetchesTheNextSwappedTensorsAndPressureDropsThemFirst) {
+  MemoryScope scope(MemoryOptions().budget(64 * kMiB).policy(Policy::kSwap).min_candidate_bytes(0));
+  ResidencyManager& manager = *scope.manager();
+  manual_seed(17);
+  std::vector<Tensor> chain;  // last used in this order, as forward leaves saved tensors
+  std::vector<std::vector<float>> expected;
+  for (int i = 0; i < 4; ++i) {
+    chain.push_back(randn({256 * 1024}));
+    expected.push_back(chain.back().to_vector<float>());
+  }
+  for (auto& tensor : chain) manager.swap_out(*tensor.storage());
+  // With gradients recorded (forward), a swap-in fetches only what is read.
+  EXPECT_EQ(chain[3].to_vector<float>(), expected[3]);
+  EXPECT_EQ(manager.stats().prefetches, 0);
+  manager.swap_out(*chain[3].storage());
+
+  NoGradGuard no_grad;  // as in backward
+  EXPECT_EQ(chain[3].to_vector<float>(), expected[3]);
+  // The next two backward will read (last used just before) are on their way back.
+  EXPECT_EQ(manager.stats().prefetches, 2);
+  for (int i : {1, 2}) {
+    EXPECT_EQ(chain[i].storage()->state(), Residency::kOnHost);
+    EXPECT_NE(chain[i].storage()->data_unchecked(), nullptr);
+  }
+  EXPECT_EQ(chain[0].storage()->data_unchecked(), nullptr);
+  EXPECT_EQ(chain[2].to_vector<float>(), expected[2]);
+  EXPECT_EQ(manager.stats().prefetch_hits, 1);
+  EXPECT_EQ(manager.stats().prefetches, 3);  // and chain[0] follows
+  // Pressure gives back prefetched bytes before it moves anything: the one needed last first.
+  EXPECT_TRUE(manager.relieve(size_t{1} << 40, 0));
+  EXPECT_EQ(chain[0].storage()->state(), Residency::kOnHost);
+  EXPECT_EQ(chain[0].storage()->data_unchecked(), nullptr);
+  EXPECT_NE(chain[1].storage()->data_unchecked(), nullptr);
+  EXPECT_EQ(chain[1].to_vector<float>(), expected[1]);
+  EXPECT_EQ(manager.stats().prefetches, 4);  // chain[0] again, now that there is room
+  EXPECT_EQ(chain[0].to_vector<float>(), expected[0]);
+  EXPECT_EQ(manager.stats().prefetch_hits, 3);
+  EXPECT_EQ(manager.stats().policy.swaps_in, 5);
+  EXPECT_EQ(manager.stats().policy.swaps_out, 5);
+}
+
 TEST(Swap, ScopeEndBringsSwappedTensorsBack) {
   Tensor x;
   std::vector<float> expected;
