@@ -190,7 +190,9 @@ TEST(Executable, VisionPlansWithATensorParallelGroupAreMarkedAndNotChosen) {
   const PlanResult any = plan_graph(graph, options);
   bool marked = false;
   for (const PlannedPoint& point : any.frontier) {
-    if (point.tp > 1) EXPECT_FALSE(point.executable) << point.summary;
+    if (point.tp > 1) {
+      EXPECT_FALSE(point.executable) << point.summary;
+    }
     if (!point.executable) {
       marked = true;
       EXPECT_NE(point.not_executable_reason.find("splits the batch"), std::string::npos);
