@@ -58,6 +58,8 @@ struct Settings {
   int64_t max_batch = 1024;
   double host_bandwidth = memory::HostLink::kDefaultBandwidth;
   memory::CostSource cost_source = memory::CostSource::kMeasured;
+  bool prefetch = true;
+  bool swap_ahead = true;
 };
 
 // A model, its optimizer and a fixed batch of random data, made inside the current memory scope.
@@ -136,6 +138,8 @@ struct Point {
   memory::PolicyCounters counters;  // per timed step (means)
   double link_busy_seconds = 0;     // per timed step: the copy thread copying
   double link_wait_seconds = 0;     // per timed step: compute blocked on the host link
+  double prefetches = 0;            // per timed step: swap-ins started ahead of need
+  double prefetch_hits = 0;         // per timed step: of them, read before being dropped
   double loss = 0;
 };
 
@@ -150,6 +154,8 @@ Point measure(const Settings& settings, int64_t batch, const MemoryOptions& opti
     memory::ResidencyManager* manager = scope.manager();
     const double busy_start = manager ? manager->host_link().busy_seconds() : 0;
     const double wait_start = manager ? manager->host_link().wait_seconds() : 0;
+    const memory::ResidencyStats residency_start =
+        manager ? manager->stats() : memory::ResidencyStats{};
     point.step_seconds = 1e30;
     for (int i = 0; i < settings.steps; ++i) {
       const double cpu_start = process_cpu_seconds();
@@ -166,6 +172,12 @@ Point measure(const Settings& settings, int64_t batch, const MemoryOptions& opti
     if (manager) {
       point.link_busy_seconds = (manager->host_link().busy_seconds() - busy_start) / settings.steps;
       point.link_wait_seconds = (manager->host_link().wait_seconds() - wait_start) / settings.steps;
+      const memory::ResidencyStats residency = manager->stats();
+      point.prefetches =
+          static_cast<double>(residency.prefetches - residency_start.prefetches) / settings.steps;
+      point.prefetch_hits =
+          static_cast<double>(residency.prefetch_hits - residency_start.prefetch_hits) /
+          settings.steps;
     }
     auto mean = [&](int64_t value) { return value / std::max(1, settings.steps); };
     point.counters.evictions = mean(total.evictions);
@@ -208,7 +220,9 @@ nlohmann::ordered_json point_json(const Settings& settings, int64_t batch, const
                                 {"fixed_bytes", point.fixed},
                                 {"per_step", counters_json(point.counters)},
                                 {"link_busy_s", point.link_busy_seconds},
-                                {"link_wait_s", point.link_wait_seconds}};
+                                {"link_wait_s", point.link_wait_seconds},
+                                {"prefetches", point.prefetches},
+                                {"prefetch_hits", point.prefetch_hits}};
   if (!point.ok) out["error"] = point.error;
   return out;
 }
@@ -218,7 +232,9 @@ MemoryOptions options_for(const Settings& settings, size_t budget, Policy policy
       .budget(budget)
       .policy(policy)
       .host_bandwidth(settings.host_bandwidth)
-      .cost_source(settings.cost_source);
+      .cost_source(settings.cost_source)
+      .prefetch(settings.prefetch)
+      .swap_ahead(settings.swap_ahead);
 }
 
 void sweep(const Settings& settings) {
@@ -247,7 +263,8 @@ void sweep(const Settings& settings) {
                 << (point.ok ? std::to_string(point.step_seconds / reference.step_seconds) + "x"
                              : "failed: " + point.error)
                 << "; " << memory::format_counters(point.counters) << "; host link busy "
-                << point.link_busy_seconds << " s, waited for " << point.link_wait_seconds << " s"
+                << point.link_busy_seconds << " s, waited for " << point.link_wait_seconds << " s; "
+                << point.prefetches << " prefetches, " << point.prefetch_hits << " read"
                 << std::endl;
     }
   }
@@ -356,6 +373,10 @@ int run(int argc, char** argv) {
       settings.max_batch = std::atoll(v);
     } else if (const char* v = value("--host_bandwidth=")) {
       settings.host_bandwidth = std::atof(v);
+    } else if (arg == "--no_prefetch") {
+      settings.prefetch = false;
+    } else if (arg == "--no_swap_ahead") {
+      settings.swap_ahead = false;
     } else if (arg == "--estimated_costs") {
       settings.cost_source = memory::CostSource::kEstimated;  // from FLOPs and bytes, not timed
     } else if (arg == "--largest_batch") {

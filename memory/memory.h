@@ -74,6 +74,14 @@ class MemoryOptions {
     residency_.cost_source(value);
     return *this;
   }
+  MemoryOptions& prefetch(bool value) {
+    residency_.prefetch(value);
+    return *this;
+  }
+  MemoryOptions& swap_ahead(bool value) {
+    residency_.swap_ahead(value);
+    return *this;
+  }
   // Parameters + gradients + optimizer state: checked against the budget up front.
   MemoryOptions& fixed_bytes(size_t bytes) {
     fixed_bytes_ = bytes;

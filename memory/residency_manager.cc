@@ -109,7 +109,8 @@ struct ResidencyManager::Record {
   std::shared_ptr<HostTransfer> pending_in;  // a prefetch: device bytes held, host copy kept
   bool consumed = false;                     // a recorded op has read it since it was made
   bool rematerializing = false;              // being recomputed: not a candidate
-  bool recipe_stale = false;  // an input of its recipe was (or is being) written in place
+  bool recipe_stale = false;          // an input of its recipe was (or is being) written in place
+  bool read_back_in_forward = false;  // swapped out, then read again while gradients recorded
 };
 
 ResidencyManager::ResidencyManager(std::shared_ptr<CachingAllocator> allocator,
@@ -282,6 +283,8 @@ ResidencyManager::Candidate ResidencyManager::assess(StorageImpl& storage) {
     return none;
   Record* record = find_record(storage);
   if (!record || record->rematerializing) return none;
+  // A tensor every forward reads (a parameter) comes right back when moved off during forward.
+  if (spare_forward_reads_ && record->read_back_in_forward && GradMode::is_enabled()) return none;
   // Nothing has read it yet, so it is about to be read (a gradient waiting for the optimizer,
   // an output waiting for its consumer): recomputing it would redo its whole chain at once.
   const bool recompute_ok = record->consumed && can_recompute(storage);
@@ -311,6 +314,13 @@ ResidencyManager::Candidate ResidencyManager::assess(StorageImpl& storage) {
 }
 
 ResidencyManager::Candidate ResidencyManager::choose_victim() {
+  spare_forward_reads_ = true;
+  Candidate spared = choose_victim_among_candidates();
+  spare_forward_reads_ = false;
+  return spared.action != ResidencyAction::kNone ? spared : choose_victim_among_candidates();
+}
+
+ResidencyManager::Candidate ResidencyManager::choose_victim_among_candidates() {
   // Strong references first: assessing must not destroy anything while the registry is walked.
   std::vector<std::shared_ptr<StorageImpl>> pool;
   pool.reserve(storages_.size());
@@ -427,6 +437,7 @@ void ResidencyManager::swap_in(StorageImpl& storage) {
     settle_prefetch(storage, /*keep=*/true);
     ++prefetch_hits_;
   } else {
+    if (GradMode::is_enabled()) record.read_back_in_forward = true;
     storage.allocate_bytes();  // may relieve pressure; this storage is not a candidate meanwhile
     link_.wait(link_.copy_async(storage.data_unchecked(), storage.host_data, bytes));
   }
@@ -659,24 +670,44 @@ void ResidencyManager::on_op_recorded(const std::shared_ptr<OpCall>& call, doubl
     auto output = weak_output.lock();
     if (!output) continue;
     record_of(*output);
+    if (managed(*output)) largest_output_bytes_ = std::max(largest_output_bytes_, output->nbytes());
     if (keep) {
       output->producer = call;
       label(*output);
     }
   }
-  if (!keep) return;
-  for (const auto& input : call->inputs) {
-    if (!input.storage) continue;
-    Record& record = record_of(*input.storage);
-    record.consumed = true;
-    record.consumers.push_back(call);
-    if (record.consumers.size() > record.consumers_pruned_at) {
-      auto& consumers = record.consumers;
-      consumers.erase(std::remove_if(consumers.begin(), consumers.end(),
-                                     [](const std::weak_ptr<OpCall>& c) { return c.expired(); }),
-                      consumers.end());
-      record.consumers_pruned_at = std::max<size_t>(8, 2 * consumers.size());
+  if (keep) {
+    for (const auto& input : call->inputs) {
+      if (!input.storage) continue;
+      Record& record = record_of(*input.storage);
+      record.consumed = true;
+      record.consumers.push_back(call);
+      if (record.consumers.size() > record.consumers_pruned_at) {
+        auto& consumers = record.consumers;
+        consumers.erase(std::remove_if(consumers.begin(), consumers.end(),
+                                       [](const std::weak_ptr<OpCall>& c) { return c.expired(); }),
+                        consumers.end());
+        record.consumers_pruned_at = std::max<size_t>(8, 2 * consumers.size());
+      }
     }
+  }
+  swap_ahead();
+}
+
+// Forward under pressure (once a request has had to wait for room): keeps room for the largest
+// output seen so far, free or on its way out, so the copies run while the next ops compute
+// instead of while an allocation waits for them.
+void ResidencyManager::swap_ahead() {
+  if (!options_.swap_ahead() || !pressure_seen_ || !swaps_for(options_.policy()) ||
+      !GradMode::is_enabled() || detaching_)
+    return;
+  size_t pending = 0;
+  for (StorageImpl* storage : in_flight_) pending += storage->nbytes();
+  while (allocator_->largest_free_block() + pending < largest_output_bytes_) {
+    const Candidate victim = choose_victim();
+    if (victim.action != ResidencyAction::kSwap) return;
+    start_swap_out(*victim.storage);
+    pending += victim.storage->nbytes();
   }
 }
 
@@ -823,7 +854,15 @@ bool ResidencyManager::relieve(size_t bytes_needed, size_t largest_free_block) {
     if (kernel && kernel->can_split_further) return false;
   }
   if (prefetching_) return false;  // a prefetch only takes room that is free anyway
+  pressure_seen_ = true;
   if (release_finished_swaps() || drop_prefetch()) return true;
+  // Swap-outs already under way that cover the request: wait for them rather than add more.
+  size_t pending = 0;
+  for (StorageImpl* storage : in_flight_) pending += storage->nbytes();
+  if (!in_flight_.empty() && pending + largest_free_block >= bytes_needed) {
+    complete_swap_out(*in_flight_.front());
+    return true;
+  }
   Candidate victim = choose_victim();
   if (victim.action != ResidencyAction::kNone) {
     apply(victim);

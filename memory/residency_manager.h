@@ -71,6 +71,12 @@ class ResidencyOptions {
     prefetch_ = value;
     return *this;
   }
+  // In forward under pressure, start swap-outs before an allocation must wait for them, keeping
+  // room for the largest output seen; on by default.
+  ResidencyOptions& swap_ahead(bool value) {
+    swap_ahead_ = value;
+    return *this;
+  }
   Policy policy() const { return policy_; }
   size_t min_candidate_bytes() const { return min_candidate_bytes_; }
   double host_bandwidth() const { return host_bandwidth_; }
@@ -78,6 +84,7 @@ class ResidencyOptions {
   uint64_t sample_seed() const { return sample_seed_; }
   CostSource cost_source() const { return cost_source_; }
   bool prefetch() const { return prefetch_; }
+  bool swap_ahead() const { return swap_ahead_; }
 
  private:
   Policy policy_;
@@ -87,6 +94,7 @@ class ResidencyOptions {
   uint64_t sample_seed_ = 0;
   CostSource cost_source_ = CostSource::kMeasured;
   bool prefetch_ = true;
+  bool swap_ahead_ = true;
 };
 
 // How a candidate would leave the device.
@@ -175,7 +183,10 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   double recompute_cost(StorageImpl& storage);
   double evicted_neighbourhood_cost(StorageImpl& storage);
   std::vector<StorageImpl*> evicted_neighbours(StorageImpl& storage);
+  // The candidate with the smallest score, sparing (while gradients are recorded) tensors that
+  // forward has read back before, unless nothing else is left.
   Candidate choose_victim();
+  Candidate choose_victim_among_candidates();
   void apply(const Candidate& victim);
   void evict_locked(StorageImpl& storage, bool count_as_eviction);
   void start_swap_out(StorageImpl& storage);
@@ -188,6 +199,7 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   void prefetch_before(int64_t clock);
   // Under pressure: gives back the device bytes of the prefetched tensor needed last.
   bool drop_prefetch();
+  void swap_ahead();
   // Waits for a prefetch copy of `storage`, keeping its device bytes (true) or dropping them.
   void settle_prefetch(StorageImpl& storage, bool keep);
   void rematerialize(StorageImpl& storage);
@@ -217,7 +229,10 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   int64_t defragment_moves_ = 0;
   int64_t prefetches_ = 0;
   int64_t prefetch_hits_ = 0;
-  bool prefetching_ = false;  // a prefetch allocates: pressure must not evict for it
+  bool prefetching_ = false;          // a prefetch allocates: pressure must not evict for it
+  bool pressure_seen_ = false;        // a request has not fitted since installation
+  bool spare_forward_reads_ = false;  // assess: set while choose_victim spares them
+  size_t largest_output_bytes_ = 0;   // of the managed op outputs recorded
   std::mt19937_64 sampler_;
 };
 

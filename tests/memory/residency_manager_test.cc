@@ -472,6 +472,58 @@ TEST(Swap, BackwardPrefetchesTheNextSwappedTensorsAndPressureDropsThemFirst) {
   EXPECT_EQ(manager.stats().policy.swaps_out, 5);
 }
 
+TEST(Swap, ForwardSparesTensorsItHadToReadBackUnlessNothingElseIsLeft) {
+  MemoryScope scope(MemoryOptions().budget(64 * kMiB).policy(Policy::kSwap).min_candidate_bytes(0));
+  ResidencyManager& manager = *scope.manager();
+  manual_seed(18);
+  Tensor weight = randn({256 * 1024});  // read by every forward, like a parameter
+  Tensor activation = randn({256 * 1024});
+  manager.swap_out(*weight.storage());
+  const std::vector<float> expected = weight.to_vector<float>();  // read back in forward
+  (void)activation.to_vector<float>();                            // the weight is now the stalest
+  // In forward the activation goes although the weight scores lower.
+  EXPECT_LT(manager.score(*weight.storage()), manager.score(*activation.storage()));
+  ASSERT_TRUE(manager.evict_one());
+  EXPECT_EQ(weight.storage()->state(), Residency::kResident);
+  EXPECT_EQ(activation.storage()->state(), Residency::kOnHost);
+  // With nothing else left, the weight goes too.
+  ASSERT_TRUE(manager.evict_one());
+  EXPECT_EQ(weight.storage()->state(), Residency::kOnHost);
+  EXPECT_EQ(weight.to_vector<float>(), expected);
+  (void)activation.to_vector<float>();
+  // Backward (no gradients recorded) treats it like any other tensor again.
+  NoGradGuard no_grad;
+  ASSERT_TRUE(manager.evict_one());
+  EXPECT_EQ(weight.storage()->state(), Residency::kOnHost);
+  EXPECT_EQ(activation.storage()->state(), Residency::kResident);
+}
+
+TEST(Swap, ForwardUnderPressureStartsSwapOutsBeforeAnAllocationWaits) {
+  // 1 MiB takes about 10 ms over this link, so swap-outs started ahead are still in flight.
+  MemoryScope scope(MemoryOptions()
+                        .budget(6 * kMiB)
+                        .policy(Policy::kSwap)
+                        .min_candidate_bytes(0)
+                        .host_bandwidth(100e6));
+  ResidencyManager& manager = *scope.manager();
+  manual_seed(19);
+  std::vector<Tensor> outputs = {randn({256 * 1024})};
+  std::vector<std::vector<float>> expected = {outputs[0].to_vector<float>()};
+  // A chain of 1 MiB outputs, twice what fits: the first that does not fit makes room itself.
+  for (int i = 1; i < 12; ++i) {
+    outputs.push_back(add(outputs.back(), 1.0));
+    expected.push_back(outputs.back().to_vector<float>());
+    if (i == 4) {
+      EXPECT_EQ(manager.stats().policy.swaps_out, 0);
+    }
+  }
+  // From then on each op leaves room for the next output, free or on its way out.
+  const ResidencyStats stats = manager.stats();
+  EXPECT_GE(stats.policy.swaps_out, 6);
+  EXPECT_GE(scope.allocator().largest_free_block() + stats.in_flight_swaps * kMiB, kMiB);
+  for (size_t i = 0; i < outputs.size(); ++i) EXPECT_EQ(outputs[i].to_vector<float>(), expected[i]);
+}
+
 TEST(Swap, ScopeEndBringsSwappedTensorsBack) {
   Tensor x;
   std::vector<float> expected;
