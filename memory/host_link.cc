@@ -1,5 +1,9 @@
 #include "memory/host_link.h"
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -19,6 +23,13 @@ namespace {
 constexpr size_t kPieceBytes = 1 << 20;
 
 bool throttled(double bandwidth) { return bandwidth > 0 && std::isfinite(bandwidth); }
+
+// The link stands for a DMA engine, which moves bytes while kernels run. On CPU its thread
+// shares the cores with the compute threads; a raised priority lets each copy run when it is
+// queued instead of after a compute thread's time slice, so copies keep pace as on hardware and
+// step times vary less (ShuffleNet at f = 0.5, four interleaved pairs of runs: 1.16-1.18x with
+// it, 1.13-1.35x without).
+constexpr int kLinkThreadNice = -10;
 
 // A copy with non-temporal stores where alignment allows: the bytes bypass the caches, so a swap
 // neither evicts the compute threads' working sets nor reads the destination first (about 1.3x
@@ -144,6 +155,9 @@ double HostLink::wait_seconds() const {
 }
 
 void HostLink::run() {
+  // Needs CAP_SYS_NICE; without it the thread keeps the default priority.
+  priority_raised_.store(
+      setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), kLinkThreadNice) == 0);
   using Clock = std::chrono::steady_clock;
   while (true) {
     std::shared_ptr<HostTransfer> transfer;
