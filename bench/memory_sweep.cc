@@ -247,11 +247,15 @@ void sweep(const Settings& settings) {
             << memory::format_bytes(static_cast<double>(reference.peak)) << ", fixed "
             << memory::format_bytes(static_cast<double>(reference.fixed)) << ", step "
             << reference.step_seconds << " s" << std::endl;
-  const double first_seconds = reference.step_seconds;
-  std::vector<nlohmann::ordered_json> points;
+  std::vector<double> reference_seconds;
   for (const std::string& name : settings.policies) {
     const Policy policy = memory::parse_policy(name);
     for (double fraction : settings.fractions) {
+      // Every point against an unconstrained run made just before it: the speed of this shared
+      // machine drifts over minutes, which would scale every later ratio of a single reference.
+      const Point base = measure(settings, settings.batch, MemoryOptions());
+      TESSEL_CHECK(base.ok, "memory_sweep: the unconstrained run failed: ", base.error);
+      reference_seconds.push_back(base.step_seconds);
       const size_t budget = memory::activation_budget(reference.fixed, reference.peak, fraction);
       const Point point = measure(settings, settings.batch, options_for(settings, budget, policy));
       nlohmann::ordered_json line = point_json(settings, settings.batch, point);
@@ -261,9 +265,13 @@ void sweep(const Settings& settings) {
       line["budget_bytes"] = budget;
       line["whole_peak_fraction"] =
           static_cast<double>(budget) / static_cast<double>(reference.peak);
-      points.push_back(line);
+      line["reference_step_s"] = base.step_seconds;
+      line["reference_cpu_s"] = base.cpu_seconds;
+      line["slowdown"] = point.ok ? point.step_seconds / base.step_seconds : 0.0;
+      line["cpu_slowdown"] = point.ok ? point.cpu_seconds / base.cpu_seconds : 0.0;
+      std::cout << line.dump() << std::endl;
       std::cerr << "  " << name << " f=" << fraction << ": "
-                << (point.ok ? std::to_string(point.step_seconds / reference.step_seconds) + "x"
+                << (point.ok ? std::to_string(point.step_seconds / base.step_seconds) + "x"
                              : "failed: " + point.error)
                 << "; " << memory::format_counters(point.counters) << "; host link busy "
                 << point.link_busy_seconds << " s, waited for " << point.link_wait_seconds << " s; "
@@ -271,24 +279,16 @@ void sweep(const Settings& settings) {
                 << std::endl;
     }
   }
-  // The unconstrained run again, after the sweep: the faster of the two is the reference, so a
-  // busy moment during either does not scale every ratio.
-  const Point again = measure(settings, settings.batch, MemoryOptions());
-  if (again.ok && again.step_seconds < reference.step_seconds) {
-    reference.step_seconds = again.step_seconds;
-    reference.cpu_seconds = again.cpu_seconds;
-  }
+  // The header's step time: the median of the unconstrained runs.
   nlohmann::ordered_json head = point_json(settings, settings.batch, reference);
   head["kind"] = "reference";
-  head["step_s_runs"] = {first_seconds, again.step_seconds};
-  std::cout << head.dump() << std::endl;
-  for (auto& line : points) {
-    const double seconds = line["step_s"].get<double>();
-    line["slowdown"] = line["ok"].get<bool>() ? seconds / reference.step_seconds : 0.0;
-    line["cpu_slowdown"] =
-        line["ok"].get<bool>() ? line["cpu_s"].get<double>() / reference.cpu_seconds : 0.0;
-    std::cout << line.dump() << std::endl;
+  head["step_s_runs"] = reference_seconds;
+  if (!reference_seconds.empty()) {
+    std::vector<double> sorted = reference_seconds;
+    std::sort(sorted.begin(), sorted.end());
+    head["step_s"] = sorted[sorted.size() / 2];
   }
+  std::cout << head.dump() << std::endl;
 }
 
 // The largest batch in [1, max_batch] for which `fits` holds, assuming it holds for every batch
