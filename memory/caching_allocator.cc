@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <sstream>
 
 #include "core/error.h"
@@ -433,6 +434,15 @@ size_t CachingAllocator::free_bytes_locked() const {
 size_t CachingAllocator::largest_free_block() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return largest_free_locked(nullptr);
+}
+
+size_t CachingAllocator::largest_allocatable() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!has_budget_) return std::numeric_limits<size_t>::max();
+  const size_t largest = largest_free_locked(nullptr);
+  if (arena_mode()) return largest;
+  const auto reserved = static_cast<size_t>(stats_.reserved_bytes);
+  return std::max(largest, budget_ > reserved ? budget_ - reserved : 0);
 }
 
 size_t CachingAllocator::free_bytes_adjacent(const void* ptr) const {

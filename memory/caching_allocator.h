@@ -142,6 +142,10 @@ class CachingAllocator : public Allocator {
   bool has_budget() const;
 
   size_t largest_free_block() const;
+  // Roughly the largest request that fits now without relieving pressure: the largest free block,
+  // or, when segments come on demand under a budget, the budget not yet reserved if that is more
+  // (a segment's rounding may take a little of it); unlimited without a budget.
+  size_t largest_allocatable() const;
   // Bytes of the free blocks directly left and right of the allocated block at `ptr` (what an
   // eviction of it would join into one hole).
   size_t free_bytes_adjacent(const void* ptr) const;

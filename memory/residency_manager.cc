@@ -469,7 +469,7 @@ void ResidencyManager::prefetch_before(int64_t clock) {
     if (record.pending_in) continue;
     // Only into room the step does not need: at most half of the largest free block.
     const size_t bytes = storage->nbytes();
-    if (allocator_->largest_free_block() < 2 * CachingAllocator::round_size(bytes)) return;
+    if (allocator_->largest_allocatable() < 2 * CachingAllocator::round_size(bytes)) return;
     prefetching_ = true;
     try {
       storage->allocate_bytes(Residency::kOnHost);
@@ -701,9 +701,11 @@ void ResidencyManager::swap_ahead() {
   if (!options_.swap_ahead() || !pressure_seen_ || !swaps_for(options_.policy()) ||
       !GradMode::is_enabled() || detaching_)
     return;
+  const size_t room = allocator_->largest_allocatable();  // unlimited without a budget
+  if (room >= largest_output_bytes_) return;
   size_t pending = 0;
   for (StorageImpl* storage : in_flight_) pending += storage->nbytes();
-  while (allocator_->largest_free_block() + pending < largest_output_bytes_) {
+  while (room + pending < largest_output_bytes_) {
     const Candidate victim = choose_victim();
     if (victim.action != ResidencyAction::kSwap) return;
     start_swap_out(*victim.storage);

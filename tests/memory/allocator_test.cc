@@ -565,9 +565,13 @@ TEST(CachingAllocator, SegmentedModeCapsReservedBytesByTheBudget) {
   auto source = std::make_shared<CountingSource>();
   CachingAllocator allocator(Device::cuda(), arena(5 * MiB), source);
   EXPECT_EQ(allocator.stats().reserved_bytes, 0);
-  void* large = alloc(allocator, 3 * MiB);  // 4 MiB segment
-  void* small = alloc(allocator, KiB);      // the last 1 MiB of the budget as a small segment
+  EXPECT_EQ(allocator.largest_free_block(), 0u);
+  EXPECT_EQ(allocator.largest_allocatable(), 5 * MiB);  // the budget, not reserved yet
+  void* large = alloc(allocator, 3 * MiB);              // 4 MiB segment
+  EXPECT_EQ(allocator.largest_allocatable(), MiB);
+  void* small = alloc(allocator, KiB);  // the last 1 MiB of the budget as a small segment
   EXPECT_EQ(allocator.stats().reserved_bytes, static_cast<int64_t>(5 * MiB));
+  EXPECT_EQ(allocator.largest_allocatable(), allocator.largest_free_block());
   oom_message([&] { alloc(allocator, 2 * MiB); });
   release(allocator, large);
   void* reused = alloc(allocator, 4 * MiB);  // the cached 4 MiB block
