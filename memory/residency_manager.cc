@@ -409,6 +409,12 @@ void ResidencyManager::cancel_swap_out(StorageImpl& storage) {
   storage.set_state(Residency::kResident);
 }
 
+size_t ResidencyManager::in_flight_bytes() const {
+  size_t bytes = 0;
+  for (const StorageImpl* storage : in_flight_) bytes += storage->nbytes();
+  return bytes;
+}
+
 bool ResidencyManager::release_finished_swaps() {
   std::vector<StorageImpl*> finished;
   for (StorageImpl* storage : in_flight_) {
@@ -450,24 +456,24 @@ void ResidencyManager::swap_in(StorageImpl& storage) {
 void ResidencyManager::prefetch_before(int64_t clock) {
   // Forward reads swapped tensors rarely and in no useful order; backward reads them in reverse.
   if (!options_.prefetch() || GradMode::is_enabled() || detaching_) return;
-  constexpr int kDepth = 2;                        // prefetches in flight or waiting to be read
-  std::vector<std::shared_ptr<StorageImpl>> next;  // the kDepth on host last used before `clock`
+  constexpr size_t kDepth = 2;                     // prefetches in flight or waiting to be read
+  std::vector<std::shared_ptr<StorageImpl>> next;  // on host, last used before `clock`
   for (const auto& entry : storages_) {
     auto storage = entry.second.lock();
     if (!storage || storage->state() != Residency::kOnHost || !managed(*storage) ||
         storage->last_access >= clock || storage->user_refs() == 0)
       continue;
     Record* record = find_record(*storage);
-    if (!record || record->pending_out) continue;
-    next.push_back(std::move(storage));
-    std::sort(next.begin(), next.end(),
-              [](const auto& a, const auto& b) { return a->last_access > b->last_access; });
-    if (next.size() > kDepth) next.pop_back();
+    if (record && !record->pending_out) next.push_back(std::move(storage));
   }
+  const auto depth = std::min(kDepth, next.size());
+  std::partial_sort(next.begin(), next.begin() + depth, next.end(),
+                    [](const auto& a, const auto& b) { return a->last_access > b->last_access; });
+  next.resize(depth);
   for (const auto& storage : next) {
     Record& record = record_of(*storage);
     if (record.pending_in) continue;
-    // Only into room the step does not need: at most half of the largest free block.
+    // Only into room the step does not need: at most half of the largest allocatable block.
     const size_t bytes = storage->nbytes();
     if (allocator_->largest_allocatable() < 2 * CachingAllocator::round_size(bytes)) return;
     prefetching_ = true;
@@ -703,8 +709,7 @@ void ResidencyManager::swap_ahead() {
     return;
   const size_t room = allocator_->largest_allocatable();  // unlimited without a budget
   if (room >= largest_output_bytes_) return;
-  size_t pending = 0;
-  for (StorageImpl* storage : in_flight_) pending += storage->nbytes();
+  size_t pending = in_flight_bytes();
   while (room + pending < largest_output_bytes_) {
     const Candidate victim = choose_victim();
     if (victim.action != ResidencyAction::kSwap) return;
@@ -859,9 +864,7 @@ bool ResidencyManager::relieve(size_t bytes_needed, size_t largest_free_block) {
   pressure_seen_ = true;
   if (release_finished_swaps() || drop_prefetch()) return true;
   // Swap-outs already under way that cover the request: wait for them rather than add more.
-  size_t pending = 0;
-  for (StorageImpl* storage : in_flight_) pending += storage->nbytes();
-  if (!in_flight_.empty() && pending + largest_free_block >= bytes_needed) {
+  if (!in_flight_.empty() && in_flight_bytes() + largest_free_block >= bytes_needed) {
     complete_swap_out(*in_flight_.front());
     return true;
   }
@@ -870,9 +873,8 @@ bool ResidencyManager::relieve(size_t bytes_needed, size_t largest_free_block) {
     apply(victim);
     if (victim.action == ResidencyAction::kSwap) {
       // Copies run while the next victims are chosen; wait once they cover the request.
-      size_t pending = 0;
-      for (StorageImpl* storage : in_flight_) pending += storage->nbytes();
-      if (pending + largest_free_block >= bytes_needed) complete_swap_out(*in_flight_.front());
+      if (in_flight_bytes() + largest_free_block >= bytes_needed)
+        complete_swap_out(*in_flight_.front());
     }
     return true;
   }

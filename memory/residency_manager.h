@@ -191,6 +191,7 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   void evict_locked(StorageImpl& storage, bool count_as_eviction);
   void start_swap_out(StorageImpl& storage);
   bool release_finished_swaps();
+  size_t in_flight_bytes() const;  // of the swap-outs under way
   void complete_swap_out(StorageImpl& storage);
   void cancel_swap_out(StorageImpl& storage);
   void swap_in(StorageImpl& storage);
