@@ -1,8 +1,11 @@
 // Training steps under memory budgets, for bench/memory_bench (results in bench/results/memory.md).
 // Budget sweep: one unconstrained run measures the whole peak and the fixed memory (parameters,
 // gradients, momentum), then every policy trains at activation budgets
-// budget = fixed + f * (peak - fixed); each point prints one JSON line.
+// budget = fixed + f * (peak - fixed), each point timed against an unconstrained run made just
+// before it; each point prints one JSON line (host link busy and wait times, prefetches).
 //   memory_sweep --model=resnet50 --batch=8 --fractions=1,0.5,0.3 --policies=dtr,auto
+// --no_prefetch / --no_swap_ahead turn off the residency manager's prefetch in backward and its
+// swap-ahead in forward (to measure what they bring).
 // Largest batch: the largest batch that trains (two steps) within --budget, per policy.
 //   memory_sweep --model=shufflenet --largest_batch --budget=512MiB --policies=none,auto
 #include <sys/resource.h>
