@@ -25,11 +25,11 @@ constexpr size_t kPieceBytes = 1 << 20;
 bool throttled(double bandwidth) { return bandwidth > 0 && std::isfinite(bandwidth); }
 
 // The link stands for a DMA engine, which moves bytes while kernels run. On CPU its thread
-// shares the cores with the compute threads; a raised priority lets each copy run when it is
-// queued instead of after a compute thread's time slice, so copies keep pace as on hardware and
-// step times vary less (ShuffleNet at f = 0.5, four interleaved pairs of runs: 1.16-1.18x with
-// it, 1.13-1.35x without).
-constexpr int kLinkThreadNice = -10;
+// shares the cores with the compute threads. At a lowered priority its copies fill the moments
+// a core is idle (between parallel regions, during serial bookkeeping) instead of preempting a
+// compute thread in the middle of a region, which leaves the others waiting at its barrier
+// (ShuffleNet at f = 0.5, interleaved runs: median 1.11x at nice +10, 1.16x at -10, 1.19x at 0).
+constexpr int kLinkThreadNice = 10;
 
 // A copy with non-temporal stores where alignment allows: the bytes bypass the caches, so a swap
 // neither evicts the compute threads' working sets nor reads the destination first (about 1.3x
@@ -155,8 +155,7 @@ double HostLink::wait_seconds() const {
 }
 
 void HostLink::run() {
-  // Needs CAP_SYS_NICE; without it the thread keeps the default priority.
-  priority_raised_.store(
+  priority_lowered_.store(
       setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), kLinkThreadNice) == 0);
   using Clock = std::chrono::steady_clock;
   while (true) {
