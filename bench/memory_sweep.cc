@@ -138,12 +138,11 @@ struct Point {
   double cpu_seconds = 0;  // process CPU time (user + system) of the fastest step
   size_t peak = 0;
   size_t fixed = 0;
-  memory::PolicyCounters counters;     // per timed step (means)
-  double link_busy_seconds = 0;        // per timed step: the copy thread copying
-  double link_wait_seconds = 0;        // per timed step: compute blocked on the host link
-  double prefetches = 0;               // per timed step: swap-ins started ahead of need
-  double prefetch_hits = 0;            // per timed step: of them, read before being dropped
-  bool link_priority_lowered = false;  // the host link's copy thread ran at a lowered priority
+  memory::PolicyCounters counters;  // per timed step (means)
+  double link_busy_seconds = 0;     // per timed step: the copy thread copying
+  double link_wait_seconds = 0;     // per timed step: compute blocked on the host link
+  double prefetches = 0;            // per timed step: swap-ins started ahead of need
+  double prefetch_hits = 0;         // per timed step: of them, read before being dropped
   double loss = 0;
 };
 
@@ -176,7 +175,6 @@ Point measure(const Settings& settings, int64_t batch, const MemoryOptions& opti
     if (manager) {
       point.link_busy_seconds = (manager->host_link().busy_seconds() - busy_start) / settings.steps;
       point.link_wait_seconds = (manager->host_link().wait_seconds() - wait_start) / settings.steps;
-      point.link_priority_lowered = manager->host_link().priority_lowered();
       const memory::ResidencyStats residency = manager->stats();
       point.prefetches =
           static_cast<double>(residency.prefetches - residency_start.prefetches) / settings.steps;
@@ -227,8 +225,7 @@ nlohmann::ordered_json point_json(const Settings& settings, int64_t batch, const
                                 {"link_busy_s", point.link_busy_seconds},
                                 {"link_wait_s", point.link_wait_seconds},
                                 {"prefetches", point.prefetches},
-                                {"prefetch_hits", point.prefetch_hits},
-                                {"link_priority_lowered", point.link_priority_lowered}};
+                                {"prefetch_hits", point.prefetch_hits}};
   if (!point.ok) out["error"] = point.error;
   return out;
 }

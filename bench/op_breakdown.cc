@@ -10,6 +10,7 @@
 #include <map>
 #include <string>
 
+#include "bench/random_batch.h"
 #include "core/op.h"
 #include "core/parallel.h"
 #include "core/rng.h"
@@ -91,18 +92,8 @@ int run(int argc, char** argv) {
   else
     optimizer = std::make_unique<optim::SGD>(net->named_parameters(),
                                              optim::SGDOptions(0.01).momentum(0.9));
-  Tensor images, labels, ids, types, mask, mlm_labels, nsp_labels;
-  if (bert) {
-    ids = randint(0, bert_config.vocab_size(), {batch, seq});
-    types = zeros({batch, seq}, DType::kInt64);
-    mask = ones({batch, seq}, DType::kInt64);
-    const Tensor ignored = ge(rand({batch, seq}), full({batch, seq}, 0.15));
-    mlm_labels = masked_fill(randint(0, bert_config.vocab_size(), {batch, seq}), ignored, -100);
-    nsp_labels = randint(0, 2, {batch});
-  } else {
-    images = randn({batch, 3, image_size, image_size});
-    labels = randint(0, 1000, {batch});
-  }
+  const RandomBatch data =
+      random_batch(bert ? &bert_config : nullptr, batch, seq, image_size, 1000);
 
   std::map<std::string, Totals> measured[3];  // forward, backward, optimizer
   double phase_seconds[3] = {0, 0, 0};
@@ -124,10 +115,11 @@ int run(int argc, char** argv) {
     auto begin = Clock::now();
     last = begin;
     phase = 0;
-    Tensor loss = bert ? models::bert_pretraining_loss(bert_model->forward(ids, types, mask),
-                                                       mlm_labels, nsp_labels)
-                             .total
-                       : cross_entropy(net->forward(images), labels);
+    Tensor loss =
+        bert ? models::bert_pretraining_loss(bert_model->forward(data.ids, data.types, data.mask),
+                                             data.mlm_labels, data.nsp_labels)
+                   .total
+             : cross_entropy(net->forward(data.images), data.labels);
     auto forward_end = Clock::now();
     optimizer->zero_grad();
     phase = 1;

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/random_batch.h"
 #include "core/allocator.h"
 #include "core/autograd.h"
 #include "core/parallel.h"
@@ -174,35 +175,24 @@ int run(int argc, char** argv) {
 
   // This data-parallel rank's rows of a fixed random batch.
   manual_seed(100 + grid.dp_index());
-  Tensor images, labels, ids, types, mask, mlm_labels, nsp_labels;
-  if (bert) {
-    ids = randint(0, bert_config.vocab_size(), {rows, seq});
-    types = zeros({rows, seq}, DType::kInt64);
-    mask = ones({rows, seq}, DType::kInt64);
-    // 15% of positions predicted, the rest ignored (-100).
-    const Tensor ignored = ge(rand({rows, seq}), full({rows, seq}, 0.15));
-    mlm_labels = masked_fill(randint(0, bert_config.vocab_size(), {rows, seq}), ignored, -100);
-    nsp_labels = randint(0, 2, {rows});
-  } else {
-    images = randn({rows, 3, image_size, image_size});
-    labels = randint(0, classes, {rows});
-  }
+  const RandomBatch data =
+      random_batch(bert ? &bert_config : nullptr, rows, seq, image_size, classes);
 
   auto step = [&]() {
     if (ddp) ddp->prepare_forward();
     Tensor loss;
     if (tp_bert) {
-      loss = parallel::tensor_parallel_bert_loss(tp_bert->forward(ids, types, mask), mlm_labels,
-                                                 nsp_labels, group)
+      loss = parallel::tensor_parallel_bert_loss(tp_bert->forward(data.ids, data.types, data.mask),
+                                                 data.mlm_labels, data.nsp_labels, group)
                  .total;
     } else if (bert) {
-      loss = models::bert_pretraining_loss(full_bert->forward(ids, types, mask), mlm_labels,
-                                           nsp_labels)
+      loss = models::bert_pretraining_loss(full_bert->forward(data.ids, data.types, data.mask),
+                                           data.mlm_labels, data.nsp_labels)
                  .total;
     } else if (tp_vision) {
-      loss = tp_vision->loss(tp_vision->forward(images), labels);
+      loss = tp_vision->loss(tp_vision->forward(data.images), data.labels);
     } else {
-      loss = cross_entropy(trained->forward(images), labels);
+      loss = cross_entropy(trained->forward(data.images), data.labels);
     }
     optimizer->zero_grad();
     loss.backward();

@@ -79,9 +79,6 @@ class HostLink {
   int64_t bytes_copied() const;
   double busy_seconds() const;  // time the copy thread spent copying (sleeps included)
   double wait_seconds() const;  // time callers spent blocked in wait and wait_all (stalls)
-  // Whether the copy thread runs at its lowered priority (host_link.cc says why); known once it
-  // started.
-  bool priority_lowered() const { return priority_lowered_.load(); }
 
  private:
   void run();
@@ -96,7 +93,6 @@ class HostLink {
   int64_t bytes_copied_ = 0;
   double busy_seconds_ = 0;
   double wait_seconds_ = 0;
-  std::atomic<bool> priority_lowered_{false};
   std::thread thread_;
 };
 
