@@ -49,6 +49,8 @@ struct TrainConfig {
   // "f32", or "bf16": training steps run under autocast (core/autocast.h), so products and
   // convolutions compute in bf16 while parameters, gradients and optimizer state stay f32.
   std::string precision = "f32";
+  // Where the model trains: "cpu", "cuda" or "cuda:N" (Device::parse); CUDA needs --config=cuda.
+  std::string device = "cpu";
 };
 
 // The defaults a recipe fills in for unset TrainConfig fields.
