@@ -1,7 +1,9 @@
 #include "core/allocator.h"
 
 #include <cstdlib>
+#include <map>
 #include <mutex>
+#include <utility>
 
 #include "core/error.h"
 
@@ -46,6 +48,8 @@ namespace {
 struct AllocatorTable {
   std::mutex mutex;
   std::shared_ptr<Allocator> by_type[kNumDeviceTypes];
+  std::map<std::pair<DeviceType, int>, std::shared_ptr<Allocator>> by_device;
+  AllocatorFactory factories[kNumDeviceTypes] = {};
 };
 AllocatorTable& table() {
   static AllocatorTable* instance = [] {
@@ -59,11 +63,18 @@ AllocatorTable& table() {
 
 std::shared_ptr<Allocator> allocator_for(Device device) {
   auto& t = table();
-  std::lock_guard<std::mutex> lock(t.mutex);
-  auto& allocator = t.by_type[static_cast<int>(device.type)];
-  TESSEL_CHECK(allocator != nullptr, "no allocator for device ", device.str(),
+  AllocatorFactory factory = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(t.mutex);
+    auto found = t.by_device.find({device.type, device.index});
+    if (found != t.by_device.end()) return found->second;
+    if (const auto& allocator = t.by_type[static_cast<int>(device.type)]) return allocator;
+    factory = t.factories[static_cast<int>(device.type)];
+  }
+  TESSEL_CHECK(factory != nullptr, "no allocator for device ", device.str(),
                device.is_cuda() ? " (is the CUDA backend linked? build with --config=cuda)" : "");
-  return allocator;
+  // Outside the lock: a factory may install allocators itself.
+  return factory(device.index);
 }
 
 std::shared_ptr<Allocator> set_allocator(DeviceType type, std::shared_ptr<Allocator> allocator) {
@@ -71,6 +82,26 @@ std::shared_ptr<Allocator> set_allocator(DeviceType type, std::shared_ptr<Alloca
   std::lock_guard<std::mutex> lock(t.mutex);
   std::swap(t.by_type[static_cast<int>(type)], allocator);
   return allocator;
+}
+
+std::shared_ptr<Allocator> set_allocator(Device device, std::shared_ptr<Allocator> allocator) {
+  auto& t = table();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  const std::pair<DeviceType, int> key{device.type, device.index};
+  auto found = t.by_device.find(key);
+  std::shared_ptr<Allocator> previous;
+  if (found != t.by_device.end()) {
+    previous = std::move(found->second);
+    t.by_device.erase(found);
+  }
+  if (allocator) t.by_device.emplace(key, std::move(allocator));
+  return previous;
+}
+
+void set_allocator_factory(DeviceType type, AllocatorFactory factory) {
+  auto& t = table();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  t.factories[static_cast<int>(type)] = factory;
 }
 
 }  // namespace tessel::memory

@@ -50,10 +50,18 @@ class CountingCpuAllocator : public Allocator {
   std::atomic<int64_t> frees_{0};
 };
 
-// The allocator for a device type (meta has none). Thread-safe. Storage keeps the returned
-// pointer, so bytes go back to the allocator that gave them even after set_allocator.
+// The allocator of a device (meta has none): the one installed for that device, else the one
+// for its type, else what the type's factory makes for it. Thread-safe. Storage keeps the
+// returned pointer, so bytes go back to the allocator that gave them even after set_allocator.
 std::shared_ptr<Allocator> allocator_for(Device device);
-// Installs `allocator` for every device of `type`; returns the previous one.
+// Installs `allocator` for every device of `type` without one of its own; returns the previous.
 std::shared_ptr<Allocator> set_allocator(DeviceType type, std::shared_ptr<Allocator> allocator);
+// Installs `allocator` for `device` alone (nullptr: back to its type's); returns the previous
+// one of that device (nullptr when it had none of its own).
+std::shared_ptr<Allocator> set_allocator(Device device, std::shared_ptr<Allocator> allocator);
+// Makes the allocator of a device of `type` that has none installed (the CUDA backend creates
+// each GPU's caching allocator on first use this way). The factory keeps what it makes.
+using AllocatorFactory = std::shared_ptr<Allocator> (*)(int device_index);
+void set_allocator_factory(DeviceType type, AllocatorFactory factory);
 
 }  // namespace tessel::memory

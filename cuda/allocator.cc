@@ -24,29 +24,24 @@ memory::CachingAllocatorOptions with_default_budget(int device,
   return options.budget(std::max<size_t>(budget, memory::CachingAllocator::kMinBlockSize));
 }
 
-// Installed for DeviceType::kCuda at load time, so that nothing touches CUDA before the first
-// CUDA allocation. That allocation creates the device's caching allocator, which installs itself
-// in place of this one; only storages made by that first allocation keep this forwarder.
-class LazyCudaAllocator : public memory::Allocator {
- public:
-  void* allocate(size_t nbytes, memory::Stream stream) override {
-    if (device_count() == 0) check_device(0, "allocating CUDA memory");  // throws, says why
-    return caching_allocator(0)->allocate(nbytes, stream);
-  }
-  void deallocate(void* ptr, size_t nbytes, memory::Stream stream) override {
-    caching_allocator(0)->deallocate(ptr, nbytes, stream);
-  }
-  memory::AllocatorStats stats() const override {
-    return device_count() == 0 ? memory::AllocatorStats{} : caching_allocator(0)->stats();
-  }
-  void reset_peak() override {
-    if (device_count() > 0) caching_allocator(0)->reset_peak();
-  }
-};
+// Registered at load time: no CUDA call happens until the first CUDA allocation, which creates
+// the device's allocator through core's factory.
+std::shared_ptr<memory::Allocator> make_device_allocator(int device) {
+  return default_caching_allocator(device);
+}
 
-// Installed at load time: no CUDA call happens until the first CUDA allocation.
-const bool lazy_allocator_installed = [] {
-  memory::set_allocator(DeviceType::kCuda, std::make_shared<LazyCudaAllocator>());
+// A MemoryScope's allocator for a GPU: budgeted, installed for that device while the scope lasts.
+std::shared_ptr<memory::CachingAllocator> make_scoped_allocator(
+    Device device, const memory::CachingAllocatorOptions& options) {
+  check_device(device.index, "memory budget");
+  auto allocator = std::make_shared<CudaCachingAllocator>(device.index, options);
+  install_host_memory();
+  return allocator;
+}
+
+const bool factory_installed = [] {
+  memory::set_allocator_factory(DeviceType::kCuda, &make_device_allocator);
+  memory::set_caching_allocator_maker(DeviceType::kCuda, &make_scoped_allocator);
   memory::set_copy_engine(DeviceType::kCuda, std::make_shared<CudaCopyEngine>());
   return true;
 }();
@@ -119,14 +114,10 @@ cudaEvent_t CudaCachingAllocator::take_event_locked() {
 }
 
 void* CudaCachingAllocator::allocate(size_t nbytes, memory::Stream stream) {
-  // Core's allocator table has one allocator per device type; until it has one per device,
-  // tensors live on cuda:0 only, and allocating with another current device is refused.
-  TESSEL_CHECK(current_device() == device_, "CUDA allocator of cuda:", device_,
-               " asked for memory while cuda:", current_device(),
-               " is current (tensors on devices other than cuda:0 are not supported yet)");
   if (pending_frees() > 0) process_pending_frees(false);
   if (stream.id != kComputeStreamId.id) {
     // A recycled block may still be read or written by compute work queued before its free.
+    DeviceGuard guard(device_);  // the event belongs to this device
     stream_wait(stream_for(device_, stream), compute_stream(device_));
   }
   try {
@@ -214,20 +205,27 @@ void CudaCachingAllocator::process_pending_frees(bool wait) {
     memory::CachingAllocator::deallocate(free.ptr, free.nbytes, kComputeStreamId);
 }
 
-std::shared_ptr<CudaCachingAllocator> caching_allocator(int device) {
+std::shared_ptr<CudaCachingAllocator> default_caching_allocator(int device) {
   static std::mutex mutex;
   // Never destroyed: tensors may be freed during static destruction.
   static auto* allocators = new std::array<std::shared_ptr<CudaCachingAllocator>, kMaxDevices>();
   check_device(device, "CUDA allocator");
+  TESSEL_CHECK(device < kMaxDevices, "CUDA allocator: device ", device, " is beyond the ",
+               kMaxDevices, " devices Tessel supports");
   std::lock_guard<std::mutex> lock(mutex);
   auto& allocator = (*allocators)[device];
   if (!allocator) {
     allocator = std::make_shared<CudaCachingAllocator>(device);
-    // One allocator serves DeviceType::kCuda (core's table is per type): cuda:0's.
-    if (device == 0) memory::set_allocator(DeviceType::kCuda, allocator);
     install_host_memory();
   }
   return allocator;
+}
+
+std::shared_ptr<CudaCachingAllocator> caching_allocator(int device) {
+  check_device(device, "CUDA allocator");
+  auto installed =
+      std::dynamic_pointer_cast<CudaCachingAllocator>(memory::allocator_for(Device::cuda(device)));
+  return installed ? installed : default_caching_allocator(device);
 }
 
 // ---- pinned staging ----

@@ -1,8 +1,8 @@
 // CUDA memory: the memory layer's caching allocator over cudaMalloc segments, with frees ordered
 // across streams by events; pinned host memory (cudaHostAlloc) for swaps and staging; and the
-// host link's copy engine on the copy stream. A forwarder is installed for DeviceType::kCuda at
-// load time; the first CUDA allocation creates cuda:0's allocator, which replaces it. Core keeps
-// one allocator per device type, so tensors live on cuda:0 (other devices: not yet).
+// host link's copy engine on the copy stream. Each device has its own allocator, created by
+// core's allocator factory on the device's first allocation; a MemoryScope on a CUDA device
+// installs a budgeted one in its place for the scope's lifetime.
 //   auto allocator = cuda::caching_allocator(0);   // budget: free device memory at creation
 //   allocator->record_stream(ptr, cuda::copy_stream(0));  // reused only after that work
 #pragma once
@@ -80,8 +80,11 @@ class CudaCachingAllocator : public memory::CachingAllocator {
   std::vector<cudaEvent_t> spare_events_;
 };
 
-// The allocator of `device`, created (and its budget measured) on first use; cuda:0's is then
-// installed with memory::set_allocator(DeviceType::kCuda, ...). Thread-safe.
+// The allocator `device` starts with, created (and its budget measured) on first use: what
+// memory::allocator_for(Device::cuda(device)) returns while nothing else is installed for it.
+std::shared_ptr<CudaCachingAllocator> default_caching_allocator(int device);
+// The caching allocator serving `device` now: the one installed for it (a MemoryScope's, with
+// its budget) when that is a CudaCachingAllocator, else the default one. Thread-safe.
 std::shared_ptr<CudaCachingAllocator> caching_allocator(int device);
 
 // A pool of pinned host memory whose frees can wait for device work (staging buffers of

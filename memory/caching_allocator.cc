@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <mutex>
 #include <sstream>
 
 #include "core/error.h"
@@ -683,6 +684,36 @@ std::shared_ptr<CachingAllocator> install_caching_allocator(Device device,
   auto allocator = std::make_shared<CachingAllocator>(device, options, std::move(source));
   set_allocator(device.type, allocator);
   return allocator;
+}
+
+namespace {
+std::mutex& makers_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+CachingAllocatorMaker& maker_for(DeviceType type) {
+  static CachingAllocatorMaker makers[kNumDeviceTypes] = {};
+  return makers[static_cast<int>(type)];
+}
+}  // namespace
+
+void set_caching_allocator_maker(DeviceType type, CachingAllocatorMaker maker) {
+  std::lock_guard<std::mutex> lock(makers_mutex());
+  maker_for(type) = maker;
+}
+
+std::shared_ptr<CachingAllocator> make_caching_allocator(Device device,
+                                                         const CachingAllocatorOptions& options) {
+  TESSEL_CHECK(!device.is_meta(), "memory budget: the meta device holds no bytes");
+  if (device.is_cpu()) return std::make_shared<CachingAllocator>(device, options);
+  CachingAllocatorMaker maker = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(makers_mutex());
+    maker = maker_for(device.type);
+  }
+  TESSEL_CHECK(maker != nullptr, "memory budget on ", device.str(),
+               ": the CUDA backend is not built (build with --config=cuda)");
+  return maker(device, options);
 }
 
 ScopedAllocationOwner::ScopedAllocationOwner(std::string owner)

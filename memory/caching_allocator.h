@@ -234,6 +234,16 @@ std::shared_ptr<CachingAllocator> install_caching_allocator(
     Device device, CachingAllocatorOptions options = {},
     std::shared_ptr<SegmentSource> source = nullptr);
 
+// Makes a caching allocator for a device of one type; the CUDA backend registers one whose frees
+// are ordered across streams. The CPU's needs none (host memory).
+using CachingAllocatorMaker =
+    std::shared_ptr<CachingAllocator> (*)(Device device, const CachingAllocatorOptions& options);
+void set_caching_allocator_maker(DeviceType type, CachingAllocatorMaker maker);
+// A new caching allocator for `device`, not installed: host segments for the CPU, the
+// registered maker for other devices (an error naming the missing backend without one).
+std::shared_ptr<CachingAllocator> make_caching_allocator(Device device,
+                                                         const CachingAllocatorOptions& options);
+
 // Blocks this thread allocates while one is alive get `owner` as their label (innermost wins).
 class ScopedAllocationOwner {
  public:

@@ -78,6 +78,16 @@ std::shared_ptr<CopyEngine> copy_engine_for(DeviceType type) {
   return copy_engines().by_type[static_cast<int>(type)];
 }
 
+void copy_device_bytes(Device device, void* destination, const void* source, size_t bytes) {
+  if (bytes == 0) return;
+  std::shared_ptr<CopyEngine> engine = device.is_cpu() ? nullptr : copy_engine_for(device.type);
+  if (!engine) {
+    std::memcpy(destination, source, bytes);
+    return;
+  }
+  engine->copy(destination, source, bytes, engine->prepare(destination, source, bytes));
+}
+
 HostLink::HostLink(double bytes_per_second, std::shared_ptr<CopyEngine> engine)
     : bandwidth_(bytes_per_second), engine_(std::move(engine)) {
   thread_ = std::thread([this] { run(); });

@@ -32,6 +32,9 @@ class CopyEngine {
 // The engine for links of managers on `type` (nullptr: memcpy). Thread-safe.
 void set_copy_engine(DeviceType type, std::shared_ptr<CopyEngine> engine);
 std::shared_ptr<CopyEngine> copy_engine_for(DeviceType type);
+// Copies `bytes` between two blocks of `device` (or its host memory) and returns when they have
+// arrived: memcpy on the CPU, the device's copy engine elsewhere (ordered after queued work).
+void copy_device_bytes(Device device, void* destination, const void* source, size_t bytes);
 
 // One queued copy; shared between the submitter and the copy thread.
 class HostTransfer {

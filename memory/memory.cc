@@ -39,6 +39,11 @@ std::vector<std::shared_ptr<MemorySetup>>& setups() {
   return *stack;
 }
 
+// What CostSource::kEstimated assumes of a GPU (an H100/H200 class device in f32 with tensor
+// cores, and its HBM); swaps are priced at the host link's bandwidth.
+constexpr double kGpuFlopsPerSecond = 1e14;
+constexpr double kGpuBytesPerSecond = 3e12;
+
 const char* kBudgetForms =
     "expected bytes with a unit (e.g. 1.5GiB, 512MiB, 2GB, 4096B), a whole number of bytes "
     "(4096), or a fraction of activation memory in (0, 1] (0.4)";
@@ -83,8 +88,16 @@ std::shared_ptr<MemorySetup> install(const MemoryOptions& options, bool scoped) 
   if (options.budget() > 0) allocator_options.budget(options.budget());
   // An outer manager's copies finish before its storages may be seen by an inner one.
   if (!setups().empty() && setups().back()->manager) setups().back()->manager->finish_swaps();
-  setup->allocator = std::make_shared<CachingAllocator>(Device::cpu(), allocator_options);
-  setup->previous_allocator = set_allocator(DeviceType::kCpu, setup->allocator);
+  const Device device = options.device();
+  setup->allocator = make_caching_allocator(device, allocator_options);
+  // The CPU's allocator serves its one device; a GPU's, that GPU alone.
+  setup->previous_allocator = device.is_cpu() ? set_allocator(DeviceType::kCpu, setup->allocator)
+                                              : set_allocator(device, setup->allocator);
+  if (device.is_cuda()) {
+    setup->options.residency()
+        .cost_source(CostSource::kEstimated)
+        .estimated_throughput(kGpuFlopsPerSecond, kGpuBytesPerSecond);
+  }
   install_manager(*setup);
   setups().push_back(setup);
   return setup;
@@ -92,7 +105,12 @@ std::shared_ptr<MemorySetup> install(const MemoryOptions& options, bool scoped) 
 
 void uninstall(const std::shared_ptr<MemorySetup>& setup) {
   remove_manager(*setup);
-  set_allocator(DeviceType::kCpu, setup->previous_allocator);
+  const Device device = setup->options.device();
+  if (device.is_cpu()) {
+    set_allocator(DeviceType::kCpu, setup->previous_allocator);
+  } else {
+    set_allocator(device, setup->previous_allocator);
+  }
   auto& stack = setups();
   stack.erase(std::remove(stack.begin(), stack.end(), setup), stack.end());
 }

@@ -48,6 +48,12 @@ void check_budget(size_t budget_bytes, size_t fixed_bytes);
 class MemoryOptions {
  public:
   MemoryOptions() = default;
+  // The device the budget is for (the CPU by default: a simulated device). On CUDA, recipe costs
+  // are estimated from FLOPs and bytes, since the host sees only kernel launches.
+  MemoryOptions& device(Device value) {
+    device_ = value;
+    return *this;
+  }
   // 0: unlimited (statistics only).
   MemoryOptions& budget(size_t bytes) {
     budget_ = bytes;
@@ -87,6 +93,7 @@ class MemoryOptions {
     fixed_bytes_ = bytes;
     return *this;
   }
+  Device device() const { return device_; }
   size_t budget() const { return budget_; }
   Policy policy() const { return residency_.policy(); }
   size_t fixed_bytes() const { return fixed_bytes_; }
@@ -94,6 +101,7 @@ class MemoryOptions {
   ResidencyOptions& residency() { return residency_; }
 
  private:
+  Device device_ = Device::cpu();
   size_t budget_ = 0;
   size_t fixed_bytes_ = 0;
   ResidencyOptions residency_{Policy::kNone};
@@ -107,9 +115,9 @@ struct MemoryStatus {
   ResidencyStats residency;
 };
 
-// Installs a caching allocator (with the budget) for the CPU and, unless the policy is none, a
-// residency manager; at scope end brings back what the program still holds and restores the
-// previous allocator and hooks. Tensors made before the scope stay outside the budget.
+// Installs a caching allocator (with the budget) for the options' device and, unless the policy
+// is none, a residency manager; at scope end brings back what the program still holds and restores
+// the previous allocator and hooks. Tensors made before the scope stay outside the budget.
 class MemoryScope {
  public:
   explicit MemoryScope(const MemoryOptions& options);

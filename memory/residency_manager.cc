@@ -25,9 +25,6 @@ constexpr double kCostEpsilon = 1e-9;
 constexpr double kStalenessEpsilon = 1e-3;
 // Each recompute of a tensor makes evicting it again slightly less attractive (MegEngine).
 constexpr double kRecomputePenalty = 1.0001;
-// Throughputs behind CostSource::kEstimated (a rough CPU; only ratios matter).
-constexpr double kEstimatedFlopsPerSecond = 5e10;
-constexpr double kEstimatedBytesPerSecond = 1e10;
 // Marks a report this layer has already explained.
 constexpr const char* kExplainedMarker = "\n  memory policy: ";
 
@@ -665,7 +662,8 @@ void ResidencyManager::on_op_recorded(const std::shared_ptr<OpCall>& call, doubl
     }
     try {
       OpCost estimate = call->op->cost(inputs, outputs, call->attrs);
-      cost = estimate.flops / kEstimatedFlopsPerSecond + estimate.bytes / kEstimatedBytesPerSecond;
+      cost = estimate.flops / options_.estimated_flops_per_second() +
+             estimate.bytes / options_.estimated_bytes_per_second();
     } catch (const Error&) {
       // An op whose cost rule cannot handle these inputs keeps the measured time.
     }
@@ -823,7 +821,7 @@ void ResidencyManager::snapshot_for_readers(StorageImpl& storage,
   {
     StorageAccess from(storage);
     StorageAccess to(*snapshot);
-    std::memcpy(to.data(), from.data(), storage.nbytes());
+    copy_device_bytes(storage.device(), to.data(), from.data(), storage.nbytes());
   }
   Record& snapshot_record = record_of(*snapshot);
   for (const auto& call : readers) {

@@ -65,6 +65,12 @@ class ResidencyOptions {
     cost_source_ = value;
     return *this;
   }
+  // The device behind CostSource::kEstimated: FLOPs and bytes of memory traffic per second.
+  ResidencyOptions& estimated_throughput(double flops_per_second, double bytes_per_second) {
+    estimated_flops_per_second_ = flops_per_second;
+    estimated_bytes_per_second_ = bytes_per_second;
+    return *this;
+  }
   // In backward, copy swapped tensors back ahead of need (the next ones backward will read, in
   // reverse order of their last use) while free memory allows; on by default.
   ResidencyOptions& prefetch(bool value) {
@@ -83,6 +89,8 @@ class ResidencyOptions {
   bool sample_candidates() const { return sample_candidates_; }
   uint64_t sample_seed() const { return sample_seed_; }
   CostSource cost_source() const { return cost_source_; }
+  double estimated_flops_per_second() const { return estimated_flops_per_second_; }
+  double estimated_bytes_per_second() const { return estimated_bytes_per_second_; }
   bool prefetch() const { return prefetch_; }
   bool swap_ahead() const { return swap_ahead_; }
 
@@ -93,6 +101,9 @@ class ResidencyOptions {
   bool sample_candidates_ = false;
   uint64_t sample_seed_ = 0;
   CostSource cost_source_ = CostSource::kMeasured;
+  // A rough CPU core pair; only the ratios to each other and to host_bandwidth matter.
+  double estimated_flops_per_second_ = 5e10;
+  double estimated_bytes_per_second_ = 1e10;
   bool prefetch_ = true;
   bool swap_ahead_ = true;
 };

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <random>
 #include <thread>
 
@@ -674,6 +675,48 @@ TEST(CachingAllocator, RejectsZeroAndTinyBudgets) {
   EXPECT_EQ(allocator.budget(), KiB);
   EXPECT_TRUE(throws_error([] { CachingAllocator meta(Device::meta()); }, "meta"));
   EXPECT_TRUE(throws_error([] { install_caching_allocator(Device::cuda()); }, "segment source"));
+}
+
+// No CUDA here: the kCuda entries of core's table serve as a device type with several devices.
+std::shared_ptr<Allocator> counting_for_factory(int index) {
+  static auto* made = new std::map<int, std::shared_ptr<Allocator>>;
+  auto& allocator = (*made)[index];
+  if (!allocator) allocator = std::make_shared<CountingCpuAllocator>();
+  return allocator;
+}
+
+TEST(AllocatorTable, ADeviceOfItsOwnComesBeforeItsTypeAndTheFactoryLast) {
+  EXPECT_TRUE(
+      throws_error([] { allocator_for(Device::cuda(2)); }, "no allocator for device cuda:2"));
+  set_allocator_factory(DeviceType::kCuda, &counting_for_factory);
+  std::shared_ptr<Allocator> made = allocator_for(Device::cuda(2));
+  EXPECT_EQ(made.get(), counting_for_factory(2).get());
+  EXPECT_NE(allocator_for(Device::cuda(1)).get(), made.get());  // one per device
+
+  auto own = std::make_shared<CountingCpuAllocator>();
+  EXPECT_EQ(set_allocator(Device::cuda(2), own), nullptr);
+  EXPECT_EQ(allocator_for(Device::cuda(2)).get(), own.get());
+  EXPECT_EQ(allocator_for(Device::cuda(1)).get(), counting_for_factory(1).get());
+
+  auto for_type = std::make_shared<CountingCpuAllocator>();
+  set_allocator(DeviceType::kCuda, for_type);
+  EXPECT_EQ(allocator_for(Device::cuda(1)).get(), for_type.get());
+  EXPECT_EQ(allocator_for(Device::cuda(2)).get(), own.get());  // its own still wins
+
+  EXPECT_EQ(set_allocator(Device::cuda(2), nullptr).get(), own.get());
+  EXPECT_EQ(allocator_for(Device::cuda(2)).get(), for_type.get());
+  set_allocator(DeviceType::kCuda, nullptr);
+  set_allocator_factory(DeviceType::kCuda, nullptr);
+  EXPECT_TRUE(throws_error([] { allocator_for(Device::cuda(1)); }, "build with --config=cuda"));
+}
+
+TEST(CachingAllocator, ABudgetOnAGpuNeedsTheCudaBackend) {
+  EXPECT_TRUE(
+      throws_error([] { make_caching_allocator(Device::cuda(0), CachingAllocatorOptions()); },
+                   "memory budget on cuda:0: the CUDA backend is not built"));
+  EXPECT_TRUE(throws_error(
+      [] { make_caching_allocator(Device::meta(), CachingAllocatorOptions()); }, "meta device"));
+  EXPECT_EQ(make_caching_allocator(Device::cpu(), arena(KiB))->budget(), KiB);
 }
 
 TEST(CachingAllocator, DebugChecksAreOnWhenAskedOrWhenTheEnvironmentSaysSo) {

@@ -1,0 +1,28 @@
+// The memory policies on a GPU: every policy trains the model zoo on cuda:0 under budgets of 0.7,
+// 0.5 and 0.3 of the activation memory to the result of the unbudgeted run on cuda:0
+// (tests/memory/policy_equality.h), with swaps over pinned host memory on the copy stream. Within
+// the closeness rule for all policies: under a budget cuDNN may pick an algorithm with a smaller
+// workspace, which rounds differently.
+#include "tests/memory/policy_equality.h"
+
+#include "cuda/runtime.h"
+#include "gtest/gtest.h"
+
+namespace tessel::memory {
+namespace {
+
+class CudaPolicyEquality : public ::testing::TestWithParam<PolicyEqualityCase> {};
+
+TEST_P(CudaPolicyEquality, TrainsLikeWithoutABudgetAtEveryActivationFraction) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine";
+  const Policy policy = GetParam().policy;
+  check_policy_equality(GetParam().model, policy, Device::cuda(0), /*bitwise=*/false);
+}
+
+INSTANTIATE_TEST_SUITE_P(Zoo, CudaPolicyEquality, ::testing::ValuesIn(policy_equality_cases()),
+                         [](const ::testing::TestParamInfo<PolicyEqualityCase>& info) {
+                           return policy_equality_case_name(info.param);
+                         });
+
+}  // namespace
+}  // namespace tessel::memory

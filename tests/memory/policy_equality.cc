@@ -1,0 +1,269 @@
+#include "tests/memory/policy_equality.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/rng.h"
+#include "gtest/gtest.h"
+#include "memory/memory.h"
+#include "models/bert.h"
+#include "models/resnet.h"
+#include "models/shufflenet.h"
+#include "ops/ops.h"
+#include "tests/testing.h"
+#include "train/optim/sgd.h"
+
+namespace tessel::memory {
+namespace {
+
+using testing::all_close;
+using testing::bitwise_equal;
+
+constexpr double kModelRtol = 1e-4;  // DESIGN.md: whole f32 models
+constexpr double kModelAtol = 1e-6;
+constexpr int kSteps = 3;
+constexpr size_t kMinCandidateBytes = 4 * 1024;
+// Costs estimated from each op's FLOPs and bytes rather than timed: the same evictions on every
+// run, so a budget that works once works always (measured costs are the default elsewhere).
+
+struct PolicyCase {
+  std::string name;
+  std::function<std::shared_ptr<nn::Module>()> make_model;
+  // The loss of `step` (its batch drawn on the CPU from a seed of its own, then moved to
+  // `device`).
+  std::function<Tensor(nn::Module& model, int step, Device device)> loss;
+  // Small enough that rounding differences (a split op sums in another order) stay within the
+  // closeness rule after 3 steps: ShuffleNet amplifies them most (a different thread count alone
+  // moves its parameters by more than 1e-4 at lr 1e-3).
+  double learning_rate = 1e-3;
+  // Convolutions take im2col workspaces that a split shrinks; BERT's ops need none, so under
+  // the split policy every op fits once others are evicted and nothing is split.
+  bool splits_expected = true;
+};
+
+struct TrainingRun {
+  std::vector<float> losses;
+  std::vector<Tensor> parameters;  // on the CPU
+  std::vector<Tensor> buffers;     // batch-norm running statistics, on the CPU
+  size_t peak = 0;
+  size_t fixed = 0;  // parameters, gradients and momentum
+  PolicyCounters counters;
+};
+
+TrainingRun train(const PolicyCase& policy_case, const MemoryOptions& options) {
+  TrainingRun run;
+  MemoryScope scope(options);
+  manual_seed(7);
+  auto model = policy_case.make_model();
+  const Device device = options.device();
+  if (!device.is_cpu()) model->to(device);
+  model->train();
+  optim::SGD sgd(model->parameters(), optim::SGDOptions(policy_case.learning_rate).momentum(0.9));
+  run.fixed = fixed_memory_bytes(model->parameters(), 1);
+  for (int step = 0; step < kSteps; ++step) {
+    sgd.zero_grad();
+    Tensor loss = policy_case.loss(*model, step, device);
+    loss.backward();
+    sgd.step();
+    run.losses.push_back(loss.item<float>());
+  }
+  run.peak = static_cast<size_t>(scope.allocator().memory_stats().base.peak_allocated_bytes);
+  run.counters = scope.allocator().policy_counters();
+  for (const Tensor& parameter : model->parameters())
+    run.parameters.push_back(parameter.to(Device::cpu()));
+  for (const Tensor& buffer : model->buffers()) run.buffers.push_back(buffer.to(Device::cpu()));
+  return run;
+}
+
+// TESSEL_POLICY_PROBE=1 prints peaks, activation shares and counters.
+bool probing() { return std::getenv("TESSEL_POLICY_PROBE") != nullptr; }
+
+void expect_same(const TrainingRun& actual, const TrainingRun& expected, bool bitwise) {
+  ASSERT_EQ(actual.losses.size(), expected.losses.size());
+  for (size_t i = 0; i < actual.losses.size(); ++i) {
+    if (bitwise) {
+      EXPECT_EQ(std::memcmp(&actual.losses[i], &expected.losses[i], sizeof(float)), 0)
+          << "loss of step " << i << ": " << actual.losses[i] << " vs " << expected.losses[i];
+    } else {
+      EXPECT_LE(std::fabs(actual.losses[i] - expected.losses[i]),
+                kModelAtol + kModelRtol * std::fabs(expected.losses[i]))
+          << "loss of step " << i;
+    }
+  }
+  auto compare = [&](const std::vector<Tensor>& a, const std::vector<Tensor>& b, const char* what) {
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (bitwise) {
+        EXPECT_TRUE(bitwise_equal(a[i], b[i])) << what << " " << i;
+      } else {
+        EXPECT_TRUE(all_close(a[i], b[i], kModelRtol, kModelAtol)) << what << " " << i;
+      }
+    }
+  };
+  compare(actual.parameters, expected.parameters, "parameter");
+  compare(actual.buffers, expected.buffers, "buffer");
+}
+
+// ---- the models and their batches ----
+
+PolicyCase resnet18_case() {
+  PolicyCase result;
+  result.name = "resnet18";
+  result.make_model = [] {
+    return models::resnet18(models::ResNetOptions().num_classes(10).small_image_stem(true));
+  };
+  result.loss = [](nn::Module& model, int step, Device device) {
+    constexpr int64_t kBatch = 352;  // 11.2M parameters: activations must outweigh 3 copies
+    manual_seed(100 + step);
+    Tensor images = randn({kBatch, 3, 16, 16}).to(device);
+    Tensor labels = randint(0, 10, {kBatch}).to(device);
+    return cross_entropy(model.forward(images), labels);
+  };
+  return result;
+}
+
+PolicyCase shufflenet_case() {
+  PolicyCase result;
+  result.name = "shufflenet_v2_x0_5";
+  result.make_model = [] {
+    return models::shufflenet_v2_x0_5(
+        models::ShuffleNetV2Options().num_classes(10).small_image_stem(true));
+  };
+  result.loss = [](nn::Module& model, int step, Device device) {
+    manual_seed(200 + step);
+    Tensor images = randn({8, 3, 32, 32}).to(device);
+    Tensor labels = randint(0, 10, {8}).to(device);
+    return cross_entropy(model.forward(images), labels);
+  };
+  // Batch-norm biases that start at zero and whose gradients are mostly cancellation (a batch
+  // norm downstream makes them sum to about zero) end up as a few lr-sized steps of rounding
+  // noise: at 3e-5 a vectorised kernel's other rounding already moved one by 1.2e-6.
+  result.learning_rate = 1e-5;
+  return result;
+}
+
+PolicyCase bert_case() {
+  // A small vocabulary: with 30522 words the MLM logits alone would outweigh a whole layer.
+  constexpr int64_t kVocab = 256, kBatch = 8, kSequence = 128;
+  PolicyCase result;
+  result.name = "bert_tiny";
+  result.make_model = [] {
+    return std::make_shared<models::BertForPreTraining>(
+        models::BertConfig::tiny().vocab_size(kVocab).dropout(0.1));
+  };
+  result.loss = [](nn::Module& model, int step, Device device) {
+    auto& bert = static_cast<models::BertForPreTraining&>(model);
+    manual_seed(300 + step);
+    Tensor input_ids = randint(0, kVocab, {kBatch, kSequence});
+    Tensor token_types = randint(0, 2, {kBatch, kSequence});
+    // Predict about 15% of the positions; -100 elsewhere.
+    Tensor unmasked = ge(rand({kBatch, kSequence}), full({kBatch, kSequence}, 0.15));
+    Tensor mlm_labels = masked_fill(input_ids, unmasked, -100);
+    Tensor nsp_labels = randint(0, 2, {kBatch});
+    models::BertPreTrainingOutput output =
+        bert.forward(input_ids.to(device), token_types.to(device));
+    return models::bert_pretraining_loss(output, mlm_labels.to(device), nsp_labels.to(device))
+        .total;
+  };
+  result.splits_expected = false;
+  return result;
+}
+
+PolicyCase make_case(const std::string& model) {
+  if (model == "resnet18") return resnet18_case();
+  if (model == "shufflenet_v2_x0_5") return shufflenet_case();
+  return bert_case();
+}
+
+// The unbudgeted run of each model on each device, once per process.
+const TrainingRun& reference(const PolicyCase& policy_case, Device device) {
+  static std::map<std::string, TrainingRun> runs;
+  const std::string key = policy_case.name + " on " + device.str();
+  auto found = runs.find(key);
+  if (found != runs.end()) return found->second;
+  TrainingRun run = train(policy_case, MemoryOptions().device(device));
+  if (probing()) {
+    std::cout << policy_case.name << ": peak " << format_bytes(run.peak) << ", fixed "
+              << format_bytes(run.fixed) << ", activations "
+              << 100.0 * (1.0 - static_cast<double>(run.fixed) / run.peak) << "% of the peak\n";
+  }
+  return runs.emplace(key, std::move(run)).first->second;
+}
+
+}  // namespace
+
+std::vector<PolicyEqualityCase> policy_equality_cases() {
+  std::vector<PolicyEqualityCase> cases;
+  for (const char* model : {"resnet18", "shufflenet_v2_x0_5", "bert_tiny"})
+    for (Policy policy : {Policy::kDtr, Policy::kSwap, Policy::kSplit, Policy::kAuto})
+      cases.push_back({model, policy});
+  return cases;
+}
+
+std::string policy_equality_case_name(const PolicyEqualityCase& test_case) {
+  return test_case.model + "_" + policy_name(test_case.policy);
+}
+
+void check_policy_equality(const std::string& model, Policy policy, Device device, bool bitwise) {
+  const PolicyCase policy_case = make_case(model);
+  const TrainingRun& expected = reference(policy_case, device);
+  ASSERT_GE(1.0 - static_cast<double>(expected.fixed) / static_cast<double>(expected.peak), 0.75)
+      << "the batch is too small: activations must be at least 75% of the peak";
+
+  PolicyCounters total;
+  for (double fraction : {0.7, 0.5, 0.3}) {
+    const size_t budget = activation_budget(expected.fixed, expected.peak, fraction);
+    SCOPED_TRACE(policy_case.name + " under " + policy_name(policy) +
+                 " at f = " + std::to_string(fraction) + " (" + format_bytes(budget) + ")");
+    const TrainingRun run = train(policy_case, MemoryOptions()
+                                                   .device(device)
+                                                   .budget(budget)
+                                                   .policy(policy)
+                                                   .min_candidate_bytes(kMinCandidateBytes)
+                                                   .cost_source(CostSource::kEstimated)
+                                                   .fixed_bytes(expected.fixed));
+    if (probing()) {
+      std::cout << "  " << policy_case.name << " " << policy_name(policy) << " f=" << fraction
+                << ": peak " << format_bytes(run.peak) << " of " << format_bytes(budget) << "; "
+                << format_counters(run.counters) << "\n";
+    }
+    EXPECT_LE(run.peak, budget);
+    expect_same(run, expected, bitwise);
+    total.evictions += run.counters.evictions;
+    total.recomputes += run.counters.recomputes;
+    total.swaps_out += run.counters.swaps_out;
+    total.swaps_in += run.counters.swaps_in;
+    total.splits += run.counters.splits;
+  }
+  // The policy did its work.
+  switch (policy) {
+    case Policy::kDtr:
+      EXPECT_GT(total.evictions, 0);
+      EXPECT_GT(total.recomputes, 0);
+      break;
+    case Policy::kSwap:
+      EXPECT_GT(total.swaps_out, 0);
+      EXPECT_GT(total.swaps_in, 0);
+      EXPECT_EQ(total.recomputes, 0);
+      break;
+    case Policy::kSplit:
+      if (policy_case.splits_expected) {
+        EXPECT_GT(total.splits, 0);
+      } else {
+        EXPECT_GT(total.evictions, 0);
+      }
+      break;
+    default:
+      EXPECT_GT(total.evictions + total.swaps_out, 0);
+      break;
+  }
+}
+
+}  // namespace tessel::memory

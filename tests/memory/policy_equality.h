@@ -1,0 +1,32 @@
+// The memory-policy equality check shared by the CPU test (tests/memory/policy_equality_test)
+// and the CUDA one (tests/cuda/policy_equality_test): ResNet-18 (small-image stem), ShuffleNet v2
+// x0.5 and BERT tiny (with dropout) train 3 SGD steps on one device at activation budgets
+// f = 0.7, 0.5, 0.3 (budget = fixed + f * (peak - fixed)) and must end where the unbudgeted run
+// on that device ends. Batches are sized so activations are at least 75% of the peak.
+//   check_policy_equality("resnet18", Policy::kDtr, Device::cpu(), /*bitwise=*/true);
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+#include "memory/memory.h"
+
+namespace tessel::memory {
+
+// One test case: a model of the zoo under one policy.
+struct PolicyEqualityCase {
+  std::string model;
+  Policy policy;
+};
+// Every model under dtr, swap, split and auto; "resnet18_dtr" names a case in a test.
+std::vector<PolicyEqualityCase> policy_equality_cases();
+std::string policy_equality_case_name(const PolicyEqualityCase& test_case);
+
+// Trains `model` under `policy` at each fraction and checks peak <= budget, the losses,
+// parameters and batch-norm statistics against the unbudgeted run (bitwise, or within the
+// whole-model closeness rule), and that the policy did its work. Costs are estimated from each
+// op's FLOPs and bytes, so the same evictions happen on every run.
+void check_policy_equality(const std::string& model, Policy policy, Device device, bool bitwise);
+
+}  // namespace tessel::memory
