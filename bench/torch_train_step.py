@@ -6,6 +6,9 @@ below with the module layout of the public checkpoints, as models/bert.cc), a fi
 random data of the same shapes, SGD with momentum 0.9, then serves the same protocol on stdin:
 "run N" answers "ms t1 ... tN" (milliseconds per step), "quit" ends. By hand:
   /usr/bin/python3 bench/torch_train_step.py --case resnet18_32 --threads 2
+  python3 bench/torch_train_step.py --case bert_base_128 --device cuda --precision bf16
+On CUDA: cuDNN autotuning on (cudnn.benchmark), TF32 off as in Tessel, bf16 through
+torch.autocast around forward and loss; every step ends with loss.item(), which waits for the GPU.
 """
 
 import argparse
@@ -23,16 +26,29 @@ MOMENTUM = 0.9
 
 
 class BertConfig:
-    """BERT mini (models::BertConfig::mini()): 4 layers, hidden 256, 4 heads, ffn 1024."""
-    vocab_size = 30522
-    hidden_size = 256
-    num_hidden_layers = 4
-    num_attention_heads = 4
-    intermediate_size = 1024
-    max_position_embeddings = 512
-    type_vocab_size = 2
-    dropout = 0.1
-    layer_norm_eps = 1e-12
+    """models::BertConfig's defaults (bert-base sizes), or other sizes: mini() and base() below."""
+
+    def __init__(self, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                 intermediate_size=3072):
+        self.vocab_size = 30522
+        self.hidden_size = hidden_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.intermediate_size = intermediate_size
+        self.max_position_embeddings = 512
+        self.type_vocab_size = 2
+        self.dropout = 0.1
+        self.layer_norm_eps = 1e-12
+
+    @staticmethod
+    def mini():
+        """models::BertConfig::mini(): 4 layers, hidden 256, 4 heads, ffn 1024."""
+        return BertConfig(256, 4, 4, 1024)
+
+    @staticmethod
+    def base():
+        """models::BertConfig::base(): 12 layers, hidden 768, 12 heads, ffn 3072."""
+        return BertConfig(768, 12, 12, 3072)
 
 
 class BertLayer(nn.Module):
@@ -109,27 +125,54 @@ class BertForPreTraining(nn.Module):
         return mlm_logits, self.seq_relationship(pooled)
 
 
-def classifier_case(model, batch, size, classes):
+class Options:
+    """Where and how a case runs: the device and whether forward and loss autocast to bf16."""
+
+    def __init__(self, device, bf16):
+        self.device = torch.device(device)
+        self.bf16 = bf16
+
+    def autocast(self):
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
+
+
+def disable_tf32():
+    """f32 matmuls and convolutions in full f32, as Tessel runs them unless TF32 is allowed.
+    PyTorch 2.9 and later have fp32_precision flags (and warn about the allow_tf32 ones)."""
+    conv = getattr(torch.backends.cudnn, "conv", None)
+    if hasattr(torch.backends.cuda.matmul, "fp32_precision") and hasattr(conv, "fp32_precision"):
+        torch.backends.cuda.matmul.fp32_precision = "ieee"
+        conv.fp32_precision = "ieee"
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+
+
+def count_parameters(model):
+    return sum(p.numel() for p in model.parameters())
+
+
+def classifier_case(model, batch, size, classes, options):
+    # Random data made on the CPU (the same draws on every device), then moved.
+    images = torch.randn(batch, 3, size, size).to(options.device)
+    targets = torch.randint(0, classes, (batch,)).to(options.device)
+    model.to(options.device)
     model.train()
     optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM)
-    images = torch.randn(batch, 3, size, size)
-    targets = torch.randint(0, classes, (batch,))
 
     def step():
-        loss = F.cross_entropy(model(images), targets)
+        with options.autocast():
+            loss = F.cross_entropy(model(images), targets)
         optimizer.zero_grad(set_to_none=True)  # Tessel's zero_grad leaves no gradient either
         loss.backward()
         optimizer.step()
         return loss.item()
 
-    return batch, step
+    return batch, count_parameters(model), step
 
 
-def bert_case(batch, seq_len):
-    config = BertConfig()
+def bert_case(config, batch, seq_len, options):
     model = BertForPreTraining(config)
-    model.train()
-    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM)
     input_ids = torch.randint(0, config.vocab_size, (batch, seq_len))
     token_types = torch.randint(0, 2, (batch, seq_len))
     mask = torch.ones(batch, seq_len, dtype=torch.int64)
@@ -137,50 +180,68 @@ def bert_case(batch, seq_len):
     masked = torch.rand(batch, seq_len) < 0.15
     mlm_labels = torch.where(masked, targets, torch.full_like(targets, -100))
     nsp_labels = torch.randint(0, 2, (batch,))
+    input_ids, token_types, mask, mlm_labels, nsp_labels = (
+        t.to(options.device) for t in (input_ids, token_types, mask, mlm_labels, nsp_labels))
+    model.to(options.device)
+    model.train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM)
 
     def step():
-        mlm_logits, nsp_logits = model(input_ids, token_types, mask)
-        loss = (F.cross_entropy(mlm_logits.reshape(-1, config.vocab_size), mlm_labels.reshape(-1),
-                                ignore_index=-100)
-                + F.cross_entropy(nsp_logits, nsp_labels))
+        with options.autocast():
+            mlm_logits, nsp_logits = model(input_ids, token_types, mask)
+            loss = (F.cross_entropy(mlm_logits.reshape(-1, config.vocab_size),
+                                    mlm_labels.reshape(-1), ignore_index=-100)
+                    + F.cross_entropy(nsp_logits, nsp_labels))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         return loss.item()
 
-    return batch, step
+    return batch, count_parameters(model), step
 
 
-def conv_case(batch, channels, size):
-    x = torch.randn(batch, channels, size, size, requires_grad=True)
-    w = torch.randn(channels, channels, 3, 3, requires_grad=True)
-    grad = torch.randn(batch, channels, size, size)
+def conv_case(batch, channels, size, options):
+    """A 3x3 conv forward (autocast with bf16) and backward; off the CPU the step waits for the
+    device by reading one weight-gradient value, as train_step_bench does."""
+    output_dtype = torch.bfloat16 if options.bf16 else torch.float32
+    x = torch.randn(batch, channels, size, size).to(options.device).requires_grad_()
+    w = torch.randn(channels, channels, 3, 3).to(options.device).requires_grad_()
+    grad = torch.randn(batch, channels, size, size).to(output_dtype).to(options.device)
 
     def step():
         x.grad = None
         w.grad = None
-        F.conv2d(x, w, None, 1, 1).backward(grad)
-        return 0.0
+        with options.autocast():
+            y = F.conv2d(x, w, None, 1, 1)
+        y.backward(grad)
+        return w.grad.view(-1)[0].item() if options.device.type != "cpu" else 0.0
 
-    return batch, step
+    return batch, w.numel(), step
 
 
-def make_case(name):
+def make_case(name, batch, options):
+    """`batch` (if not None) replaces the case's own batch size."""
+    def batch_or(own):
+        return batch if batch is not None else own
+
     if name == "resnet18_32":
         model = torchvision.models.resnet18(num_classes=10)
         # The small-image stem (models::ResNetOptions::small_image_stem).
         model.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
         model.maxpool = nn.Identity()
-        return classifier_case(model, 32, 32, 10)
+        return classifier_case(model, batch_or(32), 32, 10, options)
     if name == "resnet50_224":
-        return classifier_case(torchvision.models.resnet50(), 8, 224, 1000)
+        return classifier_case(torchvision.models.resnet50(), batch_or(8), 224, 1000, options)
     if name == "shufflenet_224":
-        return classifier_case(torchvision.models.shufflenet_v2_x1_0(), 16, 224, 1000)
+        return classifier_case(torchvision.models.shufflenet_v2_x1_0(), batch_or(16), 224, 1000,
+                               options)
     if name == "bert_mini_128":
-        return bert_case(8, 128)
+        return bert_case(BertConfig.mini(), batch_or(8), 128, options)
+    if name == "bert_base_128":
+        return bert_case(BertConfig.base(), batch_or(32), 128, options)
     if name.startswith("conv3x3_"):
         _, channels, size = name.split("_")
-        return conv_case(32, int(channels), int(size))
+        return conv_case(batch_or(32), int(channels), int(size), options)
     raise SystemExit(f"torch_train_step: unknown case '{name}'")
 
 
@@ -188,11 +249,26 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", required=True)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument("--precision", choices=("f32", "bf16"), default="f32")
+    parser.add_argument("--batch", type=int, help="replaces the case's batch size")
     args = parser.parse_args()
+    if args.batch is not None and args.batch <= 0:
+        raise SystemExit(f"torch_train_step: --batch must be positive, got {args.batch}")
     torch.set_num_threads(args.threads)
+    options = Options(args.device, args.precision == "bf16")
+    if options.device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit("torch_train_step: --device cuda, but torch.cuda.is_available() is "
+                             f"False (PyTorch {torch.__version__})")
+        if options.device.index is not None:
+            torch.cuda.set_device(options.device)
+        torch.backends.cudnn.benchmark = True
+        disable_tf32()
     torch.manual_seed(0)
-    batch, step = make_case(args.case)
-    print(f"ready batch {batch} threads {torch.get_num_threads()}", flush=True)
+    batch, parameters, step = make_case(args.case, args.batch, options)
+    print(f"ready batch {batch} threads {torch.get_num_threads()} device {options.device} "
+          f"precision {args.precision} params {parameters}", flush=True)
     for line in sys.stdin:
         words = line.split()
         if not words or words[0] == "quit":

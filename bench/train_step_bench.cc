@@ -4,8 +4,13 @@
 //   train_step_bench --case=resnet18_32 --threads=2      then lines "run N" -> "ms t1 t2 ...",
 //   "quit". --profile=N instead prints a per-op time breakdown over N steps (after one warm-up),
 //   --by-shape splitting it by input shapes.
-// Cases: resnet18_32, resnet50_224, shufflenet_224, bert_mini_128, conv3x3_C_S (3x3 conv
-// forward + backward, batch 32, C channels, SxS).
+//   train_step_bench --case=resnet50_224 --device=cuda --precision=bf16 --batch=128
+// Cases: resnet18_32, resnet50_224, shufflenet_224, bert_mini_128, bert_base_128, conv3x3_C_S
+// (3x3 conv forward + backward, batch 32, C channels, SxS). --batch=N overrides a case's batch.
+// --device=cuda needs a build with --config=cuda. --precision=bf16 autocasts forward and loss
+// (AutocastGuard, as train --precision=bf16); parameters and optimizer state stay f32. Every
+// step ends reading the loss back (item()), which waits for the device, so wall time per step
+// covers all of its GPU work.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -19,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include "core/autocast.h"
+#include "core/device.h"
 #include "core/op.h"
 #include "core/parallel.h"
 #include "core/rng.h"
@@ -37,11 +44,25 @@ using Clock = std::chrono::steady_clock;
 constexpr double kLearningRate = 0.01;
 constexpr double kMomentum = 0.9;
 
-// A case: the batch size (for samples/s) and one full step, returning the loss.
+// Where and how a case runs: the device its model and batch live on, and bf16 autocast.
+struct StepOptions {
+  Device device = Device::cpu();
+  bool bf16 = false;
+};
+
+// A case: the batch size (for samples/s), the trained element count (compare_pytorch checks it
+// against PyTorch's) and one full step, returning the loss.
 struct TrainCase {
   int64_t batch = 0;
+  int64_t parameters = 0;
   std::function<double()> step;
 };
+
+int64_t count_elements(const std::vector<Tensor>& tensors) {
+  int64_t count = 0;
+  for (const Tensor& tensor : tensors) count += tensor.numel();
+  return count;
+}
 
 // Holds a model, its optimizer and the fixed batch alive for the step closure.
 template <typename Model>
@@ -51,17 +72,32 @@ struct Holder {
   std::vector<Tensor> batch;
 };
 
+// Puts the model on the device before the optimizer takes its parameters (its momentum buffers
+// are made where the parameters are), and moves the batch, made on the CPU, there too.
 template <typename Model>
-TrainCase classifier_case(std::shared_ptr<Model> model, int64_t batch, int64_t size,
-                          int64_t classes) {
+std::shared_ptr<Holder<Model>> make_holder(std::shared_ptr<Model> model, std::vector<Tensor> batch,
+                                           const StepOptions& options) {
   auto holder = std::make_shared<Holder<Model>>();
   holder->model = std::move(model);
+  holder->model->to(options.device);
   holder->model->train();
   holder->optimizer = std::make_unique<optim::SGD>(
       holder->model->parameters(), optim::SGDOptions(kLearningRate).momentum(kMomentum));
-  holder->batch = {randn({batch, 3, size, size}), randint(0, classes, {batch})};
-  return {batch, [holder]() {
-            Tensor loss = cross_entropy(holder->model->forward(holder->batch[0]), holder->batch[1]);
+  for (Tensor& tensor : batch) holder->batch.push_back(tensor.to(options.device));
+  return holder;
+}
+
+template <typename Model>
+TrainCase classifier_case(std::shared_ptr<Model> model, int64_t batch, int64_t size,
+                          int64_t classes, const StepOptions& options) {
+  auto holder = make_holder(std::move(model),
+                            {randn({batch, 3, size, size}), randint(0, classes, {batch})}, options);
+  return {batch, count_elements(holder->model->parameters()), [holder, bf16 = options.bf16]() {
+            Tensor loss;
+            {
+              AutocastGuard autocast(DType::kBFloat16, bf16);
+              loss = cross_entropy(holder->model->forward(holder->batch[0]), holder->batch[1]);
+            }
             holder->optimizer->zero_grad();
             loss.backward();
             holder->optimizer->step();
@@ -69,15 +105,11 @@ TrainCase classifier_case(std::shared_ptr<Model> model, int64_t batch, int64_t s
           }};
 }
 
-// BERT mini with its pre-training heads over every position: MLM labels on 15% of the tokens
-// (-100 elsewhere) and NSP labels, the loss of bert_pretraining_loss.
-TrainCase bert_case(int64_t batch, int64_t seq_len) {
-  auto holder = std::make_shared<Holder<models::BertForPreTraining>>();
-  const models::BertConfig config = models::BertConfig::mini();
-  holder->model = std::make_shared<models::BertForPreTraining>(config);
-  holder->model->train();
-  holder->optimizer = std::make_unique<optim::SGD>(
-      holder->model->parameters(), optim::SGDOptions(kLearningRate).momentum(kMomentum));
+// BERT (mini or base) with its pre-training heads over every position: MLM labels on 15% of the
+// tokens (-100 elsewhere) and NSP labels, the loss of bert_pretraining_loss.
+TrainCase bert_case(const models::BertConfig& config, int64_t batch, int64_t seq_len,
+                    const StepOptions& options) {
+  auto model = std::make_shared<models::BertForPreTraining>(config);
   Tensor input_ids = randint(0, config.vocab_size(), {batch, seq_len});
   Tensor token_types = randint(0, 2, {batch, seq_len});
   Tensor mask = ones({batch, seq_len}, DType::kInt64);
@@ -85,11 +117,16 @@ TrainCase bert_case(int64_t batch, int64_t seq_len) {
   Tensor masked = lt(rand({batch, seq_len}), full({}, 0.15));
   Tensor mlm_labels = where(masked, targets, full({batch, seq_len}, -100, DType::kInt64));
   Tensor nsp_labels = randint(0, 2, {batch});
-  holder->batch = {input_ids, token_types, mask, mlm_labels, nsp_labels};
-  return {batch, [holder]() {
+  auto holder = make_holder(std::move(model),
+                            {input_ids, token_types, mask, mlm_labels, nsp_labels}, options);
+  return {batch, count_elements(holder->model->parameters()), [holder, bf16 = options.bf16]() {
             const auto& b = holder->batch;
-            models::BertPreTrainingOutput output = holder->model->forward(b[0], b[1], b[2]);
-            Tensor loss = models::bert_pretraining_loss(output, b[3], b[4]).total;
+            Tensor loss;
+            {
+              AutocastGuard autocast(DType::kBFloat16, bf16);
+              models::BertPreTrainingOutput output = holder->model->forward(b[0], b[1], b[2]);
+              loss = models::bert_pretraining_loss(output, b[3], b[4]).total;
+            }
             holder->optimizer->zero_grad();
             loss.backward();
             holder->optimizer->step();
@@ -98,34 +135,52 @@ TrainCase bert_case(int64_t batch, int64_t seq_len) {
 }
 
 // Forward and backward (input and weight gradients) of a 3x3 convolution, stride 1, padding 1.
-TrainCase conv_case(int64_t batch, int64_t channels, int64_t size) {
+// With bf16 the convolution runs autocast (its output, and so the incoming gradient, in bf16).
+// There is no loss to read back, so off the CPU the step waits for the device by reading one
+// weight gradient value.
+TrainCase conv_case(int64_t batch, int64_t channels, int64_t size, const StepOptions& options) {
   auto tensors = std::make_shared<std::vector<Tensor>>();
-  *tensors = {randn({batch, channels, size, size}).set_requires_grad(true),
-              randn({channels, channels, 3, 3}).set_requires_grad(true),
-              randn({batch, channels, size, size})};
-  return {batch, [tensors]() {
+  const DType output_dtype = options.bf16 ? DType::kBFloat16 : DType::kFloat32;
+  *tensors = {randn({batch, channels, size, size}).to(options.device).set_requires_grad(true),
+              randn({channels, channels, 3, 3}).to(options.device).set_requires_grad(true),
+              randn({batch, channels, size, size}).to(output_dtype).to(options.device)};
+  return {batch, (*tensors)[1].numel(), [tensors, options]() {
             Tensor& x = (*tensors)[0];
             Tensor& w = (*tensors)[1];
             x.set_grad(Tensor());
             w.set_grad(Tensor());
-            conv2d(x, w, Tensor(), {1, 1}, {1, 1}).backward((*tensors)[2]);
+            Tensor y;
+            {
+              AutocastGuard autocast(DType::kBFloat16, options.bf16);
+              y = conv2d(x, w, Tensor(), {1, 1}, {1, 1});
+            }
+            y.backward((*tensors)[2]);
+            if (!options.device.is_cpu()) return w.grad().view({-1}).select(0, 0).item<double>();
             return w.grad().numel() > 0 ? 0.0 : 1.0;
           }};
 }
 
-TrainCase make_case(const std::string& name) {
+// `batch` > 0 replaces the case's own batch size.
+TrainCase make_case(const std::string& name, int64_t batch, const StepOptions& options) {
+  auto batch_or = [batch](int64_t own) { return batch > 0 ? batch : own; };
   if (name == "resnet18_32")
     return classifier_case(
-        models::resnet18(models::ResNetOptions().num_classes(10).small_image_stem(true)), 32, 32,
-        10);
-  if (name == "resnet50_224") return classifier_case(models::resnet50(), 8, 224, 1000);
-  if (name == "shufflenet_224") return classifier_case(models::shufflenet_v2_x1_0(), 16, 224, 1000);
-  if (name == "bert_mini_128") return bert_case(8, 128);
+        models::resnet18(models::ResNetOptions().num_classes(10).small_image_stem(true)),
+        batch_or(32), 32, 10, options);
+  if (name == "resnet50_224")
+    return classifier_case(models::resnet50(), batch_or(8), 224, 1000, options);
+  if (name == "shufflenet_224")
+    return classifier_case(models::shufflenet_v2_x1_0(), batch_or(16), 224, 1000, options);
+  if (name == "bert_mini_128")
+    return bert_case(models::BertConfig::mini(), batch_or(8), 128, options);
+  if (name == "bert_base_128")
+    return bert_case(models::BertConfig::base(), batch_or(32), 128, options);
   int channels = 0, size = 0;
   if (std::sscanf(name.c_str(), "conv3x3_%d_%d", &channels, &size) == 2)
-    return conv_case(32, channels, size);
+    return conv_case(batch_or(32), channels, size, options);
   std::cerr << "train_step_bench: unknown case '" << name
-            << "' (resnet18_32, resnet50_224, shufflenet_224, bert_mini_128, conv3x3_C_S)\n";
+            << "' (resnet18_32, resnet50_224, shufflenet_224, bert_mini_128, bert_base_128, "
+               "conv3x3_C_S)\n";
   std::exit(2);
 }
 
@@ -175,6 +230,9 @@ void profile(const TrainCase& train_case, int steps, bool by_shape) {
 
 int run(int argc, char** argv) {
   std::string case_name;
+  std::string precision = "f32";
+  StepOptions options;
+  int64_t batch = 0;
   int profile_steps = 0;
   bool by_shape = false;
   for (int i = 1; i < argc; ++i) {
@@ -182,6 +240,23 @@ int run(int argc, char** argv) {
       set_num_threads(std::atoi(argv[i] + 10));
     } else if (std::strncmp(argv[i], "--case=", 7) == 0) {
       case_name = argv[i] + 7;
+    } else if (std::strncmp(argv[i], "--device=", 9) == 0) {
+      options.device = Device::parse(argv[i] + 9);
+    } else if (std::strncmp(argv[i], "--precision=", 12) == 0) {
+      precision = argv[i] + 12;
+      if (precision != "f32" && precision != "bf16") {
+        std::cerr << "train_step_bench: --precision must be f32 or bf16, got '" << precision
+                  << "'\n";
+        return 2;
+      }
+      options.bf16 = precision == "bf16";
+    } else if (std::strncmp(argv[i], "--batch=", 8) == 0) {
+      batch = std::atoll(argv[i] + 8);
+      if (batch <= 0) {
+        std::cerr << "train_step_bench: --batch must be a positive integer, got '" << (argv[i] + 8)
+                  << "'\n";
+        return 2;
+      }
     } else if (std::strncmp(argv[i], "--profile=", 10) == 0) {
       profile_steps = std::atoi(argv[i] + 10);
     } else if (std::strcmp(argv[i], "--by-shape") == 0) {
@@ -191,13 +266,18 @@ int run(int argc, char** argv) {
       return 2;
     }
   }
+  // Fails here, before a model is built, when the device is not there: a build without
+  // --config=cuda, or no GPU.
+  if (!options.device.is_cpu()) zeros({1}).to(options.device).item<double>();
   manual_seed(0);
-  const TrainCase train_case = make_case(case_name);
+  const TrainCase train_case = make_case(case_name, batch, options);
   if (profile_steps > 0) {
     profile(train_case, profile_steps, by_shape);
     return 0;
   }
-  std::cout << "ready batch " << train_case.batch << " threads " << get_num_threads() << std::endl;
+  std::cout << "ready batch " << train_case.batch << " threads " << get_num_threads() << " device "
+            << options.device << " precision " << precision << " params " << train_case.parameters
+            << std::endl;
   std::string line;
   while (std::getline(std::cin, line)) {
     std::istringstream words(line);

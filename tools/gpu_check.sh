@@ -12,7 +12,8 @@
 #          [--skip-bench] [--gtest-filter PATTERN]. Logs: gpu_bin/logs (GPU_CHECK_LOG_DIR), also
 #          copied to $OUT/gpu_check_logs when $OUT is set.
 # Bench commands file: one "label | shell command" per line (# comments); $GPU_BIN is the folder
-# of the unpacked binaries (gpu_bin/unpacked: tests/ and bench/).
+# of the unpacked binaries (gpu_bin/unpacked: tests/ and bench/), $GPU_CHECK_LOG_DIR the logs
+# folder: result tables (*.md) written there also land in $OUT itself.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -173,7 +174,7 @@ cmd_run() {
 
   local commands="$root/bench/gpu_commands.txt" label command
   if [ "$skip_bench" -eq 0 ] && [ -f "$commands" ]; then
-    export GPU_BIN="$unpacked"
+    export GPU_BIN="$unpacked" GPU_CHECK_LOG_DIR="$logs"
     while IFS= read -r line; do
       [[ "$line" =~ ^[[:space:]]*(#|$) ]] && continue
       label=$(sed 's/[[:space:]]*|.*//' <<<"$line")
@@ -182,7 +183,7 @@ cmd_run() {
       log="$logs/bench_${label//[^A-Za-z0-9_.-]/_}.log"
       start=$(date +%s.%N)
       rc=0
-      timeout "$timeout_s" bash -c "$command" >"$log" 2>&1 || rc=$?
+      timeout "$timeout_s" bash -c "$command" >"$log" 2>&1 </dev/null || rc=$?
       seconds=$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f", e - s }')
       case "$rc" in 0) status=ok ;; 124) status=TIMEOUT ;; *) status="FAIL(rc=$rc)" ;; esac
       rows+=("$(printf '%-34s %-12s %6s %6s %7s %8s' "bench:$label" "$status" - - - "$seconds")")
@@ -201,8 +202,12 @@ cmd_run() {
     grep -q ' ok ' <<<"$row" || bad=$((bad + 1))
   done
   echo "$bad of ${#rows[@]} entries not ok"
-  # On the device machine, what is written under $OUT comes back.
-  if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then cp -r "$logs" "$OUT/gpu_check_logs"; fi
+  # On the device machine, what is written under $OUT comes back (at most 8 files: the result
+  # tables go first, at the top, where they are not among the logs left out).
+  if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
+    find "$logs" -maxdepth 1 -name '*.md' -exec cp {} "$OUT/" \;
+    cp -r "$logs" "$OUT/gpu_check_logs"
+  fi
   [ "$bad" -eq 0 ]
 }
 
