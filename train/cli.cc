@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "memory/memory.h"
+#include "train/recipes/recipe_util.h"
 
 namespace tessel::train {
 namespace {
@@ -77,6 +78,17 @@ const CLI::Validator kMemoryPolicy(
       return "";
     },
     "none|dtr|swap|split|auto");
+// Device::parse's syntax, less the meta device (shapes only).
+const CLI::Validator kTrainingDevice(
+    [](std::string& text) -> std::string {
+      try {
+        parse_training_device(text);
+      } catch (const Error& error) {
+        return error.message();
+      }
+      return "";
+    },
+    "cpu|cuda|cuda:N");
 
 }  // namespace
 
@@ -161,6 +173,13 @@ int parse_train_flags(int argc, const char* const* argv, TrainConfig* config, st
                  "f32, or bf16: matmul, linear and conv2d of each training step run in bf16 "
                  "(autocast; parameters and optimizer state stay f32)")
       ->check(CLI::IsMember({"f32", "bf16"}));
+  app.add_option("--device", flags.device,
+                 "where to train: cpu, cuda (= cuda:0) or cuda:N; the same recipe code runs on "
+                 "each, batches are read on the CPU and copied over. CUDA needs a binary built "
+                 "with --config=cuda and a GPU (checked before training starts); it trains in "
+                 "one process (not with --dp/--tp ranks) and without --memory_budget for now")
+      ->check(kTrainingDevice)
+      ->capture_default_str();
 
   try {
     app.parse(argc, argv);

@@ -211,6 +211,20 @@ TEST_F(DistributedRecipe, GridThatDoesNotMatchTheRanksIsAnError) {
   EXPECT_TRUE(throws_error([&] { run_recipe(wrong, log); }, "no tensor-parallel form"));
 }
 
+// MpiCommunicator moves CPU tensors only: GPU ranks wait for the NCCL path in the recipes.
+TEST_F(DistributedRecipe, CudaDeviceOnSeveralRanksIsRefusedBeforeTraining) {
+  std::ostringstream log;
+  TrainConfig cuda = config("mlp_fashion_mnist", "mlp");
+  cuda.device = "cuda";
+  EXPECT_TRUE(throws_error([&] { run_recipe(cuda, log); },
+                           "--device=cuda: training on several ranks runs on CPU only for now"));
+  cuda.dp = 2;
+  cuda.device = "cuda:1";
+  EXPECT_TRUE(throws_error([&] { run_recipe(cuda, log); },
+                           "and the job has 2 ranks (mpirun -np 2) as dp 2 x tp 1"));
+  EXPECT_EQ(log.str().find("train step"), std::string::npos) << log.str();
+}
+
 // ---- checkpoints under tensor parallelism: whole tensors on disk, any split on resume.
 
 // Every tensor of two checkpoint files, bit for bit.

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "gtest/gtest.h"
+#include "ops/transfer.h"
 #include "tests/testing.h"
 #include "tests/train/train_test_util.h"
 #include "train/recipes/recipe.h"
@@ -31,7 +32,7 @@ TEST(TrainCli, HelpListsEveryFlagAndTheRecipes) {
   for (const char* flag :
        {"--recipe", "--model", "--data", "--batch_size", "--lr", "--epochs", "--steps", "--seed",
         "--threads", "--eval_every", "--log_every", "--metrics", "--checkpoint_dir",
-        "--checkpoint_every", "--resume", "--work_dir"})
+        "--checkpoint_every", "--resume", "--work_dir", "--device"})
     EXPECT_NE(result.out.find(flag), std::string::npos) << flag;
   for (const char* recipe :
        {"resnet18_fashion_mnist", "shufflenet_v2_fashion_mnist", "bert_mlm_fortunes",
@@ -66,6 +67,123 @@ TEST(TrainCli, PrecisionIsF32UnlessBf16IsAskedFor) {
   CliRun result = run_train_cli({"--precision=f16"});
   EXPECT_NE(result.code, 0);
   EXPECT_NE(result.err.find("--precision"), std::string::npos) << result.err;
+}
+
+TEST(TrainCli, DeviceIsCpuUnlessCudaIsAskedFor) {
+  EXPECT_EQ(parse({}).device, "cpu");
+  EXPECT_EQ(parse({"--device=cpu"}).device, "cpu");
+  EXPECT_EQ(parse({"--device=cuda"}).device, "cuda");
+  EXPECT_EQ(parse({"--device", "cuda:1"}).device, "cuda:1");
+  TrainConfig config = parse({"--recipe=mlp_fashion_mnist", "--device=cuda:1"});
+  EXPECT_EQ(resolve_config(find_recipe("mlp_fashion_mnist"), config).device, "cuda:1");
+}
+
+TEST(TrainCli, BadDeviceTextIsAClearError) {
+  for (const char* text : {"gpu", "cuda:", "cuda:x", "cuda:-1", "cuda1", "CPU"}) {
+    CliRun result = run_train_cli({std::string("--device=") + text});
+    EXPECT_NE(result.code, 0) << text;
+    EXPECT_NE(result.err.find("--device: unknown device '" + std::string(text) +
+                              "' (expected cpu, cuda or cuda:N)"),
+              std::string::npos)
+        << text << ": " << result.err;
+    EXPECT_EQ(result.out.find("train step"), std::string::npos) << result.out;
+  }
+  // The library checks the same text when the config does not come from the command line.
+  TrainConfig config;
+  config.device = "tpu";
+  EXPECT_TRUE(throws_error([&] { resolve_config(find_recipe("mlp_fashion_mnist"), config); },
+                           "--device: unknown device 'tpu' (expected cpu, cuda or cuda:N)"));
+}
+
+TEST(TrainCli, MetaDeviceIsRefused) {
+  CliRun result = run_train_cli({"--device=meta"});
+  EXPECT_NE(result.code, 0);
+  EXPECT_NE(result.err.find("--device: the meta device holds shapes only and cannot train"),
+            std::string::npos)
+      << result.err;
+  TrainConfig config;
+  config.device = "meta";
+  EXPECT_TRUE(throws_error([&] { resolve_config(find_recipe("mlp_fashion_mnist"), config); },
+                           "--device: the meta device holds shapes only"));
+}
+
+TEST(TrainCli, MemoryBudgetOnAGpuIsRefused) {
+  CliRun result = run_train_cli({"--device=cuda", "--memory_budget=1GiB"});
+  EXPECT_EQ(result.code, 1);
+  EXPECT_NE(result.err.find("train: error: --memory_budget and --memory_policy work on CPU only "
+                            "for now, not with --device=cuda"),
+            std::string::npos)
+      << result.err;
+  result = run_train_cli({"--device=cuda:0", "--memory_policy=dtr"});
+  EXPECT_NE(result.err.find("not with --device=cuda:0"), std::string::npos) << result.err;
+}
+
+// Without a usable GPU (this build has no CUDA backend linked, or the machine has no GPU) the run
+// stops with one clear line before reading data or training a step.
+TEST(TrainCli, CudaWithoutAUsableGpuFailsBeforeTraining) {
+  const std::string directory = ::testing::TempDir() + "/no_gpu";
+  ASSERT_EQ(system(("mkdir -p " + directory).c_str()), 0);
+  write_synthetic_fashion_mnist_split(directory, "train", 64);
+  write_synthetic_fashion_mnist_split(directory, "t10k", 20);
+  for (const char* device : {"cuda", "cuda:3"}) {
+    CliRun result =
+        run_train_cli({"--recipe=mlp_fashion_mnist", "--data=" + directory, "--steps=2",
+                       "--batch_size=16", "--threads=1", std::string("--device=") + device});
+    if (result.code == 0) GTEST_SKIP() << "this binary trains on " << device << ": a GPU is here";
+    EXPECT_EQ(result.code, 1) << result.err;
+    EXPECT_EQ(result.err.rfind("train: error: --device=" + std::string(device) + ": ", 0), 0u)
+        << result.err;
+    if (!cuda_transfers_built()) {
+      EXPECT_NE(result.err.find("built without CUDA (rebuild with --config=cuda"),
+                std::string::npos)
+          << result.err;
+    }
+    EXPECT_EQ(result.out.find("data: "), std::string::npos) << result.out;
+    EXPECT_EQ(result.out.find("train step"), std::string::npos) << result.out;
+  }
+}
+
+// Per-step training losses from a --metrics file.
+std::vector<double> train_losses(const std::string& metrics_path) {
+  std::ifstream metrics(metrics_path);
+  std::vector<double> losses;
+  for (std::string line; std::getline(metrics, line);) {
+    const auto record = nlohmann::json::parse(line);
+    if (record.at("event") == "train") losses.push_back(record.at("loss").get<double>());
+  }
+  return losses;
+}
+
+TEST(TrainCli, ExplicitCpuDeviceTrainsExactlyLikeTheDefault) {
+  const std::string directory = ::testing::TempDir() + "/explicit_cpu";
+  ASSERT_EQ(system(("mkdir -p " + directory).c_str()), 0);
+  write_synthetic_fashion_mnist_split(directory, "train", 160);
+  write_synthetic_fashion_mnist_split(directory, "t10k", 40);
+  std::vector<double> losses[2];
+  std::string accuracy[2];
+  const std::vector<std::string> device_flags[2] = {{}, {"--device=cpu"}};
+  for (int k = 0; k < 2; ++k) {
+    const std::string metrics = directory + "/metrics_" + std::to_string(k) + ".jsonl";
+    std::vector<std::string> args = {"--recipe=mlp_fashion_mnist",
+                                     "--data=" + directory,
+                                     "--steps=6",
+                                     "--batch_size=16",
+                                     "--log_every=1",
+                                     "--threads=1",
+                                     "--seed=3",
+                                     "--metrics=" + metrics};
+    args.insert(args.end(), device_flags[k].begin(), device_flags[k].end());
+    CliRun result = run_train_cli(args);
+    ASSERT_EQ(result.code, 0) << result.err;
+    EXPECT_NE(result.out.find(", device cpu\n"), std::string::npos) << result.out;
+    losses[k] = train_losses(metrics);
+    const size_t final_line = result.out.find("test accuracy: ");
+    ASSERT_NE(final_line, std::string::npos) << result.out;
+    accuracy[k] = result.out.substr(final_line, result.out.find('\n', final_line) - final_line);
+  }
+  ASSERT_EQ(losses[0].size(), 6u);
+  EXPECT_EQ(losses[1], losses[0]);  // bit for bit: the same code on the same device
+  EXPECT_EQ(accuracy[1], accuracy[0]);
 }
 
 TEST(TrainCli, UnknownFlagFails) {

@@ -106,6 +106,16 @@ text::MlmBatch make_batch(const text::MlmDataset& dataset, const std::vector<int
   return text::collate(examples);
 }
 
+// `batch` with the model's inputs and the next-sentence labels on `device`. The masked-LM labels
+// stay on the host: they are read there to pick the predicted positions.
+text::MlmBatch inputs_to_device(text::MlmBatch batch, Device device) {
+  batch.input_ids = to_training_device(batch.input_ids, device);
+  batch.token_type_ids = to_training_device(batch.token_type_ids, device);
+  batch.attention_mask = to_training_device(batch.attention_mask, device);
+  batch.nsp_labels = to_training_device(batch.nsp_labels, device);
+  return batch;
+}
+
 int64_t pair_length(const text::MlmDataset& dataset, int64_t index) {
   const text::SentencePair& pair = dataset.pairs()[index];
   return static_cast<int64_t>(pair.a.size() + pair.b.size()) + 3;  // [CLS] A [SEP] B [SEP]
@@ -154,9 +164,11 @@ struct PretrainingStep {
 // BertForPreTraining's forward and loss, with the MLM head (dense, GELU, LayerNorm, the decoder
 // over the whole vocabulary) run only at the predicted positions: about 15% of the tokens, so the
 // largest matmul of the model shrinks about 7x. Same values as the full head at those positions.
+// `batch` as inputs_to_device leaves it: inputs on the model's device, mlm_labels on the host.
 PretrainingStep pretraining_step(models::BertForPreTraining& model, const text::MlmBatch& batch) {
   const models::BertModelOutput encoded =
       model.bert->forward(batch.input_ids, batch.token_type_ids, batch.attention_mask);
+  const Device device = encoded.sequence_output.device();
   const int64_t hidden = model.config.hidden_size();
   const auto labels = batch.mlm_labels.to_vector<int64_t>();
   std::vector<int64_t> positions;
@@ -168,12 +180,14 @@ PretrainingStep pretraining_step(models::BertForPreTraining& model, const text::
   }
   TESSEL_CHECK(!positions.empty(), "bert_mlm_fortunes: a batch has no masked position");
   const int64_t count = static_cast<int64_t>(positions.size());
-  Tensor picked = index_select(encoded.sequence_output.reshape({-1, hidden}), 0,
-                               from_vector<int64_t>(positions, {count}));
+  Tensor picked =
+      index_select(encoded.sequence_output.reshape({-1, hidden}), 0,
+                   to_training_device(from_vector<int64_t>(positions, {count}), device));
   Tensor transformed = model.transform_norm->forward(
       hidden_activation(model.transform_dense->forward(picked), model.config.hidden_act()));
   step.mlm_logits = linear(transformed, model.decoder_weight(), model.decoder_bias);
-  step.mlm_loss = cross_entropy(step.mlm_logits, from_vector<int64_t>(step.labels, {count}));
+  step.mlm_loss = cross_entropy(
+      step.mlm_logits, to_training_device(from_vector<int64_t>(step.labels, {count}), device));
   step.nsp_logits = model.seq_relationship->forward(encoded.pooled_output);
   step.nsp_loss = cross_entropy(step.nsp_logits, batch.nsp_labels);
   return step;
@@ -183,6 +197,7 @@ Evaluation evaluate_mlm(models::BertForPreTraining& model, const text::MlmDatase
                         double baseline) {
   NoGradGuard no_grad;
   model.eval();
+  const Device device = module_device(model);
   double loss_sum = 0;
   int64_t predicted = 0, correct = 0, nsp_correct = 0, sequences = 0;
   // Sums do not depend on the order: batches of similar lengths pad the least.
@@ -193,7 +208,7 @@ Evaluation evaluate_mlm(models::BertForPreTraining& model, const text::MlmDatase
     const std::vector<int64_t> indices(
         order.begin() + begin, order.begin() + std::min(held_out.size(), begin + kEvalBatch));
     const text::MlmBatch batch = make_batch(held_out, indices, /*epoch=*/0);
-    const PretrainingStep step = pretraining_step(model, batch);
+    const PretrainingStep step = pretraining_step(model, inputs_to_device(batch, device));
     const int64_t count = static_cast<int64_t>(step.labels.size());
     loss_sum += step.mlm_loss.item<double>() * static_cast<double>(count);
     const auto guesses = argmax(step.mlm_logits, 1).to_vector<int64_t>();
@@ -256,6 +271,9 @@ RecipeResult run_bert_mlm_fortunes(const TrainConfig& config, std::ostream& log)
   log << "model: " << *config.model << " (" << bert.num_hidden_layers() << " layers, hidden "
       << bert.hidden_size() << ", " << bert.num_attention_heads() << " heads, ffn "
       << bert.intermediate_size() << "), " << parameters << " parameters" << std::endl;
+  // --device: before the tensor-parallel copy and the optimizer are made from the parameters.
+  const Device device = training_device(config);
+  model.to(device);
 
   // Under mpirun: with --tp > 1 a tensor-parallel copy trains (and is gathered into `model` to
   // evaluate); with --dp > 1, DDP averages the gradients of the ranks' shards.
@@ -294,7 +312,8 @@ RecipeResult run_bert_mlm_fortunes(const TrainConfig& config, std::ostream& log)
     if (next_batch >= static_cast<int64_t>(batches.size())) return false;
     const std::vector<int64_t>& indices = batches[next_batch++];
     // Masks change every epoch (dynamic masking). Each data-parallel rank reads its shard.
-    const text::MlmBatch batch = make_batch(train_data, run.shard(indices), epoch_index);
+    const text::MlmBatch batch =
+        inputs_to_device(make_batch(train_data, run.shard(indices), epoch_index), device);
     if (ddp) ddp->prepare_forward();
     Tensor mlm_loss, nsp_loss;
     int64_t predicted = 0;

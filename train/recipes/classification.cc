@@ -3,6 +3,7 @@
 #include "core/autograd.h"
 #include "ops/ops.h"
 #include "train/recipes/distributed.h"
+#include "train/recipes/recipe_util.h"
 
 namespace tessel::train {
 
@@ -10,6 +11,7 @@ EvalResult evaluate_classifier(nn::Module& model, const data::Dataset& dataset,
                                int64_t batch_size) {
   NoGradGuard no_grad;
   model.eval();
+  const Device device = module_device(model);
   data::DataLoader loader(std::shared_ptr<const data::Dataset>(&dataset, [](auto*) {}),
                           data::DataLoaderOptions().batch_size(batch_size).shuffle(false));
   loader.start_epoch(0);
@@ -17,8 +19,9 @@ EvalResult evaluate_classifier(nn::Module& model, const data::Dataset& dataset,
   int64_t correct = 0;
   double loss_sum = 0;
   while (auto batch = loader.next()) {
-    const Tensor logits = model(batch->inputs);
-    loss_sum += cross_entropy(logits, batch->targets, -100, 0.0, "sum").item<double>();
+    const Tensor logits = model(to_training_device(batch->inputs, device));
+    loss_sum += cross_entropy(logits, to_training_device(batch->targets, device), -100, 0.0, "sum")
+                    .item<double>();
     const auto predicted = argmax(logits, 1).to_vector<int64_t>();
     const auto targets = batch->targets.to_vector<int64_t>();
     for (size_t i = 0; i < targets.size(); ++i) correct += predicted[i] == targets[i];
@@ -45,6 +48,11 @@ RecipeResult train_classifier(nn::Module& model, optim::Optimizer& optimizer,
                " parts of each batch but the run has ", distributed_run().dp,
                " data-parallel ranks");
   const bool sharded = shards > 1;
+  // --device: the recipe moved the model there; each batch follows it (read and augmented on CPU).
+  const Device device = training_device(config);
+  TESSEL_CHECK(module_device(model) == device, "train_classifier: the model is on ",
+               module_device(model).str(), " but --device=", config.device,
+               ": move it with model.to(device) before making the optimizer");
   TrainingTask task;
   task.model = &model;
   task.optimizer = &optimizer;
@@ -57,7 +65,9 @@ RecipeResult train_classifier(nn::Module& model, optim::Optimizer& optimizer,
   task.train_step = [&](StepResult* result) {
     auto batch = train_loader.next();
     if (!batch) return false;
-    result->loss = parallel.forward_backward(batch->inputs, batch->targets, optimizer, sharded);
+    result->loss =
+        parallel.forward_backward(to_training_device(batch->inputs, device),
+                                  to_training_device(batch->targets, device), optimizer, sharded);
     optimizer.step();
     result->samples = batch->targets.numel();
     return true;

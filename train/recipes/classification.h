@@ -22,13 +22,15 @@ struct EvalResult {
   int64_t examples = 0;
 };
 
-// Accuracy and mean loss of `model` (in eval mode, no autograd) over every example of `dataset`.
-// The model is back in training mode afterwards.
+// Accuracy and mean loss of `model` (in eval mode, no autograd) over every example of `dataset`,
+// on the device of the model's parameters (batches are moved there). The model is back in
+// training mode afterwards.
 EvalResult evaluate_classifier(nn::Module& model, const data::Dataset& dataset,
                                int64_t batch_size = 500);
 
 // Trains for config.epochs epochs (or until config.steps steps); `config` must be resolved.
-// `scheduler` (may be null) is stepped after every optimizer step.
+// `scheduler` (may be null) is stepped after every optimizer step. The model must be on
+// config.device already (moved before the optimizer was made); every batch is moved there.
 RecipeResult train_classifier(nn::Module& model, optim::Optimizer& optimizer,
                               optim::LRScheduler* scheduler, data::DataLoader& train_loader,
                               const data::Dataset& test_set, const TrainConfig& config,

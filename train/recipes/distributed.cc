@@ -13,6 +13,7 @@
 #include "parallel/tensor_parallel.h"
 #include "parallel/vision_parallel.h"
 #include "train/data/data_loader.h"
+#include "train/recipes/recipe_util.h"
 
 namespace tessel::train {
 
@@ -162,6 +163,14 @@ RecipeResult run_distributed(const TrainConfig& config, std::ostream& log,
   if (world_size == 1 && !asked) return body(log);
   ParallelLayout layout = resolve_layout(config, world_size);
   if (world_size == 1) return body(log);  // --dp=1 --tp=1 or a one-device plan
+  // The ranks exchange gradients, activations and checkpoint shards through MpiCommunicator,
+  // which moves CPU tensors only; GPU ranks need the NCCL communicator in the recipes first.
+  TESSEL_CHECK(training_device(config).is_cpu(), "--device=", config.device,
+               ": training on several ranks runs on CPU only for now (the ranks exchange tensors "
+               "over MPI, which moves CPU tensors; NCCL for GPUs is not wired into the recipes "
+               "yet), and ",
+               ranks_text(world_size), " as dp ", layout.dp, " x tp ", layout.tp,
+               "; train on one GPU in one process, or on these ranks with --device=cpu");
 
   DistributedRun run;
   run.rank = rank;

@@ -39,6 +39,7 @@ RecipeResult run_mlp_fashion_mnist(const TrainConfig& config, std::ostream& log)
 
   auto model = make_mlp(28 * 28, {256, 128}, data::kFashionMnistClasses);
   log << *model << std::endl;
+  model->to(training_device(config));  // --device, before the optimizer sees the parameters
   optim::Adam optimizer(model->named_parameters(), optim::AdamOptions(*config.lr));
   data::DataLoader train_loader(
       train_set, data::DataLoaderOptions()

@@ -4,6 +4,7 @@
 #include "train/recipes/bert_mlm_fortunes.h"
 #include "train/recipes/distributed.h"
 #include "train/recipes/mlp_fashion_mnist.h"
+#include "train/recipes/recipe_util.h"
 #include "train/recipes/vision.h"
 
 namespace tessel::train {
@@ -68,6 +69,11 @@ TrainConfig resolve_config(const Recipe& recipe, TrainConfig config) {
   TESSEL_CHECK(!config.resume || !config.resume->empty() || !config.checkpoint_dir.empty(),
                "--resume without a value resumes from the newest checkpoint in --checkpoint_dir, "
                "which is not set (or pass --resume=PATH)");
+  const Device device = training_device(config);
+  // The memory layer budgets the CPU allocator; its CUDA counterpart is not wired in yet.
+  TESSEL_CHECK(device.is_cpu() || (config.memory_budget.empty() && config.memory_policy.empty()),
+               "--memory_budget and --memory_policy work on CPU only for now, not with --device=",
+               config.device, " (train on the GPU without them, or on CPU with them)");
   return config;
 }
 
@@ -75,8 +81,10 @@ RecipeResult run_recipe(const TrainConfig& config, std::ostream& log) {
   const Recipe& recipe = find_recipe(config.recipe);
   const TrainConfig resolved = resolve_config(recipe, config);
   // Under mpirun: the dp x tp grid, and a silent log on ranks other than 0.
-  return run_distributed(resolved, log,
-                         [&](std::ostream& rank_log) { return recipe.run(resolved, rank_log); });
+  return run_distributed(resolved, log, [&](std::ostream& rank_log) {
+    check_training_device(resolved);  // a missing GPU fails here, before any data is read
+    return recipe.run(resolved, rank_log);
+  });
 }
 
 }  // namespace tessel::train

@@ -49,7 +49,10 @@ struct TrainConfig {
   // "f32", or "bf16": training steps run under autocast (core/autocast.h), so products and
   // convolutions compute in bf16 while parameters, gradients and optimizer state stay f32.
   std::string precision = "f32";
-  // Where the model trains: "cpu", "cuda" or "cuda:N" (Device::parse); CUDA needs --config=cuda.
+  // Where the model trains: "cpu", "cuda" or "cuda:N" (Device::parse; meta is refused). Recipes
+  // move the model there before making the optimizer and copy each batch over; CUDA needs
+  // --config=cuda and a GPU (run_recipe checks with one tensor before anything else), one
+  // process (several ranks exchange tensors over MPI, CPU only) and no --memory_budget for now.
   std::string device = "cpu";
 };
 
@@ -92,9 +95,11 @@ const std::vector<Recipe>& recipes();
 const Recipe& find_recipe(const std::string& name);
 // `config` with the recipe's defaults filled in; checks values and recipe support (a model the
 // recipe does not know, a recipe without a default data set and no --data, checkpoint flags a
-// recipe cannot honour) with a clear error.
+// recipe cannot honour, a --device that does not parse or is meta, a memory budget on a GPU)
+// with a clear error.
 TrainConfig resolve_config(const Recipe& recipe, TrainConfig config);
-// find_recipe + resolve_config + run.
+// find_recipe + resolve_config + run; with --device=cuda[:N] it first makes sure the device can
+// hold a tensor ("--device=cuda: ..." errors before any data is read).
 RecipeResult run_recipe(const TrainConfig& config, std::ostream& log);
 
 }  // namespace tessel::train

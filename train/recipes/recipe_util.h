@@ -1,9 +1,15 @@
-// Small pieces every recipe shares: the start of a run (threads, seed, the header line).
+// Small pieces every recipe shares: the start of a run (threads, seed, the header line) and the
+// device it trains on (--device), with the moves of models and batches onto it.
 //   begin_run(config, log);  // sets threads and the RNG seed, prints "recipe NAME: ..."
+//   const Device device = training_device(config);  model->to(device);  // before the optimizer
+//   Tensor inputs = to_training_device(batch->inputs, device);
 #pragma once
 
 #include <ostream>
 
+#include "core/device.h"
+#include "core/tensor.h"
+#include "models/nn/module.h"
 #include "train/recipes/recipe.h"
 
 namespace tessel::train {
@@ -11,5 +17,24 @@ namespace tessel::train {
 // Sets the intra-op thread count (config.threads, when > 0) and seeds the global RNG with
 // config.seed, then writes one line naming the recipe and its settings.
 void begin_run(const TrainConfig& config, std::ostream& log);
+
+// The device `text` names for training (Device::parse: cpu, cuda, cuda:N). A tessel::Error for
+// text Device::parse refuses and for the meta device (shapes only: it cannot train); the message
+// does not name the flag, so the CLI and resolve_config can each put it in front.
+Device parse_training_device(const std::string& text);
+// parse_training_device(config.device), its errors starting with "--device: ".
+Device training_device(const TrainConfig& config);
+
+// Makes sure `device` can hold tensors before any data is read or any step runs: allocates one
+// element there and reads it back. A tessel::Error "--device=TEXT: ..." with the reason otherwise
+// (a binary built without --config=cuda, no GPU, an index past the GPUs). Nothing to do on CPU.
+void check_training_device(const TrainConfig& config);
+
+// `x` on `device`: `x` itself when it is there already (the CPU path copies nothing); a
+// non-blocking copy to a GPU (the step's kernels wait for it on the device, the host goes on).
+Tensor to_training_device(const Tensor& x, Device device);
+
+// Where `module`'s parameters live (the first one's device; CPU for a module without any).
+Device module_device(const nn::Module& module);
 
 }  // namespace tessel::train

@@ -98,6 +98,9 @@ RecipeResult run_image_recipe(const ImageRecipeSpec& spec, const TrainConfig& co
   int64_t parameters = 0;
   for (const Tensor& p : full_model->parameters()) parameters += p.numel();
   log << "model: " << *config.model << ", " << parameters << " parameters" << std::endl;
+  // --device: parameters and buffers move before the optimizer sees them (its state is made on
+  // the parameters' device).
+  full_model->to(training_device(config));
   // With --tp > 1, the tensor-parallel form (batch-split trunk, class-split classifier).
   auto model = parallel_classifier_model(full_model);
 

@@ -271,10 +271,15 @@ CheckpointContents capture_checkpoint(int64_t step, const nn::Module& module,
                "save_checkpoint: the sharding needs a part count and a gather function");
   // Split tensors are gathered in the order of state_dict and state_tensors, the same on every
   // rank.
+  // GPU tensors are copied to the host (a blocking copy, after the step's kernels), so the
+  // contents are CPU tensors whatever device trained: writing them reads host bytes only.
   auto whole = [&](const std::string& name, const Tensor& tensor) {
-    if (sharding == nullptr || sharding->parts == 1) return tensor;
-    auto dim = sharding->split_dims.find(name);
-    return dim == sharding->split_dims.end() ? tensor : sharding->gather(tensor, dim->second);
+    Tensor result = tensor;
+    if (sharding != nullptr && sharding->parts > 1) {
+      auto dim = sharding->split_dims.find(name);
+      if (dim != sharding->split_dims.end()) result = sharding->gather(tensor, dim->second);
+    }
+    return result.device().is_cuda() ? result.to(Device::cpu()) : result;
   };
   CheckpointContents contents;
   contents.step = step;

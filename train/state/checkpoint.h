@@ -85,7 +85,8 @@ struct CheckpointRank {
 };
 
 // The state at training step `step` (>= 0), checked as save_checkpoint does. With `sharding`, a
-// collective: every rank that holds a part calls it; one of them then writes the result.
+// collective: every rank that holds a part calls it; one of them then writes the result. Tensors
+// on a GPU are copied to the host, so the contents hold CPU tensors only.
 CheckpointContents capture_checkpoint(int64_t step, const nn::Module& module,
                                       const optim::Optimizer& optimizer,
                                       const optim::LRScheduler* scheduler = nullptr,
@@ -107,7 +108,9 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const nn::Modu
 
 // Restores the checkpoint folder `path` (a "<dir>/step_<N>") into `module` (strict: same keys
 // and shapes), `optimizer` (the same kind, same parameter names), `scheduler` (when given; the
-// checkpoint must hold one of the same kind) and the global RNG, and returns its step. The extra
+// checkpoint must hold one of the same kind) and the global RNG, and returns its step. Values
+// are copied into the module's and optimizer's tensors on whatever device those live (a
+// checkpoint saved on a GPU loads on CPU and the other way round). The extra
 // scalars go to `extra` when given. Throws tessel::Error naming the file and the problem on a
 // missing folder or file, a truncated or corrupt file, or a checkpoint of another model or
 // optimizer; on an error the module, optimizer, scheduler and RNG are left unchanged. With
