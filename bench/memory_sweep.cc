@@ -6,6 +6,8 @@
 //   memory_sweep --model=resnet50 --batch=8 --fractions=1,0.5,0.3 --policies=dtr,auto
 // --no_prefetch / --no_swap_ahead turn off the residency manager's prefetch in backward and its
 // swap-ahead in forward (to measure what they bring).
+// --device=cuda (a --config=cuda build) sweeps the GPU's memory instead of the simulated device's;
+// swaps then go to pinned host memory over the copy stream.
 // Largest batch: the largest batch that trains (two steps) within --budget, per policy.
 //   memory_sweep --model=shufflenet --largest_batch --budget=512MiB --policies=none,auto
 #include <sys/resource.h>
@@ -45,6 +47,7 @@ constexpr double kMomentum = 0.9;
 
 struct Settings {
   std::string model = "resnet50";
+  Device device = Device::cpu();  // cuda: the budget is the GPU's (needs --config=cuda)
   int64_t batch = 8;
   int64_t image = 224;  // vision models
   int64_t seq = 128;    // BERT
@@ -107,6 +110,10 @@ std::unique_ptr<Trainer> make_trainer(const Settings& settings, int64_t batch) {
     trainer->loss = [raw]() {
       return cross_entropy(raw->model->forward(raw->batch[0]), raw->batch[1]);
     };
+  }
+  if (!settings.device.is_cpu()) {
+    trainer->model->to(settings.device);
+    for (Tensor& tensor : trainer->batch) tensor = tensor.to(settings.device);
   }
   trainer->model->train();
   trainer->optimizer = std::make_unique<optim::SGD>(
@@ -211,6 +218,7 @@ nlohmann::ordered_json counters_json(const memory::PolicyCounters& c) {
 
 nlohmann::ordered_json point_json(const Settings& settings, int64_t batch, const Point& point) {
   nlohmann::ordered_json out = {{"model", settings.model},
+                                {"device", settings.device.str()},
                                 {"batch", batch},
                                 {"image", settings.image},
                                 {"seq", settings.seq},
@@ -232,6 +240,7 @@ nlohmann::ordered_json point_json(const Settings& settings, int64_t batch, const
 
 MemoryOptions options_for(const Settings& settings, size_t budget, Policy policy) {
   return MemoryOptions()
+      .device(settings.device)
       .budget(budget)
       .policy(policy)
       .host_bandwidth(settings.host_bandwidth)
@@ -241,7 +250,7 @@ MemoryOptions options_for(const Settings& settings, size_t budget, Policy policy
 }
 
 void sweep(const Settings& settings) {
-  Point reference = measure(settings, settings.batch, MemoryOptions());
+  Point reference = measure(settings, settings.batch, MemoryOptions().device(settings.device));
   TESSEL_CHECK(reference.ok, "memory_sweep: the unconstrained run failed: ", reference.error);
   std::cerr << settings.model << " batch " << settings.batch << ": peak "
             << memory::format_bytes(static_cast<double>(reference.peak)) << ", fixed "
@@ -253,7 +262,7 @@ void sweep(const Settings& settings) {
     for (double fraction : settings.fractions) {
       // Every point against an unconstrained run made just before it: the speed of this shared
       // machine drifts over minutes, which would scale every later ratio of a single reference.
-      const Point base = measure(settings, settings.batch, MemoryOptions());
+      const Point base = measure(settings, settings.batch, MemoryOptions().device(settings.device));
       TESSEL_CHECK(base.ok, "memory_sweep: the unconstrained run failed: ", base.error);
       reference_seconds.push_back(base.step_seconds);
       const size_t budget = memory::activation_budget(reference.fixed, reference.peak, fraction);
@@ -351,6 +360,8 @@ int run(int argc, char** argv) {
     };
     if (const char* v = value("--model=")) {
       settings.model = v;
+    } else if (const char* v = value("--device=")) {
+      settings.device = Device::parse(v);
     } else if (const char* v = value("--batch=")) {
       settings.batch = std::atoll(v);
     } else if (const char* v = value("--image=")) {

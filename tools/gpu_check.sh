@@ -10,10 +10,10 @@
 #                              of bench/gpu_commands.txt, and ends with one summary table.
 # Options: build [--no-bench] [--with-train];  run [--timeout SECONDS] [--filter REGEX]
 #          [--skip-bench] [--gtest-filter PATTERN]. Logs: gpu_bin/logs (GPU_CHECK_LOG_DIR), also
-#          copied to $OUT/gpu_check_logs when $OUT is set.
+#          packed into $OUT/gpu_check_logs.tar.gz when $OUT is set.
 # Bench commands file: one "label | shell command" per line (# comments); $GPU_BIN is the folder
 # of the unpacked binaries (gpu_bin/unpacked: tests/ and bench/), $GPU_CHECK_LOG_DIR the logs
-# folder: result tables (*.md) written there also land in $OUT itself.
+# folder: result tables (*.md, *.jsonl) written there also land in $OUT itself.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -202,11 +202,11 @@ cmd_run() {
     grep -q ' ok ' <<<"$row" || bad=$((bad + 1))
   done
   echo "$bad of ${#rows[@]} entries not ok"
-  # On the device machine, what is written under $OUT comes back (at most 8 files: the result
-  # tables go first, at the top, where they are not among the logs left out).
+  # On the device machine, what is written under $OUT comes back (at most 8 files): the result
+  # tables at the top, every log in one archive.
   if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
-    find "$logs" -maxdepth 1 -name '*.md' -exec cp {} "$OUT/" \;
-    cp -r "$logs" "$OUT/gpu_check_logs"
+    find "$logs" -maxdepth 1 \( -name '*.md' -o -name '*.jsonl' \) -exec cp {} "$OUT/" \;
+    tar -czf "$OUT/gpu_check_logs.tar.gz" -C "$(dirname "$logs")" "$(basename "$logs")"
   fi
   [ "$bad" -eq 0 ]
 }

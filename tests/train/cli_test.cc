@@ -107,15 +107,13 @@ TEST(TrainCli, MetaDeviceIsRefused) {
                            "--device: the meta device holds shapes only"));
 }
 
-TEST(TrainCli, MemoryBudgetOnAGpuIsRefused) {
-  CliRun result = run_train_cli({"--device=cuda", "--memory_budget=1GiB"});
-  EXPECT_EQ(result.code, 1);
-  EXPECT_NE(result.err.find("train: error: --memory_budget and --memory_policy work on CPU only "
-                            "for now, not with --device=cuda"),
-            std::string::npos)
-      << result.err;
-  result = run_train_cli({"--device=cuda:0", "--memory_policy=dtr"});
-  EXPECT_NE(result.err.find("not with --device=cuda:0"), std::string::npos) << result.err;
+// The budget applies to the device the model trains on (tests/train:recipes_gpu_test runs it).
+TEST(TrainCli, MemoryBudgetAndPolicyAreAcceptedWithAGpuDevice) {
+  TrainConfig config;
+  config.device = "cuda:1";
+  config.memory_budget = "1GiB";
+  config.memory_policy = "dtr";
+  EXPECT_EQ(resolve_config(find_recipe("mlp_fashion_mnist"), config).device, "cuda:1");
 }
 
 // Without a usable GPU (this build has no CUDA backend linked, or the machine has no GPU) the run

@@ -57,6 +57,7 @@ std::string fortunes_file(const std::string& directory, int count = 60) {
 struct RunRecord {
   std::vector<double> losses;
   std::map<std::string, double> eval;
+  int64_t evictions_and_swaps = 0;  // under a memory budget, summed over the status lines
 };
 
 RunRecord train(std::vector<std::string> args, const std::string& device,
@@ -73,7 +74,11 @@ RunRecord train(std::vector<std::string> args, const std::string& device,
   std::ifstream metrics(metrics_path);
   for (std::string line; std::getline(metrics, line);) {
     const auto json = nlohmann::json::parse(line);
-    if (json.at("event") == "train") record.losses.push_back(json.at("loss").get<double>());
+    if (json.at("event") == "train") {
+      record.losses.push_back(json.at("loss").get<double>());
+      record.evictions_and_swaps += json.value("evictions_per_step", int64_t{0}) +
+                                    json.value("swaps_out_per_step", int64_t{0});
+    }
     if (json.at("event") == "eval") {
       record.eval.clear();
       for (const auto& [key, value] : json.items())
@@ -143,6 +148,29 @@ TEST(RecipesOnCuda, BertTinyLossesMatchCpu) {
       {"--recipe=bert_mlm_fortunes", "--model=bert_tiny", "--data=" + fortunes_file(data),
        "--work_dir=" + work, "--batch_size=8", "--steps=4", "--seed=1", "--threads=1"},
       "bert_tiny", 4);
+}
+
+// --memory_budget on the GPU: half of the measured activation memory under auto (evictions and
+// swaps over pinned host memory) trains like the CPU run without a budget.
+TEST(RecipesOnCuda, ResNetUnderAHalfBudgetOnTheGpuLossesMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  const std::string data = fresh_dir("budget_data");
+  write_synthetic_fashion_mnist_split(data, "train", 128);
+  write_synthetic_fashion_mnist_split(data, "t10k", 32);
+  const std::vector<std::string> args = {"--recipe=resnet18_fashion_mnist",
+                                         "--data=" + data,
+                                         "--batch_size=32",
+                                         "--steps=4",
+                                         "--seed=3",
+                                         "--threads=1"};
+  const std::string directory = fresh_dir("budget_metrics");
+  std::vector<std::string> budgeted = args;
+  budgeted.push_back("--memory_budget=0.5");
+  const RunRecord gpu = train(budgeted, "cuda", directory + "/cuda.jsonl");
+  const RunRecord cpu = train(args, "cpu", directory + "/cpu.jsonl");
+  ASSERT_EQ(gpu.losses.size(), 4u);
+  EXPECT_TRUE(all_close(as_tensor(gpu.losses), as_tensor(cpu.losses), kRtol, kAtol));
+  EXPECT_GT(gpu.evictions_and_swaps, 0) << "the budget never pressed";
 }
 
 // Checkpoints written from GPU tensors hold the values training reached, and load back into GPU

@@ -8,8 +8,10 @@
 
 #include "core/autograd.h"
 #include "core/error.h"
+#include "memory/host_link.h"
 #include "train/optim/adam.h"
 #include "train/optim/sgd.h"
+#include "train/recipes/recipe_util.h"
 
 namespace tessel::train {
 namespace {
@@ -78,7 +80,8 @@ void move_training_state(nn::Module& model, optim::Optimizer& optimizer) {
       {
         StorageAccess from(*old_storage);
         StorageAccess to(*copy);
-        if (old_storage->nbytes() > 0) std::memcpy(to.data(), from.data(), old_storage->nbytes());
+        memory::copy_device_bytes(old_storage->device(), to.data(), from.data(),
+                                  old_storage->nbytes());
       }
       found = moved.emplace(old_storage.get(), std::move(copy)).first;
     }
@@ -93,7 +96,10 @@ void move_training_state(nn::Module& model, optim::Optimizer& optimizer) {
 
 TrainingMemory::TrainingMemory(const TrainConfig& config, nn::Module& model,
                                optim::Optimizer& optimizer, std::ostream& log)
-    : model_(model), optimizer_(optimizer), budget_text_(config.memory_budget) {
+    : model_(model),
+      optimizer_(optimizer),
+      device_(training_device(config)),
+      budget_text_(config.memory_budget) {
   if (config.memory_budget.empty() && config.memory_policy.empty()) return;
   if (!config.memory_budget.empty()) {
     try {
@@ -150,6 +156,7 @@ void TrainingMemory::install(size_t budget_bytes, memory::Policy policy) {
   scope_.reset();  // scopes nest: the measuring scope ends before the budgeted one starts
   scope_ =
       std::make_unique<memory::MemoryScope>(memory::MemoryOptions()
+                                                .device(device_)
                                                 .budget(budget_bytes)
                                                 .policy(policy)
                                                 .fixed_bytes(budget_bytes > 0 ? fixed_bytes_ : 0));
@@ -196,7 +203,7 @@ memory::AllocatorStats TrainingMemory::stats() const {
     stats.peak_allocated_bytes = std::max(stats.peak_allocated_bytes, measured_peak_);
     return stats;
   }
-  return memory::allocator_for(Device::cpu())->stats();
+  return memory::allocator_for(device_)->stats();
 }
 
 std::string TrainingMemory::report(int64_t steps, nlohmann::ordered_json* record) {

@@ -58,6 +58,7 @@ class TrainingMemory {
 
   nn::Module& model_;
   optim::Optimizer& optimizer_;
+  Device device_;  // --device: where the budget applies
   std::string budget_text_;
   memory::Budget budget_;
   memory::Policy policy_ = memory::Policy::kNone;

@@ -69,11 +69,7 @@ TrainConfig resolve_config(const Recipe& recipe, TrainConfig config) {
   TESSEL_CHECK(!config.resume || !config.resume->empty() || !config.checkpoint_dir.empty(),
                "--resume without a value resumes from the newest checkpoint in --checkpoint_dir, "
                "which is not set (or pass --resume=PATH)");
-  const Device device = training_device(config);
-  // The memory layer budgets the CPU allocator; its CUDA counterpart is not wired in yet.
-  TESSEL_CHECK(device.is_cpu() || (config.memory_budget.empty() && config.memory_policy.empty()),
-               "--memory_budget and --memory_policy work on CPU only for now, not with --device=",
-               config.device, " (train on the GPU without them, or on CPU with them)");
+  training_device(config);  // a malformed --device fails here
   return config;
 }
 

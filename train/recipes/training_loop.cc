@@ -139,13 +139,8 @@ RecipeResult run_training(const TrainingTask& task, const TrainConfig& config, s
                      /*append=*/config.resume.has_value());
   // --memory_budget / --memory_policy: the training state moves into the budget here.
   TrainingMemory training_memory(config, *task.model, *task.optimizer, log);
-  // Status lines show the memory of the device the model trains on (without a budget, which is
-  // CPU-only for now, TrainingMemory reports the CPU allocator's).
-  const Device device = training_device(config);
-  auto memory_stats = [&]() {
-    if (device.is_cpu() || training_memory.active()) return training_memory.stats();
-    return memory::allocator_for(device)->stats();
-  };
+  // Status lines show the memory of the device the model trains on.
+  auto memory_stats = [&]() { return training_memory.stats(); };
 
   int64_t saved_step = resumed ? step : -1;  // that state is on disk already
   auto save = [&]() {
