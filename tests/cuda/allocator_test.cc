@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "cuda/runtime.h"
 #include "memory/host_link.h"
+#include "memory/memory.h"
 #include "memory/residency_manager.h"
 #include "ops/ops.h"
 #include "tests/testing.h"
@@ -50,6 +51,42 @@ TEST(CudaAllocator, WithoutAGpuTheFirstAllocationSaysSo) {
   EXPECT_TRUE(throws_error([] { empty({4}, TensorOptions().device(Device::cuda())); },
                            "device_count() == 0"));
   EXPECT_TRUE(throws_error([] { cuda::caching_allocator(0); }, "no CUDA device available"));
+  EXPECT_TRUE(throws_error(
+      [] { memory::MemoryScope scope(memory::MemoryOptions().device(Device::cuda(0))); },
+      "no CUDA device available"));
+}
+
+TEST(CudaAllocator, EachDeviceHasItsOwnAllocator) {
+  REQUIRE_GPU();
+  if (cuda::device_count() < 2) GTEST_SKIP() << "one GPU: nothing to compare cuda:1 with";
+  Tensor values = randn({256, 256});
+  Tensor on_0 = values.to(Device::cuda(0));
+  Tensor on_1 = values.to(Device::cuda(1));  // allocated while cuda:0 is current
+  EXPECT_EQ(on_1.storage()->allocator().get(), cuda::caching_allocator(1).get());
+  EXPECT_NE(cuda::caching_allocator(0).get(), cuda::caching_allocator(1).get());
+  Tensor sum = add(on_1, on_1);
+  EXPECT_EQ(sum.device(), Device::cuda(1));
+  EXPECT_TRUE(bitwise_equal(sum.to(Device::cpu()), add(values, values)));
+  EXPECT_TRUE(bitwise_equal(on_1.to(Device::cuda(0)).to(Device::cpu()), values));  // peer copy
+}
+
+TEST(CudaAllocator, AMemoryScopeBudgetsItsGpuAndGivesItBackAfter) {
+  REQUIRE_GPU();
+  auto outside = cuda::caching_allocator(0);
+  {
+    memory::MemoryScope scope(memory::MemoryOptions()
+                                  .device(Device::cuda(0))
+                                  .budget(64 * kMiB)
+                                  .policy(memory::Policy::kNone));
+    EXPECT_EQ(cuda::caching_allocator(0).get(), &scope.allocator());
+    EXPECT_EQ(scope.allocator().budget(), 64 * kMiB);
+    Tensor fits = empty({8 * 1024 * 1024}, TensorOptions().device(Device::cuda()));  // 32 MiB
+    EXPECT_EQ(fits.storage()->allocator().get(), &scope.allocator());
+    EXPECT_TRUE(throws_error(
+        [] { empty({16 * 1024 * 1024}, TensorOptions().device(Device::cuda())); }, "budget"));
+    EXPECT_NE(memory::allocator_for(Device::cpu()).get(), &scope.allocator());  // the GPU's only
+  }
+  EXPECT_EQ(cuda::caching_allocator(0).get(), outside.get());
 }
 
 TEST(CudaAllocator, BudgetDefaultsToTheFreeDeviceMemory) {
