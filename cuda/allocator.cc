@@ -10,8 +10,6 @@
 namespace tessel::cuda {
 namespace {
 
-constexpr int kMaxDevices = 64;
-
 memory::CachingAllocatorOptions with_default_budget(int device,
                                                     memory::CachingAllocatorOptions options) {
   if (options.has_budget_) return options;
@@ -209,9 +207,7 @@ std::shared_ptr<CudaCachingAllocator> default_caching_allocator(int device) {
   static std::mutex mutex;
   // Never destroyed: tensors may be freed during static destruction.
   static auto* allocators = new std::array<std::shared_ptr<CudaCachingAllocator>, kMaxDevices>();
-  check_device(device, "CUDA allocator");
-  TESSEL_CHECK(device < kMaxDevices, "CUDA allocator: device ", device, " is beyond the ",
-               kMaxDevices, " devices Tessel supports");
+  check_device(device, "CUDA allocator");  // also bounds `device` by kMaxDevices
   std::lock_guard<std::mutex> lock(mutex);
   auto& allocator = (*allocators)[device];
   if (!allocator) {

@@ -11,8 +11,6 @@
 namespace tessel::cuda {
 namespace {
 
-constexpr int kMaxDevices = 64;
-
 const char* base_name(const char* file) {
   const char* slash = std::strrchr(file, '/');
   return slash ? slash + 1 : file;

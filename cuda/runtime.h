@@ -29,6 +29,8 @@ const char* cublas_status_name(cublasStatus_t status);
 
 // Number of visible GPUs; 0 when there is no driver or no GPU. Never throws.
 int device_count();
+// Devices Tessel addresses at most (per-device tables are sized by it).
+constexpr int kMaxDevices = 64;
 // Throws a clear tessel::Error when `index` is not a usable GPU (none visible, or out of range);
 // `what` names the caller in the message.
 void check_device(int index, const char* what = "cuda");
