@@ -160,8 +160,9 @@ cmd_run() {
     timeout "$timeout_s" "$binary" ${gtest_filter:+--gtest_filter="$gtest_filter"} >"$log" 2>&1 || rc=$?
     seconds=$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f", e - s }')
     passed=$(grep -c '^\[       OK \]' "$log" || true)
-    failed=$(grep -Ec '^\[  FAILED  \] [A-Za-z_0-9]+\.[A-Za-z_0-9]+ \(' "$log" || true)
-    skipped=$(grep -Ec '^\[  SKIPPED \] [A-Za-z_0-9]+\.[A-Za-z_0-9]+ \(' "$log" || true)
+    # The line that ends each test, with its time (parameterized: Suite/Test.Case/param, where ...).
+    failed=$(grep -Ec '^\[  FAILED  \] [A-Za-z_0-9/]+\.[A-Za-z_0-9/]+.* \([0-9]+ ms\)$' "$log" || true)
+    skipped=$(grep -Ec '^\[  SKIPPED \] [A-Za-z_0-9/]+\.[A-Za-z_0-9/]+.* \([0-9]+ ms\)$' "$log" || true)
     case "$rc" in
       0) status=ok ;;
       124) status=TIMEOUT ;;
