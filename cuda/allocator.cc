@@ -29,9 +29,25 @@ std::shared_ptr<memory::Allocator> make_device_allocator(int device) {
 }
 
 // A MemoryScope's allocator for a GPU: budgeted, installed for that device while the scope lasts.
+// The allocator it replaces gives its cached segments back to the device first, so the budget
+// can be backed by real memory.
 std::shared_ptr<memory::CachingAllocator> make_scoped_allocator(
     Device device, const memory::CachingAllocatorOptions& options) {
   check_device(device.index, "memory budget");
+  if (auto current = caching_allocator(device.index)) {
+    current->process_pending_frees(/*wait=*/true);
+    current->empty_cache();
+  }
+  if (options.has_budget_) {
+    DeviceGuard guard(device.index);
+    size_t free_bytes = 0, total_bytes = 0;
+    TESSEL_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    TESSEL_CHECK(options.budget_ <= free_bytes, "memory budget of ",
+                 memory::format_bytes(static_cast<double>(options.budget_)), " on ", device.str(),
+                 ": only ", memory::format_bytes(static_cast<double>(free_bytes)), " of its ",
+                 memory::format_bytes(static_cast<double>(total_bytes)),
+                 " are free; ask for less (without a budget the free memory is the budget)");
+  }
   auto allocator = std::make_shared<CudaCachingAllocator>(device.index, options);
   install_host_memory();
   return allocator;
@@ -229,6 +245,12 @@ std::shared_ptr<CudaCachingAllocator> caching_allocator(int device) {
 void* PinnedStagingPool::allocate(size_t bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
   process_locked(false);
+  try {
+    return pool_.allocate(bytes, memory::Stream{});
+  } catch (const OutOfMemory&) {
+    if (pending_.empty()) throw;
+  }
+  process_locked(true);  // buffers held only by copies in flight: wait for them, then retry
   return pool_.allocate(bytes, memory::Stream{});
 }
 

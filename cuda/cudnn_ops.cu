@@ -13,6 +13,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "cuda/allocator.h"
 #include "cuda/cudnn_ops.h"
 #include "cuda/kernels/loops.cuh"
 #include "ops/registry_helpers.h"
@@ -46,9 +47,16 @@ struct Choice {
   cudnnMathType_t math;
 };
 
+// The algorithms of one convolution, fastest first, and how thoroughly they were searched.
+struct Ranking {
+  std::vector<Choice> choices;
+  size_t wanted = 0;      // the search workspace the heuristics asked for
+  bool complete = false;  // searched with all of it: algorithms needing more were timed too
+};
+
 struct Cache {
   std::mutex mutex;
-  std::map<std::string, std::vector<Choice>> choices;
+  std::map<std::string, Ranking> choices;
   ConvAlgorithmStats stats;
 };
 Cache& cache() {
@@ -219,21 +227,24 @@ std::vector<Choice> find_choices(ConvPass pass, cudnnHandle_t handle, const Conv
   return ranked(results, count);
 }
 
-// The cached ranking for this call, searching (with the largest workspace the allocator grants,
-// or none) on a miss.
+// The cached ranking for this call, searching on a miss with as much of the wanted workspace as
+// the allocator has free without evicting anything (a search buffer is thrown away at once). A
+// ranking searched with less is searched again once, when the whole workspace is free.
 std::vector<Choice> choices_for(KernelContext& context, ConvPass pass, cudnnHandle_t handle,
                                 const ConvDescriptors& d, const ConvBuffers& b,
-                                const std::string& key) {
+                                const std::string& key, int device) {
+  const size_t free_bytes = caching_allocator(device)->largest_allocatable();
   {
     std::lock_guard<std::mutex> lock(cache().mutex);
     auto found = cache().choices.find(key);
-    if (found != cache().choices.end()) {
+    if (found != cache().choices.end() &&
+        (found->second.complete || free_bytes < found->second.wanted)) {
       ++cache().stats.cache_hits;
-      return found->second;
+      return found->second.choices;
     }
   }
   const size_t wanted = search_workspace(pass, handle, d);
-  size_t bytes = wanted;
+  size_t bytes = std::min(wanted, free_bytes);
   void* workspace = nullptr;
   if (bytes > 0) {
     try {
@@ -247,8 +258,7 @@ std::vector<Choice> choices_for(KernelContext& context, ConvPass pass, cudnnHand
                ": cuDNN found no algorithm for this convolution (", key, ")");
   std::lock_guard<std::mutex> lock(cache().mutex);
   ++cache().stats.searches;
-  // A search with less workspace than wanted is not cached: a later call may have more room.
-  if (bytes == wanted) cache().choices[key] = choices;
+  cache().choices[key] = {choices, wanted, bytes == wanted};
   return choices;
 }
 
@@ -334,7 +344,8 @@ void convolution_kernel(KernelContext& context, ConvPass pass) {
   const ConvBuffers buffers{x.raw_data(), w.raw_data(), y.raw_data()};
   const std::string key =
       cache_key(pass, x.sizes(), w.sizes(), y.sizes(), dtype, context.attrs, device.index());
-  const std::vector<Choice> choices = choices_for(context, pass, handle, descriptors, buffers, key);
+  const std::vector<Choice> choices =
+      choices_for(context, pass, handle, descriptors, buffers, key, device.index());
 
   // The fastest algorithm whose workspace fits; smaller ones when the allocator refuses.
   bool ran = false;

@@ -99,6 +99,7 @@ struct NcclCommunicator::State {
       const cudaError_t status = cudaEventQuery(event);
       if (status == cudaSuccess) break;
       if (status != cudaErrorNotReady) TESSEL_CUDA_CHECK(status);
+      cudaGetLastError();  // "not ready" is recorded as the last error: a later check would see it
       ncclResult_t async_error = ncclSuccess;
       TESSEL_NCCL_CHECK(ncclCommGetAsyncError(comm, &async_error));
       if (async_error != ncclSuccess && async_error != ncclInProgress) {
@@ -158,7 +159,16 @@ class NcclWork : public Work {
   ~NcclWork() override {
     if (event_ != nullptr) cudaEventDestroy(event_);
   }
-  bool poll() override { return done_ || cudaEventQuery(event_) == cudaSuccess; }
+  bool poll() override {
+    if (done_) return true;
+    const cudaError_t status = cudaEventQuery(event_);
+    if (status == cudaErrorNotReady) {
+      cudaGetLastError();  // not an error: clear it before a kernel launch check sees it
+      return false;
+    }
+    TESSEL_CUDA_CHECK(status);
+    return true;
+  }
   void wait() override {
     if (done_) return;
     state_->wait_event(event_, what_);

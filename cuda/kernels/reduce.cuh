@@ -26,6 +26,8 @@ struct ReduceLaunch {
     while (by > 1 && by > layout.reduce) by /= 2;  // short rows (attention): smaller blocks
     tiles = (layout.inner + bx - 1) / bx;
     block = dim3(bx, by);
+    TESSEL_CHECK(layout.outer * tiles <= int64_t{0x7fffffff}, "reduction over ", layout.outer,
+                 " rows of ", layout.inner, " columns: too many blocks for one launch");
     grid = dim3(static_cast<unsigned>(layout.outer * tiles));
   }
   size_t shared(size_t element_bytes) const { return element_bytes * block.x * block.y; }
