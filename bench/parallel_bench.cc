@@ -50,6 +50,7 @@ class CountingCommunicator : public Communicator {
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   const std::string& name() const override { return inner_->name(); }
+  Device device() const override { return inner_->device(); }
   void all_reduce(const Tensor& t, ReduceOp op) override {
     all_reduce_bytes += static_cast<int64_t>(t.nbytes());
     inner_->all_reduce(t, op);

@@ -2,12 +2,17 @@
 // tensors implements the same interface). Every rank of the group calls the same collectives in
 // the same order; a rank that never arrives makes the others fail within a timeout.
 //   comm->all_reduce(grad, ReduceOp::kMean);   comm->all_gather(my_rows, all_rows);
+//   auto nccl = make_device_communicator(MPI_COMM_WORLD, Device::cuda(0));  // --config=cuda
 #pragma once
 
+#include <mpi.h>
+
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
+#include "core/device.h"
 #include "core/tensor.h"
 
 namespace tessel::parallel {
@@ -80,6 +85,8 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual const std::string& name() const = 0;
+  // Where the tensors it moves live: cpu for MPI, this rank's GPU for NCCL.
+  virtual Device device() const = 0;
 
   // In place: every rank ends with op over all ranks' tensors (same shape and dtype everywhere).
   virtual void all_reduce(const Tensor& tensor, ReduceOp op = ReduceOp::kSum) = 0;
@@ -101,5 +108,32 @@ class Communicator {
   virtual void recv(const Tensor& tensor, int source, int tag = 0) = 0;
   virtual void barrier() = 0;
 };
+
+// ---- communicators for device tensors, found through a registry so that code built without
+// --config=cuda can ask for one (and get a clear error) without including the NCCL header.
+
+// A backend for the tensors of one device type, registered at load time by the library that
+// implements it: //parallel:nccl (NCCL, for CUDA), linked into --config=cuda builds.
+struct DeviceCommunicatorBackend {
+  // Devices of this type this process sees (0 when none); never throws.
+  std::function<int()> device_count;
+  // A collective over `comm`'s ranks, each on its device index `device`.
+  std::function<std::shared_ptr<Communicator>(MPI_Comm comm, int device, CommOptions options)> make;
+};
+
+// Installs (or replaces) the backend for `type`; an empty backend removes it. CPU tensors always
+// go through MpiCommunicator.
+void set_device_communicator_backend(DeviceType type, DeviceCommunicatorBackend backend);
+bool has_device_communicator_backend(DeviceType type);
+
+// A communicator over `comm`'s ranks for tensors on `device` (a collective call): an
+// MpiCommunicator for the CPU, the registered backend's for other devices. A tessel::Error when
+// none is registered (CUDA: "NCCL needs a --config=cuda build"), before any communication.
+std::shared_ptr<Communicator> make_device_communicator(MPI_Comm comm, Device device,
+                                                       CommOptions options = {});
+
+// Devices of `type` that make_device_communicator can use in this process (the backend's count;
+// 1 for the CPU). A tessel::Error when no backend is registered for `type`.
+int communicator_device_count(DeviceType type);
 
 }  // namespace tessel::parallel

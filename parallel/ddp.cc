@@ -8,6 +8,7 @@
 #include "core/autograd.h"
 #include "core/shape.h"
 #include "ops/ops.h"
+#include "ops/transfer.h"
 
 namespace tessel::parallel {
 
@@ -242,7 +243,8 @@ struct DistributedDataParallel::Reducer {
     }
     // Which parameters some rank used; it is started before any bucket so every rank issues the
     // same collectives in the same order.
-    used_flags = from_vector<uint8_t>(used, {static_cast<int64_t>(used.size())});
+    used_flags =
+        to_device(from_vector<uint8_t>(used, {static_cast<int64_t>(used.size())}), group->device());
     used_work = group->all_reduce_async(used_flags, ReduceOp::kMax);
     NoGradGuard no_grad;
     for (size_t i = 0; i < parameters.size(); ++i) {
@@ -303,11 +305,17 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   reducer.group = process_group_;
   reducer.find_unused = options.find_unused_parameters();
 
+  // Buckets, broadcasts and the checks below all run on the communicator's device.
+  const Device device = group.device();
   auto named = module_->named_parameters();
   for (auto& [name, parameter] : named) {
     TESSEL_CHECK(parameter.device().is_cpu() || parameter.device().is_cuda(),
                  "DistributedDataParallel: parameter ", name, " is on ", parameter.device().str(),
                  "; move the module to a real device first");
+    TESSEL_CHECK(parameter.device() == device, "DistributedDataParallel: parameter ", name,
+                 " is on ", parameter.device().str(), " but communicator '", group.name(),
+                 "' moves tensors on ", device.str(),
+                 " (MPI: cpu; for a GPU use make_device_communicator, which gives NCCL)");
     reducer.names.push_back(name);
     reducer.parameters.push_back(parameter);
     reducer.trainable.push_back(parameter.requires_grad());
@@ -316,13 +324,19 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   // Every rank must hold the same module: compare with rank 0's fingerprint first, so a
   // mismatch is an error on every rank rather than a broadcast of the wrong sizes.
   std::vector<Tensor> buffers = module_->buffers();
+  for (const auto& [name, buffer] : module_->named_buffers()) {
+    TESSEL_CHECK(buffer.device() == device, "DistributedDataParallel: buffer ", name, " is on ",
+                 buffer.device().str(), " but communicator '", group.name(), "' moves tensors on ",
+                 device.str(), "; move the whole module there");
+  }
   std::vector<int64_t> local = {static_cast<int64_t>(reducer.parameters.size()),
                                 numel_of(reducer.parameters), static_cast<int64_t>(buffers.size()),
                                 numel_of(buffers), module_fingerprint(*module_)};
-  Tensor reference = from_vector<int64_t>(local, {static_cast<int64_t>(local.size())});
+  Tensor reference =
+      to_device(from_vector<int64_t>(local, {static_cast<int64_t>(local.size())}), device);
   group.broadcast(reference, 0);
   auto expected = reference.to_vector<int64_t>();
-  Tensor mismatch = from_vector<int32_t>({expected == local ? 0 : 1}, {1});
+  Tensor mismatch = to_device(from_vector<int32_t>({expected == local ? 0 : 1}, {1}), device);
   group.all_reduce(mismatch, ReduceOp::kMax);
   if (mismatch.item<int32_t>() != 0) {
     TESSEL_FAIL("DistributedDataParallel: the module differs between ranks (rank 0: ", expected[0],

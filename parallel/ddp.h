@@ -3,6 +3,8 @@
 // still runs, so after loss.backward() every rank holds the gradient averaged over the group.
 //   DistributedDataParallel ddp(net, world);  loss = criterion(ddp.forward(x), y);
 //   loss.backward();  ddp.finalize();  sgd.step();  sgd.zero_grad();
+// The module lives on the communicator's device: the CPU with MPI, a GPU with
+// make_device_communicator(comm, Device::cuda(i)) (NCCL, under --config=cuda).
 #pragma once
 
 #include <memory>
@@ -66,6 +68,7 @@ class DistributedDataParallel {
  public:
   // Checks that every rank's module has the same parameters (shapes and dtypes), then copies
   // rank 0's parameters and buffers to every rank: a collective call over `process_group`.
+  // Every parameter and buffer must be on process_group->device().
   DistributedDataParallel(std::shared_ptr<nn::Module> module,
                           std::shared_ptr<Communicator> process_group, DDPOptions options = {});
   ~DistributedDataParallel();

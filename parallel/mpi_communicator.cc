@@ -547,6 +547,7 @@ std::shared_ptr<MpiCommunicator> MpiCommunicator::world(CommOptions options) {
 int MpiCommunicator::rank() const { return state_->rank; }
 int MpiCommunicator::size() const { return state_->size; }
 const std::string& MpiCommunicator::name() const { return state_->name; }
+Device MpiCommunicator::device() const { return Device::cpu(); }
 double MpiCommunicator::timeout_s() const { return state_->timeout_s; }
 MPI_Comm MpiCommunicator::mpi_comm() const { return state_->comm; }
 const std::vector<int>& MpiCommunicator::world_ranks() const { return state_->world_ranks; }

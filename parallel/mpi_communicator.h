@@ -34,6 +34,7 @@ class MpiCommunicator : public Communicator {
   int rank() const override;
   int size() const override;
   const std::string& name() const override;
+  Device device() const override;  // cpu
   double timeout_s() const;
   // The duplicated communicator (for splitting into sub-groups).
   MPI_Comm mpi_comm() const;

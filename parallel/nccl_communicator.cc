@@ -204,7 +204,13 @@ NcclCommunicator::NcclCommunicator(MPI_Comm comm, int device, CommOptions option
   TESSEL_CHECK(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, comm) == MPI_SUCCESS,
                "NcclCommunicator: MPI_Bcast of the NCCL unique id failed");
   cuda::DeviceGuard guard(device);
-  TESSEL_NCCL_CHECK(ncclCommInitRank(&state_->comm, state_->size, id, state_->rank));
+  const ncclResult_t status = ncclCommInitRank(&state_->comm, state_->size, id, state_->rank);
+  // The usual cause on one node: two ranks on one GPU (NCCL refuses a GPU twice in a communicator).
+  TESSEL_CHECK(status == ncclSuccess, "NcclCommunicator '", state_->name, "': rank ", state_->rank,
+               " of ", state_->size, " could not join on ", Device::cuda(device).str(), ": ",
+               ncclGetErrorString(status),
+               " (every rank of an NCCL communicator needs a GPU of its own: start at most as "
+               "many ranks per node as it has GPUs)");
 }
 
 NcclCommunicator::~NcclCommunicator() {
@@ -222,7 +228,7 @@ std::shared_ptr<NcclCommunicator> NcclCommunicator::world(int device, CommOption
 int NcclCommunicator::rank() const { return state_->rank; }
 int NcclCommunicator::size() const { return state_->size; }
 const std::string& NcclCommunicator::name() const { return state_->name; }
-int NcclCommunicator::device() const { return state_->device; }
+Device NcclCommunicator::device() const { return Device::cuda(state_->device); }
 
 void NcclCommunicator::all_reduce(const Tensor& tensor, ReduceOp op) {
   all_reduce_async(tensor, op);  // stream-ordered: nothing to wait for on the host
@@ -398,5 +404,20 @@ void NcclCommunicator::barrier() {
   all_reduce(token, ReduceOp::kSum);
   synchronize();
 }
+
+namespace {
+// The backend make_device_communicator uses for CUDA tensors; this library is alwayslink
+// (tools/cuda.bzl), so linking it is enough.
+const bool kNcclRegistered = [] {
+  DeviceCommunicatorBackend backend;
+  backend.device_count = [] { return cuda::device_count(); };
+  backend.make = [](MPI_Comm comm, int device, CommOptions options) {
+    return std::static_pointer_cast<Communicator>(
+        std::make_shared<NcclCommunicator>(comm, device, std::move(options)));
+  };
+  set_device_communicator_backend(DeviceType::kCuda, std::move(backend));
+  return true;
+}();
+}  // namespace
 
 }  // namespace tessel::parallel

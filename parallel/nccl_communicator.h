@@ -2,6 +2,8 @@
 // unique id goes from rank 0 to the others over MPI; collectives are queued on the compute
 // stream of the tensors' device, so they are ordered with the kernels around them.
 //   auto nccl = NcclCommunicator::world(/*device=*/local_rank);  nccl->all_reduce(grad, kMean);
+// Code built without --config=cuda reaches it through make_device_communicator (communicator.h):
+// linking //parallel:nccl registers it as the backend for DeviceType::kCuda.
 #pragma once
 
 #include <mpi.h>
@@ -37,7 +39,7 @@ class NcclCommunicator : public Communicator {
   int rank() const override;
   int size() const override;
   const std::string& name() const override;
-  int device() const;
+  Device device() const override;  // cuda:N
 
   void all_reduce(const Tensor& tensor, ReduceOp op = ReduceOp::kSum) override;
   std::shared_ptr<Work> all_reduce_async(const Tensor& tensor,

@@ -7,7 +7,7 @@ namespace tessel::parallel {
 namespace {
 // Splits `comm` by `color` (ordered by `key`) into a new communicator wrapped for Tessel; the
 // MPI communicator from the split is duplicated by MpiCommunicator and freed here.
-std::shared_ptr<Communicator> split(MPI_Comm comm, int color, int key, CommOptions options) {
+std::shared_ptr<MpiCommunicator> split(MPI_Comm comm, int color, int key, CommOptions options) {
   MPI_Comm part = MPI_COMM_NULL;
   int code = MPI_Comm_split(comm, color, key, &part);
   TESSEL_CHECK(code == MPI_SUCCESS, "ProcessGrid: MPI_Comm_split failed for group '",
@@ -18,7 +18,7 @@ std::shared_ptr<Communicator> split(MPI_Comm comm, int color, int key, CommOptio
 }
 }  // namespace
 
-ProcessGrid::ProcessGrid(int dp, int tp, CommOptions options, MPI_Comm world)
+ProcessGrid::ProcessGrid(int dp, int tp, CommOptions options, MPI_Comm world, Device device)
     : dp_size_(dp), tp_size_(tp) {
   TESSEL_CHECK(dp >= 1 && tp >= 1, "ProcessGrid: dp and tp must be at least 1, got dp ", dp,
                " and tp ", tp);
@@ -31,9 +31,15 @@ ProcessGrid::ProcessGrid(int dp, int tp, CommOptions options, MPI_Comm world)
   dp_index_ = rank / tp;
   tp_index_ = rank % tp;
   MPI_Comm base = world_communicator->mpi_comm();
-  data_parallel_ = split(base, tp_index_, dp_index_, options.name("dp"));
+  std::shared_ptr<MpiCommunicator> data_parallel =
+      split(base, tp_index_, dp_index_, options.name("dp"));
   tensor_parallel_ = split(base, dp_index_, tp_index_, options.name("tp"));
   world_ = std::move(world_communicator);
+  // Same ranks, same order: the device communicator is built over the dp group's own MPI comm.
+  data_parallel_on_device_ = device.is_cpu() ? std::shared_ptr<Communicator>(data_parallel)
+                                             : make_device_communicator(data_parallel->mpi_comm(),
+                                                                        device, options.name("dp"));
+  data_parallel_ = std::move(data_parallel);
 }
 
 }  // namespace tessel::parallel

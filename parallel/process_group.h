@@ -1,7 +1,9 @@
 // ProcessGrid: the ranks laid out as a 2-D grid, dp (data parallel) x tp (tensor parallel), with
 // rank = dp_index * tp + tp_index. The data-parallel group holds the ranks with this rank's
-// tp_index; the tensor-parallel group the ranks with its dp_index.
+// tp_index; the tensor-parallel group the ranks with its dp_index. Given a GPU, the data-parallel
+// group also gets a communicator for that GPU's tensors (NCCL) for DDP's gradients.
 //   ProcessGrid grid(2, 2);  grid.data_parallel()->all_reduce(grad, ReduceOp::kMean);
+//   ProcessGrid gpus(2, 1, {}, MPI_COMM_WORLD, Device::cuda(local_rank));  // --config=cuda
 #pragma once
 
 #include <mpi.h>
@@ -16,8 +18,11 @@ namespace tessel::parallel {
 class ProcessGrid {
  public:
   // A collective call over `world`'s ranks (MPI_Comm_split). dp * tp must equal the number of
-  // ranks. The groups get the names "world", "dp" and "tp" and `options`' timeout.
-  ProcessGrid(int dp, int tp, CommOptions options = {}, MPI_Comm world = MPI_COMM_WORLD);
+  // ranks. The groups get the names "world", "dp" and "tp" and `options`' timeout. `device` is
+  // this rank's training device: for a GPU, data_parallel_on_device() is made over the dp group
+  // with make_device_communicator (an error when this binary has no backend for it).
+  ProcessGrid(int dp, int tp, CommOptions options = {}, MPI_Comm world = MPI_COMM_WORLD,
+              Device device = Device::cpu());
 
   int dp_size() const { return dp_size_; }
   int tp_size() const { return tp_size_; }
@@ -27,6 +32,12 @@ class ProcessGrid {
   const std::shared_ptr<Communicator>& world() const { return world_; }
   const std::shared_ptr<Communicator>& data_parallel() const { return data_parallel_; }
   const std::shared_ptr<Communicator>& tensor_parallel() const { return tensor_parallel_; }
+  // The data-parallel group for tensors on `device` (its ranks and order are data_parallel()'s):
+  // data_parallel() itself on the CPU, an NCCL communicator named "dp" on a GPU. The groups above
+  // stay MPI: CPU-side bookkeeping (counts, RNG states, checkpoints, barriers) keeps using them.
+  const std::shared_ptr<Communicator>& data_parallel_on_device() const {
+    return data_parallel_on_device_;
+  }
 
  private:
   int dp_size_;
@@ -36,6 +47,7 @@ class ProcessGrid {
   std::shared_ptr<Communicator> world_;
   std::shared_ptr<Communicator> data_parallel_;
   std::shared_ptr<Communicator> tensor_parallel_;
+  std::shared_ptr<Communicator> data_parallel_on_device_;
 };
 
 }  // namespace tessel::parallel

@@ -176,8 +176,9 @@ int parse_train_flags(int argc, const char* const* argv, TrainConfig* config, st
   app.add_option("--device", flags.device,
                  "where to train: cpu, cuda (= cuda:0) or cuda:N; the same recipe code runs on "
                  "each, batches are read on the CPU and copied over. CUDA needs a binary built "
-                 "with --config=cuda and a GPU (checked before training starts); it trains in "
-                 "one process (not with --dp/--tp ranks) and without --memory_budget for now")
+                 "with --config=cuda and a GPU (checked before training starts). Under mpirun "
+                 "only `cuda` (with --dp; not --tp > 1): each rank takes cuda:(its rank on the "
+                 "node % GPUs) and gradients are all-reduced over NCCL")
       ->check(kTrainingDevice)
       ->capture_default_str();
 

@@ -403,6 +403,97 @@ TEST_F(Collectives, GridWhoseProductIsNotTheRankCountIsAClearError) {
   EXPECT_TRUE(throws_error([] { ProcessGrid grid(0, 2); }, "at least 1"));
 }
 
+// ---- Communicators for device tensors: a registry (//parallel:nccl registers NCCL for CUDA)
+
+// Stands in for NCCL in a CPU build: an MPI communicator that reports the GPU it was made for.
+class FakeGpuCommunicator : public MpiCommunicator {
+ public:
+  FakeGpuCommunicator(MPI_Comm comm, int device, CommOptions options)
+      : MpiCommunicator(comm, std::move(options)), device_(device) {}
+  Device device() const override { return Device::cuda(device_); }
+
+ private:
+  int device_;
+};
+
+// Registers the fake as the CUDA backend for its lifetime.
+class FakeGpuBackend {
+ public:
+  FakeGpuBackend() {
+    DeviceCommunicatorBackend backend;
+    backend.device_count = [] { return 3; };
+    backend.make = [](MPI_Comm comm, int device, CommOptions options) {
+      return std::static_pointer_cast<Communicator>(
+          std::make_shared<FakeGpuCommunicator>(comm, device, std::move(options)));
+    };
+    set_device_communicator_backend(DeviceType::kCuda, std::move(backend));
+  }
+  ~FakeGpuBackend() { set_device_communicator_backend(DeviceType::kCuda, {}); }
+};
+
+TEST_F(Collectives, WithoutABackendACudaCommunicatorIsAClearError) {
+  // This binary does not link //parallel:nccl (no --config=cuda build does either).
+  EXPECT_FALSE(has_device_communicator_backend(DeviceType::kCuda));
+  const std::string needs_cuda = "NCCL needs a --config=cuda build";
+  EXPECT_TRUE(throws_error([] { make_device_communicator(MPI_COMM_WORLD, Device::cuda(0)); },
+                           "make_device_communicator: this binary has no communicator for CUDA "
+                           "tensors: " +
+                               needs_cuda));
+  EXPECT_TRUE(throws_error([] { communicator_device_count(DeviceType::kCuda); }, needs_cuda));
+  EXPECT_TRUE(throws_error(
+      [] { ProcessGrid grid(size(), 1, CommOptions(), MPI_COMM_WORLD, Device::cuda(0)); },
+      needs_cuda));
+  EXPECT_TRUE(throws_error([] { make_device_communicator(MPI_COMM_WORLD, Device::meta()); },
+                           "no communicator moves tensors on meta devices"));
+  EXPECT_TRUE(throws_error(
+      [] {
+        DeviceCommunicatorBackend half;
+        half.device_count = [] { return 1; };
+        set_device_communicator_backend(DeviceType::kCuda, half);
+      },
+      "needs both make and device_count"));
+}
+
+TEST_F(Collectives, ACpuDeviceCommunicatorIsMpiAndTheGridReusesItsDpGroup) {
+  auto cpu = make_device_communicator(MPI_COMM_WORLD, Device::cpu(), CommOptions().name("cpu"));
+  EXPECT_EQ(cpu->device(), Device::cpu());
+  EXPECT_EQ(cpu->name(), "cpu");
+  EXPECT_EQ(cpu->size(), size());
+  Tensor tensor = ones({3});
+  cpu->all_reduce(tensor);
+  EXPECT_EQ(tensor.to_vector<double>(), std::vector<double>(3, size()));
+  EXPECT_EQ(communicator_device_count(DeviceType::kCpu), 1);
+
+  ProcessGrid grid(size(), 1);
+  EXPECT_EQ(grid.data_parallel_on_device(), grid.data_parallel());
+  EXPECT_EQ(grid.data_parallel()->device(), Device::cpu());
+}
+
+TEST_F(Collectives, ARegisteredBackendGivesTheGridItsDeviceGroupOverTheDpRanks) {
+  FakeGpuBackend fake;
+  EXPECT_TRUE(has_device_communicator_backend(DeviceType::kCuda));
+  EXPECT_EQ(communicator_device_count(DeviceType::kCuda), 3);
+  EXPECT_EQ(make_device_communicator(MPI_COMM_WORLD, Device::cuda(1))->device(), Device::cuda(1));
+
+  // dp 2 x tp 1 at 2 ranks, dp 2 x tp 2 at 4.
+  ProcessGrid grid(2, size() / 2, CommOptions(), MPI_COMM_WORLD, Device::cuda(2));
+  const std::shared_ptr<Communicator>& on_device = grid.data_parallel_on_device();
+  EXPECT_NE(on_device, grid.data_parallel());
+  EXPECT_EQ(on_device->device(), Device::cuda(2));
+  EXPECT_EQ(on_device->name(), "dp");
+  EXPECT_EQ(on_device->size(), grid.data_parallel()->size());
+  EXPECT_EQ(on_device->rank(), grid.dp_index());
+  // The same ranks as the dp group: the sum of world ranks over each agrees.
+  Tensor over_device = full({1}, rank(), DType::kInt64);
+  Tensor over_mpi = full({1}, rank(), DType::kInt64);
+  on_device->all_reduce(over_device);
+  grid.data_parallel()->all_reduce(over_mpi);
+  EXPECT_EQ(over_device.item<int64_t>(), over_mpi.item<int64_t>());
+  // CPU bookkeeping stays on the MPI groups.
+  EXPECT_EQ(grid.world()->device(), Device::cpu());
+  EXPECT_EQ(grid.tensor_parallel()->device(), Device::cpu());
+}
+
 // ---- Launch helpers ----
 
 TEST_F(Collectives, OnlyRankZeroIsTheMainRank) {

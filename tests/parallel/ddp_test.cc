@@ -357,6 +357,25 @@ TEST_F(DataParallel, ModulesThatDifferBetweenRanksAreRejectedOnEveryRank) {
                            "the module differs between ranks"));
 }
 
+// A communicator that claims to move GPU tensors (NCCL's place), over MPI.
+class ClaimsGpuCommunicator : public MpiCommunicator {
+ public:
+  explicit ClaimsGpuCommunicator(MPI_Comm comm) : MpiCommunicator(comm) {}
+  Device device() const override { return Device::cuda(0); }
+};
+
+TEST_F(DataParallel, AModuleOnAnotherDeviceThanTheCommunicatorIsRejectedBeforeAnyCollective) {
+  auto model = std::make_shared<nn::Linear>(3, 4);
+  auto gpu_group = std::make_shared<ClaimsGpuCommunicator>(MPI_COMM_WORLD);
+  EXPECT_TRUE(throws_error([&] { DistributedDataParallel ddp(model, gpu_group); },
+                           "parameter weight is on cpu but communicator 'world' moves tensors on "
+                           "cuda:0"));
+  // Nothing was sent: the communicator still works.
+  Tensor tensor = ones({2});
+  gpu_group->all_reduce(tensor);
+  EXPECT_EQ(tensor.to_vector<float>(), std::vector<float>(2, size()));
+}
+
 TEST_F(DataParallel, ConstructionCopiesRankZerosParametersAndBuffers) {
   manual_seed(50 + rank());
   auto model = make_conv_net();

@@ -211,18 +211,75 @@ TEST_F(DistributedRecipe, GridThatDoesNotMatchTheRanksIsAnError) {
   EXPECT_TRUE(throws_error([&] { run_recipe(wrong, log); }, "no tensor-parallel form"));
 }
 
-// MpiCommunicator moves CPU tensors only: GPU ranks wait for the NCCL path in the recipes.
-TEST_F(DistributedRecipe, CudaDeviceOnSeveralRanksIsRefusedBeforeTraining) {
+// GPU ranks train data-parallel, one GPU each, with DDP's gradients over NCCL. This binary links
+// no NCCL (only //train:train does, under --config=cuda), so --device=cuda stops before training
+// with the reason; tensor parallelism and GPU indices are refused on GPUs in any build.
+TEST_F(DistributedRecipe, CudaDeviceOnSeveralRanksNeedsNcclAndIsRefusedBeforeTraining) {
   std::ostringstream log;
   TrainConfig cuda = config("mlp_fashion_mnist", "mlp");
   cuda.device = "cuda";
-  EXPECT_TRUE(throws_error([&] { run_recipe(cuda, log); },
-                           "--device=cuda: training on several ranks runs on CPU only for now"));
+  const std::string no_nccl =
+      "--device=cuda: the job has 2 ranks (mpirun -np 2), whose GPUs exchange gradients over "
+      "NCCL, but this binary has no NCCL: NCCL needs a --config=cuda build";
+  EXPECT_TRUE(throws_error([&] { run_recipe(cuda, log); }, no_nccl));  // dp = the rank count
   cuda.dp = 2;
+  EXPECT_TRUE(throws_error([&] { run_recipe(cuda, log); }, no_nccl));
+
+  TrainConfig split = config("resnet18_fashion_mnist", "resnet18");
+  split.device = "cuda";
+  split.tp = 2;
+  EXPECT_TRUE(throws_error([&] { run_recipe(split, log); },
+                           "--device=cuda: tensor parallelism on GPUs is not available yet (the "
+                           "tensor-parallel ops have CPU kernels only), and the job has 2 ranks "
+                           "(mpirun -np 2) as dp 1 x tp 2"));
+
   cuda.device = "cuda:1";
   EXPECT_TRUE(throws_error([&] { run_recipe(cuda, log); },
-                           "and the job has 2 ranks (mpirun -np 2) as dp 2 x tp 1"));
+                           "--device=cuda:1: under mpirun each rank picks its own GPU"));
   EXPECT_EQ(log.str().find("train step"), std::string::npos) << log.str();
+}
+
+// Which GPU a rank takes, without a GPU: the rule and its errors.
+TEST(RankTrainingDevice, EachRankTakesItsLocalRankModuloTheGpus) {
+  TrainConfig config;
+  ParallelLayout layout;
+  layout.dp = 4;
+  int counted = 0;
+  auto two_gpus = [&] {
+    ++counted;
+    return 2;
+  };
+  config.device = "cpu";
+  EXPECT_EQ(rank_training_device(config, layout, 4, 3, two_gpus), Device::cpu());
+  EXPECT_EQ(counted, 0);  // the CPU never asks for GPUs (a binary without NCCL is fine)
+  config.device = "cuda";
+  EXPECT_EQ(rank_training_device(config, layout, 4, 0, two_gpus), Device::cuda(0));
+  EXPECT_EQ(rank_training_device(config, layout, 4, 1, two_gpus), Device::cuda(1));
+  EXPECT_EQ(rank_training_device(config, layout, 4, 3, two_gpus), Device::cuda(1));
+  // One GPU visible per rank (CUDA_VISIBLE_DEVICES set per rank): each uses its cuda:0.
+  EXPECT_EQ(rank_training_device(config, layout, 4, 3, [] { return 1; }), Device::cuda(0));
+}
+
+TEST(RankTrainingDevice, TensorParallelismGpuIndicesAndMissingGpusAreClearErrors) {
+  TrainConfig config;
+  config.device = "cuda";
+  config.plan = "plan.json";
+  ParallelLayout layout;
+  layout.dp = 2;
+  layout.tp = 2;
+  layout.plan = planner::PlanFile();
+  auto gpus = [] { return 4; };
+  EXPECT_TRUE(throws_error([&] { rank_training_device(config, layout, 4, 0, gpus); },
+                           "as dp 2 x tp 2 from --plan=plan.json; on GPUs use data parallelism "
+                           "alone (--dp=4 --tp=1)"));
+  layout.tp = 1;
+  layout.dp = 4;
+  config.device = "cuda:0";
+  EXPECT_TRUE(throws_error([&] { rank_training_device(config, layout, 4, 0, gpus); },
+                           "pass --device=cuda"));
+  config.device = "cuda";
+  EXPECT_TRUE(throws_error([&] { rank_training_device(config, layout, 4, 0, [] { return 0; }); },
+                           "--device=cuda: no GPU is visible to this rank (device_count() == 0)"));
 }
 
 // ---- checkpoints under tensor parallelism: whole tensors on disk, any split on resume.
@@ -255,7 +312,7 @@ constexpr int64_t kBertVocab = 64, kBertSeq = 16, kBertBatch = 4, kBertSteps = 2
 // that depend on (epoch, position) only: the full model with --tp=1, shard_bert's with --tp=2.
 RecipeResult train_bert(const TrainConfig& config) {
   std::ostringstream log;
-  return run_distributed(config, log, [&](std::ostream& rank_log) {
+  return run_distributed(config, log, [&](const TrainConfig&, std::ostream& rank_log) {
     const DistributedRun& run = distributed_run();
     manual_seed(7);
     models::BertForPreTraining model(models::BertConfig::tiny()

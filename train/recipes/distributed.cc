@@ -56,7 +56,48 @@ std::string ranks_text(int world_size) {
                                std::to_string(world_size) + ")";
 }
 
+// This rank's index among the ranks of `comm` on its node (a collective over `comm`).
+int local_rank_on_node(MPI_Comm comm) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm node = MPI_COMM_NULL;
+  TESSEL_CHECK(
+      MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node) == MPI_SUCCESS,
+      "MPI_Comm_split_type failed while finding this rank's place on its node");
+  int local_rank = 0;
+  MPI_Comm_rank(node, &local_rank);
+  MPI_Comm_free(&node);
+  return local_rank;
+}
+
 }  // namespace
+
+Device rank_training_device(const TrainConfig& config, const ParallelLayout& layout, int world_size,
+                            int local_rank, const std::function<int()>& gpu_count) {
+  const Device device = training_device(config);
+  if (!device.is_cuda()) return device;
+  TESSEL_CHECK(layout.tp == 1, "--device=", config.device,
+               ": tensor parallelism on GPUs is not available yet (the tensor-parallel ops have "
+               "CPU kernels only), and ",
+               ranks_text(world_size), " as dp ", layout.dp, " x tp ", layout.tp,
+               layout.plan ? " from --plan=" + config.plan : std::string(),
+               "; on GPUs use data parallelism alone (--dp=", world_size,
+               " --tp=1), or train with tensor parallelism on --device=cpu");
+  TESSEL_CHECK(config.device == "cuda", "--device=", config.device,
+               ": under mpirun each rank picks its own GPU, cuda:(its rank on the node % the GPUs "
+               "it sees), so a GPU index cannot be given; pass --device=cuda (to choose the GPUs, "
+               "give each rank its own CUDA_VISIBLE_DEVICES)");
+  int gpus = 0;
+  try {
+    gpus = gpu_count();
+  } catch (const Error& error) {
+    TESSEL_FAIL("--device=", config.device, ": ", ranks_text(world_size),
+                ", whose GPUs exchange gradients over NCCL, but ", error.message());
+  }
+  TESSEL_CHECK(gpus > 0, "--device=", config.device,
+               ": no GPU is visible to this rank (device_count() == 0)");
+  return Device::cuda(local_rank % gpus);
+}
 
 ParallelLayout resolve_layout(const TrainConfig& config, int world_size) {
   ParallelLayout layout;
@@ -152,25 +193,34 @@ const DistributedRun& distributed_run() { return current_run(); }
 
 void set_training_world(MPI_Comm world) { training_world() = world; }
 
-RecipeResult run_distributed(const TrainConfig& config, std::ostream& log,
-                             const std::function<RecipeResult(std::ostream&)>& body) {
+RecipeResult run_distributed(
+    const TrainConfig& config, std::ostream& log,
+    const std::function<RecipeResult(const TrainConfig&, std::ostream&)>& body) {
   const bool asked = config.dp > 0 || config.tp > 0 || !config.plan.empty();
   int world_size = 1, rank = 0;
   if (mpi_running()) {
     MPI_Comm_size(training_world(), &world_size);
     MPI_Comm_rank(training_world(), &rank);
   }
-  if (world_size == 1 && !asked) return body(log);
+  if (world_size == 1 && !asked) return body(config, log);
   ParallelLayout layout = resolve_layout(config, world_size);
-  if (world_size == 1) return body(log);  // --dp=1 --tp=1 or a one-device plan
-  // The ranks exchange gradients, activations and checkpoint shards through MpiCommunicator,
-  // which moves CPU tensors only; GPU ranks need the NCCL communicator in the recipes first.
-  TESSEL_CHECK(training_device(config).is_cpu(), "--device=", config.device,
-               ": training on several ranks runs on CPU only for now (the ranks exchange tensors "
-               "over MPI, which moves CPU tensors; NCCL for GPUs is not wired into the recipes "
-               "yet), and ",
-               ranks_text(world_size), " as dp ", layout.dp, " x tp ", layout.tp,
-               "; train on one GPU in one process, or on these ranks with --device=cpu");
+  if (world_size == 1) return body(config, log);  // --dp=1 --tp=1 or a one-device plan
+
+  // On GPUs each rank takes its own (by its rank on the node); the CPU-side exchanges stay on
+  // MPI and DDP's gradients go over NCCL. Every rank fails alike before any data is read.
+  TrainConfig rank_config = config;
+  const bool on_gpu = training_device(config).is_cuda();
+  const int local_rank = on_gpu ? local_rank_on_node(training_world()) : 0;
+  const Device device = rank_training_device(config, layout, world_size, local_rank, [] {
+    TESSEL_CHECK(parallel::has_device_communicator_backend(DeviceType::kCuda),
+                 "this binary has no NCCL: NCCL needs a --config=cuda build (bazel build "
+                 "--config=cuda //train:train)");
+    return parallel::communicator_device_count(DeviceType::kCuda);
+  });
+  if (on_gpu) {
+    rank_config.device = device.str();
+    check_training_device(rank_config);
+  }
 
   DistributedRun run;
   run.rank = rank;
@@ -178,13 +228,16 @@ RecipeResult run_distributed(const TrainConfig& config, std::ostream& log,
   run.dp = layout.dp;
   run.tp = layout.tp;
   run.plan = layout.plan;
+  run.device = device;
   {
-    parallel::ProcessGrid grid(layout.dp, layout.tp, parallel::CommOptions(), training_world());
+    parallel::ProcessGrid grid(layout.dp, layout.tp, parallel::CommOptions(), training_world(),
+                               device);
     run.dp_rank = grid.dp_index();
     run.tp_rank = grid.tp_index();
     run.world = grid.world();
     run.dp_group = grid.data_parallel();
     run.tp_group = grid.tensor_parallel();
+    run.dp_device_group = grid.data_parallel_on_device();
   }
   if (run.tp > 1) run.tp_group_id = parallel::register_tp_group(run.tp_group);
 
@@ -203,9 +256,12 @@ RecipeResult run_distributed(const TrainConfig& config, std::ostream& log,
       rank_log << "; the plan expects memory policy " << run.plan->memory_policy
                << " with a budget of " << run.plan->memory_budget / (1024.0 * 1024.0) << " MiB";
   }
+  if (on_gpu)
+    rank_log << "; one GPU per rank, cuda:(rank on the node % GPUs) (rank 0 on " << run.device.str()
+             << "), gradients all-reduced over NCCL";
   rank_log << "; rank 0 alone prints and writes metrics and checkpoints" << std::endl;
   CurrentRunScope scope(std::move(run));
-  return body(rank_log);
+  return body(rank_config, rank_log);
 }
 
 // ---- classifiers
@@ -265,6 +321,7 @@ EvalResult ParallelClassifier::evaluate(const data::Dataset& dataset, int64_t ba
   }
   NoGradGuard no_grad;
   model->eval();
+  const Device device = module_device(*model);
   data::DataLoader loader(std::shared_ptr<const data::Dataset>(&dataset, [](auto*) {}),
                           data::DataLoaderOptions().batch_size(batch_size).shuffle(false));
   loader.start_epoch(0);
@@ -273,8 +330,9 @@ EvalResult ParallelClassifier::evaluate(const data::Dataset& dataset, int64_t ba
     auto batch = loader.next();
     if (!batch) break;
     if (index % run.dp != run.dp_rank) continue;
-    const Tensor logits = (*model)(batch->inputs);
-    loss_sum += cross_entropy(logits, batch->targets, -100, 0.0, "sum").item<double>();
+    const Tensor logits = (*model)(to_training_device(batch->inputs, device));
+    loss_sum += cross_entropy(logits, to_training_device(batch->targets, device), -100, 0.0, "sum")
+                    .item<double>();
     const auto predicted = argmax(logits, 1).to_vector<int64_t>();
     const auto labels = batch->targets.to_vector<int64_t>();
     for (size_t i = 0; i < labels.size(); ++i) correct += predicted[i] == labels[i];
@@ -298,7 +356,7 @@ std::unique_ptr<parallel::DistributedDataParallel> make_ddp(nn::Module& module) 
   const DistributedRun& run = distributed_run();
   if (run.dp == 1) return nullptr;
   std::shared_ptr<nn::Module> alias(&module, [](nn::Module*) {});
-  return std::make_unique<parallel::DistributedDataParallel>(alias, run.dp_group);
+  return std::make_unique<parallel::DistributedDataParallel>(alias, run.dp_device_group);
 }
 
 std::vector<Tensor> weight_by_global_counts(const std::vector<std::pair<Tensor, int64_t>>& means,

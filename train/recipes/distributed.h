@@ -1,7 +1,9 @@
 // Recipes over MPI ranks: --dp=N --tp=M (or --plan=FILE from //parallel:plan) lay the ranks out
 // as a dp x tp grid; each rank trains on its data-parallel shard of every batch, DDP averages
 // gradients over dp, tensor-parallel models split over tp; rank 0 alone prints and writes.
+// With --device=cuda (dp only) each rank trains on its own GPU and DDP all-reduces over NCCL.
 //   mpirun -np 2 bazel-bin/train/train --recipe=resnet18_fashion_mnist --dp=2
+//   mpirun -np 4 bazel-bin/train/train --recipe=resnet18_fashion_mnist --device=cuda  # 4 GPUs
 #pragma once
 
 #include <mpi.h>
@@ -44,13 +46,28 @@ struct ParallelLayout {
 // number of ranks, or the plan was made for another model or device count.
 ParallelLayout resolve_layout(const TrainConfig& config, int world_size);
 
+// This rank's training device in a run of `world_size` > 1 ranks laid out as `layout`:
+// --device itself on the CPU; for --device=cuda, cuda:(local_rank % gpu_count()), local_rank
+// being this rank's index among the ranks on its node (gpu_count is called only then). A
+// tessel::Error "--device=...: ..." for a GPU with tp > 1 (the tensor-parallel ops have CPU
+// kernels only), for --device=cuda:N (each rank picks its GPU; only "cuda" is accepted) and when
+// gpu_count() is 0 or throws (a binary without NCCL).
+Device rank_training_device(const TrainConfig& config, const ParallelLayout& layout, int world_size,
+                            int local_rank, const std::function<int()>& gpu_count);
+
 // This rank's place in the run. A single process is dp = tp = 1 with no communicators.
 struct DistributedRun {
   int rank = 0;
   int world_size = 1;
   int dp = 1, tp = 1;
   int dp_rank = 0, tp_rank = 0;
+  // MPI communicators (CPU tensors): counts, evaluation sums, RNG states, checkpoints, barriers,
+  // and the tensor-parallel layers.
   std::shared_ptr<parallel::Communicator> world, dp_group, tp_group;
+  // Where this rank trains (rank_training_device), and the dp group for tensors there, which
+  // DDP's gradient all-reduces use: dp_group itself on the CPU, NCCL on a GPU.
+  Device device = Device::cpu();
+  std::shared_ptr<parallel::Communicator> dp_device_group;
   int64_t tp_group_id = -1;  // parallel::register_tp_group's id when tp > 1
   std::optional<planner::PlanFile> plan;
 
@@ -77,9 +94,13 @@ const DistributedRun& distributed_run();
 
 // Lays out the ranks for `config` (a collective over the training world when it has more than
 // one rank), makes the layout current while `body` runs, and hands ranks other than 0 a log that
-// drops every line. A single process without --dp/--tp/--plan runs `body` unchanged.
-RecipeResult run_distributed(const TrainConfig& config, std::ostream& log,
-                             const std::function<RecipeResult(std::ostream&)>& body);
+// drops every line. `body` gets this rank's config: `config` with device set to the rank's GPU
+// ("cuda:K") under --device=cuda on several ranks, `config` itself otherwise. A single process
+// without --dp/--tp/--plan runs `body` unchanged. With a GPU, the device is checked (and the
+// NCCL group made) before `body` runs, so a bad setup fails before any data is read.
+RecipeResult run_distributed(
+    const TrainConfig& config, std::ostream& log,
+    const std::function<RecipeResult(const TrainConfig&, std::ostream&)>& body);
 
 // The MPI communicator recipes run over: MPI_COMM_WORLD unless set (tests train a one-process
 // reference inside an MPI job with MPI_COMM_SELF).
@@ -114,7 +135,8 @@ class ParallelClassifier {
 };
 
 // ---- helpers for other recipes
-// DDP over the dp group for `module` (null when dp == 1). `module` must outlive it.
+// DDP over the dp group on the run's device for `module` (null when dp == 1): NCCL when the
+// ranks train on GPUs. `module` must outlive it.
 std::unique_ptr<parallel::DistributedDataParallel> make_ddp(nn::Module& module);
 // Means over this rank's shard, each with its count (masked positions, sequences), scaled so
 // that averaging gradients over the dp group gives the gradient of the global batch's means:

@@ -51,8 +51,8 @@ struct TrainConfig {
   std::string precision = "f32";
   // Where the model trains: "cpu", "cuda" or "cuda:N" (Device::parse; meta is refused). Recipes
   // move the model there before making the optimizer and copy each batch over; CUDA needs
-  // --config=cuda and a GPU (run_recipe checks with one tensor before anything else), one
-  // process (several ranks exchange tensors over MPI, CPU only) and no --memory_budget for now.
+  // --config=cuda and a GPU (run_recipe checks with one tensor before anything else). Under
+  // mpirun only "cuda" with tp = 1: run_distributed gives each rank its own GPU ("cuda:K").
   std::string device = "cpu";
 };
 
