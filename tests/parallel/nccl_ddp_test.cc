@@ -15,6 +15,7 @@
 #include "ops/ops.h"
 #include "parallel/communicator.h"
 #include "parallel/ddp.h"
+#include "tests/parallel/one_rank_mpi.h"
 #include "tests/testing.h"
 #include "train/optim/sgd.h"
 
@@ -24,24 +25,7 @@ namespace {
 using tessel::testing::all_close;
 using tessel::testing::throws_error;
 
-// MPI once per process (a singleton: no mpirun needed for one rank), finalised at exit.
-class MpiEnvironment : public ::testing::Environment {
- public:
-  void SetUp() override {
-    int initialized = 0;
-    MPI_Initialized(&initialized);
-    if (!initialized) {
-      int provided = 0;
-      MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
-    }
-  }
-  void TearDown() override {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized) MPI_Finalize();
-  }
-};
-const auto* const kMpi = ::testing::AddGlobalTestEnvironment(new MpiEnvironment);
+const auto* const kMpi = ::testing::AddGlobalTestEnvironment(new OneRankMpiEnvironment);
 
 // Convolutions with batch norm (buffers DDP broadcasts) and a classifier, on `device`.
 std::shared_ptr<nn::Module> make_conv_net(Device device) {

@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "ops/ops.h"
 #include "parallel/nccl_communicator.h"
+#include "tests/parallel/one_rank_mpi.h"
 #include "tests/testing.h"
 
 namespace tessel::parallel {
@@ -18,24 +19,7 @@ namespace {
 using tessel::testing::all_close;
 using tessel::testing::throws_error;
 
-// MPI once per process (a singleton: no mpirun needed for one rank), finalised at exit.
-class MpiEnvironment : public ::testing::Environment {
- public:
-  void SetUp() override {
-    int initialized = 0;
-    MPI_Initialized(&initialized);
-    if (!initialized) {
-      int provided = 0;
-      MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
-    }
-  }
-  void TearDown() override {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized) MPI_Finalize();
-  }
-};
-const auto* const kMpi = ::testing::AddGlobalTestEnvironment(new MpiEnvironment);
+const auto* const kMpi = ::testing::AddGlobalTestEnvironment(new OneRankMpiEnvironment);
 
 Tensor on_gpu(const std::vector<float>& values, const Shape& sizes) {
   return from_vector<float>(values, sizes).to(Device::cuda(0));

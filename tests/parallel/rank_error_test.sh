@@ -4,17 +4,8 @@
 # Usage: rank_error_test.sh BINARY
 set -uo pipefail
 
-binary=$1
-case "$binary" in
-  /*) ;;
-  *) binary="$PWD/$binary" ;;
-esac
-export OMPI_MCA_rmaps_base_oversubscribe=yes
-export OMPI_MCA_orte_tmpdir_base=/tmp
-export OMP_NUM_THREADS=1
-if [ -n "${ASAN_OPTIONS:-}" ]; then
-  export ASAN_OPTIONS="$ASAN_OPTIONS:detect_leaks=0"
-fi
+# shellcheck source=tests/parallel/mpirun_env.sh
+source "$(dirname "${BASH_SOURCE[0]}")/mpirun_env.sh"
 log="${TEST_TMPDIR:-/tmp}/rank_error_stderr.log"
 
 failures=0

@@ -6,17 +6,8 @@
 # Usage: train_gpu_ranks_test.sh TRAIN_BINARY
 set -uo pipefail
 
-binary=$1
-case "$binary" in
-  /*) ;;
-  *) binary="$PWD/$binary" ;;
-esac
-export OMPI_MCA_rmaps_base_oversubscribe=yes
-export OMPI_MCA_orte_tmpdir_base=/tmp
-export OMP_NUM_THREADS=1
-if [ -n "${ASAN_OPTIONS:-}" ]; then
-  export ASAN_OPTIONS="$ASAN_OPTIONS:detect_leaks=0"
-fi
+# shellcheck source=tests/parallel/mpirun_env.sh
+source "$(dirname "${BASH_SOURCE[0]}")/mpirun_env.sh"
 log="${TEST_TMPDIR:-/tmp}/train_gpu_ranks.log"
 
 failures=0
