@@ -201,8 +201,22 @@ NcclCommunicator::NcclCommunicator(MPI_Comm comm, int device, CommOptions option
   state_->timeout_s = options.timeout_s();
   ncclUniqueId id;
   if (state_->rank == 0) TESSEL_NCCL_CHECK(ncclGetUniqueId(&id));
-  TESSEL_CHECK(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, comm) == MPI_SUCCESS,
-               "NcclCommunicator: MPI_Bcast of the NCCL unique id failed");
+  // Non-blocking, so that a rank 0 that never sends (it failed, or never got here) is an error
+  // within the timeout rather than a hang.
+  MPI_Request request = MPI_REQUEST_NULL;
+  TESSEL_CHECK(MPI_Ibcast(&id, sizeof(id), MPI_BYTE, 0, comm, &request) == MPI_SUCCESS,
+               "NcclCommunicator: MPI_Ibcast of the NCCL unique id failed");
+  const auto deadline = Clock::now() + std::chrono::duration<double>(state_->timeout_s);
+  for (int done = 0; !done;) {
+    TESSEL_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS,
+                 "NcclCommunicator: MPI_Test of the NCCL unique id broadcast failed");
+    if (done) break;
+    TESSEL_CHECK(Clock::now() < deadline, "NcclCommunicator '", state_->name, "': rank ",
+                 state_->rank, " of ", state_->size,
+                 " did not receive the NCCL unique id from rank ", "0 within ", state_->timeout_s,
+                 " s (rank 0 failed or never created the group)");
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
   cuda::DeviceGuard guard(device);
   const ncclResult_t status = ncclCommInitRank(&state_->comm, state_->size, id, state_->rank);
   // The usual cause on one node: two ranks on one GPU (NCCL refuses a GPU twice in a communicator).
@@ -214,11 +228,19 @@ NcclCommunicator::NcclCommunicator(MPI_Comm comm, int device, CommOptions option
 }
 
 NcclCommunicator::~NcclCommunicator() {
-  if (state_ && state_->comm != nullptr) {
+  if (!state_ || state_->comm == nullptr) return;
+  try {
+    // Queued collectives finish first, within the timeout; past it (a peer is gone) abort.
     cuda::DeviceGuard guard(state_->device);
-    cudaStreamSynchronize(state_->stream());
+    cuda::Event queued;
+    queued.record(state_->stream());
+    state_->wait_event(queued.get(), "closing");
     ncclCommDestroy(state_->comm);
+  } catch (const Error&) {
+    // wait_event aborted the communicator (comm is null then), or CUDA is shutting down.
+    if (state_->comm != nullptr) ncclCommAbort(state_->comm);
   }
+  cudaGetLastError();
 }
 
 std::shared_ptr<NcclCommunicator> NcclCommunicator::world(int device, CommOptions options) {
