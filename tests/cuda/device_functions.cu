@@ -1,9 +1,11 @@
 #include <cstring>
+#include <vector>
 
 #include "core/dtype.h"
 #include "core/rng.h"
 #include "cuda/kernels/loops.cuh"
 #include "cuda/kernels/philox.cuh"
+#include "cuda/runtime.h"
 #include "tests/cuda/device_functions.h"
 
 namespace tessel::cuda {
@@ -43,6 +45,37 @@ DeviceFunctionMismatches compare_device_functions_with_core(int64_t samples) {
     result.from_half += std::memcmp(&cpu_brain, &device_brain, sizeof(float)) != 0;
   }
   return result;
+}
+
+namespace {
+__global__ void normals_kernel(RngState state, int64_t samples, float* out) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < samples;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const uint64_t index = static_cast<uint64_t>(i) * 3;
+    out[i] = normal_from_words(philox4x32_device(state.seed, state.offset + index / 4), index);
+  }
+}
+}  // namespace
+
+int64_t count_gpu_normal_mismatches(int64_t samples) {
+  const RngState state{0x9e3779b97f4a7c15ull, 12345};
+  DeviceGuard guard(0);
+  float* device_out = nullptr;
+  TESSEL_CUDA_CHECK(cudaMalloc(&device_out, samples * sizeof(float)));
+  normals_kernel<<<256, 256>>>(state, samples, device_out);
+  std::vector<float> out(samples);
+  const cudaError_t launched = cudaGetLastError();
+  const cudaError_t copied =
+      cudaMemcpy(out.data(), device_out, samples * sizeof(float), cudaMemcpyDeviceToHost);
+  cudaFree(device_out);
+  TESSEL_CUDA_CHECK(launched);
+  TESSEL_CUDA_CHECK(copied);
+  int64_t mismatches = 0;
+  for (int64_t i = 0; i < samples; ++i) {
+    const float cpu_normal = normal_at(state, static_cast<uint64_t>(i) * 3);
+    mismatches += std::memcmp(&cpu_normal, &out[i], sizeof(float)) != 0;
+  }
+  return mismatches;
 }
 
 }  // namespace tessel::cuda

@@ -1,7 +1,9 @@
 // The CUDA kernels' shared host/device functions (Philox, the uniform and normal transforms,
-// 16-bit float casts) give core's CPU results bit for bit. Runs on the host: no GPU needed.
+// 16-bit float casts) give core's CPU results bit for bit: on the host (no GPU needed) and, for
+// the normal transform, in a kernel on the GPU.
 #include "tests/cuda/device_functions.h"
 
+#include "cuda/runtime.h"
 #include "gtest/gtest.h"
 
 namespace tessel::cuda {
@@ -15,6 +17,13 @@ TEST(CudaDeviceFunctions, PhiloxStreamAndCastsMatchTheCpuBitForBit) {
   EXPECT_EQ(mismatches.to_bf16, 0);
   EXPECT_EQ(mismatches.to_f16, 0);
   EXPECT_EQ(mismatches.from_half, 0);
+}
+
+// randn on the GPU draws the CPU's numbers: CUDA's double log, sqrt, sin and cos are within an
+// ulp or two of glibc's, which the rounding to float absorbs.
+TEST(CudaDeviceFunctions, NormalsDrawnOnTheGpuMatchTheCpuBitForBit) {
+  if (device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine";
+  EXPECT_EQ(count_gpu_normal_mismatches(1 << 20), 0);
 }
 
 }  // namespace
