@@ -33,13 +33,20 @@ ProcessGrid::ProcessGrid(int dp, int tp, CommOptions options, MPI_Comm world, De
   MPI_Comm base = world_communicator->mpi_comm();
   std::shared_ptr<MpiCommunicator> data_parallel =
       split(base, tp_index_, dp_index_, options.name("dp"));
-  tensor_parallel_ = split(base, dp_index_, tp_index_, options.name("tp"));
+  std::shared_ptr<MpiCommunicator> tensor_parallel =
+      split(base, dp_index_, tp_index_, options.name("tp"));
   world_ = std::move(world_communicator);
-  // Same ranks, same order: the device communicator is built over the dp group's own MPI comm.
-  data_parallel_on_device_ = device.is_cpu() ? std::shared_ptr<Communicator>(data_parallel)
-                                             : make_device_communicator(data_parallel->mpi_comm(),
-                                                                        device, options.name("dp"));
+  // Same ranks, same order: a device communicator is built over its group's own MPI comm. Every
+  // rank makes the dp one, then the tp one, so the collective creations pair up.
+  auto on_device = [&](const std::shared_ptr<MpiCommunicator>& group, const char* name) {
+    return device.is_cpu()
+               ? std::shared_ptr<Communicator>(group)
+               : make_device_communicator(group->mpi_comm(), device, options.name(name));
+  };
+  data_parallel_on_device_ = on_device(data_parallel, "dp");
+  tensor_parallel_on_device_ = on_device(tensor_parallel, "tp");
   data_parallel_ = std::move(data_parallel);
+  tensor_parallel_ = std::move(tensor_parallel);
 }
 
 }  // namespace tessel::parallel

@@ -244,6 +244,11 @@ void copy_module(nn::Module& target, const nn::Module& source) {
   target.load_state_dict(source.state_dict());
 }
 
+// A 0-dim tensor on `like`'s device (ops refuse inputs on different devices).
+Tensor scalar_on(const Tensor& like, double value, DType dtype) {
+  return full({}, value, TensorOptions(dtype).device(like.device()));
+}
+
 }  // namespace
 
 ColumnParallelLinear::ColumnParallelLinear(int64_t in_features_in, int64_t out_features_in,
@@ -330,11 +335,13 @@ Tensor VocabParallelEmbedding::forward(const Tensor& indices) {
                "VocabParallelEmbedding: indices must be integers, got ",
                dtype_name(indices.dtype()));
   Tensor ids = to_dtype(indices, DType::kInt64);
-  Tensor in_range = mul(
-      to_dtype(ge(ids, full({}, static_cast<double>(vocab_start), DType::kInt64)), weight.dtype()),
-      to_dtype(lt(ids, full({}, static_cast<double>(vocab_end), DType::kInt64)), weight.dtype()));
+  Tensor in_range =
+      mul(to_dtype(ge(ids, scalar_on(ids, static_cast<double>(vocab_start), DType::kInt64)),
+                   weight.dtype()),
+          to_dtype(lt(ids, scalar_on(ids, static_cast<double>(vocab_end), DType::kInt64)),
+                   weight.dtype()));
   // Ids of other ranks look up row 0, then are zeroed.
-  Tensor local_ids = where(gt(in_range, full({}, 0.5, weight.dtype())),
+  Tensor local_ids = where(gt(in_range, scalar_on(in_range, 0.5, weight.dtype())),
                            sub(ids, static_cast<double>(vocab_start)), zeros_like(ids));
   Tensor rows = mul(embedding(weight, local_ids), unsqueeze(in_range, -1));
   return reduce_from_tp(rows, group);
@@ -366,16 +373,17 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& target, 
   Tensor sum_exp = reduce_from_tp(sum(exp(shifted), {1}), group);
 
   Tensor in_range =
-      mul(to_dtype(ge(target, full({}, static_cast<double>(start), DType::kInt64)), dtype),
-          to_dtype(lt(target, full({}, static_cast<double>(start + width), DType::kInt64)), dtype));
-  Tensor local_target = where(gt(in_range, full({}, 0.5, dtype)),
+      mul(to_dtype(ge(target, scalar_on(target, static_cast<double>(start), DType::kInt64)), dtype),
+          to_dtype(lt(target, scalar_on(target, static_cast<double>(start + width), DType::kInt64)),
+                   dtype));
+  Tensor local_target = where(gt(in_range, scalar_on(in_range, 0.5, dtype)),
                               sub(target, static_cast<double>(start)), zeros_like(target));
   Tensor picked = mul(squeeze(gather(shifted, 1, unsqueeze(local_target, 1)), 1), in_range);
   Tensor target_logit = reduce_from_tp(picked, group);
 
   Tensor losses = sub(log(sum_exp), target_logit);
-  Tensor valid =
-      to_dtype(ne(target, full({}, static_cast<double>(ignore_index), DType::kInt64)), dtype);
+  Tensor valid = to_dtype(
+      ne(target, scalar_on(target, static_cast<double>(ignore_index), DType::kInt64)), dtype);
   return div(sum(mul(losses, valid)), sum(valid));
 }
 
@@ -615,12 +623,13 @@ Tensor gather_shards(const Tensor& shard, int64_t dim, Communicator& group) {
   NoGradGuard no_grad;
   TESSEL_CHECK(dim >= 0 && dim < shard.dim(), "gather_shards: dim ", dim,
                " out of range for shape ", shape_str(shard.sizes()));
-  Tensor moved = contiguous(transpose(shard.detach(), 0, dim));
+  // On the group's device (NCCL moves GPU tensors only), returned on the shard's.
+  Tensor moved = contiguous(transpose(shard.detach().to(group.device()), 0, dim));
   Shape sizes = moved.sizes();
   sizes[0] *= group.size();
-  Tensor gathered = empty(sizes, shard.dtype());
+  Tensor gathered = empty(sizes, TensorOptions(shard.dtype()).device(group.device()));
   group.all_gather(moved, gathered);
-  return contiguous(transpose(gathered, 0, dim));
+  return contiguous(transpose(gathered, 0, dim)).to(shard.device());
 }
 
 }  // namespace tessel::parallel

@@ -454,7 +454,7 @@ TEST_F(Collectives, WithoutABackendACudaCommunicatorIsAClearError) {
       "needs both make and device_count"));
 }
 
-TEST_F(Collectives, ACpuDeviceCommunicatorIsMpiAndTheGridReusesItsDpGroup) {
+TEST_F(Collectives, ACpuDeviceCommunicatorIsMpiAndTheGridReusesItsGroups) {
   auto cpu = make_device_communicator(MPI_COMM_WORLD, Device::cpu(), CommOptions().name("cpu"));
   EXPECT_EQ(cpu->device(), Device::cpu());
   EXPECT_EQ(cpu->name(), "cpu");
@@ -466,10 +466,11 @@ TEST_F(Collectives, ACpuDeviceCommunicatorIsMpiAndTheGridReusesItsDpGroup) {
 
   ProcessGrid grid(size(), 1);
   EXPECT_EQ(grid.data_parallel_on_device(), grid.data_parallel());
+  EXPECT_EQ(grid.tensor_parallel_on_device(), grid.tensor_parallel());
   EXPECT_EQ(grid.data_parallel()->device(), Device::cpu());
 }
 
-TEST_F(Collectives, ARegisteredBackendGivesTheGridItsDeviceGroupOverTheDpRanks) {
+TEST_F(Collectives, ARegisteredBackendGivesTheGridDeviceGroupsOverTheDpAndTpRanks) {
   FakeGpuBackend fake;
   EXPECT_TRUE(has_device_communicator_backend(DeviceType::kCuda));
   EXPECT_EQ(communicator_device_count(DeviceType::kCuda), 3);
@@ -489,6 +490,19 @@ TEST_F(Collectives, ARegisteredBackendGivesTheGridItsDeviceGroupOverTheDpRanks) 
   on_device->all_reduce(over_device);
   grid.data_parallel()->all_reduce(over_mpi);
   EXPECT_EQ(over_device.item<int64_t>(), over_mpi.item<int64_t>());
+  // Likewise the tp group: its own device communicator over the tp ranks, in tp order.
+  const std::shared_ptr<Communicator>& tp_on_device = grid.tensor_parallel_on_device();
+  EXPECT_NE(tp_on_device, grid.tensor_parallel());
+  EXPECT_NE(tp_on_device, on_device);
+  EXPECT_EQ(tp_on_device->device(), Device::cuda(2));
+  EXPECT_EQ(tp_on_device->name(), "tp");
+  EXPECT_EQ(tp_on_device->size(), grid.tp_size());
+  EXPECT_EQ(tp_on_device->rank(), grid.tp_index());
+  Tensor over_tp_device = full({1}, rank(), DType::kInt64);
+  Tensor over_tp_mpi = full({1}, rank(), DType::kInt64);
+  tp_on_device->all_reduce(over_tp_device);
+  grid.tensor_parallel()->all_reduce(over_tp_mpi);
+  EXPECT_EQ(over_tp_device.item<int64_t>(), over_tp_mpi.item<int64_t>());
   // CPU bookkeeping stays on the MPI groups.
   EXPECT_EQ(grid.world()->device(), Device::cpu());
   EXPECT_EQ(grid.tensor_parallel()->device(), Device::cpu());

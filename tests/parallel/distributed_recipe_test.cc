@@ -211,16 +211,17 @@ TEST_F(DistributedRecipe, GridThatDoesNotMatchTheRanksIsAnError) {
   EXPECT_TRUE(throws_error([&] { run_recipe(wrong, log); }, "no tensor-parallel form"));
 }
 
-// GPU ranks train data-parallel, one GPU each, with DDP's gradients over NCCL. This binary links
-// no NCCL (only //train:train does, under --config=cuda), so --device=cuda stops before training
-// with the reason; tensor parallelism and GPU indices are refused on GPUs in any build.
+// GPU ranks train one GPU each, with DDP's gradients and the tensor-parallel ops over NCCL. This
+// binary links no NCCL (only //train:train does, under --config=cuda), so --device=cuda stops
+// before training with the reason, for data and tensor parallelism alike; GPU indices are refused
+// in any build.
 TEST_F(DistributedRecipe, CudaDeviceOnSeveralRanksNeedsNcclAndIsRefusedBeforeTraining) {
   std::ostringstream log;
   TrainConfig cuda = config("mlp_fashion_mnist", "mlp");
   cuda.device = "cuda";
   const std::string no_nccl =
-      "--device=cuda: the job has 2 ranks (mpirun -np 2), whose GPUs exchange gradients over "
-      "NCCL, but this binary has no NCCL: NCCL needs a --config=cuda build";
+      "--device=cuda: the job has 2 ranks (mpirun -np 2) as dp 2 x tp 1, whose GPUs exchange "
+      "tensors over NCCL, but this binary has no NCCL: NCCL needs a --config=cuda build";
   EXPECT_TRUE(throws_error([&] { run_recipe(cuda, log); }, no_nccl));  // dp = the rank count
   cuda.dp = 2;
   EXPECT_TRUE(throws_error([&] { run_recipe(cuda, log); }, no_nccl));
@@ -229,9 +230,8 @@ TEST_F(DistributedRecipe, CudaDeviceOnSeveralRanksNeedsNcclAndIsRefusedBeforeTra
   split.device = "cuda";
   split.tp = 2;
   EXPECT_TRUE(throws_error([&] { run_recipe(split, log); },
-                           "--device=cuda: tensor parallelism on GPUs is not available yet (the "
-                           "tensor-parallel ops have CPU kernels only), and the job has 2 ranks "
-                           "(mpirun -np 2) as dp 1 x tp 2"));
+                           "--device=cuda: the job has 2 ranks (mpirun -np 2) as dp 1 x tp 2, "
+                           "whose GPUs exchange tensors over NCCL, but this binary has no NCCL"));
 
   cuda.device = "cuda:1";
   EXPECT_TRUE(throws_error([&] { run_recipe(cuda, log); },
@@ -260,7 +260,8 @@ TEST(RankTrainingDevice, EachRankTakesItsLocalRankModuloTheGpus) {
   EXPECT_EQ(rank_training_device(config, layout, 4, 3, [] { return 1; }), Device::cuda(0));
 }
 
-TEST(RankTrainingDevice, TensorParallelismGpuIndicesAndMissingGpusAreClearErrors) {
+// Tensor parallelism takes GPUs by the same rule: dp x tp ranks, one GPU each.
+TEST(RankTrainingDevice, TensorParallelRanksTakeTheirGpusLikeDataParallelOnes) {
   TrainConfig config;
   config.device = "cuda";
   config.plan = "plan.json";
@@ -269,9 +270,26 @@ TEST(RankTrainingDevice, TensorParallelismGpuIndicesAndMissingGpusAreClearErrors
   layout.tp = 2;
   layout.plan = planner::PlanFile();
   auto gpus = [] { return 4; };
-  EXPECT_TRUE(throws_error([&] { rank_training_device(config, layout, 4, 0, gpus); },
-                           "as dp 2 x tp 2 from --plan=plan.json; on GPUs use data parallelism "
-                           "alone (--dp=4 --tp=1)"));
+  for (int local_rank = 0; local_rank < 4; ++local_rank)
+    EXPECT_EQ(rank_training_device(config, layout, 4, local_rank, gpus), Device::cuda(local_rank));
+}
+
+TEST(RankTrainingDevice, GpuIndicesMissingGpusAndNoNcclAreClearErrors) {
+  TrainConfig config;
+  config.device = "cuda";
+  config.plan = "plan.json";
+  ParallelLayout layout;
+  layout.dp = 2;
+  layout.tp = 2;
+  layout.plan = planner::PlanFile();
+  EXPECT_TRUE(throws_error(
+      [&] {
+        rank_training_device(config, layout, 4, 0, []() -> int { TESSEL_FAIL("no NCCL here"); });
+      },
+      "--device=cuda: the job has 4 ranks (mpirun -np 4) as dp 2 x tp 2 from --plan=plan.json, "
+      "whose GPUs exchange tensors over NCCL, but no NCCL here"));
+  auto gpus = [] { return 4; };
+  layout.plan.reset();
   layout.tp = 1;
   layout.dp = 4;
   config.device = "cuda:0";

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The train binary under mpirun -np 2 with --device=cuda stops before training with a clear error
 # on every rank and a failed job: in a build without --config=cuda it has no NCCL; with it but no
-# GPU, no GPU is visible; --tp=2 on GPUs is refused (tensor-parallel ops have CPU kernels only);
-# --device=cuda:1 is refused (each rank picks its GPU from its rank on the node).
+# GPU, no GPU is visible (for --dp=2 and --tp=2 alike: both need NCCL on GPUs); --device=cuda:1 is
+# refused (each rank picks its GPU from its rank on the node).
 # Usage: train_gpu_ranks_test.sh TRAIN_BINARY
 set -uo pipefail
 
@@ -42,7 +42,7 @@ expect "dp=2" \
   "train: error: --device=cuda: .*(this binary has no NCCL: NCCL needs a --config=cuda build|no GPU is visible to this rank \(device_count\(\) == 0\))" \
   --recipe=mlp_fashion_mnist --device=cuda --dp=2
 expect "tp=2" \
-  "train: error: --device=cuda: tensor parallelism on GPUs is not available yet" \
+  "train: error: --device=cuda: .* as dp 1 x tp 2, .*(this binary has no NCCL: NCCL needs a --config=cuda build|no GPU is visible to this rank \(device_count\(\) == 0\))" \
   --recipe=resnet18_fashion_mnist --device=cuda --tp=2
 expect "cuda:1" \
   "train: error: --device=cuda:1: under mpirun each rank picks its own GPU" \

@@ -76,13 +76,6 @@ Device rank_training_device(const TrainConfig& config, const ParallelLayout& lay
                             int local_rank, const std::function<int()>& gpu_count) {
   const Device device = training_device(config);
   if (!device.is_cuda()) return device;
-  TESSEL_CHECK(layout.tp == 1, "--device=", config.device,
-               ": tensor parallelism on GPUs is not available yet (the tensor-parallel ops have "
-               "CPU kernels only), and ",
-               ranks_text(world_size), " as dp ", layout.dp, " x tp ", layout.tp,
-               layout.plan ? " from --plan=" + config.plan : std::string(),
-               "; on GPUs use data parallelism alone (--dp=", world_size,
-               " --tp=1), or train with tensor parallelism on --device=cpu");
   TESSEL_CHECK(config.device == "cuda", "--device=", config.device,
                ": under mpirun each rank picks its own GPU, cuda:(its rank on the node % the GPUs "
                "it sees), so a GPU index cannot be given; pass --device=cuda (to choose the GPUs, "
@@ -91,8 +84,9 @@ Device rank_training_device(const TrainConfig& config, const ParallelLayout& lay
   try {
     gpus = gpu_count();
   } catch (const Error& error) {
-    TESSEL_FAIL("--device=", config.device, ": ", ranks_text(world_size),
-                ", whose GPUs exchange gradients over NCCL, but ", error.message());
+    TESSEL_FAIL("--device=", config.device, ": ", ranks_text(world_size), " as dp ", layout.dp,
+                " x tp ", layout.tp, layout.plan ? " from --plan=" + config.plan : std::string(),
+                ", whose GPUs exchange tensors over NCCL, but ", error.message());
   }
   TESSEL_CHECK(gpus > 0, "--device=", config.device,
                ": no GPU is visible to this rank (device_count() == 0)");
@@ -238,8 +232,10 @@ RecipeResult run_distributed(
     run.dp_group = grid.data_parallel();
     run.tp_group = grid.tensor_parallel();
     run.dp_device_group = grid.data_parallel_on_device();
+    run.tp_device_group = grid.tensor_parallel_on_device();
   }
-  if (run.tp > 1) run.tp_group_id = parallel::register_tp_group(run.tp_group);
+  // The tensor-parallel ops and layers move the training device's tensors: NCCL on a GPU.
+  if (run.tp > 1) run.tp_group_id = parallel::register_tp_group(run.tp_device_group);
 
   NullBuffer null_buffer;
   std::ostream null_log(&null_buffer);
@@ -399,9 +395,12 @@ double clip_grad_norm_tensor_parallel(nn::Module& model, double max_norm, int64_
     const double squares = sum(mul(grad, grad)).item<double>();
     (split.count(name) ? split_squares : replicated_squares) += squares;
   }
-  Tensor total = from_vector<double>({split_squares}, {1});
-  parallel::tp_group(group)->all_reduce(total, parallel::ReduceOp::kSum);
-  const double norm = std::sqrt(total.to_vector<double>()[0] + replicated_squares);
+  const auto& comm = parallel::tp_group(group);
+  // On the group's device (NCCL moves GPU tensors only), read back on the CPU.
+  Tensor total = from_vector<double>({split_squares}, {1}).to(comm->device());
+  comm->all_reduce(total, parallel::ReduceOp::kSum);
+  const double norm =
+      std::sqrt(total.to(Device::cpu()).to_vector<double>()[0] + replicated_squares);
   const double scale = max_norm / (norm + 1e-6);
   if (scale < 1.0 || std::isnan(scale))
     for (Tensor& grad : grads) grad.mul_(scale);

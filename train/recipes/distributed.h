@@ -49,9 +49,9 @@ ParallelLayout resolve_layout(const TrainConfig& config, int world_size);
 // This rank's training device in a run of `world_size` > 1 ranks laid out as `layout`:
 // --device itself on the CPU; for --device=cuda, cuda:(local_rank % gpu_count()), local_rank
 // being this rank's index among the ranks on its node (gpu_count is called only then). A
-// tessel::Error "--device=...: ..." for a GPU with tp > 1 (the tensor-parallel ops have CPU
-// kernels only), for --device=cuda:N (each rank picks its GPU; only "cuda" is accepted) and when
-// gpu_count() is 0 or throws (a binary without NCCL).
+// tessel::Error "--device=...: ..." for --device=cuda:N (each rank picks its GPU; only "cuda" is
+// accepted) and when gpu_count() is 0 or throws (a binary without NCCL). NCCL needs a GPU per
+// rank: dp x tp ranks on a node need as many GPUs (fewer make ranks share one, which NCCL refuses).
 Device rank_training_device(const TrainConfig& config, const ParallelLayout& layout, int world_size,
                             int local_rank, const std::function<int()>& gpu_count);
 
@@ -61,14 +61,14 @@ struct DistributedRun {
   int world_size = 1;
   int dp = 1, tp = 1;
   int dp_rank = 0, tp_rank = 0;
-  // MPI communicators (CPU tensors): counts, evaluation sums, RNG states, checkpoints, barriers,
-  // and the tensor-parallel layers.
+  // MPI communicators (CPU tensors): counts, evaluation sums, RNG states, checkpoints, barriers.
   std::shared_ptr<parallel::Communicator> world, dp_group, tp_group;
-  // Where this rank trains (rank_training_device), and the dp group for tensors there, which
-  // DDP's gradient all-reduces use: dp_group itself on the CPU, NCCL on a GPU.
+  // Where this rank trains (rank_training_device), and the dp and tp groups for tensors there:
+  // the MPI groups themselves on the CPU, NCCL on a GPU. DDP's gradient all-reduces use
+  // dp_device_group; the tensor-parallel ops tp_device_group (registered as tp_group_id).
   Device device = Device::cpu();
-  std::shared_ptr<parallel::Communicator> dp_device_group;
-  int64_t tp_group_id = -1;  // parallel::register_tp_group's id when tp > 1
+  std::shared_ptr<parallel::Communicator> dp_device_group, tp_device_group;
+  int64_t tp_group_id = -1;  // parallel::register_tp_group(tp_device_group)'s id when tp > 1
   std::optional<planner::PlanFile> plan;
 
   bool is_main() const { return rank == 0; }

@@ -1,0 +1,125 @@
+// The CUDA kernels of the tensor-parallel collectives (tp_copy, tp_reduce, tp_gather, tp_scatter;
+// defined with their CPU kernels in tensor_parallel.cc). The same steps as on the CPU: strided
+// copies into dense buffers, the group's collective (NCCL on a GPU), a strided copy back. NCCL
+// queues on the device's compute stream like the copies, so the host never waits in between.
+#include <cuda_runtime.h>
+
+#include "core/op.h"
+#include "cuda/copy.h"
+#include "cuda/runtime.h"
+#include "ops/registry_helpers.h"
+#include "parallel/tensor_parallel.h"
+
+namespace tessel::parallel {
+namespace {
+
+const std::shared_ptr<Communicator>& device_group_of(const char* op, const KernelContext& ctx) {
+  const auto& group = tp_group(ctx.attrs.get<int64_t>("group"));
+  const Device device = ctx.inputs[0].device();
+  TESSEL_CHECK(group->device() == device, op, ": the tensor-parallel group '", group->name(),
+               "' moves tensors on ", group->device().str(), " but the input is on ", device.str(),
+               " (register the group for the training device: "
+               "register_tp_group(grid.tensor_parallel_on_device()))");
+  return group;
+}
+
+// Writes the strided view (sizes, strides in elements) starting at `source` densely to `dense`.
+void gather_into(const Tensor& dense, const void* source, const Shape& sizes, const Shape& strides,
+                 cudaStream_t stream) {
+  TESSEL_CHECK(dense.is_contiguous(), "tensor parallel (cuda): the destination must be dense");
+  cuda::gather_contiguous(source, sizes, strides, dense.element_size(), dense.raw_data(), stream);
+}
+
+void gather_into(const Tensor& dense, const Tensor& source, cudaStream_t stream) {
+  gather_into(dense, source.raw_data(), source.sizes(), source.strides(), stream);
+}
+
+// Last dim first: (..., n) -> (n, ...), as sizes and strides of a view of `t`.
+void last_dim_first(const Tensor& t, Shape& sizes, Shape& strides) {
+  const int64_t last = t.dim() - 1;
+  sizes = {t.size(last)};
+  strides = {t.stride(last)};
+  for (int64_t d = 0; d < last; ++d) {
+    sizes.push_back(t.size(d));
+    strides.push_back(t.stride(d));
+  }
+}
+
+// First dim last: (n, ...) -> (..., n); the inverse of last_dim_first.
+void first_dim_last(const Tensor& t, Shape& sizes, Shape& strides) {
+  for (int64_t d = 1; d < t.dim(); ++d) {
+    sizes.push_back(t.size(d));
+    strides.push_back(t.stride(d));
+  }
+  sizes.push_back(t.size(0));
+  strides.push_back(t.stride(0));
+}
+
+void tp_copy_kernel(KernelContext& ctx) {
+  const int device = ctx.inputs[0].device().index;
+  cuda::DeviceGuard guard(device);
+  gather_into(ctx.outputs[0], ctx.inputs[0], cuda::compute_stream(device));
+}
+
+void tp_reduce_kernel(KernelContext& ctx) {
+  const auto& group = device_group_of("reduce_from_tp", ctx);
+  const int device = ctx.inputs[0].device().index;
+  cuda::DeviceGuard guard(device);
+  cudaStream_t stream = cuda::compute_stream(device);
+  const ReduceOp op =
+      ctx.attrs.get_or<std::string>("reduce", "sum") == "max" ? ReduceOp::kMax : ReduceOp::kSum;
+  // A dense output is reduced in place; the reduction needs no buffer of its own on the GPU.
+  Tensor& output = ctx.outputs[0];
+  gather_into(output, ctx.inputs[0], stream);
+  group->all_reduce(output, op);
+}
+
+void tp_gather_kernel(KernelContext& ctx) {
+  const auto& group = device_group_of("gather_from_tp", ctx);
+  const Tensor& input = ctx.inputs[0];
+  const int device = input.device().index;
+  cuda::DeviceGuard guard(device);
+  cudaStream_t stream = cuda::compute_stream(device);
+  // all_gather concatenates along dim 0. send is the input as (n, ...); receive the dense
+  // (n * tp, ...) of every rank's send in rank order; the output (..., n * tp) is receive read
+  // with its first dim last, so every write goes to a dense destination.
+  Shape moved_sizes, moved_strides;
+  last_dim_first(input, moved_sizes, moved_strides);
+  Tensor send = ctx.workspace(moved_sizes, input.dtype());
+  gather_into(send, input.raw_data(), moved_sizes, moved_strides, stream);
+  Shape receive_sizes = moved_sizes;
+  receive_sizes[0] *= group->size();
+  Tensor receive = ctx.workspace(receive_sizes, input.dtype());
+  group->all_gather(send, receive);
+  Shape output_sizes, output_strides;
+  first_dim_last(receive, output_sizes, output_strides);
+  TESSEL_CHECK(output_sizes == ctx.outputs[0].sizes(), "gather_from_tp (cuda): gathered shape ",
+               shape_str(output_sizes), " differs from the output's ",
+               shape_str(ctx.outputs[0].sizes()));
+  gather_into(ctx.outputs[0], receive.raw_data(), output_sizes, output_strides, stream);
+}
+
+void tp_scatter_kernel(KernelContext& ctx) {
+  const auto& group = device_group_of("scatter_to_tp", ctx);
+  const Tensor& input = ctx.inputs[0];
+  Tensor& output = ctx.outputs[0];
+  const int device = input.device().index;
+  cuda::DeviceGuard guard(device);
+  // This rank's columns of the last dim: a view of the input at the first one.
+  const int64_t last = input.dim() - 1;
+  const int64_t start = output.size(last) * group->rank();
+  const char* first = static_cast<const char*>(input.raw_data()) +
+                      start * input.stride(last) * static_cast<int64_t>(input.element_size());
+  gather_into(output, first, output.sizes(), input.strides(), cuda::compute_stream(device));
+}
+
+}  // namespace
+
+TESSEL_REGISTER_OPS(tensor_parallel_cuda) {
+  OpRegistry::get().set_kernel("tp_copy", DeviceType::kCuda, tp_copy_kernel);
+  OpRegistry::get().set_kernel("tp_reduce", DeviceType::kCuda, tp_reduce_kernel);
+  OpRegistry::get().set_kernel("tp_gather", DeviceType::kCuda, tp_gather_kernel);
+  OpRegistry::get().set_kernel("tp_scatter", DeviceType::kCuda, tp_scatter_kernel);
+}
+
+}  // namespace tessel::parallel
