@@ -573,6 +573,7 @@ void TensorParallelBertForPreTraining::load_from(const models::BertForPreTrainin
 std::shared_ptr<TensorParallelBertForPreTraining> shard_bert(const models::BertForPreTraining& full,
                                                              int64_t group) {
   auto model = std::make_shared<TensorParallelBertForPreTraining>(full.config, group);
+  model->to(full.decoder_bias.device());  // the shards live where the full model does (a GPU)
   model->load_from(full);
   model->train(full.is_training());
   return model;

@@ -268,8 +268,10 @@ std::shared_ptr<nn::Module> parallel_classifier_model(std::shared_ptr<nn::Module
   // ShuffleNet's widest convolution (conv5, to 1024 channels) splits by channels; ResNet keeps a
   // batch-split trunk and splits its classifier by classes.
   const bool shufflenet = dynamic_cast<models::ShuffleNetV2*>(full.get()) != nullptr;
-  return std::make_shared<parallel::TensorParallelClassifier>(std::move(full), run.tp_group_id,
-                                                              /*split_widest_conv=*/shufflenet);
+  auto model = std::make_shared<parallel::TensorParallelClassifier>(
+      std::move(full), run.tp_group_id, /*split_widest_conv=*/shufflenet);
+  model->to(run.device);  // the split layers are made on the CPU; the trunk is there already
+  return model;
 }
 
 ParallelClassifier::ParallelClassifier(std::shared_ptr<nn::Module> model)
