@@ -46,6 +46,10 @@ const std::shared_ptr<Communicator>& tp_group(int64_t id) {
   return registry.groups[static_cast<size_t>(id)];
 }
 
+ReduceOp tp_reduce_op(const Attrs& attrs) {
+  return attrs.get_or<std::string>("reduce", "sum") == "max" ? ReduceOp::kMax : ReduceOp::kSum;
+}
+
 // ---- collective ops ----
 
 namespace {
@@ -85,10 +89,6 @@ const std::shared_ptr<Communicator>& group_of(const Attrs& attrs) {
 
 Attrs group_attrs(int64_t group) { return Attrs{{"group", group}}; }
 
-ReduceOp reduce_op_of(const Attrs& attrs) {
-  return attrs.get_or<std::string>("reduce", "sum") == "max" ? ReduceOp::kMax : ReduceOp::kSum;
-}
-
 OpCost copy_cost(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
                  const Attrs&) {
   return OpCost{0, static_cast<double>(inputs[0].nbytes() + outputs[0].nbytes())};
@@ -123,11 +123,11 @@ TESSEL_REGISTER_OPS(tensor_parallel) {
       // The reduction runs on a contiguous buffer of our own, so the communicator needs no copies.
       Tensor buffer = ctx.workspace(ctx.inputs[0].sizes(), ctx.inputs[0].dtype());
       cpu::copy_strided(ctx.inputs[0], buffer);
-      group_of(ctx.attrs)->all_reduce(buffer, reduce_op_of(ctx.attrs));
+      group_of(ctx.attrs)->all_reduce(buffer, tp_reduce_op(ctx.attrs));
       cpu::copy_strided(buffer, ctx.outputs[0]);
     };
     op.backward = [](const BackwardContext& ctx) -> std::vector<Tensor> {
-      TESSEL_CHECK(reduce_op_of(ctx.attrs) == ReduceOp::kSum,
+      TESSEL_CHECK(tp_reduce_op(ctx.attrs) == ReduceOp::kSum,
                    "max_from_tp: the all-reduced max has no gradient");
       if (!ctx.grad_outputs[0].defined()) return {Tensor()};
       return {copy_to_tp(ctx.grad_outputs[0], ctx.attrs.get<int64_t>("group"))};

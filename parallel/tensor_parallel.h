@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "core/attrs.h"
 #include "core/tensor.h"
 #include "models/bert.h"
 #include "models/nn/nn.h"
@@ -20,6 +21,9 @@ namespace tessel::parallel {
 int64_t register_tp_group(std::shared_ptr<Communicator> group);
 // The communicator of `id`; an error naming the id when it was never registered.
 const std::shared_ptr<Communicator>& tp_group(int64_t id);
+// The reduction a tp_reduce op's attributes ask for (sum, or max for max_from_tp): for the
+// kernels of other devices.
+ReduceOp tp_reduce_op(const Attrs& attrs);
 
 // ---- collectives with backward; each op's backward is its dual [tp_copy tp_reduce tp_gather
 // tp_scatter]. f32 and f64 tensors of any strides. Every rank of the group must call them in the

@@ -66,8 +66,7 @@ void tp_reduce_kernel(KernelContext& ctx) {
   const int device = ctx.inputs[0].device().index;
   cuda::DeviceGuard guard(device);
   cudaStream_t stream = cuda::compute_stream(device);
-  const ReduceOp op =
-      ctx.attrs.get_or<std::string>("reduce", "sum") == "max" ? ReduceOp::kMax : ReduceOp::kSum;
+  const ReduceOp op = tp_reduce_op(ctx.attrs);
   // A dense output is reduced in place; the reduction needs no buffer of its own on the GPU.
   Tensor& output = ctx.outputs[0];
   gather_into(output, ctx.inputs[0], stream);
