@@ -6,6 +6,7 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -627,6 +628,56 @@ TEST(HostLink, ACopyEngineMovesTheBytesAndItsErrorsReachTheWaiter) {
   set_copy_engine(DeviceType::kMeta, engine);
   EXPECT_EQ(copy_engine_for(DeviceType::kMeta), engine);
   set_copy_engine(DeviceType::kMeta, nullptr);
+}
+
+// Copies within one device's memory (snapshots, the training state moving into a budget) go
+// through that device type's engine; the CPU's are plain memcpy.
+TEST(CopyDeviceBytes, UsesTheDeviceTypesEngineAndMemcpyOnTheCpu) {
+  auto engine = std::make_shared<RecordingEngine>();
+  ASSERT_EQ(copy_engine_for(DeviceType::kCuda), nullptr);  // no CUDA backend in this binary
+  set_copy_engine(DeviceType::kCuda, engine);
+  std::vector<char> source(4097, 'y'), destination(source.size(), 0);
+  copy_device_bytes(Device::cuda(1), destination.data(), source.data(), source.size());
+  EXPECT_EQ(destination, source);
+  EXPECT_EQ(engine->prepared.load(), 1);
+  EXPECT_EQ(engine->copied.load(), 1);
+  std::fill(destination.begin(), destination.end(), 0);
+  copy_device_bytes(Device::cpu(), destination.data(), source.data(), source.size());
+  EXPECT_EQ(destination, source);
+  EXPECT_EQ(engine->copied.load(), 1);  // the CPU never asks an engine
+  EXPECT_TRUE(throws_error(
+      [&] { copy_device_bytes(Device::cuda(0), destination.data(), source.data(), 13); },
+      "engine refused"));
+  set_copy_engine(DeviceType::kCuda, nullptr);
+}
+
+// A budget for a GPU goes to that device alone, made by its backend's maker (here host memory
+// standing in for CUDA's, which this binary does not link), with costs estimated from FLOPs and
+// bytes; the scope's end takes it away again.
+std::shared_ptr<CachingAllocator> host_backed_gpu_allocator(
+    Device device, const CachingAllocatorOptions& options) {
+  return std::make_shared<CachingAllocator>(device, options, host_segment_source());
+}
+
+TEST(MemoryScope, ABudgetForAGpuIsInstalledForThatDeviceAlone) {
+  set_caching_allocator_maker(DeviceType::kCuda, &host_backed_gpu_allocator);
+  const auto cpu_allocator = allocator_for(Device::cpu());
+  {
+    MemoryScope scope(
+        MemoryOptions().device(Device::cuda(1)).budget(8 * kMiB).policy(Policy::kDtr));
+    EXPECT_EQ(allocator_for(Device::cuda(1)).get(), &scope.allocator());
+    EXPECT_EQ(scope.allocator().device(), Device::cuda(1));
+    EXPECT_EQ(scope.allocator().budget(), 8 * kMiB);
+    EXPECT_EQ(allocator_for(Device::cpu()), cpu_allocator);
+    EXPECT_TRUE(throws_error([] { allocator_for(Device::cuda(0)); }, "no allocator for device"));
+    ASSERT_NE(scope.manager(), nullptr);
+    EXPECT_EQ(scope.manager()->options().cost_source(), CostSource::kEstimated);
+    EXPECT_GT(scope.manager()->options().estimated_flops_per_second(), 1e12);
+  }
+  EXPECT_TRUE(throws_error([] { allocator_for(Device::cuda(1)); }, "no allocator for device"));
+  set_caching_allocator_maker(DeviceType::kCuda, nullptr);
+  EXPECT_TRUE(throws_error([] { MemoryScope scope(MemoryOptions().device(Device::cuda(0))); },
+                           "the CUDA backend is not built"));
 }
 
 // ---- split ----
