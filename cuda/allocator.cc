@@ -34,10 +34,9 @@ std::shared_ptr<memory::Allocator> make_device_allocator(int device) {
 std::shared_ptr<memory::CachingAllocator> make_scoped_allocator(
     Device device, const memory::CachingAllocatorOptions& options) {
   check_device(device.index, "memory budget");
-  if (auto current = caching_allocator(device.index)) {
-    current->process_pending_frees(/*wait=*/true);
-    current->empty_cache();
-  }
+  const auto current = caching_allocator(device.index);
+  current->process_pending_frees(/*wait=*/true);
+  current->empty_cache();
   if (options.has_budget_) {
     DeviceGuard guard(device.index);
     size_t free_bytes = 0, total_bytes = 0;

@@ -60,6 +60,13 @@ std::string lower(std::string text) {
   return text;
 }
 
+// Installs a scope's allocator (or puts back the one it replaced), returning the one before. The
+// CPU's serves its one device; a GPU's, that GPU alone.
+std::shared_ptr<Allocator> replace_allocator(Device device, std::shared_ptr<Allocator> allocator) {
+  return device.is_cpu() ? set_allocator(DeviceType::kCpu, std::move(allocator))
+                         : set_allocator(device, std::move(allocator));
+}
+
 void install_manager(MemorySetup& setup) {
   if (setup.options.policy() == Policy::kNone) return;
   setup.manager = std::make_shared<ResidencyManager>(setup.allocator, setup.options.residency());
@@ -90,9 +97,7 @@ std::shared_ptr<MemorySetup> install(const MemoryOptions& options, bool scoped) 
   if (!setups().empty() && setups().back()->manager) setups().back()->manager->finish_swaps();
   const Device device = options.device();
   setup->allocator = make_caching_allocator(device, allocator_options);
-  // The CPU's allocator serves its one device; a GPU's, that GPU alone.
-  setup->previous_allocator = device.is_cpu() ? set_allocator(DeviceType::kCpu, setup->allocator)
-                                              : set_allocator(device, setup->allocator);
+  setup->previous_allocator = replace_allocator(device, setup->allocator);
   if (device.is_cuda()) {
     setup->options.residency()
         .cost_source(CostSource::kEstimated)
@@ -105,12 +110,7 @@ std::shared_ptr<MemorySetup> install(const MemoryOptions& options, bool scoped) 
 
 void uninstall(const std::shared_ptr<MemorySetup>& setup) {
   remove_manager(*setup);
-  const Device device = setup->options.device();
-  if (device.is_cpu()) {
-    set_allocator(DeviceType::kCpu, setup->previous_allocator);
-  } else {
-    set_allocator(device, setup->previous_allocator);
-  }
+  replace_allocator(setup->options.device(), setup->previous_allocator);
   auto& stack = setups();
   stack.erase(std::remove(stack.begin(), stack.end(), setup), stack.end());
 }

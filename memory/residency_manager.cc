@@ -273,7 +273,8 @@ double ResidencyManager::recompute_cost(StorageImpl& storage) {
   return storage.producer->cost_seconds + evicted_neighbourhood_cost(storage);
 }
 
-ResidencyManager::Candidate ResidencyManager::assess(StorageImpl& storage) {
+ResidencyManager::Candidate ResidencyManager::assess(StorageImpl& storage,
+                                                     bool spare_forward_reads) {
   Candidate none{&storage, ResidencyAction::kNone, std::numeric_limits<double>::infinity()};
   if (!managed(storage) || storage.state() != Residency::kResident || storage.pins() > 0 ||
       storage.nbytes() < options_.min_candidate_bytes() || !storage.data_unchecked())
@@ -281,7 +282,7 @@ ResidencyManager::Candidate ResidencyManager::assess(StorageImpl& storage) {
   Record* record = find_record(storage);
   if (!record || record->rematerializing) return none;
   // A tensor every forward reads (a parameter) comes right back when moved off during forward.
-  if (spare_forward_reads_ && record->read_back_in_forward && GradMode::is_enabled()) return none;
+  if (spare_forward_reads && record->read_back_in_forward && GradMode::is_enabled()) return none;
   // Nothing has read it yet, so it is about to be read (a gradient waiting for the optimizer,
   // an output waiting for its consumer): recomputing it would redo its whole chain at once.
   const bool recompute_ok = record->consumed && can_recompute(storage);
@@ -311,13 +312,12 @@ ResidencyManager::Candidate ResidencyManager::assess(StorageImpl& storage) {
 }
 
 ResidencyManager::Candidate ResidencyManager::choose_victim() {
-  spare_forward_reads_ = true;
-  Candidate spared = choose_victim_among_candidates();
-  spare_forward_reads_ = false;
-  return spared.action != ResidencyAction::kNone ? spared : choose_victim_among_candidates();
+  Candidate spared = choose_victim_among_candidates(/*spare_forward_reads=*/true);
+  return spared.action != ResidencyAction::kNone ? spared : choose_victim_among_candidates(false);
 }
 
-ResidencyManager::Candidate ResidencyManager::choose_victim_among_candidates() {
+ResidencyManager::Candidate ResidencyManager::choose_victim_among_candidates(
+    bool spare_forward_reads) {
   // Strong references first: assessing must not destroy anything while the registry is walked.
   std::vector<std::shared_ptr<StorageImpl>> pool;
   pool.reserve(storages_.size());
@@ -339,7 +339,7 @@ ResidencyManager::Candidate ResidencyManager::choose_victim_among_candidates() {
     // The sample may hold no candidate at all (all without recipes, say): then score them all.
     Candidate best{nullptr, ResidencyAction::kNone, std::numeric_limits<double>::infinity()};
     for (size_t i = 0; i < sample; ++i) {
-      Candidate candidate = assess(*pool[i]);
+      Candidate candidate = assess(*pool[i], spare_forward_reads);
       if (candidate.action != ResidencyAction::kNone && candidate.score < best.score)
         best = candidate;
     }
@@ -347,7 +347,7 @@ ResidencyManager::Candidate ResidencyManager::choose_victim_among_candidates() {
   }
   Candidate best{nullptr, ResidencyAction::kNone, std::numeric_limits<double>::infinity()};
   for (const auto& storage : pool) {
-    Candidate candidate = assess(*storage);
+    Candidate candidate = assess(*storage, spare_forward_reads);
     if (candidate.action != ResidencyAction::kNone &&
         (best.action == ResidencyAction::kNone || candidate.score < best.score))
       best = candidate;
@@ -861,19 +861,18 @@ bool ResidencyManager::relieve(size_t bytes_needed, size_t largest_free_block) {
   if (prefetching_) return false;  // a prefetch only takes room that is free anyway
   pressure_seen_ = true;
   if (release_finished_swaps() || drop_prefetch()) return true;
-  // Swap-outs already under way that cover the request: wait for them rather than add more.
-  if (!in_flight_.empty() && in_flight_bytes() + largest_free_block >= bytes_needed) {
+  // Swap-outs under way that cover the request: wait for the oldest rather than add more.
+  auto wait_if_covered = [&] {
+    if (in_flight_.empty() || in_flight_bytes() + largest_free_block < bytes_needed) return false;
     complete_swap_out(*in_flight_.front());
     return true;
-  }
+  };
+  if (wait_if_covered()) return true;
   Candidate victim = choose_victim();
   if (victim.action != ResidencyAction::kNone) {
     apply(victim);
-    if (victim.action == ResidencyAction::kSwap) {
-      // Copies run while the next victims are chosen; wait once they cover the request.
-      if (in_flight_bytes() + largest_free_block >= bytes_needed)
-        complete_swap_out(*in_flight_.front());
-    }
+    // Copies run while the next victims are chosen; wait once they cover the request.
+    if (victim.action == ResidencyAction::kSwap) wait_if_covered();
     return true;
   }
   if (!in_flight_.empty()) {

@@ -190,14 +190,15 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   bool managed(const StorageImpl& storage) const;
   bool can_recompute(StorageImpl& storage);
   // Candidate action and score; action kNone for a non-candidate.
-  Candidate assess(StorageImpl& storage);
+  // Spares tensors forward has read back (while gradients are recorded) when asked to.
+  Candidate assess(StorageImpl& storage, bool spare_forward_reads = false);
   double recompute_cost(StorageImpl& storage);
   double evicted_neighbourhood_cost(StorageImpl& storage);
   std::vector<StorageImpl*> evicted_neighbours(StorageImpl& storage);
   // The candidate with the smallest score, sparing (while gradients are recorded) tensors that
   // forward has read back before, unless nothing else is left.
   Candidate choose_victim();
-  Candidate choose_victim_among_candidates();
+  Candidate choose_victim_among_candidates(bool spare_forward_reads);
   void apply(const Candidate& victim);
   void evict_locked(StorageImpl& storage, bool count_as_eviction);
   void start_swap_out(StorageImpl& storage);
@@ -241,10 +242,9 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   int64_t defragment_moves_ = 0;
   int64_t prefetches_ = 0;
   int64_t prefetch_hits_ = 0;
-  bool prefetching_ = false;          // a prefetch allocates: pressure must not evict for it
-  bool pressure_seen_ = false;        // a request has not fitted since installation
-  bool spare_forward_reads_ = false;  // assess: set while choose_victim spares them
-  size_t largest_output_bytes_ = 0;   // of the managed op outputs recorded
+  bool prefetching_ = false;         // a prefetch allocates: pressure must not evict for it
+  bool pressure_seen_ = false;       // a request has not fitted since installation
+  size_t largest_output_bytes_ = 0;  // of the managed op outputs recorded
   std::mt19937_64 sampler_;
 };
 

@@ -196,9 +196,14 @@ RecipeResult run_distributed(
     MPI_Comm_size(training_world(), &world_size);
     MPI_Comm_rank(training_world(), &rank);
   }
-  if (world_size == 1 && !asked) return body(config, log);
+  // One process: its device is checked (a missing GPU fails here, before any data is read).
+  auto alone = [&] {
+    check_training_device(config);
+    return body(config, log);
+  };
+  if (world_size == 1 && !asked) return alone();
   ParallelLayout layout = resolve_layout(config, world_size);
-  if (world_size == 1) return body(config, log);  // --dp=1 --tp=1 or a one-device plan
+  if (world_size == 1) return alone();  // --dp=1 --tp=1 or a one-device plan
 
   // On GPUs each rank takes its own (by its rank on the node); the CPU-side exchanges stay on
   // MPI and DDP's gradients go over NCCL. Every rank fails alike before any data is read.
@@ -254,7 +259,7 @@ RecipeResult run_distributed(
   }
   if (on_gpu)
     rank_log << "; one GPU per rank, cuda:(rank on the node % GPUs) (rank 0 on " << run.device.str()
-             << "), gradients all-reduced over NCCL";
+             << "), gradients and tensor-parallel collectives over NCCL";
   rank_log << "; rank 0 alone prints and writes metrics and checkpoints" << std::endl;
   CurrentRunScope scope(std::move(run));
   return body(rank_config, rank_log);

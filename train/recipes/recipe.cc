@@ -76,13 +76,12 @@ TrainConfig resolve_config(const Recipe& recipe, TrainConfig config) {
 RecipeResult run_recipe(const TrainConfig& config, std::ostream& log) {
   const Recipe& recipe = find_recipe(config.recipe);
   const TrainConfig resolved = resolve_config(recipe, config);
-  // Under mpirun: the dp x tp grid, each rank's own GPU with --device=cuda, and a silent log on
-  // ranks other than 0.
-  return run_distributed(
-      resolved, log, [&](const TrainConfig& rank_config, std::ostream& rank_log) {
-        check_training_device(rank_config);  // a missing GPU fails here, before any data is read
-        return recipe.run(rank_config, rank_log);
-      });
+  // Under mpirun: the dp x tp grid, each rank's own GPU with --device=cuda (checked before any
+  // data is read), and a silent log on ranks other than 0.
+  return run_distributed(resolved, log,
+                         [&](const TrainConfig& rank_config, std::ostream& rank_log) {
+                           return recipe.run(rank_config, rank_log);
+                         });
 }
 
 }  // namespace tessel::train

@@ -12,7 +12,6 @@
 #include "train/recipes/distributed.h"
 #include "train/recipes/memory_budget.h"
 #include "train/recipes/metrics_log.h"
-#include "train/recipes/recipe_util.h"
 #include "train/state/checkpoint.h"
 
 namespace tessel::train {
@@ -139,8 +138,6 @@ RecipeResult run_training(const TrainingTask& task, const TrainConfig& config, s
                      /*append=*/config.resume.has_value());
   // --memory_budget / --memory_policy: the training state moves into the budget here.
   TrainingMemory training_memory(config, *task.model, *task.optimizer, log);
-  // Status lines show the memory of the device the model trains on.
-  auto memory_stats = [&]() { return training_memory.stats(); };
 
   int64_t saved_step = resumed ? step : -1;  // that state is on disk already
   auto save = [&]() {
@@ -207,7 +204,7 @@ RecipeResult run_training(const TrainingTask& task, const TrainConfig& config, s
     const double seconds = seconds_since(interval_start);
     const double samples_per_second = seconds > 0 ? interval_samples / seconds : 0.0;
     const double ms_per_step = interval_steps > 0 ? 1000.0 * seconds / interval_steps : 0.0;
-    const memory::AllocatorStats stats = memory_stats();
+    const memory::AllocatorStats stats = training_memory.stats();  // the training device's
     const double lr = task.optimizer->lr();
     result.final_train_loss = interval_loss / static_cast<double>(interval_steps);
     char line[160];
