@@ -34,8 +34,8 @@ class RequireGpuVariable {
   std::optional<std::string> previous_;
 };
 
-// What the macro records when `available` GPUs are visible and a test needs `needed`; `reached_end`
-// says whether the code after it ran.
+// What the macro records when `available` GPUs are visible and a test needs `needed`;
+// `reached_end` says whether the code after it ran.
 struct Outcome {
   ::testing::TestPartResultArray results;
   bool reached_end = false;
@@ -46,17 +46,17 @@ void guarded_body(int available, int needed, bool* reached_end) {
   *reached_end = true;
 }
 
-Outcome run_guarded(int available, int needed) {
-  Outcome outcome;
+void run_guarded(int available, int needed, Outcome* outcome) {
   ::testing::ScopedFakeTestPartResultReporter reporter(
-      ::testing::ScopedFakeTestPartResultReporter::INTERCEPT_ONLY_CURRENT_THREAD, &outcome.results);
-  guarded_body(available, needed, &outcome.reached_end);
-  return outcome;
+      ::testing::ScopedFakeTestPartResultReporter::INTERCEPT_ONLY_CURRENT_THREAD,
+      &outcome->results);
+  guarded_body(available, needed, &outcome->reached_end);
 }
 
 TEST(GpuSkip, WithoutTheVariableNoGpuIsASkip) {
   RequireGpuVariable unset(std::nullopt);
-  const Outcome outcome = run_guarded(0, 1);
+  Outcome outcome;
+  run_guarded(0, 1, &outcome);
   EXPECT_FALSE(outcome.reached_end);
   ASSERT_EQ(outcome.results.size(), 1);
   EXPECT_TRUE(outcome.results.GetTestPartResult(0).skipped());
@@ -66,7 +66,8 @@ TEST(GpuSkip, WithoutTheVariableNoGpuIsASkip) {
 
 TEST(GpuSkip, WithTheVariableNoGpuIsAFailure) {
   RequireGpuVariable set("1");
-  const Outcome outcome = run_guarded(0, 1);
+  Outcome outcome;
+  run_guarded(0, 1, &outcome);
   EXPECT_FALSE(outcome.reached_end);
   ASSERT_EQ(outcome.results.size(), 1);
   const ::testing::TestPartResult& result = outcome.results.GetTestPartResult(0);
@@ -77,7 +78,8 @@ TEST(GpuSkip, WithTheVariableNoGpuIsAFailure) {
 
 TEST(GpuSkip, TooFewGpusUnderTheVariableIsAFailureNamingTheCounts) {
   RequireGpuVariable set("yes");
-  const Outcome outcome = run_guarded(1, 2);
+  Outcome outcome;
+  run_guarded(1, 2, &outcome);
   ASSERT_EQ(outcome.results.size(), 1);
   EXPECT_TRUE(outcome.results.GetTestPartResult(0).fatally_failed());
   EXPECT_NE(std::string(outcome.results.GetTestPartResult(0).message()).find("needs 2 GPUs, 1"),
@@ -88,7 +90,8 @@ TEST(GpuSkip, EnoughGpusRunTheTestEitherWay) {
   for (const std::optional<std::string>& value :
        {std::optional<std::string>(), std::optional<std::string>("1")}) {
     RequireGpuVariable variable(value);
-    const Outcome outcome = run_guarded(2, 1);
+    Outcome outcome;
+    run_guarded(2, 1, &outcome);
     EXPECT_TRUE(outcome.reached_end);
     EXPECT_EQ(outcome.results.size(), 0);
   }
@@ -98,7 +101,8 @@ TEST(GpuSkip, EmptyOrZeroDoesNotRequireAGpu) {
   for (const char* value : {"", "0"}) {
     RequireGpuVariable variable(std::string(value));
     EXPECT_FALSE(gpu_required()) << "'" << value << "'";
-    const Outcome outcome = run_guarded(0, 1);
+    Outcome outcome;
+    run_guarded(0, 1, &outcome);
     ASSERT_EQ(outcome.results.size(), 1);
     EXPECT_TRUE(outcome.results.GetTestPartResult(0).skipped()) << "'" << value << "'";
   }

@@ -232,7 +232,7 @@ now() { date +%s; }
 
 # Decompresses the bundle into $unpacked/real/{tests,bench,tools} (plain files are copied, so a
 # stand-in bundle can hold scripts), the libraries into $unpacked/bundled, OpenMPI into
-# $unpacked/openmpi, and writes a wrapper per binary.
+# $unpacked/openmpi. With xz, or the Python's lzma where a bare image has no xz.
 unpack_bundle() {
   rm -rf "$unpacked"
   mkdir -p "$unpacked/real" "$unpacked/bundled"
@@ -257,7 +257,7 @@ unpack_bundle() {
     if command -v xz >/dev/null 2>&1; then
       tar -C "$unpacked" -xJf "$bundle/openmpi.tar.xz" &
     else
-      python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+      "$python" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
         "$bundle/openmpi.tar.xz" "$unpacked" &
     fi
     pids+=($!)
@@ -274,7 +274,7 @@ decompress() {
   if command -v xz >/dev/null 2>&1; then
     xz -dc "$1" >"$2"
   else
-    python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$1" "$2"
+    "$python" -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$1" "$2"
   fi
 }
 
@@ -297,16 +297,21 @@ cuda_candidate_dirs() {
   done
 }
 
-# What `ldd` says the binaries $2... lack under LD_LIBRARY_PATH $1, one line each:
-# "binary<TAB>soname" for a missing file, "binary<TAB>soname (VERSION)" for a version the copy
-# found lacks (an old libstdc++ or glibc).
-lacking_libraries() {
+# `ldd` of the binaries $2... under LD_LIBRARY_PATH $1, each after a line "@@ binary".
+ldd_all() {
   local path=$1 file
   shift
   for file in "$@"; do
     echo "@@ $file"
     LD_LIBRARY_PATH=$path ldd "$file" 2>&1 || true
-  done | awk '
+  done
+}
+
+# What the ldd_all output on stdin says the binaries lack, one line each: "binary<TAB>soname"
+# for a missing file, "binary<TAB>soname (VERSION)" for a version the copy found lacks (an old
+# libstdc++ or glibc).
+lacking_libraries() {
+  awk '
     /^@@ / { file = substr($0, 4); next }
     $2 == "=>" && $3 == "not" { print file "\t" $1; next }
     / not found \(required by / && match($0, /: [^:]*: version `[^'"'"']*'"'"'/) {
@@ -327,16 +332,19 @@ setup_libraries() {
   mkdir -p "$unpacked/use"
   local candidates=() dir
   while IFS= read -r dir; do candidates+=("$dir"); done < <(cuda_candidate_dirs | awk '!seen[$0]++')
-  local path_dirs=() use_bundled_mpi=0 changed library found binaries=()
+  local path_dirs=() use_bundled_mpi=0 changed library found binaries=() path
+  ldd_output="$logs/ldd.txt"
   while IFS= read -r library; do binaries+=("$library"); done < <(real_binaries)
   library_notes=""
-  for _ in 1 2 3 4 5; do
-    local path checked=("${binaries[@]}")
+  # Until a pass adds nothing: that pass's ldd output is what env.txt shows.
+  for _ in 1 2 3 4 5 6; do
+    local checked=("${binaries[@]}")
     path=$(
       IFS=:
       echo "$unpacked/use${path_dirs[*]:+:${path_dirs[*]}}${original:+:$original}"
     )
     [ "$use_bundled_mpi" -eq 1 ] && checked+=("$unpacked"/openmpi/lib/openmpi3/*.so)
+    ldd_all "$path" "${checked[@]}" >"$ldd_output"
     changed=0
     local entry
     while IFS= read -r entry; do
@@ -364,19 +372,23 @@ setup_libraries() {
         [ "$library" = libmpi.so.40 ] && use_bundled_mpi=1
         changed=1
       fi
-    done < <(lacking_libraries "$path" "${checked[@]}" | cut -f2 | sort -u)
+    done < <(lacking_libraries <"$ldd_output" | cut -f2 | sort -u)
     [ "$changed" -eq 1 ] || break
   done
   tessel_library_path=$(
     IFS=:
     echo "$unpacked/use${path_dirs[*]:+:${path_dirs[*]}}"
   )
-  # What still does not resolve, per binary.
+  if [ "$changed" -eq 1 ]; then # the passes ran out: look once more with the final path
+    ldd_all "$tessel_library_path${original:+:$original}" "${binaries[@]}" >"$ldd_output"
+  fi
+  # What still does not resolve, per binary (the OpenMPI components' needs are their binaries').
   local file
   while IFS=$'\t' read -r file library; do
+    [[ "$file" == "$unpacked/real/"* ]] || continue
     file=$(basename "$file")
     missing_of[$file]="${missing_of[$file]:+${missing_of[$file]}, }$library"
-  done < <(lacking_libraries "$tessel_library_path${original:+:$original}" "${binaries[@]}")
+  done < <(lacking_libraries <"$ldd_output")
 
   {
     echo "# Sourced by the wrappers of Tessel's binaries (tools/gpu_check.sh run)."
@@ -448,8 +460,8 @@ write_env() {
     fi
     section "nvidia-smi"
     if command -v nvidia-smi >/dev/null 2>&1; then
-      timeout -k 2 10 nvidia-smi 2>&1 || echo "(nvidia-smi ended with status $?)"
-      timeout -k 2 10 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv 2>&1 || true
+      timeout -k 2 8 nvidia-smi 2>&1 || echo "(nvidia-smi ended with status $?)"
+      timeout -k 2 4 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv 2>&1 || true
     else
       echo "nvidia-smi: not found"
     fi
@@ -462,7 +474,7 @@ write_env() {
     elif [ -n "${missing_of[gpu_smoke]:-}" ]; then
       echo "gpu_smoke: cannot start: missing ${missing_of[gpu_smoke]}"
     else
-      timeout -k 2 15 "$smoke" --versions 2>&1 || echo "(gpu_smoke --versions ended with status $?)"
+      timeout -k 2 12 "$smoke" --versions 2>&1 || echo "(gpu_smoke --versions ended with status $?)"
     fi
     section "libraries for Tessel's binaries"
     echo "LD_LIBRARY_PATH for them: $tessel_library_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -473,11 +485,12 @@ write_env() {
       [ -n "${missing_of[$name]:-}" ] && echo "MISSING for $name: ${missing_of[$name]}"
     done
     section "ldd of every binary"
-    local real
-    for real in $(real_binaries); do
-      echo "$(basename "$(dirname "$real")")/$(basename "$real"):"
-      LD_LIBRARY_PATH="$tessel_library_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ldd "$real" 2>&1 | sed 's/^[[:space:]]*/    /' || true
-    done
+    awk -v real="$unpacked/real/" -v components="$unpacked/openmpi/" '
+      /^@@ / { file = substr($0, 4)
+               if (index(file, real) == 1) file = substr(file, length(real) + 1)
+               if (index(file, components) == 1) file = "openmpi/" substr(file, length(components) + 1)
+               print file ":"; next }
+      { sub(/^[ \t]*/, "    "); print }' "$ldd_output"
   } >>"$env"
 }
 
@@ -485,7 +498,7 @@ finish_env() {
   wait "$python_probe_pid" 2>/dev/null || true
   {
     section "Python and PyTorch for the comparison ($python; run without the bundle's libraries)"
-    cat "$python_probe" 2>/dev/null || echo "(no answer)"
+    if [ -s "$python_probe" ]; then cat "$python_probe"; else echo "(no answer from $python)"; fi
   } >>"$out_dir/env.txt"
 }
 

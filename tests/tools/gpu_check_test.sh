@@ -139,13 +139,13 @@ environment | - | echo "\${LD_LIBRARY_PATH:-}" >"$marks/bench_path"; echo row >"
 endless | 300 | sleep 300
 after_the_deadline | - | touch "$marks/after_the_deadline_ran"
 EOF
-deadline=25
+deadline=40
 started=$(date +%s)
 run_check "$work/out_gpu" --bundle "$bundle" --commands "$work/commands.txt" --timeout 2 \
   --deadline "$deadline"
 took=$(($(date +%s) - started))
 [ "$rc" -ne 0 ] || fail "a run with failures exited 0"
-[ "$took" -lt $((deadline + 20)) ] || fail "the run took ${took}s with a deadline of ${deadline}s"
+[ "$took" -lt $((deadline + 30)) ] || fail "the run took ${took}s with a deadline of ${deadline}s"
 summary="$work/out_gpu/summary.md"
 expect_in "$summary" "NOT OK"
 expect_in "$summary" "smoke check: ok (Stand-in H200"
@@ -178,7 +178,7 @@ expect_in "$work/archive.txt" "logs/gpu_smoke.log"
 "$script" run --out "$work/out_killed" --python /bin/true --bundle "$bundle" \
   --commands /dev/null --timeout 8 >"$work/out_killed.stdout" 2>&1 &
 pid=$!
-for _ in $(seq 1 100); do
+for _ in $(seq 1 200); do
   grep -qF "| transfer_test | running |" "$work/out_killed/summary.md" 2>/dev/null && break
   sleep 0.3
 done
@@ -189,8 +189,8 @@ expect_in "$summary" "IN PROGRESS"
 expect_in "$summary" "| runtime_test | ok | 2 | 0 | 0 | 0 |"
 expect_in "$summary" "| transfer_test | running |"
 expect_in "$summary" "| ops_check_test | not run yet |"
-tar -tzf "$work/out_killed/logs.tar.gz" | grep -q "logs/runtime_test.log" ||
-  fail "the logs archive of the killed run lacks runtime_test.log"
+tar -tzf "$work/out_killed/logs.tar.gz" >"$work/killed_archive.txt"
+expect_in "$work/killed_archive.txt" "logs/runtime_test.log"
 
 # --- --rerun, and a run where everything passes ------------------------------------------------
 rm -f "$marks"/runtime_test.*
