@@ -99,11 +99,15 @@ needed_libraries() { ldd "$1" 2>/dev/null | awk '$2 == "=>" || /^\t\// { print $
 
 is_base_library() { grep -qw -- "$1" <<<"$base_libraries"; }
 
+# Where the dynamic linker finds `soname` here ("" when nowhere). Reads all of ldconfig's output:
+# under pipefail, a reader that stops early would fail the pipeline.
+system_library() { ldconfig -p | awk -v l="$1" '$1 == l && /x86-64/ && !found { print $NF; found = 1 }'; }
+
 # The OpenMPI runtime one process needs, into $1/openmpi/{lib,lib/openmpi3,share/openmpi}.
 pack_openmpi() {
   local target=$1/openmpi
   local libmpi
-  libmpi=$(ldconfig -p | awk '$1 == "libmpi.so.40" && /x86-64/ { print $NF; exit }')
+  libmpi=$(system_library libmpi.so.40)
   [ -n "$libmpi" ] || die "libmpi.so.40 not found (apt-get install libopenmpi-dev)"
   local components help
   components=$(ompi_info --path pkglibdir 2>/dev/null | awk '{ print $NF }')
@@ -127,8 +131,8 @@ pack_openmpi() {
   done
   for name in $allowed; do
     is_base_library "$name" && continue
-    path=$(ldconfig -p | awk -v l="$name" '$1 == l && /x86-64/ { print $NF; exit }')
-    [ -n "$path" ] || path=$(find "$(dirname "$(readlink -f "$libmpi")")" -name "$name" | head -n 1)
+    path=$(system_library "$name")
+    [ -n "$path" ] || path=$(find "$(dirname "$(readlink -f "$libmpi")")" -name "$name" -print -quit)
     [ -n "$path" ] && copy_library "$path" "$target/lib"
   done
   local component count=0
@@ -174,7 +178,7 @@ cmd_build() {
   local bundle="$root/gpu_bin"
   rm -rf "$bundle"
   mkdir -p "$bundle/tests" "$bundle/bench" "$bundle/tools" "$bundle/lib"
-  local target path kind pids=()
+  local target path kind
   for target in $tests $benches $smoke; do
     path=${target#//}
     path="bazel-bin/${path/://}"
@@ -184,14 +188,15 @@ cmd_build() {
       *) kind=bench ;;
     esac
     strip -o "$bundle/$kind/$(basename "$path")" "$path"
-    xz -T2 -6 -f "$bundle/$kind/$(basename "$path")" &
-    pids+=($!)
   done
+  # One xz per core (each takes ~100 MiB at -6).
+  find "$bundle/tests" "$bundle/bench" "$bundle/tools" -type f -print0 |
+    xargs -0 -r -n 1 -P "$(nproc)" xz -6 -f
   # Runtime libraries a bare GPU image may lack; `run` uses each only where the machine's is
   # missing (or too old).
   local library
   for library in libgomp.so.1 libstdc++.so.6 libgcc_s.so.1; do
-    path=$(ldconfig -p | awk -v l="$library" '$1 == l && /x86-64/ { print $NF; exit }')
+    path=$(system_library "$library")
     [ -n "$path" ] || die "$library not found here"
     copy_library "$path" "$bundle/lib"
     xz -T2 -6 -f "$bundle/lib/$library"
@@ -201,10 +206,9 @@ cmd_build() {
   pack_openmpi "$staging"
   tar -C "$staging" -cJf "$bundle/openmpi.tar.xz" openmpi
   rm -rf "$staging"
-  wait "${pids[@]}"
   {
     echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (with local changes)')"
-    echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) with --config=cuda on $(. /etc/os-release && echo "$PRETTY_NAME"), $(ldd --version | head -n 1)"
+    echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) with --config=cuda on $(. /etc/os-release && echo "$PRETTY_NAME"), $(ldd --version | sed -n 1p)"
   } >"$bundle/BUILD_INFO"
 
   local total
@@ -357,7 +361,7 @@ setup_libraries() {
         done
       fi
       if [ -n "$found" ]; then
-        if ! printf '%s\n' "${path_dirs[@]}" | grep -qxF "$found"; then
+        if ! grep -qxF "$found" <<<"$(printf '%s\n' "${path_dirs[@]}")"; then
           path_dirs+=("$found")
           library_notes+="$library: from $found"$'\n'
           changed=1
@@ -443,13 +447,13 @@ PY
 
 section() { printf '\n## %s\n' "$1"; }
 
-write_env() {
+# The machine and its GPUs: written before anything is unpacked.
+write_env_machine() {
   local env="$out_dir/env.txt"
   {
     echo "# tools/gpu_check.sh run: the machine, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-    echo "host $(hostname 2>/dev/null || echo unknown); $(uname -srm); $( (. /etc/os-release && echo "$PRETTY_NAME") 2>/dev/null || echo 'unknown OS'); $(ldd --version 2>/dev/null | head -n 1)"
+    echo "host $(hostname 2>/dev/null || echo unknown); $(uname -srm); $( (. /etc/os-release && echo "$PRETTY_NAME") 2>/dev/null || echo 'unknown OS'); $(ldd --version 2>/dev/null | sed -n 1p)"
     echo "user $(id -un 2>/dev/null || id -u); $(nproc) cores; $(awk '/MemTotal/ { printf "%.0f GiB memory", $2 / 1048576 }' /proc/meminfo 2>/dev/null)"
-    [ -f "$unpacked/BUILD_INFO" ] && sed 's/^/bundle: /' "$unpacked/BUILD_INFO"
     section "GPU devices"
     echo "/dev/nvidia*: $(ls /dev/nvidia* 2>/dev/null | paste -sd' ' - || true)"
     [ -n "$(ls /dev/nvidia* 2>/dev/null)" ] || echo "  (none: no GPU device files)"
@@ -466,7 +470,13 @@ write_env() {
       echo "nvidia-smi: not found"
     fi
   } >"$env"
+}
+
+# The bundle's binaries: versions as loaded, library decisions, ldd.
+write_env_binaries() {
   {
+    section "bundle"
+    cat "$unpacked/BUILD_INFO" 2>/dev/null || echo "(no BUILD_INFO)"
     section "versions as loaded (gpu_smoke --versions)"
     local smoke="$unpacked/tools/gpu_smoke"
     if [ ! -x "$smoke" ]; then
@@ -491,7 +501,7 @@ write_env() {
                if (index(file, components) == 1) file = "openmpi/" substr(file, length(components) + 1)
                print file ":"; next }
       { sub(/^[ \t]*/, "    "); print }' "$ldd_output"
-  } >>"$env"
+  } >>"$out_dir/env.txt"
 }
 
 finish_env() {
@@ -525,7 +535,7 @@ collect_entries() {
       grep -qxF "$name" <<<"$all" && ordered+=("$name")
     done
     for name in $all; do
-      printf '%s\n' "${ordered[@]}" | grep -qxF "$name" || ordered+=("$name")
+      grep -qxF "$name" <<<"$(printf '%s\n' "${ordered[@]}")" || ordered+=("$name")
     done
     for name in "${ordered[@]}"; do
       grep -Eq -- "$filter" <<<"$name" || continue
@@ -659,7 +669,8 @@ copy_results() {
   local file
   for file in "$results"/*; do
     [ -f "$file" ] || continue
-    local target="$out_dir/bench_$(basename "$file")"
+    local target
+    target="$out_dir/bench_$(basename "$file")"
     if [ -e "$target" ] || [ "$(find "$out_dir" -maxdepth 1 -type f | wc -l)" -lt 7 ]; then
       cp "$file" "$target.partial" && mv "$target.partial" "$target"
     fi
@@ -668,7 +679,8 @@ copy_results() {
 
 is_ok() { [ "${statuses[$1]}" = ok ]; }
 
-# DIR/summary.md from the entries so far, and DIR/logs.tar.gz; `state` is running, done or stopped.
+# DIR/summary.md from the entries so far, and DIR/logs.tar.gz; `state` is running, finished or
+# stopped.
 write_summary() {
   local state=$1 summary="$out_dir/summary.md.partial" i
   local done_count=0 bad=0 not_run=0 tests_passed=0 tests_failed=0 tests_skipped=0 tests_not_run=0
@@ -845,7 +857,10 @@ cmd_run() {
     [ -n "$timeout_given" ] || timeout_s=400 # memcheck runs many times slower
   fi
 
-  [ -z "$rerun" ] && start_python_probe
+  if [ -z "$rerun" ]; then
+    start_python_probe
+    write_env_machine
+  fi
   unpack_bundle
   setup_libraries
   # TESSEL_REQUIRE_GPU: a gpu test that would skip for lack of a device fails instead.
@@ -865,7 +880,7 @@ cmd_run() {
     add_entry "$entry_kind" "$rerun" "$entry_command" "$entry_timeout"
     smoke_status="not run (rerun)"
     run_entry 0
-    write_summary done
+    write_summary finished
     echo "--- $logs/$rerun.log (end)"
     tail -n 60 "$logs/$rerun.log"
     echo "gpu_check: $rerun: ${statuses[0]}; $out_dir/summary.md"
@@ -874,7 +889,7 @@ cmd_run() {
   fi
 
   collect_entries "$filter" "$skip_tests" "$skip_bench"
-  write_env
+  write_env_binaries
   finish_env
   echo "gpu_check: wrote $out_dir/env.txt ($(($(now) - start_s))s)"
 
@@ -901,7 +916,7 @@ cmd_run() {
     run_entry "$i"
     write_summary running
   done
-  write_summary done
+  write_summary finished
   echo
   sed -n '1,/^## /p' "$out_dir/summary.md" | sed '$d'
   local bad=0
