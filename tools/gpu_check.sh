@@ -56,10 +56,13 @@
 # unless OMPI_MCA_ess_singleton_isolated=1, which `run` sets: one rank needs no daemon. Where the
 # machine has no libmpi.so.40, the bundle's OpenMPI runtime is used: libmpi and the libraries it
 # needs, the MCA components whose own dependencies are in that set (OMPI_MCA_mca_base_component_
-# path) and the help texts (OPAL_PREFIX). Checked here with the system OpenMPI hidden in a mount
-# namespace: MPI_Init_thread, Comm_dup/split, Ibcast, Iallreduce, Isend/Irecv and Ibarrier work
-# on one rank; without the isolated flag, MPI_Init fails looking for orted. As root,
-# OMPI_ALLOW_RUN_AS_ROOT(_CONFIRM)=1 are set too.
+# path) and the help texts (OPAL_PREFIX). An isolated singleton runs MPI_Init_thread,
+# Comm_dup/split, Ibcast, Iallreduce, Isend/Irecv and Ibarrier on one rank with that runtime
+# alone; without the isolated flag, MPI_Init fails looking for orted. (Checked with the
+# system's OpenMPI hidden by an overlay in a mount namespace: the bundled runtime is chosen and
+# the NCCL tests' MPI_Init_thread succeeds.) This tests the code as it runs under mpirun; building
+# those tests without MPI would need a one-rank stand-in for the ~40 MPI calls of //parallel:comm.
+# As root, OMPI_ALLOW_RUN_AS_ROOT(_CONFIRM)=1 are set too.
 #
 # Bench lines (bench/gpu_commands.txt): "label | timeout seconds or - | shell command", run from
 # the repository root with $GPU_BIN (wrapped binaries: $GPU_BIN/bench/train_step_bench), $PYTHON,
@@ -88,7 +91,7 @@ die() {
 # ---------------------------------------------------------------------------------------------
 # build
 
-# Copies `library` (a path) and its dependencies outside $base_libraries into `folder`.
+# Copies `library` (a path, links followed) into `folder`, under its own name.
 copy_library() {
   local library=$1 folder=$2
   cp -L "$library" "$folder/$(basename "$library")"
@@ -656,6 +659,7 @@ run_entry() {
     [ -n "$stopped_in" ] && note="stopped in $stopped_in"
     [ -n "$failures" ] && note="${note:+$note; }failed: $failures"
     [ "$total" -eq 0 ] && [ "$rc" -ne 0 ] && note="${note:+$note; }ended before any test started"
+    [ -n "$sanitizer" ] && [ "$rc" -eq 99 ] && note="${note:+$note; }compute-sanitizer reported errors"
   fi
   statuses[$i]=$status
   notes[$i]=$note
