@@ -716,7 +716,7 @@ write_summary() {
   {
     echo "# $run_title: $verdict"
     echo
-    echo "- $(date -u +%Y-%m-%dT%H:%M:%SZ), ${elapsed}s since the start; per-entry timeout ${timeout_s}s, deadline ${deadline_s}s$([ -n "$gtest_filter" ] && echo ", --gtest-filter '$gtest_filter'")$([ -n "$sanitizer" ] && echo ", under compute-sanitizer")$([ -n "$launch_blocking" ] && echo ", CUDA_LAUNCH_BLOCKING=1")."
+    echo "- $(date -u +%Y-%m-%dT%H:%M:%SZ), ${elapsed}s since the start; per-entry timeout ${timeout_s}s, $([ "$deadline_at" -gt 0 ] && echo "deadline ${deadline_s}s" || echo "no deadline")$([ -n "$gtest_filter" ] && echo ", --gtest-filter '$gtest_filter'")$([ -n "$sanitizer" ] && echo ", under compute-sanitizer")$([ -n "$launch_blocking" ] && echo ", CUDA_LAUNCH_BLOCKING=1")."
     [ -f "$unpacked/BUILD_INFO" ] && sed 's/^/- bundle: /' "$unpacked/BUILD_INFO"
     echo "- smoke check: ${smoke_status:-not run}"
     echo "- tests: $tests_passed passed, $tests_failed failed, $tests_skipped skipped, $tests_not_run not run (in the binaries that started); entries not run: $not_run"
