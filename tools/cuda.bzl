@@ -113,12 +113,13 @@ def gpu_test(name, srcs, deps = [], tags = [], **kwargs):
     """A cc_test tagged `gpu` (./tessel test skips it), linked statically with //cuda:backend.
 
     Static linking keeps the binary self-contained, so tools/gpu_check.sh can copy it to a GPU
-    machine. In the CPU build the sources are replaced by a placeholder test that skips.
+    machine. In the CPU build the sources are replaced by a placeholder test that skips (fails
+    under TESSEL_REQUIRE_GPU). Tests use TESSEL_SKIP_IF_NO_GPU() from tests/gpu_skip.h.
     """
     native.cc_test(
         name = name,
         srcs = _if_cuda(srcs, ["//tools:gpu_test_placeholder.cc"]),
-        deps = deps + ["//cuda:backend", "//tests:testing", "@gtest//:gtest_main"],
+        deps = deps + ["//cuda:backend", "//tests:gpu_skip", "//tests:testing", "@gtest//:gtest_main"],
         tags = tags + ["gpu"],
         linkstatic = True,
         **kwargs

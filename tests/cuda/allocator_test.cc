@@ -15,6 +15,7 @@
 #include "memory/memory.h"
 #include "memory/residency_manager.h"
 #include "ops/ops.h"
+#include "tests/gpu_skip.h"
 #include "tests/testing.h"
 
 namespace tessel {
@@ -23,9 +24,6 @@ namespace {
 using memory::CachingAllocatorOptions;
 using testing::bitwise_equal;
 using testing::throws_error;
-
-#define REQUIRE_GPU() \
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine"
 
 constexpr size_t kMiB = size_t{1} << 20;
 
@@ -57,7 +55,7 @@ TEST(CudaAllocator, WithoutAGpuTheFirstAllocationSaysSo) {
 }
 
 TEST(CudaAllocator, EachDeviceHasItsOwnAllocator) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   if (cuda::device_count() < 2) GTEST_SKIP() << "one GPU: nothing to compare cuda:1 with";
   Tensor values = randn({256, 256});
   Tensor on_0 = values.to(Device::cuda(0));
@@ -71,7 +69,7 @@ TEST(CudaAllocator, EachDeviceHasItsOwnAllocator) {
 }
 
 TEST(CudaAllocator, AMemoryScopeBudgetsItsGpuAndGivesItBackAfter) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   auto outside = cuda::caching_allocator(0);
   {
     memory::MemoryScope scope(memory::MemoryOptions()
@@ -90,7 +88,7 @@ TEST(CudaAllocator, AMemoryScopeBudgetsItsGpuAndGivesItBackAfter) {
 }
 
 TEST(CudaAllocator, BudgetDefaultsToTheFreeDeviceMemory) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   size_t free_bytes = 0, total_bytes = 0;
   TESSEL_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
   cuda::CudaCachingAllocator allocator(0);
@@ -100,7 +98,7 @@ TEST(CudaAllocator, BudgetDefaultsToTheFreeDeviceMemory) {
 }
 
 TEST(CudaAllocator, AnExplicitBudgetIsAHardLimit) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   cuda::CudaCachingAllocator allocator(0, CachingAllocatorOptions().budget(8 * kMiB));
   void* first = allocator.allocate(6 * kMiB, cuda::kComputeStreamId);
   EXPECT_THROW(allocator.allocate(4 * kMiB, cuda::kComputeStreamId), OutOfMemory);
@@ -110,7 +108,7 @@ TEST(CudaAllocator, AnExplicitBudgetIsAHardLimit) {
 }
 
 TEST(CudaAllocator, ComputeStreamFreesAreReusedAtOnce) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   cuda::CudaCachingAllocator allocator(0, CachingAllocatorOptions().budget(64 * kMiB));
   void* first = allocator.allocate(3 * kMiB, cuda::kComputeStreamId);
   TESSEL_CUDA_CHECK(cudaMemsetAsync(first, 1, 3 * kMiB, cuda::compute_stream(0)));
@@ -123,7 +121,7 @@ TEST(CudaAllocator, ComputeStreamFreesAreReusedAtOnce) {
 }
 
 TEST(CudaAllocator, ABlockStillUsedByTheCopyStreamIsReusedOnlyAfterItsEvent) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   cuda::CudaCachingAllocator allocator(0, CachingAllocatorOptions().budget(64 * kMiB));
   void* block = allocator.allocate(3 * kMiB, cuda::kCopyStreamId);
   StreamGate gate(cuda::copy_stream(0));
@@ -142,7 +140,7 @@ TEST(CudaAllocator, ABlockStillUsedByTheCopyStreamIsReusedOnlyAfterItsEvent) {
 }
 
 TEST(CudaAllocator, RecordStreamDefersTheReuseOfAComputeBlock) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   cuda::CudaCachingAllocator allocator(0, CachingAllocatorOptions().budget(64 * kMiB));
   void* block = allocator.allocate(3 * kMiB, cuda::kComputeStreamId);
   StreamGate gate(cuda::copy_stream(0));
@@ -157,7 +155,7 @@ TEST(CudaAllocator, RecordStreamDefersTheReuseOfAComputeBlock) {
 }
 
 TEST(CudaAllocator, OutOfMemoryWaitsForPendingFreesBeforeGivingUp) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   cuda::CudaCachingAllocator allocator(0, CachingAllocatorOptions().budget(4 * kMiB));
   void* block = allocator.allocate(4 * kMiB, cuda::kCopyStreamId);
   auto gate = std::make_unique<StreamGate>(cuda::copy_stream(0));
@@ -173,7 +171,7 @@ TEST(CudaAllocator, OutOfMemoryWaitsForPendingFreesBeforeGivingUp) {
 }
 
 TEST(CudaAllocator, TensorsOnCudaComeFromTheInstalledCachingAllocator) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   auto allocator = cuda::caching_allocator(0);
   EXPECT_EQ(memory::allocator_for(Device::cuda()).get(), allocator.get());
   const int64_t before = allocator->stats().allocated_bytes;
@@ -183,7 +181,7 @@ TEST(CudaAllocator, TensorsOnCudaComeFromTheInstalledCachingAllocator) {
 }
 
 TEST(CudaAllocator, SwapsUsePinnedHostMemory) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   cuda::caching_allocator(0);
   void* host = memory::host_allocator()->allocate(kMiB, memory::Stream{});
   cudaPointerAttributes attributes{};
@@ -193,7 +191,7 @@ TEST(CudaAllocator, SwapsUsePinnedHostMemory) {
 }
 
 TEST(CudaAllocator, TheHostLinkCopiesBothWaysOnTheCopyStream) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   auto engine = memory::copy_engine_for(DeviceType::kCuda);
   ASSERT_NE(engine, nullptr);
   memory::HostLink link(25e9, engine);
@@ -209,7 +207,7 @@ TEST(CudaAllocator, TheHostLinkCopiesBothWaysOnTheCopyStream) {
 }
 
 TEST(CudaResidency, ASwappedTensorComesBackBitwiseThroughPinnedMemory) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   auto allocator = cuda::caching_allocator(0);
   auto manager = std::make_shared<memory::ResidencyManager>(
       allocator, memory::ResidencyOptions(memory::Policy::kSwap).min_candidate_bytes(0));

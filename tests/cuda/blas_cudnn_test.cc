@@ -16,6 +16,7 @@
 #include "cuda/cudnn_ops.h"
 #include "cuda/runtime.h"
 #include "ops/ops.h"
+#include "tests/gpu_skip.h"
 #include "tests/testing.h"
 
 namespace tessel {
@@ -25,11 +26,6 @@ using testing::all_close;
 using testing::bitwise_equal;
 using Inputs = std::vector<Tensor>;
 using Fn = std::function<Tensor(const Inputs&)>;
-
-#define REQUIRE_GPU()                                             \
-  do {                                                            \
-    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA GPU"; \
-  } while (0)
 
 struct Tolerance {
   double rtol = 1e-5, atol = 1e-6;
@@ -84,7 +80,7 @@ Tensor leaf(const Shape& sizes, DType dtype = DType::kFloat32) {
 // ---- cuBLAS ----
 
 TEST(CudaMatmul, MatchesCpuForSeveralShapes) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   const std::vector<std::array<int64_t, 3>> shapes{{1, 1, 1}, {7, 5, 3}, {64, 33, 17}, {3, 128, 1}};
   for (auto [n, k, m] : shapes) {
     SCOPED_TRACE(std::to_string(n) + "x" + std::to_string(k) + "x" + std::to_string(m));
@@ -97,7 +93,7 @@ TEST(CudaMatmul, MatchesCpuForSeveralShapes) {
 }
 
 TEST(CudaMatmul, TransposedOperandsAreReadInPlace) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   expect_cuda_matches_cpu(
       {leaf({5, 9}), leaf({6, 5})}, [](const Inputs& in) { return matmul(in[0].t(), in[1].t()); },
       kF32);
@@ -107,7 +103,7 @@ TEST(CudaMatmul, TransposedOperandsAreReadInPlace) {
 }
 
 TEST(CudaMatmul, StridedOperandsAreCopied) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   // Every other column: neither row- nor column-major.
   expect_cuda_matches_cpu(
       {leaf({6, 10}), leaf({5, 4})},
@@ -115,13 +111,13 @@ TEST(CudaMatmul, StridedOperandsAreCopied) {
 }
 
 TEST(CudaMatmul, EmptyInnerDimensionGivesZeros) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   Tensor product = matmul(zeros({3, 0}).to(Device::cuda(0)), zeros({0, 4}).to(Device::cuda(0)));
   EXPECT_TRUE(bitwise_equal(product.to(Device::cpu()), zeros({3, 4})));
 }
 
 TEST(CudaBmm, MatchesCpuWithTransposesAndBroadcastBatch) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   expect_cuda_matches_cpu(
       {leaf({3, 4, 5}), leaf({3, 5, 6})}, [](const Inputs& in) { return bmm(in[0], in[1]); }, kF32);
   expect_cuda_matches_cpu(
@@ -141,7 +137,7 @@ TEST(CudaBmm, MatchesCpuWithTransposesAndBroadcastBatch) {
 }
 
 TEST(CudaLinear, MatchesCpuWithAndWithoutBias) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   expect_cuda_matches_cpu(
       {leaf({8, 5}), leaf({3, 5}), leaf({3})},
       [](const Inputs& in) { return linear(in[0], in[1], in[2]); }, kF32);
@@ -153,7 +149,7 @@ TEST(CudaLinear, MatchesCpuWithAndWithoutBias) {
 }
 
 TEST(CudaLinear, TransposedInputAndWeightAreReadInPlace) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   expect_cuda_matches_cpu(
       {leaf({5, 8}), leaf({5, 3}), leaf({3})},
       [](const Inputs& in) { return linear(in[0].t(), in[1].t(), in[2]); }, kF32);
@@ -164,7 +160,7 @@ TEST(CudaLinear, TransposedInputAndWeightAreReadInPlace) {
 }
 
 TEST(CudaBlas, Bf16ProductsMatchCpuWithinBf16Precision) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   auto bf16 = [](const Tensor& t) { return to_dtype(t, DType::kBFloat16); };
   auto f32 = [](const Tensor& t) { return to_dtype(t, DType::kFloat32); };
   expect_cuda_matches_cpu(
@@ -179,7 +175,7 @@ TEST(CudaBlas, Bf16ProductsMatchCpuWithinBf16Precision) {
 }
 
 TEST(CudaBlas, Tf32IsOffByDefaultAndCloseWhenAllowed) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   EXPECT_FALSE(cuda::allow_tf32());
   Tensor a = randn({64, 256}), b = randn({256, 32});
   Tensor expected = matmul(a, b);
@@ -191,7 +187,7 @@ TEST(CudaBlas, Tf32IsOffByDefaultAndCloseWhenAllowed) {
 }
 
 TEST(CudaAutocast, LinearAndConvRunInBf16AndGradientsReachF32Weights) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   const Device gpu = Device::cuda(0);
   Tensor x = randn({4, 8}).to(gpu);
   Tensor w = randn({3, 8}).to(gpu).set_requires_grad(true);
@@ -238,7 +234,7 @@ Fn conv_fn(const ConvCase& c) {
 }
 
 TEST(CudaConv2d, MatchesCpuForwardAndBackward) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   for (const ConvCase& c : conv_cases()) {
     SCOPED_TRACE(shape_str(c.input) + " * " + shape_str(c.weight));
     expect_cuda_matches_cpu({leaf(c.input), leaf(c.weight), leaf({c.weight[0]})}, conv_fn(c),
@@ -250,7 +246,7 @@ TEST(CudaConv2d, MatchesCpuForwardAndBackward) {
 }
 
 TEST(CudaConv2d, NonContiguousInputsAreCopied) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   // NHWC memory seen as NCHW, and a weight sliced along its output channels.
   expect_cuda_matches_cpu(
       {leaf({2, 8, 8, 3}), leaf({8, 3, 3, 3})},
@@ -262,7 +258,7 @@ TEST(CudaConv2d, NonContiguousInputsAreCopied) {
 }
 
 TEST(CudaConv2d, Bf16MatchesCpuWithinBf16Precision) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   auto bf16 = [](const Tensor& t) { return to_dtype(t, DType::kBFloat16); };
   for (const ConvCase& c : conv_cases()) {
     SCOPED_TRACE(shape_str(c.input) + " * " + shape_str(c.weight));
@@ -277,7 +273,7 @@ TEST(CudaConv2d, Bf16MatchesCpuWithinBf16Precision) {
 }
 
 TEST(CudaConv2d, AlgorithmSearchRunsOncePerShape) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   cuda::clear_conv_algorithm_cache();
   Tensor x = randn({2, 3, 12, 12}).to(Device::cuda(0));
   Tensor w = randn({5, 3, 3, 3}).to(Device::cuda(0));
@@ -316,7 +312,7 @@ class RefusingAllocator : public memory::Allocator {
 };
 
 TEST(CudaConv2d, FallsBackToASmallerWorkspaceWhenTheAllocatorRefuses) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   constexpr size_t kLimit = 512 * 1024;  // above every tensor here, below FFT workspaces
   auto original = memory::allocator_for(Device::cuda(0));
   auto refusing = std::make_shared<RefusingAllocator>(original, kLimit);
@@ -344,7 +340,7 @@ TEST(CudaConv2d, FallsBackToASmallerWorkspaceWhenTheAllocatorRefuses) {
 // ---- batch norm ----
 
 TEST(CudaBatchNorm, TrainingMatchesCpuAndUpdatesRunningStatistics) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   for (const Shape& shape : std::vector<Shape>{{4, 3, 5, 5}, {8, 6}, {2, 4, 3}}) {
     SCOPED_TRACE(shape_str(shape));
     const int64_t channels = shape[1];
@@ -366,7 +362,7 @@ TEST(CudaBatchNorm, TrainingMatchesCpuAndUpdatesRunningStatistics) {
 }
 
 TEST(CudaBatchNorm, EvalAndF64MatchCpu) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   Tensor mean = randn({3}), var = add(rand({3}), 0.5);
   expect_cuda_matches_cpu(
       {leaf({2, 3, 4, 4}), leaf({3}), leaf({3})},
@@ -388,7 +384,7 @@ TEST(CudaBatchNorm, EvalAndF64MatchCpu) {
 // ---- pooling ----
 
 TEST(CudaPool, MaxPoolMatchesCpuIncludingIndices) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   struct Case {
     Shape input;
     std::vector<int64_t> kernel, stride, padding, dilation;
@@ -423,14 +419,14 @@ TEST(CudaPool, MaxPoolMatchesCpuIncludingIndices) {
 }
 
 TEST(CudaPool, MaxPoolPropagatesNaN) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   Tensor x = tensor({1, NAN, 3, 4}, {1, 1, 2, 2});
   Tensor pooled = max_pool2d(x.to(Device::cuda(0)), {2, 2}).to(Device::cpu());
   EXPECT_TRUE(std::isnan(pooled.item<float>()));
 }
 
 TEST(CudaPool, AvgPoolMatchesCpu) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   for (bool count_include_pad : {true, false}) {
     for (bool ceil_mode : {false, true}) {
       expect_cuda_matches_cpu(
@@ -450,7 +446,7 @@ TEST(CudaPool, AvgPoolMatchesCpu) {
 }
 
 TEST(CudaPool, AdaptiveAvgPoolMatchesCpuShrinkingAndGrowing) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   for (auto [input, output] : std::vector<std::pair<Shape, std::vector<int64_t>>>{
            {{2, 3, 7, 7}, {1, 1}}, {{2, 3, 7, 9}, {3, 4}}, {{1, 2, 3, 2}, {5, 7}}}) {
     SCOPED_TRACE(shape_str(input));

@@ -5,6 +5,7 @@
 
 #include "cuda/runtime.h"
 #include "gtest/gtest.h"
+#include "tests/gpu_skip.h"
 
 namespace tessel::cuda {
 namespace {
@@ -22,7 +23,7 @@ TEST(CudaDeviceFunctions, PhiloxStreamAndCastsMatchTheCpuBitForBit) {
 // randn on the GPU draws the CPU's numbers: CUDA's double log, sqrt, sin and cos are within an
 // ulp or two of glibc's, which the rounding to float absorbs.
 TEST(CudaDeviceFunctions, NormalsDrawnOnTheGpuMatchTheCpuBitForBit) {
-  if (device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine";
+  TESSEL_SKIP_IF_NO_GPU();
   EXPECT_EQ(count_gpu_normal_mismatches(1 << 20), 0);
 }
 

@@ -12,6 +12,7 @@
 #include "models/bert.h"
 #include "models/resnet.h"
 #include "ops/ops.h"
+#include "tests/gpu_skip.h"
 #include "tests/testing.h"
 #include "train/optim/sgd.h"
 
@@ -21,9 +22,6 @@ namespace {
 using testing::all_close;
 
 constexpr double kModelRtol = 1e-4;
-
-#define SKIP_WITHOUT_GPU() \
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device (cuda::device_count() == 0)"
 
 // The loss of one forward pass of `model` on `device` (the batch is moved there).
 using StepLoss = std::function<Tensor(nn::Module& model, Device device)>;
@@ -69,7 +67,7 @@ void expect_same_step(const std::function<std::shared_ptr<nn::Module>()>& build,
 }
 
 TEST(CudaModelStep, ResNet18SmallStemMatchesCpu) {
-  SKIP_WITHOUT_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   manual_seed(11);
   const Tensor images = randn({4, 1, 16, 16});
   const Tensor labels = randint(0, 10, {4});
@@ -84,7 +82,7 @@ TEST(CudaModelStep, ResNet18SmallStemMatchesCpu) {
 }
 
 TEST(CudaModelStep, BertTinyMatchesCpu) {
-  SKIP_WITHOUT_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   constexpr int64_t kVocab = 120;
   manual_seed(12);
   const Tensor input_ids = randint(0, kVocab, {2, 16});

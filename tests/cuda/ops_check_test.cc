@@ -13,6 +13,7 @@
 #include "core/rng.h"
 #include "cuda/runtime.h"
 #include "ops/ops.h"
+#include "tests/gpu_skip.h"
 #include "tests/testing.h"
 
 namespace tessel {
@@ -863,8 +864,6 @@ DeviceRun run_case(const OpCase& c, const Inputs& cpu_inputs, const Inputs& cpu_
   return all_close(actual, expected, c.rtol, c.atol);
 }
 
-bool skip_without_gpu() { return cuda::device_count() == 0; }
-
 // Every op is a view (no kernel), has a skip reason, or has a CUDA kernel and a case.
 TEST(CudaOps, EveryRegisteredOpHasACaseOrASkipReason) {
   std::set<std::string> covered;
@@ -879,7 +878,7 @@ TEST(CudaOps, EveryRegisteredOpHasACaseOrASkipReason) {
 }
 
 TEST(CudaOps, ForwardAndBackwardMatchCpu) {
-  if (skip_without_gpu()) GTEST_SKIP() << "no CUDA device (cuda::device_count() == 0)";
+  TESSEL_SKIP_IF_NO_GPU();
   // Which ops each case actually ran on the GPU.
   std::set<std::string> ran_on_cuda;
   TraceHook previous = set_trace_hook([&](const OpDef& op, const std::vector<Tensor>&,
@@ -933,7 +932,7 @@ TEST(CudaOps, ForwardAndBackwardMatchCpu) {
 }
 
 TEST(CudaOps, BadIndicesGiveTheCpuMessage) {
-  if (skip_without_gpu()) GTEST_SKIP() << "no CUDA device (cuda::device_count() == 0)";
+  TESSEL_SKIP_IF_NO_GPU();
   const Device gpu = Device::cuda(0);
   Tensor weight = randn({4, 3}).to(gpu);
   Tensor indices = from_vector<int64_t>({0, 7}, {2}).to(gpu);
@@ -946,7 +945,7 @@ TEST(CudaOps, BadIndicesGiveTheCpuMessage) {
 }
 
 TEST(CudaOps, DropoutMaskIsTheCpuMaskForTheSameSeed) {
-  if (skip_without_gpu()) GTEST_SKIP() << "no CUDA device (cuda::device_count() == 0)";
+  TESSEL_SKIP_IF_NO_GPU();
   const OpDef& op = OpRegistry::get().find("dropout");
   Tensor x = randn({1000, 3});
   Attrs attrs{{"p", 0.5}, {"rng_seed", int64_t{123}}, {"rng_offset", int64_t{456}}};

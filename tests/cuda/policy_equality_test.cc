@@ -7,6 +7,7 @@
 
 #include "cuda/runtime.h"
 #include "gtest/gtest.h"
+#include "tests/gpu_skip.h"
 
 namespace tessel::memory {
 namespace {
@@ -14,7 +15,7 @@ namespace {
 class CudaPolicyEquality : public ::testing::TestWithParam<PolicyEqualityCase> {};
 
 TEST_P(CudaPolicyEquality, TrainsLikeWithoutABudgetAtEveryActivationFraction) {
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine";
+  TESSEL_SKIP_IF_NO_GPU();
   const Policy policy = GetParam().policy;
   check_policy_equality(GetParam().model, policy, Device::cuda(0), /*bitwise=*/false);
 }

@@ -6,15 +6,13 @@
 #include "core/error.h"
 #include "cuda/selftest.h"
 #include "gtest/gtest.h"
+#include "tests/gpu_skip.h"
 #include "tests/testing.h"
 
 namespace tessel {
 namespace {
 
 using testing::throws_error;
-
-#define REQUIRE_GPU() \
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine"
 
 TEST(CudaCheck, ErrorNamesFileLineExpressionAndMessage) {
   EXPECT_TRUE(throws_error([] { TESSEL_CUDA_CHECK(cudaErrorInvalidValue); }, "runtime_test.cc:"));
@@ -40,14 +38,14 @@ TEST(CudaDevices, NoGpuIsAClearError) {
 }
 
 TEST(CudaDevices, OutOfRangeDeviceIsAClearError) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   int count = cuda::device_count();
   EXPECT_TRUE(throws_error([count] { cuda::compute_stream(count); }, "no device cuda:"));
   EXPECT_TRUE(throws_error([] { cuda::check_device(-1); }, "no device cuda:-1"));
 }
 
 TEST(CudaStreams, OneComputeAndOneCopyStreamPerDeviceBothNonBlocking) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   cudaStream_t compute = cuda::compute_stream(0);
   cudaStream_t copy = cuda::copy_stream(0);
   EXPECT_NE(compute, copy);
@@ -63,7 +61,7 @@ TEST(CudaStreams, OneComputeAndOneCopyStreamPerDeviceBothNonBlocking) {
 }
 
 TEST(CudaStreams, LibraryHandlesAreBoundToTheComputeStream) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   cudaStream_t bound = nullptr;
   TESSEL_CUBLAS_CHECK(cublasGetStream(cuda::cublas_handle(0), &bound));
   EXPECT_EQ(bound, cuda::compute_stream(0));
@@ -72,7 +70,7 @@ TEST(CudaStreams, LibraryHandlesAreBoundToTheComputeStream) {
 }
 
 TEST(CudaStreams, Tf32IsOffByDefaultAndFollowsTheFlag) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   cublasMath_t mode;
   TESSEL_CUBLAS_CHECK(cublasGetMathMode(cuda::cublas_handle(0), &mode));
   EXPECT_EQ(mode, CUBLAS_DEFAULT_MATH);
@@ -83,7 +81,7 @@ TEST(CudaStreams, Tf32IsOffByDefaultAndFollowsTheFlag) {
 }
 
 TEST(CudaStreams, EventsOrderWorkAcrossStreams) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   cuda::Event event;
   event.record(cuda::copy_stream(0));
   event.synchronize();
@@ -93,7 +91,7 @@ TEST(CudaStreams, EventsOrderWorkAcrossStreams) {
 }
 
 TEST(CudaDevices, GuardRestoresThePreviousDevice) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   int before = cuda::current_device();
   {
     cuda::DeviceGuard guard(cuda::device_count() - 1);
@@ -103,12 +101,12 @@ TEST(CudaDevices, GuardRestoresThePreviousDevice) {
 }
 
 TEST(CudaKernels, AKernelRunsOnTheComputeStream) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   EXPECT_TRUE(cuda::selftest_fill(0, 100003, 3.5f));
 }
 
 TEST(CudaKernels, AnInvalidLaunchIsReportedWithItsMessage) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   EXPECT_TRUE(throws_error([] { TESSEL_CUDA_CHECK(cudaMalloc(nullptr, 16)); }, "cudaMalloc"));
 }
 

@@ -7,6 +7,7 @@
 #include "cuda/copy.h"
 #include "cuda/runtime.h"
 #include "ops/ops.h"
+#include "tests/gpu_skip.h"
 #include "tests/testing.h"
 
 namespace tessel {
@@ -14,9 +15,6 @@ namespace {
 
 using testing::bitwise_equal;
 using testing::throws_error;
-
-#define REQUIRE_GPU() \
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine"
 
 TEST(CudaTransfer, TheCudaBuildHasTheTransfer) { EXPECT_TRUE(cuda_transfers_built()); }
 
@@ -26,7 +24,7 @@ TEST(CudaTransfer, WithoutAGpuMovingToCudaSaysSo) {
 }
 
 TEST(CudaTransfer, RoundTripIsBitwiseForEveryDtype) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kInt64, DType::kBool,
                       DType::kBFloat16, DType::kFloat16, DType::kInt32}) {
     Tensor x = (randn({37, 5}) * 100.0).to(dtype);
@@ -38,7 +36,7 @@ TEST(CudaTransfer, RoundTripIsBitwiseForEveryDtype) {
 }
 
 TEST(CudaTransfer, NonContiguousSourcesArriveContiguous) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   Tensor x = randn({6, 4, 5});
   Tensor transposed = x.permute({2, 0, 1});
   Tensor on_gpu = transposed.to(Device::cuda());
@@ -52,7 +50,7 @@ TEST(CudaTransfer, NonContiguousSourcesArriveContiguous) {
 }
 
 TEST(CudaTransfer, BroadcastSourcesAreExpandedOnBothSides) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   Tensor row = randn({1, 7});
   Tensor expanded = row.expand({5, 7});
   EXPECT_TRUE(bitwise_equal(expanded.to(Device::cuda()).to(Device::cpu()), expanded.contiguous()));
@@ -61,7 +59,7 @@ TEST(CudaTransfer, BroadcastSourcesAreExpandedOnBothSides) {
 }
 
 TEST(CudaTransfer, NonBlockingCopiesAreOrderedBeforeLaterWork) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   std::vector<Tensor> sources, copies;
   for (int i = 0; i < 8; ++i) {
     sources.push_back(randn({256, 1024}));
@@ -72,13 +70,13 @@ TEST(CudaTransfer, NonBlockingCopiesAreOrderedBeforeLaterWork) {
 }
 
 TEST(CudaTransfer, EmptyTensorsMove) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   Tensor x = randn({0, 3});
   EXPECT_EQ(x.to(Device::cuda()).to(Device::cpu()).sizes(), x.sizes());
 }
 
 TEST(CudaTransfer, TheGradientComesBackToTheSourceDevice) {
-  REQUIRE_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   Tensor x = randn({3, 4}, DType::kFloat64).set_requires_grad(true);
   Tensor y = x.to(Device::cuda());
   Tensor z = y.to(Device::cpu());

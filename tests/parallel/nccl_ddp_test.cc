@@ -15,6 +15,7 @@
 #include "ops/ops.h"
 #include "parallel/communicator.h"
 #include "parallel/ddp.h"
+#include "tests/gpu_skip.h"
 #include "tests/parallel/one_rank_mpi.h"
 #include "tests/testing.h"
 #include "train/optim/sgd.h"
@@ -50,7 +51,7 @@ TEST(NcclDataParallel, LinkingParallelNcclRegistersTheCudaBackend) {
 // buckets, so several all-reduces are in flight in each backward; with find_unused_parameters
 // the used-parameter flags go over NCCL too.
 TEST(NcclDataParallel, OneRankDdpOverNcclTrainsLikePlainTraining) {
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no GPU (cuda::device_count() == 0)";
+  TESSEL_SKIP_IF_NO_GPU();
   const Device gpu = Device::cuda(0);
   auto group = make_device_communicator(MPI_COMM_WORLD, gpu, CommOptions().name("dp"));
   ASSERT_EQ(group->device(), gpu);
@@ -99,7 +100,7 @@ TEST(NcclDataParallel, OneRankDdpOverNcclTrainsLikePlainTraining) {
 }
 
 TEST(NcclDataParallel, AModuleLeftOnTheCpuIsAClearError) {
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no GPU (cuda::device_count() == 0)";
+  TESSEL_SKIP_IF_NO_GPU();
   auto group = make_device_communicator(MPI_COMM_WORLD, Device::cuda(0), CommOptions().name("dp"));
   auto on_cpu = make_conv_net(Device::cpu());
   EXPECT_TRUE(throws_error([&] { DistributedDataParallel ddp(on_cpu, group); },

@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "ops/ops.h"
 #include "parallel/nccl_communicator.h"
+#include "tests/gpu_skip.h"
 #include "tests/parallel/one_rank_mpi.h"
 #include "tests/testing.h"
 
@@ -26,7 +27,7 @@ Tensor on_gpu(const std::vector<float>& values, const Shape& sizes) {
 }
 
 TEST(NcclCommunicator, OneRankCollectivesKeepTheValues) {
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
+  TESSEL_SKIP_IF_NO_GPU();
   auto nccl = NcclCommunicator::world(0);
   EXPECT_EQ(nccl->rank(), 0);
   EXPECT_EQ(nccl->size(), 1);
@@ -59,7 +60,7 @@ TEST(NcclCommunicator, OneRankCollectivesKeepTheValues) {
 }
 
 TEST(NcclCommunicator, BadArgumentsAreClearErrors) {
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
+  TESSEL_SKIP_IF_NO_GPU();
   auto nccl = NcclCommunicator::world(0);
   Tensor on_cpu = ones({4});
   EXPECT_TRUE(throws_error([&] { nccl->all_reduce(on_cpu); }, "MPI communicators take CPU"));

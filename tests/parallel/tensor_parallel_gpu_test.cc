@@ -18,6 +18,7 @@
 #include "parallel/communicator.h"
 #include "parallel/process_group.h"
 #include "parallel/tensor_parallel.h"
+#include "tests/gpu_skip.h"
 #include "tests/parallel/one_rank_mpi.h"
 #include "tests/testing.h"
 
@@ -78,9 +79,7 @@ std::pair<Tensor, Tensor> run(const TpOp& op, const Case& c, const Tensor& value
 
 class TensorParallelGpu : public ::testing::Test {
  protected:
-  void SetUp() override {
-    if (cuda::device_count() == 0) GTEST_SKIP() << "no GPU (cuda::device_count() == 0)";
-  }
+  void SetUp() override { TESSEL_SKIP_IF_NO_GPU(); }
 };
 
 TEST_F(TensorParallelGpu, TheGridsTpGroupOnAGpuIsNccl) {

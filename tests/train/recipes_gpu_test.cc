@@ -14,6 +14,7 @@
 #include "cuda/runtime.h"
 #include "gtest/gtest.h"
 #include "ops/ops.h"
+#include "tests/gpu_skip.h"
 #include "tests/testing.h"
 #include "tests/train/train_test_util.h"
 
@@ -27,9 +28,6 @@ using testing::all_close;
 // since differences grow over the steps.
 constexpr double kRtol = 1e-3;
 constexpr double kAtol = 1e-5;
-
-#define SKIP_WITHOUT_GPU() \
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device (cuda::device_count() == 0)"
 
 std::string fresh_dir(const std::string& name) {
   const fs::path path = fs::path(::testing::TempDir()) / "recipes_gpu" / name;
@@ -121,7 +119,7 @@ std::vector<std::string> mlp_args(const std::string& data) {
 }
 
 TEST(RecipesOnCuda, MlpLossesMatchCpu) {
-  SKIP_WITHOUT_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   const std::string data = fresh_dir("mlp_data");
   write_synthetic_fashion_mnist_split(data, "train", 320);
   write_synthetic_fashion_mnist_split(data, "t10k", 100);
@@ -129,7 +127,7 @@ TEST(RecipesOnCuda, MlpLossesMatchCpu) {
 }
 
 TEST(RecipesOnCuda, ResNetWithAugmentationLossesMatchCpu) {
-  SKIP_WITHOUT_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   const std::string data = fresh_dir("resnet_data");
   write_synthetic_fashion_mnist_split(data, "train", 96);
   write_synthetic_fashion_mnist_split(data, "t10k", 32);
@@ -140,7 +138,7 @@ TEST(RecipesOnCuda, ResNetWithAugmentationLossesMatchCpu) {
 }
 
 TEST(RecipesOnCuda, BertTinyLossesMatchCpu) {
-  SKIP_WITHOUT_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   const std::string data = fresh_dir("bert_data");
   const std::string work = fresh_dir("bert_work");
   // Dropout draws the same Philox numbers on both devices.
@@ -153,7 +151,7 @@ TEST(RecipesOnCuda, BertTinyLossesMatchCpu) {
 // --memory_budget on the GPU: half of the measured activation memory under auto (evictions and
 // swaps over pinned host memory) trains like the CPU run without a budget.
 TEST(RecipesOnCuda, ResNetUnderAHalfBudgetOnTheGpuLossesMatchCpu) {
-  SKIP_WITHOUT_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   const std::string data = fresh_dir("budget_data");
   write_synthetic_fashion_mnist_split(data, "train", 128);
   write_synthetic_fashion_mnist_split(data, "t10k", 32);
@@ -176,7 +174,7 @@ TEST(RecipesOnCuda, ResNetUnderAHalfBudgetOnTheGpuLossesMatchCpu) {
 // Checkpoints written from GPU tensors hold the values training reached, and load back into GPU
 // tensors (or CPU ones): resuming at step 3 ends where the uninterrupted GPU run ended.
 TEST(RecipesOnCuda, CheckpointsSaveFromAndResumeOntoTheGpu) {
-  SKIP_WITHOUT_GPU();
+  TESSEL_SKIP_IF_NO_GPU();
   const std::string data = fresh_dir("checkpoint_data");
   write_synthetic_fashion_mnist_split(data, "train", 320);
   write_synthetic_fashion_mnist_split(data, "t10k", 100);
