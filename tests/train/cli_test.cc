@@ -33,7 +33,7 @@ TEST(TrainCli, HelpListsEveryFlagAndTheRecipes) {
   for (const char* flag :
        {"--recipe", "--model", "--data", "--batch_size", "--lr", "--epochs", "--steps", "--seed",
         "--threads", "--eval_every", "--log_every", "--metrics", "--checkpoint_dir",
-        "--checkpoint_every", "--resume", "--work_dir", "--device"})
+        "--checkpoint_every", "--resume", "--work_dir", "--device", "--optimizer"})
     EXPECT_NE(result.out.find(flag), std::string::npos) << flag;
   for (const char* recipe :
        {"resnet18_fashion_mnist", "shufflenet_v2_fashion_mnist", "bert_mlm_fortunes",
@@ -106,6 +106,18 @@ TEST(TrainCli, MetaDeviceIsRefused) {
   config.device = "meta";
   EXPECT_TRUE(throws_error([&] { resolve_config(find_recipe("mlp_fashion_mnist"), config); },
                            "--device: the meta device holds shapes only"));
+}
+
+// --optimizer takes one of the optimizers the recipe offers; the first is its default.
+TEST(TrainCli, OptimizerIsOneTheRecipeOffers) {
+  TrainConfig config;
+  EXPECT_EQ(*resolve_config(find_recipe("mlp_fashion_mnist"), config).optimizer, "adam");
+  EXPECT_EQ(*resolve_config(find_recipe("bert_mlm_fortunes"), config).optimizer, "adamw");
+  config.optimizer = "sgd";
+  EXPECT_EQ(*resolve_config(find_recipe("mlp_fashion_mnist"), config).optimizer, "sgd");
+  config.optimizer = "adam";
+  EXPECT_TRUE(throws_error([&] { resolve_config(find_recipe("resnet18_fashion_mnist"), config); },
+                           "--optimizer=adam is not offered (this recipe trains with: sgd)"));
 }
 
 // The budget applies to the device the model trains on (tests/train:recipes_gpu_test runs it).
