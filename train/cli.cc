@@ -22,8 +22,10 @@ std::string recipes_help() {
                                           : recipe.defaults.data + " (" + recipe.data_help + ")")
          << "\n      --model: ";
     for (size_t i = 0; i < recipe.models.size(); ++i) text << (i ? ", " : "") << recipe.models[i];
-    text << " (default " << recipe.defaults.model << ")\n"
-         << "      defaults: --batch_size=" << recipe.defaults.batch_size
+    text << " (default " << recipe.defaults.model << ")\n      --optimizer: ";
+    for (size_t i = 0; i < recipe.optimizers.size(); ++i)
+      text << (i ? ", " : "") << recipe.optimizers[i];
+    text << "\n      defaults: --batch_size=" << recipe.defaults.batch_size
          << " --lr=" << recipe.defaults.lr << " --epochs=" << recipe.defaults.epochs << "\n";
   }
   text << "\nCheckpoints: --checkpoint_dir=DIR saves after every epoch (and every "
@@ -98,7 +100,7 @@ int parse_train_flags(int argc, const char* const* argv, TrainConfig* config, st
   app.footer(recipes_help());
 
   TrainConfig flags;
-  std::string model, data;
+  std::string model, data, optimizer;
   int64_t batch_size = 0, epochs = 0;
   double lr = 0;
   app.add_option("--recipe", flags.recipe, "recipe to run, by name (listed below)")
@@ -111,6 +113,11 @@ int parse_train_flags(int argc, const char* const* argv, TrainConfig* config, st
           ->check(kPositiveInteger);
   auto* lr_option =
       app.add_option("--lr", lr, "learning rate (default: the recipe's)")->check(kPositiveNumber);
+  auto* optimizer_option =
+      app.add_option("--optimizer", optimizer,
+                     "sgd (momentum 0.9), adam or adamw, those the recipe offers (default: the "
+                     "recipe's first)")
+          ->check(CLI::IsMember({"sgd", "adam", "adamw"}));
   auto* epochs_option =
       app.add_option("--epochs", epochs, "passes over the training set (default: the recipe's)")
           ->check(kPositiveInteger);
@@ -191,6 +198,7 @@ int parse_train_flags(int argc, const char* const* argv, TrainConfig* config, st
   if (data_option->count()) flags.data = data;
   if (batch_option->count()) flags.batch_size = batch_size;
   if (lr_option->count()) flags.lr = lr;
+  if (optimizer_option->count()) flags.optimizer = optimizer;
   if (epochs_option->count()) flags.epochs = epochs;
   if (resume_option->count()) flags.resume = resume;
   *config = std::move(flags);

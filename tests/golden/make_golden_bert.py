@@ -5,7 +5,8 @@ Post-LN encoder, erf GELU, (1 - mask) * -10000 attention bias, position ids 0..T
 decoder tied to the word embeddings, module and parameter names of BertForPreTraining
 (bert.embeddings.word_embeddings.weight, ..., cls.predictions.bias, cls.seq_relationship.weight).
 Dropout is off: --mode eval runs model.eval() with p = 0.1, --mode train runs model.train() with
-p = 0 (the same numbers, as both Tessel modes are checked against them).
+p = 0 (the same numbers, as both Tessel modes are checked against them). The weights are drawn in
+f32; every value and gradient is computed from them in f64 and stored rounded to f32.
 
 Golden mode (default) writes to --out:
   param.<name>, grad.<name>     every parameter (named_parameters order in the metadata
@@ -191,7 +192,7 @@ class BertModel(nn.Module):
     def forward(self, input_ids, token_type_ids=None, attention_mask=None):
         attention_bias = None
         if attention_mask is not None:
-            mask = attention_mask[:, None, None, :].to(torch.float32)
+            mask = attention_mask[:, None, None, :].to(self.pooler.dense.weight.dtype)
             attention_bias = (1.0 - mask) * MASK_BIAS
         hidden = self.encoder(self.embeddings(input_ids, token_type_ids), attention_bias)
         return hidden, self.pooler(hidden)
@@ -298,6 +299,10 @@ def run_golden(args):
     set_mode(model, args.mode)
     input_ids, token_type_ids, attention_mask, mlm_labels, nsp_labels = make_inputs(
         c, args.batch, args.seq)
+    # The f32 weights Tessel loads; the values are computed from them in f64 and stored in f32,
+    # so the reference is the exactly rounded answer, not one f32 summation order.
+    f32_parameters = {name: p.detach().clone() for name, p in model.named_parameters()}
+    model.double()
 
     sequence_output, pooled_output, mlm_logits, nsp_logits = model(
         input_ids, token_type_ids, attention_mask)
@@ -331,9 +336,12 @@ def run_golden(args):
     names = []
     for name, parameter in model.named_parameters():
         names.append(name)
-        tensors["param." + name] = parameter
+        tensors["param." + name] = f32_parameters[name]
         tensors["grad." + name] = parameter.grad
+    tensors = {k: v.float() if v.dtype == torch.float64 else v for k, v in tensors.items()}
     metadata = {
+        "generator": "tests/golden/make_golden_bert.py",
+        "precision": "f64, stored as f32",
         "config": args.config,
         "vocab_size": args.vocab,
         "mode": args.mode,

@@ -125,5 +125,8 @@ def make_optim():
 
 if __name__ == "__main__":
     for name, tensors in (("nn", make_nn()), ("optim", make_optim())):
-        write_safetensors(os.path.join(HERE, f"{name}.safetensors"), sorted(tensors.items()))
+        metadata = {"generator": "tests/golden/make_golden_nn.py",
+                    "torch": torch.__version__.split("+")[0]}
+        write_safetensors(os.path.join(HERE, f"{name}.safetensors"), sorted(tensors.items()),
+                          metadata)
     print("wrote", os.path.join(HERE, "nn.safetensors"), "and optim.safetensors")

@@ -43,10 +43,12 @@ TENSORS = {}
 # The case harness
 
 
-def add_case(name, fn, inputs, grad_inputs=None, after=None):
+def add_case(name, fn, inputs, grad_inputs=None, after=None, zero_grads=()):
     """Records one case: fn(*inputs) -> Tensor or list of Tensors.
 
     grad_inputs: indices of the inputs that get gradients (default: every float input).
+    zero_grads: indices of inputs whose gradient is zero by the op's definition (floor, sign...);
+    every other gradient must be non-zero somewhere, or the case checks no backward at all.
     after: {extra_name: input_index} stores that input's value after the call (ops that
     update an input in place, such as batch-norm running statistics).
     """
@@ -90,6 +92,9 @@ def add_case(name, fn, inputs, grad_inputs=None, after=None):
         for i, grad in zip(grad_inputs, grads):
             if grad is None:
                 grad = torch.zeros_like(wide_inputs[i])
+            assert i in zero_grads or grad.abs().max() > 0, \
+                f"{name}: the gradient of input {i} is zero everywhere (pass zero_grads=[{i}] " \
+                "if the op defines it so)"
             store(f"{name}.grad{i}", grad.to(inputs[i].dtype))
 
 
@@ -208,7 +213,12 @@ def binary_cases():
         denominator = positive if op_name == "div" else randn
         add_case(f"{op_name}_same_shape", fn, [randn(3, 4), denominator(3, 4)])
         add_case(f"{op_name}_broadcast_row", fn, [randn(3, 4), denominator(4)])
-        add_case(f"{op_name}_broadcast_both", fn, [randn(2, 1, 4), denominator(3, 1)])
+        both = [randn(2, 1, 4), denominator(3, 1)]
+        if op_name in ("maximum", "minimum"):
+            # Fixed values: each side wins somewhere, so both gradient branches are checked.
+            both = [torch.tensor([[[-1.5, -0.25, 0.5, 1.75]], [[0.75, -1.0, 2.0, -0.5]]]),
+                    torch.tensor([[0.0], [1.0], [-0.75]])]
+        add_case(f"{op_name}_broadcast_both", fn, both)
     add_case("add_alpha", lambda a, b: torch.add(a, b, alpha=0.5), [randn(3, 4), randn(4)])
     add_case("sub_alpha", lambda a, b: torch.sub(a, b, alpha=2.0), [randn(3, 4), randn(3, 1)])
     add_case("add_zero_dim_tensor", torch.add, [randn(3, 4), randn()])
@@ -260,7 +270,11 @@ def unary_cases():
 
 def selection_cases():
     add_case("where_broadcast", torch.where, [randn(3, 4) > 0, randn(3, 4), randn(4)])
-    add_case("where_condition_broadcast", torch.where, [randn(4) > 0, randn(3, 4), randn(3, 1)])
+    # A fixed mask with both values, so both branches of forward and backward are used (the
+    # discarded draw keeps every later case's random inputs as they were).
+    randn(4)
+    add_case("where_condition_broadcast", torch.where,
+             [torch.tensor([True, False, False, True]), randn(3, 4), randn(3, 1)])
     add_case("masked_fill_same_shape", lambda x, m: x.masked_fill(m, -2.5),
              [randn(3, 4), randn(3, 4) > 0])
     add_case("masked_fill_broadcast_mask", lambda x, m: x.masked_fill(m, 1e4),
@@ -306,7 +320,7 @@ def reduction_cases():
     add_case("softmax_last_dim", lambda x: torch.softmax(x, -1), [randn(3, 4, 5)])
     add_case("softmax_large_logits", lambda x: torch.softmax(x, -1), [randn(4, 6) * 100])
     add_case("softmax_of_transposed", lambda x: torch.softmax(x.t(), 0), [randn(4, 3)])
-    add_case("softmax_size1_dim", lambda x: torch.softmax(x, 1), [randn(3, 1, 4)])
+    add_case("softmax_size1_dim", lambda x: torch.softmax(x, 1), [randn(3, 1, 4)], zero_grads=[0])
     add_case("log_softmax_dim0", lambda x: torch.log_softmax(x, 0), [randn(3, 4, 5)])
     add_case("log_softmax_last_dim", lambda x: torch.log_softmax(x, -1), [randn(3, 4, 5)])
     add_case("log_softmax_large_logits", lambda x: torch.log_softmax(x, -1),
@@ -482,7 +496,7 @@ def embedding_and_dropout_cases():
              [randn(3, 4)])
     # p = 1 drops everything: deterministic, so it has a reference.
     add_case("dropout_p1_train_zeroes_everything", lambda x: F.dropout(x, 1.0, training=True),
-             [randn(3, 4)])
+             [randn(3, 4)], zero_grads=[0])
 
 
 def loss_cases():

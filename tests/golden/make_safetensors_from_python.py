@@ -59,7 +59,8 @@ def main():
     ]
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                         "safetensors_from_python.safetensors")
-    write_safetensors(path, tensors, {"format": "pt", "source": "torch"})
+    write_safetensors(path, tensors, {"format": "pt", "source": "torch",
+                                      "generator": "tests/golden/make_safetensors_from_python.py"})
     print("wrote", path)
 
 

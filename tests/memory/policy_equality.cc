@@ -39,17 +39,28 @@ struct PolicyCase {
   // The loss of `step` (its batch drawn on the CPU from a seed of its own, then moved to
   // `device`).
   std::function<Tensor(nn::Module& model, int step, Device device)> loss;
-  // Small enough that rounding differences (a split op sums in another order) stay within the
-  // closeness rule after 3 steps: ShuffleNet amplifies them most (a different thread count alone
-  // moves its parameters by more than 1e-4 at lr 1e-3).
+  // A real learning rate: a wrong backward must show in the parameters' changes.
   double learning_rate = 1e-3;
   // Convolutions take im2col workspaces that a split shrinks; BERT's ops need none, so under
   // the split policy every op fits once others are evicted and nothing is split.
   bool splits_expected = true;
 };
 
+// A tensor's values and shape, copied out without touching the budgeted allocator.
+struct HostCopy {
+  std::vector<float> values;
+  Shape shape;
+  explicit HostCopy(const Tensor& tensor)
+      : values(tensor.to_vector<float>()), shape(tensor.sizes()) {}
+  Tensor tensor() const { return tessel::tensor(values, shape); }
+};
+
 struct TrainingRun {
   std::vector<float> losses;
+  // After the first step, which starts from the same parameters under every policy: each
+  // parameter's gradient and its change (parameter after the step minus before).
+  std::vector<HostCopy> first_gradients;
+  std::vector<HostCopy> first_changes;
   std::vector<Tensor> parameters;  // on the CPU
   std::vector<Tensor> buffers;     // batch-norm running statistics, on the CPU
   size_t peak = 0;
@@ -67,11 +78,24 @@ TrainingRun train(const PolicyCase& policy_case, const MemoryOptions& options) {
   model->train();
   optim::SGD sgd(model->parameters(), optim::SGDOptions(policy_case.learning_rate).momentum(0.9));
   run.fixed = fixed_memory_bytes(model->parameters(), 1);
+  std::vector<HostCopy> initial;
+  for (const Tensor& parameter : model->parameters()) initial.emplace_back(parameter);
   for (int step = 0; step < kSteps; ++step) {
     sgd.zero_grad();
     Tensor loss = policy_case.loss(*model, step, device);
     loss.backward();
+    if (step == 0)
+      for (const Tensor& parameter : model->parameters())
+        run.first_gradients.emplace_back(parameter.grad());
     sgd.step();
+    if (step == 0) {
+      const std::vector<Tensor> parameters = model->parameters();
+      for (size_t i = 0; i < parameters.size(); ++i) {
+        HostCopy change(parameters[i]);
+        for (size_t j = 0; j < change.values.size(); ++j) change.values[j] -= initial[i].values[j];
+        run.first_changes.push_back(std::move(change));
+      }
+    }
     run.losses.push_back(loss.item<float>());
   }
   run.peak = static_cast<size_t>(scope.allocator().memory_stats().base.peak_allocated_bytes);
@@ -107,8 +131,29 @@ void expect_same(const TrainingRun& actual, const TrainingRun& expected, bool bi
       }
     }
   };
-  compare(actual.parameters, expected.parameters, "parameter");
-  compare(actual.buffers, expected.buffers, "buffer");
+  // Gradients and parameter changes of the first step, each against its own size (the
+  // closeness rule over the tensor): a wrong backward under a policy shows here at once.
+  auto compare_first = [&](const std::vector<HostCopy>& a, const std::vector<HostCopy>& b,
+                           const char* what) {
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (bitwise) {
+        EXPECT_EQ(a[i].values, b[i].values) << what << " " << i << " after the first step";
+      } else {
+        EXPECT_TRUE(all_close(a[i].tensor(), b[i].tensor(), kModelRtol, kModelAtol))
+            << what << " " << i << " after the first step";
+      }
+    }
+  };
+  compare_first(actual.first_gradients, expected.first_gradients, "gradient of parameter");
+  compare_first(actual.first_changes, expected.first_changes, "change of parameter");
+  // Later steps start from parameters that already differ by rounding (split sums in another
+  // order), so only the bitwise policies must end on the same parameters; every policy must give
+  // the same losses.
+  if (bitwise) {
+    compare(actual.parameters, expected.parameters, "parameter");
+    compare(actual.buffers, expected.buffers, "buffer");
+  }
 }
 
 // ---- the models and their batches ----
@@ -142,10 +187,6 @@ PolicyCase shufflenet_case() {
     Tensor labels = randint(0, 10, {8}).to(device);
     return cross_entropy(model.forward(images), labels);
   };
-  // Batch-norm biases that start at zero and whose gradients are mostly cancellation (a batch
-  // norm downstream makes them sum to about zero) end up as a few lr-sized steps of rounding
-  // noise: at 3e-5 a vectorised kernel's other rounding already moved one by 1.2e-6.
-  result.learning_rate = 1e-5;
   return result;
 }
 

@@ -1,8 +1,11 @@
 // The memory-policy equality check shared by the CPU test (tests/memory/policy_equality_test)
 // and the CUDA one (tests/cuda/policy_equality_test): ResNet-18 (small-image stem), ShuffleNet v2
-// x0.5 and BERT tiny (with dropout) train 3 SGD steps on one device at activation budgets
-// f = 0.7, 0.5, 0.3 (budget = fixed + f * (peak - fixed)) and must end where the unbudgeted run
-// on that device ends. Batches are sized so activations are at least 75% of the peak.
+// x0.5 and BERT tiny (with dropout) train 3 SGD steps (lr 1e-3) on one device at activation
+// budgets f = 0.7, 0.5, 0.3 (budget = fixed + f * (peak - fixed)) and must match the unbudgeted
+// run on that device: the first step's gradients and parameter changes and every loss (bitwise
+// for dtr and swap, which run the same kernels in the same order; the closeness rule for split
+// and auto), and for dtr and swap the final parameters and batch-norm statistics bitwise.
+// Batches are sized so activations are at least 75% of the peak.
 //   check_policy_equality("resnet18", Policy::kDtr, Device::cpu(), /*bitwise=*/true);
 #pragma once
 

@@ -177,18 +177,56 @@ TEST_F(DistributedRecipe, DataParallelMlpMatchesOneProcess) {
         << expected.final_eval[i].first;
 }
 
+TEST_F(DistributedRecipe, DataParallelMlpWithSgdMatchesOneProcess) {
+  // SGD applies the averaged gradient as it is: a constant factor (a sum where a mean is due)
+  // shows in every parameter, at a real learning rate.
+  TrainConfig alone = config("mlp_fashion_mnist", "mlp");
+  alone.optimizer = "sgd";
+  alone.lr = 0.05;
+  alone.checkpoint_dir = folder("mlp_sgd_alone");
+  const RecipeResult expected = run_alone(alone);
+  TrainConfig split = alone;
+  split.dp = 2;
+  split.checkpoint_dir = folder("mlp_sgd_dp2");
+  std::ostringstream log;
+  const RecipeResult actual = run_recipe(split, log);
+  if (rank() != 0) return;
+  EXPECT_NEAR(actual.final_train_loss, expected.final_train_loss,
+              1e-4 * std::abs(expected.final_train_loss));
+  const auto want = parameters(expected);
+  const auto got = parameters(actual);
+  ASSERT_EQ(want.size(), got.size());
+  for (const auto& [name, tensor] : want) {
+    ASSERT_TRUE(got.count(name)) << name;
+    EXPECT_TRUE(all_close(got.at(name), tensor, 1e-4, 1e-6)) << name;
+  }
+}
+
 TEST_F(DistributedRecipe, TensorParallelResNetMatchesDataParallel) {
   // Both split each batch in two for batch norm; tp also splits the classifier by classes.
+  // The recipe trains with SGD (nesterov momentum), so a gradient off by a constant factor on
+  // either side shows in the parameters.
   TrainConfig data_parallel = config("resnet18_fashion_mnist", "resnet18");
   data_parallel.dp = 2;
   data_parallel.steps = 2;
+  data_parallel.checkpoint_dir = folder("resnet_dp2");
   std::ostringstream log;
   const RecipeResult dp = run_recipe(data_parallel, log);
   TrainConfig tensor_parallel = data_parallel;
   tensor_parallel.dp = 0;
   tensor_parallel.tp = 2;
+  tensor_parallel.checkpoint_dir = folder("resnet_tp2");
   const RecipeResult tp = run_recipe(tensor_parallel, log);
   EXPECT_NEAR(tp.final_train_loss, dp.final_train_loss, 1e-4 * std::abs(dp.final_train_loss));
+  if (rank() == 0) {
+    const auto want = parameters(dp);
+    const auto got = parameters(tp);
+    ASSERT_EQ(want.size(), got.size());
+    for (const auto& [name, tensor] : want) {
+      ASSERT_TRUE(got.count(name)) << name;
+      EXPECT_TRUE(all_close(got.at(name), tensor, 1e-4, 1e-6)) << name;
+    }
+  }
   ASSERT_EQ(tp.final_eval.size(), dp.final_eval.size());
   for (size_t i = 0; i < dp.final_eval.size(); ++i)
     EXPECT_NEAR(tp.final_eval[i].second, dp.final_eval[i].second,

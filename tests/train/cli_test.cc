@@ -1,5 +1,6 @@
 #include "train/cli.h"
 
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -32,7 +33,7 @@ TEST(TrainCli, HelpListsEveryFlagAndTheRecipes) {
   for (const char* flag :
        {"--recipe", "--model", "--data", "--batch_size", "--lr", "--epochs", "--steps", "--seed",
         "--threads", "--eval_every", "--log_every", "--metrics", "--checkpoint_dir",
-        "--checkpoint_every", "--resume", "--work_dir", "--device"})
+        "--checkpoint_every", "--resume", "--work_dir", "--device", "--optimizer"})
     EXPECT_NE(result.out.find(flag), std::string::npos) << flag;
   for (const char* recipe :
        {"resnet18_fashion_mnist", "shufflenet_v2_fashion_mnist", "bert_mlm_fortunes",
@@ -107,6 +108,18 @@ TEST(TrainCli, MetaDeviceIsRefused) {
                            "--device: the meta device holds shapes only"));
 }
 
+// --optimizer takes one of the optimizers the recipe offers; the first is its default.
+TEST(TrainCli, OptimizerIsOneTheRecipeOffers) {
+  TrainConfig config;
+  EXPECT_EQ(*resolve_config(find_recipe("mlp_fashion_mnist"), config).optimizer, "adam");
+  EXPECT_EQ(*resolve_config(find_recipe("bert_mlm_fortunes"), config).optimizer, "adamw");
+  config.optimizer = "sgd";
+  EXPECT_EQ(*resolve_config(find_recipe("mlp_fashion_mnist"), config).optimizer, "sgd");
+  config.optimizer = "adam";
+  EXPECT_TRUE(throws_error([&] { resolve_config(find_recipe("resnet18_fashion_mnist"), config); },
+                           "--optimizer=adam is not offered (this recipe trains with: sgd)"));
+}
+
 // The budget applies to the device the model trains on (tests/train:recipes_gpu_test runs it).
 TEST(TrainCli, MemoryBudgetAndPolicyAreAcceptedWithAGpuDevice) {
   TrainConfig config;
@@ -127,7 +140,15 @@ TEST(TrainCli, CudaWithoutAUsableGpuFailsBeforeTraining) {
     CliRun result =
         run_train_cli({"--recipe=mlp_fashion_mnist", "--data=" + directory, "--steps=2",
                        "--batch_size=16", "--threads=1", std::string("--device=") + device});
-    if (result.code == 0) GTEST_SKIP() << "this binary trains on " << device << ": a GPU is here";
+    // Training is right only where this binary has the CUDA backend and the machine a GPU;
+    // anywhere else a success is a failure of this test.
+    if (result.code == 0) {
+      ASSERT_TRUE(cuda_transfers_built())
+          << "a binary built without CUDA trained on " << device << ": " << result.out;
+      ASSERT_TRUE(std::filesystem::exists("/dev/nvidiactl"))
+          << "trained on " << device << " on a machine without an NVIDIA device node";
+      GTEST_SKIP() << "this binary trains on " << device << ": a GPU is here";
+    }
     EXPECT_EQ(result.code, 1) << result.err;
     EXPECT_EQ(result.err.rfind("train: error: --device=" + std::string(device) + ": ", 0), 0u)
         << result.err;

@@ -1,6 +1,7 @@
-// BERT against a PyTorch reference with HuggingFace's math (tests/golden/make_golden_bert.py, run
-// at test time with Debian's /usr/bin/python3): logits, losses and every parameter gradient, the
-// checkpoint names, the tied decoder, padding, a weights round trip, and bad input.
+// BERT against a PyTorch reference with HuggingFace's math, computed in f64 from the same f32
+// weights (tests/golden/make_golden_bert.py, run at test time with Debian's /usr/bin/python3):
+// logits, losses and every parameter gradient, the checkpoint names, the tied decoder, padding,
+// a weights round trip, and bad input.
 #include "models/bert.h"
 
 #include <sys/wait.h>

@@ -281,8 +281,10 @@ RecipeResult run_bert_mlm_fortunes(const TrainConfig& config, std::ostream& log)
   std::shared_ptr<parallel::TensorParallelBertForPreTraining> tp_model;
   if (run.tp > 1) tp_model = parallel::shard_bert(model, run.tp_group_id);
   nn::Module& trained = tp_model ? static_cast<nn::Module&>(*tp_model) : model;
-  optim::AdamW optimizer(trained.named_parameters(),
-                         optim::AdamWOptions(*config.lr).weight_decay(kWeightDecay).eps(1e-6));
+  const auto optimizer_holder =
+      make_optimizer(config, trained.named_parameters(),
+                     optim::AdamWOptions(*config.lr).weight_decay(kWeightDecay).eps(1e-6));
+  optim::Optimizer& optimizer = *optimizer_holder;
   const auto ddp = make_ddp(trained);
   const int64_t batch_size = *config.batch_size;
   const int64_t batches_per_epoch = (train_data.size() + batch_size - 1) / batch_size;
@@ -290,8 +292,9 @@ RecipeResult run_bert_mlm_fortunes(const TrainConfig& config, std::ostream& log)
   optim::LinearWarmupDecay scheduler(
       optimizer, std::min<int64_t>(total_steps, std::llround(kWarmupFraction * total_steps)),
       total_steps);
-  log << "optimizer: AdamW lr " << *config.lr << " weight decay " << kWeightDecay
-      << ", gradients clipped to norm " << kMaxGradNorm << "; schedule " << scheduler.name()
+  log << "optimizer: " << optimizer.name() << " lr " << *config.lr;
+  if (*config.optimizer == "adamw") log << " weight decay " << kWeightDecay;
+  log << ", gradients clipped to norm " << kMaxGradNorm << "; schedule " << scheduler.name()
       << " (warmup " << scheduler.warmup_steps() << ") over " << total_steps << " steps ("
       << batches_per_epoch << " per epoch)" << std::endl;
 
@@ -420,6 +423,7 @@ Recipe bert_mlm_fortunes_recipe() {
   recipe.defaults.lr = 1e-3;
   recipe.defaults.epochs = 16;
   recipe.models = model_names();
+  recipe.optimizers = {"adamw", "sgd", "adam"};
   recipe.supports_checkpoints = true;
   recipe.run = run_bert_mlm_fortunes;
   return recipe;

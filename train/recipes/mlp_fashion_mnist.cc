@@ -40,7 +40,8 @@ RecipeResult run_mlp_fashion_mnist(const TrainConfig& config, std::ostream& log)
   auto model = make_mlp(28 * 28, {256, 128}, data::kFashionMnistClasses);
   log << *model << std::endl;
   model->to(training_device(config));  // --device, before the optimizer sees the parameters
-  optim::Adam optimizer(model->named_parameters(), optim::AdamOptions(*config.lr));
+  const auto optimizer_holder = make_optimizer(config, model->named_parameters(), {});
+  optim::Optimizer& optimizer = *optimizer_holder;
   data::DataLoader train_loader(
       train_set, data::DataLoaderOptions()
                      .batch_size(*config.batch_size)
@@ -60,13 +61,14 @@ RecipeResult run_mlp_fashion_mnist(const TrainConfig& config, std::ostream& log)
 Recipe mlp_fashion_mnist_recipe() {
   Recipe recipe;
   recipe.name = "mlp_fashion_mnist";
-  recipe.description = "MLP 784-256-128-10 (ReLU), Adam, on Fashion-MNIST";
+  recipe.description = "MLP 784-256-128-10 (ReLU), Adam (or --optimizer), on Fashion-MNIST";
   recipe.defaults.model = "mlp";
   recipe.defaults.data = data::kFashionMnistDir;
   recipe.defaults.batch_size = 128;
   recipe.defaults.lr = 1e-3;
   recipe.defaults.epochs = 3;
   recipe.models = {"mlp"};
+  recipe.optimizers = {"adam", "sgd", "adamw"};
   recipe.data_help = "a folder of Fashion-MNIST IDX files";
   recipe.supports_checkpoints = true;
   recipe.run = run_mlp_fashion_mnist;

@@ -42,11 +42,16 @@ TrainConfig resolve_config(const Recipe& recipe, TrainConfig config) {
   if (!config.batch_size) config.batch_size = recipe.defaults.batch_size;
   if (!config.lr) config.lr = recipe.defaults.lr;
   if (!config.epochs) config.epochs = recipe.defaults.epochs;
+  if (!config.optimizer) config.optimizer = recipe.optimizers.front();
 
   bool known_model = false;
   for (const auto& model : recipe.models) known_model |= model == *config.model;
   TESSEL_CHECK(known_model, "recipe ", recipe.name, ": unknown model '", *config.model,
                "' (this recipe trains: ", join(recipe.models), ")");
+  bool known_optimizer = false;
+  for (const auto& optimizer : recipe.optimizers) known_optimizer |= optimizer == *config.optimizer;
+  TESSEL_CHECK(known_optimizer, "recipe ", recipe.name, ": --optimizer=", *config.optimizer,
+               " is not offered (this recipe trains with: ", join(recipe.optimizers), ")");
   TESSEL_CHECK(*config.batch_size > 0, "--batch_size must be positive, got ", *config.batch_size);
   TESSEL_CHECK(*config.lr > 0, "--lr must be positive, got ", *config.lr);
   TESSEL_CHECK(*config.epochs > 0, "--epochs must be positive, got ", *config.epochs);

@@ -21,6 +21,8 @@ struct TrainConfig {
   std::optional<int64_t> batch_size;
   std::optional<double> lr;
   std::optional<int64_t> epochs;
+  // "sgd" (momentum 0.9), "adam" or "adamw": one of those the recipe offers (Recipe::optimizers).
+  std::optional<std::string> optimizer;
   // Stop after this many optimizer steps in all (a resumed run counts the steps before it);
   // 0: no limit. It does not change the schedule, which spans `epochs`.
   int64_t steps = 0;
@@ -84,6 +86,8 @@ struct Recipe {
   std::string data_help;    // what --data accepts, for --help
   RecipeDefaults defaults;
   std::vector<std::string> models;  // the values --model accepts
+  // The values --optimizer accepts; the first is the default.
+  std::vector<std::string> optimizers = {"sgd"};
   bool supports_checkpoints = true;
   // Runs with a config whose optional fields are all set; writes status lines to `log`.
   std::function<RecipeResult(const TrainConfig&, std::ostream& log)> run;

@@ -9,6 +9,7 @@
 #include "core/allocator.h"
 #include "core/autocast.h"
 #include "core/error.h"
+#include "train/optim/sgd.h"
 #include "train/recipes/distributed.h"
 #include "train/recipes/memory_budget.h"
 #include "train/recipes/metrics_log.h"
@@ -48,6 +49,19 @@ std::string format_bytes(int64_t bytes) {
   char text[32];
   std::snprintf(text, sizeof(text), "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
   return text;
+}
+
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& config,
+                                                 const optim::NamedTensors& parameters,
+                                                 const optim::AdamWOptions& adamw_options) {
+  const std::string& name = *config.optimizer;
+  if (name == "sgd")
+    return std::make_unique<optim::SGD>(parameters, optim::SGDOptions(*config.lr).momentum(0.9));
+  if (name == "adam")
+    return std::make_unique<optim::Adam>(parameters, optim::AdamOptions(*config.lr));
+  TESSEL_CHECK(name == "adamw", "--optimizer: unknown optimizer '", name, "' (sgd, adam or adamw)");
+  optim::AdamWOptions options = adamw_options;
+  return std::make_unique<optim::AdamW>(parameters, options.lr(*config.lr));
 }
 
 int64_t planned_steps(const TrainConfig& config, int64_t batches_per_epoch) {

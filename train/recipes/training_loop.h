@@ -5,10 +5,12 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <ostream>
 #include <string>
 
 #include "models/nn/module.h"
+#include "train/optim/adam.h"
 #include "train/optim/optimizer.h"
 #include "train/recipes/recipe.h"
 #include "train/state/lr_scheduler.h"
@@ -46,6 +48,12 @@ struct TrainingTask {
 
 // The steps a full run of `epochs` makes: what schedules span.
 int64_t planned_steps(const TrainConfig& config, int64_t batches_per_epoch);
+
+// The optimizer --optimizer names, at --lr: SGD with momentum 0.9, Adam, or AdamW with
+// `adamw_options`' weight decay and eps.
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& config,
+                                                 const optim::NamedTensors& parameters,
+                                                 const optim::AdamWOptions& adamw_options);
 
 // Runs `task` as `config` says (config resolved). With config.resume, first restores the
 // checkpoint (model, optimizer, schedule, RNG) and continues from its step, skipping the batches
