@@ -87,6 +87,7 @@ void device_to_host(const Tensor& x, Tensor& out) {
       cudaMemcpyAsync(out.raw_data(), source, out.nbytes(), cudaMemcpyDeviceToHost, compute));
   // The host may read `out` as soon as the op returns.
   TESSEL_CUDA_CHECK(cudaStreamSynchronize(compute));
+  raise_device_errors(device);  // a synchronisation point: a bad index found before it is raised
 }
 
 void device_to_device(const Tensor& x, Tensor& out, bool non_blocking) {

@@ -1,9 +1,12 @@
 #include "cuda/runtime.h"
 
+#include <cuda.h>
+
 #include <array>
 #include <atomic>
 #include <cstring>
 #include <mutex>
+#include <new>
 #include <string>
 
 #include "core/error.h"
@@ -91,7 +94,41 @@ PerDevice<cudnnHandle_t>& cudnn_handles() {
   return *handles;
 }
 
+PerDevice<IndexError*>& error_records() {
+  static auto* records = new PerDevice<IndexError*>();
+  return *records;
+}
+
 std::atomic<bool> tf32_allowed{false};
+std::atomic<int> the_process_device{-1};
+
+// cuDevicePrimaryCtxGetState through the runtime's entry point lookup, so that the binary needs
+// no link against the driver library; null when the driver does not have it.
+using PrimaryContextState = CUresult (*)(CUdevice, unsigned int*, int*);
+using DeviceFromOrdinal = CUresult (*)(CUdevice*, int);
+struct DriverFunctions {
+  PrimaryContextState primary_context_state = nullptr;
+  DeviceFromOrdinal device_from_ordinal = nullptr;
+};
+const DriverFunctions& driver_functions() {
+  static const DriverFunctions functions = [] {
+    DriverFunctions found;
+    void* symbol = nullptr;
+    cudaDriverEntryPointQueryResult result{};
+    if (cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxGetState", &symbol, 12000,
+                                         cudaEnableDefault, &result) == cudaSuccess &&
+        result == cudaDriverEntryPointSuccess)
+      found.primary_context_state = reinterpret_cast<PrimaryContextState>(symbol);
+    symbol = nullptr;
+    if (cudaGetDriverEntryPointByVersion("cuDeviceGet", &symbol, 12000, cudaEnableDefault,
+                                         &result) == cudaSuccess &&
+        result == cudaDriverEntryPointSuccess)
+      found.device_from_ordinal = reinterpret_cast<DeviceFromOrdinal>(symbol);
+    cudaGetLastError();
+    return found;
+  }();
+  return functions;
+}
 
 }  // namespace
 
@@ -226,6 +263,27 @@ bool allow_tf32() { return tf32_allowed.load(); }
 void synchronize(int device) {
   DeviceGuard guard(device);
   TESSEL_CUDA_CHECK(cudaDeviceSynchronize());
+  raise_device_errors(device);
+}
+
+IndexError* device_error_record(int device) {
+  return error_records().get(device, "device_error_record", [](int) {
+    void* record = nullptr;
+    TESSEL_CUDA_CHECK(
+        cudaHostAlloc(&record, sizeof(IndexError), cudaHostAllocMapped | cudaHostAllocPortable));
+    return new (record) IndexError();
+  });
+}
+
+void raise_device_errors(int device) {
+  if (device < 0 || device >= kMaxDevices) return;
+  IndexError* record = error_records().handles[device].load(std::memory_order_acquire);
+  if (!record) return;  // no kernel of this device has checked an index yet
+  // The compute stream was waited for: its kernels' writes are visible and none writes now.
+  const IndexError found = *record;
+  if (found.op == IndexOp::kNone) return;
+  record->op = IndexOp::kNone;
+  TESSEL_FAIL(index_error_message(found, device));
 }
 
 Event::Event() { TESSEL_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming)); }

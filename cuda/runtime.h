@@ -12,6 +12,7 @@
 
 #include "core/allocator.h"
 #include "core/device.h"
+#include "cuda/index_error.h"
 
 namespace tessel::cuda {
 
@@ -64,8 +65,16 @@ cudnnHandle_t cudnn_handle(int device);
 void set_allow_tf32(bool allow);
 bool allow_tf32();
 
-// Waits for every stream of `device`.
+// Waits for every stream of `device`, then reports a bad index its kernels recorded.
 void synchronize(int device);
+
+// The record where `device`'s kernels write the first bad index they find (IndexError::op is
+// kNone while there is none): pinned host memory mapped into the device, so the host reads it
+// without a copy. Created on first use.
+IndexError* device_error_record(int device);
+// At a synchronisation point (the compute stream of `device` waited for): throws the bad index
+// recorded since the last report, if any, as a tessel::Error, and clears the record.
+void raise_device_errors(int device);
 
 // An owned cudaEvent_t (timing disabled) created on the current device.
 class Event {

@@ -419,6 +419,7 @@ void NcclCommunicator::synchronize() {
     throw;
   }
   cudaEventDestroy(event);
+  cuda::raise_device_errors(state_->device);  // the compute stream was waited for
 }
 
 void NcclCommunicator::barrier() {
