@@ -211,6 +211,34 @@ int current_device() {
   return device;
 }
 
+bool has_context(int device) {
+  const DriverFunctions& driver = driver_functions();
+  CUdevice handle = 0;
+  unsigned int flags = 0;
+  int active = 0;
+  if (!driver.primary_context_state || !driver.device_from_ordinal ||
+      driver.device_from_ordinal(&handle, device) != CUDA_SUCCESS ||
+      driver.primary_context_state(handle, &flags, &active) != CUDA_SUCCESS)
+    return true;  // unknown: restoring is the safe choice for correctness
+  return active != 0;
+}
+
+void set_process_device(int device) {
+  check_device(device, "set_process_device");
+  TESSEL_CUDA_CHECK(cudaSetDevice(device));
+  the_process_device.store(device);
+}
+
+int process_device() { return the_process_device.load(); }
+
+void bind_thread(int device) {
+  int now = -1;
+  TESSEL_CUDA_CHECK(cudaGetDevice(&now));
+  if (now == device) return;
+  check_device(device, "bind_thread");
+  TESSEL_CUDA_CHECK(cudaSetDevice(device));
+}
+
 DeviceGuard::DeviceGuard(int index) {
   check_device(index, "DeviceGuard");
   TESSEL_CUDA_CHECK(cudaGetDevice(&previous_));
@@ -219,9 +247,11 @@ DeviceGuard::DeviceGuard(int index) {
 
 DeviceGuard::~DeviceGuard() {
   int now = -1;
-  if (previous_ >= 0 && cudaGetDevice(&now) == cudaSuccess && now != previous_) {
-    cudaSetDevice(previous_);  // destructors must not throw
-  }
+  if (previous_ < 0 || cudaGetDevice(&now) != cudaSuccess || now == previous_) return;
+  // A thread starts on device 0 without having used it: going back there would create a context
+  // on a GPU this process has no work for (every rank on GPU 0). Stay on the guarded one instead.
+  if (!has_context(previous_)) return;
+  cudaSetDevice(previous_);  // destructors must not throw
 }
 
 cudaStream_t compute_stream(int device) {

@@ -37,7 +37,20 @@ constexpr int kMaxDevices = 64;
 void check_device(int index, const char* what = "cuda");
 int current_device();
 
-// Makes `index` the current device for its lifetime, then restores the previous one.
+// Whether the process has created `device`'s primary context (used it); never creates one.
+bool has_context(int device);
+
+// Makes `device` current on the calling thread for good and records it as the process's device
+// (one rank, one GPU): threads started later (copy threads) bind to it with bind_thread.
+void set_process_device(int device);
+// The device set by set_process_device; -1 when none was set.
+int process_device();
+// Makes `device` current on the calling thread for good, if it is not already: a thread that
+// serves one device (a copy thread) keeps it current instead of switching for every call.
+void bind_thread(int device);
+
+// Makes `index` the current device for its lifetime, then restores the one that was current
+// before, unless the process never used that one: restoring it would create its context.
 class DeviceGuard {
  public:
   explicit DeviceGuard(int index);

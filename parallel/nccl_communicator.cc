@@ -434,6 +434,7 @@ namespace {
 const bool kNcclRegistered = [] {
   DeviceCommunicatorBackend backend;
   backend.device_count = [] { return cuda::device_count(); };
+  backend.use_device = [](int device) { cuda::set_process_device(device); };
   backend.make = [](MPI_Comm comm, int device, CommOptions options) {
     return std::static_pointer_cast<Communicator>(
         std::make_shared<NcclCommunicator>(comm, device, std::move(options)));
