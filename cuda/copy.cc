@@ -8,6 +8,7 @@
 
 #include "core/op.h"
 #include "cuda/allocator.h"
+#include "cuda/peer_access.h"
 #include "cuda/runtime.h"
 #include "ops/registry_helpers.h"
 
@@ -31,6 +32,27 @@ class DeviceScratch {
   size_t bytes_;
   void* ptr_;
 };
+
+// The process's peer access table over the CUDA runtime.
+PeerAccessTable& peer_access() {
+  static auto* table = new PeerAccessTable({
+      [](int device, int peer) {
+        int can_access = 0;
+        TESSEL_CUDA_CHECK(cudaDeviceCanAccessPeer(&can_access, device, peer));
+        return can_access != 0;
+      },
+      [](int device, int peer) {
+        DeviceGuard guard(device);
+        const cudaError_t status = cudaDeviceEnablePeerAccess(peer, 0);
+        if (status == cudaErrorPeerAccessAlreadyEnabled) {
+          cudaGetLastError();  // not sticky, but it would be reported by the next check
+          return;
+        }
+        TESSEL_CUDA_CHECK(status);
+      },
+  });
+  return *table;
+}
 
 // The source's bytes as one dense run on its device: the tensor itself when contiguous, else a
 // gathered copy in `scratch` (on the compute stream).
@@ -115,6 +137,9 @@ void device_to_device(const Tensor& x, Tensor& out, bool non_blocking) {
     target_ready->record(compute_stream(target_device));
   }
   DeviceGuard guard(source_device);
+  // The source's copy engine writes into the target directly where the GPUs allow it; otherwise
+  // cudaMemcpyPeerAsync stages through host memory.
+  peer_access().ensure(source_device, target_device);
   cudaStream_t source_stream = compute_stream(source_device);
   std::unique_ptr<DeviceScratch> scratch;
   const void* source = dense_device_source(x, scratch);
