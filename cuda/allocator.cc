@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/error.h"
@@ -86,6 +88,9 @@ void CudaSegmentSource::free_segment(void* ptr, size_t) {
 }
 
 void* PinnedSegmentSource::allocate_segment(size_t bytes) {
+  // cudaHostAlloc works in the current device's context, creating it if needed.
+  std::unique_ptr<DeviceGuard> guard;
+  if (process_device() >= 0) guard = std::make_unique<DeviceGuard>(process_device());
   void* ptr = nullptr;
   if (cudaHostAlloc(&ptr, bytes, cudaHostAllocPortable) != cudaSuccess) {
     cudaGetLastError();
@@ -97,6 +102,32 @@ void* PinnedSegmentSource::allocate_segment(size_t bytes) {
 void PinnedSegmentSource::free_segment(void* ptr, size_t) {
   cudaFreeHost(ptr);
   cudaGetLastError();
+}
+
+namespace {
+std::atomic<size_t>& pinned_reserve_setting() {
+  static std::atomic<size_t> bytes{[] {
+    const char* megabytes = std::getenv("TESSEL_PINNED_RESERVE_MB");
+    if (!megabytes || !*megabytes) return kDefaultPinnedReserveBytes;
+    char* end = nullptr;
+    const unsigned long long value = std::strtoull(megabytes, &end, 10);
+    TESSEL_CHECK(end && *end == '\0', "TESSEL_PINNED_RESERVE_MB: expected a whole number of MiB, ",
+                 "got '", megabytes, "'");
+    return static_cast<size_t>(value) << 20;
+  }()};
+  return bytes;
+}
+}  // namespace
+
+void set_pinned_reserve_bytes(size_t bytes) { pinned_reserve_setting().store(bytes); }
+size_t pinned_reserve_bytes() { return pinned_reserve_setting().load(); }
+
+std::shared_ptr<memory::ReservedSegmentSource> pinned_segments() {
+  // Never destroyed: pinned blocks may be freed during static destruction.
+  static auto* segments = new std::shared_ptr<memory::ReservedSegmentSource>(
+      std::make_shared<memory::ReservedSegmentSource>(std::make_shared<PinnedSegmentSource>(),
+                                                      pinned_reserve_bytes()));
+  return *segments;
 }
 
 // ---- the caching allocator of one device ----
@@ -339,8 +370,7 @@ void install_host_memory() {
   std::call_once(once, [] {
     // Swapped tensors already on pageable host blocks must go back to the pool they came from.
     if (memory::host_allocator()->stats().allocated_bytes == 0) {
-      memory::set_host_allocator(
-          std::make_shared<memory::HostAllocator>(std::make_shared<PinnedSegmentSource>()));
+      memory::set_host_allocator(std::make_shared<memory::HostAllocator>(pinned_segments()));
     }
   });
 }

@@ -33,12 +33,23 @@ class CudaSegmentSource : public memory::SegmentSource {
   int device_;
 };
 
-// Page-locked host segments from cudaHostAlloc (portable: usable from every device).
+// Page-locked host segments from cudaHostAlloc (portable: usable from every device), allocated
+// on the process's device (set_process_device) so that no other GPU gets a context for them.
 class PinnedSegmentSource : public memory::SegmentSource {
  public:
   void* allocate_segment(size_t bytes) override;
   void free_segment(void* ptr, size_t bytes) override;
 };
+
+// Pinned memory reserved at the first pinned request (a swap-out, the staging of a host-to-device
+// copy), so that cudaHostAlloc, slow and synchronous, is not called per segment: 256 MiB unless
+// the environment sets TESSEL_PINNED_RESERVE_MB or set_pinned_reserve_bytes is called before.
+// When full, the pool grows by doubling (memory::ReservedSegmentSource).
+constexpr size_t kDefaultPinnedReserveBytes = size_t{256} << 20;
+void set_pinned_reserve_bytes(size_t bytes);
+size_t pinned_reserve_bytes();
+// The process's pinned pool: the segments of the host allocator of swaps and of staging buffers.
+std::shared_ptr<memory::ReservedSegmentSource> pinned_segments();
 
 // What the budget leaves to cuBLAS/cuDNN/NCCL and the CUDA context, which allocate outside it.
 constexpr size_t kLibraryHeadroomBytes = size_t{512} << 20;
@@ -98,7 +109,7 @@ class PinnedStagingPool {
 
  private:
   void process_locked(bool wait);
-  memory::HostAllocator pool_{std::make_shared<PinnedSegmentSource>()};
+  memory::HostAllocator pool_{pinned_segments()};
   mutable std::mutex mutex_;
   struct Pending {
     void* ptr;
