@@ -120,14 +120,20 @@ class PinnedStagingPool {
 };
 PinnedStagingPool& staging_pool();
 
-// Host copies for the residency manager's HostLink on CUDA: each copy is ordered after the work
-// queued on the compute stream when it is submitted, runs on the copy stream (so it overlaps
-// compute), and is done when its bytes have arrived.
+// Host copies for the residency manager's HostLink on CUDA, on the copy stream (so they overlap
+// compute), each ordered after the work queued on the compute stream when it is submitted (the
+// source or destination block may be one that work uses). Swap-outs are queued, issued by the
+// link's thread, and done when their bytes have arrived; swap-ins are issued at once by the
+// submitter, and the compute stream, not the host, waits for them (order_device_after).
 class CudaCopyEngine : public memory::CopyEngine {
  public:
   std::shared_ptr<void> prepare(void* destination, const void* source, size_t bytes) override;
+  void bind_link_thread(const std::shared_ptr<void>& prepared) override;
   void copy(void* destination, const void* source, size_t bytes,
             const std::shared_ptr<void>& prepared) override;
+  std::shared_ptr<void> issue_for_device(void* destination, const void* source,
+                                         size_t bytes) override;
+  void order_device_after(const std::shared_ptr<void>& issued) override;
 };
 
 // Installs, once and lazily (first CUDA allocation): pinned memory for the host allocator (when
