@@ -110,9 +110,8 @@ struct NcclCommunicator::State {
   // past the deadline aborts the communicator and raises an error naming `what`.
   void wait_until(const std::function<PollState()>& poll, const std::string& what,
                   const std::string& late_reason) {
-    const auto deadline =
-        Clock::now() +
-        std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double>(timeout_s));
     DeadlineWait wait;
     wait.poll = poll;
     wait.failure = [this] {
