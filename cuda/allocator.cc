@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/error.h"
@@ -86,6 +88,9 @@ void CudaSegmentSource::free_segment(void* ptr, size_t) {
 }
 
 void* PinnedSegmentSource::allocate_segment(size_t bytes) {
+  // cudaHostAlloc works in the current device's context, creating it if needed.
+  std::unique_ptr<DeviceGuard> guard;
+  if (process_device() >= 0) guard = std::make_unique<DeviceGuard>(process_device());
   void* ptr = nullptr;
   if (cudaHostAlloc(&ptr, bytes, cudaHostAllocPortable) != cudaSuccess) {
     cudaGetLastError();
@@ -97,6 +102,32 @@ void* PinnedSegmentSource::allocate_segment(size_t bytes) {
 void PinnedSegmentSource::free_segment(void* ptr, size_t) {
   cudaFreeHost(ptr);
   cudaGetLastError();
+}
+
+namespace {
+std::atomic<size_t>& pinned_reserve_setting() {
+  static std::atomic<size_t> bytes{[] {
+    const char* megabytes = std::getenv("TESSEL_PINNED_RESERVE_MB");
+    if (!megabytes || !*megabytes) return kDefaultPinnedReserveBytes;
+    char* end = nullptr;
+    const unsigned long long value = std::strtoull(megabytes, &end, 10);
+    TESSEL_CHECK(end && *end == '\0', "TESSEL_PINNED_RESERVE_MB: expected a whole number of MiB, ",
+                 "got '", megabytes, "'");
+    return static_cast<size_t>(value) << 20;
+  }()};
+  return bytes;
+}
+}  // namespace
+
+void set_pinned_reserve_bytes(size_t bytes) { pinned_reserve_setting().store(bytes); }
+size_t pinned_reserve_bytes() { return pinned_reserve_setting().load(); }
+
+std::shared_ptr<memory::ReservedSegmentSource> pinned_segments() {
+  // Never destroyed: pinned blocks may be freed during static destruction.
+  static auto* segments = new std::shared_ptr<memory::ReservedSegmentSource>(
+      std::make_shared<memory::ReservedSegmentSource>(std::make_shared<PinnedSegmentSource>(),
+                                                      pinned_reserve_bytes()));
+  return *segments;
 }
 
 // ---- the caching allocator of one device ----
@@ -289,9 +320,12 @@ PinnedStagingPool& staging_pool() {
 // ---- host link copies ----
 
 namespace {
-struct PreparedCopy {
-  int device;
-  Event ordered_after;  // recorded on the compute stream at submission
+// Created with the copy's device current (the event belongs to it).
+struct CopyState {
+  CopyState(int device, bool issued) : device(device), issued(issued) {}
+  const int device;
+  const bool issued;  // issue_for_device: `event` marks the copy's end on the copy stream
+  Event event;        // queued copies: the compute stream's work at submission, which they follow
 };
 
 // The device of a device pointer, or -1 for host memory.
@@ -305,16 +339,20 @@ int device_of(const void* ptr) {
              ? attributes.device
              : -1;
 }
+
+// The device a copy between `destination` and `source` runs on; -1 for host to host.
+int copy_device(void* destination, const void* source) {
+  const int device = device_of(destination);
+  return device >= 0 ? device : device_of(source);
+}
 }  // namespace
 
 std::shared_ptr<void> CudaCopyEngine::prepare(void* destination, const void* source, size_t) {
-  int device = device_of(destination);
-  if (device < 0) device = device_of(source);
+  const int device = copy_device(destination, source);
   if (device < 0) return nullptr;  // host to host
-  DeviceGuard guard(device);
-  auto prepared = std::make_shared<PreparedCopy>();
-  prepared->device = device;
-  prepared->ordered_after.record(compute_stream(device));
+  DeviceGuard guard(device);       // the event belongs to the device
+  auto prepared = std::make_shared<CopyState>(device, /*issued=*/false);
+  prepared->event.record(compute_stream(device));
   return prepared;
 }
 
@@ -324,14 +362,42 @@ void CudaCopyEngine::copy(void* destination, const void* source, size_t bytes,
     std::memcpy(destination, source, bytes);
     return;
   }
-  const auto& order = *static_cast<const PreparedCopy*>(prepared.get());
-  DeviceGuard guard(order.device);
-  cudaStream_t stream = copy_stream(order.device);
-  TESSEL_CUDA_CHECK(cudaStreamWaitEvent(stream, order.ordered_after.get(), 0));
+  const auto& state = *static_cast<const CopyState*>(prepared.get());
+  DeviceGuard guard(state.device);  // nothing to switch on a bound link thread
+  if (!state.issued) {
+    cudaStream_t stream = copy_stream(state.device);
+    TESSEL_CUDA_CHECK(cudaStreamWaitEvent(stream, state.event.get(), 0));
+    TESSEL_CUDA_CHECK(cudaMemcpyAsync(destination, source, bytes, cudaMemcpyDefault, stream));
+    Event done;
+    done.record(stream);
+    done.synchronize();
+    return;
+  }
+  state.event.synchronize();  // issued by the submitter: only its end is waited for here
+}
+
+void CudaCopyEngine::bind_link_thread(const std::shared_ptr<void>& prepared) {
+  if (prepared) bind_thread(static_cast<const CopyState*>(prepared.get())->device);
+}
+
+std::shared_ptr<void> CudaCopyEngine::issue_for_device(void* destination, const void* source,
+                                                       size_t bytes) {
+  const int device = device_of(destination);
+  if (device < 0) return nullptr;
+  DeviceGuard guard(device);
+  cudaStream_t stream = copy_stream(device);
+  // The destination block may be one that work still queued on the compute stream used last.
+  stream_wait(stream, compute_stream(device));
   TESSEL_CUDA_CHECK(cudaMemcpyAsync(destination, source, bytes, cudaMemcpyDefault, stream));
-  Event done;
-  done.record(stream);
-  done.synchronize();
+  auto issued = std::make_shared<CopyState>(device, /*issued=*/true);
+  issued->event.record(stream);
+  return issued;
+}
+
+void CudaCopyEngine::order_device_after(const std::shared_ptr<void>& issued) {
+  const auto& state = *static_cast<const CopyState*>(issued.get());
+  DeviceGuard guard(state.device);
+  TESSEL_CUDA_CHECK(cudaStreamWaitEvent(compute_stream(state.device), state.event.get(), 0));
 }
 
 void install_host_memory() {
@@ -339,8 +405,7 @@ void install_host_memory() {
   std::call_once(once, [] {
     // Swapped tensors already on pageable host blocks must go back to the pool they came from.
     if (memory::host_allocator()->stats().allocated_bytes == 0) {
-      memory::set_host_allocator(
-          std::make_shared<memory::HostAllocator>(std::make_shared<PinnedSegmentSource>()));
+      memory::set_host_allocator(std::make_shared<memory::HostAllocator>(pinned_segments()));
     }
   });
 }

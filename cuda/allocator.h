@@ -33,12 +33,23 @@ class CudaSegmentSource : public memory::SegmentSource {
   int device_;
 };
 
-// Page-locked host segments from cudaHostAlloc (portable: usable from every device).
+// Page-locked host segments from cudaHostAlloc (portable: usable from every device), allocated
+// on the process's device (set_process_device) so that no other GPU gets a context for them.
 class PinnedSegmentSource : public memory::SegmentSource {
  public:
   void* allocate_segment(size_t bytes) override;
   void free_segment(void* ptr, size_t bytes) override;
 };
+
+// Pinned memory reserved at the first pinned request (a swap-out, the staging of a host-to-device
+// copy), so that cudaHostAlloc, slow and synchronous, is not called per segment: 256 MiB unless
+// the environment sets TESSEL_PINNED_RESERVE_MB or set_pinned_reserve_bytes is called before.
+// When full, the pool grows by doubling (memory::ReservedSegmentSource).
+constexpr size_t kDefaultPinnedReserveBytes = size_t{256} << 20;
+void set_pinned_reserve_bytes(size_t bytes);
+size_t pinned_reserve_bytes();
+// The process's pinned pool: the segments of the host allocator of swaps and of staging buffers.
+std::shared_ptr<memory::ReservedSegmentSource> pinned_segments();
 
 // What the budget leaves to cuBLAS/cuDNN/NCCL and the CUDA context, which allocate outside it.
 constexpr size_t kLibraryHeadroomBytes = size_t{512} << 20;
@@ -98,7 +109,7 @@ class PinnedStagingPool {
 
  private:
   void process_locked(bool wait);
-  memory::HostAllocator pool_{std::make_shared<PinnedSegmentSource>()};
+  memory::HostAllocator pool_{pinned_segments()};
   mutable std::mutex mutex_;
   struct Pending {
     void* ptr;
@@ -109,14 +120,20 @@ class PinnedStagingPool {
 };
 PinnedStagingPool& staging_pool();
 
-// Host copies for the residency manager's HostLink on CUDA: each copy is ordered after the work
-// queued on the compute stream when it is submitted, runs on the copy stream (so it overlaps
-// compute), and is done when its bytes have arrived.
+// Host copies for the residency manager's HostLink on CUDA, on the copy stream (so they overlap
+// compute), each ordered after the work queued on the compute stream when it is submitted (the
+// source or destination block may be one that work uses). Swap-outs are queued, issued by the
+// link's thread, and done when their bytes have arrived; swap-ins are issued at once by the
+// submitter, and the compute stream, not the host, waits for them (order_device_after).
 class CudaCopyEngine : public memory::CopyEngine {
  public:
   std::shared_ptr<void> prepare(void* destination, const void* source, size_t bytes) override;
+  void bind_link_thread(const std::shared_ptr<void>& prepared) override;
   void copy(void* destination, const void* source, size_t bytes,
             const std::shared_ptr<void>& prepared) override;
+  std::shared_ptr<void> issue_for_device(void* destination, const void* source,
+                                         size_t bytes) override;
+  void order_device_after(const std::shared_ptr<void>& issued) override;
 };
 
 // Installs, once and lazily (first CUDA allocation): pinned memory for the host allocator (when

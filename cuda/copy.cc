@@ -1,6 +1,8 @@
 // The CUDA transfer kernel of `to_device` (defined in ops/transfer.cc): CPU<->CUDA and
 // CUDA<->CUDA copies, dtype-preserving, non-contiguous sources gathered first. Registered for
-// both device types, as the dispatcher picks the kernel by the output's device.
+// both device types, as the dispatcher picks the kernel by the output's device. Copies to a GPU
+// go through pinned staging and never wait for the device; copies to the host wait (the host
+// reads the bytes next).
 #include "cuda/copy.h"
 
 #include <cstring>
@@ -8,6 +10,7 @@
 
 #include "core/op.h"
 #include "cuda/allocator.h"
+#include "cuda/peer_access.h"
 #include "cuda/runtime.h"
 #include "ops/registry_helpers.h"
 
@@ -32,6 +35,27 @@ class DeviceScratch {
   void* ptr_;
 };
 
+// The process's peer access table over the CUDA runtime.
+PeerAccessTable& peer_access() {
+  static auto* table = new PeerAccessTable({
+      [](int device, int peer) {
+        int can_access = 0;
+        TESSEL_CUDA_CHECK(cudaDeviceCanAccessPeer(&can_access, device, peer));
+        return can_access != 0;
+      },
+      [](int device, int peer) {
+        DeviceGuard guard(device);
+        const cudaError_t status = cudaDeviceEnablePeerAccess(peer, 0);
+        if (status == cudaErrorPeerAccessAlreadyEnabled) {
+          cudaGetLastError();  // not sticky, but it would be reported by the next check
+          return;
+        }
+        TESSEL_CUDA_CHECK(status);
+      },
+  });
+  return *table;
+}
+
 // The source's bytes as one dense run on its device: the tensor itself when contiguous, else a
 // gathered copy in `scratch` (on the compute stream).
 const void* dense_device_source(const Tensor& x, std::unique_ptr<DeviceScratch>& scratch) {
@@ -43,26 +67,15 @@ const void* dense_device_source(const Tensor& x, std::unique_ptr<DeviceScratch>&
   return scratch->get();
 }
 
-void host_to_device(const Tensor& x, Tensor& out, bool non_blocking) {
+// Blocking or not, through pinned staging: the source is copied (or gathered) there before this
+// returns, so the caller may reuse it at once, and the device copy is asynchronous (from pageable
+// memory it would be staged by the driver and block). Later work on the compute stream waits for
+// it on the device; the host never waits for the device here.
+void host_to_device(const Tensor& x, Tensor& out) {
   const int device = out.device().index;
   DeviceGuard guard(device);
   const size_t bytes = out.nbytes();
   cudaStream_t compute = compute_stream(device);
-  if (!non_blocking) {
-    std::vector<char> gathered;
-    const void* source = x.raw_data();
-    if (!x.is_contiguous()) {
-      gathered.resize(bytes);
-      gather_contiguous_host(x.raw_data(), x.sizes(), x.strides(), x.element_size(),
-                             gathered.data());
-      source = gathered.data();
-    }
-    TESSEL_CUDA_CHECK(
-        cudaMemcpyAsync(out.raw_data(), source, bytes, cudaMemcpyHostToDevice, compute));
-    TESSEL_CUDA_CHECK(cudaStreamSynchronize(compute));
-    return;
-  }
-  // Pinned staging, so the copy is truly asynchronous and the source is free at once.
   PinnedStagingPool& pool = staging_pool();
   void* staging = pool.allocate(bytes);
   if (x.is_contiguous()) {
@@ -87,6 +100,7 @@ void device_to_host(const Tensor& x, Tensor& out) {
       cudaMemcpyAsync(out.raw_data(), source, out.nbytes(), cudaMemcpyDeviceToHost, compute));
   // The host may read `out` as soon as the op returns.
   TESSEL_CUDA_CHECK(cudaStreamSynchronize(compute));
+  raise_device_errors(device);  // a synchronisation point: a bad index found before it is raised
 }
 
 void device_to_device(const Tensor& x, Tensor& out, bool non_blocking) {
@@ -114,6 +128,9 @@ void device_to_device(const Tensor& x, Tensor& out, bool non_blocking) {
     target_ready->record(compute_stream(target_device));
   }
   DeviceGuard guard(source_device);
+  // The source's copy engine writes into the target directly where the GPUs allow it; otherwise
+  // cudaMemcpyPeerAsync stages through host memory.
+  peer_access().ensure(source_device, target_device);
   cudaStream_t source_stream = compute_stream(source_device);
   std::unique_ptr<DeviceScratch> scratch;
   const void* source = dense_device_source(x, scratch);
@@ -141,7 +158,7 @@ void transfer_kernel(KernelContext& ctx) {
   if (from.is_cpu() && to.is_cpu()) {
     gather_contiguous_host(x.raw_data(), x.sizes(), x.strides(), x.element_size(), out.raw_data());
   } else if (from.is_cpu()) {
-    host_to_device(x, out, non_blocking);
+    host_to_device(x, out);  // never waits for the device, blocking or not
   } else if (to.is_cpu()) {
     device_to_host(x, out);  // always blocking: the host reads it next
   } else {

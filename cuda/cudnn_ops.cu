@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -228,11 +229,12 @@ std::vector<Choice> find_choices(ConvPass pass, cudnnHandle_t handle, const Conv
 }
 
 // The cached ranking for this call, searching on a miss with as much of the wanted workspace as
-// the allocator has free without evicting anything (a search buffer is thrown away at once). A
-// ranking searched with less is searched again once, when the whole workspace is free.
-std::vector<Choice> choices_for(KernelContext& context, ConvPass pass, cudnnHandle_t handle,
-                                const ConvDescriptors& d, const ConvBuffers& b,
-                                const std::string& key, int device) {
+// the allocator has free without evicting anything. A ranking searched with less is searched
+// again once, when the whole workspace is free. The search buffer (up to 1 GiB) is freed when the
+// search returns, before the chosen algorithm takes its own workspace: the allocator hands that
+// one the same block instead of holding both at once.
+std::vector<Choice> choices_for(ConvPass pass, cudnnHandle_t handle, const ConvDescriptors& d,
+                                const ConvBuffers& b, const std::string& key, int device) {
   const size_t free_bytes = caching_allocator(device)->largest_allocatable();
   {
     std::lock_guard<std::mutex> lock(cache().mutex);
@@ -246,9 +248,14 @@ std::vector<Choice> choices_for(KernelContext& context, ConvPass pass, cudnnHand
   const size_t wanted = search_workspace(pass, handle, d);
   size_t bytes = std::min(wanted, free_bytes);
   void* workspace = nullptr;
+  Tensor search_buffer;
+  std::unique_ptr<StorageAccess> search_access;  // released before search_buffer
   if (bytes > 0) {
     try {
-      workspace = context.workspace({static_cast<int64_t>(bytes)}, DType::kUInt8).raw_data();
+      search_buffer = empty({static_cast<int64_t>(bytes)},
+                            TensorOptions(DType::kUInt8).device(Device::cuda(device)));
+      search_access = std::make_unique<StorageAccess>(*search_buffer.storage());
+      workspace = search_access->data();
     } catch (const OutOfMemory&) {
       bytes = 0;  // search among the algorithms that need no workspace
     }
@@ -345,7 +352,7 @@ void convolution_kernel(KernelContext& context, ConvPass pass) {
   const std::string key =
       cache_key(pass, x.sizes(), w.sizes(), y.sizes(), dtype, context.attrs, device.index());
   const std::vector<Choice> choices =
-      choices_for(context, pass, handle, descriptors, buffers, key, device.index());
+      choices_for(pass, handle, descriptors, buffers, key, device.index());
 
   // The fastest algorithm whose workspace fits; smaller ones when the allocator refuses.
   bool ran = false;

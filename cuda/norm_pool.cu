@@ -3,6 +3,7 @@
 // ops/norm.cc and ops/pool.cc: per-channel statistics accumulated in f64, window rules, NaN
 // propagation and index choice as PyTorch's. Backward pooling gathers into each input element
 // in the CPU's order (no atomics), so results are deterministic.
+#include <algorithm>
 #include <cmath>
 
 #include "cuda/kernels/loops.cuh"
@@ -49,29 +50,83 @@ __device__ double block_sum(double value, double* shared) {
 
 // ---- batch norm. x dense (N, C, S) ----
 
-// One block per channel: mean and biased variance (two passes, f64).
+// The per-channel reductions run on a grid of channels x chunks of the N * S elements of each
+// channel, so that a few channels still fill the GPU; a small kernel then combines each channel's
+// chunks in chunk order. No atomics: the results are the same on every run.
+constexpr int64_t kMinChunkElements = 8 * kReduceThreads;
+constexpr int64_t kTargetBlocks = 1024;
+
+struct ChannelChunks {
+  int64_t chunks;  // per channel, at most 65535 (gridDim.y)
+  ChannelChunks(int64_t channels, int64_t count) {
+    const int64_t by_size = (count + kMinChunkElements - 1) / kMinChunkElements;
+    const int64_t by_grid = channels >= kTargetBlocks ? 1 : kTargetBlocks / channels;
+    chunks = std::max<int64_t>(1, std::min(by_size, by_grid));
+  }
+  dim3 grid(int64_t channels) const {
+    return dim3(static_cast<unsigned>(channels), static_cast<unsigned>(chunks));
+  }
+};
+
+// [begin, end) of chunk `k` of `chunks` over `count` elements.
+__device__ void chunk_range(int64_t k, int64_t chunks, int64_t count, int64_t* begin,
+                            int64_t* end) {
+  *begin = k * count / chunks;
+  *end = (k + 1) * count / chunks;
+}
+
+__device__ int64_t channel_element(int64_t i, int64_t c, int64_t channels, int64_t spatial) {
+  return ((i / spatial) * channels + c) * spatial + i % spatial;
+}
+
+// Block (c, k): the element count, mean and sum of squared deviations of chunk k of channel c
+// (two passes over the chunk, f64), to partial[3 * (c * chunks + k)].
 template <typename T>
 __global__ void channel_moments_kernel(const T* x, int64_t batch, int64_t channels, int64_t spatial,
-                                       double* mean, double* variance) {
+                                       double* partial) {
   __shared__ double shared[kReduceThreads];
-  const int64_t c = blockIdx.x;
-  const int64_t count = batch * spatial;
+  const int64_t c = blockIdx.x, k = blockIdx.y, chunks = gridDim.y;
+  int64_t begin, end;
+  chunk_range(k, chunks, batch * spatial, &begin, &end);
   double total = 0;
-  for (int64_t i = threadIdx.x; i < count; i += blockDim.x)
-    total += static_cast<double>(x[((i / spatial) * channels + c) * spatial + i % spatial]);
-  const double channel_mean = block_sum(total, shared) / static_cast<double>(count);
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x)
+    total += static_cast<double>(x[channel_element(i, c, channels, spatial)]);
+  const double n = static_cast<double>(end - begin);
+  const double chunk_sum = block_sum(total, shared);
+  const double chunk_mean = n > 0 ? chunk_sum / n : 0.0;
   double squares = 0;
-  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) {
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
     const double centred =
-        static_cast<double>(x[((i / spatial) * channels + c) * spatial + i % spatial]) -
-        channel_mean;
+        static_cast<double>(x[channel_element(i, c, channels, spatial)]) - chunk_mean;
     squares += centred * centred;
   }
-  const double channel_variance = block_sum(squares, shared) / static_cast<double>(count);
-  if (threadIdx.x == 0) {
-    mean[c] = channel_mean;
-    variance[c] = channel_variance;
+  squares = block_sum(squares, shared);
+  if (threadIdx.x != 0) return;
+  double* out = partial + 3 * (c * chunks + k);
+  out[0] = n;
+  out[1] = chunk_mean;
+  out[2] = squares;
+}
+
+// One thread per channel: the chunks' moments combined in chunk order (Chan et al.), giving the
+// mean and biased variance of the channel.
+__global__ void combine_moments_kernel(const double* partial, int64_t channels, int64_t chunks,
+                                       double* mean, double* variance) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= channels) return;
+  double n = 0, m = 0, m2 = 0;
+  for (int64_t k = 0; k < chunks; ++k) {
+    const double* chunk = partial + 3 * (c * chunks + k);
+    if (chunk[0] == 0) continue;
+    const double total = n + chunk[0];
+    const double delta = chunk[1] - m;
+    m += delta * chunk[0] / total;
+    m2 += chunk[2] + delta * delta * n * chunk[0] / total;
+    n = total;
   }
+  // No element: 0 / 0, as a one-block reduction would give.
+  mean[c] = n > 0 ? m : nan("");
+  variance[c] = n > 0 ? m2 / n : nan("");
 }
 
 // Per channel: saved mean and invstd, scale and shift of y, and (unless replaying) the running
@@ -125,20 +180,20 @@ __global__ void scale_shift_kernel(const T* x, T* y, int64_t count, int64_t chan
   }
 }
 
-// Backward, one block per channel: grad_bias = sum(g), grad_weight = sum(g * (x - mean)) * invstd,
-// and the coefficients of grad_x = gain * (g - mean_g) - slope * (x - mean).
+// Backward, block (c, k): sum(g) and sum(g * (x - mean)) over chunk k of channel c, to
+// partial[2 * (c * chunks + k)].
 template <typename T>
-__global__ void batch_norm_backward_reduce_kernel(
-    const T* grad, const T* x, int64_t batch, int64_t channels, int64_t spatial, bool training,
-    double eps, ChannelVector<T> weight, ChannelVector<T> mean, ChannelVector<T> invstd_or_var,
-    ChannelVector<T> grad_weight, ChannelVector<T> grad_bias, double* coefficients) {
+__global__ void batch_norm_backward_reduce_kernel(const T* grad, const T* x, int64_t batch,
+                                                  int64_t channels, int64_t spatial,
+                                                  ChannelVector<T> mean, double* partial) {
   __shared__ double shared[kReduceThreads];
-  const int64_t c = blockIdx.x;
-  const int64_t count = batch * spatial;
+  const int64_t c = blockIdx.x, k = blockIdx.y, chunks = gridDim.y;
+  int64_t begin, end;
+  chunk_range(k, chunks, batch * spatial, &begin, &end);
   const double channel_mean = mean.get(c, 0.0);
   double sum_g = 0, sum_g_centred = 0;
-  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) {
-    const int64_t at = ((i / spatial) * channels + c) * spatial + i % spatial;
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const int64_t at = channel_element(i, c, channels, spatial);
     const double g = static_cast<double>(grad[at]);
     sum_g += g;
     sum_g_centred += g * (static_cast<double>(x[at]) - channel_mean);
@@ -146,6 +201,25 @@ __global__ void batch_norm_backward_reduce_kernel(
   sum_g = block_sum(sum_g, shared);
   sum_g_centred = block_sum(sum_g_centred, shared);
   if (threadIdx.x != 0) return;
+  partial[2 * (c * chunks + k)] = sum_g;
+  partial[2 * (c * chunks + k) + 1] = sum_g_centred;
+}
+
+// One thread per channel: the chunks' sums added in chunk order, then grad_bias = sum(g),
+// grad_weight = sum(g * (x - mean)) * invstd, and the coefficients of
+// grad_x = gain * (g - mean_g) - slope * (x - mean).
+template <typename T>
+__global__ void batch_norm_backward_combine_kernel(
+    const double* partial, int64_t channels, int64_t chunks, int64_t count, bool training,
+    double eps, ChannelVector<T> weight, ChannelVector<T> mean, ChannelVector<T> invstd_or_var,
+    ChannelVector<T> grad_weight, ChannelVector<T> grad_bias, double* coefficients) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= channels) return;
+  double sum_g = 0, sum_g_centred = 0;
+  for (int64_t k = 0; k < chunks; ++k) {
+    sum_g += partial[2 * (c * chunks + k)];
+    sum_g_centred += partial[2 * (c * chunks + k) + 1];
+  }
   double invstd = invstd_or_var.get(c, 1.0);
   if (!training) invstd = 1.0 / sqrt(invstd + eps);
   const double w = weight.get(c, 1.0);
@@ -156,7 +230,7 @@ __global__ void batch_norm_backward_reduce_kernel(
   coefficients[4 * c + 0] = w * invstd;
   coefficients[4 * c + 1] = training ? sum_g / n : 0.0;
   coefficients[4 * c + 2] = training ? w * invstd * invstd * invstd * sum_g_centred / n : 0.0;
-  coefficients[4 * c + 3] = channel_mean;
+  coefficients[4 * c + 3] = mean.get(c, 0.0);
 }
 
 template <typename T>
@@ -195,8 +269,13 @@ void batch_norm_train(KernelContext& context) {
     double* scale = mean + 2 * C;
     double* shift = mean + 3 * C;
     if (C == 0) return;
-    channel_moments_kernel<T><<<static_cast<unsigned>(C), kReduceThreads, 0, device.stream()>>>(
-        device_data<T>(x), layout.batch, C, layout.spatial, mean, variance);
+    const ChannelChunks split(C, layout.batch * layout.spatial);
+    Tensor partial = context.workspace({3 * C * split.chunks}, DType::kFloat64);
+    channel_moments_kernel<T><<<split.grid(C), kReduceThreads, 0, device.stream()>>>(
+        device_data<T>(x), layout.batch, C, layout.spatial, device_data<double>(partial));
+    check_launch();
+    combine_moments_kernel<<<grid_for(C), kThreads, 0, device.stream()>>>(
+        device_data<double>(partial), C, split.chunks, mean, variance);
     check_launch();
     batch_norm_finish_kernel<T><<<grid_for(C), kThreads, 0, device.stream()>>>(
         C, layout.batch * layout.spatial, momentum, eps, !context.replay, mean, variance,
@@ -251,12 +330,18 @@ void batch_norm_backward(KernelContext& context) {
     const int64_t C = layout.channels;
     if (C == 0) return;
     Tensor coefficients = context.workspace({4 * C}, DType::kFloat64);
-    batch_norm_backward_reduce_kernel<T>
-        <<<static_cast<unsigned>(C), kReduceThreads, 0, device.stream()>>>(
-            device_data<T>(grad), device_data<T>(x), layout.batch, C, layout.spatial, training, eps,
-            channel_vector<T>(context.inputs[2]), channel_vector<T>(context.inputs[3]),
-            channel_vector<T>(context.inputs[4]), channel_vector<T>(context.outputs[1]),
-            channel_vector<T>(context.outputs[2]), device_data<double>(coefficients));
+    const int64_t count = layout.batch * layout.spatial;
+    const ChannelChunks split(C, count);
+    Tensor partial = context.workspace({2 * C * split.chunks}, DType::kFloat64);
+    batch_norm_backward_reduce_kernel<T><<<split.grid(C), kReduceThreads, 0, device.stream()>>>(
+        device_data<T>(grad), device_data<T>(x), layout.batch, C, layout.spatial,
+        channel_vector<T>(context.inputs[3]), device_data<double>(partial));
+    check_launch();
+    batch_norm_backward_combine_kernel<T><<<grid_for(C), kThreads, 0, device.stream()>>>(
+        device_data<double>(partial), C, split.chunks, count, training, eps,
+        channel_vector<T>(context.inputs[2]), channel_vector<T>(context.inputs[3]),
+        channel_vector<T>(context.inputs[4]), channel_vector<T>(context.outputs[1]),
+        channel_vector<T>(context.outputs[2]), device_data<double>(coefficients));
     check_launch();
     DenseOutput grad_x(context, context.outputs[0]);
     if (x.numel() > 0) {

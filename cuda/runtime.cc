@@ -1,9 +1,12 @@
 #include "cuda/runtime.h"
 
+#include <cuda.h>
+
 #include <array>
 #include <atomic>
 #include <cstring>
 #include <mutex>
+#include <new>
 #include <string>
 
 #include "core/error.h"
@@ -91,7 +94,41 @@ PerDevice<cudnnHandle_t>& cudnn_handles() {
   return *handles;
 }
 
+PerDevice<IndexError*>& error_records() {
+  static auto* records = new PerDevice<IndexError*>();
+  return *records;
+}
+
 std::atomic<bool> tf32_allowed{false};
+std::atomic<int> the_process_device{-1};
+
+// cuDevicePrimaryCtxGetState through the runtime's entry point lookup, so that the binary needs
+// no link against the driver library; null when the driver does not have it.
+using PrimaryContextState = CUresult (*)(CUdevice, unsigned int*, int*);
+using DeviceFromOrdinal = CUresult (*)(CUdevice*, int);
+struct DriverFunctions {
+  PrimaryContextState primary_context_state = nullptr;
+  DeviceFromOrdinal device_from_ordinal = nullptr;
+};
+const DriverFunctions& driver_functions() {
+  static const DriverFunctions functions = [] {
+    DriverFunctions found;
+    void* symbol = nullptr;
+    cudaDriverEntryPointQueryResult result{};
+    if (cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxGetState", &symbol, 12000,
+                                         cudaEnableDefault, &result) == cudaSuccess &&
+        result == cudaDriverEntryPointSuccess)
+      found.primary_context_state = reinterpret_cast<PrimaryContextState>(symbol);
+    symbol = nullptr;
+    if (cudaGetDriverEntryPointByVersion("cuDeviceGet", &symbol, 12000, cudaEnableDefault,
+                                         &result) == cudaSuccess &&
+        result == cudaDriverEntryPointSuccess)
+      found.device_from_ordinal = reinterpret_cast<DeviceFromOrdinal>(symbol);
+    cudaGetLastError();
+    return found;
+  }();
+  return functions;
+}
 
 }  // namespace
 
@@ -174,6 +211,34 @@ int current_device() {
   return device;
 }
 
+bool has_context(int device) {
+  const DriverFunctions& driver = driver_functions();
+  CUdevice handle = 0;
+  unsigned int flags = 0;
+  int active = 0;
+  if (!driver.primary_context_state || !driver.device_from_ordinal ||
+      driver.device_from_ordinal(&handle, device) != CUDA_SUCCESS ||
+      driver.primary_context_state(handle, &flags, &active) != CUDA_SUCCESS)
+    return true;  // unknown: restoring is the safe choice for correctness
+  return active != 0;
+}
+
+void set_process_device(int device) {
+  check_device(device, "set_process_device");
+  TESSEL_CUDA_CHECK(cudaSetDevice(device));
+  the_process_device.store(device);
+}
+
+int process_device() { return the_process_device.load(); }
+
+void bind_thread(int device) {
+  int now = -1;
+  TESSEL_CUDA_CHECK(cudaGetDevice(&now));
+  if (now == device) return;
+  check_device(device, "bind_thread");
+  TESSEL_CUDA_CHECK(cudaSetDevice(device));
+}
+
 DeviceGuard::DeviceGuard(int index) {
   check_device(index, "DeviceGuard");
   TESSEL_CUDA_CHECK(cudaGetDevice(&previous_));
@@ -182,9 +247,11 @@ DeviceGuard::DeviceGuard(int index) {
 
 DeviceGuard::~DeviceGuard() {
   int now = -1;
-  if (previous_ >= 0 && cudaGetDevice(&now) == cudaSuccess && now != previous_) {
-    cudaSetDevice(previous_);  // destructors must not throw
-  }
+  if (previous_ < 0 || cudaGetDevice(&now) != cudaSuccess || now == previous_) return;
+  // A thread starts on device 0 without having used it: going back there would create a context
+  // on a GPU this process has no work for (every rank on GPU 0). Stay on the guarded one instead.
+  if (!has_context(previous_)) return;
+  cudaSetDevice(previous_);  // destructors must not throw
 }
 
 cudaStream_t compute_stream(int device) {
@@ -226,6 +293,27 @@ bool allow_tf32() { return tf32_allowed.load(); }
 void synchronize(int device) {
   DeviceGuard guard(device);
   TESSEL_CUDA_CHECK(cudaDeviceSynchronize());
+  raise_device_errors(device);
+}
+
+IndexError* device_error_record(int device) {
+  return error_records().get(device, "device_error_record", [](int) {
+    void* record = nullptr;
+    TESSEL_CUDA_CHECK(
+        cudaHostAlloc(&record, sizeof(IndexError), cudaHostAllocMapped | cudaHostAllocPortable));
+    return new (record) IndexError();
+  });
+}
+
+void raise_device_errors(int device) {
+  if (device < 0 || device >= kMaxDevices) return;
+  IndexError* record = error_records().handles[device].load(std::memory_order_acquire);
+  if (!record) return;  // no kernel of this device has checked an index yet
+  // The compute stream was waited for: its kernels' writes are visible and none writes now.
+  const IndexError found = *record;
+  if (found.op == IndexOp::kNone) return;
+  record->op = IndexOp::kNone;
+  TESSEL_FAIL(index_error_message(found, device));
 }
 
 Event::Event() { TESSEL_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming)); }

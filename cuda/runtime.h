@@ -12,6 +12,7 @@
 
 #include "core/allocator.h"
 #include "core/device.h"
+#include "cuda/index_error.h"
 
 namespace tessel::cuda {
 
@@ -36,7 +37,20 @@ constexpr int kMaxDevices = 64;
 void check_device(int index, const char* what = "cuda");
 int current_device();
 
-// Makes `index` the current device for its lifetime, then restores the previous one.
+// Whether the process has created `device`'s primary context (used it); never creates one.
+bool has_context(int device);
+
+// Makes `device` current on the calling thread for good and records it as the process's device
+// (one rank, one GPU): threads started later (copy threads) bind to it with bind_thread.
+void set_process_device(int device);
+// The device set by set_process_device; -1 when none was set.
+int process_device();
+// Makes `device` current on the calling thread for good, if it is not already: a thread that
+// serves one device (a copy thread) keeps it current instead of switching for every call.
+void bind_thread(int device);
+
+// Makes `index` the current device for its lifetime, then restores the one that was current
+// before, unless the process never used that one: restoring it would create its context.
 class DeviceGuard {
  public:
   explicit DeviceGuard(int index);
@@ -64,8 +78,16 @@ cudnnHandle_t cudnn_handle(int device);
 void set_allow_tf32(bool allow);
 bool allow_tf32();
 
-// Waits for every stream of `device`.
+// Waits for every stream of `device`, then reports a bad index its kernels recorded.
 void synchronize(int device);
+
+// The record where `device`'s kernels write the first bad index they find (IndexError::op is
+// kNone while there is none): pinned host memory mapped into the device, so the host reads it
+// without a copy. Created on first use.
+IndexError* device_error_record(int device);
+// At a synchronisation point (the compute stream of `device` waited for): throws the bad index
+// recorded since the last report, if any, as a tessel::Error, and clears the record.
+void raise_device_errors(int device);
 
 // An owned cudaEvent_t (timing disabled) created on the current device.
 class Event {

@@ -4,12 +4,55 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <vector>
 
 #include "core/allocator.h"
 #include "memory/caching_allocator.h"
 
 namespace tessel::memory {
+
+// Segments carved from a few large reservations of another source, which is asked rarely: where
+// each request is slow and synchronous (pinned memory: cudaHostAlloc), the pool is reserved up
+// front and grown seldom. The first reservation is `reserve_bytes` (or the first segment, when
+// larger); a later one, needed only when every reservation is full, doubles what is reserved.
+// Freed segments go back to their reservation (joined with free neighbours); the reservations go
+// back to the source when this is destroyed. Thread-safe.
+class ReservedSegmentSource : public SegmentSource {
+ public:
+  // Segments are multiples of this (page size), so each starts page-aligned.
+  static constexpr size_t kAlignment = 4096;
+
+  ReservedSegmentSource(std::shared_ptr<SegmentSource> source, size_t reserve_bytes);
+  ~ReservedSegmentSource() override;
+  ReservedSegmentSource(const ReservedSegmentSource&) = delete;
+  ReservedSegmentSource& operator=(const ReservedSegmentSource&) = delete;
+
+  // nullptr when no reservation has room and the source has no more memory.
+  void* allocate_segment(size_t bytes) override;
+  void free_segment(void* ptr, size_t bytes) override;
+
+  // Bytes taken from the source, and in how many reservations.
+  size_t reserved_bytes() const;
+  int64_t reservations() const;
+
+ private:
+  struct Reservation {
+    char* base;
+    size_t size;
+    std::map<size_t, size_t> free;  // offset -> bytes, joined with their neighbours
+  };
+  void* carve_locked(Reservation& reservation, size_t bytes);
+
+  const std::shared_ptr<SegmentSource> source_;
+  const size_t reserve_bytes_;
+  mutable std::mutex mutex_;
+  std::vector<Reservation> reservations_;
+  size_t reserved_bytes_ = 0;
+};
 
 // A caching allocator of its own over host segments: swaps in and out reuse its blocks.
 class HostAllocator : public Allocator {

@@ -106,12 +106,37 @@ std::shared_ptr<HostTransfer> HostLink::copy_async(void* destination, const void
                                                    size_t bytes) {
   std::shared_ptr<HostTransfer> transfer(new HostTransfer(destination, source, bytes));
   if (engine_) transfer->prepared_ = engine_->prepare(destination, source, bytes);
+  enqueue(transfer);
+  return transfer;
+}
+
+void HostLink::enqueue(const std::shared_ptr<HostTransfer>& transfer) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     queue_.push_back(transfer);
   }
   work_ready_.notify_one();
+}
+
+std::shared_ptr<HostTransfer> HostLink::copy_to_device(void* destination, const void* source,
+                                                       size_t bytes) {
+  std::shared_ptr<void> issued =
+      engine_ ? engine_->issue_for_device(destination, source, bytes) : nullptr;
+  if (!issued) return copy_async(destination, source, bytes);
+  std::shared_ptr<HostTransfer> transfer(new HostTransfer(destination, source, bytes));
+  transfer->prepared_ = issued;  // the link's thread waits for it, then marks the copy done
+  transfer->issued_ = std::move(issued);
+  enqueue(transfer);
   return transfer;
+}
+
+void HostLink::order_device_after(const std::shared_ptr<HostTransfer>& transfer) {
+  if (!transfer) return;
+  if (transfer->issued()) {
+    engine_->order_device_after(transfer->issued_);
+    return;
+  }
+  wait(transfer);
 }
 
 void HostLink::wait(const std::shared_ptr<HostTransfer>& transfer) {
@@ -182,6 +207,7 @@ void HostLink::run() {
     const auto start = Clock::now();
     if (engine_) {
       try {
+        engine_->bind_link_thread(transfer->prepared_);
         engine_->copy(transfer->destination_, transfer->source_, transfer->bytes_,
                       transfer->prepared_);
       } catch (const std::exception& error) {

@@ -19,15 +19,30 @@
 namespace tessel::memory {
 
 // How a link moves bytes. Without one: memcpy, throttled to the bandwidth (the simulated device).
-// The CUDA backend registers one for CUDA devices: copies on its copy stream, not throttled.
+// The CUDA backend registers one for CUDA devices: copies on its copy stream, not throttled, and
+// swap-ins that the compute stream waits for on the device.
 class CopyEngine {
  public:
   virtual ~CopyEngine() = default;
   // On the submitting thread, when the copy is queued (e.g. to order it after queued work).
   virtual std::shared_ptr<void> prepare(void* destination, const void* source, size_t bytes) = 0;
-  // On the link's thread; returns once the bytes are at `destination`.
+  // On the link's thread, before each `copy`: a link serves one device, so an engine may make
+  // that device current for the thread for good here, instead of switching in every copy.
+  virtual void bind_link_thread(const std::shared_ptr<void>& /*prepared*/) {}
+  // On the link's thread (or the caller's, for copy_device_bytes); returns once the bytes are at
+  // `destination`.
   virtual void copy(void* destination, const void* source, size_t bytes,
                     const std::shared_ptr<void>& prepared) = 0;
+  // For copies into device memory that the device's later work reads (swap-ins): issues the copy
+  // at once, on the submitting thread, and returns its state; `copy` then only waits for it (on
+  // the link's thread, to tell when the source may be reused) and `order_device_after` makes the
+  // device's later work wait for it on the device, without the host. nullptr (the default): the
+  // engine cannot, and the copy is queued as any other, the host waiting for it.
+  virtual std::shared_ptr<void> issue_for_device(void* /*destination*/, const void* /*source*/,
+                                                 size_t /*bytes*/) {
+    return nullptr;
+  }
+  virtual void order_device_after(const std::shared_ptr<void>& /*issued*/) {}
 };
 // The engine for links of managers on `type` (nullptr: memcpy). Thread-safe.
 void set_copy_engine(DeviceType type, std::shared_ptr<CopyEngine> engine);
@@ -41,6 +56,8 @@ class HostTransfer {
  public:
   bool done() const { return done_.load(std::memory_order_acquire); }
   size_t bytes() const { return bytes_; }
+  // Issued at once by the engine, ordered on the device (HostLink::copy_to_device).
+  bool issued() const { return issued_ != nullptr; }
 
  private:
   friend class HostLink;
@@ -50,6 +67,7 @@ class HostTransfer {
   const void* source_;
   size_t bytes_;
   std::shared_ptr<void> prepared_;  // the copy engine's, from submission
+  std::shared_ptr<void> issued_;    // the engine's state of an issued copy, kept after it is done
   std::string error_;               // set when the engine failed
   std::atomic<bool> done_{false};
 };
@@ -69,6 +87,13 @@ class HostLink {
 
   // Queues a copy of `bytes` from `source` to `destination`; both must stay valid until it is done.
   std::shared_ptr<HostTransfer> copy_async(void* destination, const void* source, size_t bytes);
+  // A copy into device memory that the device's later work reads (a swap-in). With an engine
+  // that issues such copies (the CUDA one), it starts now on the device; otherwise it is queued
+  // as by copy_async. Either way done() tells when `source` may be reused.
+  std::shared_ptr<HostTransfer> copy_to_device(void* destination, const void* source, size_t bytes);
+  // Orders the device's later work after a copy_to_device: an issued copy is waited for on the
+  // device (the host goes on), any other on the host, as by wait.
+  void order_device_after(const std::shared_ptr<HostTransfer>& transfer);
   // Blocks until `transfer` is done; throws tessel::Error when its copy failed.
   void wait(const std::shared_ptr<HostTransfer>& transfer);
   // Blocks until every queued copy is done.
@@ -84,6 +109,7 @@ class HostLink {
   double wait_seconds() const;  // time callers spent blocked in wait and wait_all (stalls)
 
  private:
+  void enqueue(const std::shared_ptr<HostTransfer>& transfer);
   void run();
 
   mutable std::mutex mutex_;

@@ -124,6 +124,7 @@ ResidencyManager::ResidencyManager(std::shared_ptr<CachingAllocator> allocator,
 ResidencyManager::~ResidencyManager() {
   try {
     finish_swaps();
+    free_copied_host_copies(/*wait=*/true);
   } catch (...) {
     // Destructors do not throw; the copies are done, only releasing failed.
   }
@@ -436,18 +437,48 @@ void ResidencyManager::swap_in(StorageImpl& storage) {
   TESSEL_CHECK(storage.host_data != nullptr, "storage ", storage.id(),
                " is on host but its host copy is missing");
   const size_t bytes = storage.nbytes();
+  std::shared_ptr<HostTransfer> copy;
   if (record.pending_in) {
+    copy = record.pending_in;
     settle_prefetch(storage, /*keep=*/true);
     ++prefetch_hits_;
   } else {
     if (GradMode::is_enabled()) record.read_back_in_forward = true;
     storage.allocate_bytes();  // may relieve pressure; this storage is not a candidate meanwhile
-    link_.wait(link_.copy_async(storage.data_unchecked(), storage.host_data, bytes));
+    // On a GPU the compute stream waits for the copy, not the host.
+    copy = link_.copy_to_device(storage.data_unchecked(), storage.host_data, bytes);
+    link_.order_device_after(copy);
   }
-  free_host_copy(storage);
+  release_host_copy_after(storage, std::move(copy));
   count("swap_in", bytes);
   label(storage);
   prefetch_before(storage.last_access);
+}
+
+void ResidencyManager::release_host_copy_after(StorageImpl& storage,
+                                               std::shared_ptr<HostTransfer> copy) {
+  free_copied_host_copies(/*wait=*/false);
+  if (!storage.host_data) return;
+  if (!copy || copy->done()) {
+    free_host_copy(storage);
+    return;
+  }
+  // A copy issued on the device still reads it: the block goes back once the copy is done.
+  host_releases_.push_back(
+      {host_allocator(), storage.host_data, storage.nbytes(), std::move(copy)});
+  storage.host_data = nullptr;
+}
+
+void ResidencyManager::free_copied_host_copies(bool wait) {
+  for (auto it = host_releases_.begin(); it != host_releases_.end();) {
+    if (wait) link_.wait(it->copy);
+    if (!it->copy->done()) {
+      ++it;
+      continue;
+    }
+    it->allocator->deallocate(it->host, it->bytes, Stream{});
+    it = host_releases_.erase(it);
+  }
 }
 
 void ResidencyManager::prefetch_before(int64_t clock) {
@@ -481,14 +512,15 @@ void ResidencyManager::prefetch_before(int64_t clock) {
       return;
     }
     prefetching_ = false;
-    record.pending_in = link_.copy_async(storage->data_unchecked(), storage->host_data, bytes);
+    record.pending_in = link_.copy_to_device(storage->data_unchecked(), storage->host_data, bytes);
     ++prefetches_;
   }
 }
 
 void ResidencyManager::settle_prefetch(StorageImpl& storage, bool keep) {
   Record& record = record_of(storage);
-  link_.wait(record.pending_in);
+  // The device bytes' next user (the reader, or the block's next owner) comes after the copy.
+  link_.order_device_after(record.pending_in);
   record.pending_in.reset();
   if (keep) {
     storage.set_state(Residency::kResident);
@@ -730,8 +762,9 @@ void ResidencyManager::on_destroy(StorageImpl& storage) {
     record->pending_out.reset();
     in_flight_.erase(std::remove(in_flight_.begin(), in_flight_.end(), &storage), in_flight_.end());
   }
-  if (record && record->pending_in) settle_prefetch(storage, /*keep=*/false);
-  free_host_copy(storage);
+  std::shared_ptr<HostTransfer> prefetch = record ? record->pending_in : nullptr;
+  if (prefetch) settle_prefetch(storage, /*keep=*/false);
+  release_host_copy_after(storage, std::move(prefetch));
   if (!record) return;
   leave_component(storage);
   storages_.erase(storage.id());
@@ -968,6 +1001,8 @@ void ResidencyManager::restore_and_detach() {
     Record* record = find_record(*storage);
     if (record && record->pending_in) settle_prefetch(*storage, /*keep=*/false);
   }
+  link_.wait_all();  // no copy reads a host copy any more
+  free_copied_host_copies(/*wait=*/true);
   for (const auto& storage : tracked) {
     if (storage->user_refs() == 0 || storage->state() == Residency::kResident) continue;
     try {

@@ -18,6 +18,7 @@
 #include "core/op.h"
 #include "core/storage.h"
 #include "memory/caching_allocator.h"
+#include "memory/host_allocator.h"
 #include "memory/host_link.h"
 
 namespace tessel::memory {
@@ -207,6 +208,10 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   void complete_swap_out(StorageImpl& storage);
   void cancel_swap_out(StorageImpl& storage);
   void swap_in(StorageImpl& storage);
+  // Frees `storage`'s host copy now, or once `copy` (which reads it) is done.
+  void release_host_copy_after(StorageImpl& storage, std::shared_ptr<HostTransfer> copy);
+  // Frees the host copies whose copies are done; with `wait`, waits for all of them first.
+  void free_copied_host_copies(bool wait);
   // Starts swap-ins of the on-host tensors last used just before `clock` (backward reads them
   // next), while free memory allows.
   void prefetch_before(int64_t clock);
@@ -234,6 +239,14 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   mutable std::recursive_mutex mutex_;
   std::map<uint64_t, std::weak_ptr<StorageImpl>> storages_;  // by id: a deterministic order
   std::vector<StorageImpl*> in_flight_;                      // swap-outs in submission order
+  // Host copies of swapped-in tensors, freed once the copies issued on the device have read them.
+  struct HostRelease {
+    std::shared_ptr<HostAllocator> allocator;
+    void* host;
+    size_t bytes;
+    std::shared_ptr<HostTransfer> copy;
+  };
+  std::vector<HostRelease> host_releases_;
   int64_t clock_ = 0;
   PolicyCounters counters_;
   int64_t placeholders_ = 0;

@@ -126,4 +126,10 @@ int communicator_device_count(DeviceType type) {
   return find_backend(type, "communicator_device_count").device_count();
 }
 
+void use_rank_device(Device device) {
+  if (device.is_cpu()) return;
+  const DeviceCommunicatorBackend backend = find_backend(device.type, "use_rank_device");
+  if (backend.use_device) backend.use_device(device.index);
+}
+
 }  // namespace tessel::parallel

@@ -119,6 +119,9 @@ struct DeviceCommunicatorBackend {
   std::function<int()> device_count;
   // A collective over `comm`'s ranks, each on its device index `device`.
   std::function<std::shared_ptr<Communicator>(MPI_Comm comm, int device, CommOptions options)> make;
+  // Makes device `device` current for the whole process (a rank's own GPU); may be empty when
+  // the device type has no notion of a current device.
+  std::function<void(int device)> use_device;
 };
 
 // Installs (or replaces) the backend for `type`; an empty backend removes it. CPU tensors always
@@ -135,5 +138,10 @@ std::shared_ptr<Communicator> make_device_communicator(MPI_Comm comm, Device dev
 // Devices of `type` that make_device_communicator can use in this process (the backend's count;
 // 1 for the CPU). A tessel::Error when no backend is registered for `type`.
 int communicator_device_count(DeviceType type);
+
+// Makes `device` this process's device for good, through its type's backend, before the rank
+// touches any other device (without it every rank would also work on, and hold memory of, GPU 0).
+// Nothing for the CPU. A tessel::Error when no backend is registered for `device`'s type.
+void use_rank_device(Device device);
 
 }  // namespace tessel::parallel

@@ -9,6 +9,7 @@
 #include "core/storage.h"
 #include "cuda/runtime.h"
 #include "ops/ops.h"
+#include "parallel/deadline_wait.h"
 
 namespace tessel::parallel {
 
@@ -92,32 +93,66 @@ struct NcclCommunicator::State {
                  Device::cuda(device).str(), " (MPI communicators take CPU tensors)");
   }
 
+  std::string describe() const {
+    return detail::str_cat("NCCL communicator '", name, "' (rank ", rank, " of ", size, ")");
+  }
+
+  // NCCL's asynchronous state: kPending while an operation of this non-blocking communicator is
+  // still being set up (ncclInProgress), kFailed on an error.
+  PollState async_state() const {
+    ncclResult_t async_error = ncclSuccess;
+    TESSEL_NCCL_CHECK(ncclCommGetAsyncError(comm, &async_error));
+    if (async_error == ncclSuccess) return PollState::kDone;
+    return async_error == ncclInProgress ? PollState::kPending : PollState::kFailed;
+  }
+
+  // Waits on the host until `poll` says done, within the timeout from now; on an NCCL error or
+  // past the deadline aborts the communicator and raises an error naming `what`.
+  void wait_until(const std::function<PollState()>& poll, const std::string& what,
+                  const std::string& late_reason) {
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double>(timeout_s));
+    DeadlineWait wait;
+    wait.poll = poll;
+    wait.failure = [this] {
+      ncclResult_t async_error = ncclSuccess;
+      ncclCommGetAsyncError(comm, &async_error);
+      const char* last = ncclGetLastError(comm);
+      return detail::str_cat(ncclGetErrorString(async_error), " (NCCL error ",
+                             static_cast<int>(async_error), ")",
+                             last && *last ? detail::str_cat(": ", last) : std::string());
+    };
+    wait.abort = [this] {
+      broken = true;
+      if (comm != nullptr) ncclCommAbort(comm);
+      comm = nullptr;
+    };
+    wait_until_done(wait, deadline, timeout_s, detail::str_cat(what, " on ", describe()),
+                    late_reason);
+  }
+
   // Waits on the host for `event` until the deadline; on timeout aborts the communicator.
   void wait_event(cudaEvent_t event, const std::string& what) {
-    const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
-    while (true) {
-      const cudaError_t status = cudaEventQuery(event);
-      if (status == cudaSuccess) break;
-      if (status != cudaErrorNotReady) TESSEL_CUDA_CHECK(status);
-      cudaGetLastError();  // "not ready" is recorded as the last error: a later check would see it
-      ncclResult_t async_error = ncclSuccess;
-      TESSEL_NCCL_CHECK(ncclCommGetAsyncError(comm, &async_error));
-      if (async_error != ncclSuccess && async_error != ncclInProgress) {
-        broken = true;
-        ncclCommAbort(comm);
-        comm = nullptr;
-        TESSEL_NCCL_CHECK(async_error);
-      }
-      if (Clock::now() > deadline) {
-        broken = true;
-        ncclCommAbort(comm);
-        comm = nullptr;
-        TESSEL_FAIL(what, " on NCCL communicator '", name, "' (rank ", rank, " of ", size,
-                    ") did not finish within ", timeout_s,
-                    " s: a rank never arrived or stopped; the communicator is aborted");
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    wait_until(
+        [&] {
+          const cudaError_t status = cudaEventQuery(event);
+          if (status == cudaSuccess) return PollState::kDone;
+          if (status != cudaErrorNotReady) TESSEL_CUDA_CHECK(status);
+          cudaGetLastError();  // "not ready" is recorded as the last error: a later check sees it
+          const PollState nccl = async_state();
+          return nccl == PollState::kFailed ? nccl : PollState::kPending;
+        },
+        what, "a rank never arrived or stopped");
+  }
+
+  // Checks the result of an NCCL call on this non-blocking communicator: ncclInProgress means
+  // the call is still being issued, and the next one may only follow once it is.
+  void check_call(ncclResult_t status, const char* what) {
+    if (status == ncclInProgress) {
+      wait_until([this] { return async_state(); }, what, "NCCL could not issue it");
+      return;
     }
+    TESSEL_NCCL_CHECK(status);
   }
 
   std::string label(const char* what) { return detail::str_cat(what, " #", ++sequence); }
@@ -218,13 +253,26 @@ NcclCommunicator::NcclCommunicator(MPI_Comm comm, int device, CommOptions option
     std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
   cuda::DeviceGuard guard(device);
-  const ncclResult_t status = ncclCommInitRank(&state_->comm, state_->size, id, state_->rank);
+  // Non-blocking, so that joining is bounded by the timeout too: ncclCommInitRank would wait
+  // forever for a rank that never calls it.
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  const ncclResult_t status =
+      ncclCommInitRankConfig(&state_->comm, state_->size, id, state_->rank, &config);
   // The usual cause on one node: two ranks on one GPU (NCCL refuses a GPU twice in a communicator).
-  TESSEL_CHECK(status == ncclSuccess, "NcclCommunicator '", state_->name, "': rank ", state_->rank,
-               " of ", state_->size, " could not join on ", Device::cuda(device).str(), ": ",
-               ncclGetErrorString(status),
-               " (every rank of an NCCL communicator needs a GPU of its own: start at most as "
-               "many ranks per node as it has GPUs)");
+  const std::string one_gpu_each =
+      "every rank of an NCCL communicator needs a GPU of its own: start at most as many ranks per "
+      "node as it has GPUs";
+  if (status != ncclSuccess && status != ncclInProgress) {
+    if (state_->comm != nullptr) ncclCommAbort(state_->comm);
+    state_->comm = nullptr;
+    TESSEL_FAIL("NcclCommunicator '", state_->name, "': rank ", state_->rank, " of ", state_->size,
+                " could not join on ", Device::cuda(device).str(), ": ", ncclGetErrorString(status),
+                " (", one_gpu_each, ")");
+  }
+  state_->wait_until([this] { return state_->async_state(); },
+                     detail::str_cat("joining on ", Device::cuda(device).str()),
+                     detail::str_cat("a rank never joined (", one_gpu_each, ")"));
 }
 
 NcclCommunicator::~NcclCommunicator() {
@@ -235,6 +283,8 @@ NcclCommunicator::~NcclCommunicator() {
     cuda::Event queued;
     queued.record(state_->stream());
     state_->wait_event(queued.get(), "closing");
+    // Finalising a non-blocking communicator may go on after the call returns.
+    state_->check_call(ncclCommFinalize(state_->comm), "closing");
     ncclCommDestroy(state_->comm);
   } catch (const Error&) {
     // wait_event aborted the communicator (comm is null then), or CUDA is shutting down.
@@ -263,9 +313,10 @@ std::shared_ptr<Work> NcclCommunicator::all_reduce_async(const Tensor& tensor, R
   const ncclRedOp_t nccl_reduce = nccl_op(op, tensor.dtype());
   NoGradGuard no_grad;
   on_dense_buffer(tensor, state_->device, /*load=*/true, [&](void* data, const Tensor& buffer) {
-    TESSEL_NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(buffer.numel()),
-                                    nccl_type(buffer.dtype()), nccl_reduce, state_->comm,
-                                    state_->stream()));
+    state_->check_call(
+        ncclAllReduce(data, data, static_cast<size_t>(buffer.numel()), nccl_type(buffer.dtype()),
+                      nccl_reduce, state_->comm, state_->stream()),
+        what);
   });
   return std::make_shared<NcclWork>(state_, state_->label(what));
 }
@@ -306,10 +357,11 @@ void NcclCommunicator::reduce_scatter(const Tensor& input, const Tensor& output,
     StorageAccess in_access(padded.storage());
     StorageAccess out_access(received.storage());
     cuda::DeviceGuard guard(state_->device);
-    TESSEL_NCCL_CHECK(
+    state_->check_call(
         ncclReduceScatter(device_pointer(padded, in_access), device_pointer(received, out_access),
                           static_cast<size_t>(slot_rows * row_elements), nccl_type(input.dtype()),
-                          nccl_reduce, state_->comm, state_->stream()));
+                          nccl_reduce, state_->comm, state_->stream()),
+        what);
   }
   state_->label(what);
   if (expected[0] > 0) {
@@ -345,10 +397,11 @@ void NcclCommunicator::all_gather(const Tensor& input, const Tensor& output) {
     StorageAccess in_access(mine.storage());
     StorageAccess out_access(gathered.storage());
     cuda::DeviceGuard guard(state_->device);
-    TESSEL_NCCL_CHECK(ncclAllGather(device_pointer(mine, in_access),
-                                    device_pointer(gathered, out_access),
-                                    static_cast<size_t>(slot_rows * row_elements),
-                                    nccl_type(input.dtype()), state_->comm, state_->stream()));
+    state_->check_call(
+        ncclAllGather(device_pointer(mine, in_access), device_pointer(gathered, out_access),
+                      static_cast<size_t>(slot_rows * row_elements), nccl_type(input.dtype()),
+                      state_->comm, state_->stream()),
+        what);
   }
   state_->label(what);
   for (int r = 0; r < state_->size; ++r) {
@@ -367,9 +420,10 @@ void NcclCommunicator::broadcast(const Tensor& tensor, int root) {
                state_->size);
   NoGradGuard no_grad;
   on_dense_buffer(tensor, state_->device, /*load=*/true, [&](void* data, const Tensor& buffer) {
-    TESSEL_NCCL_CHECK(ncclBroadcast(data, data, static_cast<size_t>(buffer.numel()),
-                                    nccl_type(buffer.dtype()), root, state_->comm,
-                                    state_->stream()));
+    state_->check_call(
+        ncclBroadcast(data, data, static_cast<size_t>(buffer.numel()), nccl_type(buffer.dtype()),
+                      root, state_->comm, state_->stream()),
+        what);
   });
   state_->label(what);
 }
@@ -385,9 +439,10 @@ void NcclCommunicator::send(const Tensor& tensor, int destination, int tag) {
   Tensor buffer = contiguous(tensor);
   StorageAccess access(buffer.storage());
   cuda::DeviceGuard guard(state_->device);
-  TESSEL_NCCL_CHECK(ncclSend(device_pointer(buffer, access), static_cast<size_t>(buffer.numel()),
-                             nccl_type(buffer.dtype()), destination, state_->comm,
-                             state_->stream()));
+  state_->check_call(
+      ncclSend(device_pointer(buffer, access), static_cast<size_t>(buffer.numel()),
+               nccl_type(buffer.dtype()), destination, state_->comm, state_->stream()),
+      what);
   state_->label(what);
 }
 
@@ -400,8 +455,9 @@ void NcclCommunicator::recv(const Tensor& tensor, int source, int tag) {
   TESSEL_CHECK(tag >= 0 && tag <= 32767, what, ": tag ", tag, " is outside [0, 32767]");
   NoGradGuard no_grad;
   on_dense_buffer(tensor, state_->device, /*load=*/false, [&](void* data, const Tensor& buffer) {
-    TESSEL_NCCL_CHECK(ncclRecv(data, static_cast<size_t>(buffer.numel()), nccl_type(buffer.dtype()),
-                               source, state_->comm, state_->stream()));
+    state_->check_call(ncclRecv(data, static_cast<size_t>(buffer.numel()),
+                                nccl_type(buffer.dtype()), source, state_->comm, state_->stream()),
+                       what);
   });
   state_->label(what);
 }
@@ -419,6 +475,7 @@ void NcclCommunicator::synchronize() {
     throw;
   }
   cudaEventDestroy(event);
+  cuda::raise_device_errors(state_->device);  // the compute stream was waited for
 }
 
 void NcclCommunicator::barrier() {
@@ -433,6 +490,7 @@ namespace {
 const bool kNcclRegistered = [] {
   DeviceCommunicatorBackend backend;
   backend.device_count = [] { return cuda::device_count(); };
+  backend.use_device = [](int device) { cuda::set_process_device(device); };
   backend.make = [](MPI_Comm comm, int device, CommOptions options) {
     return std::static_pointer_cast<Communicator>(
         std::make_shared<NcclCommunicator>(comm, device, std::move(options)));

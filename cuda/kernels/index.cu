@@ -1,10 +1,10 @@
 // CUDA kernels for the gathering ops of ops/index.cc and their gradients: embedding,
 // index_select and gather read rows (or elements) at indices; their backward ops scatter-add
 // into zeros with atomics (summation order may differ from the CPU's, within rounding).
-// The forward ops check their indices on the device and report a bad one like the CPU kernels
-// (one wait for the device per call); backward ops reuse those indices and skip the check.
-#include <string>
-
+// The forward ops check their indices on the device without waiting for it (a bad one is raised
+// with the CPU kernels' message at the next synchronisation point, and skipped by the kernels
+// meanwhile); backward ops reuse those indices and skip the check.
+#include "cuda/index_check.h"
 #include "cuda/kernels/loops.cuh"
 #include "ops/registry_helpers.h"
 
@@ -61,7 +61,10 @@ __global__ void gather_rows_kernel(const Word* source, const I* index, Around sh
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < numel;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t o = i / (count * shape.inner), j = (i / shape.inner) % count, k = i % shape.inner;
-    out[i] = source[(o * shape.size + static_cast<int64_t>(index[j])) * shape.inner + k];
+    const int64_t row = static_cast<int64_t>(index[j]);
+    // A bad row was recorded by the check (raised at the next synchronisation): never read it.
+    out[i] =
+        row >= 0 && row < shape.size ? source[(o * shape.size + row) * shape.inner + k] : Word{};
   }
 }
 
@@ -111,10 +114,13 @@ IndexedGeometry indexed_geometry(const Shape& sizes, const Shape& strides, int64
 
 template <typename Word, typename I>
 __global__ void gather_kernel(const Word* x, const I* index, IndexedGeometry geometry,
-                              int64_t numel, Word* out) {
+                              int64_t numel, int64_t size, Word* out) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < numel;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    out[i] = x[geometry.offset(i, static_cast<int64_t>(index[i]))];
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t value = static_cast<int64_t>(index[i]);
+    // A bad index was recorded by the check (raised at the next synchronisation): never read it.
+    out[i] = value >= 0 && value < size ? x[geometry.offset(i, value)] : Word{};
+  }
 }
 
 template <typename T, typename I>
@@ -166,8 +172,6 @@ void scatter_add_rows(const Tensor& grad, const Around& shape, const Tensor& ind
   });
 }
 
-std::string dimension_name(int64_t dim) { return "dimension " + std::to_string(dim); }
-
 }  // namespace
 
 TESSEL_REGISTER_OPS(cuda_index) {
@@ -175,14 +179,13 @@ TESSEL_REGISTER_OPS(cuda_index) {
   registry.set_kernel("embedding", kCuda, [](KernelContext& context) {
     const Tensor& weight = context.inputs[0];
     const Tensor indices = dense_input(context, context.inputs[1]);
-    check_index_range(context, indices, weight.sizes()[0], "embedding", "an embedding table");
+    check_indices(context, indices, {IndexOp::kEmbedding, 0, weight.sizes()[0]});
     DenseOutput out(context, context.outputs[0]);
     gather_rows(dense_input(context, weight), around(weight.sizes(), 0), indices, out.dense);
     out.finish();
   });
   registry.set_kernel("embedding_backward", kCuda, [](KernelContext& context) {
-    // The indices were checked by the forward op (no wait for the device here); rows out of
-    // range are skipped by the kernel.
+    // The indices were checked by the forward op; rows out of range are skipped by the kernel.
     const Tensor indices = dense_input(context, context.inputs[1]);
     const int64_t padding_idx = context.attrs.get_or<int64_t>("padding_idx", -1);
     DenseOutput out(context, context.outputs[0]);
@@ -194,7 +197,8 @@ TESSEL_REGISTER_OPS(cuda_index) {
     const Tensor& x = context.inputs[0];
     const int64_t dim = wrap_dim(context.attrs.get<int64_t>("dim"), x.dim());
     const Tensor index = dense_input(context, context.inputs[1]);
-    check_index_range(context, index, x.sizes()[dim], "index_select", dimension_name(dim));
+    check_indices(context, index,
+                  {IndexOp::kIndexSelect, static_cast<int32_t>(dim), x.sizes()[dim]});
     DenseOutput out(context, context.outputs[0]);
     gather_rows(dense_input(context, x), around(x.sizes(), dim), index, out.dense);
     out.finish();
@@ -214,7 +218,7 @@ TESSEL_REGISTER_OPS(cuda_index) {
     const int64_t dim = x.dim() == 0 ? 0 : wrap_dim(context.attrs.get<int64_t>("dim"), x.dim());
     const int64_t size = x.dim() == 0 ? 1 : x.sizes()[dim];
     const Tensor index = dense_input(context, context.inputs[1]);
-    check_index_range(context, index, size, "gather", dimension_name(dim));
+    check_indices(context, index, {IndexOp::kGather, static_cast<int32_t>(dim), size});
     DenseOutput out(context, context.outputs[0]);
     const int64_t numel = out.dense.numel();
     if (numel > 0) {
@@ -228,7 +232,7 @@ TESSEL_REGISTER_OPS(cuda_index) {
         visit_index(index.dtype(), [&](auto index_tag) {
           using I = decltype(index_tag);
           gather_kernel<Word, I><<<grid_for(numel), kThreads, 0, device.stream()>>>(
-              device_data<const Word>(x), device_data<const I>(index), geometry, numel,
+              device_data<const Word>(x), device_data<const I>(index), geometry, numel, size,
               device_data<Word>(out.dense));
           check_launch();
         });

@@ -6,6 +6,7 @@
 #include <limits>
 #include <string>
 
+#include "cuda/index_check.h"
 #include "cuda/kernels/reduce.cuh"
 #include "ops/registry_helpers.h"
 
@@ -238,7 +239,8 @@ __global__ void cross_entropy_forward_kernel(const T* logits, const int64_t* tar
   if (!thread.active || threadIdx.y != 0) return;
   const int64_t position = thread.output_index(layout);
   const int64_t target_class = target[position];
-  if (target_class == ignore_index) {
+  // A bad target was recorded by the check (raised at the next synchronisation): never read it.
+  if (target_class == ignore_index || target_class < 0 || target_class >= classes) {
     losses[position] = 0;
     return;
   }
@@ -299,12 +301,10 @@ void write_loss(KernelContext& context, const Tensor& output, const Tensor& loss
   check_launch();
 }
 
-void check_targets(KernelContext& context, const char* op, const Tensor& target, int64_t classes,
+// On the device: a bad target is raised at the next synchronisation point.
+void check_targets(KernelContext& context, IndexOp op, const Tensor& target, int64_t classes,
                    int64_t ignore_index) {
-  BadIndex bad = find_bad_index(context, target, classes, &ignore_index);
-  TESSEL_CHECK(bad.position < 0, op, ": target ", bad.value, " (at flat index ", bad.position,
-               ") is out of range for ", classes, " classes; expected 0..", classes - 1,
-               " or ignore_index ", ignore_index);
+  check_indices(context, target, {op, 0, classes, ignore_index});
 }
 
 void cross_entropy_kernel(KernelContext& context) {
@@ -316,7 +316,7 @@ void cross_entropy_kernel(KernelContext& context) {
     const Tensor logits = dense_input(context, context.inputs[0]);
     const Tensor target = dense_input(context, context.inputs[1]);
     const ReduceLayout layout = class_layout(logits.sizes());
-    check_targets(context, "cross_entropy", target, layout.reduce, ignore_index);
+    check_targets(context, IndexOp::kCrossEntropy, target, layout.reduce, ignore_index);
     DenseOutput log_probs(context, context.outputs[1]);
     Tensor losses = context.workspace({layout.outer * layout.inner}, DType::kFloat64);
     ReduceLaunch launch(layout);
@@ -396,7 +396,8 @@ __global__ void nll_loss_forward_kernel(const T* log_probs, const int64_t* targe
   for (int64_t position = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
        position < positions; position += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t target_class = target[position];
-    if (target_class == ignore_index) {
+    // A bad target was recorded by the check (raised at the next synchronisation): never read it.
+    if (target_class == ignore_index || target_class < 0 || target_class >= layout.reduce) {
       losses[position] = 0;
       continue;
     }
@@ -432,7 +433,7 @@ void nll_loss_op(KernelContext& context) {
     const Tensor log_probs = dense_input(context, context.inputs[0]);
     const Tensor target = dense_input(context, context.inputs[1]);
     const ReduceLayout layout = class_layout(log_probs.sizes());
-    check_targets(context, "nll_loss", target, layout.reduce, ignore_index);
+    check_targets(context, IndexOp::kNllLoss, target, layout.reduce, ignore_index);
     const int64_t positions = layout.outer * layout.inner;
     Tensor losses = context.workspace({positions}, DType::kFloat64);
     if (positions > 0) {

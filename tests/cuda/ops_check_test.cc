@@ -936,12 +936,25 @@ TEST(CudaOps, BadIndicesGiveTheCpuMessage) {
   const Device gpu = Device::cuda(0);
   Tensor weight = randn({4, 3}).to(gpu);
   Tensor indices = from_vector<int64_t>({0, 7}, {2}).to(gpu);
-  EXPECT_TRUE(testing::throws_error([&] { embedding(weight, indices); },
-                                    "embedding: index 7 is out of range"));
+  // Checked on the device: the op returns, and the next synchronisation raises the bad index.
+  Tensor rows = embedding(weight, indices);
+  EXPECT_TRUE(testing::throws_error([&] { rows.to(Device::cpu()); },
+                                    "embedding: index 7 is out of range for an embedding table of "
+                                    "size 4 (valid: 0..3"));
+  // Reported once: the next synchronisation is clean, and the good row was gathered.
+  EXPECT_TRUE(bitwise_equal(rows.to(Device::cpu()).narrow(0, 0, 1),
+                            weight.to(Device::cpu()).narrow(0, 0, 1)));
   Tensor logits = randn({2, 3}).to(gpu);
   Tensor target = from_vector<int64_t>({1, 5}, {2}).to(gpu);
-  EXPECT_TRUE(testing::throws_error([&] { cross_entropy(logits, target); },
+  Tensor loss = cross_entropy(logits, target);
+  EXPECT_TRUE(testing::throws_error([&] { loss.item<float>(); },
                                     "cross_entropy: target 5 (at flat index 1)"));
+  // The first bad index in stream order is the one reported, at its lowest position.
+  Tensor selected = index_select(weight, 0, from_vector<int64_t>({9, 1, -3}, {3}).to(gpu));
+  Tensor gathered = embedding(weight, from_vector<int64_t>({4}, {1}).to(gpu));
+  EXPECT_TRUE(testing::throws_error([&] { cuda::synchronize(0); },
+                                    "index_select: index 9 is out of range for dimension 0"));
+  cuda::synchronize(0);
 }
 
 TEST(CudaOps, DropoutMaskIsTheCpuMaskForTheSameSeed) {

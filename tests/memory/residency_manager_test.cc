@@ -9,10 +9,12 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -628,6 +630,119 @@ TEST(HostLink, ACopyEngineMovesTheBytesAndItsErrorsReachTheWaiter) {
   set_copy_engine(DeviceType::kMeta, engine);
   EXPECT_EQ(copy_engine_for(DeviceType::kMeta), engine);
   set_copy_engine(DeviceType::kMeta, nullptr);
+}
+
+// Stands in for the CUDA engine's swap-ins: a copy issued for the device lands at once (as the
+// device would see it, in stream order), while the link's thread, which waits for its end, is
+// held until the test lets the "device" finish. Counts what it is asked.
+class DeviceOrderingEngine : public CopyEngine {
+ public:
+  std::shared_ptr<void> prepare(void*, const void*, size_t) override { return nullptr; }
+  void copy(void* destination, const void* source, size_t bytes,
+            const std::shared_ptr<void>& issued) override {
+    if (!issued) {
+      std::memcpy(destination, source, bytes);
+      return;
+    }
+    std::unique_lock<std::mutex> lock(mutex_);
+    finished_.wait(lock, [&] { return device_done_; });
+  }
+  std::shared_ptr<void> issue_for_device(void* destination, const void* source,
+                                         size_t bytes) override {
+    std::memcpy(destination, source, bytes);
+    issued.fetch_add(1);
+    return std::make_shared<int>(0);
+  }
+  void order_device_after(const std::shared_ptr<void>& token) override {
+    EXPECT_NE(token, nullptr);
+    ordered.fetch_add(1);
+  }
+  void finish_device_copies() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      device_done_ = true;
+    }
+    finished_.notify_all();
+  }
+  std::atomic<int> issued{0}, ordered{0};
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable finished_;
+  bool device_done_ = false;
+};
+
+TEST(HostLink, ACopyIssuedForTheDeviceIsWaitedForThereWhileTheHostGoesOn) {
+  auto engine = std::make_shared<DeviceOrderingEngine>();
+  HostLink link(2e9, engine);
+  std::vector<char> source(kMiB, 'd'), destination(kMiB);
+  auto transfer = link.copy_to_device(destination.data(), source.data(), source.size());
+  EXPECT_TRUE(transfer->issued());
+  EXPECT_EQ(engine->issued.load(), 1);
+  link.order_device_after(transfer);  // returns at once: the device waits, not the host
+  EXPECT_EQ(engine->ordered.load(), 1);
+  EXPECT_FALSE(transfer->done());  // the source is still being read
+  engine->finish_device_copies();
+  link.wait(transfer);
+  EXPECT_TRUE(transfer->done());
+  EXPECT_EQ(destination, source);
+  EXPECT_EQ(link.bytes_copied(), static_cast<int64_t>(kMiB));
+}
+
+TEST(HostLink, WithoutDeviceOrderingACopyToTheDeviceIsWaitedForOnTheHost) {
+  auto engine = std::make_shared<RecordingEngine>();
+  HostLink link(2e9, engine);
+  std::vector<char> source(kMiB, 'h'), destination(kMiB);
+  auto transfer = link.copy_to_device(destination.data(), source.data(), source.size());
+  EXPECT_FALSE(transfer->issued());
+  link.order_device_after(transfer);
+  EXPECT_TRUE(transfer->done());
+  EXPECT_EQ(destination, source);
+  EXPECT_EQ(engine->copied.load(), 1);
+  HostLink plain(0);  // no engine: the simulated device's memcpy, waited for alike
+  std::fill(destination.begin(), destination.end(), 0);
+  auto copied = plain.copy_to_device(destination.data(), source.data(), source.size());
+  plain.order_device_after(copied);
+  EXPECT_TRUE(copied->done());
+  EXPECT_EQ(destination, source);
+}
+
+// A swap-in on a device whose engine orders copies there: the reader gets the bytes without the
+// host waiting, and the host copy stays allocated until the copy that reads it is done.
+TEST(Swap, ASwapInOrderedOnTheDeviceFreesTheHostCopyOnlyOnceTheCopyIsDone) {
+  auto engine = std::make_shared<DeviceOrderingEngine>();
+  set_copy_engine(DeviceType::kCpu, engine);  // the manager takes its engine when made
+  const int64_t host_bytes_before = host_allocator()->stats().allocated_bytes;
+  {
+    MemoryScope scope(MemoryOptions().policy(Policy::kSwap).min_candidate_bytes(0));
+    ResidencyManager& manager = *scope.manager();
+    manual_seed(18);
+    Tensor x = randn({64 * 1024});
+    Tensor y = randn({64 * 1024});
+    const std::vector<float> expected_x = x.to_vector<float>();
+    const std::vector<float> expected_y = y.to_vector<float>();
+    manager.swap_out(*x.storage());
+    manager.swap_out(*y.storage());
+    const int64_t host_bytes = host_allocator()->stats().allocated_bytes;
+    EXPECT_GE(host_bytes - host_bytes_before, static_cast<int64_t>(2 * x.nbytes()));
+
+    EXPECT_EQ(x.to_vector<float>(), expected_x);  // swapped in: issued, ordered on the device
+    EXPECT_EQ(engine->issued.load(), 1);
+    EXPECT_EQ(engine->ordered.load(), 1);
+    EXPECT_EQ(x.storage()->state(), Residency::kResident);
+    EXPECT_EQ(manager.stats().policy.swaps_in, 1);
+    // The copy still reads x's host copy: its block is not given back yet.
+    EXPECT_EQ(host_allocator()->stats().allocated_bytes, host_bytes);
+
+    engine->finish_device_copies();
+    manager.host_link().wait_all();
+    EXPECT_EQ(y.to_vector<float>(), expected_y);  // the next swap-in frees what is done
+    EXPECT_EQ(engine->ordered.load(), 2);
+    manager.host_link().wait_all();
+  }
+  // The scope's end frees the rest.
+  EXPECT_EQ(host_allocator()->stats().allocated_bytes, host_bytes_before);
+  set_copy_engine(DeviceType::kCpu, nullptr);
 }
 
 // Copies within one device's memory (snapshots, the training state moving into a budget) go

@@ -419,17 +419,40 @@ class FakeGpuCommunicator : public MpiCommunicator {
 // Registers the fake as the CUDA backend for its lifetime.
 class FakeGpuBackend {
  public:
-  FakeGpuBackend() {
+  // Devices made current through use_device, in call order.
+  std::shared_ptr<std::vector<int>> used_devices = std::make_shared<std::vector<int>>();
+
+  explicit FakeGpuBackend(bool with_use_device = true) {
     DeviceCommunicatorBackend backend;
     backend.device_count = [] { return 3; };
     backend.make = [](MPI_Comm comm, int device, CommOptions options) {
       return std::static_pointer_cast<Communicator>(
           std::make_shared<FakeGpuCommunicator>(comm, device, std::move(options)));
     };
+    if (with_use_device) {
+      backend.use_device = [used = used_devices](int device) { used->push_back(device); };
+    }
     set_device_communicator_backend(DeviceType::kCuda, std::move(backend));
   }
   ~FakeGpuBackend() { set_device_communicator_backend(DeviceType::kCuda, {}); }
 };
+
+TEST_F(Collectives, UseRankDeviceMakesTheRanksGpuCurrentThroughItsBackend) {
+  // Without a backend a GPU cannot be chosen; the CPU needs none.
+  EXPECT_TRUE(throws_error([] { use_rank_device(Device::cuda(0)); },
+                           "use_rank_device: this binary has no communicator for CUDA tensors"));
+  use_rank_device(Device::cpu());
+  {
+    FakeGpuBackend fake;
+    use_rank_device(Device::cuda(2));
+    use_rank_device(Device::cpu());
+    EXPECT_EQ(*fake.used_devices, std::vector<int>{2});
+  }
+  // A backend whose devices have no current one: nothing to do, no error.
+  FakeGpuBackend without_current(/*with_use_device=*/false);
+  use_rank_device(Device::cuda(1));
+  EXPECT_TRUE(without_current.used_devices->empty());
+}
 
 TEST_F(Collectives, WithoutABackendACudaCommunicatorIsAClearError) {
   // This binary does not link //parallel:nccl (no --config=cuda build does either).

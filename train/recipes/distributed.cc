@@ -217,6 +217,8 @@ RecipeResult run_distributed(
     return parallel::communicator_device_count(DeviceType::kCuda);
   });
   if (on_gpu) {
+    // The rank's GPU is current for the whole process before anything touches a device.
+    parallel::use_rank_device(device);
     rank_config.device = device.str();
     check_training_device(rank_config);
   }
