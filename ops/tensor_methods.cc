@@ -226,7 +226,7 @@ void check_in_place(const Tensor& self, const char* what) {
   TESSEL_CHECK(!(GradMode::is_enabled() && self.requires_grad() && self.is_leaf()), what,
                ": a leaf tensor that requires grad (shape ", shape_str(self.sizes()),
                ") cannot be modified in place while gradients are recorded; wrap the update in "
-               "NoGradGuard (as optimizers do), or build a new tensor (x = x + y)");
+               "NoGradGuard (as optimizers do), or use the out-of-place form (x = x + y)");
 }
 
 void dispatch_in_place(Tensor& self, const char* what, const char* op_name,
