@@ -229,10 +229,12 @@ void check_in_place(const Tensor& self, const char* what) {
                "NoGradGuard (as optimizers do), or use the out-of-place form (x = x + y)");
 }
 
-void dispatch_in_place(Tensor& self, const char* what, const char* op_name,
-                       const std::vector<Tensor>& inputs, Attrs attrs = {}) {
+// Runs `op_name` with `self` as its out= tensor and returns `self`.
+Tensor& dispatch_in_place(Tensor& self, const char* what, const char* op_name,
+                          const std::vector<Tensor>& inputs, Attrs attrs = {}) {
   check_in_place(self, what);
   dispatch(ops::op(op_name), inputs, std::move(attrs), {self});
+  return self;
 }
 
 }  // namespace
@@ -240,53 +242,43 @@ void dispatch_in_place(Tensor& self, const char* what, const char* op_name,
 Tensor& Tensor::zero_() { return fill_(0.0); }
 
 Tensor& Tensor::fill_(double value) {
-  dispatch_in_place(*this, "fill_", "fill_", {*this}, Attrs{{"value", value}});
-  return *this;
+  return dispatch_in_place(*this, "fill_", "fill_", {*this}, Attrs{{"value", value}});
 }
 
 Tensor& Tensor::copy_(const Tensor& source) {
-  dispatch_in_place(*this, "copy_", "copy_", {*this, source});
-  return *this;
+  return dispatch_in_place(*this, "copy_", "copy_", {*this, source});
 }
 
 Tensor& Tensor::add_(const Tensor& other, double alpha) {
-  dispatch_in_place(*this, "add_", "add", {*this, other}, Attrs{{"alpha", alpha}});
-  return *this;
+  return dispatch_in_place(*this, "add_", "add", {*this, other}, Attrs{{"alpha", alpha}});
 }
 
 Tensor& Tensor::add_(double value) {
-  dispatch_in_place(*this, "add_", "add_scalar", {*this}, Attrs{{"value", value}});
-  return *this;
+  return dispatch_in_place(*this, "add_", "add_scalar", {*this}, Attrs{{"value", value}});
 }
 
 Tensor& Tensor::sub_(const Tensor& other, double alpha) {
-  dispatch_in_place(*this, "sub_", "sub", {*this, other}, Attrs{{"alpha", alpha}});
-  return *this;
+  return dispatch_in_place(*this, "sub_", "sub", {*this, other}, Attrs{{"alpha", alpha}});
 }
 
 Tensor& Tensor::sub_(double value) {
-  dispatch_in_place(*this, "sub_", "add_scalar", {*this}, Attrs{{"value", -value}});
-  return *this;
+  return dispatch_in_place(*this, "sub_", "add_scalar", {*this}, Attrs{{"value", -value}});
 }
 
 Tensor& Tensor::mul_(const Tensor& other) {
-  dispatch_in_place(*this, "mul_", "mul", {*this, other});
-  return *this;
+  return dispatch_in_place(*this, "mul_", "mul", {*this, other});
 }
 
 Tensor& Tensor::mul_(double value) {
-  dispatch_in_place(*this, "mul_", "mul_scalar", {*this}, Attrs{{"value", value}});
-  return *this;
+  return dispatch_in_place(*this, "mul_", "mul_scalar", {*this}, Attrs{{"value", value}});
 }
 
 Tensor& Tensor::div_(const Tensor& other) {
-  dispatch_in_place(*this, "div_", "div", {*this, other});
-  return *this;
+  return dispatch_in_place(*this, "div_", "div", {*this, other});
 }
 
 Tensor& Tensor::div_(double value) {
-  dispatch_in_place(*this, "div_", "div_scalar", {*this}, Attrs{{"value", value}});
-  return *this;
+  return dispatch_in_place(*this, "div_", "div_scalar", {*this}, Attrs{{"value", value}});
 }
 
 // ---- printing ----
