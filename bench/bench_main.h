@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "core/parallel.h"
+#include "core/run_main.h"
 #include "ops/cpu/gemm.h"
 
 namespace tessel::bench {
@@ -34,5 +35,7 @@ inline int run_benchmarks(int argc, char** argv) {
 
 }  // namespace tessel::bench
 
-#define TESSEL_BENCHMARK_MAIN() \
-  int main(int argc, char** argv) { return tessel::bench::run_benchmarks(argc, argv); }
+#define TESSEL_BENCHMARK_MAIN()                                         \
+  int main(int argc, char** argv) {                                     \
+    return tessel::run_main(argc, argv, tessel::bench::run_benchmarks); \
+  }

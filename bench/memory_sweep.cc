@@ -28,6 +28,7 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/rng.h"
+#include "core/run_main.h"
 #include "memory/memory.h"
 #include "models/bert.h"
 #include "models/resnet.h"
@@ -412,11 +413,4 @@ int run(int argc, char** argv) {
 }  // namespace
 }  // namespace tessel::bench
 
-int main(int argc, char** argv) {
-  try {
-    return tessel::bench::run(argc, argv);
-  } catch (const tessel::Error& error) {
-    std::cerr << "memory_sweep: " << error.message() << std::endl;
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return tessel::run_main(argc, argv, tessel::bench::run); }

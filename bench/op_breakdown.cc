@@ -14,6 +14,7 @@
 #include "core/op.h"
 #include "core/parallel.h"
 #include "core/rng.h"
+#include "core/run_main.h"
 #include "models/bert.h"
 #include "models/resnet.h"
 #include "models/shufflenet.h"
@@ -166,4 +167,4 @@ int run(int argc, char** argv) {
 }  // namespace
 }  // namespace tessel::bench
 
-int main(int argc, char** argv) { return tessel::bench::run(argc, argv); }
+int main(int argc, char** argv) { return tessel::run_main(argc, argv, tessel::bench::run); }

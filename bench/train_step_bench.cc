@@ -29,6 +29,7 @@
 #include "core/op.h"
 #include "core/parallel.h"
 #include "core/rng.h"
+#include "core/run_main.h"
 #include "core/tensor.h"
 #include "models/bert.h"
 #include "models/resnet.h"
@@ -299,11 +300,4 @@ int run(int argc, char** argv) {
 }  // namespace
 }  // namespace tessel::bench
 
-int main(int argc, char** argv) {
-  try {
-    return tessel::bench::run(argc, argv);
-  } catch (const std::exception& error) {
-    std::cerr << "train_step_bench: " << error.what() << "\n";
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return tessel::run_main(argc, argv, tessel::bench::run); }

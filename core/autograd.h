@@ -31,6 +31,24 @@ class NoGradGuard {
   bool previous_;
 };
 
+// RAII, as libtorch's c10::InferenceMode: InferenceMode guard; (or guard(false) to record again)
+// sets gradient recording for its scope. Tessel has no separate inference tensors, so this is
+// NoGradGuard with an on/off switch: results carry no history and the graph holds no activations.
+class InferenceMode {
+ public:
+  explicit InferenceMode(bool enabled = true) : previous_(GradMode::is_enabled()) {
+    GradMode::set_enabled(!enabled);
+  }
+  ~InferenceMode() { GradMode::set_enabled(previous_); }
+  InferenceMode(const InferenceMode&) = delete;
+  InferenceMode& operator=(const InferenceMode&) = delete;
+  // True while gradient recording is off (by this guard or NoGradGuard).
+  static bool is_enabled() { return !GradMode::is_enabled(); }
+
+ private:
+  bool previous_;
+};
+
 struct Edge {
   std::shared_ptr<Node> node;  // null: that input needs no gradient
   int input_nr = 0;

@@ -5,8 +5,11 @@
 #pragma once
 
 #include <functional>
+#include <iosfwd>
 #include <memory>
 #include <string>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "core/device.h"
@@ -123,6 +126,7 @@ class Tensor {
   bool requires_grad() const { return checked().requires_grad; }
   // For leaves only; returns *this so factories chain: randn({2}).set_requires_grad(true).
   Tensor& set_requires_grad(bool value);
+  Tensor& requires_grad_(bool value = true) { return set_requires_grad(value); }  // libtorch's name
   Tensor grad() const;
   void set_grad(const Tensor& grad) const;
   bool is_leaf() const { return checked().grad_fn == nullptr; }
@@ -138,7 +142,9 @@ class Tensor {
   void register_post_accumulate_grad_hook(PostAccumulateHook hook) const;
   void retain_grad() const;
 
-  // Ops as methods, defined in ops/ (link //ops to use them).
+  // Ops as methods, defined in ops/ (link //ops to use them). Each forwards to the free function
+  // of ops/ops.h with the same name, so x.exp() is tessel::exp(x).
+  // Views and copies.
   Tensor view(const Shape& sizes) const;
   Tensor reshape(const Shape& sizes) const;
   Tensor transpose(int64_t dim0, int64_t dim1) const;
@@ -148,23 +154,109 @@ class Tensor {
   Tensor slice(int64_t dim, int64_t start, int64_t end, int64_t step = 1) const;
   Tensor select(int64_t dim, int64_t index) const;
   Tensor expand(const Shape& sizes) const;
+  Tensor squeeze() const;  // every dimension of size 1
   Tensor squeeze(int64_t dim) const;
   Tensor unsqueeze(int64_t dim) const;
   Tensor flatten(int64_t start_dim = 0, int64_t end_dim = -1) const;
+  std::vector<Tensor> split(int64_t split_size, int64_t dim = 0) const;
+  std::vector<Tensor> chunk(int64_t chunks, int64_t dim = 0) const;
+  Tensor index_select(int64_t dim, const Tensor& index) const;
+  Tensor gather(int64_t dim, const Tensor& index) const;
   Tensor contiguous() const;
   Tensor clone() const;
   Tensor to(DType dtype) const;
   Tensor to(Device device) const;
+
+  // Element-wise math (broadcasting and type promotion as the free functions).
+  Tensor add(const Tensor& other, double alpha = 1.0) const;
+  Tensor add(double other) const;
+  Tensor sub(const Tensor& other, double alpha = 1.0) const;
+  Tensor sub(double other) const;
+  Tensor mul(const Tensor& other) const;
+  Tensor mul(double other) const;
+  Tensor div(const Tensor& other) const;
+  Tensor div(double other) const;
+  Tensor pow(const Tensor& exponent) const;
+  Tensor pow(double exponent) const;
+  Tensor maximum(const Tensor& other) const;
+  Tensor minimum(const Tensor& other) const;
+  Tensor neg() const;
+  Tensor abs() const;
+  Tensor exp() const;
+  Tensor log() const;
+  Tensor sqrt() const;
+  Tensor rsqrt() const;
+  Tensor tanh() const;
+  Tensor sigmoid() const;
+  Tensor relu() const;
+  Tensor gelu(const std::string& approximate = "none") const;
+  Tensor clamp(double min, double max) const;
+  Tensor clamp_min(double min) const;
+  Tensor clamp_max(double max) const;
+  Tensor masked_fill(const Tensor& mask, double value) const;
+
+  // Comparisons: bool tensors. A scalar compares in the tensor's dtype when that is floating
+  // point (x.lt(0.1) on f32 compares with 0.1f), else in i64 or f64 as its value needs.
+  Tensor eq(const Tensor& other) const;
+  Tensor ne(const Tensor& other) const;
+  Tensor lt(const Tensor& other) const;
+  Tensor le(const Tensor& other) const;
+  Tensor gt(const Tensor& other) const;
+  Tensor ge(const Tensor& other) const;
+  Tensor eq(double other) const;
+  Tensor ne(double other) const;
+  Tensor lt(double other) const;
+  Tensor le(double other) const;
+  Tensor gt(double other) const;
+  Tensor ge(double other) const;
+
+  // Reductions. sum(1) and sum({0, 1}) both work; sum({}) reduces every dimension.
   Tensor sum() const;
   Tensor sum(const std::vector<int64_t>& dims, bool keepdim = false) const;
+  template <typename Int, typename = std::enable_if_t<std::is_integral_v<Int>>>
+  Tensor sum(Int dim, bool keepdim = false) const {
+    return sum(std::vector<int64_t>{static_cast<int64_t>(dim)}, keepdim);
+  }
   Tensor mean() const;
   Tensor mean(const std::vector<int64_t>& dims, bool keepdim = false) const;
+  template <typename Int, typename = std::enable_if_t<std::is_integral_v<Int>>>
+  Tensor mean(Int dim, bool keepdim = false) const {
+    return mean(std::vector<int64_t>{static_cast<int64_t>(dim)}, keepdim);
+  }
+  Tensor var(const std::vector<int64_t>& dims = {}, bool unbiased = true,
+             bool keepdim = false) const;
+  Tensor max() const;  // over all elements, 0-d
+  Tensor min() const;
+  // (values, indices) along `dim`, as libtorch: auto [values, indices] = x.max(1);
+  std::tuple<Tensor, Tensor> max(int64_t dim, bool keepdim = false) const;
+  std::tuple<Tensor, Tensor> min(int64_t dim, bool keepdim = false) const;
+  Tensor argmax() const;  // the index into the flattened tensor, 0-d i64
+  Tensor argmax(int64_t dim, bool keepdim = false) const;
+  Tensor softmax(int64_t dim) const;
+  Tensor log_softmax(int64_t dim) const;
   Tensor matmul(const Tensor& other) const;
+
+  // In place, on this tensor's storage. On a leaf that requires grad they are an error while
+  // gradients are recorded (use NoGradGuard, as optimizers do); autograd records no in-place op.
   Tensor& zero_();
   Tensor& fill_(double value);
   Tensor& copy_(const Tensor& source);
   Tensor& add_(const Tensor& other, double alpha = 1.0);
+  Tensor& add_(double value);
+  Tensor& sub_(const Tensor& other, double alpha = 1.0);
+  Tensor& sub_(double value);
+  Tensor& mul_(const Tensor& other);
   Tensor& mul_(double value);
+  Tensor& div_(const Tensor& other);
+  Tensor& div_(double value);
+  Tensor& operator+=(const Tensor& other) { return add_(other); }
+  Tensor& operator+=(double value) { return add_(value); }
+  Tensor& operator-=(const Tensor& other) { return sub_(other); }
+  Tensor& operator-=(double value) { return sub_(value); }
+  Tensor& operator*=(const Tensor& other) { return mul_(other); }
+  Tensor& operator*=(double value) { return mul_(value); }
+  Tensor& operator/=(const Tensor& other) { return div_(other); }
+  Tensor& operator/=(double value) { return div_(value); }
 
  private:
   TensorImpl& checked() const {
@@ -189,6 +281,10 @@ inline Tensor tensor(const std::vector<float>& values, const Shape& sizes,
 inline Tensor scalar_tensor(double value, TensorOptions options = {}) {
   return from_vector<double>({value}, {}, options);
 }
+
+// Values (the first and last three along each dimension when there are more than 1000), then
+// shape, dtype and device, as libtorch prints tensors. Defined in ops/ (link //ops).
+std::ostream& operator<<(std::ostream& out, const Tensor& tensor);
 
 // Elementwise strided conversion between any two dtypes (used by to_vector and the cast op).
 void convert_elements(const void* source, DType source_dtype, void* destination,

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "core/run_main.h"
 #include "parallel/launch.h"
 #include "train/cli.h"
 
@@ -24,5 +25,8 @@ int main(int argc, char** argv) {
       return code;
     });
   }
-  return tessel::train::run_cli(argc, argv, std::cout, std::cerr);
+  // run_cli reports a failing recipe itself; run_main catches what escapes before or after it.
+  return tessel::run_main(argc, argv, [](int count, char** arguments) {
+    return tessel::train::run_cli(count, arguments, std::cout, std::cerr);
+  });
 }

@@ -24,6 +24,9 @@ class Module {
   virtual ~Module() = default;
   Module(const Module&) = delete;
   Module& operator=(const Module&) = delete;
+  // Moving keeps parameters, buffers and children together (they are shared handles), so a
+  // layer built by value can be handed over: Sequential(Linear(2, 3), ReLU()).
+  Module(Module&&) = default;
 
   const std::string& name() const { return name_; }
 

@@ -58,6 +58,31 @@ TEST(Autograd, NoGradGuardAndDetachStopRecording) {
   EXPECT_FALSE(mul(detached, detached).requires_grad());
 }
 
+TEST(Autograd, InferenceModeStopsRecordingAndNests) {
+  Tensor x = ones({2}).set_requires_grad(true);
+  EXPECT_FALSE(InferenceMode::is_enabled());
+  {
+    InferenceMode inference;
+    EXPECT_TRUE(InferenceMode::is_enabled());
+    EXPECT_FALSE(GradMode::is_enabled());
+    Tensor y = mul(x, x);
+    EXPECT_FALSE(y.requires_grad());
+    EXPECT_EQ(y.grad_fn(), nullptr);
+    {
+      InferenceMode recording_again(false);  // as libtorch's InferenceMode guard(false)
+      EXPECT_TRUE(mul(x, x).requires_grad());
+    }
+    EXPECT_FALSE(mul(x, x).requires_grad());
+  }
+  EXPECT_FALSE(InferenceMode::is_enabled());
+  EXPECT_TRUE(mul(x, x).requires_grad());
+  {
+    NoGradGuard no_grad;
+    InferenceMode inference;
+  }
+  EXPECT_TRUE(GradMode::is_enabled());  // restored in reverse order
+}
+
 TEST(Autograd, NonScalarBackwardNeedsAnExplicitGradient) {
   Tensor x = ones({2}).set_requires_grad(true);
   Tensor y = mul(x, 3.0);

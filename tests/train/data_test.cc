@@ -306,6 +306,78 @@ TEST(DataLoader, ErrorsFromTheWorkerThreadReachNext) {
   EXPECT_FALSE(loader.next().has_value());
 }
 
+std::vector<std::vector<int64_t>> targets_of(DataLoader::Epoch epoch) {
+  std::vector<std::vector<int64_t>> batches;
+  for (Batch& batch : epoch) batches.push_back(batch.targets.to_vector<int64_t>());
+  return batches;
+}
+
+TEST(DataLoader, RangeForOverAnEpochYieldsTheBatchesOfStartEpochAndNext) {
+  auto dataset = std::make_shared<CountingDataset>(23);
+  for (int64_t prefetch : {0, 2}) {
+    DataLoader by_next(dataset, DataLoaderOptions().batch_size(5).seed(9).prefetch(prefetch));
+    DataLoader by_range(dataset, DataLoaderOptions().batch_size(5).seed(9).prefetch(prefetch));
+    for (int64_t epoch : {0, 1, 4}) {
+      const auto expected = read_epoch(by_next, epoch);
+      std::vector<std::vector<int64_t>> inputs_seen;
+      std::vector<std::vector<int64_t>> seen;
+      for (Batch& batch : by_range.epoch(epoch)) {
+        seen.push_back(batch.targets.to_vector<int64_t>());
+        inputs_seen.push_back(batch.inputs.to(DType::kInt64).view({-1}).to_vector<int64_t>());
+      }
+      EXPECT_EQ(seen, expected) << "epoch " << epoch << ", prefetch " << prefetch;
+      EXPECT_EQ(inputs_seen, expected);  // inputs and targets stay paired
+      EXPECT_EQ(by_range.epoch(), epoch);
+    }
+  }
+}
+
+TEST(DataLoader, RangeForOverTheLoaderRunsTheNextEpochEachTime) {
+  auto dataset = std::make_shared<CountingDataset>(17);
+  DataLoader loader(dataset, DataLoaderOptions().batch_size(4).seed(2));
+  DataLoader reference(dataset, DataLoaderOptions().batch_size(4).seed(2));
+  for (int64_t epoch = 0; epoch < 3; ++epoch) {
+    std::vector<std::vector<int64_t>> seen;
+    for (auto& batch : loader) seen.push_back(batch.targets.to_vector<int64_t>());
+    EXPECT_EQ(loader.epoch(), epoch);
+    EXPECT_EQ(seen, read_epoch(reference, epoch)) << "epoch " << epoch;
+  }
+  // After an explicit epoch, the plain loop continues from it.
+  EXPECT_EQ(targets_of(loader.epoch(7)), read_epoch(reference, 7));
+  std::vector<std::vector<int64_t>> seen;
+  for (auto& batch : loader) seen.push_back(batch.targets.to_vector<int64_t>());
+  EXPECT_EQ(loader.epoch(), 8);
+  EXPECT_EQ(seen, read_epoch(reference, 8));
+}
+
+TEST(DataLoader, RangeForMayStopEarlyAndStartAgain) {
+  DataLoader loader(std::make_shared<CountingDataset>(100),
+                    DataLoaderOptions().batch_size(3).shuffle(false).prefetch(4));
+  int64_t read = 0;
+  for (Batch& batch : loader.epoch(0)) {
+    EXPECT_EQ(batch.targets.to_vector<int64_t>()[0], 3 * read);
+    if (++read == 2) break;  // the worker still holds prepared batches
+  }
+  EXPECT_EQ(read, 2);
+  EXPECT_EQ(targets_of(loader.epoch(0)).size(), 34u);  // a fresh, complete epoch 0
+  // An empty epoch (drop_last with too few examples) ends at once.
+  DataLoader empty(std::make_shared<CountingDataset>(2),
+                   DataLoaderOptions().batch_size(4).drop_last(true));
+  EXPECT_TRUE(targets_of(empty.epoch(0)).empty());
+}
+
+TEST(DataLoader, RangeForRethrowsWorkerErrors) {
+  DataLoader loader(std::make_shared<CountingDataset>(10, /*fail_at=*/5),
+                    DataLoaderOptions().batch_size(2).shuffle(false));
+  int64_t read = 0;
+  EXPECT_TRUE(throws_error(
+      [&] {
+        for (Batch& batch : loader) read += batch.targets.numel();
+      },
+      "example 5 is bad"));
+  EXPECT_EQ(read, 4);
+}
+
 TEST(DataLoader, NextBeforeStartEpochIsAnError) {
   DataLoader loader(std::make_shared<CountingDataset>(4));
   EXPECT_TRUE(throws_error([&] { loader.next(); }, "call start_epoch"));

@@ -1,19 +1,21 @@
 // DataLoader: batches of a Dataset in a seeded shuffled (or fixed) order, with the next batches
 // prepared on a background thread while the current one trains.
 //   DataLoader loader(train, DataLoaderOptions().batch_size(128).shuffle(true).seed(1));
-//   for (int64_t epoch = 0; epoch < 3; ++epoch) {
-//     loader.start_epoch(epoch);
-//     while (auto batch = loader.next()) train_step(batch->inputs, batch->targets);
-//   }
+//   for (int64_t epoch = 0; epoch < 3; ++epoch)
+//     for (Batch& batch : loader.epoch(epoch)) train_step(batch.inputs, batch.targets);
+// `for (Batch& batch : loader)` runs the epoch after the last one started (0 the first time);
+// start_epoch(epoch) + while (auto batch = loader.next()) is the same loop written out.
 // Per-sample augmentation runs on the same background thread through options.transform(...)
 // (train/data/augment.h: .transform(augmentation.batch_transform())).
 #pragma once
 
 #include <condition_variable>
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <exception>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -93,6 +95,51 @@ std::vector<int64_t> shuffled_indices(int64_t size, uint64_t seed, int64_t epoch
 
 class DataLoader {
  public:
+  // Walks one epoch with next(); the end is reached when next() returns nothing.
+  class Iterator {
+   public:
+    using iterator_category = std::input_iterator_tag;
+    using value_type = Batch;
+    using difference_type = std::ptrdiff_t;
+    using pointer = Batch*;
+    using reference = Batch&;
+
+    Iterator() = default;  // the end
+    Batch& operator*() { return *current_; }
+    Batch* operator->() { return &*current_; }
+    Iterator& operator++() {
+      current_ = loader_->next();
+      return *this;
+    }
+    // Only "at the end or not" is compared: an input iterator over one pass.
+    bool operator==(const Iterator& other) const {
+      return current_.has_value() == other.current_.has_value();
+    }
+    bool operator!=(const Iterator& other) const { return !(*this == other); }
+
+   private:
+    friend class DataLoader;
+    explicit Iterator(DataLoader* loader) : loader_(loader), current_(loader->next()) {}
+    DataLoader* loader_ = nullptr;
+    std::optional<Batch> current_;
+  };
+
+  // One epoch as a range; begin() starts it (start_epoch(number)).
+  class Epoch {
+   public:
+    Iterator begin() {
+      loader_->start_epoch(number_);
+      return Iterator(loader_);
+    }
+    Iterator end() { return Iterator(); }
+
+   private:
+    friend class DataLoader;
+    Epoch(DataLoader* loader, int64_t number) : loader_(loader), number_(number) {}
+    DataLoader* loader_;
+    int64_t number_;
+  };
+
   DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions options = {});
   ~DataLoader();
   DataLoader(const DataLoader&) = delete;
@@ -107,6 +154,12 @@ class DataLoader {
   void start_epoch(int64_t epoch);
   // The epoch last started (0 before any).
   int64_t epoch() const { return epoch_; }
+  // Epoch `number` as a range: for (Batch& batch : loader.epoch(3)) { ... }
+  Epoch epoch(int64_t number) { return Epoch(this, number); }
+  // The epoch after the last one started, or epoch 0 when none was: consecutive range-for loops
+  // over the loader see epochs 0, 1, 2, ... (each with its own shuffled order).
+  Iterator begin() { return epoch(epoch_started_ ? epoch_ + 1 : 0).begin(); }
+  Iterator end() { return Iterator(); }
   // The next batch of the current epoch, or nothing at its end. Errors raised while preparing
   // a batch are rethrown here.
   std::optional<Batch> next();
