@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cuda/kernels/loops.cuh"
+#include "ops/math/indexing.h"
 #include "ops/registry_helpers.h"
 
 namespace tessel::cuda {
@@ -13,20 +14,6 @@ namespace tessel::cuda {
 namespace {
 
 constexpr DeviceType kCuda = DeviceType::kCuda;
-
-// A tensor seen as (outer, size, inner) around `dim`.
-struct Around {
-  int64_t outer = 1, size = 1, inner = 1;
-};
-Around around(const Shape& sizes, int64_t dim) {
-  Around result;
-  for (int64_t d = 0; d < static_cast<int64_t>(sizes.size()); ++d) {
-    if (d < dim) result.outer *= sizes[d];
-    if (d == dim) result.size = sizes[d];
-    if (d > dim) result.inner *= sizes[d];
-  }
-  return result;
-}
 
 // Calls fn(Word{}) with an unsigned type of the element size (gathers copy bits).
 template <typename Fn>
@@ -60,8 +47,8 @@ __global__ void gather_rows_kernel(const Word* source, const I* index, Around sh
   const int64_t numel = shape.outer * count * shape.inner;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < numel;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t o = i / (count * shape.inner), j = (i / shape.inner) % count, k = i % shape.inner;
-    out[i] = source[(o * shape.size + static_cast<int64_t>(index[j])) * shape.inner + k];
+    const RowPosition at = row_position(i, count, shape.inner);
+    out[i] = source[shape.offset(at.o, static_cast<int64_t>(index[at.j]), at.k)];
   }
 }
 
@@ -72,10 +59,10 @@ __global__ void scatter_add_rows_kernel(const T* grad, const I* index, Around sh
   const int64_t numel = shape.outer * count * shape.inner;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < numel;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t o = i / (count * shape.inner), j = (i / shape.inner) % count, k = i % shape.inner;
-    const int64_t row = static_cast<int64_t>(index[j]);
+    const RowPosition at = row_position(i, count, shape.inner);
+    const int64_t row = static_cast<int64_t>(index[at.j]);
     if (row == skip_row || row < 0 || row >= shape.size) continue;  // checked by the forward op
-    atomicAdd(&out[(o * shape.size + row) * shape.inner + k], grad[i]);
+    atomicAdd(&out[shape.offset(at.o, row, at.k)], grad[i]);
   }
 }
 
