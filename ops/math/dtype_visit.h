@@ -7,29 +7,21 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "ops/math/convert.h"
 
 namespace tessel {
 
-// Calls fn(T{}) for the dtypes reductions read and arithmetic runs in: f32, f64, integers, bool.
+// Calls fn(T{}) for the dtypes reductions read and arithmetic runs in: f32, f64, integers and
+// bool; the 16-bit floats are refused.
 template <typename Fn>
 void visit_reduce_dtype(DType dtype, const char* op, Fn&& fn) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return fn(float{});
-    case DType::kFloat64:
-      return fn(double{});
-    case DType::kInt32:
-      return fn(int32_t{});
-    case DType::kInt64:
-      return fn(int64_t{});
-    case DType::kUInt8:
-      return fn(uint8_t{});
-    case DType::kBool:
-      return fn(bool{});
-    default:
-      TESSEL_FAIL(op, ": expected a f32, f64 or integer tensor, got ", dtype_name(dtype),
-                  " (convert with .to(DType::kFloat32))");
+  if (dtype == DType::kBFloat16 || dtype == DType::kFloat16) {
+    TESSEL_FAIL(op, ": expected a f32, f64 or integer tensor, got ", dtype_name(dtype),
+                " (convert with .to(DType::kFloat32))");
   }
+  visit_dtype(dtype, [&](auto tag) {
+    if constexpr (!kIsHalf<decltype(tag)>) fn(tag);
+  });
 }
 
 // Calls fn(T{}) for the dtypes arithmetic kernels run in (f32, f64, integers); bool only where
