@@ -1,7 +1,5 @@
 #include "core/dtype.h"
 
-#include <cmath>
-
 namespace tessel {
 
 size_t element_size(DType dtype) {
@@ -102,80 +100,6 @@ DType promote_types(DType a, DType b) {
       (a == DType::kBFloat16 && b == DType::kFloat16))
     return DType::kFloat32;
   return rank(a) >= rank(b) ? a : b;
-}
-
-namespace {
-uint32_t float_bits(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, 4);
-  return bits;
-}
-float bits_float(uint32_t bits) {
-  float value;
-  std::memcpy(&value, &bits, 4);
-  return value;
-}
-}  // namespace
-
-BFloat16::BFloat16(float value) {
-  uint32_t bits32 = float_bits(value);
-  if (std::isnan(value)) {
-    bits = 0x7fc0;
-    return;
-  }
-  // Round to nearest even.
-  uint32_t rounding = 0x7fff + ((bits32 >> 16) & 1);
-  bits = static_cast<uint16_t>((bits32 + rounding) >> 16);
-}
-
-BFloat16::operator float() const { return bits_float(static_cast<uint32_t>(bits) << 16); }
-
-Float16::Float16(float value) {
-  uint32_t x = float_bits(value);
-  uint32_t sign = (x >> 16) & 0x8000;
-  int32_t exponent = static_cast<int32_t>((x >> 23) & 0xff) - 127 + 15;
-  uint32_t mantissa = x & 0x7fffff;
-  if (((x >> 23) & 0xff) == 0xff) {  // inf or nan
-    bits = static_cast<uint16_t>(sign | 0x7c00 | (mantissa ? 0x200 : 0));
-    return;
-  }
-  if (exponent >= 31) {  // overflow to inf
-    bits = static_cast<uint16_t>(sign | 0x7c00);
-    return;
-  }
-  if (exponent <= 0) {  // subnormal or zero
-    if (exponent < -10) {
-      bits = static_cast<uint16_t>(sign);
-      return;
-    }
-    mantissa |= 0x800000;
-    uint32_t shift = static_cast<uint32_t>(14 - exponent);
-    uint32_t half_mantissa = mantissa >> shift;
-    uint32_t remainder = mantissa & ((1u << shift) - 1);
-    uint32_t halfway = 1u << (shift - 1);
-    if (remainder > halfway || (remainder == halfway && (half_mantissa & 1))) ++half_mantissa;
-    bits = static_cast<uint16_t>(sign | half_mantissa);
-    return;
-  }
-  uint32_t half = sign | (static_cast<uint32_t>(exponent) << 10) | (mantissa >> 13);
-  uint32_t remainder = mantissa & 0x1fff;
-  if (remainder > 0x1000 || (remainder == 0x1000 && (half & 1)))
-    ++half;  // may carry into exponent: correct
-  bits = static_cast<uint16_t>(half);
-}
-
-Float16::operator float() const {
-  uint32_t sign = static_cast<uint32_t>(bits & 0x8000) << 16;
-  uint32_t exponent = (bits >> 10) & 0x1f;
-  uint32_t mantissa = bits & 0x3ff;
-  if (exponent == 0) {
-    if (mantissa == 0) return bits_float(sign);
-    // Subnormal: value = mantissa * 2^-24.
-    float value = static_cast<float>(mantissa) * 5.9604644775390625e-8f;
-    return sign ? -value : value;
-  }
-  if (exponent == 31) return bits_float(sign | 0x7f800000 | (mantissa << 13));
-  return bits_float(sign | ((exponent - 15 + 127) << 23) | (mantissa << 13));
 }
 
 }  // namespace tessel

@@ -1,4 +1,4 @@
-// Element types: f32, f64, bf16, f16 (storage and conversion), i32, i64, u8, bool.
+// Element types: f32, f64, bf16, f16 (storage and conversion: core/half.h), i32, i64, u8, bool.
 // Promotion follows PyTorch's category rule: bool < integers < floating; wider wins.
 //   DType t = promote_types(DType::kInt64, DType::kFloat32);  // kFloat32
 #pragma once
@@ -9,6 +9,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/half.h"
 
 namespace tessel {
 
@@ -32,21 +33,6 @@ bool is_floating(DType dtype);
 bool is_integral(DType dtype);  // integers and bool
 DType promote_types(DType a, DType b);
 inline std::ostream& operator<<(std::ostream& out, DType dtype) { return out << dtype_name(dtype); }
-
-// 16-bit floats are stored as raw bits; arithmetic converts through float.
-struct BFloat16 {
-  uint16_t bits = 0;
-  BFloat16() = default;
-  explicit BFloat16(float value);
-  operator float() const;
-};
-
-struct Float16 {
-  uint16_t bits = 0;
-  Float16() = default;
-  explicit Float16(float value);
-  operator float() const;
-};
 
 template <typename T>
 struct DTypeOf;

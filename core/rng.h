@@ -24,7 +24,8 @@ void set_rng_state(const RngState& state);
 // Reserves `counters` Philox counters; returns the state to generate them from.
 RngState reserve_rng(uint64_t counters);
 
-// Philox 4x32-10: four 32-bit random words for counter `counter` under key `seed`.
+// Philox 4x32-10: four 32-bit random words for counter `counter` under key `seed` (the function
+// of core/philox.h, which CUDA kernels share).
 std::array<uint32_t, 4> philox4x32(uint64_t seed, uint64_t counter);
 
 // Number `index` (0-based) of the stream starting at `state`, as used by every random kernel.

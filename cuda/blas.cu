@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "cuda/kernels/loops.cuh"
+#include "ops/math/matrix_layout.h"
 #include "ops/registry_helpers.h"
 
 namespace tessel::cuda {
@@ -27,38 +28,18 @@ struct Matrix {
   bool column_major = false;
 };
 
-// Leading dimension of a rows x cols matrix with strides (row_stride, col_stride) read as
-// row-major, or -1 when it is not one (size-1 dimensions may have any stride).
-int64_t row_major_ld(int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride) {
-  if (cols > 1 && col_stride != 1) return -1;
-  if (rows <= 1) return std::max<int64_t>(cols, 1);
-  return row_stride >= std::max<int64_t>(cols, 1) ? row_stride : -1;
-}
-
 // The last two dims of `tensor` (2-D, or 3-D with a batch dim in front), in place when it is row-
-// or column-major, else from a dense copy.
+// or column-major, else from a dense copy (ops/math/matrix_layout.h, as on CPU).
 Matrix matrix_operand(KernelContext& context, const Tensor& tensor) {
   const int64_t ndim = tensor.dim();
-  const int64_t rows = tensor.size(ndim - 2), cols = tensor.size(ndim - 1);
-  const int64_t row_stride = tensor.stride(ndim - 2), col_stride = tensor.stride(ndim - 1);
-  const int64_t batch = ndim == 3 ? tensor.size(0) : 1;
+  const MatrixLayout layout = operand_layout(
+      tensor.size(ndim - 2), tensor.size(ndim - 1), tensor.stride(ndim - 2),
+      tensor.stride(ndim - 1), ndim == 3 ? tensor.size(0) : 1, ndim == 3 ? tensor.stride(0) : 0);
   Matrix matrix;
-  matrix.batch_stride = batch > 1 ? tensor.stride(0) : 0;
-  if (int64_t ld = row_major_ld(rows, cols, row_stride, col_stride); ld >= 0) {
-    matrix.data = tensor.raw_data();
-    matrix.ld = ld;
-    return matrix;
-  }
-  if (int64_t ld = row_major_ld(cols, rows, col_stride, row_stride); ld >= 0) {
-    matrix.data = tensor.raw_data();
-    matrix.ld = ld;
-    matrix.column_major = true;
-    return matrix;
-  }
-  Tensor dense = dense_input(context, tensor);
-  matrix.data = dense.raw_data();
-  matrix.ld = std::max<int64_t>(cols, 1);
-  matrix.batch_stride = batch > 1 ? rows * cols : 0;
+  matrix.data = layout.in_place ? tensor.raw_data() : dense_input(context, tensor).raw_data();
+  matrix.ld = layout.ld;
+  matrix.batch_stride = layout.batch_stride;
+  matrix.column_major = layout.transposed;
   return matrix;
 }
 
@@ -75,21 +56,14 @@ struct Result {
   Matrix matrix;
   Result(KernelContext& context, const Tensor& out) : output(out), target(out) {
     const int64_t ndim = out.dim();
-    const int64_t rows = out.size(ndim - 2), cols = out.size(ndim - 1);
-    const int64_t batch = ndim == 3 ? out.size(0) : 1;
-    const int64_t ld = row_major_ld(rows, cols, out.stride(ndim - 2), out.stride(ndim - 1));
-    const int64_t batch_stride = batch > 1 ? out.stride(0) : 0;
-    const bool batches_apart = batch <= 1 || batch_stride >= (rows - 1) * ld + cols;
-    if (ld >= 0 && batches_apart && !shares_storage(out, context.inputs)) {
-      matrix.data = out.raw_data();
-      matrix.ld = ld;
-      matrix.batch_stride = batch_stride;
-      return;
-    }
-    target = context.workspace(out.sizes(), out.dtype());
+    const MatrixLayout layout =
+        result_layout(out.size(ndim - 2), out.size(ndim - 1), out.stride(ndim - 2),
+                      out.stride(ndim - 1), ndim == 3 ? out.size(0) : 1,
+                      ndim == 3 ? out.stride(0) : 0, shares_storage(out, context.inputs));
+    if (!layout.in_place) target = context.workspace(out.sizes(), out.dtype());
     matrix.data = target.raw_data();
-    matrix.ld = std::max<int64_t>(cols, 1);
-    matrix.batch_stride = rows * cols;
+    matrix.ld = layout.ld;
+    matrix.batch_stride = layout.batch_stride;
   }
   void finish() const {
     if (!target.is_same(output)) copy_convert(output, target);
@@ -175,24 +149,6 @@ void product_kernel(KernelContext& context, const char* op) {
   result.finish();
 }
 
-// x (..., in) seen as rows x in with one row stride, or -1 when its leading dims do not collapse.
-int64_t collapsed_row_stride(const Tensor& x) {
-  const int64_t ndim = x.dim();
-  int64_t row_stride = -1, expected = -1;
-  for (int64_t d = ndim - 2; d >= 0; --d) {
-    if (x.size(d) == 1) continue;
-    if (row_stride < 0) {
-      row_stride = x.stride(d);
-    } else if (x.stride(d) != expected) {
-      return -1;
-    }
-    expected = x.stride(d) * x.size(d);
-  }
-  const int64_t in_features = std::max<int64_t>(x.size(ndim - 1), 1);
-  if (row_stride < 0) return in_features;
-  return row_stride >= in_features ? row_stride : -1;
-}
-
 // out (..., out_features) = x (..., in) W^T + bias.
 void linear_kernel(KernelContext& context) {
   const Tensor& x = context.inputs[0];
@@ -205,7 +161,7 @@ void linear_kernel(KernelContext& context) {
   const int64_t rows = out.numel() / out_features;
 
   Matrix lhs;
-  int64_t x_ld = collapsed_row_stride(x);
+  int64_t x_ld = collapsed_row_stride(x.sizes().data(), x.strides().data(), x.dim());
   if (x_ld >= 0 && in_features > 1 && x.stride(-1) != 1) x_ld = -1;
   if (x_ld >= 0) {
     lhs.data = x.raw_data();

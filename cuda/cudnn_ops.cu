@@ -303,7 +303,7 @@ template <typename T>
 struct BiasAdd {
   __device__ T operator()(T y, T bias) const {
     using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
-    return convert<T>(convert<Acc>(y) + convert<Acc>(bias));
+    return convert_value<T>(convert_value<Acc>(y) + convert_value<Acc>(bias));
   }
 };
 
@@ -399,10 +399,10 @@ void convolution_kernel(KernelContext& context, ConvPass pass) {
         launch_binary<double, double, double>(y, y, channels, BiasAdd<double>{});
         break;
       case DType::kBFloat16:
-        launch_binary<BF16, BF16, BF16>(y, y, channels, BiasAdd<BF16>{});
+        launch_binary<BFloat16, BFloat16, BFloat16>(y, y, channels, BiasAdd<BFloat16>{});
         break;
       default:
-        launch_binary<F16, F16, F16>(y, y, channels, BiasAdd<F16>{});
+        launch_binary<Float16, Float16, Float16>(y, y, channels, BiasAdd<Float16>{});
         break;
     }
   }

@@ -7,6 +7,8 @@
 #include <cmath>
 
 #include "cuda/kernels/loops.cuh"
+#include "ops/math/channel_layout.h"
+#include "ops/math/pooling.h"
 #include "ops/registry_helpers.h"
 
 namespace tessel::cuda {
@@ -245,15 +247,6 @@ __global__ void batch_norm_backward_input_kernel(const T* grad, const T* x, T* g
   }
 }
 
-// x viewed as (N, C, S).
-struct ChannelLayout {
-  int64_t batch, channels, spatial;
-  explicit ChannelLayout(const Shape& sizes)
-      : batch(sizes[0]),
-        channels(sizes[1]),
-        spatial(shape_numel(Shape(sizes.begin() + 2, sizes.end()))) {}
-};
-
 void batch_norm_train(KernelContext& context) {
   const double momentum = context.attrs.get<double>("momentum");
   const double eps = context.attrs.get<double>("eps");
@@ -356,23 +349,7 @@ void batch_norm_backward(KernelContext& context) {
 
 // ---- pooling over strided (N, C, H, W) tensors ----
 
-struct Planes {
-  int64_t channels, height, width;
-  int64_t stride_n, stride_c, stride_h, stride_w;
-  __host__ __device__ int64_t at(int64_t plane, int64_t h, int64_t w) const {
-    return (plane / channels) * stride_n + (plane % channels) * stride_c + h * stride_h +
-           w * stride_w;
-  }
-};
-
-Planes planes_of(const Tensor& t) {
-  return {t.size(1), t.size(2), t.size(3), t.stride(0), t.stride(1), t.stride(2), t.stride(3)};
-}
-
-// One axis of a max/avg pool window.
-struct PoolAxis {
-  int64_t input, kernel, stride, padding, dilation, output;
-};
+// Planes, PoolAxis and the window rules are the CPU's (ops/math/pooling.h).
 
 PoolAxis pool_axis(const Attrs& attrs, int i, int64_t input, int64_t output, bool with_dilation) {
   const auto& kernel = attrs.get<std::vector<int64_t>>("kernel_size");
@@ -383,16 +360,6 @@ PoolAxis pool_axis(const Attrs& attrs, int i, int64_t input, int64_t output, boo
   return {input, kernel[i], stride[i], padding[i], dilation, output};
 }
 
-// The outputs along one axis whose (dilated) window may cover input position `x`.
-__device__ void covering_outputs(const PoolAxis& axis, int64_t x, int64_t* first, int64_t* last) {
-  const int64_t reach = x + axis.padding;  // o * stride + i * dilation == reach
-  const int64_t span = (axis.kernel - 1) * axis.dilation;
-  int64_t lo = reach - span <= 0 ? 0 : (reach - span + axis.stride - 1) / axis.stride;
-  int64_t hi = reach < 0 ? -1 : reach / axis.stride;
-  *first = lo;
-  *last = hi < axis.output - 1 ? hi : axis.output - 1;  // inclusive
-}
-
 template <typename T>
 __global__ void max_pool_kernel(const T* x, Planes in, T* values, Planes out, int64_t* indices,
                                 Planes index, PoolAxis rows, PoolAxis cols, int64_t count) {
@@ -400,23 +367,11 @@ __global__ void max_pool_kernel(const T* x, Planes in, T* values, Planes out, in
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t ow = i % cols.output, oh = (i / cols.output) % rows.output;
     const int64_t plane = i / (cols.output * rows.output);
-    const int64_t h0 = oh * rows.stride - rows.padding, w0 = ow * cols.stride - cols.padding;
-    T best = -INFINITY;
-    int64_t best_index = -1;
-    for (int64_t a = 0; a < rows.kernel; ++a) {
-      const int64_t h = h0 + a * rows.dilation;
-      if (h < 0 || h >= rows.input) continue;
-      for (int64_t b = 0; b < cols.kernel; ++b) {
-        const int64_t w = w0 + b * cols.dilation;
-        if (w < 0 || w >= cols.input) continue;
-        const T value = x[in.at(plane, h, w)];
-        // NaN wins, as in PyTorch.
-        if (best_index < 0 || value > best || isnan(value)) {
-          best = value;
-          best_index = h * cols.input + w;
-        }
-      }
-    }
+    T best;
+    int64_t best_index;
+    window_max(
+        rows, cols, oh, ow, [&](int64_t h, int64_t w) { return x[in.at(plane, h, w)]; }, &best,
+        &best_index);
     values[out.at(plane, oh, ow)] = best;
     indices[index.at(plane, oh, ow)] = best_index;
   }
@@ -443,16 +398,6 @@ __global__ void max_pool_backward_kernel(const T* grad, Planes g, const int64_t*
   }
 }
 
-// PyTorch's avg window of output `o`: [start, end) clipped, and the divisor of the padded one.
-struct AvgWindow {
-  int64_t start, end, padded_count;
-};
-__device__ AvgWindow avg_window(const PoolAxis& axis, int64_t o) {
-  const int64_t start = o * axis.stride - axis.padding;
-  const int64_t end = min(start + axis.kernel, axis.input + axis.padding);
-  return {max(start, int64_t{0}), min(end, axis.input), end - start};
-}
-
 template <typename T>
 __global__ void avg_pool_kernel(const T* x, Planes in, T* values, Planes out, PoolAxis rows,
                                 PoolAxis cols, bool count_include_pad, int64_t count) {
@@ -461,13 +406,8 @@ __global__ void avg_pool_kernel(const T* x, Planes in, T* values, Planes out, Po
     const int64_t ow = i % cols.output, oh = (i / cols.output) % rows.output;
     const int64_t plane = i / (cols.output * rows.output);
     const AvgWindow wh = avg_window(rows, oh), ww = avg_window(cols, ow);
-    T total = 0;
-    for (int64_t h = wh.start; h < wh.end; ++h)
-      for (int64_t w = ww.start; w < ww.end; ++w) total += x[in.at(plane, h, w)];
-    const int64_t divisor = count_include_pad ? wh.padded_count * ww.padded_count
-                                              : (wh.end - wh.start) * (ww.end - ww.start);
-    values[out.at(plane, oh, ow)] =
-        (wh.start >= wh.end || ww.start >= ww.end) ? T(0) : total / static_cast<T>(divisor);
+    values[out.at(plane, oh, ow)] = window_average<T>(
+        wh, ww, count_include_pad, [&](int64_t h, int64_t w) { return x[in.at(plane, h, w)]; });
   }
 }
 
@@ -484,25 +424,15 @@ __global__ void avg_pool_backward_kernel(const T* grad, Planes g, T* out, Planes
     T total = 0;
     for (int64_t oh = oh0; oh <= oh1; ++oh) {
       const AvgWindow wh = avg_window(rows, oh);
-      if (h < wh.start || h >= wh.end) continue;
+      if (!wh.contains(h)) continue;
       for (int64_t ow = ow0; ow <= ow1; ++ow) {
         const AvgWindow ww = avg_window(cols, ow);
-        if (w < ww.start || w >= ww.end) continue;
-        const int64_t divisor = count_include_pad ? wh.padded_count * ww.padded_count
-                                                  : (wh.end - wh.start) * (ww.end - ww.start);
-        total += grad[g.at(plane, oh, ow)] / static_cast<T>(divisor);
+        if (!ww.contains(w)) continue;
+        total += grad[g.at(plane, oh, ow)] / static_cast<T>(avg_divisor(wh, ww, count_include_pad));
       }
     }
     out[o.at(plane, h, w)] = total;
   }
-}
-
-// PyTorch's adaptive window of output `o`: [floor(o * in / out), ceil((o + 1) * in / out)).
-__host__ __device__ inline int64_t adaptive_start(int64_t o, int64_t in, int64_t out) {
-  return (o * in) / out;
-}
-__host__ __device__ inline int64_t adaptive_end(int64_t o, int64_t in, int64_t out) {
-  return ((o + 1) * in + out - 1) / out;
 }
 
 template <typename T>
@@ -511,14 +441,11 @@ __global__ void adaptive_avg_kernel(const T* x, Planes in, T* values, Planes out
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t ow = i % out.width, oh = (i / out.width) % out.height;
     const int64_t plane = i / (out.width * out.height);
-    const int64_t h0 = adaptive_start(oh, in.height, out.height);
-    const int64_t h1 = adaptive_end(oh, in.height, out.height);
-    const int64_t w0 = adaptive_start(ow, in.width, out.width);
-    const int64_t w1 = adaptive_end(ow, in.width, out.width);
-    T total = 0;
-    for (int64_t h = h0; h < h1; ++h)
-      for (int64_t w = w0; w < w1; ++w) total += x[in.at(plane, h, w)];
-    values[out.at(plane, oh, ow)] = total / static_cast<T>((h1 - h0) * (w1 - w0));
+    const AvgWindow wh = adaptive_window(oh, in.height, out.height);
+    const AvgWindow ww = adaptive_window(ow, in.width, out.width);
+    const T total =
+        window_sum<T>(wh, ww, [&](int64_t h, int64_t w) { return x[in.at(plane, h, w)]; });
+    values[out.at(plane, oh, ow)] = total / static_cast<T>(avg_divisor(wh, ww, false));
   }
 }
 
@@ -529,21 +456,17 @@ __global__ void adaptive_avg_backward_kernel(const T* grad, Planes g, T* out, Pl
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t w = i % o.width, h = (i / o.width) % o.height;
     const int64_t plane = i / (o.width * o.height);
-    // The outputs whose windows may hold (h, w): around the proportional ones, one more each side.
-    const int64_t oh_first = max((h * g.height) / o.height - 1, int64_t{0});
-    const int64_t oh_last = min(((h + 1) * g.height) / o.height + 1, g.height - 1);
-    const int64_t ow_first = max((w * g.width) / o.width - 1, int64_t{0});
-    const int64_t ow_last = min(((w + 1) * g.width) / o.width + 1, g.width - 1);
+    int64_t oh_first, oh_last, ow_first, ow_last;
+    adaptive_covering_outputs(h, o.height, g.height, &oh_first, &oh_last);
+    adaptive_covering_outputs(w, o.width, g.width, &ow_first, &ow_last);
     T total = 0;
     for (int64_t oh = oh_first; oh <= oh_last; ++oh) {
-      const int64_t h0 = adaptive_start(oh, o.height, g.height);
-      const int64_t h1 = adaptive_end(oh, o.height, g.height);
-      if (h < h0 || h >= h1) continue;
+      const AvgWindow wh = adaptive_window(oh, o.height, g.height);
+      if (!wh.contains(h)) continue;
       for (int64_t ow = ow_first; ow <= ow_last; ++ow) {
-        const int64_t w0 = adaptive_start(ow, o.width, g.width);
-        const int64_t w1 = adaptive_end(ow, o.width, g.width);
-        if (w < w0 || w >= w1) continue;
-        total += grad[g.at(plane, oh, ow)] / static_cast<T>((h1 - h0) * (w1 - w0));
+        const AvgWindow ww = adaptive_window(ow, o.width, g.width);
+        if (!ww.contains(w)) continue;
+        total += grad[g.at(plane, oh, ow)] / static_cast<T>(avg_divisor(wh, ww, false));
       }
     }
     out[o.at(plane, h, w)] = total;

@@ -1,6 +1,8 @@
 // Dropout: element i is kept iff uniform_at(state, i) >= p and scaled by 1 / (1 - p), with the
 // state (rng_seed, rng_offset) the dispatcher records in the attributes, so a replay with the
 // recorded attributes reproduces the mask bitwise on any device.
+#include "ops/math/dropout.h"
+
 #include <array>
 #include <cmath>
 
@@ -38,22 +40,12 @@ void dropout_kernel(KernelContext& context) {
     bool* mask_data = mask.data_ptr<bool>();
     const int64_t numel = x.numel();
     const T scale = static_cast<T>(keep_scale(p));
-    // One Philox call gives the four numbers of a counter; uniform_at(state, i) reads number
-    // i % 4 of counter offset + i / 4, converted exactly as below.
+    // One Philox call gives the four numbers of a counter (uniform_at's numbers).
     const int64_t counters = (numel + 3) / 4;
     parallel_for(0, counters, 1024, [&](int64_t begin, int64_t end) {
-      for (int64_t counter = begin; counter < end; ++counter) {
-        const std::array<uint32_t, 4> words =
-            philox4x32(state.seed, state.offset + static_cast<uint64_t>(counter));
-        for (int64_t lane = 0; lane < 4; ++lane) {
-          const int64_t i = counter * 4 + lane;
-          if (i >= numel) break;
-          const float uniform = static_cast<float>(words[lane] >> 8) * (1.0f / 16777216.0f);
-          const bool keep = static_cast<double>(uniform) >= p;
-          mask_data[i] = keep;
-          y_data[i] = keep ? static_cast<T>(x_data[i] * scale) : T(0);
-        }
-      }
+      for (int64_t counter = begin; counter < end; ++counter)
+        dropout_counter(x_data, y_data, mask_data, numel, state.seed, state.offset, counter, p,
+                        scale);
     });
     if (!y.is_same(y_out)) cpu::copy_strided(y, y_out);
     if (!mask.is_same(mask_out)) cpu::copy_strided(mask, mask_out);

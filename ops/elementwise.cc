@@ -1,10 +1,13 @@
 // Element-wise ops: binary arithmetic with broadcasting and type promotion, scalar forms,
 // unary math and activations, clamp, where / masked_fill and comparisons.
+#include "ops/math/elementwise.h"
+
 #include <cmath>
 #include <limits>
 #include <type_traits>
 
 #include "ops/cpu/loops.h"
+#include "ops/math/dtype_visit.h"
 #include "ops/ops.h"
 #include "ops/registry_helpers.h"
 
@@ -14,28 +17,11 @@ namespace {
 
 constexpr int kCpu = static_cast<int>(DeviceType::kCpu);
 
-// Calls fn(T{}) for the dtypes arithmetic kernels run in; bool only where `allow_bool`.
-template <typename Fn>
-void visit_arithmetic_dtype(DType dtype, const char* op, bool allow_bool, Fn&& fn) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return fn(float{});
-    case DType::kFloat64:
-      return fn(double{});
-    case DType::kInt32:
-      return fn(int32_t{});
-    case DType::kInt64:
-      return fn(int64_t{});
-    case DType::kUInt8:
-      return fn(uint8_t{});
-    case DType::kBool:
-      if (allow_bool) return fn(bool{});
-      TESSEL_FAIL(op, ": not supported for bool tensors");
-    default:
-      TESSEL_FAIL(op, ": expected a f32, f64 or integer tensor, got ", dtype_name(dtype),
-                  " (convert with .to(DType::kFloat32))");
-  }
-}
+using math::Binary;
+using math::Compare;
+using math::Fixed;
+using math::ScalarOp;
+using math::Unary;
 
 // FLOPs per output element plus every byte read and written.
 CostFn elementwise_cost(double flops_per_element) {
@@ -65,8 +51,6 @@ void check_two_inputs(const char* op, const std::vector<Tensor>& inputs) {
 
 // ---- binary ops ----
 
-enum class Binary { kAdd, kSub, kMul, kDiv, kPow, kMaximum, kMinimum };
-
 // The result dtype of a binary op: promotion, except true division of integers gives f32.
 DType binary_result_dtype(Binary kind, DType a, DType b) {
   DType result = promote_types(a, b);
@@ -75,85 +59,56 @@ DType binary_result_dtype(Binary kind, DType a, DType b) {
 }
 
 template <typename T, typename Fn>
-void run_binary(KernelContext& context, Fn&& fn) {
+void run_binary(KernelContext& context, const Fn& fn) {
   const Tensor& out = context.outputs[0];
   Tensor a = cpu::converted(context, context.inputs[0], out.dtype());
   Tensor b = cpu::converted(context, context.inputs[1], out.dtype());
   cpu::binary_loop<T, T, T>(out, a, b, fn);
 }
 
-template <typename T>
-T nan_aware_maximum(T a, T b) {
-  if constexpr (std::is_floating_point_v<T>) {
-    if (a != a) return a;
-    if (b != b) return b;
+// One loop per kind (and per alpha == 1 for add / sub), so each one vectorises.
+template <Binary kKind, typename T>
+void run_binary_kind(KernelContext& context) {
+  if constexpr ((kKind == Binary::kAdd || kKind == Binary::kSub) && !std::is_same_v<T, bool>) {
+    const double alpha = context.attrs.get_or<double>("alpha", 1.0);
+    if (alpha != 1.0) {
+      return run_binary<T>(context, math::BinaryFunctor<T, Fixed<kKind>, Fixed<false>>{
+                                        {}, {}, static_cast<T>(alpha)});
+    }
   }
-  return a > b ? a : b;
-}
-
-template <typename T>
-T nan_aware_minimum(T a, T b) {
-  if constexpr (std::is_floating_point_v<T>) {
-    if (a != a) return a;
-    if (b != b) return b;
-  }
-  return a < b ? a : b;
+  run_binary<T>(context, math::BinaryFunctor<T, Fixed<kKind>, Fixed<true>>{});
 }
 
 void binary_kernel(Binary kind, KernelContext& context) {
   const char* name = context.op.name.c_str();
-  bool allow_bool = kind == Binary::kAdd || kind == Binary::kMul || kind == Binary::kMaximum ||
-                    kind == Binary::kMinimum;
-  visit_arithmetic_dtype(context.outputs[0].dtype(), name, allow_bool, [&](auto tag) {
-    using T = decltype(tag);
-    double alpha = context.attrs.get_or<double>("alpha", 1.0);
-    switch (kind) {
-      case Binary::kAdd:
-        if constexpr (std::is_same_v<T, bool>) {
-          return run_binary<T>(context, [](bool a, bool b) { return a || b; });
-        } else if (alpha == 1.0) {
-          return run_binary<T>(context, [](T a, T b) { return static_cast<T>(a + b); });
-        } else {
-          const T scaled_alpha = static_cast<T>(alpha);
-          return run_binary<T>(context,
-                               [=](T a, T b) { return static_cast<T>(a + scaled_alpha * b); });
-        }
-      case Binary::kSub:
-        if constexpr (!std::is_same_v<T, bool>) {
-          if (alpha == 1.0)
-            return run_binary<T>(context, [](T a, T b) { return static_cast<T>(a - b); });
-          const T scaled_alpha = static_cast<T>(alpha);
-          return run_binary<T>(context,
-                               [=](T a, T b) { return static_cast<T>(a - scaled_alpha * b); });
-        }
-        break;
-      case Binary::kMul:
-        if constexpr (std::is_same_v<T, bool>) {
-          return run_binary<T>(context, [](bool a, bool b) { return a && b; });
-        } else {
-          return run_binary<T>(context, [](T a, T b) { return static_cast<T>(a * b); });
-        }
-      case Binary::kDiv:
-        if constexpr (std::is_floating_point_v<T>) {
-          return run_binary<T>(context, [](T a, T b) { return a / b; });
-        }
-        break;
-      case Binary::kPow:
-        if constexpr (std::is_floating_point_v<T>) {
-          return run_binary<T>(context, [](T a, T b) { return std::pow(a, b); });
-        } else if constexpr (!std::is_same_v<T, bool>) {
-          return run_binary<T>(context, [](T a, T b) {
-            return static_cast<T>(std::pow(static_cast<double>(a), static_cast<double>(b)));
-          });
-        }
-        break;
-      case Binary::kMaximum:
-        return run_binary<T>(context, [](T a, T b) { return nan_aware_maximum(a, b); });
-      case Binary::kMinimum:
-        return run_binary<T>(context, [](T a, T b) { return nan_aware_minimum(a, b); });
-    }
-    TESSEL_FAIL(name, ": not supported for ", dtype_name(context.outputs[0].dtype()), " tensors");
-  });
+  visit_arithmetic_dtype(context.outputs[0].dtype(), name, math::binary_allows_bool(kind),
+                         [&](auto tag) {
+                           using T = decltype(tag);
+                           switch (kind) {
+                             case Binary::kAdd:
+                               return run_binary_kind<Binary::kAdd, T>(context);
+                             case Binary::kSub:
+                               if constexpr (!std::is_same_v<T, bool>)
+                                 return run_binary_kind<Binary::kSub, T>(context);
+                               break;
+                             case Binary::kMul:
+                               return run_binary_kind<Binary::kMul, T>(context);
+                             case Binary::kDiv:
+                               if constexpr (std::is_floating_point_v<T>)
+                                 return run_binary_kind<Binary::kDiv, T>(context);
+                               break;
+                             case Binary::kPow:
+                               if constexpr (!std::is_same_v<T, bool>)
+                                 return run_binary_kind<Binary::kPow, T>(context);
+                               break;
+                             case Binary::kMaximum:
+                               return run_binary_kind<Binary::kMaximum, T>(context);
+                             case Binary::kMinimum:
+                               return run_binary_kind<Binary::kMinimum, T>(context);
+                           }
+                           TESSEL_FAIL(name, ": not supported for ",
+                                       dtype_name(context.outputs[0].dtype()), " tensors");
+                         });
 }
 
 // Backward of maximum / minimum for one side: the gradient where that side wins, half on ties
@@ -173,9 +128,8 @@ void register_binary(const char* name, Binary kind, double flops) {
     TESSEL_CHECK(dtype != DType::kBFloat16 && dtype != DType::kFloat16, name,
                  ": expected f32, f64 or integer tensors, got ", dtype_name(inputs[0].dtype()),
                  " and ", dtype_name(inputs[1].dtype()), " (convert with .to(DType::kFloat32))");
-    bool bool_ok = kind == Binary::kAdd || kind == Binary::kMul || kind == Binary::kMaximum ||
-                   kind == Binary::kMinimum;
-    TESSEL_CHECK(dtype != DType::kBool || bool_ok, name, ": not supported for two bool tensors");
+    TESSEL_CHECK(dtype != DType::kBool || math::binary_allows_bool(kind), name,
+                 ": not supported for two bool tensors");
     return std::vector<OutputSpec>{{sizes, dtype}};
   };
   op.kernels[kCpu] = [kind](KernelContext& context) { binary_kernel(kind, context); };
@@ -261,7 +215,10 @@ void register_binary(const char* name, Binary kind, double flops) {
 
 // ---- comparisons (bool result, not differentiable) ----
 
-enum class Compare { kEq, kNe, kLt, kLe, kGt, kGe };
+template <Compare kKind, typename T>
+void run_compare(const Tensor& out, const Tensor& a, const Tensor& b) {
+  cpu::binary_loop<bool, T, T>(out, a, b, math::CompareFunctor<T, Fixed<kKind>>{});
+}
 
 void register_comparison(const char* name, Compare kind) {
   OpDef& op = OpRegistry::get().define(name);
@@ -280,17 +237,17 @@ void register_comparison(const char* name, Compare kind) {
       const Tensor& out = context.outputs[0];
       switch (kind) {
         case Compare::kEq:
-          return cpu::binary_loop<bool, T, T>(out, a, b, [](T x, T y) { return x == y; });
+          return run_compare<Compare::kEq, T>(out, a, b);
         case Compare::kNe:
-          return cpu::binary_loop<bool, T, T>(out, a, b, [](T x, T y) { return x != y; });
+          return run_compare<Compare::kNe, T>(out, a, b);
         case Compare::kLt:
-          return cpu::binary_loop<bool, T, T>(out, a, b, [](T x, T y) { return x < y; });
+          return run_compare<Compare::kLt, T>(out, a, b);
         case Compare::kLe:
-          return cpu::binary_loop<bool, T, T>(out, a, b, [](T x, T y) { return x <= y; });
+          return run_compare<Compare::kLe, T>(out, a, b);
         case Compare::kGt:
-          return cpu::binary_loop<bool, T, T>(out, a, b, [](T x, T y) { return x > y; });
+          return run_compare<Compare::kGt, T>(out, a, b);
         case Compare::kGe:
-          return cpu::binary_loop<bool, T, T>(out, a, b, [](T x, T y) { return x >= y; });
+          return run_compare<Compare::kGe, T>(out, a, b);
       }
     });
   };
@@ -300,36 +257,10 @@ void register_comparison(const char* name, Compare kind) {
 
 // ---- scalar forms: the tensor's dtype is kept ----
 
-enum class ScalarOp { kAdd, kMul, kDiv, kPow };
-
-template <typename T>
-T apply_scalar(ScalarOp kind, T x, double value) {
-  if constexpr (std::is_floating_point_v<T>) {
-    const T scalar = static_cast<T>(value);
-    switch (kind) {
-      case ScalarOp::kAdd:
-        return x + scalar;
-      case ScalarOp::kMul:
-        return x * scalar;
-      case ScalarOp::kDiv:
-        return x / scalar;
-      case ScalarOp::kPow:
-        return std::pow(x, scalar);
-    }
-  } else {
-    double v = static_cast<double>(x);
-    switch (kind) {
-      case ScalarOp::kAdd:
-        return static_cast<T>(v + value);
-      case ScalarOp::kMul:
-        return static_cast<T>(v * value);
-      case ScalarOp::kDiv:
-        return static_cast<T>(v / value);
-      case ScalarOp::kPow:
-        return static_cast<T>(std::pow(v, value));
-    }
-  }
-  return x;
+template <ScalarOp kKind, typename T>
+void run_scalar(KernelContext& context, double value) {
+  cpu::unary_loop<T, T>(context.outputs[0], context.inputs[0],
+                        math::ScalarFunctor<T, Fixed<kKind>>{{}, value, static_cast<T>(value)});
 }
 
 // Attr: value (exponent for pow_scalar).
@@ -342,25 +273,21 @@ void register_scalar(const char* name, ScalarOp kind, const char* attr) {
     double value = context.attrs.get<double>(attr);
     visit_arithmetic_dtype(context.outputs[0].dtype(), name, false, [&](auto tag) {
       using T = decltype(tag);
-      if constexpr (std::is_floating_point_v<T>) {
-        const T scalar = static_cast<T>(value);
-        const Tensor& out = context.outputs[0];
-        const Tensor& in = context.inputs[0];
-        // Separate loops so each one vectorises.
-        switch (kind) {
-          case ScalarOp::kAdd:
-            return cpu::unary_loop<T, T>(out, in, [=](T x) { return x + scalar; });
-          case ScalarOp::kMul:
-            return cpu::unary_loop<T, T>(out, in, [=](T x) { return x * scalar; });
-          case ScalarOp::kDiv:
-            return cpu::unary_loop<T, T>(out, in, [=](T x) { return x / scalar; });
-          case ScalarOp::kPow:
-            if (value == 2.0) return cpu::unary_loop<T, T>(out, in, [](T x) { return x * x; });
-            return cpu::unary_loop<T, T>(out, in, [=](T x) { return std::pow(x, scalar); });
-        }
-      } else {
-        cpu::unary_loop<T, T>(context.outputs[0], context.inputs[0],
-                              [=](T x) { return apply_scalar(kind, x, value); });
+      // One loop per kind, so each one vectorises.
+      switch (kind) {
+        case ScalarOp::kAdd:
+          return run_scalar<ScalarOp::kAdd, T>(context, value);
+        case ScalarOp::kMul:
+          return run_scalar<ScalarOp::kMul, T>(context, value);
+        case ScalarOp::kDiv:
+          return run_scalar<ScalarOp::kDiv, T>(context, value);
+        case ScalarOp::kPow:
+          if (value == 2.0) {  // the exponent a constant here: the square loop vectorises
+            return cpu::unary_loop<T, T>(context.outputs[0], context.inputs[0], [](T x) {
+              return math::scalar_value<T>(ScalarOp::kPow, x, 2.0, static_cast<T>(2.0));
+            });
+          }
+          return run_scalar<ScalarOp::kPow, T>(context, value);
       }
     });
   };
@@ -393,48 +320,40 @@ void register_scalar(const char* name, ScalarOp kind, const char* attr) {
 
 // ---- unary ops ----
 
-enum class Unary { kNeg, kAbs, kExp, kLog, kSqrt, kRsqrt, kTanh, kSigmoid, kRelu };
-
-bool unary_allows_integers(Unary kind) {
-  return kind == Unary::kNeg || kind == Unary::kAbs || kind == Unary::kRelu;
+template <Unary kKind, typename T>
+void run_unary(const Tensor& out, const Tensor& in) {
+  cpu::unary_loop<T, T>(out, in, math::UnaryFunctor<T, Fixed<kKind>>{});
 }
 
 template <typename T>
-void unary_float_loop(Unary kind, const Tensor& out, const Tensor& in) {
+void unary_loop(Unary kind, const Tensor& out, const Tensor& in) {
   switch (kind) {
     case Unary::kNeg:
-      return cpu::unary_loop<T, T>(out, in, [](T x) { return -x; });
+      return run_unary<Unary::kNeg, T>(out, in);
     case Unary::kAbs:
-      return cpu::unary_loop<T, T>(out, in, [](T x) { return std::abs(x); });
-    case Unary::kExp:
-      return cpu::unary_loop<T, T>(out, in, [](T x) { return std::exp(x); });
-    case Unary::kLog:
-      return cpu::unary_loop<T, T>(out, in, [](T x) { return std::log(x); });
-    case Unary::kSqrt:
-      return cpu::unary_loop<T, T>(out, in, [](T x) { return std::sqrt(x); });
-    case Unary::kRsqrt:
-      return cpu::unary_loop<T, T>(out, in, [](T x) { return T(1) / std::sqrt(x); });
-    case Unary::kTanh:
-      return cpu::unary_loop<T, T>(out, in, [](T x) { return std::tanh(x); });
-    case Unary::kSigmoid:
-      return cpu::unary_loop<T, T>(out, in, [](T x) { return T(1) / (T(1) + std::exp(-x)); });
+      return run_unary<Unary::kAbs, T>(out, in);
     case Unary::kRelu:
-      // NaN stays NaN, as in PyTorch.
-      return cpu::unary_loop<T, T>(out, in, [](T x) { return x < T(0) ? T(0) : x; });
-  }
-}
-
-template <typename T>
-void unary_integer_loop(Unary kind, const Tensor& out, const Tensor& in) {
-  switch (kind) {
-    case Unary::kNeg:
-      return cpu::unary_loop<T, T>(out, in, [](T x) { return static_cast<T>(-x); });
-    case Unary::kAbs:
-      return cpu::unary_loop<T, T>(out, in, [](T x) { return x < T(0) ? static_cast<T>(-x) : x; });
-    case Unary::kRelu:
-      return cpu::unary_loop<T, T>(out, in, [](T x) { return x < T(0) ? T(0) : x; });
+      return run_unary<Unary::kRelu, T>(out, in);
     default:
       break;
+  }
+  if constexpr (std::is_floating_point_v<T>) {
+    switch (kind) {
+      case Unary::kExp:
+        return run_unary<Unary::kExp, T>(out, in);
+      case Unary::kLog:
+        return run_unary<Unary::kLog, T>(out, in);
+      case Unary::kSqrt:
+        return run_unary<Unary::kSqrt, T>(out, in);
+      case Unary::kRsqrt:
+        return run_unary<Unary::kRsqrt, T>(out, in);
+      case Unary::kTanh:
+        return run_unary<Unary::kTanh, T>(out, in);
+      case Unary::kSigmoid:
+        return run_unary<Unary::kSigmoid, T>(out, in);
+      default:
+        break;
+    }
   }
 }
 
@@ -444,20 +363,16 @@ void register_unary(const char* name, Unary kind, double flops) {
     TESSEL_CHECK(inputs.size() == 1 && inputs[0].defined(), name, ": expected one tensor");
     DType dtype = inputs[0].dtype();
     bool ok = is_floating(dtype) ? (dtype == DType::kFloat32 || dtype == DType::kFloat64)
-                                 : (unary_allows_integers(kind) && dtype != DType::kBool);
+                                 : (math::unary_allows_integers(kind) && dtype != DType::kBool);
     TESSEL_CHECK(ok, name, ": expected a f32 or f64 tensor",
-                 unary_allows_integers(kind) ? " (or an integer one)" : "", ", got ",
+                 math::unary_allows_integers(kind) ? " (or an integer one)" : "", ", got ",
                  dtype_name(dtype));
     return std::vector<OutputSpec>{{inputs[0].sizes(), dtype}};
   };
   op.kernels[kCpu] = [name, kind](KernelContext& context) {
     visit_arithmetic_dtype(context.outputs[0].dtype(), name, false, [&](auto tag) {
       using T = decltype(tag);
-      if constexpr (std::is_floating_point_v<T>) {
-        unary_float_loop<T>(kind, context.outputs[0], context.inputs[0]);
-      } else {
-        unary_integer_loop<T>(kind, context.outputs[0], context.inputs[0]);
-      }
+      unary_loop<T>(kind, context.outputs[0], context.inputs[0]);
     });
   };
   op.cost = elementwise_cost(flops);
@@ -542,38 +457,11 @@ void register_unary(const char* name, Unary kind, double flops) {
 
 // ---- gelu ----
 
-constexpr double kSqrtHalf = 0.70710678118654752440;
-constexpr double kSqrtTwoOverPi = 0.79788456080286535588;
-constexpr double kInvSqrtTwoPi = 0.39894228040143267794;
-constexpr double kGeluCubic = 0.044715;
-
 bool gelu_uses_tanh(const Attrs& attrs) {
   const std::string& approximate = attrs.get_or<std::string>("approximate", "none");
   TESSEL_CHECK(approximate == "none" || approximate == "tanh",
                "gelu: approximate must be \"none\" or \"tanh\", got \"", approximate, "\"");
   return approximate == "tanh";
-}
-
-template <typename T>
-T gelu_value(T x, bool tanh_form) {
-  if (tanh_form) {
-    T inner = T(kSqrtTwoOverPi) * (x + T(kGeluCubic) * x * x * x);
-    return T(0.5) * x * (T(1) + std::tanh(inner));
-  }
-  return T(0.5) * x * (T(1) + std::erf(x * T(kSqrtHalf)));
-}
-
-template <typename T>
-T gelu_derivative(T x, bool tanh_form) {
-  if (tanh_form) {
-    T inner = T(kSqrtTwoOverPi) * (x + T(kGeluCubic) * x * x * x);
-    T t = std::tanh(inner);
-    T d_inner = T(kSqrtTwoOverPi) * (T(1) + T(3 * kGeluCubic) * x * x);
-    return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * d_inner;
-  }
-  T cdf = T(0.5) * (T(1) + std::erf(x * T(kSqrtHalf)));
-  T pdf = T(kInvSqrtTwoPi) * std::exp(T(-0.5) * x * x);
-  return cdf + x * pdf;
 }
 
 void register_gelu() {
@@ -589,7 +477,7 @@ void register_gelu() {
       visit_float_dtype(context.outputs[0].dtype(), "gelu", [&](auto tag) {
         using T = decltype(tag);
         cpu::unary_loop<T, T>(context.outputs[0], context.inputs[0],
-                              [=](T x) { return gelu_value(x, tanh_form); });
+                              math::GeluFunctor<T>{tanh_form});
       });
     };
     op.save_inputs = {0};
@@ -617,9 +505,8 @@ void register_gelu() {
       bool tanh_form = gelu_uses_tanh(context.attrs);
       visit_float_dtype(context.outputs[0].dtype(), "gelu_backward", [&](auto tag) {
         using T = decltype(tag);
-        cpu::binary_loop<T, T, T>(
-            context.outputs[0], context.inputs[0], context.inputs[1],
-            [=](T grad, T x) { return grad * gelu_derivative(x, tanh_form); });
+        cpu::binary_loop<T, T, T>(context.outputs[0], context.inputs[0], context.inputs[1],
+                                  math::GeluBackwardFunctor<T>{tanh_form});
       });
     };
     op.cost = elementwise_cost(25);
@@ -646,7 +533,7 @@ void register_relu_backward() {
     visit_float_dtype(context.outputs[0].dtype(), "relu_backward", [&](auto tag) {
       using T = decltype(tag);
       cpu::binary_loop<T, T, T>(context.outputs[0], context.inputs[0], context.inputs[1],
-                                [](T grad, T y) { return y > T(0) ? grad : T(0); });
+                                math::ReluBackwardFunctor<T>{});
     });
   };
   op.save_inputs = {1};
@@ -679,21 +566,8 @@ void register_clamp() {
     double low = context.attrs.get<double>("min"), high = context.attrs.get<double>("max");
     visit_arithmetic_dtype(context.outputs[0].dtype(), "clamp", false, [&](auto tag) {
       using T = decltype(tag);
-      if constexpr (std::is_floating_point_v<T>) {
-        const T lo = static_cast<T>(low), hi = static_cast<T>(high);
-        // min(max(x, lo), hi) with NaN passing through, as in PyTorch.
-        cpu::unary_loop<T, T>(context.outputs[0], context.inputs[0], [=](T x) {
-          T raised = x < lo ? lo : x;
-          return raised > hi ? hi : raised;
-        });
-      } else {
-        cpu::unary_loop<T, T>(context.outputs[0], context.inputs[0], [=](T x) {
-          double value = static_cast<double>(x);
-          value = value < low ? low : value;
-          value = value > high ? high : value;
-          return static_cast<T>(value);
-        });
-      }
+      cpu::unary_loop<T, T>(context.outputs[0], context.inputs[0],
+                            math::ClampFunctor<T>{low, high});
     });
   };
   op.save_inputs = {0};
@@ -734,8 +608,7 @@ void register_selection() {
       Tensor condition = cpu::converted(context, context.inputs[0], DType::kBool);
       visit_dtype(out.dtype(), [&](auto tag) {
         using T = decltype(tag);
-        cpu::ternary_loop<T, bool, T, T>(out, condition, a, b,
-                                         [](bool c, T x, T y) { return c ? x : y; });
+        cpu::ternary_loop<T, bool, T, T>(out, condition, a, b, math::WhereFunctor<T>{});
       });
     };
     op.save_inputs = {0};
@@ -769,9 +642,8 @@ void register_selection() {
       double value = context.attrs.get<double>("value");
       visit_dtype(out.dtype(), [&](auto tag) {
         using T = decltype(tag);
-        const T filled = cpu::convert_value<T>(value);
         cpu::binary_loop<T, T, bool>(out, context.inputs[0], mask,
-                                     [=](T x, bool masked) { return masked ? filled : x; });
+                                     math::MaskedFillFunctor<T>{convert_value<T>(value)});
       });
     };
     op.save_inputs = {1};

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 
+#include "core/philox.h"
 #include "core/rng.h"
 #include "ops/cpu/loops.h"
 #include "ops/ops.h"
@@ -61,29 +62,21 @@ uint64_t counters_for_shape(const std::vector<Tensor>&, const Attrs& attrs) {
 // kernels compute each counter once instead of once per number; the values are those of
 // random_bits / uniform_at / normal_at at the same index.
 struct PhiloxBlock {
-  std::array<uint32_t, 4> words{};
+  PhiloxWords words{};
   float radius[2] = {}, angle[2] = {};  // Box-Muller over numbers (0, 1) and (2, 3)
 
   void compute(const RngState& state, uint64_t counter, bool with_normals) {
-    words = philox4x32(state.seed, state.offset + counter);
+    words = philox4x32_words(state.seed, state.offset + counter);
     for (int pair = 0; with_normals && pair < 2; ++pair) {
-      // As normal_at: u1 in (0, 1] so the log is finite.
-      float u1 = (static_cast<float>(words[2 * pair] >> 8) + 1.0f) * (1.0f / 16777216.0f);
-      float u2 = static_cast<float>(words[2 * pair + 1] >> 8) * (1.0f / 16777216.0f);
-      radius[pair] = std::sqrt(-2.0f * static_cast<float>(std::log(static_cast<double>(u1))));
-      angle[pair] = 6.283185307179586f * u2;
+      radius[pair] = box_muller_radius(words.w[2 * pair]);
+      angle[pair] = box_muller_angle(words.w[2 * pair + 1]);
     }
   }
-  uint32_t bits(uint64_t index) const { return words[index % 4]; }
-  float uniform(uint64_t index) const {
-    return static_cast<float>(words[index % 4] >> 8) * (1.0f / 16777216.0f);
-  }
+  uint32_t bits(uint64_t index) const { return words.w[index % 4]; }
+  float uniform(uint64_t index) const { return uniform_from_bits(words.w[index % 4]); }
   float normal(uint64_t index) const {
-    int pair = static_cast<int>((index % 4) / 2);
-    // As normal_at: the trigonometry in double, rounded to float.
-    return (index & 1)
-               ? radius[pair] * static_cast<float>(std::sin(static_cast<double>(angle[pair])))
-               : radius[pair] * static_cast<float>(std::cos(static_cast<double>(angle[pair])));
+    const int pair = static_cast<int>((index % 4) / 2);
+    return box_muller_normal(radius[pair], angle[pair], (index & 1) != 0);
   }
 };
 
@@ -129,7 +122,7 @@ TESSEL_REGISTER_OPS(factory) {
       double value = context.attrs.get<double>("value");
       visit_dtype(out.dtype(), [&](auto tag) {
         using T = decltype(tag);
-        const T filled = cpu::convert_value<T>(value);
+        const T filled = convert_value<T>(value);
         cpu::index_loop<T>(out, [filled](int64_t) { return filled; });
       });
     };
@@ -154,7 +147,7 @@ TESSEL_REGISTER_OPS(factory) {
       visit_dtype(context.outputs[0].dtype(), [&](auto tag) {
         using T = decltype(tag);
         cpu::index_loop<T>(context.outputs[0], [=](int64_t i) {
-          return cpu::convert_value<T>(start + static_cast<double>(i) * step);
+          return convert_value<T>(start + static_cast<double>(i) * step);
         });
       });
     };
@@ -176,7 +169,7 @@ TESSEL_REGISTER_OPS(factory) {
       visit_dtype(context.outputs[0].dtype(), [&](auto tag) {
         using T = decltype(tag);
         random_loop<T>(context.outputs[0], state, false, [=](const PhiloxBlock& block, uint64_t i) {
-          return cpu::convert_value<T>(low + (high - low) * block.uniform(i));
+          return convert_value<T>(low + (high - low) * block.uniform(i));
         });
       });
     };
@@ -201,7 +194,7 @@ TESSEL_REGISTER_OPS(factory) {
       visit_dtype(context.outputs[0].dtype(), [&](auto tag) {
         using T = decltype(tag);
         random_loop<T>(context.outputs[0], state, true, [=](const PhiloxBlock& block, uint64_t i) {
-          return cpu::convert_value<T>(mean + stddev * block.normal(i));
+          return convert_value<T>(mean + stddev * block.normal(i));
         });
       });
     };
@@ -229,7 +222,7 @@ TESSEL_REGISTER_OPS(factory) {
       visit_dtype(context.outputs[0].dtype(), [&](auto tag) {
         using T = decltype(tag);
         random_loop<T>(context.outputs[0], state, false, [=](const PhiloxBlock& block, uint64_t i) {
-          return cpu::convert_value<T>(low + static_cast<int64_t>(block.bits(i) % range));
+          return convert_value<T>(low + static_cast<int64_t>(block.bits(i) % range));
         });
       });
     };
@@ -282,7 +275,7 @@ TESSEL_REGISTER_OPS(factory) {
       double value = context.attrs.get<double>("value");
       visit_dtype(out.dtype(), [&](auto tag) {
         using T = decltype(tag);
-        const T filled = cpu::convert_value<T>(value);
+        const T filled = convert_value<T>(value);
         cpu::index_loop<T>(out, [filled](int64_t) { return filled; });
       });
     };

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "ops/cpu/strided_copy.h"
+#include "ops/math/indexing.h"
 #include "ops/ops.h"
 #include "ops/registry_helpers.h"
 
@@ -47,20 +48,6 @@ void finish_output(const Tensor& dense, const Tensor& out) {
   if (!dense.is_same(out)) cpu::copy_strided(dense, out);
 }
 
-// A tensor seen as (outer, size, inner) around `dim`.
-struct Around {
-  int64_t outer = 1, size = 1, inner = 1;
-};
-Around around(const Shape& sizes, int64_t dim) {
-  Around result;
-  for (int64_t d = 0; d < static_cast<int64_t>(sizes.size()); ++d) {
-    if (d < dim) result.outer *= sizes[d];
-    if (d == dim) result.size = sizes[d];
-    if (d > dim) result.inner *= sizes[d];
-  }
-  return result;
-}
-
 // out (outer, count, inner) = source (outer, rows, inner) at rows `indices` (count of them).
 void gather_rows(const Tensor& source, const Around& shape, const std::vector<int64_t>& indices,
                  const Tensor& out) {
@@ -73,8 +60,8 @@ void gather_rows(const Tensor& source, const Around& shape, const std::vector<in
   parallel_for(0, shape.outer * count, grain, [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {
       int64_t o = item / count, j = item % count;
-      std::memcpy(to + item * row_bytes, from + (o * shape.size + indices[j]) * row_bytes,
-                  row_bytes);
+      std::memcpy(to + item * row_bytes,
+                  from + shape.offset(o, indices[j], 0) * source.element_size(), row_bytes);
     }
   });
 }
@@ -100,8 +87,8 @@ void scatter_add_rows(const Tensor& grad, const Around& shape, const std::vector
         int64_t last = std::min(shape.inner, first + kBlock);
         for (int64_t j = 0; j < count; ++j) {
           if (indices[j] == skip_row) continue;
-          const T* from = g + (o * count + j) * shape.inner;
-          T* to = o_data + (o * shape.size + indices[j]) * shape.inner;
+          const T* from = g + Around{shape.outer, count, shape.inner}.offset(o, j, 0);
+          T* to = o_data + shape.offset(o, indices[j], 0);
           for (int64_t i = first; i < last; ++i) to[i] += from[i];
         }
       }

@@ -6,6 +6,7 @@
 #include "ops/cpu/f32_fallback.h"
 #include "ops/cpu/gemm.h"
 #include "ops/cpu/strided_copy.h"
+#include "ops/math/matrix_layout.h"
 #include "ops/ops.h"
 #include "ops/registry_helpers.h"
 
@@ -22,39 +23,20 @@ struct GemmOperand {
   bool transposed = false;
 };
 
-// Leading dimension of a rows x cols matrix with strides (row_stride, col_stride) read as
-// row-major, or -1 when it is not one (size-1 dimensions may have any stride).
-int64_t row_major_ld(int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride) {
-  if (cols > 1 && col_stride != 1) return -1;
-  if (rows <= 1) return std::max<int64_t>(cols, 1);
-  return row_stride >= std::max<int64_t>(cols, 1) ? row_stride : -1;
-}
-
 // The last two dims of `matrix` (2-D, or 3-D with a batch dim in front) as a GEMM operand,
 // reading it in place when possible and from a dense copy otherwise.
 template <typename T>
 GemmOperand<T> gemm_operand(KernelContext& context, const Tensor& matrix) {
   const int64_t ndim = matrix.dim();
-  const int64_t rows = matrix.size(ndim - 2), cols = matrix.size(ndim - 1);
-  const int64_t row_stride = matrix.stride(ndim - 2), col_stride = matrix.stride(ndim - 1);
-  const int64_t batch = ndim == 3 ? matrix.size(0) : 1;
+  const MatrixLayout layout = operand_layout(
+      matrix.size(ndim - 2), matrix.size(ndim - 1), matrix.stride(ndim - 2),
+      matrix.stride(ndim - 1), ndim == 3 ? matrix.size(0) : 1, ndim == 3 ? matrix.stride(0) : 0);
   GemmOperand<T> operand;
-  operand.batch_stride = batch > 1 ? matrix.stride(0) : 0;
-  if (int64_t ld = row_major_ld(rows, cols, row_stride, col_stride); ld >= 0) {
-    operand.data = matrix.data_ptr<T>();
-    operand.ld = ld;
-    return operand;
-  }
-  if (int64_t ld = row_major_ld(cols, rows, col_stride, row_stride); ld >= 0) {
-    operand.data = matrix.data_ptr<T>();
-    operand.ld = ld;
-    operand.transposed = true;
-    return operand;
-  }
-  Tensor dense = cpu::dense_input(context, matrix);
-  operand.data = dense.data_ptr<T>();
-  operand.ld = std::max<int64_t>(cols, 1);
-  operand.batch_stride = batch > 1 ? rows * cols : 0;
+  operand.data = layout.in_place ? matrix.data_ptr<T>()
+                                 : cpu::dense_input(context, matrix).template data_ptr<T>();
+  operand.ld = layout.ld;
+  operand.batch_stride = layout.batch_stride;
+  operand.transposed = layout.transposed;
   return operand;
 }
 
@@ -76,22 +58,15 @@ struct GemmResult {
 
   GemmResult(KernelContext& context, const Tensor& output) : target(output) {
     const int64_t ndim = output.dim();
-    const int64_t rows = output.size(ndim - 2), cols = output.size(ndim - 1);
-    const int64_t batch = ndim == 3 ? output.size(0) : 1;
-    int64_t row_ld = row_major_ld(rows, cols, output.stride(ndim - 2), output.stride(ndim - 1));
-    int64_t batch_stride = batch > 1 ? output.stride(0) : 0;
-    bool batches_apart = batch <= 1 || batch_stride >= (rows - 1) * row_ld + cols;
-    if (row_ld >= 0 && batches_apart && !shares_storage(output, context.inputs)) {
-      data = output.data_ptr<T>();
-      ld = row_ld;
-      this->batch_stride = batch_stride;
-      return;
-    }
-    staged = true;
-    target = context.workspace(output.sizes(), output.dtype());
+    const MatrixLayout layout =
+        result_layout(output.size(ndim - 2), output.size(ndim - 1), output.stride(ndim - 2),
+                      output.stride(ndim - 1), ndim == 3 ? output.size(0) : 1,
+                      ndim == 3 ? output.stride(0) : 0, shares_storage(output, context.inputs));
+    staged = !layout.in_place;
+    if (staged) target = context.workspace(output.sizes(), output.dtype());
     data = target.data_ptr<T>();
-    ld = std::max<int64_t>(cols, 1);
-    this->batch_stride = rows * cols;
+    ld = layout.ld;
+    batch_stride = layout.batch_stride;
   }
   void finish(const Tensor& output) const {
     if (staged) cpu::copy_strided(target, output);
@@ -136,26 +111,6 @@ OpCost product_cost(double n, double m, double k, double batch, const std::vecto
   return OpCost{2.0 * batch * n * m * k, bytes};
 }
 
-// x (..., in) seen as rows x in with one row stride, or -1 when its leading dims do not
-// collapse into one.
-int64_t collapsed_row_stride(const Tensor& x) {
-  const int64_t ndim = x.dim();
-  int64_t row_stride = -1;  // stride of the innermost leading dim of size > 1
-  int64_t expected = -1;    // what the next outer dim's stride must be to collapse
-  for (int64_t d = ndim - 2; d >= 0; --d) {
-    if (x.size(d) == 1) continue;
-    if (row_stride < 0) {
-      row_stride = x.stride(d);
-    } else if (x.stride(d) != expected) {
-      return -1;
-    }
-    expected = x.stride(d) * x.size(d);
-  }
-  const int64_t in_features = std::max<int64_t>(x.size(ndim - 1), 1);
-  if (row_stride < 0) return in_features;
-  return row_stride >= in_features ? row_stride : -1;
-}
-
 // out (..., out_features) = x (..., in) W^T + bias.
 template <typename T>
 void linear_kernel(KernelContext& context) {
@@ -167,7 +122,7 @@ void linear_kernel(KernelContext& context) {
   const int64_t in_features = weight.size(1), out_features = weight.size(0);
   const int64_t rows = x.numel() / std::max<int64_t>(in_features, 1);
 
-  int64_t x_ld = collapsed_row_stride(x);
+  int64_t x_ld = collapsed_row_stride(x.sizes().data(), x.strides().data(), x.dim());
   bool x_transposed = false;
   if (x_ld >= 0 && in_features > 1 && x.stride(-1) != 1) x_ld = -1;
   if (x_ld < 0 && x.dim() == 2) {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "ops/cpu/strided_copy.h"
+#include "ops/math/channel_layout.h"
 #include "ops/ops.h"
 #include "ops/registry_helpers.h"
 
@@ -61,16 +62,6 @@ std::vector<double> read_vector(const Tensor& tensor, int64_t count, double fall
   for (int64_t i = 0; i < count; ++i) values[i] = static_cast<double>(data[i * stride]);
   return values;
 }
-
-// x viewed as (N, C, S): N batch entries, C channels, S spatial positions per channel.
-struct ChannelLayout {
-  int64_t batch, channels, spatial;
-  explicit ChannelLayout(const Shape& sizes)
-      : batch(sizes[0]),
-        channels(sizes[1]),
-        spatial(shape_numel(Shape(sizes.begin() + 2, sizes.end()))) {}
-  int64_t per_channel() const { return batch * spatial; }
-};
 
 void check_batch_norm_inputs(const char* op, const std::vector<Tensor>& in) {
   const Tensor& x = in.at(0);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "ops/math/pooling.h"
 #include "ops/ops.h"
 #include "ops/registry_helpers.h"
 
@@ -13,41 +14,6 @@ namespace tessel {
 namespace {
 
 constexpr int kCpu = static_cast<int>(DeviceType::kCpu);
-
-// One strided (N, C, H, W) tensor's planes: element (n, c, h, w) of plane n*C + c.
-struct Planes {
-  int64_t channels, height, width;
-  int64_t stride_n, stride_c, stride_h, stride_w;
-  explicit Planes(const Tensor& t)
-      : channels(t.size(1)),
-        height(t.size(2)),
-        width(t.size(3)),
-        stride_n(t.stride(0)),
-        stride_c(t.stride(1)),
-        stride_h(t.stride(2)),
-        stride_w(t.stride(3)) {}
-  int64_t plane_offset(int64_t plane) const {
-    return (plane / channels) * stride_n + (plane % channels) * stride_c;
-  }
-  int64_t at(int64_t h, int64_t w) const { return h * stride_h + w * stride_w; }
-};
-
-// Windows of max_pool2d and avg_pool2d along one axis.
-struct PoolAxis {
-  int64_t input, kernel, stride, padding, dilation, output;
-};
-
-// PyTorch's pooling_output_shape: floor (or ceil) division, and in ceil mode the last window
-// must start inside the input or its left padding.
-int64_t pooled_size(int64_t input, int64_t kernel, int64_t padding, int64_t stride,
-                    int64_t dilation, bool ceil_mode) {
-  int64_t numerator =
-      input + 2 * padding - dilation * (kernel - 1) - 1 + (ceil_mode ? stride - 1 : 0);
-  int64_t quotient = numerator >= 0 ? numerator / stride : -((-numerator + stride - 1) / stride);
-  int64_t output = quotient + 1;
-  if (ceil_mode && (output - 1) * stride >= input + padding) --output;
-  return output;
-}
 
 std::vector<int64_t> attr_pair(const Attrs& attrs, const char* op, const char* name) {
   const auto& values = attrs.get<std::vector<int64_t>>(name);
@@ -133,7 +99,7 @@ Attrs with_input_size(const Attrs& attrs, const Shape& sizes) {
 template <typename T, typename Fill>
 void scatter_planes(KernelContext& context, const Fill& fill) {
   const Tensor& out = context.outputs[0];
-  const Planes geometry(out);
+  const Planes geometry = planes_of(out);
   const int64_t plane = geometry.height * geometry.width;
   const int64_t planes = plane_count(out);
   const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(get_num_threads(), planes));
@@ -162,7 +128,7 @@ void max_pool_forward(KernelContext& context) {
   const Tensor& values = context.outputs[0];
   const Tensor& indices = context.outputs[1];
   auto [rows, cols] = pool_axes("max_pool2d", x.sizes(), context.attrs, true);
-  const Planes in(x), out(values), index(indices);
+  const Planes in = planes_of(x), out = planes_of(values), index = planes_of(indices);
   const T* x_data = x.data_ptr<T>();
   T* value_data = values.data_ptr<T>();
   int64_t* index_data = indices.data_ptr<int64_t>();
@@ -173,25 +139,12 @@ void max_pool_forward(KernelContext& context) {
       T* value_plane = value_data + out.plane_offset(p);
       int64_t* index_plane = index_data + index.plane_offset(p);
       for (int64_t oh = 0; oh < rows.output; ++oh) {
-        const int64_t h0 = oh * rows.stride - rows.padding;
         for (int64_t ow = 0; ow < cols.output; ++ow) {
-          const int64_t w0 = ow * cols.stride - cols.padding;
-          T best = -std::numeric_limits<T>::infinity();
-          int64_t best_index = -1;
-          for (int64_t i = 0; i < rows.kernel; ++i) {
-            const int64_t h = h0 + i * rows.dilation;
-            if (h < 0 || h >= rows.input) continue;
-            for (int64_t j = 0; j < cols.kernel; ++j) {
-              const int64_t w = w0 + j * cols.dilation;
-              if (w < 0 || w >= cols.input) continue;
-              const T value = plane[in.at(h, w)];
-              // NaN wins, as in PyTorch.
-              if (best_index < 0 || value > best || std::isnan(value)) {
-                best = value;
-                best_index = h * cols.input + w;
-              }
-            }
-          }
+          T best;
+          int64_t best_index;
+          window_max(
+              rows, cols, oh, ow, [&](int64_t h, int64_t w) { return plane[in.at(h, w)]; }, &best,
+              &best_index);
           value_plane[out.at(oh, ow)] = best;
           index_plane[index.at(oh, ow)] = best_index;
         }
@@ -204,7 +157,7 @@ template <typename T>
 void max_pool_backward(KernelContext& context) {
   const Tensor& grad = context.inputs[0];
   const Tensor& indices = context.inputs[1];
-  const Planes g(grad), index(indices);
+  const Planes g = planes_of(grad), index = planes_of(indices);
   const T* grad_data = grad.data_ptr<T>();
   const int64_t* index_data = indices.data_ptr<int64_t>();
   const int64_t in_plane = context.outputs[0].size(2) * context.outputs[0].size(3);
@@ -222,25 +175,13 @@ void max_pool_backward(KernelContext& context) {
 
 // ---- avg_pool2d ----
 
-// PyTorch's window for output position `o`: [start, end) clipped to the input, and the divisor
-// (the unclipped window inside input + padding when count_include_pad, else the clipped one).
-struct AvgWindow {
-  int64_t start, end, padded_count;
-};
-inline AvgWindow avg_window(const PoolAxis& axis, int64_t o) {
-  int64_t start = o * axis.stride - axis.padding;
-  int64_t end = std::min(start + axis.kernel, axis.input + axis.padding);
-  int64_t padded_count = end - start;
-  return {std::max<int64_t>(start, 0), std::min(end, axis.input), padded_count};
-}
-
 template <typename T>
 void avg_pool_forward(KernelContext& context) {
   const Tensor& x = context.inputs[0];
   const Tensor& values = context.outputs[0];
   auto [rows, cols] = pool_axes("avg_pool2d", x.sizes(), context.attrs, false);
   const bool count_include_pad = context.attrs.get<bool>("count_include_pad");
-  const Planes in(x), out(values);
+  const Planes in = planes_of(x), out = planes_of(values);
   const T* x_data = x.data_ptr<T>();
   T* value_data = values.data_ptr<T>();
   const int64_t work = rows.output * cols.output * rows.kernel * cols.kernel;
@@ -252,13 +193,8 @@ void avg_pool_forward(KernelContext& context) {
         const AvgWindow wh = avg_window(rows, oh);
         for (int64_t ow = 0; ow < cols.output; ++ow) {
           const AvgWindow ww = avg_window(cols, ow);
-          T total = 0;
-          for (int64_t h = wh.start; h < wh.end; ++h)
-            for (int64_t w = ww.start; w < ww.end; ++w) total += plane[in.at(h, w)];
-          const int64_t count = count_include_pad ? wh.padded_count * ww.padded_count
-                                                  : (wh.end - wh.start) * (ww.end - ww.start);
-          value_plane[out.at(oh, ow)] =
-              (wh.start >= wh.end || ww.start >= ww.end) ? T(0) : total / static_cast<T>(count);
+          value_plane[out.at(oh, ow)] = window_average<T>(
+              wh, ww, count_include_pad, [&](int64_t h, int64_t w) { return plane[in.at(h, w)]; });
         }
       }
     }
@@ -271,7 +207,7 @@ void avg_pool_backward(KernelContext& context) {
   auto [rows, cols] =
       pool_axes("avg_pool2d", context.outputs[0].sizes(), context.attrs, /*with_dilation=*/false);
   const bool count_include_pad = context.attrs.get<bool>("count_include_pad");
-  const Planes g(grad);
+  const Planes g = planes_of(grad);
   const T* grad_data = grad.data_ptr<T>();
   const int64_t width = cols.input;
   scatter_planes<T>(context, [&](int64_t p, T* acc) {
@@ -280,10 +216,9 @@ void avg_pool_backward(KernelContext& context) {
       const AvgWindow wh = avg_window(rows, oh);
       for (int64_t ow = 0; ow < cols.output; ++ow) {
         const AvgWindow ww = avg_window(cols, ow);
-        if (wh.start >= wh.end || ww.start >= ww.end) continue;
-        const int64_t count = count_include_pad ? wh.padded_count * ww.padded_count
-                                                : (wh.end - wh.start) * (ww.end - ww.start);
-        const T share = grad_plane[g.at(oh, ow)] / static_cast<T>(count);
+        if (wh.empty() || ww.empty()) continue;
+        const T share =
+            grad_plane[g.at(oh, ow)] / static_cast<T>(avg_divisor(wh, ww, count_include_pad));
         for (int64_t h = wh.start; h < wh.end; ++h)
           for (int64_t w = ww.start; w < ww.end; ++w) acc[h * width + w] += share;
       }
@@ -292,12 +227,6 @@ void avg_pool_backward(KernelContext& context) {
 }
 
 // ---- adaptive_avg_pool2d ----
-
-// PyTorch's adaptive window of output `o`: [floor(o * in / out), ceil((o + 1) * in / out)).
-inline int64_t adaptive_start(int64_t o, int64_t in, int64_t out) { return (o * in) / out; }
-inline int64_t adaptive_end(int64_t o, int64_t in, int64_t out) {
-  return ((o + 1) * in + out - 1) / out;
-}
 
 std::vector<int64_t> adaptive_output_size(const Attrs& attrs) {
   auto sizes = attr_pair(attrs, "adaptive_avg_pool2d", "output_size");
@@ -310,48 +239,43 @@ template <typename T>
 void adaptive_avg_forward(KernelContext& context) {
   const Tensor& x = context.inputs[0];
   const Tensor& values = context.outputs[0];
-  const Planes in(x), out(values);
+  const Planes in = planes_of(x), out = planes_of(values);
   const int64_t out_h = values.size(2), out_w = values.size(3);
   const T* x_data = x.data_ptr<T>();
   T* value_data = values.data_ptr<T>();
-  parallel_for(0, plane_count(x), plane_grain(in.height * in.width),
-               [&](int64_t begin, int64_t end) {
-                 for (int64_t p = begin; p < end; ++p) {
-                   const T* plane = x_data + in.plane_offset(p);
-                   T* value_plane = value_data + out.plane_offset(p);
-                   for (int64_t oh = 0; oh < out_h; ++oh) {
-                     const int64_t h0 = adaptive_start(oh, in.height, out_h);
-                     const int64_t h1 = adaptive_end(oh, in.height, out_h);
-                     for (int64_t ow = 0; ow < out_w; ++ow) {
-                       const int64_t w0 = adaptive_start(ow, in.width, out_w);
-                       const int64_t w1 = adaptive_end(ow, in.width, out_w);
-                       T total = 0;
-                       for (int64_t h = h0; h < h1; ++h)
-                         for (int64_t w = w0; w < w1; ++w) total += plane[in.at(h, w)];
-                       value_plane[out.at(oh, ow)] = total / static_cast<T>((h1 - h0) * (w1 - w0));
-                     }
-                   }
-                 }
-               });
+  parallel_for(
+      0, plane_count(x), plane_grain(in.height * in.width), [&](int64_t begin, int64_t end) {
+        for (int64_t p = begin; p < end; ++p) {
+          const T* plane = x_data + in.plane_offset(p);
+          T* value_plane = value_data + out.plane_offset(p);
+          for (int64_t oh = 0; oh < out_h; ++oh) {
+            const AvgWindow wh = adaptive_window(oh, in.height, out_h);
+            for (int64_t ow = 0; ow < out_w; ++ow) {
+              const AvgWindow ww = adaptive_window(ow, in.width, out_w);
+              const T total =
+                  window_sum<T>(wh, ww, [&](int64_t h, int64_t w) { return plane[in.at(h, w)]; });
+              value_plane[out.at(oh, ow)] = total / static_cast<T>(avg_divisor(wh, ww, false));
+            }
+          }
+        }
+      });
 }
 
 template <typename T>
 void adaptive_avg_backward(KernelContext& context) {
   const Tensor& grad = context.inputs[0];
-  const Planes g(grad);
+  const Planes g = planes_of(grad);
   const int64_t in_h = context.outputs[0].size(2), in_w = context.outputs[0].size(3);
   const T* grad_data = grad.data_ptr<T>();
   scatter_planes<T>(context, [&](int64_t p, T* acc) {
     const T* grad_plane = grad_data + g.plane_offset(p);
     for (int64_t oh = 0; oh < g.height; ++oh) {
-      const int64_t h0 = adaptive_start(oh, in_h, g.height);
-      const int64_t h1 = adaptive_end(oh, in_h, g.height);
+      const AvgWindow wh = adaptive_window(oh, in_h, g.height);
       for (int64_t ow = 0; ow < g.width; ++ow) {
-        const int64_t w0 = adaptive_start(ow, in_w, g.width);
-        const int64_t w1 = adaptive_end(ow, in_w, g.width);
-        const T share = grad_plane[g.at(oh, ow)] / static_cast<T>((h1 - h0) * (w1 - w0));
-        for (int64_t h = h0; h < h1; ++h)
-          for (int64_t w = w0; w < w1; ++w) acc[h * in_w + w] += share;
+        const AvgWindow ww = adaptive_window(ow, in_w, g.width);
+        const T share = grad_plane[g.at(oh, ow)] / static_cast<T>(avg_divisor(wh, ww, false));
+        for (int64_t h = wh.start; h < wh.end; ++h)
+          for (int64_t w = ww.start; w < ww.end; ++w) acc[h * in_w + w] += share;
       }
     }
   });

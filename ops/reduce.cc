@@ -10,6 +10,8 @@
 #include <type_traits>
 
 #include "ops/cpu/loops.h"
+#include "ops/math/dtype_visit.h"
+#include "ops/math/reduce_layout.h"
 #include "ops/ops.h"
 #include "ops/registry_helpers.h"
 
@@ -21,25 +23,6 @@ constexpr int kCpu = static_cast<int>(DeviceType::kCpu);
 constexpr int64_t kTile = 256;              // inner elements reduced together
 constexpr int64_t kSumBlock = 16384;        // elements per partial sum of one long row
 constexpr int64_t kReductionGrain = 32768;  // elements of work per parallel task
-
-struct ReduceLayout {
-  int64_t outer = 1, reduce = 1, inner = 1;
-};
-
-// Which dims `dims` reduces (empty: all), with clear errors for bad or repeated dims.
-std::vector<bool> reduced_flags(const std::string& op, const Shape& sizes,
-                                const std::vector<int64_t>& dims) {
-  const int64_t ndim = static_cast<int64_t>(sizes.size());
-  std::vector<bool> reduced(ndim, dims.empty());
-  const std::string what = op + ": dim";
-  for (int64_t dim : dims) {
-    int64_t wrapped = wrap_dim(dim, ndim, what.c_str());
-    if (ndim == 0) continue;
-    TESSEL_CHECK(!reduced[wrapped], op, ": dim ", dim, " appears twice in dims ", dims);
-    reduced[wrapped] = true;
-  }
-  return reduced;
-}
 
 Shape reduced_shape(const Shape& sizes, const std::vector<bool>& reduced, bool keepdim) {
   Shape result;
@@ -60,54 +43,16 @@ int64_t reduced_count(const Shape& sizes, const std::vector<bool>& reduced) {
   return count;
 }
 
-std::vector<bool> single_dim(const std::string& op, const Shape& sizes, int64_t dim) {
-  return reduced_flags(op, sizes, {dim});
-}
-
-// `x` as a row-major [outer, reduce, inner] block: x itself (or a contiguous copy) when the
-// reduced dims are adjacent, else a copy with the kept dims first and the reduced dims last.
+// `x` as a row-major [outer, reduce, inner] block (ops/math/reduce_layout.h): x itself (or a
+// contiguous copy) when the reduced dims are adjacent, else a permuted copy.
 Tensor reduction_block(KernelContext& context, const Tensor& x, const std::vector<bool>& reduced,
                        ReduceLayout* layout) {
   Tensor input = cpu::contiguous_input(context, x);
-  // Runs of kept / reduced dims (size-1 dims do not matter).
-  std::vector<std::pair<int64_t, bool>> groups;
-  for (int64_t d = 0; d < x.dim(); ++d) {
-    int64_t size = x.sizes()[d];
-    if (size == 1) continue;
-    if (!groups.empty() && groups.back().second == reduced[d]) {
-      groups.back().first *= size;
-    } else {
-      groups.emplace_back(size, reduced[d]);
-    }
-  }
-  int reduced_groups = 0;
-  for (const auto& group : groups) reduced_groups += group.second;
-  *layout = ReduceLayout{};
-  if (reduced_groups <= 1) {
-    bool seen_reduced = false;
-    for (const auto& [size, is_reduced] : groups) {
-      if (is_reduced) {
-        layout->reduce = size;
-        seen_reduced = true;
-      } else if (seen_reduced) {
-        layout->inner *= size;
-      } else {
-        layout->outer *= size;
-      }
-    }
-    return input;
-  }
-  Shape sizes, strides;
-  for (int pass = 0; pass < 2; ++pass) {
-    for (int64_t d = 0; d < x.dim(); ++d) {
-      if (reduced[d] != (pass == 1)) continue;
-      sizes.push_back(input.sizes()[d]);
-      strides.push_back(input.strides()[d]);
-      (pass == 0 ? layout->outer : layout->reduce) *= input.sizes()[d];
-    }
-  }
-  Tensor permuted = make_view(input, sizes, strides, input.storage_offset());
-  Tensor copy = context.workspace(sizes, x.dtype());
+  const ReductionPlan plan = plan_reduction(input.sizes(), input.strides(), reduced);
+  *layout = plan.layout;
+  if (!plan.permuted) return input;
+  Tensor permuted = make_view(input, plan.sizes, plan.strides, input.storage_offset());
+  Tensor copy = context.workspace(plan.sizes, x.dtype());
   cpu::copy_convert(copy, permuted);
   return copy;
 }
@@ -221,28 +166,6 @@ void extremum_block(const T* x, const ReduceLayout& layout, T* values, int64_t* 
   });
 }
 
-// Calls fn(T{}) for the dtypes max / min / argmax / sum read.
-template <typename Fn>
-void visit_reduce_dtype(DType dtype, const char* op, Fn&& fn) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return fn(float{});
-    case DType::kFloat64:
-      return fn(double{});
-    case DType::kInt32:
-      return fn(int32_t{});
-    case DType::kInt64:
-      return fn(int64_t{});
-    case DType::kUInt8:
-      return fn(uint8_t{});
-    case DType::kBool:
-      return fn(bool{});
-    default:
-      TESSEL_FAIL(op, ": expected a f32, f64 or integer tensor, got ", dtype_name(dtype),
-                  " (convert with .to(DType::kFloat32))");
-  }
-}
-
 void check_float(const char* op, DType dtype) {
   TESSEL_CHECK(dtype == DType::kFloat32 || dtype == DType::kFloat64, op,
                ": expected a f32 or f64 tensor, got ", dtype_name(dtype),
@@ -263,11 +186,6 @@ CostFn scaled_cost(double flops_per_element) {
     cost.flops *= flops_per_element;
     return cost;
   };
-}
-
-const std::vector<int64_t>& dims_attr(const Attrs& attrs) {
-  static const std::vector<int64_t> kAll;
-  return attrs.has("dims") ? attrs.get<std::vector<int64_t>>("dims") : kAll;
 }
 
 // `grad` (the reduced shape) reshaped so it broadcasts against the input (keepdim form).

@@ -4,9 +4,10 @@
 #include <cmath>
 #include <string>
 
+#include "core/philox.h"
 #include "core/rng.h"
 #include "cuda/kernels/loops.cuh"
-#include "cuda/kernels/philox.cuh"
+#include "ops/math/dropout.h"
 #include "ops/registry_helpers.h"
 
 namespace tessel::cuda {
@@ -17,7 +18,7 @@ constexpr DeviceType kCuda = DeviceType::kCuda;
 
 template <typename Out, typename In>
 struct ConvertFunctor {
-  __device__ Out operator()(In value) const { return convert<Out>(value); }
+  __device__ Out operator()(In value) const { return convert_value<Out>(value); }
 };
 
 template <typename T>
@@ -30,7 +31,7 @@ template <typename T>
 struct ArangeFunctor {
   double start, step;
   __device__ T operator()(int64_t i) const {
-    return convert<T>(start + static_cast<double>(i) * step);
+    return convert_value<T>(start + static_cast<double>(i) * step);
   }
 };
 
@@ -40,8 +41,8 @@ struct UniformFunctor {
   double low, high;
   __device__ T operator()(int64_t i) const {
     const uint64_t index = static_cast<uint64_t>(i);
-    const Philox4 words = philox4x32_device(seed, offset + index / 4);
-    return convert<T>(low + (high - low) * uniform_from_bits(words.w[index % 4]));
+    const PhiloxWords words = philox4x32_words(seed, offset + index / 4);
+    return convert_value<T>(low + (high - low) * uniform_from_bits(words.w[index % 4]));
   }
 };
 
@@ -51,8 +52,8 @@ struct NormalFunctor {
   double mean, stddev;
   __device__ T operator()(int64_t i) const {
     const uint64_t index = static_cast<uint64_t>(i);
-    const Philox4 words = philox4x32_device(seed, offset + index / 4);
-    return convert<T>(mean + stddev * normal_from_words(words, index));
+    const PhiloxWords words = philox4x32_words(seed, offset + index / 4);
+    return convert_value<T>(mean + stddev * normal_from_words(words, index));
   }
 };
 
@@ -62,8 +63,8 @@ struct RandintFunctor {
   int64_t low;
   __device__ T operator()(int64_t i) const {
     const uint64_t index = static_cast<uint64_t>(i);
-    const Philox4 words = philox4x32_device(seed, offset + index / 4);
-    return convert<T>(low + static_cast<int64_t>(words.w[index % 4] % range));
+    const PhiloxWords words = philox4x32_words(seed, offset + index / 4);
+    return convert_value<T>(low + static_cast<int64_t>(words.w[index % 4] % range));
   }
 };
 
@@ -73,17 +74,8 @@ __global__ void dropout_kernel(const T* x, T* y, bool* mask, int64_t numel, uint
                                uint64_t offset, double p, T scale) {
   const int64_t counters = (numel + 3) / 4;
   for (int64_t counter = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-       counter < counters; counter += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const Philox4 words = philox4x32_device(seed, offset + static_cast<uint64_t>(counter));
-#pragma unroll
-    for (int lane = 0; lane < 4; ++lane) {
-      const int64_t i = counter * 4 + lane;
-      if (i >= numel) break;
-      const bool keep = static_cast<double>(uniform_from_bits(words.w[lane])) >= p;
-      mask[i] = keep;
-      y[i] = keep ? static_cast<T>(x[i] * scale) : T(0);
-    }
-  }
+       counter < counters; counter += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dropout_counter(x, y, mask, numel, seed, offset, counter, p, scale);
 }
 
 template <typename I>
@@ -107,9 +99,9 @@ void copy_kernel(KernelContext& context) { copy_convert(context.outputs[0], cont
 void fill_kernel(KernelContext& context) {
   const Tensor& out = context.outputs[0];
   const double value = context.attrs.get<double>("value");
-  visit_device_dtype(out.dtype(), [&](auto tag) {
+  visit_dtype(out.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    launch_index<T>(out, ConstantFunctor<T>{convert<T>(value)});
+    launch_index<T>(out, ConstantFunctor<T>{convert_value<T>(value)});
   });
 }
 
@@ -124,9 +116,9 @@ void copy_convert(const Tensor& out, const Tensor& in) {
                                       cudaMemcpyDeviceToDevice, device.stream()));
     return;
   }
-  visit_device_dtype(out.dtype(), [&](auto out_tag) {
+  visit_dtype(out.dtype(), [&](auto out_tag) {
     using Out = decltype(out_tag);
-    visit_device_dtype(in.dtype(), [&](auto in_tag) {
+    visit_dtype(in.dtype(), [&](auto in_tag) {
       using In = decltype(in_tag);
       launch_unary<Out, In>(out, in, ConvertFunctor<Out, In>{});
     });
@@ -222,7 +214,7 @@ TESSEL_REGISTER_OPS(cuda_copy) {
     const double start = context.attrs.get<double>("start");
     const double step = context.attrs.get<double>("step");
     const Tensor& out = context.outputs[0];
-    visit_device_dtype(out.dtype(), [&](auto tag) {
+    visit_dtype(out.dtype(), [&](auto tag) {
       using T = decltype(tag);
       launch_index<T>(out, ArangeFunctor<T>{start, step});
     });
@@ -232,7 +224,7 @@ TESSEL_REGISTER_OPS(cuda_copy) {
     const double low = context.attrs.get_or<double>("low", 0.0);
     const double high = context.attrs.get_or<double>("high", 1.0);
     const Tensor& out = context.outputs[0];
-    visit_device_dtype(out.dtype(), [&](auto tag) {
+    visit_dtype(out.dtype(), [&](auto tag) {
       using T = decltype(tag);
       launch_index<T>(out, UniformFunctor<T>{state.seed, state.offset, low, high});
     });
@@ -242,7 +234,7 @@ TESSEL_REGISTER_OPS(cuda_copy) {
     const double mean = context.attrs.get_or<double>("mean", 0.0);
     const double stddev = context.attrs.get_or<double>("std", 1.0);
     const Tensor& out = context.outputs[0];
-    visit_device_dtype(out.dtype(), [&](auto tag) {
+    visit_dtype(out.dtype(), [&](auto tag) {
       using T = decltype(tag);
       launch_index<T>(out, NormalFunctor<T>{state.seed, state.offset, mean, stddev});
     });
@@ -252,7 +244,7 @@ TESSEL_REGISTER_OPS(cuda_copy) {
     const int64_t low = context.attrs.get<int64_t>("low");
     const uint64_t range = static_cast<uint64_t>(context.attrs.get<int64_t>("high") - low);
     const Tensor& out = context.outputs[0];
-    visit_device_dtype(out.dtype(), [&](auto tag) {
+    visit_dtype(out.dtype(), [&](auto tag) {
       using T = decltype(tag);
       launch_index<T>(out, RandintFunctor<T>{state.seed, state.offset, range, low});
     });

@@ -6,6 +6,7 @@
 // meanwhile); backward ops reuse those indices and skip the check.
 #include "cuda/index_check.h"
 #include "cuda/kernels/loops.cuh"
+#include "ops/math/indexing.h"
 #include "ops/registry_helpers.h"
 
 namespace tessel::cuda {
@@ -13,20 +14,6 @@ namespace tessel::cuda {
 namespace {
 
 constexpr DeviceType kCuda = DeviceType::kCuda;
-
-// A tensor seen as (outer, size, inner) around `dim`.
-struct Around {
-  int64_t outer = 1, size = 1, inner = 1;
-};
-Around around(const Shape& sizes, int64_t dim) {
-  Around result;
-  for (int64_t d = 0; d < static_cast<int64_t>(sizes.size()); ++d) {
-    if (d < dim) result.outer *= sizes[d];
-    if (d == dim) result.size = sizes[d];
-    if (d > dim) result.inner *= sizes[d];
-  }
-  return result;
-}
 
 // Calls fn(Word{}) with an unsigned type of the element size (gathers copy bits).
 template <typename Fn>
@@ -60,11 +47,10 @@ __global__ void gather_rows_kernel(const Word* source, const I* index, Around sh
   const int64_t numel = shape.outer * count * shape.inner;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < numel;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t o = i / (count * shape.inner), j = (i / shape.inner) % count, k = i % shape.inner;
-    const int64_t row = static_cast<int64_t>(index[j]);
+    const RowPosition at = row_position(i, count, shape.inner);
+    const int64_t row = static_cast<int64_t>(index[at.j]);
     // A bad row was recorded by the check (raised at the next synchronisation): never read it.
-    out[i] =
-        row >= 0 && row < shape.size ? source[(o * shape.size + row) * shape.inner + k] : Word{};
+    out[i] = row >= 0 && row < shape.size ? source[shape.offset(at.o, row, at.k)] : Word{};
   }
 }
 
@@ -75,10 +61,10 @@ __global__ void scatter_add_rows_kernel(const T* grad, const I* index, Around sh
   const int64_t numel = shape.outer * count * shape.inner;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < numel;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t o = i / (count * shape.inner), j = (i / shape.inner) % count, k = i % shape.inner;
-    const int64_t row = static_cast<int64_t>(index[j]);
+    const RowPosition at = row_position(i, count, shape.inner);
+    const int64_t row = static_cast<int64_t>(index[at.j]);
     if (row == skip_row || row < 0 || row >= shape.size) continue;  // checked by the forward op
-    atomicAdd(&out[(o * shape.size + row) * shape.inner + k], grad[i]);
+    atomicAdd(&out[shape.offset(at.o, row, at.k)], grad[i]);
   }
 }
 

@@ -1,7 +1,7 @@
 // CUDA kernels for the reductions of ops/reduce.cc: sum, mean, max / min (along a dim and over
 // all), argmax, var, softmax and log_softmax. Inputs are read as [outer, reduce, inner] blocks
-// (reduce.cuh); f32 sums accumulate in double as on CPU; NaN wins max / min and the first index
-// wins ties.
+// (ops/math/reduce_layout.h, shared with the CPU); f32 sums accumulate in double as on CPU; NaN
+// wins max / min and the first index wins ties.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "cuda/kernels/reduce.cuh"
+#include "ops/math/dtype_visit.h"
 #include "ops/registry_helpers.h"
 
 namespace tessel::cuda {
@@ -17,43 +18,6 @@ namespace tessel::cuda {
 namespace {
 
 constexpr DeviceType kCuda = DeviceType::kCuda;
-
-// ---- shape helpers (as ops/reduce.cc; the shape rule already checked the attributes) ----
-
-std::vector<bool> reduced_flags(const Shape& sizes, const std::vector<int64_t>& dims) {
-  const int64_t ndim = static_cast<int64_t>(sizes.size());
-  std::vector<bool> reduced(ndim, dims.empty());
-  for (int64_t dim : dims) {
-    if (ndim == 0) continue;
-    reduced[wrap_dim(dim, ndim)] = true;
-  }
-  return reduced;
-}
-
-const std::vector<int64_t>& dims_attr(const Attrs& attrs) {
-  static const std::vector<int64_t> kAll;
-  return attrs.has("dims") ? attrs.get<std::vector<int64_t>>("dims") : kAll;
-}
-
-template <typename Fn>
-void visit_reduce_dtype(DType dtype, const char* op, Fn&& fn) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return fn(float{});
-    case DType::kFloat64:
-      return fn(double{});
-    case DType::kInt32:
-      return fn(int32_t{});
-    case DType::kInt64:
-      return fn(int64_t{});
-    case DType::kUInt8:
-      return fn(uint8_t{});
-    case DType::kBool:
-      return fn(bool{});
-    default:
-      TESSEL_FAIL(op, ": expected a f32, f64 or integer tensor, got ", dtype_name(dtype));
-  }
-}
 
 // ---- kernels ----
 
@@ -229,7 +193,7 @@ __global__ void softmax_kernel(const T* x, ReduceLayout layout, int64_t tiles, T
 
 void sum_mean_kernel(KernelContext& context, bool is_mean) {
   const Tensor& x = context.inputs[0];
-  auto reduced = reduced_flags(x.sizes(), dims_attr(context.attrs));
+  auto reduced = reduced_flags(context.op.name, x.sizes(), dims_attr(context.attrs));
   ReduceLayout layout;
   Tensor block = reduction_block(context, x, reduced, &layout);
   DenseOutput out(context, context.outputs[0]);
@@ -283,13 +247,9 @@ void extremum_op(KernelContext& context, bool is_max, bool want_values, bool wan
   if (indices) indices->finish();
 }
 
-std::vector<bool> single_dim(const Shape& sizes, int64_t dim) {
-  return reduced_flags(sizes, {dim});
-}
-
 void softmax_op(KernelContext& context, bool log_form) {
   const Tensor& x = context.inputs[0];
-  auto reduced = single_dim(x.sizes(), context.attrs.get<int64_t>("dim"));
+  auto reduced = single_dim(context.op.name, x.sizes(), context.attrs.get<int64_t>("dim"));
   ReduceLayout layout;
   Tensor block = reduction_block(context, x, reduced, &layout);
   // One reduced dim: the block is x in row-major order, as the output.
@@ -312,44 +272,11 @@ void softmax_op(KernelContext& context, bool log_form) {
 
 Tensor reduction_block(KernelContext& context, const Tensor& x, const std::vector<bool>& reduced,
                        ReduceLayout* layout) {
-  std::vector<std::pair<int64_t, bool>> groups;  // runs of kept / reduced dims
-  for (int64_t d = 0; d < x.dim(); ++d) {
-    const int64_t size = x.sizes()[d];
-    if (size == 1) continue;
-    if (!groups.empty() && groups.back().second == reduced[d]) {
-      groups.back().first *= size;
-    } else {
-      groups.emplace_back(size, reduced[d]);
-    }
-  }
-  int reduced_groups = 0;
-  for (const auto& group : groups) reduced_groups += group.second;
-  *layout = ReduceLayout{};
-  if (reduced_groups <= 1) {
-    bool seen_reduced = false;
-    for (const auto& [size, is_reduced] : groups) {
-      if (is_reduced) {
-        layout->reduce = size;
-        seen_reduced = true;
-      } else if (seen_reduced) {
-        layout->inner *= size;
-      } else {
-        layout->outer *= size;
-      }
-    }
-    return dense_input(context, x);
-  }
-  Shape sizes, strides;
-  for (int pass = 0; pass < 2; ++pass) {
-    for (int64_t d = 0; d < x.dim(); ++d) {
-      if (reduced[d] != (pass == 1)) continue;
-      sizes.push_back(x.sizes()[d]);
-      strides.push_back(x.strides()[d]);
-      (pass == 0 ? layout->outer : layout->reduce) *= x.sizes()[d];
-    }
-  }
-  Tensor permuted = make_view(x, sizes, strides, x.storage_offset());
-  Tensor copy = context.workspace(sizes, x.dtype());
+  const ReductionPlan plan = plan_reduction(x.sizes(), x.strides(), reduced);
+  *layout = plan.layout;
+  if (!plan.permuted) return dense_input(context, x);
+  Tensor permuted = make_view(x, plan.sizes, plan.strides, x.storage_offset());
+  Tensor copy = context.workspace(plan.sizes, x.dtype());
   copy_convert(copy, permuted);
   return copy;
 }
@@ -369,7 +296,8 @@ TESSEL_REGISTER_OPS(cuda_reduce) {
                       [](KernelContext& context) { sum_mean_kernel(context, true); });
   for (bool is_max : {true, false}) {
     registry.set_kernel(is_max ? "max" : "min", kCuda, [is_max](KernelContext& context) {
-      auto reduced = single_dim(context.inputs[0].sizes(), context.attrs.get<int64_t>("dim"));
+      auto reduced =
+          single_dim(context.op.name, context.inputs[0].sizes(), context.attrs.get<int64_t>("dim"));
       extremum_op(context, is_max, true, true, reduced);
     });
     registry.set_kernel(is_max ? "max_all" : "min_all", kCuda, [is_max](KernelContext& context) {
@@ -377,12 +305,13 @@ TESSEL_REGISTER_OPS(cuda_reduce) {
     });
   }
   registry.set_kernel("argmax", kCuda, [](KernelContext& context) {
-    auto reduced = single_dim(context.inputs[0].sizes(), context.attrs.get<int64_t>("dim"));
+    auto reduced =
+        single_dim(context.op.name, context.inputs[0].sizes(), context.attrs.get<int64_t>("dim"));
     extremum_op(context, true, false, true, reduced);
   });
   registry.set_kernel("var", kCuda, [](KernelContext& context) {
     const Tensor& x = context.inputs[0];
-    auto reduced = reduced_flags(x.sizes(), dims_attr(context.attrs));
+    auto reduced = reduced_flags(context.op.name, x.sizes(), dims_attr(context.attrs));
     const double correction = context.attrs.get_or<bool>("unbiased", true) ? 1.0 : 0.0;
     ReduceLayout layout;
     Tensor block = reduction_block(context, x, reduced, &layout);

@@ -9,12 +9,9 @@
 #include <cstdint>
 
 #include "cuda/kernels/loops.cuh"
+#include "ops/math/reduce_layout.h"
 
 namespace tessel::cuda {
-
-struct ReduceLayout {
-  int64_t outer = 1, reduce = 1, inner = 1;
-};
 
 struct ReduceLaunch {
   dim3 block, grid;
@@ -46,7 +43,7 @@ struct ReduceThread {
   }
   // Element offset of reduced row r of this thread's column.
   __device__ int64_t at(const ReduceLayout& layout, int64_t r) const {
-    return (outer * layout.reduce + r) * layout.inner + column;
+    return layout.offset(outer, r, column);
   }
   __device__ int64_t output_index(const ReduceLayout& layout) const {
     return outer * layout.inner + column;

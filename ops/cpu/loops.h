@@ -14,6 +14,8 @@
 #include "core/op.h"
 #include "core/parallel.h"
 #include "core/tensor.h"
+#include "ops/math/convert.h"
+#include "ops/math/loop_geometry.h"
 
 namespace tessel::cpu {
 
@@ -26,20 +28,9 @@ constexpr int64_t kElementwiseGrain = 32768;
 // Side of the square tiles used when an operand is transposed relative to the others.
 constexpr int64_t kTransposeTile = 32;
 
-// Strides (in elements) of `tensor` read as if broadcast to `sizes`: 0 on broadcast dims.
-inline Shape broadcast_strides(const Tensor& tensor, const Shape& sizes) {
-  const Shape& own_sizes = tensor.sizes();
-  const Shape& own_strides = tensor.strides();
-  Shape strides(sizes.size(), 0);
-  size_t lead = sizes.size() - own_sizes.size();
-  for (size_t i = 0; i < own_sizes.size(); ++i)
-    strides[lead + i] = own_sizes[i] == 1 ? 0 : own_strides[i];
-  return strides;
-}
-
-// Loop geometry after dropping size-1 dims and merging dims that are adjacent in memory for
-// every operand. Merging keeps row-major order, so a run's first element index is still the
-// row-major index in the original shape.
+// Loop geometry in bytes: the coalesced loop (ops/math/loop_geometry.h) with each operand's
+// strides scaled by its element size. Merging keeps row-major order, so a run's first element
+// index is still the row-major index in the original shape.
 template <size_t N>
 struct LoopGeometry {
   Shape sizes;                          // at least one dim
@@ -50,29 +41,11 @@ struct LoopGeometry {
                const std::array<Shape, N>& element_strides,
                const std::array<int64_t, N>& element_sizes)
       : data(operand_data) {
-    for (size_t d = 0; d < loop_sizes.size(); ++d) {
-      if (loop_sizes[d] == 1) continue;
-      bool merged = false;
-      if (!sizes.empty()) {
-        merged = true;
-        for (size_t k = 0; k < N; ++k) {
-          int64_t inner = element_strides[k][d] * element_sizes[k];
-          if (byte_strides[k].back() != inner * loop_sizes[d]) merged = false;
-        }
-      }
-      if (merged) {
-        sizes.back() *= loop_sizes[d];
-        for (size_t k = 0; k < N; ++k)
-          byte_strides[k].back() = element_strides[k][d] * element_sizes[k];
-      } else {
-        sizes.push_back(loop_sizes[d]);
-        for (size_t k = 0; k < N; ++k)
-          byte_strides[k].push_back(element_strides[k][d] * element_sizes[k]);
-      }
-    }
-    if (sizes.empty()) {
-      sizes.push_back(1);
-      for (size_t k = 0; k < N; ++k) byte_strides[k].push_back(0);
+    CoalescedLoop<N> loop = coalesce_loop<N>(loop_sizes, element_strides);
+    sizes = std::move(loop.sizes);
+    for (size_t k = 0; k < N; ++k) {
+      byte_strides[k] = std::move(loop.strides[k]);
+      for (int64_t& stride : byte_strides[k]) stride *= element_sizes[k];
     }
   }
 };
@@ -272,22 +245,6 @@ void ternary_loop(const Tensor& out, const Tensor& a, const Tensor& b, const Ten
                                *reinterpret_cast<const C*>(data[3] + i * strides[3]));
                     }
                   });
-}
-
-// Converts one value between element types (16-bit floats and bool through float / != 0).
-template <typename To, typename From>
-inline To convert_value(From value) {
-  if constexpr (std::is_same_v<To, From>) {
-    return value;
-  } else if constexpr (std::is_same_v<To, bool>) {
-    return static_cast<double>(static_cast<float>(value)) != 0.0;
-  } else if constexpr (std::is_same_v<To, BFloat16> || std::is_same_v<To, Float16>) {
-    return To(static_cast<float>(value));
-  } else if constexpr (std::is_same_v<From, BFloat16> || std::is_same_v<From, Float16>) {
-    return static_cast<To>(static_cast<float>(value));
-  } else {
-    return static_cast<To>(value);
-  }
 }
 
 // out = in converted to out's dtype, with `in` broadcast to out's shape (any dtypes, strides).

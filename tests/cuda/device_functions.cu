@@ -2,9 +2,9 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/half.h"
+#include "core/philox.h"
 #include "core/rng.h"
-#include "cuda/kernels/loops.cuh"
-#include "cuda/kernels/philox.cuh"
 #include "cuda/runtime.h"
 #include "tests/cuda/device_functions.h"
 
@@ -17,11 +17,12 @@ DeviceFunctionMismatches compare_device_functions_with_core(int64_t samples) {
   for (int64_t i = 0; i < samples; ++i) {
     const uint64_t counter = static_cast<uint64_t>(i) * 7919 + (static_cast<uint64_t>(i) << 33);
     const auto cpu_words = philox4x32(state.seed ^ static_cast<uint64_t>(i), counter);
-    const Philox4 device_words = philox4x32_device(state.seed ^ static_cast<uint64_t>(i), counter);
+    const PhiloxWords device_words =
+        philox4x32_words(state.seed ^ static_cast<uint64_t>(i), counter);
     for (int k = 0; k < 4; ++k) result.philox_words += cpu_words[k] != device_words.w[k];
 
     const uint64_t index = static_cast<uint64_t>(i) * 3;
-    const Philox4 words = philox4x32_device(state.seed, state.offset + index / 4);
+    const PhiloxWords words = philox4x32_words(state.seed, state.offset + index / 4);
     result.uniform += uniform_at(state, index) != uniform_from_bits(words.w[index % 4]);
     const float cpu_normal = normal_at(state, index);
     const float device_normal = normal_from_words(words, index);
@@ -32,15 +33,15 @@ DeviceFunctionMismatches compare_device_functions_with_core(int64_t samples) {
     float value;
     std::memcpy(&value, &bits, sizeof(value));
     if (value == value) {  // NaN payloads may differ; both sides give a NaN
-      result.to_bf16 += BFloat16(value).bits != float_to_bf16(value).bits;
-      result.to_f16 += Float16(value).bits != float_to_f16(value).bits;
+      result.to_bf16 += BFloat16(value).bits != float_to_bf16_bits(value);
+      result.to_f16 += Float16(value).bits != float_to_f16_bits(value);
     }
     Float16 half;
     half.bits = static_cast<uint16_t>(bits);
     BFloat16 brain;
     brain.bits = static_cast<uint16_t>(bits >> 16);
-    const float cpu_half = half, device_half = f16_to_float(F16{half.bits});
-    const float cpu_brain = brain, device_brain = bf16_to_float(BF16{brain.bits});
+    const float cpu_half = half, device_half = f16_bits_to_float(half.bits);
+    const float cpu_brain = brain, device_brain = bf16_bits_to_float(brain.bits);
     result.from_half += std::memcmp(&cpu_half, &device_half, sizeof(float)) != 0;
     result.from_half += std::memcmp(&cpu_brain, &device_brain, sizeof(float)) != 0;
   }
@@ -52,7 +53,7 @@ __global__ void normals_kernel(RngState state, int64_t samples, float* out) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < samples;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const uint64_t index = static_cast<uint64_t>(i) * 3;
-    out[i] = normal_from_words(philox4x32_device(state.seed, state.offset + index / 4), index);
+    out[i] = normal_from_words(philox4x32_words(state.seed, state.offset + index / 4), index);
   }
 }
 }  // namespace

@@ -1,5 +1,5 @@
-// Host runs of the __host__ __device__ functions CUDA kernels share (cuda/kernels/philox.cuh,
-// loops.cuh), compared with core's CPU versions; runs without a GPU.
+// Host runs of the host/device functions CUDA kernels share with the CPU (core/philox.h,
+// core/half.h), compared with core's CPU entry points (rng.h, dtype.h); runs without a GPU.
 //   DeviceFunctionMismatches m = compare_device_functions_with_core(100000);  // all zero
 #pragma once
 
