@@ -9,9 +9,10 @@
 namespace tessel {
 
 // A copy of `x` on `device`, same dtype and shape, contiguous; differentiable (the gradient is
-// moved back). `non_blocking`: a CPU-to-CUDA copy returns before the bytes have arrived (it goes
-// through pinned staging memory on the copy stream; later CUDA work waits for it). Returns `x`
-// itself when it already is on `device`.
+// moved back). A CPU-to-CUDA copy never waits for the device: it goes through pinned staging
+// memory on the copy stream and later CUDA work waits for it. A copy to the CPU blocks (the host
+// reads the bytes next). `non_blocking` is accepted as in libtorch; a copy between GPUs still
+// waits without it. Returns `x` itself when it already is on `device`.
 Tensor to_device(const Tensor& x, Device device, bool non_blocking = false);
 
 // Whether this binary has a CUDA transfer (built with --config=cuda).

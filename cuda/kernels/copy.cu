@@ -78,17 +78,6 @@ __global__ void dropout_kernel(const T* x, T* y, bool* mask, int64_t numel, uint
     dropout_counter(x, y, mask, numel, seed, offset, counter, p, scale);
 }
 
-template <typename I>
-__global__ void bad_index_kernel(const I* index, int64_t count, int64_t size, bool has_allowed,
-                                 int64_t allowed, unsigned long long* first_bad) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t value = static_cast<int64_t>(index[i]);
-    const bool ok = (has_allowed && value == allowed) || (value >= 0 && value < size);
-    if (!ok) atomicMin(first_bad, static_cast<unsigned long long>(i));
-  }
-}
-
 RngState rng_attrs(const Attrs& attrs) {
   return RngState{static_cast<uint64_t>(attrs.get<int64_t>("rng_seed")),
                   static_cast<uint64_t>(attrs.get<int64_t>("rng_offset"))};
@@ -144,53 +133,6 @@ void zero_fill(const Tensor& tensor) {
   if (tensor.numel() == 0) return;
   KernelDevice device(tensor);
   TESSEL_CUDA_CHECK(cudaMemsetAsync(tensor.raw_data(), 0, tensor.nbytes(), device.stream()));
-}
-
-BadIndex find_bad_index(KernelContext& context, const Tensor& index, int64_t size,
-                        const int64_t* allowed) {
-  BadIndex result;
-  const int64_t count = index.numel();
-  if (count == 0) return result;
-  TESSEL_CHECK(index.is_contiguous(), "find_bad_index: expected a contiguous index tensor");
-  KernelDevice device(index);
-  Tensor flag = context.workspace({1}, DType::kInt64);
-  auto* first_bad = device_data<unsigned long long>(flag);
-  TESSEL_CUDA_CHECK(cudaMemsetAsync(first_bad, 0xff, sizeof(unsigned long long), device.stream()));
-  const bool has_allowed = allowed != nullptr;
-  const int64_t allowed_value = has_allowed ? *allowed : 0;
-  if (index.dtype() == DType::kInt64) {
-    bad_index_kernel<<<grid_for(count), kThreads, 0, device.stream()>>>(
-        device_data<const int64_t>(index), count, size, has_allowed, allowed_value, first_bad);
-  } else {
-    TESSEL_CHECK(index.dtype() == DType::kInt32, "find_bad_index: expected an i64 or i32 index");
-    bad_index_kernel<<<grid_for(count), kThreads, 0, device.stream()>>>(
-        device_data<const int32_t>(index), count, size, has_allowed, allowed_value, first_bad);
-  }
-  check_launch();
-  unsigned long long position = 0;
-  TESSEL_CUDA_CHECK(cudaMemcpyAsync(&position, first_bad, sizeof(position), cudaMemcpyDeviceToHost,
-                                    device.stream()));
-  TESSEL_CUDA_CHECK(cudaStreamSynchronize(device.stream()));
-  if (position == ~0ull) return result;
-  result.position = static_cast<int64_t>(position);
-  const char* base = static_cast<const char*>(index.raw_data());
-  if (index.dtype() == DType::kInt64) {
-    TESSEL_CUDA_CHECK(cudaMemcpy(&result.value, base + position * sizeof(int64_t), sizeof(int64_t),
-                                 cudaMemcpyDeviceToHost));
-  } else {
-    int32_t value = 0;
-    TESSEL_CUDA_CHECK(cudaMemcpy(&value, base + position * sizeof(int32_t), sizeof(int32_t),
-                                 cudaMemcpyDeviceToHost));
-    result.value = value;
-  }
-  return result;
-}
-
-void check_index_range(KernelContext& context, const Tensor& index, int64_t size, const char* op,
-                       const std::string& what, const int64_t* allowed) {
-  BadIndex bad = find_bad_index(context, index, size, allowed);
-  TESSEL_CHECK(bad.position < 0, op, ": index ", bad.value, " is out of range for ", what,
-               " of size ", size);
 }
 
 TESSEL_REGISTER_OPS(cuda_copy) {

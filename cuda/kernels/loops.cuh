@@ -210,17 +210,6 @@ Tensor converted(KernelContext& context, const Tensor& tensor, DType dtype);
 Tensor dense_input(KernelContext& context, const Tensor& tensor);
 // Sets every byte of a (contiguous) tensor to zero on its compute stream.
 void zero_fill(const Tensor& tensor);
-// Checks that every value of the dense i64/i32 `index` lies in [0, size) (or equals `allowed`,
-// when given) and throws naming the first bad one: "<op>: index V is out of range for <what>
-// of size S". Waits for the stream (the check needs the values on the host).
-void check_index_range(KernelContext& context, const Tensor& index, int64_t size, const char* op,
-                       const std::string& what, const int64_t* allowed = nullptr);
-// The first index outside [0, size) and != allowed, with its flat position; position -1: none.
-struct BadIndex {
-  int64_t position = -1, value = 0;
-};
-BadIndex find_bad_index(KernelContext& context, const Tensor& index, int64_t size,
-                        const int64_t* allowed);
 
 // A row-major buffer for one output: the output itself when contiguous, else a workspace that
 // finish() copies back.
