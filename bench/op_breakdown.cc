@@ -1,7 +1,7 @@
 // Where one rank's training step goes, op by op, against the planner's prices for the same ops:
 // the wall time between consecutive op calls of a real step (forward, backward, optimizer),
 // summed by registry name, beside the planner's 1-device compute time of the traced ops.
-//   bazel-bin/bench/op_breakdown --model=shufflenet_v2_x1_0 --batch=8 --image_size=128 \
+//   bazel-bin/bench/op_breakdown --model=shufflenet_v2_x1_0 --batch=8 --image_size=128
 //       --threads=1 --profile=parallel/profiles/cpu_2core_example.json
 #include <CLI/CLI.hpp>
 #include <algorithm>
