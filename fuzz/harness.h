@@ -40,6 +40,17 @@ bool expect_only_tessel_errors(Body&& body) {
   }
 }
 
+// For formats Tessel writes as well as reads: `value`, which `read` accepted, written with `write`
+// must read back and be written the same way again.
+template <typename Value, typename Read, typename Write>
+void check_reads_back(const Value& value, Read&& read, Write&& write) {
+  const std::string written = write(value);
+  Value reread;
+  if (!expect_only_tessel_errors([&] { reread = read(written); }))
+    fail("what was read does not read back once written:\n" + written);
+  if (write(reread) != written) fail("written and read back, it changed:\n" + written);
+}
+
 inline std::string as_string(const uint8_t* data, size_t size) {
   return std::string(reinterpret_cast<const char*>(data), size);
 }

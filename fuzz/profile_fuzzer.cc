@@ -39,12 +39,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           [&] { profile = planner::parse_profile(fuzz::as_string(data, size), "fuzz input"); }))
     return 0;
   fuzz::check_profile(profile);
-  const std::string written = planner::profile_to_json(profile);
-  planner::DeviceProfile reread;
-  const bool reread_ok = fuzz::expect_only_tessel_errors(
-      [&] { reread = planner::parse_profile(written, "written profile"); });
-  TESSEL_FUZZ_CHECK(reread_ok, "a profile that was read does not read back once written");
-  TESSEL_FUZZ_CHECK(planner::profile_to_json(reread) == written,
-                    "the profile changed when written and read back");
+  fuzz::check_reads_back(
+      profile,
+      [](const std::string& text) { return planner::parse_profile(text, "written profile"); },
+      [](const planner::DeviceProfile& value) { return planner::profile_to_json(value); });
   return 0;
 }
