@@ -203,6 +203,8 @@ Budget parse_budget(const std::string& text) {
       budget.fraction = value;
       return budget;
     }
+    // Converting a double above the size_t range is undefined.
+    TESSEL_CHECK(value < 1.8e19, "memory budget: '", text, "' is too large");
     budget.bytes = static_cast<size_t>(value);
   } else {
     static const std::pair<const char*, double> kUnits[] = {

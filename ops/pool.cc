@@ -127,7 +127,10 @@ void max_pool_forward(KernelContext& context) {
   const Tensor& x = context.inputs[0];
   const Tensor& values = context.outputs[0];
   const Tensor& indices = context.outputs[1];
-  auto [rows, cols] = pool_axes("max_pool2d", x.sizes(), context.attrs, true);
+  // Not a structured binding: C++17 lambdas cannot capture those (clang rejects it).
+  const auto axes = pool_axes("max_pool2d", x.sizes(), context.attrs, true);
+  const PoolAxis& rows = axes.first;
+  const PoolAxis& cols = axes.second;
   const Planes in = planes_of(x), out = planes_of(values), index = planes_of(indices);
   const T* x_data = x.data_ptr<T>();
   T* value_data = values.data_ptr<T>();
@@ -179,7 +182,9 @@ template <typename T>
 void avg_pool_forward(KernelContext& context) {
   const Tensor& x = context.inputs[0];
   const Tensor& values = context.outputs[0];
-  auto [rows, cols] = pool_axes("avg_pool2d", x.sizes(), context.attrs, false);
+  const auto axes = pool_axes("avg_pool2d", x.sizes(), context.attrs, false);
+  const PoolAxis& rows = axes.first;
+  const PoolAxis& cols = axes.second;
   const bool count_include_pad = context.attrs.get<bool>("count_include_pad");
   const Planes in = planes_of(x), out = planes_of(values);
   const T* x_data = x.data_ptr<T>();
@@ -204,8 +209,10 @@ void avg_pool_forward(KernelContext& context) {
 template <typename T>
 void avg_pool_backward(KernelContext& context) {
   const Tensor& grad = context.inputs[0];
-  auto [rows, cols] =
+  const auto axes =
       pool_axes("avg_pool2d", context.outputs[0].sizes(), context.attrs, /*with_dilation=*/false);
+  const PoolAxis& rows = axes.first;
+  const PoolAxis& cols = axes.second;
   const bool count_include_pad = context.attrs.get<bool>("count_include_pad");
   const Planes g = planes_of(grad);
   const T* grad_data = grad.data_ptr<T>();

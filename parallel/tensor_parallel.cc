@@ -602,7 +602,10 @@ models::BertPreTrainingLoss tensor_parallel_bert_loss(const TensorParallelBertOu
 
 std::map<std::string, int64_t> tensor_parallel_split_dims(nn::Module& root) {
   std::map<std::string, int64_t> dims;
-  for (auto& [prefix, module] : root.named_modules()) {
+  for (const auto& entry : root.named_modules()) {
+    // Not a structured binding: the lambda below captures the prefix (clang rejects bindings).
+    const std::string& prefix = entry.first;
+    nn::Module* module = entry.second;
     auto name = [&](const char* parameter) {
       return prefix.empty() ? std::string(parameter) : prefix + "." + parameter;
     };

@@ -7,6 +7,8 @@ set -euo pipefail
 packages=(
   # build
   bazel-bootstrap bazel-rules-java bazel-platforms g++ clang-format
+  # --config=clang and the fuzzers: clang 14, LLVM's OpenMP runtime, libFuzzer and sanitizers
+  clang libomp-14-dev libclang-rt-14-dev
   # libraries, used through Bazel local repositories
   libeigen3-dev libgtest-dev libgmock-dev libbenchmark-dev libopenmpi-dev openmpi-bin
   nlohmann-json3-dev libcli11-dev zlib1g-dev

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -106,6 +107,26 @@ double positive_number(const json& object, const std::string& key, const std::st
   return number;
 }
 
+// A positive whole number that fits an int (devices, ranks, threads).
+int whole_count(const json& object, const std::string& key, const std::string& path,
+                const std::string& where) {
+  const double number = positive_number(object, key, path, where);
+  const std::string full = path.empty() ? key : path + "." + key;
+  TESSEL_CHECK(number == std::floor(number) && number <= std::numeric_limits<int>::max(),
+               "profile ", where, ": field '", full, "' must be a whole number up to ",
+               std::numeric_limits<int>::max(), ", got ", number);
+  return static_cast<int>(number);
+}
+
+std::string optional_text(const json& object, const std::string& key, const std::string& fallback,
+                          const std::string& where) {
+  auto found = object.find(key);
+  if (found == object.end()) return fallback;
+  TESSEL_CHECK(found->is_string(), "profile ", where, ": field '", key, "' must be a string, got ",
+               found->dump());
+  return found->get<std::string>();
+}
+
 double optional_number(const json& object, const std::string& key, double fallback,
                        const std::string& where, bool allow_zero) {
   auto found = object.find(key);
@@ -130,12 +151,9 @@ DeviceProfile parse_profile(const std::string& json_text, const std::string& whe
   }
   TESSEL_CHECK(root.is_object(), "profile ", where, ": expected a JSON object", kFormatHint);
   DeviceProfile profile;
-  profile.name = root.value("name", std::string("unnamed"));
-  profile.description = root.value("description", std::string());
-  const double devices = positive_number(root, "devices_per_node", "", where);
-  TESSEL_CHECK(devices == std::floor(devices), "profile ", where,
-               ": field 'devices_per_node' must be a whole number, got ", devices);
-  profile.devices_per_node = static_cast<int>(devices);
+  profile.name = optional_text(root, "name", "unnamed", where);
+  profile.description = optional_text(root, "description", "", where);
+  profile.devices_per_node = whole_count(root, "devices_per_node", "", where);
   const json& memory = field(root, "memory_per_device", "", where);
   if (memory.is_string()) {
     profile.memory_per_device =
@@ -172,10 +190,9 @@ DeviceProfile parse_profile(const std::string& json_text, const std::string& whe
   profile.rank_skew = optional_number(root, "rank_skew", 0.0, where, true);
   auto layout = root.find("calibrated_layout");
   if (layout != root.end()) {
-    const double ranks = positive_number(*layout, "ranks_at_once", "calibrated_layout", where);
-    const double threads = positive_number(*layout, "threads_per_rank", "calibrated_layout", where);
-    profile.calibrated_ranks = static_cast<int>(ranks);
-    profile.calibrated_threads = static_cast<int>(threads);
+    profile.calibrated_ranks = whole_count(*layout, "ranks_at_once", "calibrated_layout", where);
+    profile.calibrated_threads =
+        whole_count(*layout, "threads_per_rank", "calibrated_layout", where);
   }
   const json& collectives = field(root, "collectives", "", where);
   for (LinkLevel level : {LinkLevel::kIntraNode, LinkLevel::kInterNode}) {
@@ -306,6 +323,7 @@ double parse_bytes(const std::string& text, const std::string& what) {
     if (unit != name) continue;
     TESSEL_CHECK(std::isfinite(value) && value > 0, what, ": size must be positive, got '", text,
                  "'");
+    TESSEL_CHECK(std::isfinite(value * scale), what, ": size '", text, "' is too large");
     return value * scale;
   }
   TESSEL_FAIL(what, ": unknown unit '", text.substr(end), "' in '", text, "'", accepted);

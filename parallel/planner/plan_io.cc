@@ -1,6 +1,7 @@
 #include "parallel/planner/plan_io.h"
 
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -127,14 +128,25 @@ class Reader {
     return result;
   }
   int64_t integer(const json& object, const std::string& key, const std::string& path,
-                  int64_t minimum) const {
+                  int64_t minimum, int64_t maximum = std::numeric_limits<int64_t>::max()) const {
     const json& value = get(object, key, path);
     TESSEL_CHECK(value.is_number_integer(), "plan ", where_, ": field '", name(path, key),
                  "' must be an integer, got ", value.dump());
+    // Compared unsigned when unsigned: above the int64 range get<int64_t> would turn negative.
+    const bool above = value.is_number_unsigned()
+                           ? value.get<uint64_t>() > static_cast<uint64_t>(maximum)
+                           : value.get<int64_t>() > maximum;
+    TESSEL_CHECK(!above, "plan ", where_, ": field '", name(path, key), "' must be at most ",
+                 maximum, ", got ", value.dump());
     const int64_t result = value.get<int64_t>();
     TESSEL_CHECK(result >= minimum, "plan ", where_, ": field '", name(path, key),
                  "' must be at least ", minimum, ", got ", result);
     return result;
+  }
+  // The same for a field the plan holds as an int.
+  int small_integer(const json& object, const std::string& key, const std::string& path,
+                    int minimum) const {
+    return static_cast<int>(integer(object, key, path, minimum, std::numeric_limits<int>::max()));
   }
   const json& array(const json& object, const std::string& key, const std::string& path) const {
     const json& value = get(object, key, path);
@@ -169,7 +181,7 @@ PlanFile plan_from_json(const std::string& text, const std::string& where) {
                " is not supported (this build reads version ", PlanFile::kVersion, ")");
   PlanFile plan;
   plan.model = r.text(root, "model", "");
-  plan.devices = static_cast<int>(r.integer(root, "devices", "", 1));
+  plan.devices = r.small_integer(root, "devices", "", 1);
   plan.batch = r.integer(root, "batch", "", 1);
   plan.seq = r.integer(root, "seq", "", 0);
   plan.image_size = r.integer(root, "image_size", "", 0);
@@ -178,8 +190,8 @@ PlanFile plan_from_json(const std::string& text, const std::string& where) {
     plan.profile_layout = root["profile_layout"].get<std::string>();
   plan.memory_per_device = r.number(root, "memory_per_device", "", 0);
   const json& mesh = r.get(root, "mesh", "");
-  plan.mesh_dp = static_cast<int>(r.integer(mesh, "dp", "mesh", 1));
-  plan.mesh_tp = static_cast<int>(r.integer(mesh, "tp", "mesh", 1));
+  plan.mesh_dp = r.small_integer(mesh, "dp", "mesh", 1);
+  plan.mesh_tp = r.small_integer(mesh, "tp", "mesh", 1);
   TESSEL_CHECK(static_cast<int64_t>(plan.mesh_dp) * plan.mesh_tp <= plan.devices, "plan ", where,
                ": mesh dp=", plan.mesh_dp, " tp=", plan.mesh_tp, " needs more than the ",
                plan.devices, " devices");
@@ -208,8 +220,8 @@ PlanFile plan_from_json(const std::string& text, const std::string& where) {
                    shape.dump());
       p.shape.push_back(size.get<int64_t>());
     }
-    p.split_dim = static_cast<int>(r.integer(parameters[i], "split_dim", path, -1));
-    p.parts = static_cast<int>(r.integer(parameters[i], "parts", path, 1));
+    p.split_dim = r.small_integer(parameters[i], "split_dim", path, -1);
+    p.parts = r.small_integer(parameters[i], "parts", path, 1);
     TESSEL_CHECK(p.split_dim < static_cast<int>(p.shape.size()), "plan ", where, ": ", path, " (",
                  p.name, ") splits dim ", p.split_dim, " of a ", p.shape.size(), "-d parameter");
     TESSEL_CHECK(p.split_dim >= 0 || p.parts == 1, "plan ", where, ": ", path, " (", p.name,
@@ -224,12 +236,12 @@ PlanFile plan_from_json(const std::string& text, const std::string& where) {
   for (size_t i = 0; i < ops.size(); ++i) {
     const std::string path = "ops[" + std::to_string(i) + "]";
     PlanFile::Op op;
-    op.index = static_cast<int>(r.integer(ops[i], "index", path, 0));
+    op.index = r.small_integer(ops[i], "index", path, 0);
     op.op = r.text(ops[i], "op", path);
     op.strategy = r.text(ops[i], "strategy", path);
     parse_split_kind(op.strategy);  // throws naming the accepted kinds
-    op.dp = static_cast<int>(r.integer(ops[i], "dp", path, 1));
-    op.tp = static_cast<int>(r.integer(ops[i], "tp", path, 1));
+    op.dp = r.small_integer(ops[i], "dp", path, 1);
+    op.tp = r.small_integer(ops[i], "tp", path, 1);
     TESSEL_CHECK(static_cast<int64_t>(op.dp) * op.tp <= plan.devices, "plan ", where, ": ", path,
                  " (", op.op, ") uses dp=", op.dp, " tp=", op.tp, " on ", plan.devices, " devices");
     for (const json& name : r.array(ops[i], "parameters", path)) {

@@ -884,6 +884,9 @@ TEST(ParseBudget, RejectsZeroNegativeUnparsableAndOutOfRangeText) {
   EXPECT_TRUE(throws_error([] { parse_budget("1.5"); }, "(0, 1]"));
   EXPECT_TRUE(throws_error([] { parse_budget("3XB"); }, "unknown unit"));
   EXPECT_TRUE(throws_error([] { parse_budget("100"); }, "at least 512"));
+  // Whole numbers of bytes past the size_t range, with a unit or without.
+  EXPECT_TRUE(throws_error([] { parse_budget("11111111111111111111111111011111"); }, "too large"));
+  EXPECT_TRUE(throws_error([] { parse_budget("1e30TiB"); }, "too large"));
   EXPECT_TRUE(throws_error([] { parse_policy("fast"); }, "none, dtr, swap, split, auto"));
   EXPECT_TRUE(throws_error([] { set_budget(0); }, "must be positive"));
 }

@@ -123,6 +123,15 @@ TEST(PlanFile, RefusesMalformedFilesNamingTheField) {
       testing::throws_error([&] { plan_from_json("[1, 2", "bad.json"); }, "not valid JSON"));
   EXPECT_TRUE(
       testing::throws_error([&] { read_plan("/nonexistent/plan.json"); }, "cannot open plan"));
+  // Counts held as int: a larger value is refused instead of wrapping (to 0 parts, -1 index...).
+  EXPECT_TRUE(testing::throws_error(
+      [&] { plan_from_json(replaced("\"parts\": 2", "\"parts\": 4294967296"), "bad.json"); },
+      "field 'parameters[0].parts' must be at most 2147483647, got 4294967296"));
+  EXPECT_TRUE(testing::throws_error(
+      [&] {
+        plan_from_json(replaced("\"index\": 0", "\"index\": 18446744073709551615"), "bad.json");
+      },
+      "field 'ops[0].index' must be at most 2147483647"));
 }
 
 }  // namespace

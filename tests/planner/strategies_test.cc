@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "models/nn/nn.h"
 #include "ops/ops.h"
@@ -281,6 +282,30 @@ TEST(ParseBytes, UnitsAndErrors) {
                                     "--memory_per_device: cannot read 'lots' as a size"));
   EXPECT_TRUE(testing::throws_error([] { parse_bytes("16GiBs", "m"); }, "unknown unit"));
   EXPECT_TRUE(testing::throws_error([] { parse_bytes("-1GB", "m"); }, "must be positive"));
+  // Finite text, infinite bytes: refused rather than returned as inf.
+  EXPECT_TRUE(testing::throws_error([] { parse_bytes("1.51e308GiB", "m"); }, "is too large"));
+}
+
+// Numbers that do not fit the profile's fields are errors, not wrapped or thrown as JSON errors.
+TEST(DeviceProfile, OutOfRangeCountsAndNonStringNamesAreErrors) {
+  const std::string good = profile_to_json(round_number_profile());
+  auto with = [&](const std::string& key, const std::string& value) {
+    nlohmann::json profile = nlohmann::json::parse(good);
+    profile[key] = nlohmann::json::parse(value);
+    return profile.dump();
+  };
+  EXPECT_TRUE(testing::throws_error(
+      [&] { parse_profile(with("devices_per_node", "9223372036854775807"), "p.json"); },
+      "field 'devices_per_node' must be a whole number up to 2147483647"));
+  EXPECT_TRUE(testing::throws_error(
+      [&] {
+        parse_profile(
+            with("calibrated_layout", R"({"ranks_at_once": 1e300, "threads_per_rank": 1})"),
+            "p.json");
+      },
+      "field 'calibrated_layout.ranks_at_once' must be a whole number"));
+  EXPECT_TRUE(testing::throws_error([&] { parse_profile(with("name", "7"), "p.json"); },
+                                    "field 'name' must be a string, got 7"));
 }
 
 }  // namespace

@@ -96,6 +96,18 @@ TEST(Idx, TruncatedFiles) {
   EXPECT_TRUE(throws_error([&] { read_idx_images(gz_path); }, "'" + gz_path + "': truncated"));
 }
 
+// A corrupt header must be answered with an error, not an allocation of what it claims.
+TEST(Idx, HugeClaimedSizesAreErrorsNotAllocations) {
+  const std::string path = temp_path("huge.idx");
+  // About 2^40 values claimed, 3 present: reading stops at the data, not at 1 TB of zeros.
+  write_plain(path, idx_bytes(kIdxImagesMagic, {0xFFFFFFFFu, 255, 1}, {1, 2, 3}));
+  EXPECT_TRUE(throws_error([&] { read_idx_images(path); },
+                           "need 1095216660225 values but the file holds 3"));
+  // Dimensions whose product overflows 64 bits are refused before multiplying.
+  write_plain(path, idx_bytes(kIdxImagesMagic, {0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu}, {}));
+  EXPECT_TRUE(throws_error([&] { read_idx_images(path); }, "describe more than 2^40 values"));
+}
+
 TEST(Idx, CutGzipStreamIsAnErrorNamingTheFile) {
   const std::string full = temp_path("whole.idx.gz");
   // Enough values that the compressed stream spans many bytes.

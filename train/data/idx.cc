@@ -69,15 +69,26 @@ IdxArray read_idx(const std::string& path, uint32_t expected_magic) {
                  "': truncated header: dimension ", d, " of ", num_dims, " is missing");
     const int64_t dim = big_endian_u32(dim_bytes);
     array.dims.push_back(dim);
+    // Checked before multiplying: 2^40 times a 32-bit dimension would overflow.
+    TESSEL_CHECK(dim == 0 || count <= (int64_t{1} << 40) / dim, "IDX file '", path,
+                 "': dimensions ", array.dims, " describe more than 2^40 values (corrupt header?)");
     count *= dim;
-    TESSEL_CHECK(count <= (int64_t{1} << 40), "IDX file '", path, "': dimensions ", array.dims,
-                 " describe more than 2^40 values (corrupt header?)");
   }
 
-  array.values.resize(static_cast<size_t>(count));
-  const size_t got = read_bytes(file.get(), path, array.values.data(), array.values.size());
-  TESSEL_CHECK(got == array.values.size(), "IDX file '", path, "': truncated data: dimensions ",
-               array.dims, " need ", count, " values but the file holds ", got);
+  // Grow with the data actually read (doubling, from 64 KiB): a corrupt header may claim up to
+  // 2^40 values, which must not be allocated (and zeroed) before the file turns out to be short.
+  const size_t wanted = static_cast<size_t>(count);
+  size_t got = 0;
+  while (got < wanted) {
+    const size_t chunk = std::min(wanted - got, std::max(got, size_t{1} << 16));
+    array.values.resize(got + chunk);
+    const size_t read = read_bytes(file.get(), path, array.values.data() + got, chunk);
+    got += read;
+    if (read < chunk) break;
+  }
+  array.values.resize(got);
+  TESSEL_CHECK(got == wanted, "IDX file '", path, "': truncated data: dimensions ", array.dims,
+               " need ", count, " values but the file holds ", got);
   unsigned char extra;
   TESSEL_CHECK(read_bytes(file.get(), path, &extra, 1) == 0, "IDX file '", path,
                "': unexpected data after the ", count, " values of dimensions ", array.dims);
