@@ -99,7 +99,7 @@ TEST(GpuSkip, EnoughGpusRunTheTestEitherWay) {
 
 TEST(GpuSkip, EmptyOrZeroDoesNotRequireAGpu) {
   for (const char* value : {"", "0"}) {
-    RequireGpuVariable variable(std::string(value));
+    RequireGpuVariable variable{std::string(value)};
     EXPECT_FALSE(gpu_required()) << "'" << value << "'";
     Outcome outcome;
     run_guarded(0, 1, &outcome);
