@@ -342,8 +342,9 @@ TEST(TensorMethods, ConvertDTypeAndDevice) {
   EXPECT_EQ(meta.sizes(), x.sizes());
   EXPECT_EQ(meta.dtype(), x.dtype());
   EXPECT_TRUE(throws_error([&] { meta.to(Device::cpu()); }, "no data"));
-  if (OpRegistry::get().find_or_null("to_device") == nullptr)
+  if (OpRegistry::get().find_or_null("to_device") == nullptr) {
     EXPECT_TRUE(throws_error([&] { x.to(Device::cuda()); }, "CUDA backend is not built"));
+  }
 }
 
 TEST(TensorMethods, InPlaceUpdates) {
