@@ -56,7 +56,9 @@ TEST(PlanGraph, FrontierPointsCostWhatTheirPlansCost) {
   const PlannedPoint& chosen = result.frontier[result.chosen];
   EXPECT_LE(chosen.cost.memory, 1e9);
   for (const PlannedPoint& point : result.frontier) {
-    if (point.cost.memory <= 1e9) EXPECT_GE(point.cost.time, chosen.cost.time);
+    if (point.cost.memory <= 1e9) {
+      EXPECT_GE(point.cost.time, chosen.cost.time);
+    }
   }
   // Every plan runs on one dp x tp grid of the 4 devices.
   for (const PlannedPoint& point : result.frontier) EXPECT_EQ(point.dp * point.tp, 4);
