@@ -1,4 +1,4 @@
-// Test helpers shared by every suite: the one closeness rule of DESIGN.md, bitwise equality,
+// Test helpers shared by every suite: the one closeness rule, bitwise equality,
 // finite-difference gradient checks in f64, and golden fixtures made by tests/golden/*.py.
 //   EXPECT_TRUE(all_close(actual, expected));           // rtol 1e-5, atol 1e-6
 //   EXPECT_TRUE(gradcheck([](auto& in) { return tanh(in[0]); }, {randn({3},

@@ -133,7 +133,7 @@ def main():
                "are shared with other work, so single ratios carry noise of several percent (and "
                "more at busy moments); read trends across rows rather than single cells.\n")
     out.append("Budgets are fractions f of the activation memory, `budget = fixed + f * (peak - "
-               "fixed)` with fixed = parameters + gradients + momentum (DESIGN.md, Budgets); the "
+               "fixed)` with fixed = parameters + gradients + momentum (as the benchmarks define it); the "
                "second column gives the same budget as a fraction of the whole peak (the form "
                "of the DTR paper). Cells: `CPU / wall`: the fastest timed step relative to the "
                "unconstrained run made just before it (same allocator, no budget; the header "

@@ -1,6 +1,6 @@
 // One SGD training step of whole models on CUDA against the same step on CPU, from the same
 // weights and batch: ResNet-18 with the small-image stem and BERT tiny (dropout on: the Philox
-// stream is the same on both devices). Losses, parameters and buffers agree to DESIGN.md's
+// stream is the same on both devices). Losses, parameters and buffers agree to the closeness rule's
 // whole-model tolerance (rtol 1e-4).
 #include <functional>
 #include <memory>

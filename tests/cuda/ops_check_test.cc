@@ -1,7 +1,7 @@
 // The backend-ops checker: every registered op runs on CUDA against the CPU result computed in
 // the same process from the same fresh random inputs, forward outputs and input gradients
-// (through autograd), with DESIGN.md's closeness rule. Inputs include transposed, sliced and
-// broadcast views. Every op of the registry needs a case here or an explicit skip reason.
+// (through autograd), with the closeness rule of tests/testing.h. Inputs include transposed, sliced
+// and broadcast views. Every op of the registry needs a case here or an explicit skip reason.
 #include <functional>
 #include <map>
 #include <set>

@@ -26,7 +26,7 @@ namespace {
 using testing::all_close;
 using testing::bitwise_equal;
 
-constexpr double kModelRtol = 1e-4;  // DESIGN.md: whole f32 models
+constexpr double kModelRtol = 1e-4;  // the closeness rule for whole f32 models (tests/testing.h)
 constexpr double kModelAtol = 1e-6;
 constexpr int kSteps = 3;
 constexpr size_t kMinCandidateBytes = 4 * 1024;

@@ -26,7 +26,7 @@ using Golden = std::map<std::string, Tensor>;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// The DESIGN.md closeness rule for one f32 op, for every case: the references are exactly
+// The closeness rule (tests/testing.h) for one f32 op, for every case: the references are exactly
 // rounded f64 results, and no family (reductions, matmul and convolution included) needs more.
 constexpr double kRtol = 1e-5;
 constexpr double kAtol = 1e-6;

@@ -1,6 +1,6 @@
 // DistributedDataParallel against one process that runs the same per-rank shards one after
-// another and averages their gradients (DESIGN.md, Testing): after 3 SGD steps the parameters
-// (and every step's losses) agree, for an MLP, a conv net with batch norm (per-shard
+// another and averages their gradients (the project's rule for parallel forms): after 3 SGD steps
+// the parameters (and every step's losses) agree, for an MLP, a conv net with batch norm (per-shard
 // statistics), ResNet-18 with the small-image stem and BERT tiny (dropout off, losses normalised
 // by global counts). Also: buckets, unused parameters, mismatched modules. Run with 2 and 4 ranks.
 #include "parallel/ddp.h"

@@ -24,8 +24,8 @@ namespace {
 namespace fs = std::filesystem;
 using testing::all_close;
 
-// Whole training runs on two devices: looser than DESIGN.md's rtol 1e-4 for one model step,
-// since differences grow over the steps.
+// Whole training runs on two devices: looser than the closeness rule's rtol 1e-4 for one model
+// step, since differences grow over the steps.
 constexpr double kRtol = 1e-3;
 constexpr double kAtol = 1e-5;
 

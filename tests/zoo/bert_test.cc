@@ -24,7 +24,7 @@ using testing::all_close;
 using testing::golden_tensor;
 using testing::throws_error;
 
-constexpr double kModelRtol = 1e-4;  // DESIGN.md: whole f32 models
+constexpr double kModelRtol = 1e-4;  // the closeness rule for whole f32 models (tests/testing.h)
 constexpr int64_t kVocab = 1000;
 const char* const kPython = "/usr/bin/python3";
 const char* const kScript = "tests/golden/make_golden_bert.py";

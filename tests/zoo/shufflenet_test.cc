@@ -66,7 +66,7 @@ std::map<std::string, Tensor> with_prefix(const std::map<std::string, Tensor>& t
 }
 
 // f32 against a reference computed in f64 (the script's default), so the reference carries no
-// rounding of its own: DESIGN.md's rule for whole f32 models.
+// rounding of its own: the closeness rule for whole f32 models (tests/testing.h).
 constexpr double kF32Rtol = 1e-4, kF32Atol = 1e-6;
 // f64 against f64: only the order of summation differs.
 constexpr double kF64Rtol = 1e-7, kF64Atol = 1e-10;
