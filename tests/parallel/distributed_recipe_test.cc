@@ -68,6 +68,17 @@ RecipeResult on_rank_zero_alone(const std::function<RecipeResult()>& train) {
   return result;
 }
 
+// Every parameter of two checkpoints within the closeness rule for whole f32 models.
+void expect_close_parameters(const std::string& actual, const std::string& expected) {
+  const auto want = load_safetensors(expected + "/model.safetensors");
+  const auto got = load_safetensors(actual + "/model.safetensors");
+  ASSERT_EQ(want.size(), got.size());
+  for (const auto& [name, tensor] : want) {
+    ASSERT_TRUE(got.count(name)) << name;
+    EXPECT_TRUE(all_close(got.at(name), tensor, 1e-4, 1e-6)) << name;
+  }
+}
+
 class DistributedRecipe : public MpiTest {
  protected:
   // A small Fashion-MNIST-shaped data set (IDX files) shared by the ranks, and an empty folder.
@@ -134,10 +145,6 @@ class DistributedRecipe : public MpiTest {
       return run_recipe(config, log);
     });
   }
-
-  static std::map<std::string, Tensor> parameters(const RecipeResult& result) {
-    return load_safetensors(result.last_checkpoint + "/model.safetensors");
-  }
 };
 
 TEST_F(DistributedRecipe, DataParallelMlpMatchesOneProcess) {
@@ -163,13 +170,7 @@ TEST_F(DistributedRecipe, DataParallelMlpMatchesOneProcess) {
   EXPECT_EQ(actual.steps, 3);
   EXPECT_NEAR(actual.final_train_loss, expected.final_train_loss,
               1e-4 * std::abs(expected.final_train_loss));
-  const auto want = parameters(expected);
-  const auto got = parameters(actual);
-  ASSERT_EQ(want.size(), got.size());
-  for (const auto& [name, tensor] : want) {
-    ASSERT_TRUE(got.count(name)) << name;
-    EXPECT_TRUE(all_close(got.at(name), tensor, 1e-4, 1e-6)) << name;
-  }
+  expect_close_parameters(actual.last_checkpoint, expected.last_checkpoint);
   ASSERT_EQ(actual.final_eval.size(), expected.final_eval.size());
   for (size_t i = 0; i < expected.final_eval.size(); ++i)
     EXPECT_NEAR(actual.final_eval[i].second, expected.final_eval[i].second,
@@ -193,13 +194,7 @@ TEST_F(DistributedRecipe, DataParallelMlpWithSgdMatchesOneProcess) {
   if (rank() != 0) return;
   EXPECT_NEAR(actual.final_train_loss, expected.final_train_loss,
               1e-4 * std::abs(expected.final_train_loss));
-  const auto want = parameters(expected);
-  const auto got = parameters(actual);
-  ASSERT_EQ(want.size(), got.size());
-  for (const auto& [name, tensor] : want) {
-    ASSERT_TRUE(got.count(name)) << name;
-    EXPECT_TRUE(all_close(got.at(name), tensor, 1e-4, 1e-6)) << name;
-  }
+  expect_close_parameters(actual.last_checkpoint, expected.last_checkpoint);
 }
 
 TEST_F(DistributedRecipe, TensorParallelResNetMatchesDataParallel) {
@@ -219,13 +214,7 @@ TEST_F(DistributedRecipe, TensorParallelResNetMatchesDataParallel) {
   const RecipeResult tp = run_recipe(tensor_parallel, log);
   EXPECT_NEAR(tp.final_train_loss, dp.final_train_loss, 1e-4 * std::abs(dp.final_train_loss));
   if (rank() == 0) {
-    const auto want = parameters(dp);
-    const auto got = parameters(tp);
-    ASSERT_EQ(want.size(), got.size());
-    for (const auto& [name, tensor] : want) {
-      ASSERT_TRUE(got.count(name)) << name;
-      EXPECT_TRUE(all_close(got.at(name), tensor, 1e-4, 1e-6)) << name;
-    }
+    expect_close_parameters(tp.last_checkpoint, dp.last_checkpoint);
   }
   ASSERT_EQ(tp.final_eval.size(), dp.final_eval.size());
   for (size_t i = 0; i < dp.final_eval.size(); ++i)
@@ -348,17 +337,6 @@ void expect_same_bits(const std::string& actual_file, const std::string& expecte
   for (const auto& [name, tensor] : want) {
     ASSERT_TRUE(got.count(name)) << name;
     EXPECT_TRUE(bitwise_equal(got.at(name), tensor)) << name;
-  }
-}
-
-// Every parameter of two checkpoints within the closeness rule for whole f32 models.
-void expect_close_parameters(const std::string& actual, const std::string& expected) {
-  const auto want = load_safetensors(expected + "/model.safetensors");
-  const auto got = load_safetensors(actual + "/model.safetensors");
-  ASSERT_EQ(want.size(), got.size());
-  for (const auto& [name, tensor] : want) {
-    ASSERT_TRUE(got.count(name)) << name;
-    EXPECT_TRUE(all_close(got.at(name), tensor, 1e-4, 1e-6)) << name;
   }
 }
 
