@@ -117,8 +117,12 @@ Entry parse_entry(const std::string& name, const nlohmann::json& value, uint64_t
   const auto& shape_value = value["shape"];
   TESSEL_CHECK(shape_value.is_array(), fail_prefix(),
                "has a shape that is not an array: ", shape_value.dump());
-  // numel in 128 bits so a huge shape cannot overflow into a plausible size.
+  // numel in 128 bits so a huge shape cannot overflow into a plausible size. The product of the
+  // non-zero dimensions (what contiguous strides multiply) must fit in int64 too: a shape like
+  // [2^62, 2^62, 0] holds no bytes, yet its strides would overflow.
   unsigned __int128 numel = 1;
+  unsigned __int128 stride_extent = 1;
+  const auto int64_max = static_cast<unsigned __int128>(std::numeric_limits<int64_t>::max());
   for (const auto& dim_value : shape_value) {
     uint64_t dim = 0;
     TESSEL_CHECK(read_unsigned(dim_value, &dim) &&
@@ -128,7 +132,10 @@ Entry parse_entry(const std::string& name, const nlohmann::json& value, uint64_t
     entry.shape.push_back(static_cast<int64_t>(dim));
     // Saturate at 2^64 (no real tensor is that big; keeps the product from wrapping).
     numel = std::min(numel * dim, static_cast<unsigned __int128>(1) << 64);
+    stride_extent = std::min(stride_extent * std::max<uint64_t>(dim, 1), int64_max + 1);
   }
+  TESSEL_CHECK(stride_extent <= int64_max, fail_prefix(), "has shape ", shape_value.dump(),
+               " whose non-zero dimensions multiply past 2^63 - 1");
 
   const auto& offsets_value = value["data_offsets"];
   TESSEL_CHECK(offsets_value.is_array() && offsets_value.size() == 2 &&

@@ -2,6 +2,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <sstream>
 
@@ -47,7 +48,7 @@ CLI::Validator number_check(const std::string& description, bool integer, double
         errno = 0;
         const double value =
             integer ? static_cast<double>(std::strtoll(begin, &end, 10)) : std::strtod(begin, &end);
-        if (text.empty() || *end != '\0' || errno == ERANGE)
+        if (text.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(value))
           return std::string("expected ") + (integer ? "an integer" : "a number") + ", got '" +
                  text + "'";
         if (inclusive ? value < minimum : value <= minimum)

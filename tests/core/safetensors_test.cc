@@ -248,13 +248,28 @@ TEST(SafetensorsErrors, ShapeTimesElementSizeDiffersFromTheOffsets) {
   EXPECT_TRUE(throws_error(
       [] { parse(hand_made(one_entry("w", "F32", "[2]", "[0, 4]"), "abcd")); },
       "tensor 'w' has shape [2] of F32 (8 bytes) but data_offsets [0, 4] span 4 bytes"));
-  // A shape so large its size overflows 64 bits must not wrap to a plausible value.
+  // The largest shape whose strides fit: 2^61 F32 elements are 2^63 bytes, not the 0 of the
+  // offsets.
+  EXPECT_TRUE(throws_error(
+      [] { parse(hand_made(one_entry("w", "F32", "[2305843009213693952]", "[0, 0]"), "")); },
+      "but data_offsets [0, 0] span 0 bytes"));
+}
+
+TEST(SafetensorsErrors, ShapesPastTheInt64RangeAreRejected) {
+  // A size that overflows 64 bits must not wrap to a plausible value.
   EXPECT_TRUE(throws_error(
       [] {
         parse(
             hand_made(one_entry("w", "F32", "[4294967296, 4294967296, 4294967296]", "[0, 0]"), ""));
       },
-      "but data_offsets [0, 0] span 0 bytes"));
+      "non-zero dimensions multiply past 2^63 - 1"));
+  // No bytes, but its strides would overflow int64.
+  EXPECT_TRUE(throws_error(
+      [] {
+        parse(hand_made(
+            one_entry("w", "F32", "[4611686018427387904, 4611686018427387904, 0]", "[0, 0]"), ""));
+      },
+      "non-zero dimensions multiply past 2^63 - 1"));
 }
 
 TEST(SafetensorsErrors, OffsetsOutOfRange) {

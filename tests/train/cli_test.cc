@@ -216,6 +216,8 @@ TEST(TrainCli, BadValuesFailWithTheFlagName) {
   for (const auto& [flag, fragment] : std::vector<std::pair<std::string, std::string>>{
            {"--lr=abc", "--lr: expected a number, got 'abc'"},
            {"--lr=0", "--lr: must be positive, got 0"},
+           {"--lr=nan", "--lr: expected a number, got 'nan'"},
+           {"--lr=inf", "--lr: expected a number, got 'inf'"},
            {"--batch_size=0", "--batch_size: must be positive"},
            {"--batch_size=1.5", "--batch_size: expected an integer"},
            {"--epochs=-1", "--epochs: must be positive"},
