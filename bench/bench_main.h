@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "core/parallel.h"
+#include "core/threading.h"
 #include "core/run_main.h"
 #include "ops/cpu/gemm.h"
 

@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "core/parallel.h"
+#include "core/threading.h"
 #include "core/rng.h"
 #include "core/run_main.h"
 #include "memory/memory.h"
@@ -34,7 +34,7 @@
 #include "models/resnet.h"
 #include "models/shufflenet.h"
 #include "ops/ops.h"
-#include "train/optim/sgd.h"
+#include "optim/sgd.h"
 
 namespace tessel::bench {
 namespace {

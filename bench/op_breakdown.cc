@@ -12,7 +12,7 @@
 
 #include "bench/random_batch.h"
 #include "core/op.h"
-#include "core/parallel.h"
+#include "core/threading.h"
 #include "core/rng.h"
 #include "core/run_main.h"
 #include "models/bert.h"
@@ -21,8 +21,8 @@
 #include "ops/ops.h"
 #include "parallel/planner/plan_cli.h"
 #include "parallel/planner/planner.h"
-#include "train/optim/adam.h"
-#include "train/optim/sgd.h"
+#include "optim/adam.h"
+#include "optim/sgd.h"
 
 namespace tessel::bench {
 namespace {

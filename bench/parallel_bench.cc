@@ -20,7 +20,7 @@
 #include "bench/random_batch.h"
 #include "core/allocator.h"
 #include "core/autograd.h"
-#include "core/parallel.h"
+#include "core/threading.h"
 #include "core/rng.h"
 #include "models/bert.h"
 #include "models/resnet.h"
@@ -32,8 +32,8 @@
 #include "parallel/process_group.h"
 #include "parallel/tensor_parallel.h"
 #include "parallel/vision_parallel.h"
-#include "train/optim/adam.h"
-#include "train/optim/sgd.h"
+#include "optim/adam.h"
+#include "optim/sgd.h"
 
 namespace tessel::bench {
 namespace {

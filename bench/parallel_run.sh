@@ -39,9 +39,9 @@ run 4 --model=bert_mini --seq=128 --batch=16 --dp=2 --tp=2 --steps=3
 # The committed profile, and one calibrated now with 2 ranks of 1 thread measuring at once (the
 # layout of the 2-rank runs below: every rank's throughput with the cores shared), and one with a
 # single rank of 1 thread (the layout of the one-rank controls).
-mpirun --allow-run-as-root --oversubscribe -np 2 bazel-bin/parallel/planner/calibrate \
+mpirun --allow-run-as-root --oversubscribe -np 2 bazel-bin/tools/calibrate/calibrate \
   --threads=1 --name=calibrated_now --out="$plans/calibrated_now.json" | tail -n 5 >&2
-bazel-bin/parallel/planner/calibrate --threads=1 --name=calibrated_now_one_rank \
+bazel-bin/tools/calibrate/calibrate --threads=1 --name=calibrated_now_one_rank \
   --out="$plans/calibrated_now_one_rank.json" | tail -n 3 >&2
 plan() {
   local model=$1

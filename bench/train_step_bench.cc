@@ -27,7 +27,7 @@
 #include "core/autocast.h"
 #include "core/device.h"
 #include "core/op.h"
-#include "core/parallel.h"
+#include "core/threading.h"
 #include "core/rng.h"
 #include "core/run_main.h"
 #include "core/tensor.h"
@@ -35,7 +35,7 @@
 #include "models/resnet.h"
 #include "models/shufflenet.h"
 #include "ops/ops.h"
-#include "train/optim/sgd.h"
+#include "optim/sgd.h"
 
 namespace tessel::bench {
 namespace {

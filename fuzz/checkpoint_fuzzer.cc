@@ -8,9 +8,9 @@
 #include "core/safetensors.h"
 #include "fuzz/harness.h"
 #include "fuzz/small_net.h"
-#include "train/optim/optim.h"
+#include "optim/optim.h"
 #include "train/state/checkpoint.h"
-#include "train/state/lr_scheduler.h"
+#include "optim/lr_scheduler.h"
 
 namespace tessel::fuzz {
 namespace {

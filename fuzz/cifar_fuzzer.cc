@@ -3,7 +3,7 @@
 #include <string>
 
 #include "fuzz/harness.h"
-#include "train/data/cifar.h"
+#include "data/cifar.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace tessel;

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "fuzz/harness.h"
-#include "train/text/corpus.h"
+#include "text/corpus.h"
 
 namespace tessel::fuzz {
 namespace {

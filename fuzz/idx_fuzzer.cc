@@ -4,7 +4,7 @@
 #include <string>
 
 #include "fuzz/harness.h"
-#include "train/data/idx.h"
+#include "data/idx.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace tessel;

@@ -4,7 +4,7 @@
 
 #include <memory>
 
-#include "models/nn/nn.h"
+#include "nn/nn.h"
 
 namespace tessel::fuzz {
 

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "fuzz/harness.h"
-#include "train/text/wordpiece.h"
+#include "text/wordpiece.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace tessel;

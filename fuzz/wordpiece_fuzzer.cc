@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "fuzz/harness.h"
-#include "train/text/wordpiece.h"
+#include "text/wordpiece.h"
 
 namespace tessel::fuzz {
 namespace {

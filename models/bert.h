@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "models/nn/nn.h"
+#include "nn/nn.h"
 
 namespace tessel::models {
 

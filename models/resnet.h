@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "models/nn/nn.h"
+#include "nn/nn.h"
 
 namespace tessel::models {
 

@@ -5,7 +5,7 @@
 
 #include "core/autograd.h"
 #include "core/op.h"
-#include "core/parallel.h"
+#include "core/threading.h"
 
 #define TESSEL_REGISTER_OPS(group)                                          \
   static void tessel_register_ops_##group();                                \

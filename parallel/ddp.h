@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "models/nn/module.h"
+#include "nn/module.h"
 #include "parallel/communicator.h"
 
 namespace tessel::parallel {

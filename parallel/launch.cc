@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "core/error.h"
-#include "core/parallel.h"
+#include "core/threading.h"
 
 namespace tessel::parallel {
 

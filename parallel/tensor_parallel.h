@@ -11,7 +11,7 @@
 #include "core/attrs.h"
 #include "core/tensor.h"
 #include "models/bert.h"
-#include "models/nn/nn.h"
+#include "nn/nn.h"
 #include "parallel/communicator.h"
 
 namespace tessel::parallel {

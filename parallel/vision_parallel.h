@@ -9,7 +9,7 @@
 #include <string>
 
 #include "core/tensor.h"
-#include "models/nn/nn.h"
+#include "nn/nn.h"
 #include "parallel/communicator.h"
 #include "parallel/tensor_parallel.h"
 

@@ -1,4 +1,4 @@
-// Fused CUDA kernels for the optimizer updates of train/optim/optim_ops.cc: sgd_update and
+// Fused CUDA kernels for the optimizer updates of optim/optim_ops.cc: sgd_update and
 // adam_update (Adam and AdamW) in one pass over parameter, gradient and state, with the CPU's
 // arithmetic operation by operation (scalars rounded to the tensor's dtype where it does).
 // Non-contiguous tensors are updated through dense copies.

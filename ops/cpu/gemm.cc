@@ -11,7 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "core/parallel.h"
+#include "core/threading.h"
 
 #define TESSEL_GEMM_VARIANT portable
 #include "ops/cpu/gemm_eigen.inc"

@@ -12,7 +12,7 @@
 
 #include "core/dtype.h"
 #include "core/op.h"
-#include "core/parallel.h"
+#include "core/threading.h"
 #include "core/tensor.h"
 #include "ops/math/convert.h"
 #include "ops/math/loop_geometry.h"

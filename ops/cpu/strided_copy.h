@@ -9,7 +9,7 @@
 #include <cstring>
 
 #include "core/op.h"
-#include "core/parallel.h"
+#include "core/threading.h"
 #include "core/tensor.h"
 
 namespace tessel::cpu {

@@ -219,7 +219,7 @@ DeviceProfile load_profile(const std::string& path) {
   std::ifstream file(path);
   TESSEL_CHECK(file.good(), "cannot open profile '", path,
                "' (give a JSON file such as parallel/profiles/h200_cluster.json, or measure one "
-               "with `bazel run //parallel/planner:calibrate -- --out=FILE`)");
+               "with `bazel run //tools/calibrate -- --out=FILE`)");
   std::stringstream text;
   text << file.rdbuf();
   return parse_profile(text.str(), path);

@@ -14,7 +14,7 @@
 #include "ops/ops.h"
 #include "tests/gpu_skip.h"
 #include "tests/testing.h"
-#include "train/optim/sgd.h"
+#include "optim/sgd.h"
 
 namespace tessel {
 namespace {

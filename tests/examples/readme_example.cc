@@ -1,9 +1,9 @@
 // A small network learns which points lie inside the unit circle (the example in README.md).
 #include <cstdio>
 
-#include "models/nn/nn.h"
+#include "nn/nn.h"
 #include "ops/ops.h"
-#include "train/optim/optim.h"
+#include "optim/optim.h"
 
 using namespace tessel;
 

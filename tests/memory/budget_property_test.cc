@@ -16,7 +16,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "memory/memory.h"
-#include "models/nn/nn.h"
+#include "nn/nn.h"
 #include "ops/ops.h"
 #include "tests/testing.h"
 

@@ -18,7 +18,7 @@
 #include "models/shufflenet.h"
 #include "ops/ops.h"
 #include "tests/testing.h"
-#include "train/optim/sgd.h"
+#include "optim/sgd.h"
 
 namespace tessel::memory {
 namespace {

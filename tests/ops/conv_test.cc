@@ -1,7 +1,7 @@
 // conv2d: values against PyTorch and against a direct seven-loop convolution, every path
 // (im2col + GEMM, 1x1, depthwise, grouped) forward and backward, and bad inputs.
 #include "core/op.h"
-#include "core/parallel.h"
+#include "core/threading.h"
 #include "ops/ops.h"
 #include "tests/testing.h"
 

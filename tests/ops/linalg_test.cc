@@ -4,7 +4,7 @@
 
 #include "core/autograd.h"
 #include "core/op.h"
-#include "core/parallel.h"
+#include "core/threading.h"
 #include "ops/ops.h"
 #include "tests/testing.h"
 

@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "core/autograd.h"
-#include "core/parallel.h"
+#include "core/threading.h"
 #include "core/rng.h"
 #include "ops/ops.h"
 #include "tests/testing.h"

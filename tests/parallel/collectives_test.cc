@@ -6,7 +6,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/parallel.h"
+#include "core/threading.h"
 #include "ops/ops.h"
 #include "parallel/communicator.h"
 #include "parallel/launch.h"

@@ -7,12 +7,12 @@
 
 #include "core/rng.h"
 #include "memory/memory.h"
-#include "models/nn/nn.h"
+#include "nn/nn.h"
 #include "ops/ops.h"
 #include "parallel/ddp.h"
 #include "tests/parallel/mpi_testing.h"
 #include "tests/testing.h"
-#include "train/optim/sgd.h"
+#include "optim/sgd.h"
 
 namespace tessel::parallel {
 namespace {

@@ -11,14 +11,14 @@
 #include "core/rng.h"
 #include "cuda/runtime.h"
 #include "gtest/gtest.h"
-#include "models/nn/nn.h"
+#include "nn/nn.h"
 #include "ops/ops.h"
 #include "parallel/communicator.h"
 #include "parallel/ddp.h"
 #include "tests/gpu_skip.h"
 #include "tests/parallel/one_rank_mpi.h"
 #include "tests/testing.h"
-#include "train/optim/sgd.h"
+#include "optim/sgd.h"
 
 namespace tessel::parallel {
 namespace {

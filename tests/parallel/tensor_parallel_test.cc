@@ -14,7 +14,7 @@
 #include "core/autograd.h"
 #include "core/rng.h"
 #include "models/bert.h"
-#include "models/nn/nn.h"
+#include "nn/nn.h"
 #include "ops/ops.h"
 #include "parallel/process_group.h"
 #include "tests/parallel/mpi_testing.h"

@@ -5,7 +5,7 @@
 // marked and not chosen when only executable plans are asked for.
 #include <gtest/gtest.h>
 
-#include "models/nn/nn.h"
+#include "nn/nn.h"
 #include "ops/ops.h"
 #include "parallel/planner/cost_model.h"
 #include "parallel/planner/graph.h"

@@ -8,7 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "models/nn/nn.h"
+#include "nn/nn.h"
 #include "ops/ops.h"
 #include "parallel/planner/cost_model.h"
 #include "parallel/planner/graph.h"

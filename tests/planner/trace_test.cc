@@ -4,7 +4,7 @@
 
 #include "core/allocator.h"
 #include "core/op.h"
-#include "models/nn/nn.h"
+#include "nn/nn.h"
 #include "ops/ops.h"
 #include "parallel/planner/graph.h"
 #include "parallel/planner/planner.h"

@@ -10,10 +10,10 @@
 
 #include "core/rng.h"
 #include "core/safetensors.h"
-#include "models/nn/nn.h"
+#include "nn/nn.h"
 #include "ops/ops.h"
 #include "tests/testing.h"
-#include "train/optim/optim.h"
+#include "optim/optim.h"
 
 namespace tessel::train {
 namespace {

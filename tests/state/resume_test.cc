@@ -7,12 +7,12 @@
 #include <memory>
 
 #include "core/rng.h"
-#include "models/nn/nn.h"
+#include "nn/nn.h"
 #include "ops/ops.h"
 #include "tests/testing.h"
-#include "train/optim/optim.h"
+#include "optim/optim.h"
 #include "train/state/checkpoint.h"
-#include "train/state/lr_scheduler.h"
+#include "optim/lr_scheduler.h"
 
 namespace tessel::train {
 namespace {

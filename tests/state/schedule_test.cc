@@ -5,8 +5,8 @@
 
 #include "ops/ops.h"
 #include "tests/testing.h"
-#include "train/optim/optim.h"
-#include "train/state/lr_scheduler.h"
+#include "optim/optim.h"
+#include "optim/lr_scheduler.h"
 
 namespace tessel::optim {
 namespace {

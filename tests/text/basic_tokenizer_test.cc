@@ -1,4 +1,4 @@
-#include "train/text/basic_tokenizer.h"
+#include "text/basic_tokenizer.h"
 
 #include <string>
 #include <vector>

@@ -1,4 +1,4 @@
-#include "train/text/corpus.h"
+#include "text/corpus.h"
 
 #include <filesystem>
 #include <fstream>

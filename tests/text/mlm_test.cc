@@ -1,4 +1,4 @@
-#include "train/text/mlm.h"
+#include "text/mlm.h"
 
 #include <cmath>
 #include <filesystem>
@@ -8,7 +8,7 @@
 
 #include "gtest/gtest.h"
 #include "tests/testing.h"
-#include "train/text/vocab_builder.h"
+#include "text/vocab_builder.h"
 
 namespace tessel::text {
 namespace {

@@ -1,4 +1,4 @@
-#include "train/text/wordpiece.h"
+#include "text/wordpiece.h"
 
 #include <filesystem>
 #include <fstream>

@@ -16,15 +16,15 @@
 #include "ops/ops.h"
 #include "parallel/ddp.h"
 #include "parallel/tensor_parallel.h"
-#include "train/data/data_loader.h"
-#include "train/optim/adam.h"
-#include "train/optim/clip_grad.h"
+#include "data/data_loader.h"
+#include "optim/adam.h"
+#include "optim/clip_grad.h"
 #include "train/recipes/distributed.h"
 #include "train/recipes/recipe_util.h"
 #include "train/recipes/training_loop.h"
-#include "train/state/lr_scheduler.h"
-#include "train/text/mlm.h"
-#include "train/text/vocab_builder.h"
+#include "optim/lr_scheduler.h"
+#include "text/mlm.h"
+#include "text/vocab_builder.h"
 
 namespace tessel::train {
 namespace {

@@ -7,8 +7,8 @@
 #include <string>
 
 #include "train/recipes/recipe.h"
-#include "train/text/corpus.h"
-#include "train/text/wordpiece.h"
+#include "text/corpus.h"
+#include "text/wordpiece.h"
 
 namespace tessel::train {
 

@@ -6,13 +6,13 @@
 
 #include <ostream>
 
-#include "models/nn/module.h"
-#include "train/data/data_loader.h"
-#include "train/data/dataset.h"
-#include "train/optim/optimizer.h"
+#include "nn/module.h"
+#include "data/data_loader.h"
+#include "data/dataset.h"
+#include "optim/optimizer.h"
 #include "train/recipes/recipe.h"
 #include "train/recipes/training_loop.h"
-#include "train/state/lr_scheduler.h"
+#include "optim/lr_scheduler.h"
 
 namespace tessel::train {
 

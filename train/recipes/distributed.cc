@@ -12,7 +12,7 @@
 #include "parallel/process_group.h"
 #include "parallel/tensor_parallel.h"
 #include "parallel/vision_parallel.h"
-#include "train/data/data_loader.h"
+#include "data/data_loader.h"
 #include "train/recipes/recipe_util.h"
 
 namespace tessel::train {

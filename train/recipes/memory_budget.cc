@@ -9,8 +9,8 @@
 #include "core/autograd.h"
 #include "core/error.h"
 #include "memory/host_link.h"
-#include "train/optim/adam.h"
-#include "train/optim/sgd.h"
+#include "optim/adam.h"
+#include "optim/sgd.h"
 #include "train/recipes/recipe_util.h"
 
 namespace tessel::train {

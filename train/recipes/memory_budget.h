@@ -12,8 +12,8 @@
 #include <string>
 
 #include "memory/memory.h"
-#include "models/nn/module.h"
-#include "train/optim/optimizer.h"
+#include "nn/module.h"
+#include "optim/optimizer.h"
 #include "train/recipes/recipe.h"
 
 namespace tessel::train {

@@ -2,11 +2,11 @@
 
 #include <chrono>
 
-#include "models/nn/activation.h"
-#include "models/nn/linear.h"
-#include "train/data/data_loader.h"
-#include "train/data/dataset.h"
-#include "train/optim/adam.h"
+#include "nn/activation.h"
+#include "nn/linear.h"
+#include "data/data_loader.h"
+#include "data/dataset.h"
+#include "optim/adam.h"
 #include "train/recipes/classification.h"
 #include "train/recipes/distributed.h"
 #include "train/recipes/recipe_util.h"

@@ -5,7 +5,7 @@
 
 #include <memory>
 
-#include "models/nn/container.h"
+#include "nn/container.h"
 #include "train/recipes/recipe.h"
 
 namespace tessel::train {

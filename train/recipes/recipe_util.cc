@@ -1,7 +1,7 @@
 #include "train/recipes/recipe_util.h"
 
 #include "core/error.h"
-#include "core/parallel.h"
+#include "core/threading.h"
 #include "core/rng.h"
 #include "ops/ops.h"
 #include "ops/transfer.h"

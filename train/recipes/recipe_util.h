@@ -9,7 +9,7 @@
 
 #include "core/device.h"
 #include "core/tensor.h"
-#include "models/nn/module.h"
+#include "nn/module.h"
 #include "train/recipes/recipe.h"
 
 namespace tessel::train {

@@ -9,7 +9,7 @@
 #include "core/allocator.h"
 #include "core/autocast.h"
 #include "core/error.h"
-#include "train/optim/sgd.h"
+#include "optim/sgd.h"
 #include "train/recipes/distributed.h"
 #include "train/recipes/memory_budget.h"
 #include "train/recipes/metrics_log.h"

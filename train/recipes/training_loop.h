@@ -9,11 +9,11 @@
 #include <ostream>
 #include <string>
 
-#include "models/nn/module.h"
-#include "train/optim/adam.h"
-#include "train/optim/optimizer.h"
+#include "nn/module.h"
+#include "optim/adam.h"
+#include "optim/optimizer.h"
 #include "train/recipes/recipe.h"
-#include "train/state/lr_scheduler.h"
+#include "optim/lr_scheduler.h"
 
 namespace tessel::train {
 

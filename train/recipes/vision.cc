@@ -6,20 +6,20 @@
 #include <filesystem>
 
 #include "core/error.h"
-#include "core/parallel.h"
+#include "core/threading.h"
 #include "core/rng.h"
 #include "models/resnet.h"
 #include "models/shufflenet.h"
 #include "ops/ops.h"
-#include "train/data/augment.h"
-#include "train/data/cifar.h"
-#include "train/data/data_loader.h"
-#include "train/data/idx.h"
-#include "train/optim/sgd.h"
+#include "data/augment.h"
+#include "data/cifar.h"
+#include "data/data_loader.h"
+#include "data/idx.h"
+#include "optim/sgd.h"
 #include "train/recipes/classification.h"
 #include "train/recipes/distributed.h"
 #include "train/recipes/recipe_util.h"
-#include "train/state/lr_scheduler.h"
+#include "optim/lr_scheduler.h"
 
 namespace tessel::train {
 namespace {

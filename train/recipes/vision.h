@@ -7,7 +7,7 @@
 #include <memory>
 #include <string>
 
-#include "train/data/dataset.h"
+#include "data/dataset.h"
 #include "train/recipes/recipe.h"
 
 namespace tessel::train {

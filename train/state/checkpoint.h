@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "core/rng.h"
-#include "models/nn/module.h"
-#include "train/optim/optimizer.h"
-#include "train/state/lr_scheduler.h"
+#include "nn/module.h"
+#include "optim/optimizer.h"
+#include "optim/lr_scheduler.h"
 
 namespace tessel::train {
 

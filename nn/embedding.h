@@ -1,0 +1,45 @@
+// Embedding: a lookup table of num_embeddings rows of size embedding_dim, initialised N(0, 1)
+// with the padding_idx row zero (that row also gets no gradient).
+//   auto tokens = std::make_shared<Embedding>(EmbeddingOptions(30522, 256).padding_idx(0));
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "nn/module.h"
+
+namespace tessel::nn {
+
+class EmbeddingOptions {
+ public:
+  EmbeddingOptions(int64_t num_embeddings, int64_t embedding_dim)
+      : num_embeddings_(num_embeddings), embedding_dim_(embedding_dim) {}
+  // A negative index counts from the end, as in PyTorch.
+  EmbeddingOptions& padding_idx(int64_t value) {
+    padding_idx_ = value;
+    return *this;
+  }
+  int64_t num_embeddings() const { return num_embeddings_; }
+  int64_t embedding_dim() const { return embedding_dim_; }
+  const std::optional<int64_t>& padding_idx() const { return padding_idx_; }
+
+ private:
+  int64_t num_embeddings_;
+  int64_t embedding_dim_;
+  std::optional<int64_t> padding_idx_;
+};
+
+class Embedding : public Module {
+ public:
+  explicit Embedding(const EmbeddingOptions& options);
+  // indices (...) of i64 -> (..., embedding_dim)
+  Tensor forward(const Tensor& indices) override;
+  std::string extra_repr() const override;
+  void reset_parameters();
+
+  EmbeddingOptions options;
+  Tensor weight;             // (num_embeddings, embedding_dim)
+  int64_t padding_idx = -1;  // normalised to [0, num_embeddings), -1 for none
+};
+
+}  // namespace tessel::nn

@@ -1,0 +1,803 @@
+// Measures a device profile on this machine and writes it as JSON for the planner:
+//   bazel run //tools/calibrate -- --out=/tmp/this_machine.json
+//   mpirun -np 2 bazel-bin/tools/calibrate/calibrate --out=/tmp/two_ranks.json  (collectives)
+// GEMM and convolution throughput and element-wise bandwidth come from Tessel's own CPU kernels;
+// so do the per-kind rates (op_kinds: dense, grouped and depthwise convolutions, small GEMMs,
+// element-wise, normalisation, pooling, concatenation, loss and optimizer updates, forward and
+// backward, at shapes like the model zoo's). Under mpirun every rank measures at the same time,
+// so the numbers describe per-rank throughput with that many ranks sharing the node's cores
+// (calibrated_layout in the file).
+// Collective alpha-beta costs are measured with the MPI communicator when started with more than
+// one rank; otherwise they are copied from --base and the file says so in "sources".
+#include <time.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <functional>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/op.h"
+#include "core/threading.h"
+#include "ops/ops.h"
+#include "parallel/launch.h"
+#include "parallel/mpi_communicator.h"
+#include "parallel/planner/cost_model.h"
+#include "parallel/planner/graph.h"
+#include "parallel/planner/plan_cli.h"
+#include "parallel/planner/strategies.h"
+#include "optim/adam.h"
+#include "optim/sgd.h"
+
+namespace tessel::planner {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Best time of `body` over repetitions that together take at least `budget_s` (at least 3).
+double best_time(const std::function<void()>& body, double budget_s) {
+  body();  // warm up: first-touch pages, thread pool start
+  double best = 1e30, spent = 0;
+  for (int rep = 0; rep < 3 || spent < budget_s; ++rep) {
+    const auto start = Clock::now();
+    body();
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    best = std::min(best, seconds);
+    spent += seconds;
+    if (rep > 1000) break;
+  }
+  return best;
+}
+
+// Runs an op into a preallocated output: kernel throughput, without allocation or first-touch
+// page faults (training reuses cached blocks).
+void into(const char* name, const std::vector<Tensor>& inputs, const Attrs& attrs,
+          const Tensor& out) {
+  dispatch(OpRegistry::get().find(name), inputs, attrs, {out});
+}
+
+struct PassTimes {
+  double forward = 0, backward = 0;
+};
+
+// CPU time of this process (every thread), seconds.
+double process_cpu_seconds() {
+  timespec now{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
+}
+
+// The work the planner counts for the ops `forward` runs (traced as the planner traces models):
+// FLOPs and bytes summed over the ops priced as `kind`.
+std::pair<double, double> planner_work(const std::function<Tensor()>& forward,
+                                       const std::string& kind) {
+  const Graph graph = trace_graph([&] { forward(); }, {}, {}, 1);
+  double flops = 0, bytes = 0;
+  for (const TracedOp& op : graph.ops)
+    if (op_kind(op) == kind) {
+      flops += op.flops;
+      bytes += op.bytes;
+    }
+  TESSEL_CHECK(flops > 0 || bytes > 0, "calibrate: no op of kind ", kind, " was traced");
+  return {flops, bytes};
+}
+
+// One shape of an op kind: its forward (the output's backward runs from ones), the leaves whose
+// gradients are cleared, and the backward work the planner counts in units of the forward's
+// (matrix products: one product per operand that needs a gradient; other ops 1).
+struct KindCase {
+  std::function<Tensor()> forward;
+  std::vector<Tensor> leaves;
+  double backward_factor = 1;
+};
+
+// Several copies of one case, used in turn, so that together they overflow the last-level cache
+// as a training step's activations do (a lone small tensor would be measured in cache).
+KindCase pooled(
+    const std::function<std::pair<std::function<Tensor()>, std::vector<Tensor>>()>& make,
+    double backward_factor) {
+  constexpr double kPoolBytes = 36.0 * 1024 * 1024;
+  std::vector<std::function<Tensor()>> forwards;
+  KindCase result;
+  result.backward_factor = backward_factor;
+  double bytes = 0;
+  while (forwards.size() < 64 && (forwards.empty() || bytes < kPoolBytes)) {
+    auto [forward, leaves] = make();
+    forwards.push_back(forward);
+    for (const Tensor& leaf : leaves) {
+      bytes += static_cast<double>(leaf.nbytes());
+      result.leaves.push_back(leaf);
+    }
+  }
+  auto next = std::make_shared<size_t>(0);
+  result.forward = [forwards, next] { return forwards[(*next)++ % forwards.size()](); };
+  return result;
+}
+
+// Fit of time = call + work / rate over the cases: least squares in relative error (each case
+// weighted by 1 / time^2, so small shapes count as much as large ones) for the fixed cost per
+// call, kept within [0, 0.8 x the smallest case's time] so that noise cannot make it dominate;
+// then the rate that makes the total of the cases' times right.
+std::pair<double, double> fit_call_and_rate(const std::vector<double>& work,
+                                            const std::vector<double>& seconds) {
+  double sw = 0, sx = 0, st = 0, sxx = 0, sxt = 0, total_work = 0, total_time = 0;
+  double smallest = seconds.empty() ? 0 : seconds[0];
+  for (size_t i = 0; i < work.size(); ++i) {
+    const double weight = 1.0 / (seconds[i] * seconds[i]);
+    sw += weight;
+    sx += weight * work[i];
+    st += weight * seconds[i];
+    sxx += weight * work[i] * work[i];
+    sxt += weight * work[i] * seconds[i];
+    total_work += work[i];
+    total_time += seconds[i];
+    smallest = std::min(smallest, seconds[i]);
+  }
+  double call = 0;
+  const double denominator = sw * sxx - sx * sx;
+  if (work.size() >= 2 && denominator > 0) {
+    const double slope = (sw * sxt - sx * st) / denominator;
+    if (slope > 0) call = std::clamp((st - slope * sx) / sw, 0.0, 0.8 * smallest);
+  }
+  const double cases = static_cast<double>(work.size());
+  return {call, total_work / (total_time - cases * call)};
+}
+
+// Forward and backward times of every case, measured in rounds (each round runs every case once,
+// forward then backward from a gradient of ones) until `budget_s` has passed (at least 5
+// rounds): a load that comes and goes on a shared machine then weighs on every case alike.
+// Each case's time is its trimmed mean CPU time over rounds scaled by the share of the cores the
+// process got over all rounds (shared_core_times: short ops lose that share as long ones do);
+// with `comm`, every rank runs the same rounds at the same time and each case counts at the
+// ranks' mean.
+// `skew`: with `comm`, how much longer a round takes from one synchronisation to the next than
+// the average rank's own work in it (the wait for the slowest rank, as every training step has),
+// as a fraction; 0 without.
+std::vector<PassTimes> time_in_rounds(const std::vector<KindCase>& cases, double budget_s,
+                                      parallel::Communicator* comm, double* skew,
+                                      double* wall_per_cpu = nullptr) {
+  auto clear = [](const KindCase& c) {
+    for (const Tensor& leaf : c.leaves) leaf.set_grad(Tensor());
+  };
+  std::vector<Tensor> seeds;
+  for (const KindCase& c : cases) {  // warm up, and the backward seed of each case
+    Tensor out = c.forward();
+    seeds.push_back(out.numel() == 1 ? Tensor() : ones(out.sizes()));
+    out.backward(seeds.back());
+    clear(c);
+  }
+  // Per case, the process's CPU time (trimmed over rounds: robust to noise); and the wall and
+  // CPU time of all cases over all rounds, whose ratio is the share of the cores this process got.
+  std::vector<std::vector<double>> forwards(cases.size()), backwards(cases.size());
+  std::vector<double> walls, busy;
+  double busy_wall = 0, busy_cpu = 0;
+  const auto start = Clock::now();
+  auto round_start = start;
+  for (int round = 0; round < 10000; ++round) {
+    int more = round < 5 || std::chrono::duration<double>(Clock::now() - start).count() < budget_s;
+    if (comm) {
+      Tensor flag = tensor({static_cast<float>(more)}, {1});
+      comm->all_reduce(flag, parallel::ReduceOp::kMax);  // every rank stops together
+      more = flag.item<float>() > 0;
+    }
+    const auto now = Clock::now();
+    if (round > 0) walls.push_back(std::chrono::duration<double>(now - round_start).count());
+    round_start = now;
+    if (!more) break;
+    busy.push_back(0);
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const auto begin = Clock::now();
+      const double cpu_begin = process_cpu_seconds();
+      Tensor out = cases[i].forward();
+      const double cpu_middle = process_cpu_seconds();
+      out.backward(seeds[i]);
+      const double cpu_end = process_cpu_seconds();
+      const auto end = Clock::now();
+      out = Tensor();
+      clear(cases[i]);
+      forwards[i].push_back(cpu_middle - cpu_begin);
+      backwards[i].push_back(cpu_end - cpu_middle);
+      const double wall = std::chrono::duration<double>(end - begin).count();
+      busy.back() += wall;
+      busy_wall += wall;
+      busy_cpu += cpu_end - cpu_begin;
+    }
+  }
+  const std::vector<double> forward_s = shared_core_times(forwards, busy_wall, busy_cpu);
+  const std::vector<double> backward_s = shared_core_times(backwards, busy_wall, busy_cpu);
+  if (wall_per_cpu) *wall_per_cpu = busy_cpu > 0 ? busy_wall / busy_cpu : 1.0;
+  *skew = 0;
+  std::vector<float> means;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    means.push_back(static_cast<float>(forward_s[i]));
+    means.push_back(static_cast<float>(backward_s[i]));
+  }
+  if (comm) {
+    // The average rank's times; the wait for the slowest one is the skew.
+    means.push_back(static_cast<float>(trimmed_mean(busy)));
+    Tensor average = tensor(means, {static_cast<int64_t>(means.size())});
+    comm->all_reduce(average, parallel::ReduceOp::kSum);
+    means = average.to_vector<float>();
+    for (float& value : means) value /= static_cast<float>(comm->size());
+    *skew = std::max(0.0, trimmed_mean(walls) / means.back() - 1);
+    means.pop_back();
+  }
+  std::vector<PassTimes> times;
+  for (size_t i = 0; i < cases.size(); ++i) times.push_back({means[2 * i], means[2 * i + 1]});
+  return times;
+}
+
+struct CollectiveFit {
+  AlphaBeta cost;
+  double small_s = 0, large_s = 0;
+};
+
+// alpha from a tiny message, bandwidth from a large one: t = steps * alpha + moved / bandwidth.
+// Mean time a rank waits in a one-element all_reduce right after about a millisecond of its own
+// compute, over the ranks. With ranks sharing cores this is the wait for a rank the OS has
+// descheduled, which every blocking collective inside a step pays, far above the latency of a
+// tight loop of collectives.
+double synchronisation_wait(parallel::Communicator& comm, int reps) {
+  Tensor a = randn({256, 256}), b = randn({256, 256}), c = empty({256, 256});
+  Tensor one = ones({1});
+  double total = 0;
+  comm.barrier();
+  for (int rep = 0; rep < reps; ++rep) {
+    for (int k = 0; k < 4; ++k) into("matmul", {a, b}, {}, c);
+    const auto start = Clock::now();
+    comm.all_reduce(one);
+    total += std::chrono::duration<double>(Clock::now() - start).count();
+  }
+  Tensor mean = tensor({static_cast<float>(total / reps)}, {1});
+  comm.all_reduce(mean, parallel::ReduceOp::kSum);
+  return mean.item<float>() / comm.size();
+}
+
+CollectiveFit fit_collective(parallel::Communicator& comm, Collective collective, int64_t large) {
+  const int p = comm.size();
+  const double steps = collective == Collective::kAllReduce ? 2.0 * (p - 1) : p - 1.0;
+  const double share = collective == Collective::kAllReduce ? 2.0 * (p - 1) / p : (p - 1.0) / p;
+  auto run = [&](int64_t elements) {
+    // Buffers of `elements` floats per rank (the full buffer for all_reduce and reduce_scatter,
+    // the gathered result for all_gather).
+    const int64_t rows = std::max<int64_t>(p, elements / p * p);
+    Tensor full = ones({rows});
+    Tensor part = ones({rows / p});
+    std::function<void()> body;
+    if (collective == Collective::kAllReduce)
+      body = [&] { comm.all_reduce(full); };
+    else if (collective == Collective::kAllGather)
+      body = [&] { comm.all_gather(part, full); };
+    else
+      body = [&] { comm.reduce_scatter(full, part); };
+    comm.barrier();
+    // Every rank must run the same number of repetitions: a fixed count, the slowest rank's time.
+    body();
+    double best = 1e30;
+    for (int rep = 0; rep < 20; ++rep) {
+      comm.barrier();
+      const auto start = Clock::now();
+      body();
+      Tensor seconds = tensor(
+          {static_cast<float>(std::chrono::duration<double>(Clock::now() - start).count())}, {1});
+      comm.all_reduce(seconds, parallel::ReduceOp::kMax);
+      best = std::min(best, static_cast<double>(seconds.item<float>()));
+    }
+    return std::make_pair(best, static_cast<double>(rows) * 4);
+  };
+  CollectiveFit fit;
+  const auto [small_s, small_bytes] = run(p);
+  const auto [large_s, large_bytes] = run(large);
+  fit.small_s = small_s;
+  fit.large_s = large_s;
+  (void)small_bytes;
+  fit.cost.alpha_s = small_s / steps;
+  const double transfer = std::max(large_s - steps * fit.cost.alpha_s, large_s * 0.05);
+  fit.cost.bus_bandwidth = share * large_bytes / transfer;
+  return fit;
+}
+
+int calibrate(int argc, char** argv) {
+  CLI::App app("Measures a device profile for the planner on this machine and writes it as JSON.",
+               "calibrate");
+  std::string out_path, name = "calibrated", base = "cpu_2core_example";
+  int threads = 0;
+  bool quick = false;
+  app.add_option("--out", out_path, "write the profile here")->required();
+  app.add_option("--name", name, "profile name")->capture_default_str();
+  app.add_option("--base", base,
+                 "profile whose numbers are kept for what cannot be measured here (collectives "
+                 "with one rank, remat_overhead_k)")
+      ->capture_default_str();
+  app.add_option("--threads", threads, "intra-op threads; 0: every core")->capture_default_str();
+  app.add_flag("--quick", quick, "smaller sizes and shorter runs (for tests)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    return app.exit(error);
+  }
+  const int rank = parallel::world_rank(), ranks = parallel::world_size();
+  if (threads > 0) set_num_threads(threads);
+  const double budget = quick ? 0.05 : 0.5;
+  DeviceProfile profile = load_profile(find_profile(base));
+  nlohmann::json sources = nlohmann::json::object();
+
+  char host[256] = "unknown";
+  ::gethostname(host, sizeof host - 1);
+  std::time_t now = std::time(nullptr);
+  char date[32];
+  std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
+  sources["measured"] = std::string("calibrate on ") + host + ", " + date + ", " +
+                        std::to_string(get_num_threads()) + " threads per rank, " +
+                        std::to_string(ranks) + " rank(s); best of repeated runs";
+
+  // GEMM: (n x n) @ (n x n), 2 n^3 FLOPs.
+  const int64_t n = quick ? 256 : 1024;
+  {
+    Tensor a = randn({n, n}), b = randn({n, n}), c = empty({n, n});
+    const double seconds = best_time([&] { into("matmul", {a, b}, {}, c); }, budget);
+    profile.gemm_flops = 2.0 * n * n * n / seconds;
+    sources["gemm"] = "matmul " + std::to_string(n) +
+                      "^3 f32 on Tessel's CPU kernels, into a preallocated output";
+  }
+  // Convolution: ResNet's 3x3, 64 -> 64 channels at 56x56 (smaller with --quick).
+  {
+    const int64_t batch = quick ? 1 : 4, channels = 64, size = quick ? 28 : 56;
+    Tensor x = randn({batch, channels, size, size}), w = randn({channels, channels, 3, 3});
+    Tensor y = empty({batch, channels, size, size});
+    const Attrs attrs{{"stride", std::vector<int64_t>{1, 1}},
+                      {"padding", std::vector<int64_t>{1, 1}},
+                      {"dilation", std::vector<int64_t>{1, 1}},
+                      {"groups", int64_t{1}}};
+    const double seconds = best_time([&] { into("conv2d", {x, w, Tensor()}, attrs, y); }, budget);
+    profile.conv_flops = 2.0 * batch * channels * size * size * channels * 9 / seconds;
+    sources["conv"] = "conv2d 3x3, 64 -> 64 channels, " + std::to_string(size) + "x" +
+                      std::to_string(size) + ", batch " + std::to_string(batch) + ", f32";
+  }
+  // Element-wise: a + b over 16M floats reads 8 and writes 4 bytes per element.
+  {
+    const int64_t elements = quick ? (1 << 20) : (1 << 24);
+    Tensor a = randn({elements}), b = randn({elements}), c = empty({elements});
+    const double seconds = best_time([&] { into("add", {a, b}, {}, c); }, budget);
+    profile.memory_bandwidth = 12.0 * elements / seconds;
+    profile.elementwise_flops = elements / seconds;
+    sources["memory_bandwidth"] =
+        "add of two " + std::to_string(elements) + "-element f32 tensors (12 bytes per element)";
+    // A training step's cost per op call beyond its work: dispatch, allocation, autograd's
+    // records and the backward engine, for a chain of ops on one element, per op and pass.
+    Tensor one = randn({1}).set_requires_grad(true);
+    constexpr int kChain = 64;
+    const double chain_s = best_time(
+        [&] {
+          Tensor y = one;
+          for (int i = 0; i < kChain; ++i) y = relu(y);
+          y.backward();
+          one.set_grad(Tensor());
+        },
+        budget / 5);
+    profile.op_overhead_s = chain_s / (2 * kChain);
+    sources["op_overhead_s"] =
+        "a chain of 64 relu calls on one element, forward and backward, per call and pass "
+        "(dispatch, allocation, autograd)";
+  }
+  // Per-kind rates, forward and backward, over shapes of the model zoo's layers (ResNet-50 and
+  // ShuffleNet v2 at 128x128 images, BERT mini: 1024 tokens of 256 features), small and large:
+  // each kind's time is fitted as a fixed cost per call plus its work over a rate.
+  std::shared_ptr<parallel::Communicator> world;
+  if (ranks > 1) {
+    world = parallel::MpiCommunicator::world(parallel::CommOptions().name("calibrate"));
+    world->barrier();
+  }
+  const int64_t scale = quick ? 4 : 1;  // --quick: smaller batches
+  std::string kinds_text, share_text;
+  struct KindEntry {
+    std::string kind, per, what;
+    std::vector<KindCase> cases;
+  };
+  std::vector<KindEntry> entries;
+  auto measure_kind = [&](const std::string& kind, const std::string& per,
+                          std::vector<KindCase> cases, const std::string& what) {
+    entries.push_back({kind, per, what, std::move(cases)});
+  };
+  auto conv_case = [&](int64_t batch, int64_t in, int64_t out, int64_t size, int64_t kernel,
+                       int64_t stride, int64_t groups, bool input_grad) {
+    return pooled(
+        [=] {
+          Tensor x = randn({batch, in, size, size}).set_requires_grad(input_grad);
+          Tensor w = randn({out, in / groups, kernel, kernel}).set_requires_grad(true);
+          const int64_t pad = kernel / 2;
+          std::function<Tensor()> forward = [=] {
+            return conv2d(x, w, Tensor(), {stride, stride}, {pad, pad}, {1, 1}, groups);
+          };
+          return std::make_pair(forward, std::vector<Tensor>{x, w});
+        },
+        input_grad ? 2 : 1);
+  };
+  // ShuffleNet's 1x1 convolutions read one half of the channels of a block's input (a strided
+  // view, whose gradient is scattered back into the whole).
+  auto shuffle_case = [&](int64_t batch, int64_t channels, int64_t size) {
+    return pooled(
+        [=] {
+          Tensor x = randn({batch, 2 * channels, size, size}).set_requires_grad(true);
+          Tensor w = randn({channels, channels, 1, 1}).set_requires_grad(true);
+          std::function<Tensor()> forward = [=] { return conv2d(chunk(x, 2, 1)[1], w); };
+          return std::make_pair(forward, std::vector<Tensor>{x, w});
+        },
+        2);
+  };
+  {
+    auto linear_case = [&](int64_t tokens, int64_t in, int64_t out) {
+      return pooled(
+          [=] {
+            Tensor x = randn({tokens, in}).set_requires_grad(true);
+            Tensor w = (randn({out, in}) * 0.02).set_requires_grad(true);
+            Tensor b = zeros({out}).set_requires_grad(true);
+            std::function<Tensor()> forward = [=] { return linear(x, w, b); };
+            return std::make_pair(forward, std::vector<Tensor>{x, w, b});
+          },
+          2);
+    };
+    const int64_t tokens = 1024 / scale;
+    measure_kind("gemm", "flops",
+                 {linear_case(tokens, 256, 256), linear_case(tokens, 256, 1024),
+                  linear_case(tokens, 1024, 256), linear_case(tokens, 256, 8192),
+                  linear_case(tokens / 8, 256, 256)},
+                 "linear with bias, " + std::to_string(tokens) +
+                     " tokens: 256 -> 256, 256 -> 1024, 1024 -> 256, 256 -> 8192, and 256 -> 256 "
+                     "at 1/8 of the tokens");
+  }
+  {
+    const int64_t batch = 4 / (quick ? 2 : 1), small = 8 / scale;
+    measure_kind(
+        "conv", "flops",
+        {conv_case(batch, 3, 64, 128, 7, 2, 1, false), conv_case(batch, 64, 64, 32, 3, 1, 1, true),
+         conv_case(batch, 256, 64, 32, 1, 1, 1, true), conv_case(batch, 256, 256, 8, 3, 1, 1, true),
+         conv_case(batch, 1024, 256, 8, 1, 1, 1, true),
+         conv_case(batch, 512, 512, 4, 3, 1, 1, true), shuffle_case(small, 58, 16),
+         shuffle_case(small, 232, 4)},
+        "conv2d of ResNet-50 at 128x128 (7x7 stem; 3x3 and 1x1 at 32x32, 8x8, 4x4), "
+        "batch " +
+            std::to_string(batch) +
+            ", and ShuffleNet's 1x1 58 -> 58 at 16x16 and 232 -> 232 at 4x4 on one half of a "
+            "block's channels, batch " +
+            std::to_string(small));
+  }
+  {
+    const int64_t batch = 8 / scale;
+    measure_kind("conv_grouped", "flops",
+                 {conv_case(batch, 24, 24, 32, 3, 2, 24, true),
+                  conv_case(batch, 116, 116, 16, 3, 1, 116, true),
+                  conv_case(batch, 232, 232, 8, 3, 1, 232, true),
+                  conv_case(batch, 464, 464, 4, 3, 1, 464, true)},
+                 "depthwise conv2d 3x3 of ShuffleNet v2 at 128x128 (24 channels stride 2 at "
+                 "32x32, 116 at 16x16, 232 at 8x8, 464 at 4x4), batch " +
+                     std::to_string(batch));
+  }
+  // Element-wise and normalisation ops are priced by bytes. Activations at the scale of a freshly
+  // initialised network (std 0.3); gelu's cost depends on the values.
+  auto unary_case = [&](const Shape& shape, std::function<Tensor(const Tensor&)> op) {
+    return pooled(
+        [=] {
+          Tensor x = (randn(shape) * 0.3).set_requires_grad(true);
+          std::function<Tensor()> forward = [=] { return op(x); };
+          return std::make_pair(forward, std::vector<Tensor>{x});
+        },
+        1);
+  };
+  {
+    const int64_t batch = 4 / (quick ? 2 : 1);
+    auto relu_op = [](const Tensor& x) { return relu(x); };
+    measure_kind(
+        "elementwise", "bytes",
+        {unary_case({batch, 256, 32, 32}, relu_op), unary_case({batch, 64, 64, 64}, relu_op),
+         unary_case({batch, 512, 8, 8}, relu_op), unary_case({8, 58, 16, 16}, relu_op)},
+        "relu of ResNet-50 and ShuffleNet activations, priced by bytes");
+    auto gelu_op = [](const Tensor& x) { return gelu(x); };
+    measure_kind("activation", "bytes",
+                 {unary_case({1024 / scale, 1024}, gelu_op), unary_case({128, 1024}, gelu_op)},
+                 "gelu of (1024, 1024) and (128, 1024), priced by bytes");
+    auto batch_norm_op = [](const Tensor& x) {
+      const int64_t channels = x.size(1);
+      Tensor weight = ones({channels}), bias = zeros({channels});
+      return batch_norm(x, weight, bias, zeros({channels}), ones({channels}), true);
+    };
+    measure_kind(
+        "batch_norm", "bytes",
+        {unary_case({batch, 256, 32, 32}, batch_norm_op),
+         unary_case({batch, 64, 64, 64}, batch_norm_op),
+         unary_case({batch, 512, 8, 8}, batch_norm_op), unary_case({8, 58, 16, 16}, batch_norm_op),
+         unary_case({8, 232, 4, 4}, batch_norm_op)},
+        "batch_norm (training) of ResNet-50 and ShuffleNet activations, priced by bytes");
+    auto layer_norm_op = [](const Tensor& x) {
+      return layer_norm(x, {256}, ones({256}), zeros({256}));
+    };
+    auto softmax_op = [](const Tensor& x) { return softmax(x, -1); };
+    measure_kind(
+        "layer_norm", "bytes",
+        {unary_case({1024 / scale, 256}, layer_norm_op), unary_case({128, 256}, layer_norm_op)},
+        "layer_norm of (1024, 256) and (128, 256), priced by bytes");
+    measure_kind(
+        "softmax", "bytes",
+        {unary_case({32 / scale, 128, 128}, softmax_op), unary_case({4, 128, 128}, softmax_op)},
+        "softmax of (32, 128, 128) and (4, 128, 128), priced by bytes");
+    auto pool_op = [](const Tensor& x) { return max_pool2d(x, {3, 3}, {2, 2}, {1, 1}); };
+    measure_kind("pool", "bytes",
+                 {unary_case({batch, 64, 64, 64}, pool_op), unary_case({8, 24, 64, 64}, pool_op)},
+                 "max_pool2d 3x3 stride 2 of (" + std::to_string(batch) +
+                     ", 64, 64, 64) and (8, 24, 64, 64), priced by bytes");
+    auto concat_op = [](const Tensor& x) { return cat({x, x}, 1); };
+    measure_kind("concat", "bytes",
+                 {unary_case({8, 58, 16, 16}, concat_op), unary_case({8, 232, 4, 4}, concat_op)},
+                 "cat of (8, 58, 16, 16) and (8, 232, 4, 4) pairs along channels, priced by bytes");
+  }
+  {
+    auto loss_case = [&](int64_t rows, int64_t classes) {
+      return pooled(
+          [=] {
+            Tensor logits = randn({rows, classes}).set_requires_grad(true);
+            Tensor target = randint(0, classes, {rows});
+            std::function<Tensor()> forward = [=] { return cross_entropy(logits, target); };
+            return std::make_pair(forward, std::vector<Tensor>{logits});
+          },
+          1);
+    };
+    measure_kind("loss", "bytes", {loss_case(512 / scale, 30522), loss_case(8, 1000)},
+                 "cross_entropy of (" + std::to_string(512 / scale) +
+                     ", 30522) and (8, 1000), priced by bytes");
+  }
+  {
+    std::vector<KindCase> all;
+    for (const KindEntry& entry : entries)
+      for (const KindCase& c : entry.cases) all.push_back(c);
+    double wall_per_cpu = 1;
+    const std::vector<PassTimes> times = time_in_rounds(all, quick ? 0.5 : 24 * budget, world.get(),
+                                                        &profile.rank_skew, &wall_per_cpu);
+    char share[160];
+    std::snprintf(share, sizeof share,
+                  "; rank 0's wall time was %.2f x its CPU time over these rounds (the share of "
+                  "the cores it got), which every case's CPU time is scaled by",
+                  wall_per_cpu);
+    share_text = share;
+    sources["rank_skew"] =
+        ranks > 1 ? "rounds of every op-kind case (step-sized work between two synchronisations) "
+                    "took this much longer, synchronisation to synchronisation, than the average "
+                    "rank's own work in them"
+                  : "one rank: no wait for other ranks";
+    size_t next = 0;
+    for (KindEntry& entry : entries) {
+      std::vector<double> work, backward_work, forward_s, backward_s;
+      for (const KindCase& c : entry.cases) {
+        const auto [flops, bytes] = planner_work(c.forward, entry.kind);
+        const double units = entry.per == "bytes" ? bytes : flops;
+        work.push_back(units);
+        backward_work.push_back(c.backward_factor * units);
+        forward_s.push_back(times[next].forward);
+        backward_s.push_back(times[next].backward);
+        ++next;
+      }
+      OpKindRate rate;
+      rate.per = entry.per;
+      std::tie(rate.forward_call_s, rate.forward) = fit_call_and_rate(work, forward_s);
+      std::tie(rate.backward_call_s, rate.backward) = fit_call_and_rate(backward_work, backward_s);
+      profile.op_kinds[entry.kind] = rate;
+      sources["op_kinds"][entry.kind] = entry.what;
+      char line[200];
+      std::snprintf(line, sizeof line, "%s %.3g/%.3g %s/s + %s/%s per call; ", entry.kind.c_str(),
+                    rate.forward, rate.backward, entry.per == "bytes" ? "B" : "FLOP",
+                    format_seconds(rate.forward_call_s).c_str(),
+                    format_seconds(rate.backward_call_s).c_str());
+      kinds_text += line;
+    }
+    entries.clear();  // frees the tensors
+  }
+  // What ops cost inside a network beyond their kinds' rates (dispatch, autograd's records and
+  // engine, allocation, gradients scattered into views): a ShuffleNet v2 unit, many small ops with
+  // strided views and a channel shuffle, forward and backward against its ops priced with the
+  // rates above; the rest, per op and pass, is op_overhead_s (if above the bare dispatch cost).
+  {
+    const int64_t batch = 8 / scale, c = 58, size = 16;
+    KindCase unit = pooled(
+        [=] {
+          Tensor x = randn({batch, 2 * c, size, size}).set_requires_grad(true);
+          std::vector<Tensor> leaves = {x};
+          auto leaf = [&](Tensor t) {
+            t.set_requires_grad(true);
+            leaves.push_back(t);
+            return t;
+          };
+          Tensor w1 = leaf(randn({c, c, 1, 1}) * 0.1), wd = leaf(randn({c, 1, 3, 3}) * 0.3);
+          Tensor w2 = leaf(randn({c, c, 1, 1}) * 0.1);
+          std::vector<Tensor> gamma, beta, mean, var;
+          for (int i = 0; i < 3; ++i) {
+            gamma.push_back(leaf(ones({c})));
+            beta.push_back(leaf(zeros({c})));
+            mean.push_back(zeros({c}));
+            var.push_back(ones({c}));
+          }
+          std::function<Tensor()> forward = [=] {
+            const std::vector<Tensor> halves = chunk(x, 2, 1);
+            Tensor y =
+                relu(batch_norm(conv2d(halves[1], w1), gamma[0], beta[0], mean[0], var[0], true));
+            y = batch_norm(conv2d(y, wd, Tensor(), {1, 1}, {1, 1}, {1, 1}, c), gamma[1], beta[1],
+                           mean[1], var[1], true);
+            y = relu(batch_norm(conv2d(y, w2), gamma[2], beta[2], mean[2], var[2], true));
+            Tensor both = cat({halves[0], y}, 1);
+            return reshape(transpose(reshape(both, {batch, 2, c, size, size}), 1, 2),
+                           {batch, 2 * c, size, size});
+          };
+          return std::make_pair(forward, leaves);
+        },
+        1);
+    double unused_skew = 0;
+    const PassTimes measured =
+        time_in_rounds({unit}, quick ? 0.3 : 4 * budget, world.get(), &unused_skew)[0];
+    const Graph graph = trace_graph([&] { unit.forward(); }, {}, {}, 1);
+    double priced = 0;
+    int passes = 0;
+    for (const TracedOp& op : graph.ops) {
+      const std::string kind = op_kind(op);
+      const bool matrix = kind == "gemm" || kind == "conv" || kind == "conv_grouped";
+      priced += profile.op_time(kind, op.flops, op.bytes, false);
+      ++passes;
+      if (op.differentiable) {
+        priced += profile.op_time(kind, op.flops, op.bytes, true, matrix ? 2.0 : 1.0);
+        ++passes;
+      }
+    }
+    const double extra = (measured.forward + measured.backward - priced) / std::max(1, passes);
+    char line[200];
+    std::snprintf(line, sizeof line,
+                  "; a ShuffleNet v2 unit (58 + 58 channels at 16x16, batch %lld) took %s "
+                  "forward and backward against %s priced by op_kinds over %d op passes",
+                  static_cast<long long>(batch),
+                  format_seconds(measured.forward + measured.backward).c_str(),
+                  format_seconds(priced).c_str(), passes);
+    if (extra > profile.op_overhead_s) {
+      profile.op_overhead_s = extra;
+      sources["op_overhead_s"] = sources["op_overhead_s"].get<std::string>() + line +
+                                 ": op_overhead_s is the difference per op pass";
+    } else {
+      sources["op_overhead_s"] =
+          sources["op_overhead_s"].get<std::string>() + line + ": nothing left over";
+    }
+  }
+  // Optimizer updates, in parameters per second: one step over 12 weights of 1M elements (more
+  // than the last-level cache, as a model's parameters are).
+  for (const char* kind : {"sgd_update", "adam_update"}) {
+    std::vector<Tensor> weights;
+    int64_t elements = 0;
+    for (int i = 0; i < 12; ++i) {
+      Tensor weight = randn({1024, 1024 / scale}).set_requires_grad(true);
+      weight.set_grad(randn({1024, 1024 / scale}));
+      elements += weight.numel();
+      weights.push_back(weight);
+    }
+    std::unique_ptr<optim::Optimizer> optimizer;
+    if (std::string(kind) == "sgd_update")
+      optimizer = std::make_unique<optim::SGD>(weights, optim::SGDOptions(0.01).momentum(0.9));
+    else
+      optimizer = std::make_unique<optim::AdamW>(weights, optim::AdamWOptions(1e-4));
+    optimizer->step();
+    std::vector<double> times;
+    double spent = 0;
+    for (int rep = 0; rep < 200; ++rep) {
+      // Every rank runs the same number of steps (each rank's own time would differ): the
+      // ranks agree whether to go on, which also starts them together.
+      int more = rep < 5 || spent < budget / 4;
+      if (world) {
+        Tensor flag = tensor({static_cast<float>(more)}, {1});
+        world->all_reduce(flag, parallel::ReduceOp::kMax);
+        more = flag.item<float>() > 0;
+      }
+      if (!more) break;
+      const auto start = Clock::now();
+      optimizer->step();
+      times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+      spent += times.back();
+    }
+    std::sort(times.begin(), times.end());
+    double seconds = times[times.size() / 2];
+    if (world) {
+      Tensor slowest = tensor({static_cast<float>(seconds)}, {1});
+      world->all_reduce(slowest, parallel::ReduceOp::kMax);
+      seconds = slowest.item<float>();
+    }
+    OpKindRate rate;
+    rate.per = "parameters";
+    rate.forward = rate.backward = static_cast<double>(elements) / seconds;
+    profile.op_kinds[kind] = rate;
+    sources["op_kinds"][kind] =
+        std::string(kind == std::string("sgd_update") ? "SGD with momentum" : "AdamW") +
+        " step over 12 parameters, " + std::to_string(elements) +
+        " elements in all, in parameters per second";
+  }
+  profile.calibrated_ranks = ranks > 1 ? parallel::local_rank_count() : 1;
+  profile.calibrated_threads = get_num_threads();
+  sources["calibrated_layout"] =
+      std::to_string(profile.calibrated_ranks) + " rank(s) on this node measuring at once, " +
+      std::to_string(get_num_threads()) +
+      " thread(s) each: the op_kinds rates are per-rank throughput under that layout (the "
+      "ranks' mean of the middle half of interleaved rounds, in CPU time scaled by the share of "
+      "the cores the rank got)" +
+      share_text;
+
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page_size = ::sysconf(_SC_PAGE_SIZE);
+  profile.memory_per_device =
+      static_cast<double>(pages) * static_cast<double>(page_size) / std::max(1, ranks);
+  sources["memory_per_device"] = "physical memory of this machine divided by the ranks";
+
+  if (ranks > 1) {
+    const int local = parallel::local_rank_count();
+    profile.devices_per_node = local;
+    const LinkLevel level = local == ranks ? LinkLevel::kIntraNode : LinkLevel::kInterNode;
+    const int64_t large = quick ? (1 << 18) : (1 << 22);
+    std::string text;
+    const double wait = synchronisation_wait(*world, quick ? 20 : 200);
+    for (Collective collective :
+         {Collective::kAllReduce, Collective::kAllGather, Collective::kReduceScatter}) {
+      CollectiveFit fit = fit_collective(*world, collective, large);
+      // alpha: at least the wait for the other ranks, spread over the collective's ring steps.
+      const double steps = collective == Collective::kAllReduce ? 2.0 * (ranks - 1) : ranks - 1.0;
+      fit.cost.alpha_s = std::max(fit.cost.alpha_s, wait / steps);
+      profile.collectives[static_cast<int>(level)][static_cast<int>(collective)] = fit.cost;
+      if (local == ranks)  // one node: no inter-node link to measure; the same numbers stand in
+        profile.collectives[1][static_cast<int>(collective)] = fit.cost;
+      text += std::string(collective_name(collective)) + " small " + format_seconds(fit.small_s) +
+              ", " + std::to_string(large * 4 >> 20) + " MiB " + format_seconds(fit.large_s) + "; ";
+    }
+    text += "alpha at least the mean wait in a one-element all_reduce after 1 ms of compute (" +
+            format_seconds(wait) + ", the ranks' synchronisation) over the ring steps; ";
+    sources["collectives"] = "MpiCommunicator over " + std::to_string(ranks) + " ranks (" +
+                             std::to_string(local) + " on this node): " + text +
+                             (local == ranks ? "inter_node copies intra_node (one node)" : "");
+  } else {
+    profile.devices_per_node = 1;
+    sources["collectives"] = "not measured (one rank): copied from profile '" + profile.name +
+                             "'; run under mpirun -np N to measure them";
+  }
+  sources["remat_overhead_k"] = "not measured: copied from profile '" + profile.name + "'";
+  const std::string base_name = profile.name;
+  profile.name = name;
+  profile.description = "measured on " + std::string(host) + " by //tools/calibrate";
+  sources["base_profile"] = base_name;
+  profile.sources_json = sources.dump();
+
+  if (rank == 0) {
+    save_profile(profile, user_path(out_path));
+    std::printf(
+        "gemm %.1f GFLOP/s, conv %.1f GFLOP/s, memory bandwidth %.1f GB/s, op overhead %s\n",
+        profile.gemm_flops / 1e9, profile.conv_flops / 1e9, profile.memory_bandwidth / 1e9,
+        format_seconds(profile.op_overhead_s).c_str());
+    std::printf("op kinds (forward/backward, %s): %s\n", profile.layout_description().c_str(),
+                kinds_text.c_str());
+    if (ranks > 1) {
+      const LinkLevel level = profile.level_for(ranks);
+      for (Collective collective :
+           {Collective::kAllReduce, Collective::kAllGather, Collective::kReduceScatter}) {
+        const AlphaBeta& cost = profile.link(collective, level);
+        std::printf("%s (%s): alpha %s, bus bandwidth %.2f GB/s\n", collective_name(collective),
+                    link_level_name(level), format_seconds(cost.alpha_s).c_str(),
+                    cost.bus_bandwidth / 1e9);
+      }
+    } else {
+      std::printf("collectives: one rank, copied from %s (run under mpirun -np N to measure)\n",
+                  base_name.c_str());
+    }
+    std::printf("wrote %s\n", out_path.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace tessel::planner
+
+int main(int argc, char** argv) {
+  return tessel::parallel::run_ranks(argc, argv, [](int count, char** values) {
+    return tessel::planner::calibrate(count, values);
+  });
+}
