@@ -8,8 +8,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "core/threading.h"
 #include "core/run_main.h"
+#include "core/threading.h"
 #include "ops/cpu/gemm.h"
 
 namespace tessel::bench {

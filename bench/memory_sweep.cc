@@ -26,9 +26,9 @@
 #include <vector>
 
 #include "core/error.h"
-#include "core/threading.h"
 #include "core/rng.h"
 #include "core/run_main.h"
+#include "core/threading.h"
 #include "memory/memory.h"
 #include "models/bert.h"
 #include "models/resnet.h"

@@ -12,17 +12,17 @@
 
 #include "bench/random_batch.h"
 #include "core/op.h"
-#include "core/threading.h"
 #include "core/rng.h"
 #include "core/run_main.h"
+#include "core/threading.h"
 #include "models/bert.h"
 #include "models/resnet.h"
 #include "models/shufflenet.h"
 #include "ops/ops.h"
-#include "parallel/planner/plan_cli.h"
-#include "parallel/planner/planner.h"
 #include "optim/adam.h"
 #include "optim/sgd.h"
+#include "parallel/planner/plan_cli.h"
+#include "parallel/planner/planner.h"
 
 namespace tessel::bench {
 namespace {

@@ -20,20 +20,20 @@
 #include "bench/random_batch.h"
 #include "core/allocator.h"
 #include "core/autograd.h"
-#include "core/threading.h"
 #include "core/rng.h"
+#include "core/threading.h"
 #include "models/bert.h"
 #include "models/resnet.h"
 #include "models/shufflenet.h"
 #include "ops/ops.h"
+#include "optim/adam.h"
+#include "optim/sgd.h"
 #include "parallel/ddp.h"
 #include "parallel/launch.h"
 #include "parallel/planner/plan_io.h"
 #include "parallel/process_group.h"
 #include "parallel/tensor_parallel.h"
 #include "parallel/vision_parallel.h"
-#include "optim/adam.h"
-#include "optim/sgd.h"
 
 namespace tessel::bench {
 namespace {

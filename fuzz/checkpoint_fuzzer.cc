@@ -8,9 +8,9 @@
 #include "core/safetensors.h"
 #include "fuzz/harness.h"
 #include "fuzz/small_net.h"
+#include "optim/lr_scheduler.h"
 #include "optim/optim.h"
 #include "train/state/checkpoint.h"
-#include "optim/lr_scheduler.h"
 
 namespace tessel::fuzz {
 namespace {

@@ -2,8 +2,8 @@
 // labels in [0, 10) (as an (N, 3, 32, 32) data set) or throw tessel::Error.
 #include <string>
 
-#include "fuzz/harness.h"
 #include "data/cifar.h"
+#include "fuzz/harness.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace tessel;

@@ -3,8 +3,8 @@
 // tessel::Error.
 #include <string>
 
-#include "fuzz/harness.h"
 #include "data/idx.h"
+#include "fuzz/harness.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace tessel;

@@ -6,8 +6,8 @@
 #include <limits>
 
 #include "core/error.h"
-#include "core/threading.h"
 #include "core/rng.h"
+#include "core/threading.h"
 
 namespace tessel::text {
 namespace {

@@ -12,9 +12,9 @@
 #include "models/bert.h"
 #include "models/resnet.h"
 #include "ops/ops.h"
+#include "optim/sgd.h"
 #include "tests/gpu_skip.h"
 #include "tests/testing.h"
-#include "optim/sgd.h"
 
 namespace tessel {
 namespace {

@@ -6,10 +6,10 @@
 #include <utility>
 #include <vector>
 
-#include "gtest/gtest.h"
-#include "tests/testing.h"
 #include "data/data_loader.h"
 #include "data/dataset.h"
+#include "gtest/gtest.h"
+#include "tests/testing.h"
 
 namespace tessel::data {
 namespace {

@@ -5,9 +5,9 @@
 #include <string>
 #include <vector>
 
+#include "data/data_loader.h"
 #include "gtest/gtest.h"
 #include "tests/testing.h"
-#include "data/data_loader.h"
 
 namespace tessel::data {
 namespace {

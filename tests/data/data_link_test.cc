@@ -3,9 +3,9 @@
 #include <memory>
 #include <vector>
 
-#include "gtest/gtest.h"
 #include "data/data_loader.h"
 #include "data/dataset.h"
+#include "gtest/gtest.h"
 
 namespace tessel::data {
 namespace {

@@ -5,11 +5,11 @@
 #include <fstream>
 #include <set>
 
-#include "gtest/gtest.h"
-#include "tests/testing.h"
 #include "data/data_loader.h"
 #include "data/dataset.h"
 #include "data/idx.h"
+#include "gtest/gtest.h"
+#include "tests/testing.h"
 
 namespace tessel::data {
 namespace {

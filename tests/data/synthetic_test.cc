@@ -4,9 +4,9 @@
 #include <set>
 #include <vector>
 
+#include "data/data_loader.h"
 #include "gtest/gtest.h"
 #include "tests/testing.h"
-#include "data/data_loader.h"
 
 namespace tessel::data {
 namespace {

@@ -17,8 +17,8 @@
 #include "models/resnet.h"
 #include "models/shufflenet.h"
 #include "ops/ops.h"
-#include "tests/testing.h"
 #include "optim/sgd.h"
+#include "tests/testing.h"
 
 namespace tessel::memory {
 namespace {

@@ -19,15 +19,15 @@
 #include <vector>
 
 #include "core/autograd.h"
-#include "core/threading.h"
 #include "core/rng.h"
+#include "core/threading.h"
 #include "gtest/gtest.h"
 #include "memory/host_link.h"
 #include "memory/memory.h"
 #include "nn/nn.h"
 #include "ops/ops.h"
-#include "tests/testing.h"
 #include "optim/sgd.h"
+#include "tests/testing.h"
 
 namespace tessel::memory {
 namespace {

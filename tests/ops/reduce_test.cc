@@ -3,8 +3,8 @@
 #include <cmath>
 
 #include "core/autograd.h"
-#include "core/threading.h"
 #include "core/rng.h"
+#include "core/threading.h"
 #include "ops/ops.h"
 #include "tests/testing.h"
 

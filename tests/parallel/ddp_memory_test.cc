@@ -9,10 +9,10 @@
 #include "memory/memory.h"
 #include "nn/nn.h"
 #include "ops/ops.h"
+#include "optim/sgd.h"
 #include "parallel/ddp.h"
 #include "tests/parallel/mpi_testing.h"
 #include "tests/testing.h"
-#include "optim/sgd.h"
 
 namespace tessel::parallel {
 namespace {

@@ -14,13 +14,13 @@
 #include "core/autograd.h"
 #include "core/rng.h"
 #include "models/bert.h"
-#include "nn/nn.h"
 #include "models/resnet.h"
+#include "nn/nn.h"
 #include "ops/ops.h"
+#include "optim/sgd.h"
 #include "parallel/mpi_communicator.h"
 #include "tests/parallel/mpi_testing.h"
 #include "tests/testing.h"
-#include "optim/sgd.h"
 
 namespace tessel::parallel {
 namespace {

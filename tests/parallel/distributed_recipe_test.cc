@@ -17,17 +17,17 @@
 #include "models/bert.h"
 #include "nn/nn.h"
 #include "ops/ops.h"
+#include "optim/adam.h"
+#include "optim/clip_grad.h"
+#include "optim/lr_scheduler.h"
+#include "optim/sgd.h"
 #include "parallel/tensor_parallel.h"
 #include "tests/parallel/mpi_testing.h"
 #include "tests/testing.h"
-#include "optim/adam.h"
-#include "optim/clip_grad.h"
-#include "optim/sgd.h"
 #include "train/recipes/distributed.h"
 #include "train/recipes/recipe.h"
 #include "train/recipes/training_loop.h"
 #include "train/state/checkpoint.h"
-#include "optim/lr_scheduler.h"
 
 namespace tessel::train {
 namespace {

@@ -13,12 +13,12 @@
 #include "gtest/gtest.h"
 #include "nn/nn.h"
 #include "ops/ops.h"
+#include "optim/sgd.h"
 #include "parallel/communicator.h"
 #include "parallel/ddp.h"
 #include "tests/gpu_skip.h"
 #include "tests/parallel/one_rank_mpi.h"
 #include "tests/testing.h"
-#include "optim/sgd.h"
 
 namespace tessel::parallel {
 namespace {

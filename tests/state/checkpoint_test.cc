@@ -12,8 +12,8 @@
 #include "core/safetensors.h"
 #include "nn/nn.h"
 #include "ops/ops.h"
-#include "tests/testing.h"
 #include "optim/optim.h"
+#include "tests/testing.h"
 
 namespace tessel::train {
 namespace {

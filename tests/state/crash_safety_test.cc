@@ -24,15 +24,15 @@
 #include <vector>
 
 #include "core/error.h"
-#include "core/threading.h"
 #include "core/rng.h"
+#include "core/threading.h"
 #include "nn/nn.h"
 #include "ops/ops.h"
+#include "optim/lr_scheduler.h"
+#include "optim/optim.h"
 #include "tests/state/fault_injection.h"
 #include "tests/testing.h"
-#include "optim/optim.h"
 #include "train/state/checkpoint.h"
-#include "optim/lr_scheduler.h"
 
 extern char** environ;
 

@@ -9,10 +9,10 @@
 #include "core/rng.h"
 #include "nn/nn.h"
 #include "ops/ops.h"
-#include "tests/testing.h"
-#include "optim/optim.h"
-#include "train/state/checkpoint.h"
 #include "optim/lr_scheduler.h"
+#include "optim/optim.h"
+#include "tests/testing.h"
+#include "train/state/checkpoint.h"
 
 namespace tessel::train {
 namespace {

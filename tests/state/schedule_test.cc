@@ -4,9 +4,9 @@
 #include <vector>
 
 #include "ops/ops.h"
-#include "tests/testing.h"
-#include "optim/optim.h"
 #include "optim/lr_scheduler.h"
+#include "optim/optim.h"
+#include "tests/testing.h"
 
 namespace tessel::optim {
 namespace {

@@ -25,14 +25,14 @@
 #include "core/op.h"
 #include "core/threading.h"
 #include "ops/ops.h"
+#include "optim/adam.h"
+#include "optim/sgd.h"
 #include "parallel/launch.h"
 #include "parallel/mpi_communicator.h"
 #include "parallel/planner/cost_model.h"
 #include "parallel/planner/graph.h"
 #include "parallel/planner/plan_cli.h"
 #include "parallel/planner/strategies.h"
-#include "optim/adam.h"
-#include "optim/sgd.h"
 
 namespace tessel::planner {
 namespace {

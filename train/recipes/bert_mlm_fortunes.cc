@@ -12,19 +12,19 @@
 
 #include "core/autograd.h"
 #include "core/error.h"
+#include "data/data_loader.h"
 #include "models/bert.h"
 #include "ops/ops.h"
-#include "parallel/ddp.h"
-#include "parallel/tensor_parallel.h"
-#include "data/data_loader.h"
 #include "optim/adam.h"
 #include "optim/clip_grad.h"
+#include "optim/lr_scheduler.h"
+#include "parallel/ddp.h"
+#include "parallel/tensor_parallel.h"
+#include "text/mlm.h"
+#include "text/vocab_builder.h"
 #include "train/recipes/distributed.h"
 #include "train/recipes/recipe_util.h"
 #include "train/recipes/training_loop.h"
-#include "optim/lr_scheduler.h"
-#include "text/mlm.h"
-#include "text/vocab_builder.h"
 
 namespace tessel::train {
 namespace {

@@ -6,9 +6,9 @@
 
 #include <string>
 
-#include "train/recipes/recipe.h"
 #include "text/corpus.h"
 #include "text/wordpiece.h"
+#include "train/recipes/recipe.h"
 
 namespace tessel::train {
 

@@ -6,13 +6,13 @@
 
 #include <ostream>
 
-#include "nn/module.h"
 #include "data/data_loader.h"
 #include "data/dataset.h"
+#include "nn/module.h"
+#include "optim/lr_scheduler.h"
 #include "optim/optimizer.h"
 #include "train/recipes/recipe.h"
 #include "train/recipes/training_loop.h"
-#include "optim/lr_scheduler.h"
 
 namespace tessel::train {
 

@@ -6,13 +6,13 @@
 
 #include "core/autograd.h"
 #include "core/error.h"
+#include "data/data_loader.h"
 #include "models/shufflenet.h"
 #include "ops/ops.h"
 #include "parallel/ddp.h"
 #include "parallel/process_group.h"
 #include "parallel/tensor_parallel.h"
 #include "parallel/vision_parallel.h"
-#include "data/data_loader.h"
 #include "train/recipes/recipe_util.h"
 
 namespace tessel::train {

@@ -18,11 +18,11 @@
 
 #include "core/rng.h"
 #include "core/tensor.h"
+#include "data/dataset.h"
 #include "nn/module.h"
+#include "optim/optimizer.h"
 #include "parallel/communicator.h"
 #include "parallel/planner/plan_io.h"
-#include "data/dataset.h"
-#include "optim/optimizer.h"
 #include "train/recipes/classification.h"
 #include "train/recipes/recipe.h"
 #include "train/state/checkpoint.h"

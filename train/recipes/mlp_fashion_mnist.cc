@@ -2,10 +2,10 @@
 
 #include <chrono>
 
-#include "nn/activation.h"
-#include "nn/linear.h"
 #include "data/data_loader.h"
 #include "data/dataset.h"
+#include "nn/activation.h"
+#include "nn/linear.h"
 #include "optim/adam.h"
 #include "train/recipes/classification.h"
 #include "train/recipes/distributed.h"

@@ -1,8 +1,8 @@
 #include "train/recipes/recipe_util.h"
 
 #include "core/error.h"
-#include "core/threading.h"
 #include "core/rng.h"
+#include "core/threading.h"
 #include "ops/ops.h"
 #include "ops/transfer.h"
 

@@ -11,9 +11,9 @@
 
 #include "nn/module.h"
 #include "optim/adam.h"
+#include "optim/lr_scheduler.h"
 #include "optim/optimizer.h"
 #include "train/recipes/recipe.h"
-#include "optim/lr_scheduler.h"
 
 namespace tessel::train {
 

@@ -6,20 +6,20 @@
 #include <filesystem>
 
 #include "core/error.h"
-#include "core/threading.h"
 #include "core/rng.h"
-#include "models/resnet.h"
-#include "models/shufflenet.h"
-#include "ops/ops.h"
+#include "core/threading.h"
 #include "data/augment.h"
 #include "data/cifar.h"
 #include "data/data_loader.h"
 #include "data/idx.h"
+#include "models/resnet.h"
+#include "models/shufflenet.h"
+#include "ops/ops.h"
+#include "optim/lr_scheduler.h"
 #include "optim/sgd.h"
 #include "train/recipes/classification.h"
 #include "train/recipes/distributed.h"
 #include "train/recipes/recipe_util.h"
-#include "optim/lr_scheduler.h"
 
 namespace tessel::train {
 namespace {

@@ -11,8 +11,8 @@
 
 #include "core/rng.h"
 #include "nn/module.h"
-#include "optim/optimizer.h"
 #include "optim/lr_scheduler.h"
+#include "optim/optimizer.h"
 
 namespace tessel::train {
 
