@@ -124,23 +124,30 @@ RecipeResult run_bert_mlm_fortunes(const TrainConfig& config, const RunLayout& l
     status.begin_epoch();
     for (size_t next = plan.batches_done(epoch, step); next < batches.size() && !plan.done(step);
          ++next) {
-      PretrainingLoss loss;
-      {
-        // --precision=bf16: the forward pass's products in bf16 (core/autocast.h).
-        AutocastGuard autocast(DType::kBFloat16, config.precision == "bf16");
+      double loss_value = 0, mlm_loss = 0, nsp_loss = 0;
+      {  // the batch and the graph are freed before the status line reads the memory in use
         // Masks change every epoch (dynamic masking). Each data-parallel rank reads its shard.
-        const text::MlmBatch batch = make_batch(train_data, layout.shard(batches[next]), epoch - 1);
-        loss = parallel_bert.loss(inputs_to_device(batch, device));
+        const text::MlmBatch batch = inputs_to_device(
+            make_batch(train_data, layout.shard(batches[next]), epoch - 1), device);
+        PretrainingLoss loss;
+        {
+          // --precision=bf16: the forward pass's products in bf16 (core/autocast.h).
+          AutocastGuard autocast(DType::kBFloat16, config.precision == "bf16");
+          loss = parallel_bert.loss(batch);
+        }
+        optimizer.zero_grad();
+        loss.total.backward();  // with --dp, DDP's average over the ranks finishes inside
+        parallel_bert.clip_gradients(kMaxGradNorm);
+        optimizer.step();
+        loss_value = loss.value;
+        mlm_loss = loss.mlm;
+        nsp_loss = loss.nsp;
       }
-      optimizer.zero_grad();
-      loss.total.backward();  // with --dp, DDP's average over the ranks finishes inside
-      parallel_bert.clip_gradients(kMaxGradNorm);
-      optimizer.step();
       scheduler.step();
       ++step;
       memory.after_step(log);
-      status.step(step, epoch, loss.value, static_cast<int64_t>(batches[next].size()),
-                  {{"mlm_loss", loss.mlm}, {"nsp_loss", loss.nsp}});
+      status.step(step, epoch, loss_value, static_cast<int64_t>(batches[next].size()),
+                  {{"mlm_loss", mlm_loss}, {"nsp_loss", nsp_loss}});
       if (plan.evaluates_at(step))
         status.eval(step, epoch, parallel_bert.evaluate(held_out, baseline));
       checkpointer.maybe_save(step);

@@ -73,21 +73,27 @@ RecipeResult run_mlp_fashion_mnist(const TrainConfig& config, const RunLayout& l
     for (int64_t skip = plan.batches_done(epoch, step); skip > 0; --skip) train_loader.next();
     status.begin_epoch();
     while (!plan.done(step)) {
-      const auto batch = train_loader.next();
-      if (!batch) break;
-      ClassifierLoss loss;
-      {
-        // --precision=bf16: the linear layers of the forward pass run in bf16 (core/autocast.h).
-        AutocastGuard autocast(DType::kBFloat16, config.precision == "bf16");
-        loss = classifier.loss(to_training_device(batch->inputs, device),
-                               to_training_device(batch->targets, device));
+      double loss_value = 0;
+      int64_t samples = 0;
+      {  // the batch and the graph are freed before the status line reads the memory in use
+        const auto batch = train_loader.next();
+        if (!batch) break;
+        ClassifierLoss loss;
+        {
+          // --precision=bf16: the linear layers of the forward pass run in bf16 (core/autocast.h).
+          AutocastGuard autocast(DType::kBFloat16, config.precision == "bf16");
+          loss = classifier.loss(to_training_device(batch->inputs, device),
+                                 to_training_device(batch->targets, device));
+        }
+        optimizer.zero_grad();
+        loss.value.backward();  // with --dp, DDP's average over the ranks finishes inside
+        optimizer.step();
+        loss_value = loss.mean;
+        samples = batch->targets.numel();
       }
-      optimizer.zero_grad();
-      loss.value.backward();  // with --dp, DDP's average over the ranks finishes inside
-      optimizer.step();
       ++step;
       memory.after_step(log);
-      status.step(step, epoch, loss.mean, batch->targets.numel());
+      status.step(step, epoch, loss_value, samples);
       if (plan.evaluates_at(step)) status.eval(step, epoch, evaluate());
       checkpointer.maybe_save(step);
     }

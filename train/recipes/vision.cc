@@ -146,23 +146,29 @@ RecipeResult run_image_recipe(const ImageRecipeSpec& spec, const TrainConfig& co
     for (int64_t skip = plan.batches_done(epoch, step); skip > 0; --skip) train_loader.next();
     status.begin_epoch();
     while (!plan.done(step)) {
-      const auto batch = train_loader.next();
-      if (!batch) break;
-      ClassifierLoss loss;
-      {
-        // --precision=bf16: products and convolutions of the forward pass run in bf16; backward
-        // keeps the forward's dtypes and the update stays f32 (core/autocast.h).
-        AutocastGuard autocast(DType::kBFloat16, config.precision == "bf16");
-        loss = classifier.loss(to_training_device(batch->inputs, device),
-                               to_training_device(batch->targets, device));
+      double loss_value = 0;
+      int64_t samples = 0;
+      {  // the batch and the graph are freed before the status line reads the memory in use
+        const auto batch = train_loader.next();
+        if (!batch) break;
+        ClassifierLoss loss;
+        {
+          // --precision=bf16: products and convolutions of the forward pass run in bf16; backward
+          // keeps the forward's dtypes and the update stays f32 (core/autocast.h).
+          AutocastGuard autocast(DType::kBFloat16, config.precision == "bf16");
+          loss = classifier.loss(to_training_device(batch->inputs, device),
+                                 to_training_device(batch->targets, device));
+        }
+        optimizer.zero_grad();
+        loss.value.backward();  // DDP's and the tp trunk's reductions finish inside
+        optimizer.step();
+        loss_value = loss.mean;
+        samples = batch->targets.numel();
       }
-      optimizer.zero_grad();
-      loss.value.backward();  // DDP's and the tp trunk's reductions finish inside
-      optimizer.step();
       scheduler->step();
       ++step;
       memory.after_step(log);
-      status.step(step, epoch, loss.mean, batch->targets.numel());
+      status.step(step, epoch, loss_value, samples);
       if (plan.evaluates_at(step)) status.eval(step, epoch, evaluate());
       checkpointer.maybe_save(step);
     }
