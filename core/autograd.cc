@@ -12,6 +12,9 @@ namespace tessel {
 
 namespace {
 thread_local bool grad_mode_enabled = true;
+// The callbacks of the backward pass this thread runs now; null outside one. A nested pass (a
+// backward inside a hook) has its own list.
+thread_local std::vector<std::function<void()>>* backward_callbacks = nullptr;
 std::atomic<uint64_t> sequence_counter{0};
 
 Tensor ones_like_spec(const OutputSpec& spec, Device device) {
@@ -57,6 +60,15 @@ Tensor accumulate(const Tensor& existing, const Tensor& incoming) {
 bool GradMode::is_enabled() { return grad_mode_enabled; }
 void GradMode::set_enabled(bool enabled) { grad_mode_enabled = enabled; }
 uint64_t next_sequence_nr() { return sequence_counter.fetch_add(1); }
+
+void queue_backward_callback(std::function<void()> callback) {
+  TESSEL_CHECK(backward_callbacks != nullptr,
+               "queue_backward_callback: no backward pass is running in this thread (queue "
+               "callbacks from a gradient hook)");
+  backward_callbacks->push_back(std::move(callback));
+}
+
+bool in_backward_pass() { return backward_callbacks != nullptr; }
 
 SavedTensor SavedTensor::save(const Tensor& tensor) {
   return SavedTensor{tensor.detach(), tensor.version()};
@@ -153,9 +165,27 @@ struct Capture {
   Tensor* destination;
 };
 
+// Makes `callbacks` the list queue_backward_callback fills while a pass runs; the previous list
+// comes back when the pass ends or throws.
+class BackwardCallbackScope {
+ public:
+  explicit BackwardCallbackScope(std::vector<std::function<void()>>* callbacks)
+      : previous_(backward_callbacks) {
+    backward_callbacks = callbacks;
+  }
+  ~BackwardCallbackScope() { backward_callbacks = previous_; }
+  BackwardCallbackScope(const BackwardCallbackScope&) = delete;
+  BackwardCallbackScope& operator=(const BackwardCallbackScope&) = delete;
+
+ private:
+  std::vector<std::function<void()>>* previous_;
+};
+
 void run_engine(const std::vector<Edge>& root_edges, const std::vector<Tensor>& root_grads,
                 bool retain_graph, const std::vector<Capture>& captures) {
   NoGradGuard no_grad;
+  std::vector<std::function<void()>> callbacks;
+  BackwardCallbackScope callback_scope(&callbacks);
   // Gradients run in the dtypes of the forward pass, whatever autocast says.
   AutocastGuard no_autocast(DType::kBFloat16, /*enabled=*/false);
   // Count, for every reachable node, the edges that point at it.
@@ -228,6 +258,11 @@ void run_engine(const std::vector<Edge>& root_edges, const std::vector<Tensor>& 
       }
       if (--dependencies[next.node.get()] == 0) ready.push(next.node.get());
     }
+  }
+  // By index: a callback may queue another.
+  for (size_t i = 0; i < callbacks.size(); ++i) {
+    std::function<void()> callback = std::move(callbacks[i]);
+    callback();
   }
 }
 

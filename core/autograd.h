@@ -4,6 +4,7 @@
 //   { NoGradGuard no_grad; w.add_(g, -lr); }  // an update that is not recorded
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -113,6 +114,15 @@ Edge gradient_edge(const Tensor& tensor);
 // Runs backward from `roots` with `grad_roots` (defaults to ones for one-element roots).
 void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots,
                   bool retain_graph);
+
+// Runs `callback` when the backward pass now running has gone through its whole graph (every
+// .grad accumulated), before run_backward returns: like PyTorch's queue_callback. A hook uses it
+// to finish work the whole pass feeds, such as a data-parallel gradient reduction. Callbacks run
+// in the order queued, under the pass's no-grad mode, and may queue more. A tessel::Error outside
+// a backward pass.
+void queue_backward_callback(std::function<void()> callback);
+// True while this thread runs a backward pass (its hooks and callbacks included).
+bool in_backward_pass();
 
 // Gradients of `outputs` with respect to `inputs`, without touching .grad.
 std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,

@@ -82,8 +82,11 @@ struct DistributedDataParallel::Reducer {
   std::vector<Bucket> buckets;
   std::vector<GradBucket> bucket_infos;
 
+  std::weak_ptr<Reducer> self;  // for the end-of-backward callback
+
   // The current step.
-  bool active = false;  // a step has begun (prepared, or a first gradient arrived)
+  bool active = false;         // a step has begun (prepared, or a first gradient arrived)
+  bool finish_queued = false;  // finish_backward waits for the end of the running backward
   std::vector<char> ready;
   std::vector<char> marked_unused;  // by the graph walk
   size_t next_to_launch = 0;
@@ -101,6 +104,7 @@ struct DistributedDataParallel::Reducer {
 
   void begin_step() {
     active = true;
+    finish_queued = false;
     ready.assign(parameters.size(), 0);
     marked_unused.assign(parameters.size(), 0);
     for (auto& bucket : buckets) {
@@ -173,6 +177,14 @@ struct DistributedDataParallel::Reducer {
         TESSEL_FAIL(failure);
       }
       begin_step();
+    }
+    // The engine calls finish_backward once the whole pass is through, so no caller has to.
+    if (!finish_queued && in_backward_pass()) {
+      finish_queued = true;
+      std::weak_ptr<Reducer> weak = self;
+      queue_backward_callback([weak] {
+        if (auto alive = weak.lock()) alive->finish_backward();
+      });
     }
     if (ready[index]) {
       if (marked_unused[index]) {
@@ -253,6 +265,15 @@ struct DistributedDataParallel::Reducer {
       slot_view(i).zero_();
       mark_ready(i);
     }
+  }
+
+  // At the end of a backward pass that produced gradients: every bucket must have started by
+  // now, so a parameter without a gradient is an error here rather than at the next step.
+  void finish_backward() {
+    finish_queued = false;
+    if (failure.empty() && active && next_to_launch != buckets.size())
+      fail_unfinished("backward ended before this step's gradient reduction finished");
+    finish_step();
   }
 
   void finish_step() {
@@ -412,6 +433,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   }
 
   std::weak_ptr<Reducer> weak = reducer_;
+  reducer.self = weak;
   for (size_t i = 0; i < reducer.parameters.size(); ++i) {
     if (!reducer.trainable[i]) continue;
     reducer.parameters[i].register_post_accumulate_grad_hook([weak, i](const Tensor&) {

@@ -1,8 +1,10 @@
 // DistributedDataParallel: data-parallel training like PyTorch's DDP. Parameters and buffers
 // start as rank 0's; gradients go into buckets whose averages are all-reduced while backward
-// still runs, so after loss.backward() every rank holds the gradient averaged over the group.
+// still runs, and a callback the autograd engine runs at the end of backward
+// (queue_backward_callback) waits for the last of them, so when loss.backward() returns every
+// rank holds the gradient averaged over the group.
 //   DistributedDataParallel ddp(net, world);  loss = criterion(ddp.forward(x), y);
-//   loss.backward();  ddp.finalize();  sgd.step();  sgd.zero_grad();
+//   sgd.zero_grad();  loss.backward();  sgd.step();
 // The module lives on the communicator's device: the CPU with MPI, a GPU with
 // make_device_communicator(comm, Device::cuda(i)) (NCCL, under --config=cuda).
 #pragma once
@@ -89,10 +91,10 @@ class DistributedDataParallel {
   // on. Does nothing when gradients are off or no output requires grad (evaluation).
   void prepare_for_backward(const std::vector<Tensor>& outputs);
 
-  // Waits for every bucket and writes the averaged gradients into .grad. Runs by itself when
-  // the last bucket is ready during backward; calling it again is free. Call it before the
-  // optimizer step to get an error now (not at the next forward) if some parameter received no
-  // gradient this step.
+  // Waits for every bucket and writes the averaged gradients into .grad. Runs by itself at the
+  // end of every backward pass that reaches the module's parameters (a parameter that received
+  // no gradient is an error there, unless find_unused_parameters), so training loops need not
+  // call it; calling it again is free.
   void finalize();
 
   const std::vector<GradBucket>& buckets() const;

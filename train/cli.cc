@@ -4,11 +4,12 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <sstream>
 
 #include "core/error.h"
 #include "memory/memory.h"
-#include "train/recipes/recipe_util.h"
+#include "train/engine/setup.h"
 
 namespace tessel::train {
 namespace {
@@ -60,6 +61,17 @@ CLI::Validator number_check(const std::string& description, bool integer, double
 const CLI::Validator kPositiveInteger = number_check("positive", true, 0, false);
 const CLI::Validator kNonNegativeInteger = number_check("non-negative", true, 0, true);
 const CLI::Validator kPositiveNumber = number_check("positive", false, 0, false);
+// A probability that leaves something to keep: 1 would zero every activation.
+const CLI::Validator kDropoutProbability(
+    [](std::string& text) -> std::string {
+      const std::string number =
+          number_check("", false, -std::numeric_limits<double>::infinity(), true)(text);
+      if (!number.empty()) return number;
+      const double value = std::strtod(text.c_str(), nullptr);
+      if (value < 0 || value >= 1) return "must be in [0, 1), got " + text;
+      return "";
+    },
+    "in [0, 1)");
 // The memory layer's own parsers, so the flag and the library accept and reject the same text.
 const CLI::Validator kMemoryBudget(
     [](std::string& text) -> std::string {
@@ -103,7 +115,7 @@ int parse_train_flags(int argc, const char* const* argv, TrainConfig* config, st
   TrainConfig flags;
   std::string model, data, optimizer;
   int64_t batch_size = 0, epochs = 0;
-  double lr = 0;
+  double lr = 0, dropout = 0;
   app.add_option("--recipe", flags.recipe, "recipe to run, by name (listed below)")
       ->capture_default_str();
   auto* model_option =
@@ -119,6 +131,11 @@ int parse_train_flags(int argc, const char* const* argv, TrainConfig* config, st
                      "sgd (momentum 0.9), adam or adamw, those the recipe offers (default: the "
                      "recipe's first)")
           ->check(CLI::IsMember({"sgd", "adam", "adamw"}));
+  auto* dropout_option =
+      app.add_option("--dropout", dropout,
+                     "dropout probability of the models that have dropout (BERT; default: the "
+                     "model's, 0.1); --dropout=0 makes --dp ranks train as one process does")
+          ->check(kDropoutProbability);
   auto* epochs_option =
       app.add_option("--epochs", epochs, "passes over the training set (default: the recipe's)")
           ->check(kPositiveInteger);
@@ -201,6 +218,7 @@ int parse_train_flags(int argc, const char* const* argv, TrainConfig* config, st
   if (lr_option->count()) flags.lr = lr;
   if (optimizer_option->count()) flags.optimizer = optimizer;
   if (epochs_option->count()) flags.epochs = epochs;
+  if (dropout_option->count()) flags.dropout = dropout;
   if (resume_option->count()) flags.resume = resume;
   *config = std::move(flags);
   return -1;

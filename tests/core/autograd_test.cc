@@ -1,6 +1,8 @@
 #include "core/autograd.h"
 
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "ops/ops.h"
@@ -35,6 +37,45 @@ TEST(Autograd, BackwardTwiceWithoutRetainGraphIsAClearError) {
   Tensor y = mul(x, x);
   y.backward();
   EXPECT_TRUE(throws_error([&] { y.backward(); }, "retain_graph=true"));
+}
+
+TEST(Autograd, QueuedCallbacksRunAfterEveryGradientInQueueOrder) {
+  Tensor a = tensor({2}, {1}).set_requires_grad(true);
+  Tensor b = tensor({3}, {1}).set_requires_grad(true);
+  std::vector<std::string> events;
+  // Queued from the first gradient hook that fires; by then b's gradient is not accumulated yet.
+  a.register_post_accumulate_grad_hook([&](const Tensor&) {
+    events.push_back("a");
+    queue_backward_callback([&] {
+      events.push_back("first callback sees b.grad = " + std::to_string(b.grad().item<float>()));
+      queue_backward_callback([&] { events.push_back("queued by a callback"); });
+    });
+    queue_backward_callback([&] { events.push_back("second callback"); });
+  });
+  b.register_post_accumulate_grad_hook([&](const Tensor&) {
+    events.push_back("b");
+    EXPECT_TRUE(in_backward_pass());
+  });
+  mul(a, b).backward();
+  EXPECT_FALSE(in_backward_pass());
+  ASSERT_EQ(events.size(), 5u);
+  EXPECT_EQ(events[3], "second callback");
+  EXPECT_EQ(events[2], "first callback sees b.grad = 2.000000");
+  EXPECT_EQ(events[4], "queued by a callback");
+}
+
+TEST(Autograd, QueueingACallbackOutsideBackwardIsAClearError) {
+  EXPECT_TRUE(throws_error([] { queue_backward_callback([] {}); },
+                           "no backward pass is running in this thread"));
+}
+
+TEST(Autograd, ACallbackThatThrowsEndsBackwardWithItsError) {
+  Tensor x = tensor({2}, {1}).set_requires_grad(true);
+  x.register_post_accumulate_grad_hook(
+      [](const Tensor&) { queue_backward_callback([] { TESSEL_FAIL("reduction failed"); }); });
+  EXPECT_TRUE(throws_error([&] { mul(x, x).backward(); }, "reduction failed"));
+  EXPECT_FALSE(in_backward_pass());
+  EXPECT_EQ(x.grad().item<float>(), 4.0f);  // the pass itself completed
 }
 
 TEST(Autograd, ModifyingASavedTensorInPlaceIsDetected) {

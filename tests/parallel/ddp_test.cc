@@ -82,8 +82,7 @@ class DataParallel : public MpiTest {
     for (int step = 0; step < steps; ++step) {
       sgd.zero_grad();
       Tensor shard_loss = loss(*model, &ddp, step, rank(), size());
-      shard_loss.backward();
-      ddp.finalize();
+      shard_loss.backward();  // the averaged gradients are in place when it returns
       sgd.step();
       Tensor losses = zeros({size()}, shard_loss.dtype());
       shared_world()->all_gather(shard_loss.detach().reshape({1}), losses);
@@ -300,34 +299,45 @@ TEST_F(DataParallel, UnusedParametersCountAsZeroWithFindUnusedParameters) {
   auto model = std::make_shared<TwoHeads>();
   DistributedDataParallel ddp(model, shared_world(), DDPOptions().find_unused_parameters(true));
   loss(*model, &ddp, 0, rank(), size()).backward();
-  ddp.finalize();
   EXPECT_FALSE(model->spare->weight.grad().defined());
   EXPECT_TRUE(model->right->weight.grad().defined());
   EXPECT_TRUE(model->left->weight.grad().defined());
 }
 
 TEST_F(DataParallel, AnUnusedParameterWithoutFindUnusedParametersIsAClearError) {
+  // The reduction finishes at the end of backward, so backward itself reports the parameters.
   manual_seed(6);
   auto model = std::make_shared<TwoHeads>();
   DistributedDataParallel ddp(model, shared_world());
   auto loss = classification_loss({4, 4}, 3);
-  loss(*model, &ddp, 0, rank(), size()).backward();
-  EXPECT_TRUE(throws_error([&] { ddp.finalize(); },
-                           "these parameters received no gradient: right.weight, right.bias, "
+  EXPECT_TRUE(throws_error([&] { loss(*model, &ddp, 0, rank(), size()).backward(); },
+                           "backward ended before this step's gradient reduction finished; these "
+                           "parameters received no gradient: right.weight, right.bias, "
                            "spare.weight, spare.bias"));
   EXPECT_TRUE(throws_error([&] { ddp.forward(randn({4, 4})); }, "find_unused_parameters(true)"));
 }
 
-TEST_F(DataParallel, TheNextStepNoticesAParameterThatGotNoGradient) {
-  manual_seed(7);
-  auto model = std::make_shared<TwoHeads>();
-  DistributedDataParallel ddp(model, shared_world());
-  auto loss = classification_loss({4, 4}, 3);
-  loss(*model, &ddp, 0, rank(), size()).backward();  // no finalize(): the error comes later
-  EXPECT_TRUE(throws_error([&] { loss(*model, &ddp, 1, rank(), size()); },
-                           "forward was called before the previous step's gradient reduction "
-                           "finished; these parameters received no gradient: right.weight, "
-                           "right.bias, spare.weight, spare.bias"));
+TEST_F(DataParallel, GradientsAreTheAverageOverTheShardsWhenBackwardReturns) {
+  // No finalize(): the end-of-backward callback has waited for every bucket already.
+  manual_seed(9);
+  std::shared_ptr<nn::Module> model = make_mlp();
+  std::shared_ptr<nn::Module> reference = make_mlp();
+  reference->load_state_dict(model->state_dict());  // the same start on every rank
+  DistributedDataParallel ddp(model, shared_world(), DDPOptions().bucket_cap_mb(1e-3));
+  auto loss = classification_loss({5, 6}, 3);
+  loss(*model, &ddp, 0, rank(), size()).backward();
+  // One process: every shard's gradient in turn, then their mean.
+  for (int shard = 0; shard < size(); ++shard)
+    loss(*reference, nullptr, 0, shard, size()).backward();
+  const auto expected = reference->named_parameters();
+  const auto actual = model->named_parameters();
+  ASSERT_EQ(actual.size(), expected.size());
+  for (size_t i = 0; i < actual.size(); ++i) {
+    ASSERT_TRUE(actual[i].second.grad().defined()) << actual[i].first;
+    const Tensor mean = expected[i].second.grad() * (1.0 / size());
+    EXPECT_TRUE(all_close(actual[i].second.grad(), mean, 1e-5, 1e-7)) << actual[i].first;
+  }
+  ddp.finalize();  // free after the callback
 }
 
 TEST_F(DataParallel, ParametersFrozenAfterConstructionKeepTheirValues) {

@@ -17,17 +17,20 @@
 #include "models/bert.h"
 #include "nn/nn.h"
 #include "ops/ops.h"
-#include "optim/adam.h"
-#include "optim/clip_grad.h"
-#include "optim/lr_scheduler.h"
-#include "optim/sgd.h"
 #include "parallel/tensor_parallel.h"
 #include "tests/parallel/mpi_testing.h"
 #include "tests/testing.h"
-#include "train/recipes/distributed.h"
+#include "train/engine/checkpointer.h"
+#include "train/engine/run_layout.h"
+#include "train/engine/status_log.h"
+#include "train/engine/training_plan.h"
+#include "optim/adam.h"
+#include "optim/clip_grad.h"
+#include "optim/sgd.h"
 #include "train/recipes/recipe.h"
-#include "train/recipes/training_loop.h"
 #include "train/state/checkpoint.h"
+#include "optim/lr_scheduler.h"
+#include "train/tasks/bert_pretraining.h"
 
 namespace tessel::train {
 namespace {
@@ -342,36 +345,34 @@ void expect_same_bits(const std::string& actual_file, const std::string& expecte
 
 constexpr int64_t kBertVocab = 64, kBertSeq = 16, kBertBatch = 4, kBertSteps = 20;
 
-// BERT tiny without dropout, trained through run_training on masked-LM and next-sentence batches
-// that depend on (epoch, position) only: the full model with --tp=1, shard_bert's with --tp=2.
+// BERT tiny without dropout, trained with the engine's pieces (train/engine/) on masked-LM and
+// next-sentence batches that depend on (epoch, position) only: the full model with --tp=1,
+// shard_bert's with --tp=2.
 RecipeResult train_bert(const TrainConfig& config) {
-  std::ostringstream log;
-  return run_distributed(config, log, [&](const TrainConfig&, std::ostream& rank_log) {
-    const DistributedRun& run = distributed_run();
-    manual_seed(7);
-    models::BertForPreTraining model(models::BertConfig::tiny()
-                                         .vocab_size(kBertVocab)
-                                         .dropout(0)
-                                         .max_position_embeddings(kBertSeq));
-    std::shared_ptr<parallel::TensorParallelBertForPreTraining> tp_model;
-    if (run.tp > 1) tp_model = parallel::shard_bert(model, run.tp_group_id);
-    nn::Module& trained = tp_model ? static_cast<nn::Module&>(*tp_model) : model;
-    optim::AdamW optimizer(trained.named_parameters(),
-                           optim::AdamWOptions(1e-3).weight_decay(0.01).eps(1e-6));
-    optim::LinearWarmupDecay scheduler(optimizer, 2, kBertSteps);
-    int64_t epoch_index = 0, next_batch = 0;
-    TrainingTask task;
-    task.model = &trained;
-    task.optimizer = &optimizer;
-    task.scheduler = &scheduler;
-    task.batches_per_epoch = kBertSteps;
-    task.start_epoch = [&](int64_t epoch, int64_t skip) {
-      epoch_index = epoch;
-      next_batch = skip;
-    };
-    task.train_step = [&](StepResult* result) {
-      if (next_batch >= kBertSteps) return false;
-      uint32_t state = static_cast<uint32_t>(1000 * epoch_index + next_batch++) * 2654435761u + 1;
+  std::ostringstream main_log;
+  TrainConfig rank_config;
+  const RunLayout layout = lay_out_ranks(config, main_log, &rank_config);
+  std::ostream& log = layout.log(main_log);
+  manual_seed(7);
+  models::BertForPreTraining model(models::BertConfig::tiny()
+                                       .vocab_size(kBertVocab)
+                                       .dropout(0)
+                                       .max_position_embeddings(kBertSeq));
+  std::shared_ptr<parallel::TensorParallelBertForPreTraining> tp_model;
+  if (layout.tp > 1) tp_model = parallel::shard_bert(model, layout.tp_group_id);
+  nn::Module& trained = tp_model ? static_cast<nn::Module&>(*tp_model) : model;
+  optim::AdamW optimizer(trained.named_parameters(),
+                         optim::AdamWOptions(1e-3).weight_decay(0.01).eps(1e-6));
+  optim::LinearWarmupDecay scheduler(optimizer, 2, kBertSteps);
+  const TrainingPlan plan(rank_config, kBertSteps);
+  StatusLog status(rank_config, layout, plan, optimizer, log);
+  Checkpointer checkpointer(rank_config, layout, plan, trained, optimizer, &scheduler, status);
+  int64_t step = checkpointer.resume();
+  for (int64_t epoch = plan.epoch_of(step); epoch <= plan.epochs && !plan.done(step); ++epoch) {
+    status.begin_epoch();
+    for (int64_t position = plan.batches_done(epoch, step);
+         position < kBertSteps && !plan.done(step); ++position) {
+      uint32_t state = static_cast<uint32_t>(1000 * (epoch - 1) + position) * 2654435761u + 1;
       auto next = [&state](int64_t bound) {
         state = state * 1664525u + 1013904223u;
         return static_cast<int64_t>((state >> 8) % static_cast<uint32_t>(bound));
@@ -392,7 +393,7 @@ RecipeResult train_bert(const TrainConfig& config) {
       models::BertPreTrainingLoss loss;
       if (tp_model) {
         loss = parallel::tensor_parallel_bert_loss(tp_model->forward(input_ids, token_types),
-                                                   mlm_labels, nsp_labels, run.tp_group_id);
+                                                   mlm_labels, nsp_labels, layout.tp_group_id);
       } else {
         loss = models::bert_pretraining_loss(model.forward(input_ids, token_types), mlm_labels,
                                              nsp_labels);
@@ -400,18 +401,23 @@ RecipeResult train_bert(const TrainConfig& config) {
       optimizer.zero_grad();
       loss.total.backward();
       if (tp_model) {
-        clip_grad_norm_tensor_parallel(*tp_model, 1.0, run.tp_group_id);
+        clip_grad_norm_tensor_parallel(*tp_model, 1.0, layout.tp_group_id);
       } else {
         optim::clip_grad_norm(optimizer.parameters(), 1.0);
       }
       optimizer.step();
-      result->loss = loss.total.item<double>();
-      result->samples = kBertBatch;
-      return true;
-    };
-    task.evaluate = [] { return Evaluation{}; };
-    return run_training(task, config, rank_log);
-  });
+      scheduler.step();
+      ++step;
+      status.step(step, epoch, loss.total.item<double>(), kBertBatch);
+      checkpointer.maybe_save(step);
+    }
+    if (plan.ends_epoch(epoch, step)) checkpointer.save(step);
+  }
+  checkpointer.save(step);
+  RecipeResult result = status.finish(step);
+  result.resumed_from_step = checkpointer.resumed_from();
+  result.last_checkpoint = checkpointer.last_saved();
+  return result;
 }
 
 TrainConfig bert_config(const std::string& checkpoint_dir, int tp, int64_t steps) {
@@ -595,6 +601,29 @@ TEST_F(DistributedRecipe, DataParallelBertWithDropoutResumesExactly) {
   EXPECT_NE(metadata.at("rng.rank.0.offset"), metadata.at("rng.rank.1.offset"))
       << "the ranks drew different amounts of random numbers";
   EXPECT_EQ(metadata.at("rng.rank.0.offset"), metadata.at("rng.offset"));
+}
+
+TEST_F(DistributedRecipe, DataParallelBertWithoutDropoutMatchesOneProcess) {
+  // --dropout=0 leaves nothing random in a step, so the two ranks (shards of 4 and 3 sequences)
+  // train what one process trains on the whole batch. SGD applies the averaged gradient as it
+  // is, at a rate where a gradient off by a factor shows in the parameters.
+  TrainConfig alone = bert_fortunes_config("bert_no_dropout");
+  alone.optimizer = "sgd";
+  alone.lr = 0.1;
+  alone.dropout = 0;
+  alone.steps = 3;
+  alone.checkpoint_dir = test_folder("bert_no_dropout_alone");
+  const RecipeResult expected = run_alone(alone);
+  TrainConfig split = alone;
+  split.dp = 2;
+  split.checkpoint_dir = test_folder("bert_no_dropout_dp2");
+  std::ostringstream log;
+  const RecipeResult actual = run_recipe(split, log);
+  if (rank() != 0) return;
+  EXPECT_EQ(actual.steps, 3);
+  EXPECT_NEAR(actual.final_train_loss, expected.final_train_loss,
+              1e-4 * std::abs(expected.final_train_loss));
+  expect_close_parameters(actual.last_checkpoint, expected.last_checkpoint);
 }
 
 TEST_F(DistributedRecipe, BertCheckpointResumesInAnotherLayoutFromRankZerosRng) {

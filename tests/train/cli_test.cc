@@ -33,7 +33,7 @@ TEST(TrainCli, HelpListsEveryFlagAndTheRecipes) {
   for (const char* flag :
        {"--recipe", "--model", "--data", "--batch_size", "--lr", "--epochs", "--steps", "--seed",
         "--threads", "--eval_every", "--log_every", "--metrics", "--checkpoint_dir",
-        "--checkpoint_every", "--resume", "--work_dir", "--device", "--optimizer"})
+        "--checkpoint_every", "--resume", "--work_dir", "--device", "--optimizer", "--dropout"})
     EXPECT_NE(result.out.find(flag), std::string::npos) << flag;
   for (const char* recipe :
        {"resnet18_fashion_mnist", "shufflenet_v2_fashion_mnist", "bert_mlm_fortunes",
@@ -228,6 +228,28 @@ TEST(TrainCli, BadValuesFailWithTheFlagName) {
     EXPECT_NE(result.code, 0) << flag;
     EXPECT_NE(result.err.find(fragment), std::string::npos) << flag << ": " << result.err;
   }
+}
+
+TEST(TrainCli, DropoutIsAProbabilityBelowOne) {
+  EXPECT_FALSE(parse({}).dropout.has_value());
+  EXPECT_EQ(parse({"--dropout=0"}).dropout, 0.0);
+  EXPECT_EQ(parse({"--dropout=0.25"}).dropout, 0.25);
+  CliRun not_a_number = run_train_cli({"--dropout=half"});
+  EXPECT_NE(not_a_number.code, 0);
+  EXPECT_NE(not_a_number.err.find("--dropout: expected a number, got 'half'"), std::string::npos)
+      << not_a_number.err;
+  CliRun out_of_range = run_train_cli({"--dropout=1"});
+  EXPECT_NE(out_of_range.code, 0);
+  EXPECT_NE(out_of_range.err.find("--dropout: must be in [0, 1), got 1"), std::string::npos)
+      << out_of_range.err;
+}
+
+TEST(TrainCli, DropoutForARecipeWithoutDropoutIsAClearError) {
+  CliRun result = run_train_cli({"--recipe=mlp_fashion_mnist", "--dropout=0"});
+  EXPECT_EQ(result.code, 1);
+  EXPECT_NE(result.err.find("--dropout: recipe mlp_fashion_mnist trains a model without dropout"),
+            std::string::npos)
+      << result.err;
 }
 
 TEST(TrainCli, UnknownRecipeListsTheKnownOnes) {

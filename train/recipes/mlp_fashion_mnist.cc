@@ -2,14 +2,18 @@
 
 #include <chrono>
 
-#include "data/data_loader.h"
-#include "data/dataset.h"
+#include "core/autocast.h"
 #include "nn/activation.h"
 #include "nn/linear.h"
-#include "optim/adam.h"
-#include "train/recipes/classification.h"
-#include "train/recipes/distributed.h"
-#include "train/recipes/recipe_util.h"
+#include "data/data_loader.h"
+#include "data/dataset.h"
+#include "train/engine/checkpointer.h"
+#include "train/engine/run_layout.h"
+#include "train/engine/setup.h"
+#include "train/engine/status_log.h"
+#include "train/engine/training_memory.h"
+#include "train/engine/training_plan.h"
+#include "train/tasks/classifier.h"
 
 namespace tessel::train {
 
@@ -29,7 +33,8 @@ std::shared_ptr<nn::Sequential> make_mlp(int64_t inputs, const std::vector<int64
 
 namespace {
 
-RecipeResult run_mlp_fashion_mnist(const TrainConfig& config, std::ostream& log) {
+RecipeResult run_mlp_fashion_mnist(const TrainConfig& config, const RunLayout& layout,
+                                   std::ostream& log) {
   const auto start = std::chrono::steady_clock::now();
   begin_run(config, log);
   auto train_set = data::load_fashion_mnist(*config.data, data::Split::kTrain);
@@ -39,18 +44,70 @@ RecipeResult run_mlp_fashion_mnist(const TrainConfig& config, std::ostream& log)
 
   auto model = make_mlp(28 * 28, {256, 128}, data::kFashionMnistClasses);
   log << *model << std::endl;
-  model->to(training_device(config));  // --device, before the optimizer sees the parameters
+  const Device device = training_device(config);
+  model->to(device);  // --device, before the optimizer makes its state next to the parameters
   const auto optimizer_holder = make_optimizer(config, model->named_parameters(), {});
   optim::Optimizer& optimizer = *optimizer_holder;
-  data::DataLoader train_loader(
-      train_set, data::DataLoaderOptions()
-                     .batch_size(*config.batch_size)
-                     .shuffle(true)
-                     .seed(config.seed)
-                     .shard(distributed_run().dp_rank, distributed_run().dp));  // this rank's rows
+  // Each data-parallel rank reads its rows of every batch.
+  data::DataLoader train_loader(train_set, data::DataLoaderOptions()
+                                               .batch_size(*config.batch_size)
+                                               .shuffle(true)
+                                               .seed(config.seed)
+                                               .shard(layout.dp_rank, layout.dp));
+  const TrainingPlan plan(config, train_loader.num_batches());
 
-  RecipeResult result =
-      train_classifier(*model, optimizer, nullptr, train_loader, *test_set, config, log);
+  ParallelClassifier classifier(model, layout);  // DDP over dp
+  StatusLog status(config, layout, plan, optimizer, log);
+  Checkpointer checkpointer(config, layout, plan, *model, optimizer, /*scheduler=*/nullptr, status);
+  int64_t step = checkpointer.resume();
+  TrainingMemory memory(config, *model, optimizer, log);  // --memory_budget, --memory_policy
+  status.watch(memory);
+  auto evaluate = [&] {
+    const EvalResult eval = classifier.evaluate(*test_set);
+    return Evaluation{{"test_loss", eval.loss}, {"test_accuracy", eval.accuracy}};
+  };
+
+  model->train();
+  for (int64_t epoch = plan.epoch_of(step); epoch <= plan.epochs && !plan.done(step); ++epoch) {
+    train_loader.start_epoch(epoch - 1);
+    for (int64_t skip = plan.batches_done(epoch, step); skip > 0; --skip) train_loader.next();
+    status.begin_epoch();
+    while (!plan.done(step)) {
+      double loss_value = 0;
+      int64_t samples = 0;
+      {  // the batch and the graph are freed before the status line reads the memory in use
+        const auto batch = train_loader.next();
+        if (!batch) break;
+        ClassifierLoss loss;
+        {
+          // --precision=bf16: the linear layers of the forward pass run in bf16 (core/autocast.h).
+          AutocastGuard autocast(DType::kBFloat16, config.precision == "bf16");
+          loss = classifier.loss(to_training_device(batch->inputs, device),
+                                 to_training_device(batch->targets, device));
+        }
+        optimizer.zero_grad();
+        loss.value.backward();  // with --dp, DDP's average over the ranks finishes inside
+        optimizer.step();
+        loss_value = loss.mean;
+        samples = batch->targets.numel();
+      }
+      ++step;
+      memory.after_step(log);
+      status.step(step, epoch, loss_value, samples);
+      if (plan.evaluates_at(step)) status.eval(step, epoch, evaluate());
+      checkpointer.maybe_save(step);
+    }
+    if (plan.ends_epoch(epoch, step)) {
+      if (!status.evaluated_at(step)) status.eval(step, epoch, evaluate());
+      checkpointer.save(step);
+    }
+  }
+  if (!status.evaluated_at(step)) status.eval(step, plan.epoch_of(step), evaluate());
+  checkpointer.save(step);
+
+  RecipeResult result = status.finish(step);
+  result.resumed_from_step = checkpointer.resumed_from();
+  result.last_checkpoint = checkpointer.last_saved();
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   log << "wall time: " << result.seconds << " s" << std::endl;
   return result;

@@ -1,10 +1,10 @@
 #include "train/recipes/recipe.h"
 
 #include "core/error.h"
+#include "train/engine/run_layout.h"
+#include "train/engine/setup.h"
 #include "train/recipes/bert_mlm_fortunes.h"
-#include "train/recipes/distributed.h"
 #include "train/recipes/mlp_fashion_mnist.h"
-#include "train/recipes/recipe_util.h"
 #include "train/recipes/vision.h"
 
 namespace tessel::train {
@@ -69,6 +69,10 @@ TrainConfig resolve_config(const Recipe& recipe, TrainConfig config) {
     TESSEL_CHECK(!config.resume, "--resume is not supported by recipe ", recipe.name,
                  " (it trains without checkpoints)");
   }
+  TESSEL_CHECK(!config.dropout || recipe.has_dropout, "--dropout: recipe ", recipe.name,
+               " trains a model without dropout");
+  TESSEL_CHECK(!config.dropout || (*config.dropout >= 0 && *config.dropout < 1),
+               "--dropout must be in [0, 1), got ", *config.dropout);
   TESSEL_CHECK(config.checkpoint_every == 0 || !config.checkpoint_dir.empty(),
                "--checkpoint_every needs --checkpoint_dir");
   TESSEL_CHECK(!config.resume || !config.resume->empty() || !config.checkpoint_dir.empty(),
@@ -83,10 +87,9 @@ RecipeResult run_recipe(const TrainConfig& config, std::ostream& log) {
   const TrainConfig resolved = resolve_config(recipe, config);
   // Under mpirun: the dp x tp grid, each rank's own GPU with --device=cuda (checked before any
   // data is read), and a silent log on ranks other than 0.
-  return run_distributed(resolved, log,
-                         [&](const TrainConfig& rank_config, std::ostream& rank_log) {
-                           return recipe.run(rank_config, rank_log);
-                         });
+  TrainConfig rank_config;
+  const RunLayout layout = lay_out_ranks(resolved, log, &rank_config);
+  return recipe.run(rank_config, layout, layout.log(log));
 }
 
 }  // namespace tessel::train

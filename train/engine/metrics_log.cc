@@ -1,4 +1,4 @@
-#include "train/recipes/metrics_log.h"
+#include "train/engine/metrics_log.h"
 
 #include <cerrno>
 #include <cstring>

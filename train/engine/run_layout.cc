@@ -1,28 +1,18 @@
-#include "train/recipes/distributed.h"
+#include "train/engine/run_layout.h"
 
-#include <cmath>
-#include <map>
+#include <cstdio>
 #include <streambuf>
 
-#include "core/autograd.h"
 #include "core/error.h"
-#include "data/data_loader.h"
-#include "models/shufflenet.h"
 #include "ops/ops.h"
 #include "parallel/ddp.h"
 #include "parallel/process_group.h"
 #include "parallel/tensor_parallel.h"
-#include "parallel/vision_parallel.h"
-#include "train/recipes/recipe_util.h"
+#include "train/engine/setup.h"
 
 namespace tessel::train {
 
 namespace {
-
-DistributedRun& current_run() {
-  static DistributedRun run;
-  return run;
-}
 
 MPI_Comm& training_world() {
   static MPI_Comm world = MPI_COMM_WORLD;
@@ -41,13 +31,6 @@ class NullBuffer : public std::streambuf {
  protected:
   int overflow(int c) override { return c == EOF ? 0 : c; }
   std::streamsize xsputn(const char*, std::streamsize count) override { return count; }
-};
-
-// Restores the single-process run when `body` returns or throws.
-class CurrentRunScope {
- public:
-  explicit CurrentRunScope(DistributedRun run) { current_run() = std::move(run); }
-  ~CurrentRunScope() { current_run() = DistributedRun(); }
 };
 
 std::string ranks_text(int world_size) {
@@ -133,40 +116,38 @@ ParallelLayout resolve_layout(const TrainConfig& config, int world_size) {
   return layout;
 }
 
-int64_t DistributedRun::shard_begin(int64_t rows) const {
+int64_t RunLayout::shard_begin(int64_t rows) const {
   return parallel::part_start(rows, dp, dp_rank);
 }
 
-int64_t DistributedRun::shard_rows(int64_t rows) const {
-  return parallel::part_rows(rows, dp, dp_rank);
-}
+int64_t RunLayout::shard_rows(int64_t rows) const { return parallel::part_rows(rows, dp, dp_rank); }
 
-Tensor DistributedRun::shard(const Tensor& batch) const {
+Tensor RunLayout::shard(const Tensor& batch) const {
   if (dp == 1) return batch;
   const int64_t rows = batch.size(0);
   return contiguous(narrow(batch, 0, shard_begin(rows), shard_rows(rows)));
 }
 
-std::vector<int64_t> DistributedRun::shard(const std::vector<int64_t>& indices) const {
+std::vector<int64_t> RunLayout::shard(const std::vector<int64_t>& indices) const {
   if (dp == 1) return indices;
   const int64_t rows = static_cast<int64_t>(indices.size());
   const int64_t begin = shard_begin(rows);
   return std::vector<int64_t>(indices.begin() + begin, indices.begin() + begin + shard_rows(rows));
 }
 
-std::vector<double> DistributedRun::sum_over_dp(std::vector<double> values) const {
+std::vector<double> RunLayout::sum_over_dp(std::vector<double> values) const {
   if (dp == 1 || values.empty()) return values;
   Tensor buffer = from_vector<double>(values, {static_cast<int64_t>(values.size())});
   dp_group->all_reduce(buffer, parallel::ReduceOp::kSum);
   return buffer.to_vector<double>();
 }
 
-std::string DistributedRun::layout() const {
+std::string RunLayout::layout() const {
   if (!distributed()) return "";
   return "dp=" + std::to_string(dp) + ",tp=" + std::to_string(tp);
 }
 
-std::vector<RngState> DistributedRun::gather_rng_states() const {
+std::vector<RngState> RunLayout::gather_rng_states() const {
   if (!distributed()) return {};
   // Seed and offset travel as int64 bits (the same 64 bits back on every rank).
   const RngState mine = get_rng_state();
@@ -183,13 +164,17 @@ std::vector<RngState> DistributedRun::gather_rng_states() const {
   return states;
 }
 
-const DistributedRun& distributed_run() { return current_run(); }
-
 void set_training_world(MPI_Comm world) { training_world() = world; }
 
-RecipeResult run_distributed(
-    const TrainConfig& config, std::ostream& log,
-    const std::function<RecipeResult(const TrainConfig&, std::ostream&)>& body) {
+std::ostream& RunLayout::log(std::ostream& main_log) const {
+  if (is_main()) return main_log;
+  static NullBuffer null_buffer;
+  static std::ostream null_log(&null_buffer);
+  return null_log;
+}
+
+RunLayout lay_out_ranks(const TrainConfig& config, std::ostream& log, TrainConfig* rank_config) {
+  *rank_config = config;
   const bool asked = config.dp > 0 || config.tp > 0 || !config.plan.empty();
   int world_size = 1, rank = 0;
   if (mpi_running()) {
@@ -197,17 +182,15 @@ RecipeResult run_distributed(
     MPI_Comm_rank(training_world(), &rank);
   }
   // One process: its device is checked (a missing GPU fails here, before any data is read).
-  auto alone = [&] {
+  if (world_size == 1) {
+    if (asked) resolve_layout(config, world_size);  // --dp=1 --tp=1 or a one-device plan
     check_training_device(config);
-    return body(config, log);
-  };
-  if (world_size == 1 && !asked) return alone();
+    return RunLayout();
+  }
   ParallelLayout layout = resolve_layout(config, world_size);
-  if (world_size == 1) return alone();  // --dp=1 --tp=1 or a one-device plan
 
   // On GPUs each rank takes its own (by its rank on the node); the CPU-side exchanges stay on
   // MPI and DDP's gradients go over NCCL. Every rank fails alike before any data is read.
-  TrainConfig rank_config = config;
   const bool on_gpu = training_device(config).is_cuda();
   const int local_rank = on_gpu ? local_rank_on_node(training_world()) : 0;
   const Device device = rank_training_device(config, layout, world_size, local_rank, [] {
@@ -219,11 +202,11 @@ RecipeResult run_distributed(
   if (on_gpu) {
     // The rank's GPU is current for the whole process before anything touches a device.
     parallel::use_rank_device(device);
-    rank_config.device = device.str();
-    check_training_device(rank_config);
+    rank_config->device = device.str();
+    check_training_device(*rank_config);
   }
 
-  DistributedRun run;
+  RunLayout run;
   run.rank = rank;
   run.world_size = world_size;
   run.dp = layout.dp;
@@ -244,9 +227,7 @@ RecipeResult run_distributed(
   // The tensor-parallel ops and layers move the training device's tensors: NCCL on a GPU.
   if (run.tp > 1) run.tp_group_id = parallel::register_tp_group(run.tp_device_group);
 
-  NullBuffer null_buffer;
-  std::ostream null_log(&null_buffer);
-  std::ostream& rank_log = run.is_main() ? log : null_log;
+  std::ostream& rank_log = run.log(log);
   rank_log << "parallel: " << world_size << " ranks as dp " << run.dp << " x tp " << run.tp;
   if (run.plan) {
     char numbers[128];
@@ -263,110 +244,19 @@ RecipeResult run_distributed(
     rank_log << "; one GPU per rank, cuda:(rank on the node % GPUs) (rank 0 on " << run.device.str()
              << "), gradients and tensor-parallel collectives over NCCL";
   rank_log << "; rank 0 alone prints and writes metrics and checkpoints" << std::endl;
-  CurrentRunScope scope(std::move(run));
-  return body(rank_config, rank_log);
+  return run;
 }
 
-// ---- classifiers
-
-std::shared_ptr<nn::Module> parallel_classifier_model(std::shared_ptr<nn::Module> full) {
-  const DistributedRun& run = distributed_run();
-  if (run.tp == 1) return full;
-  // ShuffleNet's widest convolution (conv5, to 1024 channels) splits by channels; ResNet keeps a
-  // batch-split trunk and splits its classifier by classes.
-  const bool shufflenet = dynamic_cast<models::ShuffleNetV2*>(full.get()) != nullptr;
-  auto model = std::make_shared<parallel::TensorParallelClassifier>(
-      std::move(full), run.tp_group_id, /*split_widest_conv=*/shufflenet);
-  model->to(run.device);  // the split layers are made on the CPU; the trunk is there already
-  return model;
-}
-
-ParallelClassifier::ParallelClassifier(std::shared_ptr<nn::Module> model)
-    : model_(std::move(model)) {
-  const DistributedRun& run = distributed_run();
-  tensor_parallel_ = dynamic_cast<parallel::TensorParallelClassifier*>(model_.get());
-  TESSEL_CHECK(run.tp == 1 || tensor_parallel_ != nullptr, "--tp=", run.tp,
-               ": this recipe's model has no tensor-parallel form (ResNet, "
-               "ShuffleNet and BERT do); use --dp only");
-  ddp_ = make_ddp(*model_);
-}
-
-ParallelClassifier::~ParallelClassifier() = default;
-
-double ParallelClassifier::forward_backward(const Tensor& inputs, const Tensor& targets,
-                                            optim::Optimizer& optimizer, bool is_shard) {
-  const DistributedRun& run = distributed_run();
-  if (!run.distributed()) {
-    const Tensor loss = cross_entropy((*model_)(inputs), targets);
-    optimizer.zero_grad();
-    loss.backward();
-    return loss.item<double>();
-  }
-  const Tensor x = is_shard ? inputs : run.shard(inputs);
-  const Tensor y = is_shard ? targets : run.shard(targets);
-  const Tensor logits = ddp_ ? ddp_->forward(x) : model_->forward(x);
-  const Tensor loss =
-      tensor_parallel_ ? tensor_parallel_->loss(logits, y) : cross_entropy(logits, y);
-  std::vector<double> global;
-  const Tensor weighted = weight_by_global_counts({{loss, y.numel()}}, &global)[0];
-  optimizer.zero_grad();
-  weighted.backward();
-  if (ddp_) ddp_->finalize();
-  if (tensor_parallel_) tensor_parallel_->reduce_trunk_gradients();
-  return global[0];
-}
-
-EvalResult ParallelClassifier::evaluate(const data::Dataset& dataset, int64_t batch_size) {
-  const DistributedRun& run = distributed_run();
-  if (!run.distributed()) return evaluate_classifier(*model_, dataset, batch_size);
-  nn::Module* model = model_.get();
-  if (tensor_parallel_) {
-    tensor_parallel_->gather_into_full_model();
-    model = tensor_parallel_->full_model().get();
-  }
-  NoGradGuard no_grad;
-  model->eval();
-  const Device device = module_device(*model);
-  data::DataLoader loader(std::shared_ptr<const data::Dataset>(&dataset, [](auto*) {}),
-                          data::DataLoaderOptions().batch_size(batch_size).shuffle(false));
-  loader.start_epoch(0);
-  double loss_sum = 0, correct = 0, examples = 0;
-  for (int64_t index = 0;; ++index) {
-    auto batch = loader.next();
-    if (!batch) break;
-    if (index % run.dp != run.dp_rank) continue;
-    const Tensor logits = (*model)(to_training_device(batch->inputs, device));
-    loss_sum += cross_entropy(logits, to_training_device(batch->targets, device), -100, 0.0, "sum")
-                    .item<double>();
-    const auto predicted = argmax(logits, 1).to_vector<int64_t>();
-    const auto labels = batch->targets.to_vector<int64_t>();
-    for (size_t i = 0; i < labels.size(); ++i) correct += predicted[i] == labels[i];
-    examples += static_cast<double>(labels.size());
-  }
-  model_->train();
-  model->train();
-  const std::vector<double> sums = run.sum_over_dp({loss_sum, correct, examples});
-  EvalResult result;
-  result.examples = static_cast<int64_t>(sums[2]);
-  if (sums[2] > 0) {
-    result.loss = sums[0] / sums[2];
-    result.accuracy = sums[1] / sums[2];
-  }
-  return result;
-}
-
-// ---- helpers
-
-std::unique_ptr<parallel::DistributedDataParallel> make_ddp(nn::Module& module) {
-  const DistributedRun& run = distributed_run();
+std::unique_ptr<parallel::DistributedDataParallel> make_ddp(const RunLayout& run,
+                                                            nn::Module& module) {
   if (run.dp == 1) return nullptr;
   std::shared_ptr<nn::Module> alias(&module, [](nn::Module*) {});
   return std::make_unique<parallel::DistributedDataParallel>(alias, run.dp_device_group);
 }
 
-std::vector<Tensor> weight_by_global_counts(const std::vector<std::pair<Tensor, int64_t>>& means,
+std::vector<Tensor> weight_by_global_counts(const RunLayout& run,
+                                            const std::vector<std::pair<Tensor, int64_t>>& means,
                                             std::vector<double>* global_means) {
-  const DistributedRun& run = distributed_run();
   std::vector<Tensor> weighted;
   global_means->clear();
   if (run.dp == 1) {
@@ -390,65 +280,6 @@ std::vector<Tensor> weight_by_global_counts(const std::vector<std::pair<Tensor, 
     global_means->push_back(sums[n + i] / global_count);
   }
   return weighted;
-}
-
-double clip_grad_norm_tensor_parallel(nn::Module& model, double max_norm, int64_t group) {
-  NoGradGuard no_grad;
-  const auto split = parallel::tensor_parallel_split_dims(model);
-  double split_squares = 0, replicated_squares = 0;
-  std::vector<Tensor> grads;
-  for (const auto& [name, parameter] : model.named_parameters()) {
-    const Tensor grad = parameter.grad();
-    if (!grad.defined() || grad.numel() == 0) continue;
-    grads.push_back(grad);
-    const double squares = sum(mul(grad, grad)).item<double>();
-    (split.count(name) ? split_squares : replicated_squares) += squares;
-  }
-  const auto& comm = parallel::tp_group(group);
-  // On the group's device (NCCL moves GPU tensors only), read back on the CPU.
-  Tensor total = from_vector<double>({split_squares}, {1}).to(comm->device());
-  comm->all_reduce(total, parallel::ReduceOp::kSum);
-  const double norm =
-      std::sqrt(total.to(Device::cpu()).to_vector<double>()[0] + replicated_squares);
-  const double scale = max_norm / (norm + 1e-6);
-  if (scale < 1.0 || std::isnan(scale))
-    for (Tensor& grad : grads) grad.mul_(scale);
-  return norm;
-}
-
-std::optional<CheckpointSharding> checkpoint_sharding(nn::Module& model) {
-  const DistributedRun& run = distributed_run();
-  if (run.tp == 1) return std::nullopt;
-  CheckpointSharding sharding;
-  sharding.split_dims = parallel::split_state_dims(model);
-  sharding.parts = run.tp;
-  sharding.part = run.tp_group->rank();
-  std::shared_ptr<parallel::Communicator> group = run.tp_group;
-  sharding.gather = [group](const Tensor& local, int64_t dim) {
-    return parallel::gather_shards(local, dim, *group);
-  };
-  return sharding;
-}
-
-void gather_into_full_model(nn::Module& sharded, nn::Module& full, int64_t group) {
-  NoGradGuard no_grad;
-  const auto split = parallel::tensor_parallel_split_dims(sharded);
-  std::map<std::string, Tensor> targets;
-  for (const auto& [name, parameter] : full.named_parameters()) targets[name] = parameter;
-  auto& comm = *parallel::tp_group(group);
-  for (const auto& [name, parameter] : sharded.named_parameters()) {
-    auto target = targets.find(name);
-    TESSEL_CHECK(target != targets.end(), "gather_into_full_model: the full model has no ",
-                 "parameter '", name, "'");
-    auto dim = split.find(name);
-    Tensor value = dim == split.end() ? parameter.detach()
-                                      : parallel::gather_shards(parameter, dim->second, comm);
-    TESSEL_CHECK(value.sizes() == target->second.sizes(), "gather_into_full_model: '", name,
-                 "' gathers to ", shape_str(value.sizes()), " but the full model's is ",
-                 shape_str(target->second.sizes()));
-    Tensor copy = target->second;
-    copy.copy_(value);
-  }
 }
 
 }  // namespace tessel::train

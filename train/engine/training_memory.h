@@ -2,7 +2,7 @@
 // a run, moves the model's state into the budget, turns a fraction into bytes after a first
 // unconstrained step, and reports memory use and policy counters for status lines and metrics.
 //   TrainingMemory memory(config, model, optimizer, log);  // before the first step
-//   ... each step: train; memory.after_step(step, log); ... memory.report(steps, &record);
+//   ... each step: train; memory.after_step(log);  StatusLog shows memory.report(...)
 #pragma once
 
 #include <cstdint>
@@ -13,8 +13,8 @@
 
 #include "memory/memory.h"
 #include "nn/module.h"
+#include "train/engine/config.h"
 #include "optim/optimizer.h"
-#include "train/recipes/recipe.h"
 
 namespace tessel::train {
 

@@ -1,4 +1,4 @@
-#include "train/recipes/memory_budget.h"
+#include "train/engine/training_memory.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,9 +9,9 @@
 #include "core/autograd.h"
 #include "core/error.h"
 #include "memory/host_link.h"
+#include "train/engine/setup.h"
 #include "optim/adam.h"
 #include "optim/sgd.h"
-#include "train/recipes/recipe_util.h"
 
 namespace tessel::train {
 namespace {

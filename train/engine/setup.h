@@ -1,16 +1,22 @@
-// Small pieces every recipe shares: the start of a run (threads, seed, the header line) and the
-// device it trains on (--device), with the moves of models and batches onto it.
+// The start of a run, as every recipe makes it: threads, seed and the header line; the device it
+// trains on (--device), with the moves of models and batches onto it; the optimizer --optimizer
+// names.
 //   begin_run(config, log);  // sets threads and the RNG seed, prints "recipe NAME: ..."
 //   const Device device = training_device(config);  model->to(device);  // before the optimizer
+//   auto optimizer = make_optimizer(config, model->named_parameters(), {});
 //   Tensor inputs = to_training_device(batch->inputs, device);
 #pragma once
 
+#include <memory>
 #include <ostream>
+#include <string>
 
 #include "core/device.h"
 #include "core/tensor.h"
 #include "nn/module.h"
-#include "train/recipes/recipe.h"
+#include "train/engine/config.h"
+#include "optim/adam.h"
+#include "optim/optimizer.h"
 
 namespace tessel::train {
 
@@ -36,5 +42,11 @@ Tensor to_training_device(const Tensor& x, Device device);
 
 // Where `module`'s parameters live (the first one's device; CPU for a module without any).
 Device module_device(const nn::Module& module);
+
+// The optimizer --optimizer names, at --lr: SGD with momentum 0.9, Adam, or AdamW with
+// `adamw_options`' weight decay and eps.
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& config,
+                                                 const optim::NamedTensors& parameters,
+                                                 const optim::AdamWOptions& adamw_options);
 
 }  // namespace tessel::train

@@ -1,10 +1,11 @@
-#include "train/recipes/recipe_util.h"
+#include "train/engine/setup.h"
 
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/threading.h"
 #include "ops/ops.h"
 #include "ops/transfer.h"
+#include "optim/sgd.h"
 
 namespace tessel::train {
 
@@ -15,7 +16,9 @@ void begin_run(const TrainConfig& config, std::ostream& log) {
       << ", batch " << *config.batch_size << ", lr " << *config.lr << ", epochs " << *config.epochs
       << (config.steps > 0 ? ", steps " + std::to_string(config.steps) : std::string()) << ", seed "
       << config.seed << ", threads " << get_num_threads() << ", device "
-      << training_device(config).str() << std::endl;
+      << training_device(config).str();
+  if (config.dropout) log << ", dropout " << *config.dropout;
+  log << std::endl;
 }
 
 Device parse_training_device(const std::string& text) {
@@ -59,6 +62,19 @@ Tensor to_training_device(const Tensor& x, Device device) {
 Device module_device(const nn::Module& module) {
   for (const Tensor& parameter : module.parameters()) return parameter.device();
   return Device::cpu();
+}
+
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& config,
+                                                 const optim::NamedTensors& parameters,
+                                                 const optim::AdamWOptions& adamw_options) {
+  const std::string& name = *config.optimizer;
+  if (name == "sgd")
+    return std::make_unique<optim::SGD>(parameters, optim::SGDOptions(*config.lr).momentum(0.9));
+  if (name == "adam")
+    return std::make_unique<optim::Adam>(parameters, optim::AdamOptions(*config.lr));
+  TESSEL_CHECK(name == "adamw", "--optimizer: unknown optimizer '", name, "' (sgd, adam or adamw)");
+  optim::AdamWOptions options = adamw_options;
+  return std::make_unique<optim::AdamW>(parameters, options.lr(*config.lr));
 }
 
 }  // namespace tessel::train

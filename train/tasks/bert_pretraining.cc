@@ -1,0 +1,353 @@
+#include "train/tasks/bert_pretraining.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+
+#include "core/autograd.h"
+#include "core/error.h"
+#include "ops/ops.h"
+#include "parallel/ddp.h"
+#include "data/data_loader.h"
+#include "train/engine/setup.h"
+#include "optim/clip_grad.h"
+#include "text/vocab_builder.h"
+
+namespace tessel::train {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+constexpr int64_t kEvalBatch = 64;
+constexpr int64_t kGroupBatches = 50;  // batches per window sorted by length
+constexpr uint64_t kBatchOrderSalt = 0x5bd1e995;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// FNV-1a over the documents' text: the vocab cache key.
+uint64_t fingerprint(const text::Corpus& corpus) {
+  uint64_t hash = 1469598103934665603ull;
+  auto mix = [&hash](unsigned char byte) {
+    hash ^= byte;
+    hash *= 1099511628211ull;
+  };
+  for (const std::string& document : corpus.texts()) {
+    for (char c : document) mix(static_cast<unsigned char>(c));
+    mix(0);
+  }
+  return hash;
+}
+
+Tensor hidden_activation(const Tensor& x, const std::string& name) {
+  if (name == "gelu") return gelu(x);
+  if (name == "gelu_new") return gelu(x, "tanh");
+  return relu(x);
+}
+
+}  // namespace
+
+// The examples at `indices`, cut to the longest of them (padding sits at the end), so a batch
+// of short fortunes does not pay for 128 positions.
+text::MlmBatch make_batch(const text::MlmDataset& dataset, const std::vector<int64_t>& indices,
+                          int64_t epoch) {
+  std::vector<text::MlmExample> examples;
+  examples.reserve(indices.size());
+  size_t longest = 1;
+  for (int64_t index : indices) {
+    examples.push_back(dataset.example(index, epoch));
+    const auto& mask = examples.back().attention_mask;
+    size_t length = 0;
+    for (size_t t = 0; t < mask.size(); ++t)
+      if (mask[t]) length = t + 1;
+    longest = std::max(longest, length);
+  }
+  for (auto& example : examples) {
+    example.input_ids.resize(longest);
+    example.token_type_ids.resize(longest);
+    example.attention_mask.resize(longest);
+    example.mlm_labels.resize(longest);
+  }
+  return text::collate(examples);
+}
+
+// `batch` with the model's inputs and the next-sentence labels on `device`. The masked-LM labels
+// stay on the host: they are read there to pick the predicted positions.
+text::MlmBatch inputs_to_device(text::MlmBatch batch, Device device) {
+  batch.input_ids = to_training_device(batch.input_ids, device);
+  batch.token_type_ids = to_training_device(batch.token_type_ids, device);
+  batch.attention_mask = to_training_device(batch.attention_mask, device);
+  batch.nsp_labels = to_training_device(batch.nsp_labels, device);
+  return batch;
+}
+
+namespace {
+
+int64_t pair_length(const text::MlmDataset& dataset, int64_t index) {
+  const text::SentencePair& pair = dataset.pairs()[index];
+  return static_cast<int64_t>(pair.a.size() + pair.b.size()) + 3;  // [CLS] A [SEP] B [SEP]
+}
+
+// `indices` sorted by sequence length (stable, so ties keep their order).
+void sort_by_length(const text::MlmDataset& dataset, std::vector<int64_t>::iterator begin,
+                    std::vector<int64_t>::iterator end) {
+  std::stable_sort(begin, end, [&](int64_t a, int64_t b) {
+    return pair_length(dataset, a) < pair_length(dataset, b);
+  });
+}
+
+}  // namespace
+
+// The batches of one epoch, grouped by length: the shuffled order is cut into windows of
+// kGroupBatches batches, each window is sorted by length and cut into batches, and the batches
+// are shuffled. Batches then hold sequences of similar length and little compute goes to
+// padding (fortunes average ~40 tokens, so a batch padded to its longest of 128 would waste
+// most of it). Depends only on (seed, epoch), so a resumed run sees the same batches.
+std::vector<std::vector<int64_t>> epoch_batches(const text::MlmDataset& dataset, int64_t batch_size,
+                                                uint64_t seed, int64_t epoch) {
+  std::vector<int64_t> order = data::shuffled_indices(dataset.size(), seed, epoch);
+  const int64_t window = kGroupBatches * batch_size;
+  for (int64_t begin = 0; begin < dataset.size(); begin += window)
+    sort_by_length(dataset, order.begin() + begin,
+                   order.begin() + std::min(dataset.size(), begin + window));
+  std::vector<std::vector<int64_t>> batches;
+  for (int64_t begin = 0; begin < dataset.size(); begin += batch_size)
+    batches.emplace_back(order.begin() + begin,
+                         order.begin() + std::min(dataset.size(), begin + batch_size));
+  const std::vector<int64_t> batch_order =
+      data::shuffled_indices(static_cast<int64_t>(batches.size()), seed ^ kBatchOrderSalt, epoch);
+  std::vector<std::vector<int64_t>> shuffled;
+  shuffled.reserve(batches.size());
+  for (int64_t index : batch_order) shuffled.push_back(std::move(batches[index]));
+  return shuffled;
+}
+
+namespace {
+
+struct PretrainingStep {
+  Tensor mlm_logits;            // (P, vocab): only the P predicted positions
+  std::vector<int64_t> labels;  // (P)
+  Tensor mlm_loss;              // mean over the P positions
+  Tensor nsp_logits;            // (N, 2)
+  Tensor nsp_loss;
+};
+
+// BertForPreTraining's forward and loss, with the MLM head (dense, GELU, LayerNorm, the decoder
+// over the whole vocabulary) run only at the predicted positions: about 15% of the tokens, so the
+// largest matmul of the model shrinks about 7x. Same values as the full head at those positions.
+// `batch` as inputs_to_device leaves it: inputs on the model's device, mlm_labels on the host.
+PretrainingStep pretraining_step(models::BertForPreTraining& model, const text::MlmBatch& batch) {
+  const models::BertModelOutput encoded =
+      model.bert->forward(batch.input_ids, batch.token_type_ids, batch.attention_mask);
+  const Device device = encoded.sequence_output.device();
+  const int64_t hidden = model.config.hidden_size();
+  const auto labels = batch.mlm_labels.to_vector<int64_t>();
+  std::vector<int64_t> positions;
+  PretrainingStep step;
+  for (size_t i = 0; i < labels.size(); ++i) {
+    if (labels[i] == text::kIgnoreLabel) continue;
+    positions.push_back(static_cast<int64_t>(i));
+    step.labels.push_back(labels[i]);
+  }
+  TESSEL_CHECK(!positions.empty(), "bert_mlm_fortunes: a batch has no masked position");
+  const int64_t count = static_cast<int64_t>(positions.size());
+  Tensor picked =
+      index_select(encoded.sequence_output.reshape({-1, hidden}), 0,
+                   to_training_device(from_vector<int64_t>(positions, {count}), device));
+  Tensor transformed = model.transform_norm->forward(
+      hidden_activation(model.transform_dense->forward(picked), model.config.hidden_act()));
+  step.mlm_logits = linear(transformed, model.decoder_weight(), model.decoder_bias);
+  step.mlm_loss = cross_entropy(
+      step.mlm_logits, to_training_device(from_vector<int64_t>(step.labels, {count}), device));
+  step.nsp_logits = model.seq_relationship->forward(encoded.pooled_output);
+  step.nsp_loss = cross_entropy(step.nsp_logits, batch.nsp_labels);
+  return step;
+}
+
+}  // namespace
+
+Evaluation evaluate_mlm(models::BertForPreTraining& model, const text::MlmDataset& held_out,
+                        double baseline) {
+  NoGradGuard no_grad;
+  model.eval();
+  const Device device = module_device(model);
+  double loss_sum = 0;
+  int64_t predicted = 0, correct = 0, nsp_correct = 0, sequences = 0;
+  // Sums do not depend on the order: batches of similar lengths pad the least.
+  std::vector<int64_t> order(held_out.size());
+  for (int64_t i = 0; i < held_out.size(); ++i) order[i] = i;
+  sort_by_length(held_out, order.begin(), order.end());
+  for (int64_t begin = 0; begin < held_out.size(); begin += kEvalBatch) {
+    const std::vector<int64_t> indices(
+        order.begin() + begin, order.begin() + std::min(held_out.size(), begin + kEvalBatch));
+    const text::MlmBatch batch = make_batch(held_out, indices, /*epoch=*/0);
+    const PretrainingStep step = pretraining_step(model, inputs_to_device(batch, device));
+    const int64_t count = static_cast<int64_t>(step.labels.size());
+    loss_sum += step.mlm_loss.item<double>() * static_cast<double>(count);
+    const auto guesses = argmax(step.mlm_logits, 1).to_vector<int64_t>();
+    for (int64_t i = 0; i < count; ++i) correct += guesses[i] == step.labels[i];
+    predicted += count;
+    const auto nsp_guesses = argmax(step.nsp_logits, 1).to_vector<int64_t>();
+    const auto nsp_labels = batch.nsp_labels.to_vector<int64_t>();
+    for (size_t i = 0; i < nsp_labels.size(); ++i) nsp_correct += nsp_guesses[i] == nsp_labels[i];
+    sequences += static_cast<int64_t>(nsp_labels.size());
+  }
+  model.train();
+  const double mlm_loss = loss_sum / static_cast<double>(std::max<int64_t>(1, predicted));
+  return {{"mlm_loss", mlm_loss},
+          {"unigram_baseline", baseline},
+          {"below_baseline", baseline - mlm_loss},
+          {"mlm_accuracy", static_cast<double>(correct) / std::max<int64_t>(1, predicted)},
+          {"nsp_accuracy", static_cast<double>(nsp_correct) / std::max<int64_t>(1, sequences)}};
+}
+
+std::string work_dir_for(const std::string& work_dir, const std::string& name) {
+  if (!work_dir.empty()) return work_dir;
+  const char* home = std::getenv("HOME");
+  const fs::path base =
+      home && *home ? fs::path(home) / ".cache" / "tessel" : fs::path("/tmp") / "tessel";
+  return (base / name).string();
+}
+
+text::WordPiece cached_vocab(const text::Corpus& corpus, int64_t vocab_size,
+                             const std::string& work_dir, std::ostream& log) {
+  char name[64];
+  std::snprintf(name, sizeof(name), "vocab-%lld-%016" PRIx64 ".txt",
+                static_cast<long long>(vocab_size), fingerprint(corpus));
+  const fs::path path = fs::path(work_dir) / name;
+  if (fs::exists(path)) {
+    text::WordPiece vocab = text::WordPiece::from_file(path.string());
+    log << "vocab: " << vocab.size() << " tokens from " << path.string() << std::endl;
+    return vocab;
+  }
+  const auto start = Clock::now();
+  text::VocabBuilder builder(text::VocabBuilderOptions().vocab_size(vocab_size));
+  for (const std::string& document : corpus.texts()) builder.add_text(document);
+  const std::vector<std::string> tokens = builder.build();
+  std::error_code error;
+  fs::create_directories(work_dir, error);
+  TESSEL_CHECK(!error, "--work_dir: cannot create '", work_dir, "': ", error.message());
+  // Written under a temporary name and renamed, so a crash never leaves half a vocab behind.
+  const fs::path temporary = path.string() + ".tmp." + std::to_string(::getpid());
+  text::write_vocab(tokens, temporary.string());
+  fs::rename(temporary, path, error);
+  TESSEL_CHECK(!error, "--work_dir: cannot rename '", temporary.string(), "' to '", path.string(),
+               "': ", error.message());
+  char line[64];
+  std::snprintf(line, sizeof(line), " (%.1f s)", seconds_since(start));
+  log << "vocab: built " << tokens.size() << " tokens from " << builder.num_words()
+      << " words, cached in " << path.string() << line << std::endl;
+  return text::WordPiece(tokens, text::BasicTokenizerOptions(), path.string());
+}
+
+double clip_grad_norm_tensor_parallel(nn::Module& model, double max_norm, int64_t group) {
+  NoGradGuard no_grad;
+  const auto split = parallel::tensor_parallel_split_dims(model);
+  double split_squares = 0, replicated_squares = 0;
+  std::vector<Tensor> grads;
+  for (const auto& [name, parameter] : model.named_parameters()) {
+    const Tensor grad = parameter.grad();
+    if (!grad.defined() || grad.numel() == 0) continue;
+    grads.push_back(grad);
+    const double squares = sum(mul(grad, grad)).item<double>();
+    (split.count(name) ? split_squares : replicated_squares) += squares;
+  }
+  const auto& comm = parallel::tp_group(group);
+  // On the group's device (NCCL moves GPU tensors only), read back on the CPU.
+  Tensor total = from_vector<double>({split_squares}, {1}).to(comm->device());
+  comm->all_reduce(total, parallel::ReduceOp::kSum);
+  const double norm =
+      std::sqrt(total.to(Device::cpu()).to_vector<double>()[0] + replicated_squares);
+  const double scale = max_norm / (norm + 1e-6);
+  if (scale < 1.0 || std::isnan(scale))
+    for (Tensor& grad : grads) grad.mul_(scale);
+  return norm;
+}
+
+void gather_into_full_model(nn::Module& sharded, nn::Module& full, int64_t group) {
+  NoGradGuard no_grad;
+  const auto split = parallel::tensor_parallel_split_dims(sharded);
+  std::map<std::string, Tensor> targets;
+  for (const auto& [name, parameter] : full.named_parameters()) targets[name] = parameter;
+  auto& comm = *parallel::tp_group(group);
+  for (const auto& [name, parameter] : sharded.named_parameters()) {
+    auto target = targets.find(name);
+    TESSEL_CHECK(target != targets.end(), "gather_into_full_model: the full model has no ",
+                 "parameter '", name, "'");
+    auto dim = split.find(name);
+    Tensor value = dim == split.end() ? parameter.detach()
+                                      : parallel::gather_shards(parameter, dim->second, comm);
+    TESSEL_CHECK(value.sizes() == target->second.sizes(), "gather_into_full_model: '", name,
+                 "' gathers to ", shape_str(value.sizes()), " but the full model's is ",
+                 shape_str(target->second.sizes()));
+    Tensor copy = target->second;
+    copy.copy_(value);
+  }
+}
+
+}  // namespace tessel::train
+
+namespace tessel::train {
+
+ParallelBert::ParallelBert(models::BertForPreTraining& model, const RunLayout& layout)
+    : model_(model), layout_(layout) {
+  if (layout.tp > 1) tp_model_ = parallel::shard_bert(model, layout.tp_group_id);
+  ddp_ = make_ddp(layout, trained());
+}
+
+ParallelBert::~ParallelBert() = default;
+
+nn::Module& ParallelBert::trained() {
+  return tp_model_ ? static_cast<nn::Module&>(*tp_model_) : model_;
+}
+
+PretrainingLoss ParallelBert::loss(const text::MlmBatch& batch) {
+  Tensor mlm_loss, nsp_loss;
+  int64_t predicted = 0;
+  if (tp_model_) {
+    const parallel::TensorParallelBertOutput output =
+        tp_model_->forward(batch.input_ids, batch.token_type_ids, batch.attention_mask);
+    const models::BertPreTrainingLoss losses = parallel::tensor_parallel_bert_loss(
+        output, batch.mlm_labels, batch.nsp_labels, layout_.tp_group_id);
+    mlm_loss = losses.mlm;
+    nsp_loss = losses.nsp;
+    for (int64_t label : batch.mlm_labels.to_vector<int64_t>())
+      predicted += label != text::kIgnoreLabel;
+  } else {
+    const PretrainingStep step = pretraining_step(model_, batch);
+    mlm_loss = step.mlm_loss;
+    nsp_loss = step.nsp_loss;
+    predicted = static_cast<int64_t>(step.labels.size());
+  }
+  // Normalised by the global batch's counts, so DDP's average is the global gradient.
+  std::vector<double> means;
+  const std::vector<Tensor> weighted = weight_by_global_counts(
+      layout_, {{mlm_loss, predicted}, {nsp_loss, batch.nsp_labels.numel()}}, &means);
+  PretrainingLoss loss;
+  loss.total = add(weighted[0], weighted[1]);
+  loss.value = layout_.distributed() ? means[0] + means[1] : loss.total.item<double>();
+  loss.mlm = means[0];
+  loss.nsp = means[1];
+  return loss;
+}
+
+double ParallelBert::clip_gradients(double max_norm) {
+  if (tp_model_) return clip_grad_norm_tensor_parallel(*tp_model_, max_norm, layout_.tp_group_id);
+  return optim::clip_grad_norm(model_.parameters(), max_norm);
+}
+
+Evaluation ParallelBert::evaluate(const text::MlmDataset& held_out, double baseline) {
+  if (tp_model_) gather_into_full_model(*tp_model_, model_, layout_.tp_group_id);
+  return evaluate_mlm(model_, held_out, baseline);
+}
+
+}  // namespace tessel::train

@@ -1,0 +1,94 @@
+// BERT pre-training (masked LM + next-sentence prediction) on a dp x tp layout: batches grouped
+// by length, the loss of one step (the MLM head run only at the masked positions), gradient
+// clipping, held-out evaluation, and the WordPiece vocabulary cache. With tp > 1 a shard_bert
+// copy trains (heads, MLP and vocabulary split); with dp > 1 DDP averages its gradients, finishing
+// inside backward. A training step then reads as on one process:
+//   ParallelBert bert(model, layout);
+//   PretrainingLoss loss = bert.loss(batch);
+//   optimizer.zero_grad();  loss.total.backward();  bert.clip_gradients(1.0);  optimizer.step();
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "models/bert.h"
+#include "nn/module.h"
+#include "parallel/tensor_parallel.h"
+#include "train/engine/run_layout.h"
+#include "train/engine/status_log.h"
+#include "text/corpus.h"
+#include "text/mlm.h"
+#include "text/wordpiece.h"
+
+namespace tessel::parallel {
+class DistributedDataParallel;
+}  // namespace tessel::parallel
+
+namespace tessel::train {
+
+// The examples at `indices` (masks of `epoch`), cut to the longest of them (padding sits at the
+// end), so a batch of short fortunes does not pay for 128 positions.
+text::MlmBatch make_batch(const text::MlmDataset& dataset, const std::vector<int64_t>& indices,
+                          int64_t epoch);
+// `batch` with the model's inputs and the next-sentence labels on `device`. The masked-LM labels
+// stay on the host: they are read there to pick the predicted positions.
+text::MlmBatch inputs_to_device(text::MlmBatch batch, Device device);
+// The batches of one epoch, as indices into `dataset`, grouped by length: the shuffled order is
+// cut into windows of 50 batches, each window is sorted by length and cut into batches, and the
+// batches are shuffled. Batches then hold sequences of similar length and little compute goes to
+// padding. Depends only on (seed, epoch), so a resumed run sees the same batches.
+std::vector<std::vector<int64_t>> epoch_batches(const text::MlmDataset& dataset, int64_t batch_size,
+                                                uint64_t seed, int64_t epoch);
+// Held-out masked-LM loss and accuracy (with the unigram `baseline` and how far below it the
+// loss is) and next-sentence accuracy of `model`; back in training mode afterwards.
+Evaluation evaluate_mlm(models::BertForPreTraining& model, const text::MlmDataset& held_out,
+                        double baseline);
+
+// The WordPiece vocabulary of at most `vocab_size` tokens built from `corpus` by the vocab
+// builder, cached as <work_dir>/vocab-<vocab_size>-<fingerprint of the text>.txt: built and
+// written (atomically) the first time, read afterwards. Writes one line to `log` either way.
+text::WordPiece cached_vocab(const text::Corpus& corpus, int64_t vocab_size,
+                             const std::string& work_dir, std::ostream& log);
+// $HOME/.cache/tessel (or /tmp/tessel without HOME) joined with `name`, unless `work_dir` is set.
+std::string work_dir_for(const std::string& work_dir, const std::string& name);
+
+// clip_grad_norm for a tensor-parallel model: split parameters' squares summed over the tp
+// group, replicated ones counted once. Returns the total norm.
+double clip_grad_norm_tensor_parallel(nn::Module& model, double max_norm, int64_t group);
+// Copies a tensor-parallel model's parameters into the full model of the same names, gathering
+// split ones over the tp group (a collective): evaluation runs on the full model.
+void gather_into_full_model(nn::Module& sharded, nn::Module& full, int64_t group);
+
+struct PretrainingLoss {
+  Tensor total;      // what backward starts from: MLM + NSP, weighted by the global counts
+  double value = 0;  // the global batch's MLM + NSP loss, the same on every rank
+  double mlm = 0, nsp = 0;
+};
+
+class ParallelBert {
+ public:
+  // `model` is on the training device and outlives this. With tp > 1 a tensor-parallel copy is
+  // made (and gathered back into `model` to evaluate); with dp > 1 DDP wraps what trains.
+  ParallelBert(models::BertForPreTraining& model, const RunLayout& layout);
+  ~ParallelBert();
+  // What the optimizer updates and checkpoints hold: the tensor-parallel copy, or `model`.
+  nn::Module& trained();
+  // The loss of `batch` (this rank's rows, as inputs_to_device leaves them), each part a mean
+  // over the global batch's masked positions or sequences.
+  PretrainingLoss loss(const text::MlmBatch& batch);
+  // Scales the gradients to a total norm of at most `max_norm` (over the tp group's split
+  // parameters too); returns the norm before.
+  double clip_gradients(double max_norm);
+  Evaluation evaluate(const text::MlmDataset& held_out, double baseline);
+
+ private:
+  models::BertForPreTraining& model_;
+  const RunLayout& layout_;
+  std::shared_ptr<parallel::TensorParallelBertForPreTraining> tp_model_;
+  std::unique_ptr<parallel::DistributedDataParallel> ddp_;
+};
+
+}  // namespace tessel::train

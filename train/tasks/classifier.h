@@ -1,0 +1,70 @@
+// Image classification on a dp x tp layout: the module the optimizer updates, the loss of one
+// step, and evaluation. With dp > 1 the forward pass goes through DDP; with tp > 1 a
+// parallel::TensorParallelClassifier splits the model. Gradient reductions finish inside
+// loss.backward(), so a training loop reads as on one process:
+//   ParallelClassifier classifier(parallel_classifier_model(layout, model), layout);
+//   ClassifierLoss loss = classifier.loss(inputs, targets);  // this rank's rows of the batch
+//   optimizer.zero_grad();  loss.value.backward();  optimizer.step();
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "core/tensor.h"
+#include "nn/module.h"
+#include "data/dataset.h"
+#include "train/engine/run_layout.h"
+
+namespace tessel::parallel {
+class DistributedDataParallel;
+class TensorParallelClassifier;
+}  // namespace tessel::parallel
+
+namespace tessel::train {
+
+struct EvalResult {
+  double accuracy = 0;
+  double loss = 0;  // mean cross-entropy
+  int64_t examples = 0;
+};
+
+// Accuracy and mean loss of `model` (in eval mode, no autograd) over every example of `dataset`,
+// on the device of the model's parameters (batches are moved there). The model is back in
+// training mode afterwards.
+EvalResult evaluate_classifier(nn::Module& model, const data::Dataset& dataset,
+                               int64_t batch_size = 500);
+
+// `full` itself, or with tp > 1 a parallel::TensorParallelClassifier over it: batch-split trunk;
+// ResNet's classifier split by classes; ShuffleNet's conv5 split by channels and its classifier
+// by input features.
+std::shared_ptr<nn::Module> parallel_classifier_model(const RunLayout& layout,
+                                                      std::shared_ptr<nn::Module> full);
+
+struct ClassifierLoss {
+  Tensor value;     // what backward starts from (this rank's part of the global mean)
+  double mean = 0;  // the global batch's mean cross-entropy, the same on every rank
+};
+
+class ParallelClassifier {
+ public:
+  // `model`: what the optimizer updates (parallel_classifier_model's result, or any
+  // single-tensor classifier when tp == 1). Wraps it in DDP over the dp group when dp > 1.
+  ParallelClassifier(std::shared_ptr<nn::Module> model, const RunLayout& layout);
+  ~ParallelClassifier();
+  // Cross-entropy of `inputs` (this rank's rows of the global batch: a loader made with
+  // DataLoaderOptions::shard(dp_rank, dp)), weighted so that the average over the dp group is
+  // the global batch's mean. Its backward pass leaves every rank with the global batch's
+  // gradients: DDP averages them over dp, and with tp > 1 the replicated trunk's are summed
+  // over tp when backward ends.
+  ClassifierLoss loss(const Tensor& inputs, const Tensor& targets);
+  // Loss and accuracy over `dataset`: batches dealt round-robin to the dp ranks and summed.
+  EvalResult evaluate(const data::Dataset& dataset, int64_t batch_size = 500);
+
+ private:
+  std::shared_ptr<nn::Module> model_;
+  const RunLayout& layout_;
+  parallel::TensorParallelClassifier* tensor_parallel_ = nullptr;
+  std::unique_ptr<parallel::DistributedDataParallel> ddp_;
+};
+
+}  // namespace tessel::train
