@@ -10,6 +10,40 @@
 
 namespace tessel {
 
+const char* op_kind_name(OpKind kind) {
+  switch (kind) {
+    case OpKind::kUnspecified:
+      return "unspecified";
+    case OpKind::kGemm:
+      return "gemm";
+    case OpKind::kConv:
+      return "conv";
+    case OpKind::kPointwise:
+      return "pointwise";
+    case OpKind::kActivation:
+      return "activation";
+    case OpKind::kReduction:
+      return "reduction";
+    case OpKind::kNorm:
+      return "norm";
+    case OpKind::kPool:
+      return "pool";
+    case OpKind::kLoss:
+      return "loss";
+    case OpKind::kDataMovement:
+      return "data_movement";
+    case OpKind::kIndexing:
+      return "indexing";
+    case OpKind::kFactory:
+      return "factory";
+    case OpKind::kOptimizer:
+      return "optimizer";
+    case OpKind::kCommunication:
+      return "communication";
+  }
+  return "?";
+}
+
 OpRegistry& OpRegistry::get() {
   static OpRegistry* registry = new OpRegistry;
   return *registry;
@@ -356,7 +390,7 @@ Device common_device(const OpDef& op, const std::vector<Tensor>& inputs, const A
 // Outputs live on the inputs' device, except for the device transfer, whose "device" attribute
 // names where its output goes.
 Device output_device(const OpDef& op, const Device& device, const Attrs& attrs) {
-  if (op.name != "to_device") return device;
+  if (!op.flags.device_transfer) return device;
   return Device::parse(attrs.get<std::string>("device"));
 }
 

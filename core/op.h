@@ -1,6 +1,7 @@
-// The op registry and dispatcher. Every op is registered once (shape rule, kernel per device,
-// backward, cost, splittable dimensions, flags) and every call goes through `dispatch`, which
-// is where autograd recording, recipes for the memory layer and meta-device tracing attach.
+// The op registry and dispatcher. Every op is registered once (kind, autocast policy, planner
+// traits, shape rule, kernel per device, backward, cost, splittable dimensions, flags) and every
+// call goes through `dispatch`, which is where autograd recording, recipes for the memory layer
+// and meta-device tracing attach.
 //   static const OpDef& op = OpRegistry::get().find("add");
 //   Tensor out = dispatch(op, {a, b}, Attrs{{"alpha", 1.0}})[0];
 #pragma once
@@ -69,15 +70,76 @@ struct SplitRule {
   std::vector<int> input_dims;
 };
 
+// What an op computes, coarsely. The planner prices ops by it (parallel/planner/strategies.cc);
+// every registered op declares one (tests/core/op_contract_test.cc).
+enum class OpKind {
+  kUnspecified,    // not declared: a registration error
+  kGemm,           // matrix products: matmul, bmm, linear
+  kConv,           // convolutions and their gradients
+  kPointwise,      // element-wise arithmetic, comparisons, selection, masks
+  kActivation,     // element-wise transcendental functions (exp, tanh, gelu, pow): priced apart
+  kReduction,      // sums, means, extrema, variance, softmax
+  kNorm,           // batch and layer normalisation
+  kPool,           // pooling windows
+  kLoss,           // losses and their gradients
+  kDataMovement,   // views, copies, casts, joins, device transfers
+  kIndexing,       // embedding lookups, gathers and their scatter-add gradients
+  kFactory,        // constants, ranges and random numbers
+  kOptimizer,      // fused parameter updates
+  kCommunication,  // tensor-parallel collectives
+};
+inline constexpr OpKind kAllOpKinds[] = {
+    OpKind::kGemm,         OpKind::kConv,     OpKind::kPointwise, OpKind::kActivation,
+    OpKind::kReduction,    OpKind::kNorm,     OpKind::kPool,      OpKind::kLoss,
+    OpKind::kDataMovement, OpKind::kIndexing, OpKind::kFactory,   OpKind::kOptimizer,
+    OpKind::kCommunication};
+const char* op_kind_name(OpKind kind);  // "gemm", "pointwise", ...; "unspecified"
+
+// What autocast (core/autocast.h) does to the floating inputs of an op.
+enum class AutocastPolicy {
+  kUnspecified,     // not declared: a registration error
+  kKeep,            // views and casts: inputs pass through unchanged
+  kLowerPrecision,  // products and convolutions: f32 inputs cast to the autocast dtype
+  kWiden,           // everything else: 16-bit float inputs cast to f32
+};
+
+// How the planner may cut an op across a tensor-parallel group (parallel/planner/strategies.cc).
+enum class ParallelSplit {
+  kNone,                // kept whole on every device of the group
+  kPointwise,           // any dim but the batch, alongside full-size operands
+  kLinearWeight,        // the (out, in) weight: by output features (column) or input (row)
+  kBatchedHeads,        // a batched product along its batch of attention heads
+  kConvChannels,        // output channels (column), input channels (row) or whole groups
+  kEmbeddingTable,      // the (vocab, hidden) table: by rows (vocab) or columns
+  kLossClasses,         // the classes of the log-probabilities: one all-reduce of target values
+  kSoftmaxLossClasses,  // the classes of the logits: all-reduces of maxima, sums and targets
+  kSoftmaxHeads,        // attention scores along their heads, never the normalised dim
+  kChannels,            // dim 1 (channels), per-channel parameters along dim 0
+  kSpatialReduction,    // reductions over spatial dims keep the channels (dim 1)
+  kConcat,              // joins along dim 1 (channels)
+};
+
+// How the planner splits and prices an op.
+struct PlannerTraits {
+  ParallelSplit split = ParallelSplit::kNone;
+  // The device profile's measured rate that prices it (DeviceProfile::op_kinds); null: the
+  // kind's ("gemm", "conv", "activation", otherwise "elementwise").
+  const char* rate = nullptr;
+};
+
 struct OpFlags {
   bool pure = true;           // same inputs and attributes give the same outputs
   bool random = false;        // consumes the RNG; the dispatcher records seed and offset in attrs
   bool side_effects = false;  // writes some inputs (listed in mutated_inputs) besides its outputs
   bool view = false;          // output aliases input 0's storage (view_fn, no kernel)
+  bool device_transfer = false;  // the output goes to the device its "device" attribute names
 };
 
 struct OpDef {
   std::string name;
+  OpKind kind = OpKind::kUnspecified;
+  AutocastPolicy autocast = AutocastPolicy::kUnspecified;
+  PlannerTraits planner;
   ShapeRule shape;
   std::array<Kernel, kNumDeviceTypes> kernels;
   BackwardFn backward;  // empty: not differentiable

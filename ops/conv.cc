@@ -1021,6 +1021,9 @@ TESSEL_REGISTER_OPS(conv) {
   {
     // conv2d: x (N, C, H, W), weight (O, C / groups, KH, KW), bias (O) or undefined.
     OpDef& op = OpRegistry::get().define("conv2d");
+    op.kind = OpKind::kConv;
+    op.autocast = AutocastPolicy::kLowerPrecision;
+    op.planner.split = ParallelSplit::kConvChannels;
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
       const Tensor& x = in.at(0);
       const Tensor& weight = in.at(1);
@@ -1072,6 +1075,8 @@ TESSEL_REGISTER_OPS(conv) {
   {
     // conv2d_backward_input: grad (N, O, OH, OW), weight -> grad of x (input_size).
     OpDef& op = OpRegistry::get().define("conv2d_backward_input");
+    op.kind = OpKind::kConv;
+    op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
       const Tensor& grad = in.at(0);
       const Tensor& weight = in.at(1);
@@ -1095,6 +1100,8 @@ TESSEL_REGISTER_OPS(conv) {
   {
     // conv2d_backward_weight: grad (N, O, OH, OW), x -> grad of weight (weight_size).
     OpDef& op = OpRegistry::get().define("conv2d_backward_weight");
+    op.kind = OpKind::kConv;
+    op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
       const Tensor& grad = in.at(0);
       const Tensor& x = in.at(1);

@@ -56,6 +56,9 @@ void dropout_kernel(KernelContext& context) {
 
 TESSEL_REGISTER_OPS(dropout) {
   OpDef& op = OpRegistry::get().define("dropout");
+  op.kind = OpKind::kPointwise;
+  op.autocast = AutocastPolicy::kWiden;
+  op.planner.split = ParallelSplit::kPointwise;
   op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
     const Tensor& x = in.at(0);
     TESSEL_CHECK(x.dtype() == DType::kFloat32 || x.dtype() == DType::kFloat64,

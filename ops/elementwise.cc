@@ -121,6 +121,9 @@ Tensor extremum_grad(const Tensor& grad, const Tensor& self, const Tensor& other
 
 void register_binary(const char* name, Binary kind, double flops) {
   OpDef& op = OpRegistry::get().define(name);
+  op.kind = kind == Binary::kPow ? OpKind::kActivation : OpKind::kPointwise;
+  op.autocast = AutocastPolicy::kWiden;
+  op.planner.split = ParallelSplit::kPointwise;
   op.shape = [name, kind](const std::vector<Tensor>& inputs, const Attrs&) {
     check_two_inputs(name, inputs);
     Shape sizes = broadcast_shapes(inputs[0].sizes(), inputs[1].sizes(), name);
@@ -222,6 +225,9 @@ void run_compare(const Tensor& out, const Tensor& a, const Tensor& b) {
 
 void register_comparison(const char* name, Compare kind) {
   OpDef& op = OpRegistry::get().define(name);
+  op.kind = OpKind::kPointwise;
+  op.autocast = AutocastPolicy::kWiden;
+  op.planner.split = ParallelSplit::kPointwise;
   op.shape = [name](const std::vector<Tensor>& inputs, const Attrs&) {
     check_two_inputs(name, inputs);
     return std::vector<OutputSpec>{
@@ -266,6 +272,9 @@ void run_scalar(KernelContext& context, double value) {
 // Attr: value (exponent for pow_scalar).
 void register_scalar(const char* name, ScalarOp kind, const char* attr) {
   OpDef& op = OpRegistry::get().define(name);
+  op.kind = kind == ScalarOp::kPow ? OpKind::kActivation : OpKind::kPointwise;
+  op.autocast = AutocastPolicy::kWiden;
+  op.planner.split = ParallelSplit::kPointwise;
   op.shape = [](const std::vector<Tensor>& inputs, const Attrs&) {
     return std::vector<OutputSpec>{{inputs.at(0).sizes(), inputs[0].dtype()}};
   };
@@ -357,8 +366,16 @@ void unary_loop(Unary kind, const Tensor& out, const Tensor& in) {
   }
 }
 
+// Priced apart from arithmetic by the planner (OpKind::kActivation).
+bool is_transcendental(Unary kind) {
+  return kind != Unary::kNeg && kind != Unary::kAbs && kind != Unary::kRelu;
+}
+
 void register_unary(const char* name, Unary kind, double flops) {
   OpDef& op = OpRegistry::get().define(name);
+  op.kind = is_transcendental(kind) ? OpKind::kActivation : OpKind::kPointwise;
+  op.autocast = AutocastPolicy::kWiden;
+  op.planner.split = ParallelSplit::kPointwise;
   op.shape = [name, kind](const std::vector<Tensor>& inputs, const Attrs&) {
     TESSEL_CHECK(inputs.size() == 1 && inputs[0].defined(), name, ": expected one tensor");
     DType dtype = inputs[0].dtype();
@@ -467,6 +484,9 @@ bool gelu_uses_tanh(const Attrs& attrs) {
 void register_gelu() {
   {
     OpDef& op = OpRegistry::get().define("gelu");
+    op.kind = OpKind::kActivation;
+    op.autocast = AutocastPolicy::kWiden;
+    op.planner.split = ParallelSplit::kPointwise;
     op.shape = [](const std::vector<Tensor>& inputs, const Attrs& attrs) {
       gelu_uses_tanh(attrs);
       visit_float_dtype(inputs.at(0).dtype(), "gelu", [](auto) {});
@@ -492,6 +512,8 @@ void register_gelu() {
   {
     // inputs {grad, x}: grad * gelu'(x). Attr approximate, as the forward.
     OpDef& op = OpRegistry::get().define("gelu_backward");
+    op.kind = OpKind::kActivation;
+    op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& inputs, const Attrs& attrs) {
       check_two_inputs("gelu_backward", inputs);
       gelu_uses_tanh(attrs);
@@ -519,6 +541,8 @@ void register_gelu() {
 // inputs {grad, y} (y = relu(x)): grad where y > 0, else 0 (PyTorch's threshold_backward).
 void register_relu_backward() {
   OpDef& op = OpRegistry::get().define("relu_backward");
+  op.kind = OpKind::kPointwise;
+  op.autocast = AutocastPolicy::kWiden;
   op.shape = [](const std::vector<Tensor>& inputs, const Attrs&) {
     check_two_inputs("relu_backward", inputs);
     visit_float_dtype(inputs[1].dtype(), "relu_backward", [](auto) {});
@@ -554,6 +578,9 @@ void register_relu_backward() {
 void register_clamp() {
   // Attrs: min, max (either may be -inf / +inf).
   OpDef& op = OpRegistry::get().define("clamp");
+  op.kind = OpKind::kPointwise;
+  op.autocast = AutocastPolicy::kWiden;
+  op.planner.split = ParallelSplit::kPointwise;
   op.shape = [](const std::vector<Tensor>& inputs, const Attrs& attrs) {
     DType dtype = inputs.at(0).dtype();
     TESSEL_CHECK(dtype != DType::kBool && dtype != DType::kBFloat16 && dtype != DType::kFloat16,
@@ -594,6 +621,9 @@ void check_mask(const char* op, const char* argument, const Tensor& mask) {
 void register_selection() {
   {
     OpDef& op = OpRegistry::get().define("where");
+    op.kind = OpKind::kPointwise;
+    op.autocast = AutocastPolicy::kWiden;
+    op.planner.split = ParallelSplit::kPointwise;
     op.shape = [](const std::vector<Tensor>& inputs, const Attrs&) {
       TESSEL_CHECK(inputs.size() == 3, "where: expected {condition, a, b}");
       check_mask("where", "condition", inputs[0]);
@@ -628,6 +658,9 @@ void register_selection() {
   {
     // inputs {x, mask}, attr value.
     OpDef& op = OpRegistry::get().define("masked_fill");
+    op.kind = OpKind::kPointwise;
+    op.autocast = AutocastPolicy::kWiden;
+    op.planner.split = ParallelSplit::kPointwise;
     op.shape = [](const std::vector<Tensor>& inputs, const Attrs&) {
       check_two_inputs("masked_fill", inputs);
       check_mask("masked_fill", "mask", inputs[1]);

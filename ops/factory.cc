@@ -114,6 +114,8 @@ TESSEL_REGISTER_OPS(factory) {
   {
     // Attrs: shape, value, dtype (name), device. No inputs.
     OpDef& op = OpRegistry::get().define("full");
+    op.kind = OpKind::kFactory;
+    op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>&, const Attrs& attrs) {
       return creation_shape("full", attrs);
     };
@@ -132,6 +134,8 @@ TESSEL_REGISTER_OPS(factory) {
   {
     // Attrs: start, end, step, dtype, device. Element i is start + i * step.
     OpDef& op = OpRegistry::get().define("arange");
+    op.kind = OpKind::kFactory;
+    op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>&, const Attrs& attrs) {
       double start = attrs.get<double>("start"), end = attrs.get<double>("end"),
              step = attrs.get<double>("step");
@@ -156,6 +160,8 @@ TESSEL_REGISTER_OPS(factory) {
   {
     // Uniform in [low, high). Attrs: shape, dtype, device, low, high (+ rng_seed, rng_offset).
     OpDef& op = OpRegistry::get().define("rand");
+    op.kind = OpKind::kFactory;
+    op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>&, const Attrs& attrs) {
       auto specs = creation_shape("rand", attrs);
       TESSEL_CHECK(is_floating(specs[0].dtype), "rand: expected a floating dtype, got ",
@@ -181,6 +187,8 @@ TESSEL_REGISTER_OPS(factory) {
   {
     // Normal(mean, std). Attrs: shape, dtype, device, mean, std (+ rng_seed, rng_offset).
     OpDef& op = OpRegistry::get().define("randn");
+    op.kind = OpKind::kFactory;
+    op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>&, const Attrs& attrs) {
       auto specs = creation_shape("randn", attrs);
       TESSEL_CHECK(is_floating(specs[0].dtype), "randn: expected a floating dtype, got ",
@@ -206,6 +214,8 @@ TESSEL_REGISTER_OPS(factory) {
   {
     // Integers uniform in [low, high). Attrs: shape, dtype, device, low, high (int64).
     OpDef& op = OpRegistry::get().define("randint");
+    op.kind = OpKind::kFactory;
+    op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>&, const Attrs& attrs) {
       int64_t low = attrs.get<int64_t>("low"), high = attrs.get<int64_t>("high");
       TESSEL_CHECK(low < high, "randint: expected low < high, got low=", low, ", high=", high);
@@ -235,6 +245,9 @@ TESSEL_REGISTER_OPS(factory) {
   // Copies: a row-major copy of any strided input.
   for (const char* name : {"clone", "contiguous"}) {
     OpDef& op = OpRegistry::get().define(name);
+    op.kind = OpKind::kDataMovement;
+    op.autocast = AutocastPolicy::kWiden;
+    op.planner.split = ParallelSplit::kPointwise;
     op.shape = [](const std::vector<Tensor>& inputs, const Attrs&) {
       return std::vector<OutputSpec>{{inputs.at(0).sizes(), inputs[0].dtype()}};
     };
@@ -248,6 +261,9 @@ TESSEL_REGISTER_OPS(factory) {
   {
     // Attr: dtype (name). Any dtype to any dtype.
     OpDef& op = OpRegistry::get().define("to_dtype");
+    op.kind = OpKind::kDataMovement;
+    op.autocast = AutocastPolicy::kKeep;
+    op.planner.split = ParallelSplit::kPointwise;
     op.shape = [](const std::vector<Tensor>& inputs, const Attrs& attrs) {
       return std::vector<OutputSpec>{
           {inputs.at(0).sizes(), dtype_from_name(attrs.get<std::string>("dtype"))}};
@@ -265,6 +281,9 @@ TESSEL_REGISTER_OPS(factory) {
   {
     // In place: inputs {self}, out {self}, attr value.
     OpDef& op = OpRegistry::get().define("fill_");
+    op.kind = OpKind::kFactory;
+    op.autocast = AutocastPolicy::kWiden;
+    op.planner.split = ParallelSplit::kPointwise;
     op.shape = [](const std::vector<Tensor>& inputs, const Attrs&) {
       TESSEL_CHECK(inputs.size() == 1, "fill_: expected one input (the tensor to fill), got ",
                    inputs.size());
@@ -285,6 +304,9 @@ TESSEL_REGISTER_OPS(factory) {
   {
     // In place: inputs {dest, source}, out {dest}. Source is broadcast to dest and converted.
     OpDef& op = OpRegistry::get().define("copy_");
+    op.kind = OpKind::kDataMovement;
+    op.autocast = AutocastPolicy::kWiden;
+    op.planner.split = ParallelSplit::kPointwise;
     op.shape = [](const std::vector<Tensor>& inputs, const Attrs&) {
       TESSEL_CHECK(inputs.size() == 2, "copy_: expected inputs {dest, source}, got ", inputs.size(),
                    " inputs");

@@ -134,6 +134,9 @@ Shape embedding_output_shape(const Tensor& weight, const Tensor& indices) {
 TESSEL_REGISTER_OPS(index) {
   {
     OpDef& op = OpRegistry::get().define("cat");
+    op.kind = OpKind::kDataMovement;
+    op.autocast = AutocastPolicy::kWiden;
+    op.planner = {ParallelSplit::kConcat, "concat"};
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
       TESSEL_CHECK(!in.empty(), "cat: expected at least one tensor");
       const Tensor& first = in[0];
@@ -189,6 +192,8 @@ TESSEL_REGISTER_OPS(index) {
   }
   {
     OpDef& op = OpRegistry::get().define("index_select");
+    op.kind = OpKind::kIndexing;
+    op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
       const Tensor& x = in.at(0);
       const Tensor& index = in.at(1);
@@ -226,6 +231,8 @@ TESSEL_REGISTER_OPS(index) {
   {
     // grad (..., count, ...) summed into zeros of input_sizes at rows `index` along dim.
     OpDef& op = OpRegistry::get().define("index_select_backward");
+    op.kind = OpKind::kIndexing;
+    op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
       const Shape& input_sizes = attrs.get<Shape>("input_sizes");
       const int64_t dim =
@@ -262,6 +269,8 @@ TESSEL_REGISTER_OPS(index) {
   }
   {
     OpDef& op = OpRegistry::get().define("gather");
+    op.kind = OpKind::kIndexing;
+    op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
       const Tensor& x = in.at(0);
       const Tensor& index = in.at(1);
@@ -322,6 +331,8 @@ TESSEL_REGISTER_OPS(index) {
   {
     // Scatter-add of grad (index's shape) into zeros of input_sizes along dim.
     OpDef& op = OpRegistry::get().define("gather_backward");
+    op.kind = OpKind::kIndexing;
+    op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
       const Shape& input_sizes = attrs.get<Shape>("input_sizes");
       check_index_dtype("gather_backward", "index", in.at(1));
@@ -381,6 +392,9 @@ TESSEL_REGISTER_OPS(index) {
   {
     // weight (num, dim), indices any shape -> indices.shape + [dim].
     OpDef& op = OpRegistry::get().define("embedding");
+    op.kind = OpKind::kIndexing;
+    op.autocast = AutocastPolicy::kWiden;
+    op.planner = {ParallelSplit::kEmbeddingTable, "embedding"};
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
       const Tensor& weight = in.at(0);
       const Tensor& indices = in.at(1);
@@ -420,6 +434,8 @@ TESSEL_REGISTER_OPS(index) {
     // grad (indices.shape + [dim]) summed into rows of a (num_weights, dim) zero table; the
     // padding row gets nothing.
     OpDef& op = OpRegistry::get().define("embedding_backward");
+    op.kind = OpKind::kIndexing;
+    op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
       const Tensor& grad = in.at(0);
       const Tensor& indices = in.at(1);

@@ -176,6 +176,8 @@ TESSEL_REGISTER_OPS(linalg) {
   {
     // matmul: a (n, k) x b (k, m) -> (n, m). The public matmul builds every other form on it.
     OpDef& op = OpRegistry::get().define("matmul");
+    op.kind = OpKind::kGemm;
+    op.autocast = AutocastPolicy::kLowerPrecision;
     op.shape = [](const std::vector<Tensor>& in, const Attrs&) {
       const Tensor& a = in.at(0);
       const Tensor& b = in.at(1);
@@ -211,6 +213,9 @@ TESSEL_REGISTER_OPS(linalg) {
   {
     // bmm: a (B, n, k) x b (B, k, m) -> (B, n, m); batch strides of 0 read one matrix for all.
     OpDef& op = OpRegistry::get().define("bmm");
+    op.kind = OpKind::kGemm;
+    op.autocast = AutocastPolicy::kLowerPrecision;
+    op.planner.split = ParallelSplit::kBatchedHeads;
     op.shape = [](const std::vector<Tensor>& in, const Attrs&) {
       const Tensor& a = in.at(0);
       const Tensor& b = in.at(1);
@@ -249,6 +254,9 @@ TESSEL_REGISTER_OPS(linalg) {
     // linear: x (..., in), weight (out, in), optional bias (out) -> (..., out). x has at least
     // 2 dims here (the public function lifts a 1-D x), so dim 0 is always a row dim.
     OpDef& op = OpRegistry::get().define("linear");
+    op.kind = OpKind::kGemm;
+    op.autocast = AutocastPolicy::kLowerPrecision;
+    op.planner.split = ParallelSplit::kLinearWeight;
     op.shape = [](const std::vector<Tensor>& in, const Attrs&) {
       const Tensor& x = in.at(0);
       const Tensor& weight = in.at(1);

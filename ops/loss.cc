@@ -423,6 +423,9 @@ Attrs class_loss_attrs(int64_t ignore_index, const std::string& reduction) {
 TESSEL_REGISTER_OPS(loss) {
   {
     OpDef& op = OpRegistry::get().define("cross_entropy");
+    op.kind = OpKind::kLoss;
+    op.autocast = AutocastPolicy::kWiden;
+    op.planner = {ParallelSplit::kSoftmaxLossClasses, "loss"};
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
       const OutputSpec loss =
           check_class_loss("cross_entropy", "logits", in.at(0), in.at(1), attrs);
@@ -457,6 +460,8 @@ TESSEL_REGISTER_OPS(loss) {
   }
   {
     OpDef& op = OpRegistry::get().define("cross_entropy_backward");
+    op.kind = OpKind::kLoss;
+    op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& in, const Attrs&) {
       return std::vector<OutputSpec>{{in.at(1).sizes(), in[1].dtype()}};
     };
@@ -468,6 +473,9 @@ TESSEL_REGISTER_OPS(loss) {
   }
   {
     OpDef& op = OpRegistry::get().define("nll_loss");
+    op.kind = OpKind::kLoss;
+    op.autocast = AutocastPolicy::kWiden;
+    op.planner = {ParallelSplit::kLossClasses, "loss"};
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
       return std::vector<OutputSpec>{
           check_class_loss("nll_loss", "log_probs", in.at(0), in.at(1), attrs)};
@@ -487,6 +495,8 @@ TESSEL_REGISTER_OPS(loss) {
   }
   {
     OpDef& op = OpRegistry::get().define("nll_loss_backward");
+    op.kind = OpKind::kLoss;
+    op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
       return std::vector<OutputSpec>{
           {attrs.get<std::vector<int64_t>>("input_shape"), in.at(0).dtype()}};
@@ -499,6 +509,8 @@ TESSEL_REGISTER_OPS(loss) {
   }
   {
     OpDef& op = OpRegistry::get().define("mse_loss");
+    op.kind = OpKind::kLoss;
+    op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
       const Tensor &input = in.at(0), &target = in.at(1);
       TESSEL_CHECK(is_f32_or_f64(input.dtype()), "mse_loss: expected input to be f32 or f64, got ",

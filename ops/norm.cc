@@ -439,6 +439,9 @@ Shape row_statistics_shape(const Shape& sizes, size_t normalized_dims) {
 TESSEL_REGISTER_OPS(norm) {
   {
     OpDef& op = OpRegistry::get().define("batch_norm");
+    op.kind = OpKind::kNorm;
+    op.autocast = AutocastPolicy::kWiden;
+    op.planner = {ParallelSplit::kChannels, "batch_norm"};
     op.shape = [](const std::vector<Tensor>& in, const Attrs&) {
       check_batch_norm_inputs("batch_norm", in);
       const Tensor& x = in[0];
@@ -471,6 +474,9 @@ TESSEL_REGISTER_OPS(norm) {
   }
   {
     OpDef& op = OpRegistry::get().define("batch_norm_eval");
+    op.kind = OpKind::kNorm;
+    op.autocast = AutocastPolicy::kWiden;
+    op.planner = {ParallelSplit::kChannels, "batch_norm"};
     op.shape = [](const std::vector<Tensor>& in, const Attrs&) {
       check_batch_norm_inputs("batch_norm", in);
       TESSEL_CHECK(in[3].defined() && in[4].defined(),
@@ -492,6 +498,8 @@ TESSEL_REGISTER_OPS(norm) {
   }
   {
     OpDef& op = OpRegistry::get().define("batch_norm_backward");
+    op.kind = OpKind::kNorm;
+    op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& in, const Attrs&) {
       const Tensor& x = in.at(1);
       TESSEL_CHECK(in.at(0).sizes() == x.sizes(), "batch_norm_backward: grad_y has shape ",
@@ -507,6 +515,9 @@ TESSEL_REGISTER_OPS(norm) {
   }
   {
     OpDef& op = OpRegistry::get().define("layer_norm");
+    op.kind = OpKind::kNorm;
+    op.autocast = AutocastPolicy::kWiden;
+    op.planner.rate = "layer_norm";
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
       const auto& normalized = attrs.get<std::vector<int64_t>>("normalized_shape");
       check_layer_norm_inputs(in, normalized);
@@ -539,6 +550,8 @@ TESSEL_REGISTER_OPS(norm) {
   }
   {
     OpDef& op = OpRegistry::get().define("layer_norm_backward");
+    op.kind = OpKind::kNorm;
+    op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
       const auto& normalized = attrs.get<std::vector<int64_t>>("normalized_shape");
       const Tensor& x = in.at(1);

@@ -324,6 +324,9 @@ TESSEL_REGISTER_OPS(pool) {
   {
     // max_pool2d: x (N, C, H, W) -> values (N, C, OH, OW), indices (i64, into each H*W plane).
     OpDef& op = OpRegistry::get().define("max_pool2d");
+    op.kind = OpKind::kPool;
+    op.autocast = AutocastPolicy::kWiden;
+    op.planner = {ParallelSplit::kChannels, "pool"};
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
       check_pool_input("max_pool2d", in.at(0));
       auto [rows, cols] = pool_axes("max_pool2d", in[0].sizes(), attrs, true);
@@ -350,6 +353,8 @@ TESSEL_REGISTER_OPS(pool) {
   {
     // max_pool2d_backward: grad (N, C, OH, OW), indices -> grad of x (input_size).
     OpDef& op = OpRegistry::get().define("max_pool2d_backward");
+    op.kind = OpKind::kPool;
+    op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
       auto sizes = input_size_attr(attrs);
       auto [rows, cols] = pool_axes("max_pool2d", sizes, attrs, true);
@@ -370,6 +375,9 @@ TESSEL_REGISTER_OPS(pool) {
   {
     // avg_pool2d: x (N, C, H, W) -> (N, C, OH, OW).
     OpDef& op = OpRegistry::get().define("avg_pool2d");
+    op.kind = OpKind::kPool;
+    op.autocast = AutocastPolicy::kWiden;
+    op.planner = {ParallelSplit::kChannels, "pool"};
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
       check_pool_input("avg_pool2d", in.at(0));
       auto [rows, cols] = pool_axes("avg_pool2d", in[0].sizes(), attrs, false);
@@ -392,6 +400,8 @@ TESSEL_REGISTER_OPS(pool) {
   }
   {
     OpDef& op = OpRegistry::get().define("avg_pool2d_backward");
+    op.kind = OpKind::kPool;
+    op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
       auto sizes = input_size_attr(attrs);
       auto [rows, cols] = pool_axes("avg_pool2d", sizes, attrs, false);
@@ -411,6 +421,9 @@ TESSEL_REGISTER_OPS(pool) {
   {
     // adaptive_avg_pool2d: x (N, C, H, W) -> (N, C, output_size[0], output_size[1]).
     OpDef& op = OpRegistry::get().define("adaptive_avg_pool2d");
+    op.kind = OpKind::kPool;
+    op.autocast = AutocastPolicy::kWiden;
+    op.planner.split = ParallelSplit::kChannels;
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
       check_pool_input("adaptive_avg_pool2d", in.at(0));
       auto sizes = adaptive_output_size(attrs);
@@ -433,6 +446,8 @@ TESSEL_REGISTER_OPS(pool) {
   }
   {
     OpDef& op = OpRegistry::get().define("adaptive_avg_pool2d_backward");
+    op.kind = OpKind::kPool;
+    op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
       auto sizes = input_size_attr(attrs);
       auto out = adaptive_output_size(attrs);

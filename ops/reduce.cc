@@ -200,6 +200,9 @@ Tensor keepdim_grad(const Tensor& grad, const Shape& input_sizes,
 void register_sum_mean(const char* name, bool is_mean) {
   // Attrs: dims (empty: all), keepdim.
   OpDef& op = OpRegistry::get().define(name);
+  op.kind = OpKind::kReduction;
+  op.autocast = AutocastPolicy::kWiden;
+  op.planner.split = ParallelSplit::kSpatialReduction;
   op.shape = [name, is_mean](const std::vector<Tensor>& inputs, const Attrs& attrs) {
     const Tensor& x = inputs.at(0);
     DType dtype = x.dtype();
@@ -279,6 +282,8 @@ void register_extremum(const char* name, const char* all_name, bool is_max) {
   {
     // Along a dim. Attrs: dim, keepdim. Outputs: values, indices (i64; the first on ties).
     OpDef& op = OpRegistry::get().define(name);
+    op.kind = OpKind::kReduction;
+    op.autocast = AutocastPolicy::kWiden;
     op.shape = [name](const std::vector<Tensor>& inputs, const Attrs& attrs) {
       const Tensor& x = inputs.at(0);
       auto reduced = single_dim(name, x.sizes(), attrs.get<int64_t>("dim"));
@@ -318,6 +323,8 @@ void register_extremum(const char* name, const char* all_name, bool is_max) {
   {
     // Over all elements: one 0-d output.
     OpDef& op = OpRegistry::get().define(all_name);
+    op.kind = OpKind::kReduction;
+    op.autocast = AutocastPolicy::kWiden;
     op.shape = [all_name](const std::vector<Tensor>& inputs, const Attrs&) {
       const Tensor& x = inputs.at(0);
       check_extremum_input(all_name, x, std::vector<bool>(x.dim(), true));
@@ -348,6 +355,8 @@ void register_extremum(const char* name, const char* all_name, bool is_max) {
 void register_argmax() {
   // Attrs: dim, keepdim. i64 output, the first index on ties.
   OpDef& op = OpRegistry::get().define("argmax");
+  op.kind = OpKind::kReduction;
+  op.autocast = AutocastPolicy::kWiden;
   op.shape = [](const std::vector<Tensor>& inputs, const Attrs& attrs) {
     const Tensor& x = inputs.at(0);
     auto reduced = single_dim("argmax", x.sizes(), attrs.get<int64_t>("dim"));
@@ -368,6 +377,8 @@ void register_argmax() {
 void register_var() {
   // Attrs: dims (empty: all), unbiased, keepdim.
   OpDef& op = OpRegistry::get().define("var");
+  op.kind = OpKind::kReduction;
+  op.autocast = AutocastPolicy::kWiden;
   op.shape = [](const std::vector<Tensor>& inputs, const Attrs& attrs) {
     const Tensor& x = inputs.at(0);
     check_float("var", x.dtype());
@@ -495,6 +506,9 @@ void softmax_block(const T* x, const ReduceLayout& layout, T* out, bool log_form
 void register_softmax(const char* name, bool log_form) {
   // Attr: dim.
   OpDef& op = OpRegistry::get().define(name);
+  op.kind = OpKind::kReduction;
+  op.autocast = AutocastPolicy::kWiden;
+  op.planner = {ParallelSplit::kSoftmaxHeads, "softmax"};
   op.shape = [name](const std::vector<Tensor>& inputs, const Attrs& attrs) {
     const Tensor& x = inputs.at(0);
     check_float(name, x.dtype());

@@ -159,6 +159,8 @@ Tensor slice_backward_of(const Tensor& grad, const Shape& input_sizes, int64_t d
 TESSEL_REGISTER_OPS(shape) {
   {
     OpDef& op = OpRegistry::get().define("view");
+    op.kind = OpKind::kDataMovement;
+    op.autocast = AutocastPolicy::kKeep;
     op.flags.view = true;
     op.view_fn = [](const Tensor& x, const Attrs& attrs) {
       return reshape_view("view", x, attrs, /*may_copy=*/false);
@@ -171,6 +173,8 @@ TESSEL_REGISTER_OPS(shape) {
   {
     // A view when the strides allow one, otherwise a contiguous copy viewed in the new shape.
     OpDef& op = OpRegistry::get().define("reshape");
+    op.kind = OpKind::kDataMovement;
+    op.autocast = AutocastPolicy::kKeep;
     op.flags.view = true;
     op.view_fn = [](const Tensor& x, const Attrs& attrs) {
       return reshape_view("reshape", x, attrs, /*may_copy=*/true);
@@ -182,6 +186,8 @@ TESSEL_REGISTER_OPS(shape) {
   }
   {
     OpDef& op = OpRegistry::get().define("transpose");
+    op.kind = OpKind::kDataMovement;
+    op.autocast = AutocastPolicy::kKeep;
     op.flags.view = true;
     op.view_fn = [](const Tensor& x, const Attrs& attrs) {
       int64_t dim0 = wrap_dim(attrs.get<int64_t>("dim0"), x.dim(), "transpose: dim0");
@@ -202,6 +208,8 @@ TESSEL_REGISTER_OPS(shape) {
   }
   {
     OpDef& op = OpRegistry::get().define("permute");
+    op.kind = OpKind::kDataMovement;
+    op.autocast = AutocastPolicy::kKeep;
     op.flags.view = true;
     op.view_fn = [](const Tensor& x, const Attrs& attrs) {
       std::vector<int64_t> dims = checked_permutation(x, attrs.get<std::vector<int64_t>>("dims"));
@@ -223,6 +231,8 @@ TESSEL_REGISTER_OPS(shape) {
   }
   {
     OpDef& op = OpRegistry::get().define("slice");
+    op.kind = OpKind::kDataMovement;
+    op.autocast = AutocastPolicy::kKeep;
     op.flags.view = true;
     op.view_fn = slice_geometry;
     op.backward = [](const BackwardContext& ctx) -> std::vector<Tensor> {
@@ -236,6 +246,8 @@ TESSEL_REGISTER_OPS(shape) {
   {
     // The gradient of slice: zeros of the input's shape with `grad` written into the slice.
     OpDef& op = OpRegistry::get().define("slice_backward");
+    op.kind = OpKind::kDataMovement;
+    op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
       const Shape& input_sizes = attrs.get<Shape>("input_sizes");
       Shape expected = input_sizes;
@@ -267,6 +279,8 @@ TESSEL_REGISTER_OPS(shape) {
   }
   {
     OpDef& op = OpRegistry::get().define("select");
+    op.kind = OpKind::kDataMovement;
+    op.autocast = AutocastPolicy::kKeep;
     op.flags.view = true;
     op.view_fn = [](const Tensor& x, const Attrs& attrs) {
       TESSEL_CHECK(x.dim() > 0, "select: cannot select from a 0-d tensor");
@@ -296,6 +310,8 @@ TESSEL_REGISTER_OPS(shape) {
   }
   {
     OpDef& op = OpRegistry::get().define("expand");
+    op.kind = OpKind::kDataMovement;
+    op.autocast = AutocastPolicy::kKeep;
     op.flags.view = true;
     op.view_fn = [](const Tensor& x, const Attrs& attrs) {
       const Shape& target = attrs.get<Shape>("shape");
@@ -338,6 +354,8 @@ TESSEL_REGISTER_OPS(shape) {
   }
   {
     OpDef& op = OpRegistry::get().define("squeeze");
+    op.kind = OpKind::kDataMovement;
+    op.autocast = AutocastPolicy::kKeep;
     op.flags.view = true;
     op.view_fn = [](const Tensor& x, const Attrs& attrs) {
       int64_t dim = wrap_dim(attrs.get<int64_t>("dim"), x.dim(), "squeeze: dim");
@@ -357,6 +375,8 @@ TESSEL_REGISTER_OPS(shape) {
   }
   {
     OpDef& op = OpRegistry::get().define("unsqueeze");
+    op.kind = OpKind::kDataMovement;
+    op.autocast = AutocastPolicy::kKeep;
     op.flags.view = true;
     op.view_fn = [](const Tensor& x, const Attrs& attrs) {
       int64_t dim = wrap_dim(attrs.get<int64_t>("dim"), x.dim() + 1, "unsqueeze: dim");

@@ -54,6 +54,9 @@ bool cuda_transfers_built() {
 
 TESSEL_REGISTER_OPS(transfer) {
   OpDef& op = OpRegistry::get().define("to_device");
+  op.kind = OpKind::kDataMovement;
+  op.autocast = AutocastPolicy::kWiden;
+  op.flags.device_transfer = true;
   op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
     TESSEL_CHECK(in.size() == 1 && in[0].defined(), "to_device: expected one defined tensor");
     const Device target = Device::parse(attrs.get<std::string>("device"));

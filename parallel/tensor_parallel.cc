@@ -99,6 +99,8 @@ OpCost copy_cost(const std::vector<Tensor>& inputs, const std::vector<Tensor>& o
 TESSEL_REGISTER_OPS(tensor_parallel) {
   {
     OpDef& op = OpRegistry::get().define("tp_copy");
+    op.kind = OpKind::kCommunication;
+    op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
       check_tp_input("copy_to_tp", in, attrs, false);
       return std::vector<OutputSpec>{{in[0].sizes(), in[0].dtype()}};
@@ -115,6 +117,8 @@ TESSEL_REGISTER_OPS(tensor_parallel) {
   }
   {
     OpDef& op = OpRegistry::get().define("tp_reduce");
+    op.kind = OpKind::kCommunication;
+    op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
       check_tp_input("reduce_from_tp", in, attrs, false);
       return std::vector<OutputSpec>{{in[0].sizes(), in[0].dtype()}};
@@ -137,6 +141,8 @@ TESSEL_REGISTER_OPS(tensor_parallel) {
   }
   {
     OpDef& op = OpRegistry::get().define("tp_gather");
+    op.kind = OpKind::kCommunication;
+    op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
       check_tp_input("gather_from_tp", in, attrs, true);
       Shape sizes = in[0].sizes();
@@ -164,6 +170,8 @@ TESSEL_REGISTER_OPS(tensor_parallel) {
   }
   {
     OpDef& op = OpRegistry::get().define("tp_scatter");
+    op.kind = OpKind::kCommunication;
+    op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
       check_tp_input("scatter_to_tp", in, attrs, true);
       const int tp = group_of(attrs)->size();

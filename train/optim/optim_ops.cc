@@ -193,6 +193,8 @@ void adam_kernel(KernelContext& ctx) {
 TESSEL_REGISTER_OPS(optim) {
   {
     OpDef& op = OpRegistry::get().define("sgd_update");
+    op.kind = OpKind::kOptimizer;
+    op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& inputs, const Attrs&) {
       return update_shapes("sgd_update", inputs, {"param", "grad", "momentum_buffer"});
     };
@@ -203,6 +205,8 @@ TESSEL_REGISTER_OPS(optim) {
   }
   {
     OpDef& op = OpRegistry::get().define("adam_update");
+    op.kind = OpKind::kOptimizer;
+    op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& inputs, const Attrs&) {
       return update_shapes("adam_update", inputs,
                            {"param", "grad", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"});
