@@ -2,13 +2,15 @@
 // traits, shape rule, kernel per device, backward, cost, splittable dimensions, flags) and every
 // call goes through `dispatch`, which is where autograd recording, recipes for the memory layer
 // and meta-device tracing attach.
-//   static const OpDef& op = OpRegistry::get().find("add");
-//   Tensor out = dispatch(op, {a, b}, Attrs{{"alpha", 1.0}})[0];
+// Code names an op only through its handle (OpHandle below), declared in its family's header:
+//   Tensor out = dispatch(ops::add, {a, b}, Attrs{{"alpha", 1.0}})[0];  // ops/elementwise.h
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -71,7 +73,7 @@ struct SplitRule {
 };
 
 // What an op computes, coarsely. The planner prices ops by it (parallel/planner/strategies.cc);
-// every registered op declares one (tests/core/op_contract_test.cc).
+// every registered op declares one (tests/planner/op_contract_test.cc).
 enum class OpKind {
   kUnspecified,    // not declared: a registration error
   kGemm,           // matrix products: matmul, bmm, linear
@@ -152,22 +154,50 @@ struct OpDef {
   ViewFn view_fn;
   // Random ops: how many Philox counters (4 numbers each) a call consumes.
   std::function<uint64_t(const std::vector<Tensor>& inputs, const Attrs& attrs)> rng_counters;
+  bool registered = false;  // set by OpRegistry::define; a handle may name an op not linked in
+};
+
+// The one way code names an op: a handle defined once per op, in the header of the op's family
+// (ops/conv.h: `inline const OpHandle conv2d{"conv2d"};`). Its OpDef is looked up on first use
+// and cached, so a call costs one atomic load. The op's registration defines it through the
+// handle and other backends attach kernels through it, in whichever order the static
+// initialisers of their libraries run.
+class OpHandle {
+ public:
+  explicit constexpr OpHandle(const char* name) : name_(name) {}
+  OpHandle(const OpHandle&) = delete;
+  OpHandle& operator=(const OpHandle&) = delete;
+
+  const char* name() const { return name_; }
+  OpDef& def() const;
+  operator const OpDef&() const { return def(); }  // NOLINT: a handle stands for its op
+  const OpDef* operator->() const { return &def(); }
+  // Adds or replaces the op's kernel for one device type (the CUDA backend).
+  void set_kernel(DeviceType device, Kernel kernel) const;
+
+ private:
+  const char* name_;
+  mutable std::atomic<OpDef*> def_{nullptr};
 };
 
 class OpRegistry {
  public:
   static OpRegistry& get();
-  // Registers a new op; throws if the name is taken.
-  OpDef& define(const std::string& name);
-  // Adds or replaces the kernel of an existing op for one device type (the CUDA backend).
-  void set_kernel(const std::string& name, DeviceType device, Kernel kernel);
+  // Registers the op `handle` names and returns its definition to fill in; throws if the op is
+  // registered already.
+  OpDef& define(const OpHandle& handle);
+  // The definition of `name`, created unregistered when nothing named it before (OpHandle::def).
+  OpDef& entry(const std::string& name);
+  // Registered ops by name, for code that holds names (tests walking every op, tools).
   const OpDef& find(const std::string& name) const;  // throws naming the unknown op
   const OpDef* find_or_null(const std::string& name) const;
-  std::vector<std::string> names() const;
+  std::vector<std::string> names() const;  // registered ops, in registration order
 
  private:
-  std::vector<std::unique_ptr<OpDef>> ops_;          // in registration order
-  std::unordered_map<std::string, OpDef*> by_name_;  // every call looks its op up here
+  mutable std::mutex mutex_;  // handles may resolve from several threads at once
+  std::vector<std::unique_ptr<OpDef>> entries_;
+  std::unordered_map<std::string, OpDef*> by_name_;
+  std::vector<const OpDef*> registered_;  // in registration order
 };
 
 // A pure, replayable record of one op call: what the memory layer recomputes from.
@@ -213,7 +243,5 @@ TraceHook set_trace_hook(TraceHook hook);  // returns the previous hook
 // runs the kernel for the inputs' device, records autograd and the recipe.
 std::vector<Tensor> dispatch(const OpDef& op, const std::vector<Tensor>& inputs, Attrs attrs = {},
                              const std::vector<Tensor>& out = {});
-// Shorthand for a named op with one output.
-Tensor dispatch1(const char* name, const std::vector<Tensor>& inputs, Attrs attrs = {});
 
 }  // namespace tessel

@@ -2,6 +2,8 @@
 // Grouped and dense convolutions run as im2col + GEMM (the column buffer comes from
 // the kernel workspace, so the allocator counts it); depthwise ones (one input channel per
 // group) run directly. Images are spread over threads when the batch allows.
+#include "ops/conv.h"
+
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -1020,7 +1022,7 @@ std::vector<int64_t> normalized_pair(std::vector<int64_t> values, const char* na
 TESSEL_REGISTER_OPS(conv) {
   {
     // conv2d: x (N, C, H, W), weight (O, C / groups, KH, KW), bias (O) or undefined.
-    OpDef& op = OpRegistry::get().define("conv2d");
+    OpDef& op = OpRegistry::get().define(ops::conv2d);
     op.kind = OpKind::kConv;
     op.autocast = AutocastPolicy::kLowerPrecision;
     op.planner.split = ParallelSplit::kConvChannels;
@@ -1050,11 +1052,11 @@ TESSEL_REGISTER_OPS(conv) {
       const Tensor& weight = context.saved_inputs[1];
       Tensor grad_x, grad_weight, grad_bias;
       if (context.needs_input_grad[0]) {
-        grad_x = dispatch(ops::op("conv2d_backward_input"), {grad, weight},
+        grad_x = dispatch(ops::conv2d_backward_input, {grad, weight},
                           with_sizes(context.attrs, "input_size", x.sizes()))[0];
       }
       if (context.needs_input_grad[1]) {
-        grad_weight = dispatch(ops::op("conv2d_backward_weight"), {grad, x},
+        grad_weight = dispatch(ops::conv2d_backward_weight, {grad, x},
                                with_sizes(context.attrs, "weight_size", weight.sizes()))[0];
       }
       if (context.needs_input_grad[2]) {
@@ -1074,7 +1076,7 @@ TESSEL_REGISTER_OPS(conv) {
   }
   {
     // conv2d_backward_input: grad (N, O, OH, OW), weight -> grad of x (input_size).
-    OpDef& op = OpRegistry::get().define("conv2d_backward_input");
+    OpDef& op = OpRegistry::get().define(ops::conv2d_backward_input);
     op.kind = OpKind::kConv;
     op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
@@ -1099,7 +1101,7 @@ TESSEL_REGISTER_OPS(conv) {
   }
   {
     // conv2d_backward_weight: grad (N, O, OH, OW), x -> grad of weight (weight_size).
-    OpDef& op = OpRegistry::get().define("conv2d_backward_weight");
+    OpDef& op = OpRegistry::get().define(ops::conv2d_backward_weight);
     op.kind = OpKind::kConv;
     op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
@@ -1130,7 +1132,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
               {"padding", normalized_pair(std::move(padding), "padding")},
               {"dilation", normalized_pair(std::move(dilation), "dilation")},
               {"groups", groups}};
-  return dispatch(ops::op("conv2d"), {x, weight, bias}, std::move(attrs))[0];
+  return dispatch(ops::conv2d, {x, weight, bias}, std::move(attrs))[0];
 }
 
 }  // namespace tessel

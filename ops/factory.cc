@@ -1,5 +1,7 @@
 // Creation (full, arange), random tensors (rand, randn, randint and the in-place initialisers),
 // copies and conversions (clone, contiguous, to_dtype, fill_, copy_).
+#include "ops/factory.h"
+
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -113,7 +115,7 @@ std::vector<Tensor> grad_passthrough(const BackwardContext& context) {
 TESSEL_REGISTER_OPS(factory) {
   {
     // Attrs: shape, value, dtype (name), device. No inputs.
-    OpDef& op = OpRegistry::get().define("full");
+    OpDef& op = OpRegistry::get().define(ops::full);
     op.kind = OpKind::kFactory;
     op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>&, const Attrs& attrs) {
@@ -133,7 +135,7 @@ TESSEL_REGISTER_OPS(factory) {
   }
   {
     // Attrs: start, end, step, dtype, device. Element i is start + i * step.
-    OpDef& op = OpRegistry::get().define("arange");
+    OpDef& op = OpRegistry::get().define(ops::arange);
     op.kind = OpKind::kFactory;
     op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>&, const Attrs& attrs) {
@@ -159,7 +161,7 @@ TESSEL_REGISTER_OPS(factory) {
   }
   {
     // Uniform in [low, high). Attrs: shape, dtype, device, low, high (+ rng_seed, rng_offset).
-    OpDef& op = OpRegistry::get().define("rand");
+    OpDef& op = OpRegistry::get().define(ops::rand);
     op.kind = OpKind::kFactory;
     op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>&, const Attrs& attrs) {
@@ -186,7 +188,7 @@ TESSEL_REGISTER_OPS(factory) {
   }
   {
     // Normal(mean, std). Attrs: shape, dtype, device, mean, std (+ rng_seed, rng_offset).
-    OpDef& op = OpRegistry::get().define("randn");
+    OpDef& op = OpRegistry::get().define(ops::randn);
     op.kind = OpKind::kFactory;
     op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>&, const Attrs& attrs) {
@@ -213,7 +215,7 @@ TESSEL_REGISTER_OPS(factory) {
   }
   {
     // Integers uniform in [low, high). Attrs: shape, dtype, device, low, high (int64).
-    OpDef& op = OpRegistry::get().define("randint");
+    OpDef& op = OpRegistry::get().define(ops::randint);
     op.kind = OpKind::kFactory;
     op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>&, const Attrs& attrs) {
@@ -243,8 +245,8 @@ TESSEL_REGISTER_OPS(factory) {
   }
 
   // Copies: a row-major copy of any strided input.
-  for (const char* name : {"clone", "contiguous"}) {
-    OpDef& op = OpRegistry::get().define(name);
+  for (const OpHandle* copy : {&ops::clone, &ops::contiguous}) {
+    OpDef& op = OpRegistry::get().define(*copy);
     op.kind = OpKind::kDataMovement;
     op.autocast = AutocastPolicy::kWiden;
     op.planner.split = ParallelSplit::kPointwise;
@@ -260,7 +262,7 @@ TESSEL_REGISTER_OPS(factory) {
   }
   {
     // Attr: dtype (name). Any dtype to any dtype.
-    OpDef& op = OpRegistry::get().define("to_dtype");
+    OpDef& op = OpRegistry::get().define(ops::to_dtype);
     op.kind = OpKind::kDataMovement;
     op.autocast = AutocastPolicy::kKeep;
     op.planner.split = ParallelSplit::kPointwise;
@@ -280,7 +282,7 @@ TESSEL_REGISTER_OPS(factory) {
   }
   {
     // In place: inputs {self}, out {self}, attr value.
-    OpDef& op = OpRegistry::get().define("fill_");
+    OpDef& op = OpRegistry::get().define(ops::fill_);
     op.kind = OpKind::kFactory;
     op.autocast = AutocastPolicy::kWiden;
     op.planner.split = ParallelSplit::kPointwise;
@@ -303,7 +305,7 @@ TESSEL_REGISTER_OPS(factory) {
   }
   {
     // In place: inputs {dest, source}, out {dest}. Source is broadcast to dest and converted.
-    OpDef& op = OpRegistry::get().define("copy_");
+    OpDef& op = OpRegistry::get().define(ops::copy_);
     op.kind = OpKind::kDataMovement;
     op.autocast = AutocastPolicy::kWiden;
     op.planner.split = ParallelSplit::kPointwise;
@@ -336,7 +338,7 @@ TESSEL_REGISTER_OPS(factory) {
 Tensor full(const Shape& sizes, double value, TensorOptions options) {
   Attrs attrs = creation_attrs(sizes, options);
   attrs.set("value", value);
-  return finish_creation(dispatch(ops::op("full"), {}, std::move(attrs))[0], options);
+  return finish_creation(dispatch(ops::full, {}, std::move(attrs))[0], options);
 }
 
 Tensor zeros(const Shape& sizes, TensorOptions options) { return full(sizes, 0.0, options); }
@@ -358,23 +360,22 @@ Tensor arange(double start, double end, double step, TensorOptions options) {
               {"step", step},
               {"dtype", std::string(dtype_name(options.dtype_))},
               {"device", options.device_.str()}};
-  return finish_creation(dispatch(ops::op("arange"), {}, std::move(attrs))[0], options);
+  return finish_creation(dispatch(ops::arange, {}, std::move(attrs))[0], options);
 }
 
 Tensor rand(const Shape& sizes, TensorOptions options) {
-  return finish_creation(dispatch(ops::op("rand"), {}, creation_attrs(sizes, options))[0], options);
+  return finish_creation(dispatch(ops::rand, {}, creation_attrs(sizes, options))[0], options);
 }
 
 Tensor randn(const Shape& sizes, TensorOptions options) {
-  return finish_creation(dispatch(ops::op("randn"), {}, creation_attrs(sizes, options))[0],
-                         options);
+  return finish_creation(dispatch(ops::randn, {}, creation_attrs(sizes, options))[0], options);
 }
 
 Tensor randint(int64_t low, int64_t high, const Shape& sizes, TensorOptions options) {
   Attrs attrs = creation_attrs(sizes, options);
   attrs.set("low", low);
   attrs.set("high", high);
-  return finish_creation(dispatch(ops::op("randint"), {}, std::move(attrs))[0], options);
+  return finish_creation(dispatch(ops::randint, {}, std::move(attrs))[0], options);
 }
 
 Tensor& uniform_(Tensor& tensor, double low, double high) {
@@ -385,7 +386,7 @@ Tensor& uniform_(Tensor& tensor, double low, double high) {
       creation_attrs(tensor.sizes(), TensorOptions(tensor.dtype()).device(tensor.device()));
   attrs.set("low", low);
   attrs.set("high", high);
-  dispatch(ops::op("rand"), {}, std::move(attrs), {tensor});
+  dispatch(ops::rand, {}, std::move(attrs), {tensor});
   return tensor;
 }
 
@@ -396,20 +397,20 @@ Tensor& normal_(Tensor& tensor, double mean, double stddev) {
       creation_attrs(tensor.sizes(), TensorOptions(tensor.dtype()).device(tensor.device()));
   attrs.set("mean", mean);
   attrs.set("std", stddev);
-  dispatch(ops::op("randn"), {}, std::move(attrs), {tensor});
+  dispatch(ops::randn, {}, std::move(attrs), {tensor});
   return tensor;
 }
 
-Tensor clone(const Tensor& x) { return dispatch(ops::op("clone"), {x})[0]; }
+Tensor clone(const Tensor& x) { return dispatch(ops::clone, {x})[0]; }
 
 Tensor contiguous(const Tensor& x) {
   if (x.is_contiguous()) return x;
-  return dispatch(ops::op("contiguous"), {x})[0];
+  return dispatch(ops::contiguous, {x})[0];
 }
 
 Tensor to_dtype(const Tensor& x, DType dtype) {
   if (x.dtype() == dtype) return x;
-  return dispatch(ops::op("to_dtype"), {x}, Attrs{{"dtype", std::string(dtype_name(dtype))}})[0];
+  return dispatch(ops::to_dtype, {x}, Attrs{{"dtype", std::string(dtype_name(dtype))}})[0];
 }
 
 }  // namespace tessel

@@ -2,6 +2,8 @@
 // of every gathering op is a deterministic scatter-add into zeros, registered as its own op
 // ("index_select_backward", "gather_backward", "embedding_backward") so it runs, records and
 // recomputes like any other.
+#include "ops/index.h"
+
 #include <algorithm>
 #include <cstring>
 
@@ -133,7 +135,7 @@ Shape embedding_output_shape(const Tensor& weight, const Tensor& indices) {
 
 TESSEL_REGISTER_OPS(index) {
   {
-    OpDef& op = OpRegistry::get().define("cat");
+    OpDef& op = OpRegistry::get().define(ops::cat);
     op.kind = OpKind::kDataMovement;
     op.autocast = AutocastPolicy::kWiden;
     op.planner = {ParallelSplit::kConcat, "concat"};
@@ -191,7 +193,7 @@ TESSEL_REGISTER_OPS(index) {
     };
   }
   {
-    OpDef& op = OpRegistry::get().define("index_select");
+    OpDef& op = OpRegistry::get().define(ops::index_select);
     op.kind = OpKind::kIndexing;
     op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
@@ -218,8 +220,7 @@ TESSEL_REGISTER_OPS(index) {
     };
     op.save_inputs = {1};
     op.backward = [](const BackwardContext& ctx) -> std::vector<Tensor> {
-      static const OpDef& backward = ops::op("index_select_backward");
-      return {dispatch(backward, {ctx.grad_outputs[0], ctx.saved_inputs[1]},
+      return {dispatch(ops::index_select_backward, {ctx.grad_outputs[0], ctx.saved_inputs[1]},
                        Attrs{{"dim", ctx.attrs.get<int64_t>("dim")},
                              {"input_sizes", ctx.input_specs[0].sizes}})[0],
               Tensor()};
@@ -230,7 +231,7 @@ TESSEL_REGISTER_OPS(index) {
   }
   {
     // grad (..., count, ...) summed into zeros of input_sizes at rows `index` along dim.
-    OpDef& op = OpRegistry::get().define("index_select_backward");
+    OpDef& op = OpRegistry::get().define(ops::index_select_backward);
     op.kind = OpKind::kIndexing;
     op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
@@ -268,7 +269,7 @@ TESSEL_REGISTER_OPS(index) {
     };
   }
   {
-    OpDef& op = OpRegistry::get().define("gather");
+    OpDef& op = OpRegistry::get().define(ops::gather);
     op.kind = OpKind::kIndexing;
     op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
@@ -318,8 +319,7 @@ TESSEL_REGISTER_OPS(index) {
     };
     op.save_inputs = {1};
     op.backward = [](const BackwardContext& ctx) -> std::vector<Tensor> {
-      static const OpDef& backward = ops::op("gather_backward");
-      return {dispatch(backward, {ctx.grad_outputs[0], ctx.saved_inputs[1]},
+      return {dispatch(ops::gather_backward, {ctx.grad_outputs[0], ctx.saved_inputs[1]},
                        Attrs{{"dim", ctx.attrs.get<int64_t>("dim")},
                              {"input_sizes", ctx.input_specs[0].sizes}})[0],
               Tensor()};
@@ -330,7 +330,7 @@ TESSEL_REGISTER_OPS(index) {
   }
   {
     // Scatter-add of grad (index's shape) into zeros of input_sizes along dim.
-    OpDef& op = OpRegistry::get().define("gather_backward");
+    OpDef& op = OpRegistry::get().define(ops::gather_backward);
     op.kind = OpKind::kIndexing;
     op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
@@ -391,7 +391,7 @@ TESSEL_REGISTER_OPS(index) {
   }
   {
     // weight (num, dim), indices any shape -> indices.shape + [dim].
-    OpDef& op = OpRegistry::get().define("embedding");
+    OpDef& op = OpRegistry::get().define(ops::embedding);
     op.kind = OpKind::kIndexing;
     op.autocast = AutocastPolicy::kWiden;
     op.planner = {ParallelSplit::kEmbeddingTable, "embedding"};
@@ -418,8 +418,7 @@ TESSEL_REGISTER_OPS(index) {
     op.save_inputs = {1};
     op.backward = [](const BackwardContext& ctx) -> std::vector<Tensor> {
       if (!ctx.needs_input_grad[0]) return {Tensor(), Tensor()};
-      static const OpDef& backward = ops::op("embedding_backward");
-      return {dispatch(backward, {ctx.grad_outputs[0], ctx.saved_inputs[1]},
+      return {dispatch(ops::embedding_backward, {ctx.grad_outputs[0], ctx.saved_inputs[1]},
                        Attrs{{"num_weights", ctx.input_specs[0].sizes[0]},
                              {"padding_idx", ctx.attrs.get_or<int64_t>("padding_idx", -1)}})[0],
               Tensor()};
@@ -433,7 +432,7 @@ TESSEL_REGISTER_OPS(index) {
   {
     // grad (indices.shape + [dim]) summed into rows of a (num_weights, dim) zero table; the
     // padding row gets nothing.
-    OpDef& op = OpRegistry::get().define("embedding_backward");
+    OpDef& op = OpRegistry::get().define(ops::embedding_backward);
     op.kind = OpKind::kIndexing;
     op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
@@ -467,8 +466,7 @@ TESSEL_REGISTER_OPS(index) {
 }
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
-  static const OpDef& op = ops::op("cat");
-  return dispatch(op, tensors, Attrs{{"dim", dim}})[0];
+  return dispatch(ops::cat, tensors, Attrs{{"dim", dim}})[0];
 }
 
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
@@ -509,18 +507,15 @@ std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {
 }
 
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
-  static const OpDef& op = ops::op("index_select");
-  return dispatch(op, {x, index}, Attrs{{"dim", dim}})[0];
+  return dispatch(ops::index_select, {x, index}, Attrs{{"dim", dim}})[0];
 }
 
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
-  static const OpDef& op = ops::op("gather");
-  return dispatch(op, {x, index}, Attrs{{"dim", dim}})[0];
+  return dispatch(ops::gather, {x, index}, Attrs{{"dim", dim}})[0];
 }
 
 Tensor embedding(const Tensor& weight, const Tensor& indices, int64_t padding_idx) {
-  static const OpDef& op = ops::op("embedding");
-  return dispatch(op, {weight, indices}, Attrs{{"padding_idx", padding_idx}})[0];
+  return dispatch(ops::embedding, {weight, indices}, Attrs{{"padding_idx", padding_idx}})[0];
 }
 
 }  // namespace tessel

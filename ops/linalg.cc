@@ -1,6 +1,8 @@
 // Matrix products: matmul (2-D op; 1-D and batched forms composed from views and bmm), bmm and
 // linear. Kernels read strided operands in place when each matrix is row- or column-major
 // (a transpose is then free), and copy to a dense workspace only otherwise.
+#include "ops/linalg.h"
+
 #include <algorithm>
 
 #include "ops/cpu/f32_fallback.h"
@@ -166,16 +168,14 @@ Tensor sum_in_f32(const Tensor& grad, const std::vector<int64_t>& dims) {
   return to_dtype(sum(to_dtype(grad, DType::kFloat32), dims), grad.dtype());
 }
 
-Tensor matmul_2d(const Tensor& a, const Tensor& b) {
-  return dispatch(ops::op("matmul"), {a, b})[0];
-}
+Tensor matmul_2d(const Tensor& a, const Tensor& b) { return dispatch(ops::matmul, {a, b})[0]; }
 
 }  // namespace
 
 TESSEL_REGISTER_OPS(linalg) {
   {
     // matmul: a (n, k) x b (k, m) -> (n, m). The public matmul builds every other form on it.
-    OpDef& op = OpRegistry::get().define("matmul");
+    OpDef& op = OpRegistry::get().define(ops::matmul);
     op.kind = OpKind::kGemm;
     op.autocast = AutocastPolicy::kLowerPrecision;
     op.shape = [](const std::vector<Tensor>& in, const Attrs&) {
@@ -212,7 +212,7 @@ TESSEL_REGISTER_OPS(linalg) {
   }
   {
     // bmm: a (B, n, k) x b (B, k, m) -> (B, n, m); batch strides of 0 read one matrix for all.
-    OpDef& op = OpRegistry::get().define("bmm");
+    OpDef& op = OpRegistry::get().define(ops::bmm);
     op.kind = OpKind::kGemm;
     op.autocast = AutocastPolicy::kLowerPrecision;
     op.planner.split = ParallelSplit::kBatchedHeads;
@@ -253,7 +253,7 @@ TESSEL_REGISTER_OPS(linalg) {
   {
     // linear: x (..., in), weight (out, in), optional bias (out) -> (..., out). x has at least
     // 2 dims here (the public function lifts a 1-D x), so dim 0 is always a row dim.
-    OpDef& op = OpRegistry::get().define("linear");
+    OpDef& op = OpRegistry::get().define(ops::linear);
     op.kind = OpKind::kGemm;
     op.autocast = AutocastPolicy::kLowerPrecision;
     op.planner.split = ParallelSplit::kLinearWeight;
@@ -358,14 +358,13 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return reshape(product, sizes);
 }
 
-Tensor bmm(const Tensor& a, const Tensor& b) { return dispatch(ops::op("bmm"), {a, b})[0]; }
+Tensor bmm(const Tensor& a, const Tensor& b) { return dispatch(ops::bmm, {a, b})[0]; }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   TESSEL_CHECK(x.dim() >= 1, "linear: input must have at least 1 dimension, got shape ",
                shape_str(x.sizes()));
-  if (x.dim() == 1)
-    return squeeze(dispatch(ops::op("linear"), {unsqueeze(x, 0), weight, bias})[0], 0);
-  return dispatch(ops::op("linear"), {x, weight, bias})[0];
+  if (x.dim() == 1) return squeeze(dispatch(ops::linear, {unsqueeze(x, 0), weight, bias})[0], 0);
+  return dispatch(ops::linear, {x, weight, bias})[0];
 }
 
 }  // namespace tessel

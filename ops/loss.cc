@@ -1,6 +1,8 @@
 // Losses: cross_entropy (log_softmax fused in; it keeps the log-probabilities for backward),
 // nll_loss and mse_loss, with PyTorch's reductions, ignore_index and label smoothing. The class
 // losses take logits (C), (N, C) or (N, C, d1, ...) and i64 targets (), (N) or (N, d1, ...).
+#include "ops/loss.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -407,11 +409,12 @@ void mse_loss_kernel(KernelContext& context) {
 }
 
 // The gradient of a class loss's scores from its dedicated backward op (none for the target).
-std::vector<Tensor> class_loss_input_grad(const BackwardContext& context, const char* op_name,
+std::vector<Tensor> class_loss_input_grad(const BackwardContext& context,
+                                          const OpHandle& backward_op,
                                           const std::vector<Tensor>& inputs, Attrs attrs) {
   if (!context.grad_outputs[0].defined() || !context.needs_input_grad[0])
     return {Tensor(), Tensor()};
-  return {dispatch(ops::op(op_name), inputs, std::move(attrs))[0], Tensor()};
+  return {dispatch(backward_op, inputs, std::move(attrs))[0], Tensor()};
 }
 
 Attrs class_loss_attrs(int64_t ignore_index, const std::string& reduction) {
@@ -422,7 +425,7 @@ Attrs class_loss_attrs(int64_t ignore_index, const std::string& reduction) {
 
 TESSEL_REGISTER_OPS(loss) {
   {
-    OpDef& op = OpRegistry::get().define("cross_entropy");
+    OpDef& op = OpRegistry::get().define(ops::cross_entropy);
     op.kind = OpKind::kLoss;
     op.autocast = AutocastPolicy::kWiden;
     op.planner = {ParallelSplit::kSoftmaxLossClasses, "loss"};
@@ -440,7 +443,7 @@ TESSEL_REGISTER_OPS(loss) {
     op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
       const Tensor& log_probs = context.saved_outputs[1];
       std::vector<Tensor> grads = class_loss_input_grad(
-          context, "cross_entropy_backward",
+          context, ops::cross_entropy_backward,
           {context.grad_outputs[0], log_probs, context.saved_inputs[1]}, context.attrs);
       // The log-probabilities output is differentiable too (rarely used):
       // d lp / d logits applied to g is g - softmax * sum_c g.
@@ -459,7 +462,7 @@ TESSEL_REGISTER_OPS(loss) {
     };
   }
   {
-    OpDef& op = OpRegistry::get().define("cross_entropy_backward");
+    OpDef& op = OpRegistry::get().define(ops::cross_entropy_backward);
     op.kind = OpKind::kLoss;
     op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& in, const Attrs&) {
@@ -472,7 +475,7 @@ TESSEL_REGISTER_OPS(loss) {
     };
   }
   {
-    OpDef& op = OpRegistry::get().define("nll_loss");
+    OpDef& op = OpRegistry::get().define(ops::nll_loss);
     op.kind = OpKind::kLoss;
     op.autocast = AutocastPolicy::kWiden;
     op.planner = {ParallelSplit::kLossClasses, "loss"};
@@ -485,7 +488,7 @@ TESSEL_REGISTER_OPS(loss) {
     op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
       Attrs attrs = context.attrs;
       attrs.set("input_shape", context.input_specs[0].sizes);
-      return class_loss_input_grad(context, "nll_loss_backward",
+      return class_loss_input_grad(context, ops::nll_loss_backward,
                                    {context.grad_outputs[0], context.saved_inputs[1]}, attrs);
     };
     op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>&, const Attrs&) {
@@ -494,7 +497,7 @@ TESSEL_REGISTER_OPS(loss) {
     };
   }
   {
-    OpDef& op = OpRegistry::get().define("nll_loss_backward");
+    OpDef& op = OpRegistry::get().define(ops::nll_loss_backward);
     op.kind = OpKind::kLoss;
     op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
@@ -508,7 +511,7 @@ TESSEL_REGISTER_OPS(loss) {
     };
   }
   {
-    OpDef& op = OpRegistry::get().define("mse_loss");
+    OpDef& op = OpRegistry::get().define(ops::mse_loss);
     op.kind = OpKind::kLoss;
     op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
@@ -551,19 +554,18 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
   parse_reduction("cross_entropy", reduction);
   Attrs attrs = class_loss_attrs(ignore_index, reduction);
   attrs.set("label_smoothing", label_smoothing);
-  return dispatch(ops::op("cross_entropy"), {logits, target}, attrs)[0];
+  return dispatch(ops::cross_entropy, {logits, target}, attrs)[0];
 }
 
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, int64_t ignore_index,
                 const std::string& reduction) {
   parse_reduction("nll_loss", reduction);
-  return dispatch(ops::op("nll_loss"), {log_probs, target},
-                  class_loss_attrs(ignore_index, reduction))[0];
+  return dispatch(ops::nll_loss, {log_probs, target}, class_loss_attrs(ignore_index, reduction))[0];
 }
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, const std::string& reduction) {
   parse_reduction("mse_loss", reduction);
-  return dispatch(ops::op("mse_loss"), {input, target}, Attrs{{"reduction", reduction}})[0];
+  return dispatch(ops::mse_loss, {input, target}, Attrs{{"reduction", reduction}})[0];
 }
 
 }  // namespace tessel

@@ -1,6 +1,8 @@
 // Normalisation: batch_norm (training and eval are two ops, because only training updates the
 // running statistics and only eval may be split along the batch) and layer_norm, each with a
 // dedicated backward op so the gradient is one pass over the data.
+#include "ops/norm.h"
+
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -438,7 +440,7 @@ Shape row_statistics_shape(const Shape& sizes, size_t normalized_dims) {
 
 TESSEL_REGISTER_OPS(norm) {
   {
-    OpDef& op = OpRegistry::get().define("batch_norm");
+    OpDef& op = OpRegistry::get().define(ops::batch_norm);
     op.kind = OpKind::kNorm;
     op.autocast = AutocastPolicy::kWiden;
     op.planner = {ParallelSplit::kChannels, "batch_norm"};
@@ -460,7 +462,7 @@ TESSEL_REGISTER_OPS(norm) {
     op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
       if (!context.grad_outputs[0].defined()) return std::vector<Tensor>(5);
       std::vector<Tensor> grads =
-          dispatch(ops::op("batch_norm_backward"),
+          dispatch(ops::batch_norm_backward,
                    {context.grad_outputs[0], context.saved_inputs[0], context.saved_inputs[1],
                     context.saved_outputs[1], context.saved_outputs[2]},
                    Attrs{{"training", true}});
@@ -473,7 +475,7 @@ TESSEL_REGISTER_OPS(norm) {
     op.mutated_inputs = {3, 4};
   }
   {
-    OpDef& op = OpRegistry::get().define("batch_norm_eval");
+    OpDef& op = OpRegistry::get().define(ops::batch_norm_eval);
     op.kind = OpKind::kNorm;
     op.autocast = AutocastPolicy::kWiden;
     op.planner = {ParallelSplit::kChannels, "batch_norm"};
@@ -487,7 +489,7 @@ TESSEL_REGISTER_OPS(norm) {
     op.save_inputs = {0, 1, 3, 4};
     op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
       std::vector<Tensor> grads =
-          dispatch(ops::op("batch_norm_backward"),
+          dispatch(ops::batch_norm_backward,
                    {context.grad_outputs[0], context.saved_inputs[0], context.saved_inputs[1],
                     context.saved_inputs[3], context.saved_inputs[4]},
                    Attrs{{"training", false}, {"eps", context.attrs.get<double>("eps")}});
@@ -497,7 +499,7 @@ TESSEL_REGISTER_OPS(norm) {
     op.splits = {{0, {0, -1, -1, -1, -1}}};
   }
   {
-    OpDef& op = OpRegistry::get().define("batch_norm_backward");
+    OpDef& op = OpRegistry::get().define(ops::batch_norm_backward);
     op.kind = OpKind::kNorm;
     op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& in, const Attrs&) {
@@ -514,7 +516,7 @@ TESSEL_REGISTER_OPS(norm) {
     op.cost = batch_norm_cost;
   }
   {
-    OpDef& op = OpRegistry::get().define("layer_norm");
+    OpDef& op = OpRegistry::get().define(ops::layer_norm);
     op.kind = OpKind::kNorm;
     op.autocast = AutocastPolicy::kWiden;
     op.planner.rate = "layer_norm";
@@ -532,7 +534,7 @@ TESSEL_REGISTER_OPS(norm) {
     op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
       if (!context.grad_outputs[0].defined()) return std::vector<Tensor>(3);
       std::vector<Tensor> grads = dispatch(
-          ops::op("layer_norm_backward"),
+          ops::layer_norm_backward,
           {context.grad_outputs[0], context.saved_inputs[0], context.saved_outputs[1],
            context.saved_outputs[2], context.saved_inputs[1]},
           Attrs{{"normalized_shape", context.attrs.get<std::vector<int64_t>>("normalized_shape")}});
@@ -549,7 +551,7 @@ TESSEL_REGISTER_OPS(norm) {
     op.splits = {{0, {0, -1, -1}}};
   }
   {
-    OpDef& op = OpRegistry::get().define("layer_norm_backward");
+    OpDef& op = OpRegistry::get().define(ops::layer_norm_backward);
     op.kind = OpKind::kNorm;
     op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
@@ -574,16 +576,16 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias,
                   const Tensor& running_mean, const Tensor& running_var, bool training,
                   double momentum, double eps) {
   if (training) {
-    return dispatch(ops::op("batch_norm"), {x, weight, bias, running_mean, running_var},
+    return dispatch(ops::batch_norm, {x, weight, bias, running_mean, running_var},
                     Attrs{{"momentum", momentum}, {"eps", eps}})[0];
   }
-  return dispatch(ops::op("batch_norm_eval"), {x, weight, bias, running_mean, running_var},
+  return dispatch(ops::batch_norm_eval, {x, weight, bias, running_mean, running_var},
                   Attrs{{"eps", eps}})[0];
 }
 
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
                   const Tensor& bias, double eps) {
-  return dispatch(ops::op("layer_norm"), {x, weight, bias},
+  return dispatch(ops::layer_norm, {x, weight, bias},
                   Attrs{{"normalized_shape", normalized_shape}, {"eps", eps}})[0];
 }
 

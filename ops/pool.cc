@@ -1,6 +1,8 @@
 // Pooling over NCHW planes with PyTorch's window rules: max_pool2d (which also outputs the i64
 // index of each maximum inside its input plane, so its backward is a scatter), avg_pool2d and
 // adaptive_avg_pool2d, each with a backward op. Kernels read and write any strides directly.
+#include "ops/pool.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -323,7 +325,7 @@ Kernel float_kernel(const char* op, void (*f32)(KernelContext&), void (*f64)(Ker
 TESSEL_REGISTER_OPS(pool) {
   {
     // max_pool2d: x (N, C, H, W) -> values (N, C, OH, OW), indices (i64, into each H*W plane).
-    OpDef& op = OpRegistry::get().define("max_pool2d");
+    OpDef& op = OpRegistry::get().define(ops::max_pool2d);
     op.kind = OpKind::kPool;
     op.autocast = AutocastPolicy::kWiden;
     op.planner = {ParallelSplit::kChannels, "pool"};
@@ -338,7 +340,7 @@ TESSEL_REGISTER_OPS(pool) {
     op.save_outputs = {1};
     op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
       if (!context.grad_outputs[0].defined()) return {Tensor()};
-      return {dispatch(ops::op("max_pool2d_backward"),
+      return {dispatch(ops::max_pool2d_backward,
                        {context.grad_outputs[0], context.saved_outputs[1]},
                        with_input_size(context.attrs, context.input_specs[0].sizes))[0]};
     };
@@ -352,7 +354,7 @@ TESSEL_REGISTER_OPS(pool) {
   }
   {
     // max_pool2d_backward: grad (N, C, OH, OW), indices -> grad of x (input_size).
-    OpDef& op = OpRegistry::get().define("max_pool2d_backward");
+    OpDef& op = OpRegistry::get().define(ops::max_pool2d_backward);
     op.kind = OpKind::kPool;
     op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
@@ -374,7 +376,7 @@ TESSEL_REGISTER_OPS(pool) {
   }
   {
     // avg_pool2d: x (N, C, H, W) -> (N, C, OH, OW).
-    OpDef& op = OpRegistry::get().define("avg_pool2d");
+    OpDef& op = OpRegistry::get().define(ops::avg_pool2d);
     op.kind = OpKind::kPool;
     op.autocast = AutocastPolicy::kWiden;
     op.planner = {ParallelSplit::kChannels, "pool"};
@@ -387,7 +389,7 @@ TESSEL_REGISTER_OPS(pool) {
     op.kernels[kCpu] =
         float_kernel("avg_pool2d", avg_pool_forward<float>, avg_pool_forward<double>);
     op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
-      return {dispatch(ops::op("avg_pool2d_backward"), {context.grad_outputs[0]},
+      return {dispatch(ops::avg_pool2d_backward, {context.grad_outputs[0]},
                        with_input_size(context.attrs, context.input_specs[0].sizes))[0]};
     };
     op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out,
@@ -399,7 +401,7 @@ TESSEL_REGISTER_OPS(pool) {
     op.splits = {{0, {0}}};
   }
   {
-    OpDef& op = OpRegistry::get().define("avg_pool2d_backward");
+    OpDef& op = OpRegistry::get().define(ops::avg_pool2d_backward);
     op.kind = OpKind::kPool;
     op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
@@ -420,7 +422,7 @@ TESSEL_REGISTER_OPS(pool) {
   }
   {
     // adaptive_avg_pool2d: x (N, C, H, W) -> (N, C, output_size[0], output_size[1]).
-    OpDef& op = OpRegistry::get().define("adaptive_avg_pool2d");
+    OpDef& op = OpRegistry::get().define(ops::adaptive_avg_pool2d);
     op.kind = OpKind::kPool;
     op.autocast = AutocastPolicy::kWiden;
     op.planner.split = ParallelSplit::kChannels;
@@ -436,7 +438,7 @@ TESSEL_REGISTER_OPS(pool) {
     op.kernels[kCpu] = float_kernel("adaptive_avg_pool2d", adaptive_avg_forward<float>,
                                     adaptive_avg_forward<double>);
     op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
-      return {dispatch(ops::op("adaptive_avg_pool2d_backward"), {context.grad_outputs[0]},
+      return {dispatch(ops::adaptive_avg_pool2d_backward, {context.grad_outputs[0]},
                        with_input_size(context.attrs, context.input_specs[0].sizes))[0]};
     };
     op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out, const Attrs&) {
@@ -445,7 +447,7 @@ TESSEL_REGISTER_OPS(pool) {
     op.splits = {{0, {0}}};
   }
   {
-    OpDef& op = OpRegistry::get().define("adaptive_avg_pool2d_backward");
+    OpDef& op = OpRegistry::get().define(ops::adaptive_avg_pool2d_backward);
     op.kind = OpKind::kPool;
     op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
@@ -473,7 +475,7 @@ Tensor max_pool2d(const Tensor& x, std::vector<int64_t> kernel_size, std::vector
               {"dilation", pool_pair(std::move(dilation), "max_pool2d", "dilation")},
               {"ceil_mode", ceil_mode}};
   return with_batch("max_pool2d", x, [&](const Tensor& batched) {
-    return dispatch(ops::op("max_pool2d"), {batched}, attrs)[0];
+    return dispatch(ops::max_pool2d, {batched}, attrs)[0];
   });
 }
 
@@ -487,7 +489,7 @@ Tensor avg_pool2d(const Tensor& x, std::vector<int64_t> kernel_size, std::vector
               {"ceil_mode", ceil_mode},
               {"count_include_pad", count_include_pad}};
   return with_batch("avg_pool2d", x, [&](const Tensor& batched) {
-    return dispatch(ops::op("avg_pool2d"), {batched}, attrs)[0];
+    return dispatch(ops::avg_pool2d, {batched}, attrs)[0];
   });
 }
 
@@ -495,7 +497,7 @@ Tensor adaptive_avg_pool2d(const Tensor& x, std::vector<int64_t> output_size) {
   Attrs attrs{
       {"output_size", pool_pair(std::move(output_size), "adaptive_avg_pool2d", "output_size")}};
   return with_batch("adaptive_avg_pool2d", x, [&](const Tensor& batched) {
-    return dispatch(ops::op("adaptive_avg_pool2d"), {batched}, attrs)[0];
+    return dispatch(ops::adaptive_avg_pool2d, {batched}, attrs)[0];
   });
 }
 

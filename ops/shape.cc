@@ -2,6 +2,8 @@
 // builds its output with make_view over the input's storage (no kernel, no copy); reshape copies
 // only when the strides allow no view. Backward passes are views again, except slice and select,
 // whose gradients are scattered into zeros by the "slice_backward" op.
+#include "ops/shape.h"
+
 #include <algorithm>
 #include <cstring>
 #include <numeric>
@@ -145,8 +147,7 @@ std::vector<int64_t> checked_permutation(const Tensor& x, const std::vector<int6
 
 Tensor slice_backward_of(const Tensor& grad, const Shape& input_sizes, int64_t dim, int64_t start,
                          int64_t end, int64_t step) {
-  static const OpDef& op = ops::op("slice_backward");
-  return dispatch(op, {grad},
+  return dispatch(ops::slice_backward, {grad},
                   Attrs{{"input_sizes", input_sizes},
                         {"dim", dim},
                         {"start", start},
@@ -158,7 +159,7 @@ Tensor slice_backward_of(const Tensor& grad, const Shape& input_sizes, int64_t d
 
 TESSEL_REGISTER_OPS(shape) {
   {
-    OpDef& op = OpRegistry::get().define("view");
+    OpDef& op = OpRegistry::get().define(ops::view);
     op.kind = OpKind::kDataMovement;
     op.autocast = AutocastPolicy::kKeep;
     op.flags.view = true;
@@ -172,7 +173,7 @@ TESSEL_REGISTER_OPS(shape) {
   }
   {
     // A view when the strides allow one, otherwise a contiguous copy viewed in the new shape.
-    OpDef& op = OpRegistry::get().define("reshape");
+    OpDef& op = OpRegistry::get().define(ops::reshape);
     op.kind = OpKind::kDataMovement;
     op.autocast = AutocastPolicy::kKeep;
     op.flags.view = true;
@@ -185,7 +186,7 @@ TESSEL_REGISTER_OPS(shape) {
     op.cost = no_cost;
   }
   {
-    OpDef& op = OpRegistry::get().define("transpose");
+    OpDef& op = OpRegistry::get().define(ops::transpose);
     op.kind = OpKind::kDataMovement;
     op.autocast = AutocastPolicy::kKeep;
     op.flags.view = true;
@@ -207,7 +208,7 @@ TESSEL_REGISTER_OPS(shape) {
     op.cost = no_cost;
   }
   {
-    OpDef& op = OpRegistry::get().define("permute");
+    OpDef& op = OpRegistry::get().define(ops::permute);
     op.kind = OpKind::kDataMovement;
     op.autocast = AutocastPolicy::kKeep;
     op.flags.view = true;
@@ -230,7 +231,7 @@ TESSEL_REGISTER_OPS(shape) {
     op.cost = no_cost;
   }
   {
-    OpDef& op = OpRegistry::get().define("slice");
+    OpDef& op = OpRegistry::get().define(ops::slice);
     op.kind = OpKind::kDataMovement;
     op.autocast = AutocastPolicy::kKeep;
     op.flags.view = true;
@@ -245,7 +246,7 @@ TESSEL_REGISTER_OPS(shape) {
   }
   {
     // The gradient of slice: zeros of the input's shape with `grad` written into the slice.
-    OpDef& op = OpRegistry::get().define("slice_backward");
+    OpDef& op = OpRegistry::get().define(ops::slice_backward);
     op.kind = OpKind::kDataMovement;
     op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
@@ -278,7 +279,7 @@ TESSEL_REGISTER_OPS(shape) {
     };
   }
   {
-    OpDef& op = OpRegistry::get().define("select");
+    OpDef& op = OpRegistry::get().define(ops::select);
     op.kind = OpKind::kDataMovement;
     op.autocast = AutocastPolicy::kKeep;
     op.flags.view = true;
@@ -309,7 +310,7 @@ TESSEL_REGISTER_OPS(shape) {
     op.cost = no_cost;
   }
   {
-    OpDef& op = OpRegistry::get().define("expand");
+    OpDef& op = OpRegistry::get().define(ops::expand);
     op.kind = OpKind::kDataMovement;
     op.autocast = AutocastPolicy::kKeep;
     op.flags.view = true;
@@ -353,7 +354,7 @@ TESSEL_REGISTER_OPS(shape) {
     op.cost = no_cost;
   }
   {
-    OpDef& op = OpRegistry::get().define("squeeze");
+    OpDef& op = OpRegistry::get().define(ops::squeeze);
     op.kind = OpKind::kDataMovement;
     op.autocast = AutocastPolicy::kKeep;
     op.flags.view = true;
@@ -374,7 +375,7 @@ TESSEL_REGISTER_OPS(shape) {
     op.cost = no_cost;
   }
   {
-    OpDef& op = OpRegistry::get().define("unsqueeze");
+    OpDef& op = OpRegistry::get().define(ops::unsqueeze);
     op.kind = OpKind::kDataMovement;
     op.autocast = AutocastPolicy::kKeep;
     op.flags.view = true;
@@ -395,28 +396,24 @@ TESSEL_REGISTER_OPS(shape) {
 }
 
 Tensor reshape(const Tensor& x, const Shape& sizes) {
-  static const OpDef& op = ops::op("reshape");
-  return dispatch(op, {x}, Attrs{{"shape", sizes}})[0];
+  return dispatch(ops::reshape, {x}, Attrs{{"shape", sizes}})[0];
 }
 
 Tensor view(const Tensor& x, const Shape& sizes) {
-  static const OpDef& op = ops::op("view");
-  return dispatch(op, {x}, Attrs{{"shape", sizes}})[0];
+  return dispatch(ops::view, {x}, Attrs{{"shape", sizes}})[0];
 }
 
 Tensor transpose(const Tensor& x, int64_t dim0, int64_t dim1) {
-  static const OpDef& op = ops::op("transpose");
-  return dispatch(op, {x}, Attrs{{"dim0", dim0}, {"dim1", dim1}})[0];
+  return dispatch(ops::transpose, {x}, Attrs{{"dim0", dim0}, {"dim1", dim1}})[0];
 }
 
 Tensor permute(const Tensor& x, const std::vector<int64_t>& dims) {
-  static const OpDef& op = ops::op("permute");
-  return dispatch(op, {x}, Attrs{{"dims", dims}})[0];
+  return dispatch(ops::permute, {x}, Attrs{{"dims", dims}})[0];
 }
 
 Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t step) {
-  static const OpDef& op = ops::op("slice");
-  return dispatch(op, {x}, Attrs{{"dim", dim}, {"start", start}, {"end", end}, {"step", step}})[0];
+  return dispatch(ops::slice, {x},
+                  Attrs{{"dim", dim}, {"start", start}, {"end", end}, {"step", step}})[0];
 }
 
 Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length) {
@@ -433,23 +430,19 @@ Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length) {
 }
 
 Tensor select(const Tensor& x, int64_t dim, int64_t index) {
-  static const OpDef& op = ops::op("select");
-  return dispatch(op, {x}, Attrs{{"dim", dim}, {"index", index}})[0];
+  return dispatch(ops::select, {x}, Attrs{{"dim", dim}, {"index", index}})[0];
 }
 
 Tensor expand(const Tensor& x, const Shape& sizes) {
-  static const OpDef& op = ops::op("expand");
-  return dispatch(op, {x}, Attrs{{"shape", sizes}})[0];
+  return dispatch(ops::expand, {x}, Attrs{{"shape", sizes}})[0];
 }
 
 Tensor squeeze(const Tensor& x, int64_t dim) {
-  static const OpDef& op = ops::op("squeeze");
-  return dispatch(op, {x}, Attrs{{"dim", dim}})[0];
+  return dispatch(ops::squeeze, {x}, Attrs{{"dim", dim}})[0];
 }
 
 Tensor unsqueeze(const Tensor& x, int64_t dim) {
-  static const OpDef& op = ops::op("unsqueeze");
-  return dispatch(op, {x}, Attrs{{"dim", dim}})[0];
+  return dispatch(ops::unsqueeze, {x}, Attrs{{"dim", dim}})[0];
 }
 
 Tensor flatten(const Tensor& x, int64_t start_dim, int64_t end_dim) {
