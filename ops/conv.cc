@@ -1017,112 +1017,115 @@ std::vector<int64_t> normalized_pair(std::vector<int64_t> values, const char* na
   return values;
 }
 
+void register_conv2d() {
+  // conv2d: x (N, C, H, W), weight (O, C / groups, KH, KW), bias (O) or undefined.
+  OpDef& op = OpRegistry::get().define(ops::conv2d);
+  op.kind = OpKind::kConv;
+  op.autocast = AutocastPolicy::kLowerPrecision;
+  op.planner.split = ParallelSplit::kConvChannels;
+  op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
+    const Tensor& x = in.at(0);
+    const Tensor& weight = in.at(1);
+    const Tensor& bias = in.at(2);
+    ConvGeometry g = make_geometry(x.sizes(), weight.sizes(), attrs);
+    check_float("conv2d", x, "input");
+    check_same_dtype("conv2d", x, "input", weight, "weight");
+    if (bias.defined()) {
+      TESSEL_CHECK(bias.dim() == 1 && bias.size(0) == g.out_channels, "conv2d: bias has shape ",
+                   shape_str(bias.sizes()), " but weight has ", g.out_channels,
+                   " output channels (weight shape ", shape_str(weight.sizes()), ")");
+      check_same_dtype("conv2d", bias, "bias", weight, "weight");
+    }
+    return std::vector<OutputSpec>{{g.output_sizes(), x.dtype()}};
+  };
+  op.kernels[kCpu] = cpu::with_f32_fallback([](KernelContext& context) {
+    visit_float_dtype(context.outputs[0].dtype(), "conv2d",
+                      [&](auto tag) { conv2d_forward_kernel<decltype(tag)>(context); });
+  });
+  op.save_inputs = {0, 1};
+  op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
+    const Tensor& grad = context.grad_outputs[0];
+    const Tensor& x = context.saved_inputs[0];
+    const Tensor& weight = context.saved_inputs[1];
+    Tensor grad_x, grad_weight, grad_bias;
+    if (context.needs_input_grad[0]) {
+      grad_x = dispatch(ops::conv2d_backward_input, {grad, weight},
+                        with_sizes(context.attrs, "input_size", x.sizes()))[0];
+    }
+    if (context.needs_input_grad[1]) {
+      grad_weight = dispatch(ops::conv2d_backward_weight, {grad, x},
+                             with_sizes(context.attrs, "weight_size", weight.sizes()))[0];
+    }
+    if (context.needs_input_grad[2]) {
+      // 16-bit gradients (autocast) are summed in f32.
+      grad_bias = cpu::is_16bit_float(grad.dtype())
+                      ? to_dtype(sum(to_dtype(grad, DType::kFloat32), {0, 2, 3}), grad.dtype())
+                      : sum(grad, {0, 2, 3});
+    }
+    return {grad_x, grad_weight, grad_bias};
+  };
+  op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out, const Attrs& attrs) {
+    ConvGeometry g = make_geometry(in[0].sizes(), in[1].sizes(), attrs);
+    return OpCost{g.flops(), total_bytes(in, out)};
+  };
+  op.splits = {{0, {0, -1, -1}}};
+}
+
+void register_conv2d_backward_input() {
+  // conv2d_backward_input: grad (N, O, OH, OW), weight -> grad of x (input_size).
+  OpDef& op = OpRegistry::get().define(ops::conv2d_backward_input);
+  op.kind = OpKind::kConv;
+  op.autocast = AutocastPolicy::kWiden;
+  op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
+    const Tensor& grad = in.at(0);
+    const Tensor& weight = in.at(1);
+    ConvGeometry g = geometry_from_attr(attrs, "input_size", weight.sizes(), true);
+    check_float("conv2d_backward_input", grad, "grad_output");
+    check_same_dtype("conv2d_backward_input", grad, "grad_output", weight, "weight");
+    check_grad_shape("conv2d_backward_input", grad, g);
+    return std::vector<OutputSpec>{{{g.batch, g.in_channels, g.height, g.width}, grad.dtype()}};
+  };
+  op.kernels[kCpu] = cpu::with_f32_fallback([](KernelContext& context) {
+    visit_float_dtype(context.outputs[0].dtype(), "conv2d_backward_input",
+                      [&](auto tag) { conv2d_backward_input_kernel<decltype(tag)>(context); });
+  });
+  op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out, const Attrs& attrs) {
+    ConvGeometry g = geometry_from_attr(attrs, "input_size", in[1].sizes(), true);
+    return OpCost{g.flops(), total_bytes(in, out)};
+  };
+  op.splits = {{0, {0, -1}}};
+}
+
+void register_conv2d_backward_weight() {
+  // conv2d_backward_weight: grad (N, O, OH, OW), x -> grad of weight (weight_size).
+  OpDef& op = OpRegistry::get().define(ops::conv2d_backward_weight);
+  op.kind = OpKind::kConv;
+  op.autocast = AutocastPolicy::kWiden;
+  op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
+    const Tensor& grad = in.at(0);
+    const Tensor& x = in.at(1);
+    ConvGeometry g = geometry_from_attr(attrs, "weight_size", x.sizes(), false);
+    check_float("conv2d_backward_weight", grad, "grad_output");
+    check_same_dtype("conv2d_backward_weight", grad, "grad_output", x, "input");
+    check_grad_shape("conv2d_backward_weight", grad, g);
+    return std::vector<OutputSpec>{{g.weight_sizes(), grad.dtype()}};
+  };
+  op.kernels[kCpu] = cpu::with_f32_fallback([](KernelContext& context) {
+    visit_float_dtype(context.outputs[0].dtype(), "conv2d_backward_weight",
+                      [&](auto tag) { conv2d_backward_weight_kernel<decltype(tag)>(context); });
+  });
+  op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out, const Attrs& attrs) {
+    ConvGeometry g = geometry_from_attr(attrs, "weight_size", in[1].sizes(), false);
+    return OpCost{g.flops(), total_bytes(in, out)};
+  };
+}
+
 }  // namespace
 
 TESSEL_REGISTER_OPS(conv) {
-  {
-    // conv2d: x (N, C, H, W), weight (O, C / groups, KH, KW), bias (O) or undefined.
-    OpDef& op = OpRegistry::get().define(ops::conv2d);
-    op.kind = OpKind::kConv;
-    op.autocast = AutocastPolicy::kLowerPrecision;
-    op.planner.split = ParallelSplit::kConvChannels;
-    op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
-      const Tensor& x = in.at(0);
-      const Tensor& weight = in.at(1);
-      const Tensor& bias = in.at(2);
-      ConvGeometry g = make_geometry(x.sizes(), weight.sizes(), attrs);
-      check_float("conv2d", x, "input");
-      check_same_dtype("conv2d", x, "input", weight, "weight");
-      if (bias.defined()) {
-        TESSEL_CHECK(bias.dim() == 1 && bias.size(0) == g.out_channels, "conv2d: bias has shape ",
-                     shape_str(bias.sizes()), " but weight has ", g.out_channels,
-                     " output channels (weight shape ", shape_str(weight.sizes()), ")");
-        check_same_dtype("conv2d", bias, "bias", weight, "weight");
-      }
-      return std::vector<OutputSpec>{{g.output_sizes(), x.dtype()}};
-    };
-    op.kernels[kCpu] = cpu::with_f32_fallback([](KernelContext& context) {
-      visit_float_dtype(context.outputs[0].dtype(), "conv2d",
-                        [&](auto tag) { conv2d_forward_kernel<decltype(tag)>(context); });
-    });
-    op.save_inputs = {0, 1};
-    op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
-      const Tensor& grad = context.grad_outputs[0];
-      const Tensor& x = context.saved_inputs[0];
-      const Tensor& weight = context.saved_inputs[1];
-      Tensor grad_x, grad_weight, grad_bias;
-      if (context.needs_input_grad[0]) {
-        grad_x = dispatch(ops::conv2d_backward_input, {grad, weight},
-                          with_sizes(context.attrs, "input_size", x.sizes()))[0];
-      }
-      if (context.needs_input_grad[1]) {
-        grad_weight = dispatch(ops::conv2d_backward_weight, {grad, x},
-                               with_sizes(context.attrs, "weight_size", weight.sizes()))[0];
-      }
-      if (context.needs_input_grad[2]) {
-        // 16-bit gradients (autocast) are summed in f32.
-        grad_bias = cpu::is_16bit_float(grad.dtype())
-                        ? to_dtype(sum(to_dtype(grad, DType::kFloat32), {0, 2, 3}), grad.dtype())
-                        : sum(grad, {0, 2, 3});
-      }
-      return {grad_x, grad_weight, grad_bias};
-    };
-    op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out,
-                 const Attrs& attrs) {
-      ConvGeometry g = make_geometry(in[0].sizes(), in[1].sizes(), attrs);
-      return OpCost{g.flops(), total_bytes(in, out)};
-    };
-    op.splits = {{0, {0, -1, -1}}};
-  }
-  {
-    // conv2d_backward_input: grad (N, O, OH, OW), weight -> grad of x (input_size).
-    OpDef& op = OpRegistry::get().define(ops::conv2d_backward_input);
-    op.kind = OpKind::kConv;
-    op.autocast = AutocastPolicy::kWiden;
-    op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
-      const Tensor& grad = in.at(0);
-      const Tensor& weight = in.at(1);
-      ConvGeometry g = geometry_from_attr(attrs, "input_size", weight.sizes(), true);
-      check_float("conv2d_backward_input", grad, "grad_output");
-      check_same_dtype("conv2d_backward_input", grad, "grad_output", weight, "weight");
-      check_grad_shape("conv2d_backward_input", grad, g);
-      return std::vector<OutputSpec>{{{g.batch, g.in_channels, g.height, g.width}, grad.dtype()}};
-    };
-    op.kernels[kCpu] = cpu::with_f32_fallback([](KernelContext& context) {
-      visit_float_dtype(context.outputs[0].dtype(), "conv2d_backward_input",
-                        [&](auto tag) { conv2d_backward_input_kernel<decltype(tag)>(context); });
-    });
-    op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out,
-                 const Attrs& attrs) {
-      ConvGeometry g = geometry_from_attr(attrs, "input_size", in[1].sizes(), true);
-      return OpCost{g.flops(), total_bytes(in, out)};
-    };
-    op.splits = {{0, {0, -1}}};
-  }
-  {
-    // conv2d_backward_weight: grad (N, O, OH, OW), x -> grad of weight (weight_size).
-    OpDef& op = OpRegistry::get().define(ops::conv2d_backward_weight);
-    op.kind = OpKind::kConv;
-    op.autocast = AutocastPolicy::kWiden;
-    op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
-      const Tensor& grad = in.at(0);
-      const Tensor& x = in.at(1);
-      ConvGeometry g = geometry_from_attr(attrs, "weight_size", x.sizes(), false);
-      check_float("conv2d_backward_weight", grad, "grad_output");
-      check_same_dtype("conv2d_backward_weight", grad, "grad_output", x, "input");
-      check_grad_shape("conv2d_backward_weight", grad, g);
-      return std::vector<OutputSpec>{{g.weight_sizes(), grad.dtype()}};
-    };
-    op.kernels[kCpu] = cpu::with_f32_fallback([](KernelContext& context) {
-      visit_float_dtype(context.outputs[0].dtype(), "conv2d_backward_weight",
-                        [&](auto tag) { conv2d_backward_weight_kernel<decltype(tag)>(context); });
-    });
-    op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out,
-                 const Attrs& attrs) {
-      ConvGeometry g = geometry_from_attr(attrs, "weight_size", in[1].sizes(), false);
-      return OpCost{g.flops(), total_bytes(in, out)};
-    };
-  }
+  register_conv2d();
+  register_conv2d_backward_input();
+  register_conv2d_backward_weight();
 }
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
