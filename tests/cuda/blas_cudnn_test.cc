@@ -13,7 +13,7 @@
 #include "core/allocator.h"
 #include "core/autocast.h"
 #include "core/autograd.h"
-#include "cuda/cudnn_ops.h"
+#include "cuda/ops/conv.h"
 #include "cuda/runtime.h"
 #include "ops/ops.h"
 #include "ops/pool.h"
