@@ -24,7 +24,9 @@ TEST(OpContract, EveryRegisteredOpDeclaresItsKindAndAutocastPolicy) {
     EXPECT_NE(op.kind, OpKind::kUnspecified) << name << " declares no OpKind";
     EXPECT_NE(op.autocast, AutocastPolicy::kUnspecified) << name << " declares no autocast policy";
     // Views pass their inputs through: a cast would make a copy, not a view.
-    if (op.flags.view) EXPECT_EQ(op.autocast, AutocastPolicy::kKeep) << name;
+    if (op.flags.view) {
+      EXPECT_EQ(op.autocast, AutocastPolicy::kKeep) << name;
+    }
   }
 }
 
@@ -49,7 +51,9 @@ TEST(OpContract, DeclaredRatesAreKindsTheProfilesMeasure) {
                                           "pool",       "concat",     "loss",         "embedding"};
   for (const std::string& name : OpRegistry::get().names()) {
     const OpDef& op = OpRegistry::get().find(name);
-    if (op.planner.rate) EXPECT_EQ(measured.count(op.planner.rate), 1u) << name;
+    if (op.planner.rate) {
+      EXPECT_EQ(measured.count(op.planner.rate), 1u) << name;
+    }
   }
 }
 
