@@ -5,6 +5,7 @@
 #include "bench/bench_main.h"
 #include "core/op.h"
 #include "core/tensor.h"
+#include "ops/conv.h"
 #include "ops/ops.h"
 
 namespace {
@@ -37,8 +38,8 @@ void BM_Conv2dBackward(benchmark::State& state) {
   tessel::Tensor x = tessel::randn({batch, channels, size, size});
   tessel::Tensor w = tessel::randn({channels, channels, 3, 3});
   tessel::Tensor grad = tessel::randn({batch, channels, size, size});
-  const tessel::OpDef& backward_input = tessel::OpRegistry::get().find("conv2d_backward_input");
-  const tessel::OpDef& backward_weight = tessel::OpRegistry::get().find("conv2d_backward_weight");
+  const tessel::OpDef& backward_input = tessel::ops::conv2d_backward_input;
+  const tessel::OpDef& backward_weight = tessel::ops::conv2d_backward_weight;
   tessel::Attrs input_attrs = conv_attrs();
   input_attrs.set("input_size", x.sizes());
   tessel::Attrs weight_attrs = conv_attrs();

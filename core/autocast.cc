@@ -19,10 +19,9 @@ AutocastGuard::AutocastGuard(DType dtype, bool enabled) : previous_(current_auto
 AutocastGuard::~AutocastGuard() { current_autocast = previous_; }
 
 AutocastPolicy autocast_policy(const OpDef& op) {
-  if (op.flags.view || op.name == "to_dtype") return AutocastPolicy::kKeep;
-  if (op.name == "matmul" || op.name == "bmm" || op.name == "linear" || op.name == "conv2d")
-    return AutocastPolicy::kLowerPrecision;
-  return AutocastPolicy::kWiden;
+  TESSEL_CHECK(op.autocast != AutocastPolicy::kUnspecified, op.name,
+               ": the op declares no autocast policy (set OpDef::autocast where it is registered)");
+  return op.autocast;
 }
 
 }  // namespace tessel

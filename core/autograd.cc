@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include "core/autocast.h"
+#include "core/builtin_ops.h"
 
 namespace tessel {
 
@@ -18,11 +19,11 @@ thread_local std::vector<std::function<void()>>* backward_callbacks = nullptr;
 std::atomic<uint64_t> sequence_counter{0};
 
 Tensor ones_like_spec(const OutputSpec& spec, Device device) {
-  return dispatch1("full", {},
-                   Attrs{{"shape", spec.sizes},
-                         {"value", 1.0},
-                         {"dtype", std::string(dtype_name(spec.dtype))},
-                         {"device", device.str()}});
+  return dispatch(ops::full, {},
+                  Attrs{{"shape", spec.sizes},
+                        {"value", 1.0},
+                        {"dtype", std::string(dtype_name(spec.dtype))},
+                        {"device", device.str()}})[0];
 }
 
 // Sums a broadcast gradient back to `sizes`.
@@ -37,8 +38,8 @@ Tensor sum_to(const Tensor& grad, const Shape& sizes) {
       dims.push_back(static_cast<int64_t>(i));
   }
   Tensor reduced =
-      dims.empty() ? grad : dispatch1("sum", {grad}, Attrs{{"dims", dims}, {"keepdim", true}});
-  return dispatch1("reshape", {reduced}, Attrs{{"shape", sizes}});
+      dims.empty() ? grad : dispatch(ops::sum, {grad}, Attrs{{"dims", dims}, {"keepdim", true}})[0];
+  return dispatch(ops::reshape, {reduced}, Attrs{{"shape", sizes}})[0];
 }
 
 Tensor accumulate(const Tensor& existing, const Tensor& incoming) {
@@ -48,12 +49,12 @@ Tensor accumulate(const Tensor& existing, const Tensor& incoming) {
   if (dtype == DType::kBFloat16 || dtype == DType::kFloat16) {
     // 16-bit gradients (autocast outputs used twice) are summed in f32 and rounded once.
     auto to = [](const Tensor& t, DType target) {
-      return dispatch1("to_dtype", {t}, Attrs{{"dtype", std::string(dtype_name(target))}});
+      return dispatch(ops::to_dtype, {t}, Attrs{{"dtype", std::string(dtype_name(target))}})[0];
     };
-    return to(dispatch1("add", {to(existing, DType::kFloat32), to(incoming, DType::kFloat32)}),
+    return to(dispatch(ops::add, {to(existing, DType::kFloat32), to(incoming, DType::kFloat32)})[0],
               dtype);
   }
-  return dispatch1("add", {existing, incoming});
+  return dispatch(ops::add, {existing, incoming})[0];
 }
 }  // namespace
 
@@ -131,14 +132,14 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grad_outputs) {
   }
   if (leaf->grad) {
     Tensor existing(leaf->grad);
-    dispatch(OpRegistry::get().find("add"), {existing, grad}, {}, {existing});
+    dispatch(ops::add, {existing, grad}, {}, {existing});
   } else {
     // Keep the incoming buffer only when nothing else can see it; otherwise copy.
     bool exclusive = grad.impl_ptr().use_count() <= 2 && grad.storage()->user_refs() == 1 &&
                      grad.is_contiguous() &&
                      grad.numel() * static_cast<int64_t>(grad.element_size()) ==
                          static_cast<int64_t>(grad.storage()->nbytes());
-    leaf->grad = (exclusive ? grad.detach() : dispatch1("clone", {grad})).impl_ptr();
+    leaf->grad = (exclusive ? grad.detach() : dispatch(ops::clone, {grad})[0]).impl_ptr();
   }
   Tensor leaf_tensor(leaf);
   for (const auto& hook : leaf->post_accumulate_hooks) hook(leaf_tensor);

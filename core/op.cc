@@ -6,65 +6,100 @@
 
 #include "core/autocast.h"
 #include "core/autograd.h"
+#include "core/builtin_ops.h"
 #include "core/rng.h"
 
 namespace tessel {
+
+const char* op_kind_name(OpKind kind) {
+  switch (kind) {
+    case OpKind::kUnspecified:
+      return "unspecified";
+    case OpKind::kGemm:
+      return "gemm";
+    case OpKind::kConv:
+      return "conv";
+    case OpKind::kPointwise:
+      return "pointwise";
+    case OpKind::kActivation:
+      return "activation";
+    case OpKind::kReduction:
+      return "reduction";
+    case OpKind::kNorm:
+      return "norm";
+    case OpKind::kPool:
+      return "pool";
+    case OpKind::kLoss:
+      return "loss";
+    case OpKind::kDataMovement:
+      return "data_movement";
+    case OpKind::kIndexing:
+      return "indexing";
+    case OpKind::kFactory:
+      return "factory";
+    case OpKind::kOptimizer:
+      return "optimizer";
+    case OpKind::kCommunication:
+      return "communication";
+  }
+  return "?";
+}
 
 OpRegistry& OpRegistry::get() {
   static OpRegistry* registry = new OpRegistry;
   return *registry;
 }
 
-namespace {
-// Kernels set before their op is defined: static initialisers of different libraries run in
-// link order, so a backend may register before the op's own file (or for an op from a library
-// this binary does not link). define() picks them up.
-std::unordered_map<std::string, std::vector<std::pair<DeviceType, Kernel>>>& pending_kernels() {
-  static auto* pending =
-      new std::unordered_map<std::string, std::vector<std::pair<DeviceType, Kernel>>>;
-  return *pending;
-}
-}  // namespace
-
-OpDef& OpRegistry::define(const std::string& name) {
-  TESSEL_CHECK(find_or_null(name) == nullptr, "op '", name, "' is registered twice");
-  ops_.push_back(std::make_unique<OpDef>());
-  ops_.back()->name = name;
-  by_name_[name] = ops_.back().get();
-  auto pending = pending_kernels().find(name);
-  if (pending != pending_kernels().end()) {
-    for (auto& [device, kernel] : pending->second)
-      ops_.back()->kernels[static_cast<int>(device)] = std::move(kernel);
-    pending_kernels().erase(pending);
-  }
-  return *ops_.back();
+OpDef& OpRegistry::entry(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto found = by_name_.find(name);
+  if (found != by_name_.end()) return *found->second;
+  entries_.push_back(std::make_unique<OpDef>());
+  entries_.back()->name = name;
+  by_name_[name] = entries_.back().get();
+  return *entries_.back();
 }
 
-void OpRegistry::set_kernel(const std::string& name, DeviceType device, Kernel kernel) {
-  OpDef* op = const_cast<OpDef*>(find_or_null(name));
-  if (op == nullptr) {
-    pending_kernels()[name].emplace_back(device, std::move(kernel));
-    return;
-  }
-  op->kernels[static_cast<int>(device)] = std::move(kernel);
+OpDef& OpRegistry::define(const OpHandle& handle) {
+  OpDef& op = handle.def();
+  std::lock_guard<std::mutex> lock(mutex_);
+  TESSEL_CHECK(!op.registered, "op '", op.name, "' is registered twice");
+  op.registered = true;
+  registered_.push_back(&op);
+  return op;
 }
 
 const OpDef* OpRegistry::find_or_null(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(mutex_);
   auto it = by_name_.find(name);
-  return it == by_name_.end() ? nullptr : it->second;
+  return it == by_name_.end() || !it->second->registered ? nullptr : it->second;
 }
 
 const OpDef& OpRegistry::find(const std::string& name) const {
   const OpDef* op = find_or_null(name);
-  TESSEL_CHECK(op != nullptr, "unknown op '", name, "' (", ops_.size(),
-               " ops registered; is //ops linked with alwayslink?)");
+  TESSEL_CHECK(op != nullptr, "unknown op '", name, "' (", names().size(),
+               " ops registered; is its library linked with alwayslink?)");
   return *op;
 }
 
 std::vector<std::string> OpRegistry::names() const {
+  std::lock_guard<std::mutex> lock(mutex_);
   std::vector<std::string> result;
-  for (const auto& op : ops_) result.push_back(op->name);
+  for (const OpDef* op : registered_) result.push_back(op->name);
   return result;
+}
+
+OpDef& OpHandle::def() const {
+  OpDef* def = def_.load(std::memory_order_acquire);
+  if (def == nullptr) {
+    def = &OpRegistry::get().entry(name_);
+    def_.store(def, std::memory_order_release);
+  }
+  return *def;
+}
+
+void OpHandle::set_kernel(DeviceType device, Kernel kernel) const {
+  def().kernels[static_cast<int>(device)] = std::move(kernel);
 }
 
 Tensor KernelContext::workspace(const Shape& sizes, DType dtype) {
@@ -356,7 +391,7 @@ Device common_device(const OpDef& op, const std::vector<Tensor>& inputs, const A
 // Outputs live on the inputs' device, except for the device transfer, whose "device" attribute
 // names where its output goes.
 Device output_device(const OpDef& op, const Device& device, const Attrs& attrs) {
-  if (op.name != "to_device") return device;
+  if (!op.flags.device_transfer) return device;
   return Device::parse(attrs.get<std::string>("device"));
 }
 
@@ -405,8 +440,7 @@ bool autocast_inputs(const OpDef& op, const std::vector<Tensor>& inputs,
     if (policy == AutocastPolicy::kWiden && (dtype == DType::kBFloat16 || dtype == DType::kFloat16))
       target = DType::kFloat32;
     if (target == dtype) continue;
-    static const OpDef& to_dtype = OpRegistry::get().find("to_dtype");
-    input = dispatch(to_dtype, {input}, Attrs{{"dtype", std::string(dtype_name(target))}})[0];
+    input = dispatch(ops::to_dtype, {input}, Attrs{{"dtype", std::string(dtype_name(target))}})[0];
     changed = true;
   }
   return changed;
@@ -416,6 +450,8 @@ bool autocast_inputs(const OpDef& op, const std::vector<Tensor>& inputs,
 
 std::vector<Tensor> dispatch(const OpDef& op, const std::vector<Tensor>& inputs, Attrs attrs,
                              const std::vector<Tensor>& out) {
+  TESSEL_CHECK(op.registered, "op '", op.name,
+               "' is not registered (is the library that registers it linked with alwayslink?)");
   if (out.empty() && autocast_dtype()) {
     std::vector<Tensor> cast;
     if (autocast_inputs(op, inputs, cast)) return dispatch(op, cast, std::move(attrs), out);
@@ -494,10 +530,6 @@ std::vector<Tensor> dispatch(const OpDef& op, const std::vector<Tensor>& inputs,
   if (record) record_autograd(op, inputs, outputs, attrs);
   if (const TraceHook& hook = trace_hook()) hook(op, inputs, outputs, attrs);
   return outputs;
-}
-
-Tensor dispatch1(const char* name, const std::vector<Tensor>& inputs, Attrs attrs) {
-  return dispatch(OpRegistry::get().find(name), inputs, std::move(attrs)).at(0);
 }
 
 }  // namespace tessel

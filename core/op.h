@@ -1,13 +1,16 @@
-// The op registry and dispatcher. Every op is registered once (shape rule, kernel per device,
-// backward, cost, splittable dimensions, flags) and every call goes through `dispatch`, which
-// is where autograd recording, recipes for the memory layer and meta-device tracing attach.
-//   static const OpDef& op = OpRegistry::get().find("add");
-//   Tensor out = dispatch(op, {a, b}, Attrs{{"alpha", 1.0}})[0];
+// The op registry and dispatcher. Every op is registered once (kind, autocast policy, planner
+// traits, shape rule, kernel per device, backward, cost, splittable dimensions, flags) and every
+// call goes through `dispatch`, which is where autograd recording, recipes for the memory layer
+// and meta-device tracing attach.
+// Code names an op only through its handle (OpHandle below), declared in its family's header:
+//   Tensor out = dispatch(ops::add, {a, b}, Attrs{{"alpha", 1.0}})[0];  // ops/elementwise.h
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -69,15 +72,76 @@ struct SplitRule {
   std::vector<int> input_dims;
 };
 
+// What an op computes, coarsely. The planner prices ops by it (parallel/planner/strategies.cc);
+// every registered op declares one (tests/planner/op_contract_test.cc).
+enum class OpKind {
+  kUnspecified,    // not declared: a registration error
+  kGemm,           // matrix products: matmul, bmm, linear
+  kConv,           // convolutions and their gradients
+  kPointwise,      // element-wise arithmetic, comparisons, selection, masks
+  kActivation,     // element-wise transcendental functions (exp, tanh, gelu, pow): priced apart
+  kReduction,      // sums, means, extrema, variance, softmax
+  kNorm,           // batch and layer normalisation
+  kPool,           // pooling windows
+  kLoss,           // losses and their gradients
+  kDataMovement,   // views, copies, casts, joins, device transfers
+  kIndexing,       // embedding lookups, gathers and their scatter-add gradients
+  kFactory,        // constants, ranges and random numbers
+  kOptimizer,      // fused parameter updates
+  kCommunication,  // tensor-parallel collectives
+};
+inline constexpr OpKind kAllOpKinds[] = {
+    OpKind::kGemm,         OpKind::kConv,     OpKind::kPointwise, OpKind::kActivation,
+    OpKind::kReduction,    OpKind::kNorm,     OpKind::kPool,      OpKind::kLoss,
+    OpKind::kDataMovement, OpKind::kIndexing, OpKind::kFactory,   OpKind::kOptimizer,
+    OpKind::kCommunication};
+const char* op_kind_name(OpKind kind);  // "gemm", "pointwise", ...; "unspecified"
+
+// What autocast (core/autocast.h) does to the floating inputs of an op.
+enum class AutocastPolicy {
+  kUnspecified,     // not declared: a registration error
+  kKeep,            // views and casts: inputs pass through unchanged
+  kLowerPrecision,  // products and convolutions: f32 inputs cast to the autocast dtype
+  kWiden,           // everything else: 16-bit float inputs cast to f32
+};
+
+// How the planner may cut an op across a tensor-parallel group (parallel/planner/strategies.cc).
+enum class ParallelSplit {
+  kNone,                // kept whole on every device of the group
+  kPointwise,           // any dim but the batch, alongside full-size operands
+  kLinearWeight,        // the (out, in) weight: by output features (column) or input (row)
+  kBatchedHeads,        // a batched product along its batch of attention heads
+  kConvChannels,        // output channels (column), input channels (row) or whole groups
+  kEmbeddingTable,      // the (vocab, hidden) table: by rows (vocab) or columns
+  kLossClasses,         // the classes of the log-probabilities: one all-reduce of target values
+  kSoftmaxLossClasses,  // the classes of the logits: all-reduces of maxima, sums and targets
+  kSoftmaxHeads,        // attention scores along their heads, never the normalised dim
+  kChannels,            // dim 1 (channels), per-channel parameters along dim 0
+  kSpatialReduction,    // reductions over spatial dims keep the channels (dim 1)
+  kConcat,              // joins along dim 1 (channels)
+};
+
+// How the planner splits and prices an op.
+struct PlannerTraits {
+  ParallelSplit split = ParallelSplit::kNone;
+  // The device profile's measured rate that prices it (DeviceProfile::op_kinds); null: the
+  // kind's ("gemm", "conv", "activation", otherwise "elementwise").
+  const char* rate = nullptr;
+};
+
 struct OpFlags {
   bool pure = true;           // same inputs and attributes give the same outputs
   bool random = false;        // consumes the RNG; the dispatcher records seed and offset in attrs
   bool side_effects = false;  // writes some inputs (listed in mutated_inputs) besides its outputs
   bool view = false;          // output aliases input 0's storage (view_fn, no kernel)
+  bool device_transfer = false;  // the output goes to the device its "device" attribute names
 };
 
 struct OpDef {
   std::string name;
+  OpKind kind = OpKind::kUnspecified;
+  AutocastPolicy autocast = AutocastPolicy::kUnspecified;
+  PlannerTraits planner;
   ShapeRule shape;
   std::array<Kernel, kNumDeviceTypes> kernels;
   BackwardFn backward;  // empty: not differentiable
@@ -90,22 +154,50 @@ struct OpDef {
   ViewFn view_fn;
   // Random ops: how many Philox counters (4 numbers each) a call consumes.
   std::function<uint64_t(const std::vector<Tensor>& inputs, const Attrs& attrs)> rng_counters;
+  bool registered = false;  // set by OpRegistry::define; a handle may name an op not linked in
+};
+
+// The one way code names an op: a handle defined once per op, in the header of the op's family
+// (ops/conv.h: `inline const OpHandle conv2d{"conv2d"};`). Its OpDef is looked up on first use
+// and cached, so a call costs one atomic load. The op's registration defines it through the
+// handle and other backends attach kernels through it, in whichever order the static
+// initialisers of their libraries run.
+class OpHandle {
+ public:
+  explicit constexpr OpHandle(const char* name) : name_(name) {}
+  OpHandle(const OpHandle&) = delete;
+  OpHandle& operator=(const OpHandle&) = delete;
+
+  const char* name() const { return name_; }
+  OpDef& def() const;
+  operator const OpDef&() const { return def(); }  // NOLINT: a handle stands for its op
+  const OpDef* operator->() const { return &def(); }
+  // Adds or replaces the op's kernel for one device type (the CUDA backend).
+  void set_kernel(DeviceType device, Kernel kernel) const;
+
+ private:
+  const char* name_;
+  mutable std::atomic<OpDef*> def_{nullptr};
 };
 
 class OpRegistry {
  public:
   static OpRegistry& get();
-  // Registers a new op; throws if the name is taken.
-  OpDef& define(const std::string& name);
-  // Adds or replaces the kernel of an existing op for one device type (the CUDA backend).
-  void set_kernel(const std::string& name, DeviceType device, Kernel kernel);
+  // Registers the op `handle` names and returns its definition to fill in; throws if the op is
+  // registered already.
+  OpDef& define(const OpHandle& handle);
+  // The definition of `name`, created unregistered when nothing named it before (OpHandle::def).
+  OpDef& entry(const std::string& name);
+  // Registered ops by name, for code that holds names (tests walking every op, tools).
   const OpDef& find(const std::string& name) const;  // throws naming the unknown op
   const OpDef* find_or_null(const std::string& name) const;
-  std::vector<std::string> names() const;
+  std::vector<std::string> names() const;  // registered ops, in registration order
 
  private:
-  std::vector<std::unique_ptr<OpDef>> ops_;          // in registration order
-  std::unordered_map<std::string, OpDef*> by_name_;  // every call looks its op up here
+  mutable std::mutex mutex_;  // handles may resolve from several threads at once
+  std::vector<std::unique_ptr<OpDef>> entries_;
+  std::unordered_map<std::string, OpDef*> by_name_;
+  std::vector<const OpDef*> registered_;  // in registration order
 };
 
 // A pure, replayable record of one op call: what the memory layer recomputes from.
@@ -151,7 +243,5 @@ TraceHook set_trace_hook(TraceHook hook);  // returns the previous hook
 // runs the kernel for the inputs' device, records autograd and the recipe.
 std::vector<Tensor> dispatch(const OpDef& op, const std::vector<Tensor>& inputs, Attrs attrs = {},
                              const std::vector<Tensor>& out = {});
-// Shorthand for a named op with one output.
-Tensor dispatch1(const char* name, const std::vector<Tensor>& inputs, Attrs attrs = {});
 
 }  // namespace tessel

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "core/autograd.h"
+#include "core/builtin_ops.h"
 #include "core/op.h"
 
 namespace tessel {
@@ -214,7 +215,7 @@ void Tensor::retain_grad() const {
   self.grad_fn->pre_hooks[self.output_nr].push_back([weak](const Tensor& grad) {
     if (auto impl = weak.lock()) {
       Tensor accumulated =
-          impl->grad ? dispatch1("add", {Tensor(impl->grad), grad}) : grad.detach();
+          impl->grad ? dispatch(ops::add, {Tensor(impl->grad), grad})[0] : grad.detach();
       impl->grad = accumulated.impl_ptr();
     }
     return Tensor();

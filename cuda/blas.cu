@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "cuda/kernels/loops.cuh"
+#include "ops/linalg.h"
 #include "ops/math/matrix_layout.h"
 #include "ops/registry_helpers.h"
 
@@ -195,8 +196,8 @@ void linear_kernel(KernelContext& context) {
     if (!bias.defined())
       TESSEL_CUDA_CHECK(cudaMemsetAsync(result.data, 0, target.nbytes(), device.stream()));
   } else {
-    gemm("linear", device.index(), out.dtype(), 1, rows, out_features, in_features, lhs, rhs, beta,
-         result);
+    gemm(ops::linear.name(), device.index(), out.dtype(), 1, rows, out_features, in_features, lhs,
+         rhs, beta, result);
   }
   if (!direct) copy_convert(out, target);
 }
@@ -206,11 +207,11 @@ void linear_kernel(KernelContext& context) {
 TESSEL_REGISTER_OPS(cuda_blas) {
   if (const char* flag = std::getenv("TESSEL_ALLOW_TF32"); flag && std::strcmp(flag, "1") == 0)
     set_allow_tf32(true);
-  OpRegistry& registry = OpRegistry::get();
-  registry.set_kernel("matmul", kCuda,
-                      [](KernelContext& context) { product_kernel(context, "matmul"); });
-  registry.set_kernel("bmm", kCuda, [](KernelContext& context) { product_kernel(context, "bmm"); });
-  registry.set_kernel("linear", kCuda, linear_kernel);
+  ops::matmul.set_kernel(
+      kCuda, [](KernelContext& context) { product_kernel(context, ops::matmul.name()); });
+  ops::bmm.set_kernel(kCuda,
+                      [](KernelContext& context) { product_kernel(context, ops::bmm.name()); });
+  ops::linear.set_kernel(kCuda, linear_kernel);
 }
 
 }  // namespace tessel::cuda

@@ -13,6 +13,7 @@
 #include "cuda/peer_access.h"
 #include "cuda/runtime.h"
 #include "ops/registry_helpers.h"
+#include "ops/transfer.h"
 
 namespace tessel::cuda {
 namespace {
@@ -169,8 +170,8 @@ void transfer_kernel(KernelContext& ctx) {
 }  // namespace
 
 TESSEL_REGISTER_OPS(cuda_transfer) {
-  OpRegistry::get().set_kernel("to_device", DeviceType::kCuda, transfer_kernel);
-  OpRegistry::get().set_kernel("to_device", DeviceType::kCpu, transfer_kernel);
+  ops::to_device.set_kernel(DeviceType::kCuda, transfer_kernel);
+  ops::to_device.set_kernel(DeviceType::kCpu, transfer_kernel);
 }
 
 }  // namespace tessel::cuda

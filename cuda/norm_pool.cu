@@ -9,6 +9,8 @@
 #include "cuda/kernels/loops.cuh"
 #include "ops/math/channel_layout.h"
 #include "ops/math/pooling.h"
+#include "ops/norm.h"
+#include "ops/pool.h"
 #include "ops/registry_helpers.h"
 
 namespace tessel::cuda {
@@ -251,7 +253,7 @@ void batch_norm_train(KernelContext& context) {
   const double momentum = context.attrs.get<double>("momentum");
   const double eps = context.attrs.get<double>("eps");
   KernelDevice device(context);
-  visit_float_dtype(context.inputs[0].dtype(), "batch_norm", [&](auto tag) {
+  visit_float_dtype(context.inputs[0].dtype(), ops::batch_norm.name(), [&](auto tag) {
     using T = decltype(tag);
     const Tensor x = dense_input(context, context.inputs[0]);
     const ChannelLayout layout(x.sizes());
@@ -290,7 +292,7 @@ void batch_norm_train(KernelContext& context) {
 void batch_norm_eval(KernelContext& context) {
   const double eps = context.attrs.get<double>("eps");
   KernelDevice device(context);
-  visit_float_dtype(context.inputs[0].dtype(), "batch_norm", [&](auto tag) {
+  visit_float_dtype(context.inputs[0].dtype(), ops::batch_norm.name(), [&](auto tag) {
     using T = decltype(tag);
     const Tensor x = dense_input(context, context.inputs[0]);
     const ChannelLayout layout(x.sizes());
@@ -315,7 +317,7 @@ void batch_norm_backward(KernelContext& context) {
   const bool training = context.attrs.get<bool>("training");
   const double eps = training ? 0.0 : context.attrs.get<double>("eps");
   KernelDevice device(context);
-  visit_float_dtype(context.inputs[1].dtype(), "batch_norm_backward", [&](auto tag) {
+  visit_float_dtype(context.inputs[1].dtype(), ops::batch_norm_backward.name(), [&](auto tag) {
     using T = decltype(tag);
     const Tensor grad = dense_input(context, context.inputs[0]);
     const Tensor x = dense_input(context, context.inputs[1]);
@@ -482,7 +484,7 @@ void max_pool(KernelContext& context) {
   KernelDevice device(context);
   const PoolAxis rows = pool_axis(context.attrs, 0, x.size(2), values.size(2), true);
   const PoolAxis cols = pool_axis(context.attrs, 1, x.size(3), values.size(3), true);
-  visit_float_dtype(x.dtype(), "max_pool2d", [&](auto tag) {
+  visit_float_dtype(x.dtype(), ops::max_pool2d.name(), [&](auto tag) {
     using T = decltype(tag);
     max_pool_kernel<T><<<grid_for(count), kThreads, 0, device.stream()>>>(
         device_data<T>(x), planes_of(x), device_data<T>(values), planes_of(values),
@@ -500,7 +502,7 @@ void max_pool_backward(KernelContext& context) {
   KernelDevice device(context);
   const PoolAxis rows = pool_axis(context.attrs, 0, out.size(2), grad.size(2), true);
   const PoolAxis cols = pool_axis(context.attrs, 1, out.size(3), grad.size(3), true);
-  visit_float_dtype(out.dtype(), "max_pool2d_backward", [&](auto tag) {
+  visit_float_dtype(out.dtype(), ops::max_pool2d_backward.name(), [&](auto tag) {
     using T = decltype(tag);
     max_pool_backward_kernel<T><<<grid_for(count), kThreads, 0, device.stream()>>>(
         device_data<T>(grad), planes_of(grad), device_data<int64_t>(indices), planes_of(indices),
@@ -518,7 +520,7 @@ void avg_pool(KernelContext& context) {
   const PoolAxis rows = pool_axis(context.attrs, 0, x.size(2), values.size(2), false);
   const PoolAxis cols = pool_axis(context.attrs, 1, x.size(3), values.size(3), false);
   const bool count_include_pad = context.attrs.get<bool>("count_include_pad");
-  visit_float_dtype(x.dtype(), "avg_pool2d", [&](auto tag) {
+  visit_float_dtype(x.dtype(), ops::avg_pool2d.name(), [&](auto tag) {
     using T = decltype(tag);
     avg_pool_kernel<T><<<grid_for(count), kThreads, 0, device.stream()>>>(
         device_data<T>(x), planes_of(x), device_data<T>(values), planes_of(values), rows, cols,
@@ -536,7 +538,7 @@ void avg_pool_backward(KernelContext& context) {
   const PoolAxis rows = pool_axis(context.attrs, 0, out.size(2), grad.size(2), false);
   const PoolAxis cols = pool_axis(context.attrs, 1, out.size(3), grad.size(3), false);
   const bool count_include_pad = context.attrs.get<bool>("count_include_pad");
-  visit_float_dtype(out.dtype(), "avg_pool2d_backward", [&](auto tag) {
+  visit_float_dtype(out.dtype(), ops::avg_pool2d_backward.name(), [&](auto tag) {
     using T = decltype(tag);
     avg_pool_backward_kernel<T><<<grid_for(count), kThreads, 0, device.stream()>>>(
         device_data<T>(grad), planes_of(grad), device_data<T>(out), planes_of(out), rows, cols,
@@ -551,7 +553,7 @@ void adaptive_avg_pool(KernelContext& context) {
   const int64_t count = values.numel();
   if (count == 0) return;
   KernelDevice device(context);
-  visit_float_dtype(x.dtype(), "adaptive_avg_pool2d", [&](auto tag) {
+  visit_float_dtype(x.dtype(), ops::adaptive_avg_pool2d.name(), [&](auto tag) {
     using T = decltype(tag);
     adaptive_avg_kernel<T><<<grid_for(count), kThreads, 0, device.stream()>>>(
         device_data<T>(x), planes_of(x), device_data<T>(values), planes_of(values), count);
@@ -565,7 +567,7 @@ void adaptive_avg_pool_backward(KernelContext& context) {
   const int64_t count = out.numel();
   if (count == 0) return;
   KernelDevice device(context);
-  visit_float_dtype(out.dtype(), "adaptive_avg_pool2d_backward", [&](auto tag) {
+  visit_float_dtype(out.dtype(), ops::adaptive_avg_pool2d_backward.name(), [&](auto tag) {
     using T = decltype(tag);
     adaptive_avg_backward_kernel<T><<<grid_for(count), kThreads, 0, device.stream()>>>(
         device_data<T>(grad), planes_of(grad), device_data<T>(out), planes_of(out), count);
@@ -576,16 +578,15 @@ void adaptive_avg_pool_backward(KernelContext& context) {
 }  // namespace
 
 TESSEL_REGISTER_OPS(cuda_norm_pool) {
-  OpRegistry& registry = OpRegistry::get();
-  registry.set_kernel("batch_norm", kCuda, batch_norm_train);
-  registry.set_kernel("batch_norm_eval", kCuda, batch_norm_eval);
-  registry.set_kernel("batch_norm_backward", kCuda, batch_norm_backward);
-  registry.set_kernel("max_pool2d", kCuda, max_pool);
-  registry.set_kernel("max_pool2d_backward", kCuda, max_pool_backward);
-  registry.set_kernel("avg_pool2d", kCuda, avg_pool);
-  registry.set_kernel("avg_pool2d_backward", kCuda, avg_pool_backward);
-  registry.set_kernel("adaptive_avg_pool2d", kCuda, adaptive_avg_pool);
-  registry.set_kernel("adaptive_avg_pool2d_backward", kCuda, adaptive_avg_pool_backward);
+  ops::batch_norm.set_kernel(kCuda, batch_norm_train);
+  ops::batch_norm_eval.set_kernel(kCuda, batch_norm_eval);
+  ops::batch_norm_backward.set_kernel(kCuda, batch_norm_backward);
+  ops::max_pool2d.set_kernel(kCuda, max_pool);
+  ops::max_pool2d_backward.set_kernel(kCuda, max_pool_backward);
+  ops::avg_pool2d.set_kernel(kCuda, avg_pool);
+  ops::avg_pool2d_backward.set_kernel(kCuda, avg_pool_backward);
+  ops::adaptive_avg_pool2d.set_kernel(kCuda, adaptive_avg_pool);
+  ops::adaptive_avg_pool2d_backward.set_kernel(kCuda, adaptive_avg_pool_backward);
 }
 
 }  // namespace tessel::cuda

@@ -1,13 +1,14 @@
 // Dropout: element i is kept iff uniform_at(state, i) >= p and scaled by 1 / (1 - p), with the
 // state (rng_seed, rng_offset) the dispatcher records in the attributes, so a replay with the
 // recorded attributes reproduces the mask bitwise on any device.
-#include "ops/math/dropout.h"
+#include "ops/dropout.h"
 
 #include <array>
 #include <cmath>
 
 #include "core/rng.h"
 #include "ops/cpu/strided_copy.h"
+#include "ops/math/dropout.h"
 #include "ops/ops.h"
 #include "ops/registry_helpers.h"
 
@@ -55,7 +56,10 @@ void dropout_kernel(KernelContext& context) {
 }  // namespace
 
 TESSEL_REGISTER_OPS(dropout) {
-  OpDef& op = OpRegistry::get().define("dropout");
+  OpDef& op = OpRegistry::get().define(ops::dropout);
+  op.kind = OpKind::kPointwise;
+  op.autocast = AutocastPolicy::kWiden;
+  op.planner.split = ParallelSplit::kPointwise;
   op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
     const Tensor& x = in.at(0);
     TESSEL_CHECK(x.dtype() == DType::kFloat32 || x.dtype() == DType::kFloat64,
@@ -87,7 +91,7 @@ TESSEL_REGISTER_OPS(dropout) {
 Tensor dropout(const Tensor& x, double p, bool training) {
   check_probability(p);
   if (!training || p == 0.0) return x;
-  return dispatch(ops::op("dropout"), {x}, Attrs{{"p", p}})[0];
+  return dispatch(ops::dropout, {x}, Attrs{{"p", p}})[0];
 }
 
 }  // namespace tessel

@@ -1,6 +1,6 @@
 // Element-wise ops: binary arithmetic with broadcasting and type promotion, scalar forms,
 // unary math and activations, clamp, where / masked_fill and comparisons.
-#include "ops/math/elementwise.h"
+#include "ops/elementwise.h"
 
 #include <cmath>
 #include <limits>
@@ -8,6 +8,7 @@
 
 #include "ops/cpu/loops.h"
 #include "ops/math/dtype_visit.h"
+#include "ops/math/elementwise.h"
 #include "ops/ops.h"
 #include "ops/registry_helpers.h"
 
@@ -119,8 +120,12 @@ Tensor extremum_grad(const Tensor& grad, const Tensor& self, const Tensor& other
   return masked_fill(half_on_ties, loses, 0.0);
 }
 
-void register_binary(const char* name, Binary kind, double flops) {
-  OpDef& op = OpRegistry::get().define(name);
+void register_binary(const OpHandle& handle, Binary kind, double flops) {
+  const char* name = handle.name();
+  OpDef& op = OpRegistry::get().define(handle);
+  op.kind = kind == Binary::kPow ? OpKind::kActivation : OpKind::kPointwise;
+  op.autocast = AutocastPolicy::kWiden;
+  op.planner.split = ParallelSplit::kPointwise;
   op.shape = [name, kind](const std::vector<Tensor>& inputs, const Attrs&) {
     check_two_inputs(name, inputs);
     Shape sizes = broadcast_shapes(inputs[0].sizes(), inputs[1].sizes(), name);
@@ -220,8 +225,12 @@ void run_compare(const Tensor& out, const Tensor& a, const Tensor& b) {
   cpu::binary_loop<bool, T, T>(out, a, b, math::CompareFunctor<T, Fixed<kKind>>{});
 }
 
-void register_comparison(const char* name, Compare kind) {
-  OpDef& op = OpRegistry::get().define(name);
+void register_comparison(const OpHandle& handle, Compare kind) {
+  const char* name = handle.name();
+  OpDef& op = OpRegistry::get().define(handle);
+  op.kind = OpKind::kPointwise;
+  op.autocast = AutocastPolicy::kWiden;
+  op.planner.split = ParallelSplit::kPointwise;
   op.shape = [name](const std::vector<Tensor>& inputs, const Attrs&) {
     check_two_inputs(name, inputs);
     return std::vector<OutputSpec>{
@@ -264,8 +273,12 @@ void run_scalar(KernelContext& context, double value) {
 }
 
 // Attr: value (exponent for pow_scalar).
-void register_scalar(const char* name, ScalarOp kind, const char* attr) {
-  OpDef& op = OpRegistry::get().define(name);
+void register_scalar(const OpHandle& handle, ScalarOp kind, const char* attr) {
+  const char* name = handle.name();
+  OpDef& op = OpRegistry::get().define(handle);
+  op.kind = kind == ScalarOp::kPow ? OpKind::kActivation : OpKind::kPointwise;
+  op.autocast = AutocastPolicy::kWiden;
+  op.planner.split = ParallelSplit::kPointwise;
   op.shape = [](const std::vector<Tensor>& inputs, const Attrs&) {
     return std::vector<OutputSpec>{{inputs.at(0).sizes(), inputs[0].dtype()}};
   };
@@ -357,8 +370,17 @@ void unary_loop(Unary kind, const Tensor& out, const Tensor& in) {
   }
 }
 
-void register_unary(const char* name, Unary kind, double flops) {
-  OpDef& op = OpRegistry::get().define(name);
+// Priced apart from arithmetic by the planner (OpKind::kActivation).
+bool is_transcendental(Unary kind) {
+  return kind != Unary::kNeg && kind != Unary::kAbs && kind != Unary::kRelu;
+}
+
+void register_unary(const OpHandle& handle, Unary kind, double flops) {
+  const char* name = handle.name();
+  OpDef& op = OpRegistry::get().define(handle);
+  op.kind = is_transcendental(kind) ? OpKind::kActivation : OpKind::kPointwise;
+  op.autocast = AutocastPolicy::kWiden;
+  op.planner.split = ParallelSplit::kPointwise;
   op.shape = [name, kind](const std::vector<Tensor>& inputs, const Attrs&) {
     TESSEL_CHECK(inputs.size() == 1 && inputs[0].defined(), name, ": expected one tensor");
     DType dtype = inputs[0].dtype();
@@ -448,8 +470,8 @@ void register_unary(const char* name, Unary kind, double flops) {
       op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
         if (!context.grad_outputs[0].defined()) return {Tensor()};
         // One fused pass instead of a comparison into a bool tensor and a promoting product.
-        return {dispatch(ops::op("relu_backward"),
-                         {context.grad_outputs[0], context.saved_outputs[0]})[0]};
+        return {
+            dispatch(ops::relu_backward, {context.grad_outputs[0], context.saved_outputs[0]})[0]};
       };
       break;
   }
@@ -466,7 +488,10 @@ bool gelu_uses_tanh(const Attrs& attrs) {
 
 void register_gelu() {
   {
-    OpDef& op = OpRegistry::get().define("gelu");
+    OpDef& op = OpRegistry::get().define(ops::gelu);
+    op.kind = OpKind::kActivation;
+    op.autocast = AutocastPolicy::kWiden;
+    op.planner.split = ParallelSplit::kPointwise;
     op.shape = [](const std::vector<Tensor>& inputs, const Attrs& attrs) {
       gelu_uses_tanh(attrs);
       visit_float_dtype(inputs.at(0).dtype(), "gelu", [](auto) {});
@@ -483,7 +508,7 @@ void register_gelu() {
     op.save_inputs = {0};
     op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
       if (!context.grad_outputs[0].defined()) return {Tensor()};
-      return {dispatch(ops::op("gelu_backward"), {context.grad_outputs[0], context.saved_inputs[0]},
+      return {dispatch(ops::gelu_backward, {context.grad_outputs[0], context.saved_inputs[0]},
                        context.attrs)[0]};
     };
     op.cost = elementwise_cost(20);
@@ -491,7 +516,9 @@ void register_gelu() {
   }
   {
     // inputs {grad, x}: grad * gelu'(x). Attr approximate, as the forward.
-    OpDef& op = OpRegistry::get().define("gelu_backward");
+    OpDef& op = OpRegistry::get().define(ops::gelu_backward);
+    op.kind = OpKind::kActivation;
+    op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& inputs, const Attrs& attrs) {
       check_two_inputs("gelu_backward", inputs);
       gelu_uses_tanh(attrs);
@@ -518,7 +545,9 @@ void register_gelu() {
 
 // inputs {grad, y} (y = relu(x)): grad where y > 0, else 0 (PyTorch's threshold_backward).
 void register_relu_backward() {
-  OpDef& op = OpRegistry::get().define("relu_backward");
+  OpDef& op = OpRegistry::get().define(ops::relu_backward);
+  op.kind = OpKind::kPointwise;
+  op.autocast = AutocastPolicy::kWiden;
   op.shape = [](const std::vector<Tensor>& inputs, const Attrs&) {
     check_two_inputs("relu_backward", inputs);
     visit_float_dtype(inputs[1].dtype(), "relu_backward", [](auto) {});
@@ -541,9 +570,8 @@ void register_relu_backward() {
   op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
     if (!context.grad_outputs[0].defined() || !context.needs_input_grad[0])
       return {Tensor(), Tensor()};
-    return {
-        dispatch(ops::op("relu_backward"), {context.grad_outputs[0], context.saved_inputs[1]})[0],
-        Tensor()};
+    return {dispatch(ops::relu_backward, {context.grad_outputs[0], context.saved_inputs[1]})[0],
+            Tensor()};
   };
   op.cost = elementwise_cost(1);
   op.splits = {{0, {0, 0}}};
@@ -553,7 +581,10 @@ void register_relu_backward() {
 
 void register_clamp() {
   // Attrs: min, max (either may be -inf / +inf).
-  OpDef& op = OpRegistry::get().define("clamp");
+  OpDef& op = OpRegistry::get().define(ops::clamp);
+  op.kind = OpKind::kPointwise;
+  op.autocast = AutocastPolicy::kWiden;
+  op.planner.split = ParallelSplit::kPointwise;
   op.shape = [](const std::vector<Tensor>& inputs, const Attrs& attrs) {
     DType dtype = inputs.at(0).dtype();
     TESSEL_CHECK(dtype != DType::kBool && dtype != DType::kBFloat16 && dtype != DType::kFloat16,
@@ -593,7 +624,10 @@ void check_mask(const char* op, const char* argument, const Tensor& mask) {
 
 void register_selection() {
   {
-    OpDef& op = OpRegistry::get().define("where");
+    OpDef& op = OpRegistry::get().define(ops::where);
+    op.kind = OpKind::kPointwise;
+    op.autocast = AutocastPolicy::kWiden;
+    op.planner.split = ParallelSplit::kPointwise;
     op.shape = [](const std::vector<Tensor>& inputs, const Attrs&) {
       TESSEL_CHECK(inputs.size() == 3, "where: expected {condition, a, b}");
       check_mask("where", "condition", inputs[0]);
@@ -627,7 +661,10 @@ void register_selection() {
   }
   {
     // inputs {x, mask}, attr value.
-    OpDef& op = OpRegistry::get().define("masked_fill");
+    OpDef& op = OpRegistry::get().define(ops::masked_fill);
+    op.kind = OpKind::kPointwise;
+    op.autocast = AutocastPolicy::kWiden;
+    op.planner.split = ParallelSplit::kPointwise;
     op.shape = [](const std::vector<Tensor>& inputs, const Attrs&) {
       check_two_inputs("masked_fill", inputs);
       check_mask("masked_fill", "mask", inputs[1]);
@@ -657,48 +694,48 @@ void register_selection() {
   }
 }
 
-Tensor binary(const char* name, const Tensor& a, const Tensor& b) {
-  return dispatch(ops::op(name), {a, b})[0];
+Tensor binary(const OpHandle& op, const Tensor& a, const Tensor& b) {
+  return dispatch(op, {a, b})[0];
 }
 
-Tensor scalar_op(const char* name, const Tensor& a, double value) {
-  return dispatch(ops::op(name), {a}, Attrs{{"value", value}})[0];
+Tensor scalar_op(const OpHandle& op, const Tensor& a, double value) {
+  return dispatch(op, {a}, Attrs{{"value", value}})[0];
 }
 
-Tensor unary(const char* name, const Tensor& x) { return dispatch(ops::op(name), {x})[0]; }
+Tensor unary(const OpHandle& op, const Tensor& x) { return dispatch(op, {x})[0]; }
 
 }  // namespace
 
 TESSEL_REGISTER_OPS(elementwise) {
-  register_binary("add", Binary::kAdd, 1);
-  register_binary("sub", Binary::kSub, 1);
-  register_binary("mul", Binary::kMul, 1);
-  register_binary("div", Binary::kDiv, 1);
-  register_binary("pow", Binary::kPow, 10);
-  register_binary("maximum", Binary::kMaximum, 1);
-  register_binary("minimum", Binary::kMinimum, 1);
+  register_binary(ops::add, Binary::kAdd, 1);
+  register_binary(ops::sub, Binary::kSub, 1);
+  register_binary(ops::mul, Binary::kMul, 1);
+  register_binary(ops::div, Binary::kDiv, 1);
+  register_binary(ops::pow, Binary::kPow, 10);
+  register_binary(ops::maximum, Binary::kMaximum, 1);
+  register_binary(ops::minimum, Binary::kMinimum, 1);
 
-  register_scalar("add_scalar", ScalarOp::kAdd, "value");
-  register_scalar("mul_scalar", ScalarOp::kMul, "value");
-  register_scalar("div_scalar", ScalarOp::kDiv, "value");
-  register_scalar("pow_scalar", ScalarOp::kPow, "exponent");
+  register_scalar(ops::add_scalar, ScalarOp::kAdd, "value");
+  register_scalar(ops::mul_scalar, ScalarOp::kMul, "value");
+  register_scalar(ops::div_scalar, ScalarOp::kDiv, "value");
+  register_scalar(ops::pow_scalar, ScalarOp::kPow, "exponent");
 
-  register_comparison("eq", Compare::kEq);
-  register_comparison("ne", Compare::kNe);
-  register_comparison("lt", Compare::kLt);
-  register_comparison("le", Compare::kLe);
-  register_comparison("gt", Compare::kGt);
-  register_comparison("ge", Compare::kGe);
+  register_comparison(ops::eq, Compare::kEq);
+  register_comparison(ops::ne, Compare::kNe);
+  register_comparison(ops::lt, Compare::kLt);
+  register_comparison(ops::le, Compare::kLe);
+  register_comparison(ops::gt, Compare::kGt);
+  register_comparison(ops::ge, Compare::kGe);
 
-  register_unary("neg", Unary::kNeg, 1);
-  register_unary("abs", Unary::kAbs, 1);
-  register_unary("exp", Unary::kExp, 10);
-  register_unary("log", Unary::kLog, 10);
-  register_unary("sqrt", Unary::kSqrt, 4);
-  register_unary("rsqrt", Unary::kRsqrt, 5);
-  register_unary("tanh", Unary::kTanh, 12);
-  register_unary("sigmoid", Unary::kSigmoid, 12);
-  register_unary("relu", Unary::kRelu, 1);
+  register_unary(ops::neg, Unary::kNeg, 1);
+  register_unary(ops::abs, Unary::kAbs, 1);
+  register_unary(ops::exp, Unary::kExp, 10);
+  register_unary(ops::log, Unary::kLog, 10);
+  register_unary(ops::sqrt, Unary::kSqrt, 4);
+  register_unary(ops::rsqrt, Unary::kRsqrt, 5);
+  register_unary(ops::tanh, Unary::kTanh, 12);
+  register_unary(ops::sigmoid, Unary::kSigmoid, 12);
+  register_unary(ops::relu, Unary::kRelu, 1);
   register_gelu();
   register_relu_backward();
   register_clamp();
@@ -706,25 +743,25 @@ TESSEL_REGISTER_OPS(elementwise) {
 }
 
 Tensor add(const Tensor& a, const Tensor& b, double alpha) {
-  if (alpha == 1.0) return binary("add", a, b);
-  return dispatch(ops::op("add"), {a, b}, Attrs{{"alpha", alpha}})[0];
+  if (alpha == 1.0) return binary(ops::add, a, b);
+  return dispatch(ops::add, {a, b}, Attrs{{"alpha", alpha}})[0];
 }
 Tensor sub(const Tensor& a, const Tensor& b, double alpha) {
-  if (alpha == 1.0) return binary("sub", a, b);
-  return dispatch(ops::op("sub"), {a, b}, Attrs{{"alpha", alpha}})[0];
+  if (alpha == 1.0) return binary(ops::sub, a, b);
+  return dispatch(ops::sub, {a, b}, Attrs{{"alpha", alpha}})[0];
 }
-Tensor mul(const Tensor& a, const Tensor& b) { return binary("mul", a, b); }
-Tensor div(const Tensor& a, const Tensor& b) { return binary("div", a, b); }
-Tensor pow(const Tensor& a, const Tensor& b) { return binary("pow", a, b); }
-Tensor maximum(const Tensor& a, const Tensor& b) { return binary("maximum", a, b); }
-Tensor minimum(const Tensor& a, const Tensor& b) { return binary("minimum", a, b); }
+Tensor mul(const Tensor& a, const Tensor& b) { return binary(ops::mul, a, b); }
+Tensor div(const Tensor& a, const Tensor& b) { return binary(ops::div, a, b); }
+Tensor pow(const Tensor& a, const Tensor& b) { return binary(ops::pow, a, b); }
+Tensor maximum(const Tensor& a, const Tensor& b) { return binary(ops::maximum, a, b); }
+Tensor minimum(const Tensor& a, const Tensor& b) { return binary(ops::minimum, a, b); }
 
-Tensor add(const Tensor& a, double b) { return scalar_op("add_scalar", a, b); }
-Tensor sub(const Tensor& a, double b) { return scalar_op("add_scalar", a, -b); }
-Tensor mul(const Tensor& a, double b) { return scalar_op("mul_scalar", a, b); }
-Tensor div(const Tensor& a, double b) { return scalar_op("div_scalar", a, b); }
+Tensor add(const Tensor& a, double b) { return scalar_op(ops::add_scalar, a, b); }
+Tensor sub(const Tensor& a, double b) { return scalar_op(ops::add_scalar, a, -b); }
+Tensor mul(const Tensor& a, double b) { return scalar_op(ops::mul_scalar, a, b); }
+Tensor div(const Tensor& a, double b) { return scalar_op(ops::div_scalar, a, b); }
 Tensor pow(const Tensor& a, double exponent) {
-  return dispatch(ops::op("pow_scalar"), {a}, Attrs{{"exponent", exponent}})[0];
+  return dispatch(ops::pow_scalar, {a}, Attrs{{"exponent", exponent}})[0];
 }
 
 Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
@@ -738,33 +775,33 @@ Tensor operator/(const Tensor& a, double b) { return div(a, b); }
 Tensor operator*(double a, const Tensor& b) { return mul(b, a); }
 Tensor operator-(const Tensor& a) { return neg(a); }
 
-Tensor neg(const Tensor& x) { return unary("neg", x); }
-Tensor abs(const Tensor& x) { return unary("abs", x); }
-Tensor exp(const Tensor& x) { return unary("exp", x); }
-Tensor log(const Tensor& x) { return unary("log", x); }
-Tensor sqrt(const Tensor& x) { return unary("sqrt", x); }
-Tensor rsqrt(const Tensor& x) { return unary("rsqrt", x); }
-Tensor tanh(const Tensor& x) { return unary("tanh", x); }
-Tensor sigmoid(const Tensor& x) { return unary("sigmoid", x); }
-Tensor relu(const Tensor& x) { return unary("relu", x); }
+Tensor neg(const Tensor& x) { return unary(ops::neg, x); }
+Tensor abs(const Tensor& x) { return unary(ops::abs, x); }
+Tensor exp(const Tensor& x) { return unary(ops::exp, x); }
+Tensor log(const Tensor& x) { return unary(ops::log, x); }
+Tensor sqrt(const Tensor& x) { return unary(ops::sqrt, x); }
+Tensor rsqrt(const Tensor& x) { return unary(ops::rsqrt, x); }
+Tensor tanh(const Tensor& x) { return unary(ops::tanh, x); }
+Tensor sigmoid(const Tensor& x) { return unary(ops::sigmoid, x); }
+Tensor relu(const Tensor& x) { return unary(ops::relu, x); }
 Tensor gelu(const Tensor& x, const std::string& approximate) {
-  return dispatch(ops::op("gelu"), {x}, Attrs{{"approximate", approximate}})[0];
+  return dispatch(ops::gelu, {x}, Attrs{{"approximate", approximate}})[0];
 }
 Tensor clamp(const Tensor& x, double min, double max) {
-  return dispatch(ops::op("clamp"), {x}, Attrs{{"min", min}, {"max", max}})[0];
+  return dispatch(ops::clamp, {x}, Attrs{{"min", min}, {"max", max}})[0];
 }
 
 Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
-  return dispatch(ops::op("where"), {condition, a, b})[0];
+  return dispatch(ops::where, {condition, a, b})[0];
 }
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
-  return dispatch(ops::op("masked_fill"), {x, mask}, Attrs{{"value", value}})[0];
+  return dispatch(ops::masked_fill, {x, mask}, Attrs{{"value", value}})[0];
 }
-Tensor eq(const Tensor& a, const Tensor& b) { return binary("eq", a, b); }
-Tensor ne(const Tensor& a, const Tensor& b) { return binary("ne", a, b); }
-Tensor lt(const Tensor& a, const Tensor& b) { return binary("lt", a, b); }
-Tensor le(const Tensor& a, const Tensor& b) { return binary("le", a, b); }
-Tensor gt(const Tensor& a, const Tensor& b) { return binary("gt", a, b); }
-Tensor ge(const Tensor& a, const Tensor& b) { return binary("ge", a, b); }
+Tensor eq(const Tensor& a, const Tensor& b) { return binary(ops::eq, a, b); }
+Tensor ne(const Tensor& a, const Tensor& b) { return binary(ops::ne, a, b); }
+Tensor lt(const Tensor& a, const Tensor& b) { return binary(ops::lt, a, b); }
+Tensor le(const Tensor& a, const Tensor& b) { return binary(ops::le, a, b); }
+Tensor gt(const Tensor& a, const Tensor& b) { return binary(ops::gt, a, b); }
+Tensor ge(const Tensor& a, const Tensor& b) { return binary(ops::ge, a, b); }
 
 }  // namespace tessel

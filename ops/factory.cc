@@ -1,5 +1,7 @@
 // Creation (full, arange), random tensors (rand, randn, randint and the in-place initialisers),
 // copies and conversions (clone, contiguous, to_dtype, fill_, copy_).
+#include "ops/factory.h"
+
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -108,133 +110,148 @@ std::vector<Tensor> grad_passthrough(const BackwardContext& context) {
   return {context.grad_outputs[0]};
 }
 
-}  // namespace
+void register_full() {
+  // Attrs: shape, value, dtype (name), device. No inputs.
+  OpDef& op = OpRegistry::get().define(ops::full);
+  op.kind = OpKind::kFactory;
+  op.autocast = AutocastPolicy::kWiden;
+  op.shape = [](const std::vector<Tensor>&, const Attrs& attrs) {
+    return creation_shape("full", attrs);
+  };
+  op.kernels[static_cast<int>(DeviceType::kCpu)] = [](KernelContext& context) {
+    const Tensor& out = context.outputs[0];
+    double value = context.attrs.get<double>("value");
+    visit_dtype(out.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      const T filled = convert_value<T>(value);
+      cpu::index_loop<T>(out, [filled](int64_t) { return filled; });
+    });
+  };
+  op.cost = write_only_cost;
+  op.splits = {{0, {}}};
+}
 
-TESSEL_REGISTER_OPS(factory) {
-  {
-    // Attrs: shape, value, dtype (name), device. No inputs.
-    OpDef& op = OpRegistry::get().define("full");
-    op.shape = [](const std::vector<Tensor>&, const Attrs& attrs) {
-      return creation_shape("full", attrs);
-    };
-    op.kernels[static_cast<int>(DeviceType::kCpu)] = [](KernelContext& context) {
-      const Tensor& out = context.outputs[0];
-      double value = context.attrs.get<double>("value");
-      visit_dtype(out.dtype(), [&](auto tag) {
-        using T = decltype(tag);
-        const T filled = convert_value<T>(value);
-        cpu::index_loop<T>(out, [filled](int64_t) { return filled; });
+void register_arange() {
+  // Attrs: start, end, step, dtype, device. Element i is start + i * step.
+  OpDef& op = OpRegistry::get().define(ops::arange);
+  op.kind = OpKind::kFactory;
+  op.autocast = AutocastPolicy::kWiden;
+  op.shape = [](const std::vector<Tensor>&, const Attrs& attrs) {
+    double start = attrs.get<double>("start"), end = attrs.get<double>("end"),
+           step = attrs.get<double>("step");
+    TESSEL_CHECK(step != 0 && std::isfinite(step), "arange: step must be finite and non-zero, got ",
+                 step);
+    TESSEL_CHECK(std::isfinite(start) && std::isfinite(end), "arange: start (", start,
+                 ") and end (", end, ") must be finite");
+    int64_t length = static_cast<int64_t>(std::ceil((end - start) / step));
+    return std::vector<OutputSpec>{{{std::max<int64_t>(length, 0)}, dtype_attr(attrs)}};
+  };
+  op.kernels[static_cast<int>(DeviceType::kCpu)] = [](KernelContext& context) {
+    double start = context.attrs.get<double>("start"), step = context.attrs.get<double>("step");
+    visit_dtype(context.outputs[0].dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      cpu::index_loop<T>(context.outputs[0], [=](int64_t i) {
+        return convert_value<T>(start + static_cast<double>(i) * step);
       });
-    };
-    op.cost = write_only_cost;
-    op.splits = {{0, {}}};
-  }
-  {
-    // Attrs: start, end, step, dtype, device. Element i is start + i * step.
-    OpDef& op = OpRegistry::get().define("arange");
-    op.shape = [](const std::vector<Tensor>&, const Attrs& attrs) {
-      double start = attrs.get<double>("start"), end = attrs.get<double>("end"),
-             step = attrs.get<double>("step");
-      TESSEL_CHECK(step != 0 && std::isfinite(step),
-                   "arange: step must be finite and non-zero, got ", step);
-      TESSEL_CHECK(std::isfinite(start) && std::isfinite(end), "arange: start (", start,
-                   ") and end (", end, ") must be finite");
-      int64_t length = static_cast<int64_t>(std::ceil((end - start) / step));
-      return std::vector<OutputSpec>{{{std::max<int64_t>(length, 0)}, dtype_attr(attrs)}};
-    };
-    op.kernels[static_cast<int>(DeviceType::kCpu)] = [](KernelContext& context) {
-      double start = context.attrs.get<double>("start"), step = context.attrs.get<double>("step");
-      visit_dtype(context.outputs[0].dtype(), [&](auto tag) {
-        using T = decltype(tag);
-        cpu::index_loop<T>(context.outputs[0], [=](int64_t i) {
-          return convert_value<T>(start + static_cast<double>(i) * step);
-        });
-      });
-    };
-    op.cost = write_only_cost;
-  }
-  {
-    // Uniform in [low, high). Attrs: shape, dtype, device, low, high (+ rng_seed, rng_offset).
-    OpDef& op = OpRegistry::get().define("rand");
-    op.shape = [](const std::vector<Tensor>&, const Attrs& attrs) {
-      auto specs = creation_shape("rand", attrs);
-      TESSEL_CHECK(is_floating(specs[0].dtype), "rand: expected a floating dtype, got ",
-                   dtype_name(specs[0].dtype), " (use randint for integers)");
-      return specs;
-    };
-    op.kernels[static_cast<int>(DeviceType::kCpu)] = [](KernelContext& context) {
-      RngState state = rng_attrs(context.attrs);
-      double low = context.attrs.get_or<double>("low", 0.0);
-      double high = context.attrs.get_or<double>("high", 1.0);
-      visit_dtype(context.outputs[0].dtype(), [&](auto tag) {
-        using T = decltype(tag);
-        random_loop<T>(context.outputs[0], state, false, [=](const PhiloxBlock& block, uint64_t i) {
-          return convert_value<T>(low + (high - low) * block.uniform(i));
-        });
-      });
-    };
-    op.cost = write_only_cost;
-    op.flags.pure = false;
-    op.flags.random = true;
-    op.rng_counters = counters_for_shape;
-  }
-  {
-    // Normal(mean, std). Attrs: shape, dtype, device, mean, std (+ rng_seed, rng_offset).
-    OpDef& op = OpRegistry::get().define("randn");
-    op.shape = [](const std::vector<Tensor>&, const Attrs& attrs) {
-      auto specs = creation_shape("randn", attrs);
-      TESSEL_CHECK(is_floating(specs[0].dtype), "randn: expected a floating dtype, got ",
-                   dtype_name(specs[0].dtype));
-      return specs;
-    };
-    op.kernels[static_cast<int>(DeviceType::kCpu)] = [](KernelContext& context) {
-      RngState state = rng_attrs(context.attrs);
-      double mean = context.attrs.get_or<double>("mean", 0.0);
-      double stddev = context.attrs.get_or<double>("std", 1.0);
-      visit_dtype(context.outputs[0].dtype(), [&](auto tag) {
-        using T = decltype(tag);
-        random_loop<T>(context.outputs[0], state, true, [=](const PhiloxBlock& block, uint64_t i) {
-          return convert_value<T>(mean + stddev * block.normal(i));
-        });
-      });
-    };
-    op.cost = write_only_cost;
-    op.flags.pure = false;
-    op.flags.random = true;
-    op.rng_counters = counters_for_shape;
-  }
-  {
-    // Integers uniform in [low, high). Attrs: shape, dtype, device, low, high (int64).
-    OpDef& op = OpRegistry::get().define("randint");
-    op.shape = [](const std::vector<Tensor>&, const Attrs& attrs) {
-      int64_t low = attrs.get<int64_t>("low"), high = attrs.get<int64_t>("high");
-      TESSEL_CHECK(low < high, "randint: expected low < high, got low=", low, ", high=", high);
-      TESSEL_CHECK(static_cast<uint64_t>(high - low) <= (uint64_t{1} << 32), "randint: the range [",
-                   low, ", ", high, ") is wider than 2^32");
-      auto specs = creation_shape("randint", attrs);
-      TESSEL_CHECK(specs[0].dtype != DType::kBool, "randint: bool is not an integer dtype");
-      return specs;
-    };
-    op.kernels[static_cast<int>(DeviceType::kCpu)] = [](KernelContext& context) {
-      RngState state = rng_attrs(context.attrs);
-      int64_t low = context.attrs.get<int64_t>("low");
-      uint64_t range = static_cast<uint64_t>(context.attrs.get<int64_t>("high") - low);
-      visit_dtype(context.outputs[0].dtype(), [&](auto tag) {
-        using T = decltype(tag);
-        random_loop<T>(context.outputs[0], state, false, [=](const PhiloxBlock& block, uint64_t i) {
-          return convert_value<T>(low + static_cast<int64_t>(block.bits(i) % range));
-        });
-      });
-    };
-    op.cost = write_only_cost;
-    op.flags.pure = false;
-    op.flags.random = true;
-    op.rng_counters = counters_for_shape;
-  }
+    });
+  };
+  op.cost = write_only_cost;
+}
 
+void register_rand() {
+  // Uniform in [low, high). Attrs: shape, dtype, device, low, high (+ rng_seed, rng_offset).
+  OpDef& op = OpRegistry::get().define(ops::rand);
+  op.kind = OpKind::kFactory;
+  op.autocast = AutocastPolicy::kWiden;
+  op.shape = [](const std::vector<Tensor>&, const Attrs& attrs) {
+    auto specs = creation_shape("rand", attrs);
+    TESSEL_CHECK(is_floating(specs[0].dtype), "rand: expected a floating dtype, got ",
+                 dtype_name(specs[0].dtype), " (use randint for integers)");
+    return specs;
+  };
+  op.kernels[static_cast<int>(DeviceType::kCpu)] = [](KernelContext& context) {
+    RngState state = rng_attrs(context.attrs);
+    double low = context.attrs.get_or<double>("low", 0.0);
+    double high = context.attrs.get_or<double>("high", 1.0);
+    visit_dtype(context.outputs[0].dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      random_loop<T>(context.outputs[0], state, false, [=](const PhiloxBlock& block, uint64_t i) {
+        return convert_value<T>(low + (high - low) * block.uniform(i));
+      });
+    });
+  };
+  op.cost = write_only_cost;
+  op.flags.pure = false;
+  op.flags.random = true;
+  op.rng_counters = counters_for_shape;
+}
+
+void register_randn() {
+  // Normal(mean, std). Attrs: shape, dtype, device, mean, std (+ rng_seed, rng_offset).
+  OpDef& op = OpRegistry::get().define(ops::randn);
+  op.kind = OpKind::kFactory;
+  op.autocast = AutocastPolicy::kWiden;
+  op.shape = [](const std::vector<Tensor>&, const Attrs& attrs) {
+    auto specs = creation_shape("randn", attrs);
+    TESSEL_CHECK(is_floating(specs[0].dtype), "randn: expected a floating dtype, got ",
+                 dtype_name(specs[0].dtype));
+    return specs;
+  };
+  op.kernels[static_cast<int>(DeviceType::kCpu)] = [](KernelContext& context) {
+    RngState state = rng_attrs(context.attrs);
+    double mean = context.attrs.get_or<double>("mean", 0.0);
+    double stddev = context.attrs.get_or<double>("std", 1.0);
+    visit_dtype(context.outputs[0].dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      random_loop<T>(context.outputs[0], state, true, [=](const PhiloxBlock& block, uint64_t i) {
+        return convert_value<T>(mean + stddev * block.normal(i));
+      });
+    });
+  };
+  op.cost = write_only_cost;
+  op.flags.pure = false;
+  op.flags.random = true;
+  op.rng_counters = counters_for_shape;
+}
+
+void register_randint() {
+  // Integers uniform in [low, high). Attrs: shape, dtype, device, low, high (int64).
+  OpDef& op = OpRegistry::get().define(ops::randint);
+  op.kind = OpKind::kFactory;
+  op.autocast = AutocastPolicy::kWiden;
+  op.shape = [](const std::vector<Tensor>&, const Attrs& attrs) {
+    int64_t low = attrs.get<int64_t>("low"), high = attrs.get<int64_t>("high");
+    TESSEL_CHECK(low < high, "randint: expected low < high, got low=", low, ", high=", high);
+    TESSEL_CHECK(static_cast<uint64_t>(high - low) <= (uint64_t{1} << 32), "randint: the range [",
+                 low, ", ", high, ") is wider than 2^32");
+    auto specs = creation_shape("randint", attrs);
+    TESSEL_CHECK(specs[0].dtype != DType::kBool, "randint: bool is not an integer dtype");
+    return specs;
+  };
+  op.kernels[static_cast<int>(DeviceType::kCpu)] = [](KernelContext& context) {
+    RngState state = rng_attrs(context.attrs);
+    int64_t low = context.attrs.get<int64_t>("low");
+    uint64_t range = static_cast<uint64_t>(context.attrs.get<int64_t>("high") - low);
+    visit_dtype(context.outputs[0].dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      random_loop<T>(context.outputs[0], state, false, [=](const PhiloxBlock& block, uint64_t i) {
+        return convert_value<T>(low + static_cast<int64_t>(block.bits(i) % range));
+      });
+    });
+  };
+  op.cost = write_only_cost;
+  op.flags.pure = false;
+  op.flags.random = true;
+  op.rng_counters = counters_for_shape;
+}
+
+void register_copies() {
   // Copies: a row-major copy of any strided input.
-  for (const char* name : {"clone", "contiguous"}) {
-    OpDef& op = OpRegistry::get().define(name);
+  for (const OpHandle* copy : {&ops::clone, &ops::contiguous}) {
+    OpDef& op = OpRegistry::get().define(*copy);
+    op.kind = OpKind::kDataMovement;
+    op.autocast = AutocastPolicy::kWiden;
+    op.planner.split = ParallelSplit::kPointwise;
     op.shape = [](const std::vector<Tensor>& inputs, const Attrs&) {
       return std::vector<OutputSpec>{{inputs.at(0).sizes(), inputs[0].dtype()}};
     };
@@ -245,76 +262,102 @@ TESSEL_REGISTER_OPS(factory) {
     op.cost = copy_cost;
     op.splits = {{0, {0}}};
   }
-  {
-    // Attr: dtype (name). Any dtype to any dtype.
-    OpDef& op = OpRegistry::get().define("to_dtype");
-    op.shape = [](const std::vector<Tensor>& inputs, const Attrs& attrs) {
-      return std::vector<OutputSpec>{
-          {inputs.at(0).sizes(), dtype_from_name(attrs.get<std::string>("dtype"))}};
-    };
-    op.kernels[static_cast<int>(DeviceType::kCpu)] = [](KernelContext& context) {
-      cpu::copy_convert(context.outputs[0], context.inputs[0]);
-    };
-    op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
-      if (!context.grad_outputs[0].defined()) return {Tensor()};
-      return {to_dtype(context.grad_outputs[0], context.input_specs[0].dtype)};
-    };
-    op.cost = copy_cost;
-    op.splits = {{0, {0}}};
-  }
-  {
-    // In place: inputs {self}, out {self}, attr value.
-    OpDef& op = OpRegistry::get().define("fill_");
-    op.shape = [](const std::vector<Tensor>& inputs, const Attrs&) {
-      TESSEL_CHECK(inputs.size() == 1, "fill_: expected one input (the tensor to fill), got ",
-                   inputs.size());
-      return std::vector<OutputSpec>{{inputs[0].sizes(), inputs[0].dtype()}};
-    };
-    op.kernels[static_cast<int>(DeviceType::kCpu)] = [](KernelContext& context) {
-      const Tensor& out = context.outputs[0];
-      double value = context.attrs.get<double>("value");
-      visit_dtype(out.dtype(), [&](auto tag) {
-        using T = decltype(tag);
-        const T filled = convert_value<T>(value);
-        cpu::index_loop<T>(out, [filled](int64_t) { return filled; });
-      });
-    };
-    op.cost = write_only_cost;
-    op.flags.pure = false;
-  }
-  {
-    // In place: inputs {dest, source}, out {dest}. Source is broadcast to dest and converted.
-    OpDef& op = OpRegistry::get().define("copy_");
-    op.shape = [](const std::vector<Tensor>& inputs, const Attrs&) {
-      TESSEL_CHECK(inputs.size() == 2, "copy_: expected inputs {dest, source}, got ", inputs.size(),
-                   " inputs");
-      const Tensor& dest = inputs[0];
-      const Tensor& source = inputs[1];
-      TESSEL_CHECK(broadcastable_to(source.sizes(), dest.sizes()), "copy_: source of shape ",
-                   shape_str(source.sizes()), " cannot be broadcast to destination shape ",
-                   shape_str(dest.sizes()));
-      return std::vector<OutputSpec>{{dest.sizes(), dest.dtype()}};
-    };
-    op.kernels[static_cast<int>(DeviceType::kCpu)] = [](KernelContext& context) {
-      Tensor source = context.inputs[1];
-      // A source sharing the destination's bytes is read from a snapshot, so overlapping
-      // views (x.copy_(x.t())) copy the values they had before the call.
-      if (source.storage() == context.outputs[0].storage()) {
-        Tensor snapshot = context.workspace(source.sizes(), source.dtype());
-        cpu::copy_convert(snapshot, source);
-        source = snapshot;
-      }
-      cpu::copy_convert(context.outputs[0], source);
-    };
-    op.cost = copy_cost;
-    op.flags.pure = false;
-  }
+}
+
+void register_to_dtype() {
+  // Attr: dtype (name). Any dtype to any dtype.
+  OpDef& op = OpRegistry::get().define(ops::to_dtype);
+  op.kind = OpKind::kDataMovement;
+  op.autocast = AutocastPolicy::kKeep;
+  op.planner.split = ParallelSplit::kPointwise;
+  op.shape = [](const std::vector<Tensor>& inputs, const Attrs& attrs) {
+    return std::vector<OutputSpec>{
+        {inputs.at(0).sizes(), dtype_from_name(attrs.get<std::string>("dtype"))}};
+  };
+  op.kernels[static_cast<int>(DeviceType::kCpu)] = [](KernelContext& context) {
+    cpu::copy_convert(context.outputs[0], context.inputs[0]);
+  };
+  op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
+    if (!context.grad_outputs[0].defined()) return {Tensor()};
+    return {to_dtype(context.grad_outputs[0], context.input_specs[0].dtype)};
+  };
+  op.cost = copy_cost;
+  op.splits = {{0, {0}}};
+}
+
+void register_fill_() {
+  // In place: inputs {self}, out {self}, attr value.
+  OpDef& op = OpRegistry::get().define(ops::fill_);
+  op.kind = OpKind::kFactory;
+  op.autocast = AutocastPolicy::kWiden;
+  op.planner.split = ParallelSplit::kPointwise;
+  op.shape = [](const std::vector<Tensor>& inputs, const Attrs&) {
+    TESSEL_CHECK(inputs.size() == 1, "fill_: expected one input (the tensor to fill), got ",
+                 inputs.size());
+    return std::vector<OutputSpec>{{inputs[0].sizes(), inputs[0].dtype()}};
+  };
+  op.kernels[static_cast<int>(DeviceType::kCpu)] = [](KernelContext& context) {
+    const Tensor& out = context.outputs[0];
+    double value = context.attrs.get<double>("value");
+    visit_dtype(out.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      const T filled = convert_value<T>(value);
+      cpu::index_loop<T>(out, [filled](int64_t) { return filled; });
+    });
+  };
+  op.cost = write_only_cost;
+  op.flags.pure = false;
+}
+
+void register_copy_() {
+  // In place: inputs {dest, source}, out {dest}. Source is broadcast to dest and converted.
+  OpDef& op = OpRegistry::get().define(ops::copy_);
+  op.kind = OpKind::kDataMovement;
+  op.autocast = AutocastPolicy::kWiden;
+  op.planner.split = ParallelSplit::kPointwise;
+  op.shape = [](const std::vector<Tensor>& inputs, const Attrs&) {
+    TESSEL_CHECK(inputs.size() == 2, "copy_: expected inputs {dest, source}, got ", inputs.size(),
+                 " inputs");
+    const Tensor& dest = inputs[0];
+    const Tensor& source = inputs[1];
+    TESSEL_CHECK(broadcastable_to(source.sizes(), dest.sizes()), "copy_: source of shape ",
+                 shape_str(source.sizes()), " cannot be broadcast to destination shape ",
+                 shape_str(dest.sizes()));
+    return std::vector<OutputSpec>{{dest.sizes(), dest.dtype()}};
+  };
+  op.kernels[static_cast<int>(DeviceType::kCpu)] = [](KernelContext& context) {
+    Tensor source = context.inputs[1];
+    // A source sharing the destination's bytes is read from a snapshot, so overlapping
+    // views (x.copy_(x.t())) copy the values they had before the call.
+    if (source.storage() == context.outputs[0].storage()) {
+      Tensor snapshot = context.workspace(source.sizes(), source.dtype());
+      cpu::copy_convert(snapshot, source);
+      source = snapshot;
+    }
+    cpu::copy_convert(context.outputs[0], source);
+  };
+  op.cost = copy_cost;
+  op.flags.pure = false;
+}
+
+}  // namespace
+
+TESSEL_REGISTER_OPS(factory) {
+  register_full();
+  register_arange();
+  register_rand();
+  register_randn();
+  register_randint();
+  register_copies();
+  register_to_dtype();
+  register_fill_();
+  register_copy_();
 }
 
 Tensor full(const Shape& sizes, double value, TensorOptions options) {
   Attrs attrs = creation_attrs(sizes, options);
   attrs.set("value", value);
-  return finish_creation(dispatch(ops::op("full"), {}, std::move(attrs))[0], options);
+  return finish_creation(dispatch(ops::full, {}, std::move(attrs))[0], options);
 }
 
 Tensor zeros(const Shape& sizes, TensorOptions options) { return full(sizes, 0.0, options); }
@@ -336,23 +379,22 @@ Tensor arange(double start, double end, double step, TensorOptions options) {
               {"step", step},
               {"dtype", std::string(dtype_name(options.dtype_))},
               {"device", options.device_.str()}};
-  return finish_creation(dispatch(ops::op("arange"), {}, std::move(attrs))[0], options);
+  return finish_creation(dispatch(ops::arange, {}, std::move(attrs))[0], options);
 }
 
 Tensor rand(const Shape& sizes, TensorOptions options) {
-  return finish_creation(dispatch(ops::op("rand"), {}, creation_attrs(sizes, options))[0], options);
+  return finish_creation(dispatch(ops::rand, {}, creation_attrs(sizes, options))[0], options);
 }
 
 Tensor randn(const Shape& sizes, TensorOptions options) {
-  return finish_creation(dispatch(ops::op("randn"), {}, creation_attrs(sizes, options))[0],
-                         options);
+  return finish_creation(dispatch(ops::randn, {}, creation_attrs(sizes, options))[0], options);
 }
 
 Tensor randint(int64_t low, int64_t high, const Shape& sizes, TensorOptions options) {
   Attrs attrs = creation_attrs(sizes, options);
   attrs.set("low", low);
   attrs.set("high", high);
-  return finish_creation(dispatch(ops::op("randint"), {}, std::move(attrs))[0], options);
+  return finish_creation(dispatch(ops::randint, {}, std::move(attrs))[0], options);
 }
 
 Tensor& uniform_(Tensor& tensor, double low, double high) {
@@ -363,7 +405,7 @@ Tensor& uniform_(Tensor& tensor, double low, double high) {
       creation_attrs(tensor.sizes(), TensorOptions(tensor.dtype()).device(tensor.device()));
   attrs.set("low", low);
   attrs.set("high", high);
-  dispatch(ops::op("rand"), {}, std::move(attrs), {tensor});
+  dispatch(ops::rand, {}, std::move(attrs), {tensor});
   return tensor;
 }
 
@@ -374,20 +416,20 @@ Tensor& normal_(Tensor& tensor, double mean, double stddev) {
       creation_attrs(tensor.sizes(), TensorOptions(tensor.dtype()).device(tensor.device()));
   attrs.set("mean", mean);
   attrs.set("std", stddev);
-  dispatch(ops::op("randn"), {}, std::move(attrs), {tensor});
+  dispatch(ops::randn, {}, std::move(attrs), {tensor});
   return tensor;
 }
 
-Tensor clone(const Tensor& x) { return dispatch(ops::op("clone"), {x})[0]; }
+Tensor clone(const Tensor& x) { return dispatch(ops::clone, {x})[0]; }
 
 Tensor contiguous(const Tensor& x) {
   if (x.is_contiguous()) return x;
-  return dispatch(ops::op("contiguous"), {x})[0];
+  return dispatch(ops::contiguous, {x})[0];
 }
 
 Tensor to_dtype(const Tensor& x, DType dtype) {
   if (x.dtype() == dtype) return x;
-  return dispatch(ops::op("to_dtype"), {x}, Attrs{{"dtype", std::string(dtype_name(dtype))}})[0];
+  return dispatch(ops::to_dtype, {x}, Attrs{{"dtype", std::string(dtype_name(dtype))}})[0];
 }
 
 }  // namespace tessel

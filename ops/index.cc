@@ -2,6 +2,8 @@
 // of every gathering op is a deterministic scatter-add into zeros, registered as its own op
 // ("index_select_backward", "gather_backward", "embedding_backward") so it runs, records and
 // recomputes like any other.
+#include "ops/index.h"
+
 #include <algorithm>
 #include <cstring>
 
@@ -129,330 +131,354 @@ Shape embedding_output_shape(const Tensor& weight, const Tensor& indices) {
   return sizes;
 }
 
+void register_cat() {
+  OpDef& op = OpRegistry::get().define(ops::cat);
+  op.kind = OpKind::kDataMovement;
+  op.autocast = AutocastPolicy::kWiden;
+  op.planner = {ParallelSplit::kConcat, "concat"};
+  op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
+    TESSEL_CHECK(!in.empty(), "cat: expected at least one tensor");
+    const Tensor& first = in[0];
+    TESSEL_CHECK(first.defined(), "cat: tensor 0 is undefined");
+    TESSEL_CHECK(first.dim() > 0,
+                 "cat: cannot concatenate 0-d tensors (unsqueeze them or use "
+                 "stack)");
+    const int64_t dim = wrap_dim(attrs.get<int64_t>("dim"), first.dim(), "cat: dim");
+    Shape sizes = first.sizes();
+    sizes[dim] = 0;
+    for (size_t i = 0; i < in.size(); ++i) {
+      const Tensor& t = in[i];
+      TESSEL_CHECK(t.defined(), "cat: tensor ", i, " is undefined");
+      TESSEL_CHECK(t.dtype() == first.dtype(), "cat: tensor ", i, " has dtype ",
+                   dtype_name(t.dtype()), " but tensor 0 has dtype ", dtype_name(first.dtype()),
+                   " (convert with .to(dtype) first)");
+      bool match = t.dim() == first.dim();
+      for (int64_t d = 0; match && d < t.dim(); ++d)
+        match = d == dim || t.sizes()[d] == first.sizes()[d];
+      TESSEL_CHECK(match, "cat: tensor ", i, " has shape ", shape_str(t.sizes()),
+                   " but tensor 0 has shape ", shape_str(first.sizes()),
+                   "; sizes must match except in dimension ", dim);
+      sizes[dim] += t.sizes()[dim];
+    }
+    return std::vector<OutputSpec>{{sizes, first.dtype()}};
+  };
+  op.kernels[kCpu] = [](KernelContext& ctx) {
+    const Tensor& out = ctx.outputs[0];
+    const int64_t dim = wrap_dim(ctx.attrs.get<int64_t>("dim"), out.dim());
+    int64_t position = 0;
+    for (const Tensor& input : ctx.inputs) {
+      Tensor part = make_view(out, input.sizes(), out.strides(),
+                              out.storage_offset() + position * out.strides()[dim]);
+      cpu::copy_strided(input, part);
+      position += input.sizes()[dim];
+    }
+  };
+  op.backward = [](const BackwardContext& ctx) -> std::vector<Tensor> {
+    const Tensor& grad = ctx.grad_outputs[0];
+    const int64_t dim = wrap_dim(ctx.attrs.get<int64_t>("dim"), grad.dim());
+    std::vector<Tensor> grads(ctx.input_specs.size());
+    int64_t position = 0;
+    for (size_t i = 0; i < grads.size(); ++i) {
+      int64_t size = ctx.input_specs[i].sizes[dim];
+      if (ctx.needs_input_grad[i]) grads[i] = slice(grad, dim, position, position + size);
+      position += size;
+    }
+    return grads;
+  };
+  op.cost = [](const std::vector<Tensor>&, const std::vector<Tensor>& out, const Attrs&) {
+    return OpCost{0, 2.0 * static_cast<double>(out[0].nbytes())};
+  };
+}
+
+void register_index_select() {
+  OpDef& op = OpRegistry::get().define(ops::index_select);
+  op.kind = OpKind::kIndexing;
+  op.autocast = AutocastPolicy::kWiden;
+  op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
+    const Tensor& x = in.at(0);
+    const Tensor& index = in.at(1);
+    TESSEL_CHECK(x.dim() > 0, "index_select: cannot index a 0-d tensor");
+    const int64_t dim = wrap_dim(attrs.get<int64_t>("dim"), x.dim(), "index_select: dim");
+    check_index_dtype("index_select", "index", index);
+    TESSEL_CHECK(index.dim() <= 1, "index_select: index must be 1-D, got shape ",
+                 shape_str(index.sizes()));
+    Shape sizes = x.sizes();
+    sizes[dim] = index.numel();
+    return std::vector<OutputSpec>{{sizes, x.dtype()}};
+  };
+  op.kernels[kCpu] = [](KernelContext& ctx) {
+    const Tensor& x = ctx.inputs[0];
+    const int64_t dim = wrap_dim(ctx.attrs.get<int64_t>("dim"), x.dim());
+    std::vector<int64_t> indices = read_indices(ctx, ctx.inputs[1], x.sizes()[dim], "index_select",
+                                                detail::str_cat("dimension ", dim).c_str());
+    Tensor out = dense_output(ctx, ctx.outputs[0]);
+    gather_rows(cpu::dense_input(ctx, x), around(x.sizes(), dim), indices, out);
+    finish_output(out, ctx.outputs[0]);
+  };
+  op.save_inputs = {1};
+  op.backward = [](const BackwardContext& ctx) -> std::vector<Tensor> {
+    return {dispatch(ops::index_select_backward, {ctx.grad_outputs[0], ctx.saved_inputs[1]},
+                     Attrs{{"dim", ctx.attrs.get<int64_t>("dim")},
+                           {"input_sizes", ctx.input_specs[0].sizes}})[0],
+            Tensor()};
+  };
+  op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out, const Attrs&) {
+    return OpCost{0, static_cast<double>(2 * out[0].nbytes() + in[1].nbytes())};
+  };
+}
+
+void register_index_select_backward() {
+  // grad (..., count, ...) summed into zeros of input_sizes at rows `index` along dim.
+  OpDef& op = OpRegistry::get().define(ops::index_select_backward);
+  op.kind = OpKind::kIndexing;
+  op.autocast = AutocastPolicy::kWiden;
+  op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
+    const Shape& input_sizes = attrs.get<Shape>("input_sizes");
+    const int64_t dim =
+        wrap_dim(attrs.get<int64_t>("dim"), static_cast<int64_t>(input_sizes.size()),
+                 "index_select_backward: dim");
+    check_index_dtype("index_select_backward", "index", in.at(1));
+    Shape expected = input_sizes;
+    expected[dim] = in[1].numel();
+    TESSEL_CHECK(in[0].sizes() == expected, "index_select_backward: gradient has shape ",
+                 shape_str(in[0].sizes()), ", expected ", shape_str(expected));
+    return std::vector<OutputSpec>{{input_sizes, in[0].dtype()}};
+  };
+  op.kernels[kCpu] = [](KernelContext& ctx) {
+    const Tensor& grad = ctx.inputs[0];
+    const Shape& input_sizes = ctx.attrs.get<Shape>("input_sizes");
+    const int64_t dim =
+        wrap_dim(ctx.attrs.get<int64_t>("dim"), static_cast<int64_t>(input_sizes.size()));
+    std::vector<int64_t> indices =
+        read_indices(ctx, ctx.inputs[1], input_sizes[dim], "index_select_backward",
+                     detail::str_cat("dimension ", dim).c_str());
+    Tensor out = dense_output(ctx, ctx.outputs[0]);
+    scatter_add_rows(cpu::dense_input(ctx, grad), around(input_sizes, dim), indices, -1, out);
+    finish_output(out, ctx.outputs[0]);
+  };
+  op.save_inputs = {1};
+  op.backward = [](const BackwardContext& ctx) -> std::vector<Tensor> {
+    return {index_select(ctx.grad_outputs[0], ctx.attrs.get<int64_t>("dim"), ctx.saved_inputs[1]),
+            Tensor()};
+  };
+  op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out, const Attrs&) {
+    return OpCost{static_cast<double>(in[0].numel()),
+                  static_cast<double>(2 * in[0].nbytes() + out[0].nbytes())};
+  };
+}
+
+void register_gather() {
+  OpDef& op = OpRegistry::get().define(ops::gather);
+  op.kind = OpKind::kIndexing;
+  op.autocast = AutocastPolicy::kWiden;
+  op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
+    const Tensor& x = in.at(0);
+    const Tensor& index = in.at(1);
+    const int64_t dim = wrap_dim(attrs.get<int64_t>("dim"), x.dim(), "gather: dim");
+    check_index_dtype("gather", "index", index);
+    TESSEL_CHECK(index.dim() == x.dim(), "gather: index has ", index.dim(), " dimensions (shape ",
+                 shape_str(index.sizes()), ") but input has ", x.dim(), " (shape ",
+                 shape_str(x.sizes()), ")");
+    for (int64_t d = 0; d < x.dim(); ++d) {
+      TESSEL_CHECK(d == dim || index.sizes()[d] <= x.sizes()[d], "gather: index shape ",
+                   shape_str(index.sizes()), " exceeds input shape ", shape_str(x.sizes()),
+                   " in dimension ", d, " (only dimension ", dim, " may be larger)");
+    }
+    return std::vector<OutputSpec>{{index.sizes(), x.dtype()}};
+  };
+  op.kernels[kCpu] = [](KernelContext& ctx) {
+    const Tensor& x = ctx.inputs[0];
+    const int64_t dim = wrap_dim(ctx.attrs.get<int64_t>("dim"), x.dim());
+    const int64_t size = x.dim() == 0 ? 1 : x.sizes()[dim];
+    std::vector<int64_t> indices = read_indices(ctx, ctx.inputs[1], size, "gather",
+                                                detail::str_cat("dimension ", dim).c_str());
+    Tensor out = dense_output(ctx, ctx.outputs[0]);
+    const Shape& index_sizes = out.sizes();
+    if (x.dim() == 0) {
+      if (out.numel() == 1) std::memcpy(out.raw_data(), x.raw_data(), x.element_size());
+      finish_output(out, ctx.outputs[0]);
+      return;
+    }
+    const Shape dense_strides = contiguous_strides(index_sizes);
+    const Shape& x_strides = x.strides();
+    const int64_t count = index_sizes[dim];
+    visit_dtype(x.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      const T* from = x.data_ptr<T>();
+      T* to = out.data_ptr<T>();
+      for_each_row(index_sizes, dim, {&dense_strides, &x_strides},
+                   [&](const std::vector<int64_t>& offsets) {
+                     for (int64_t k = 0; k < count; ++k) {
+                       int64_t position = offsets[0] + k * dense_strides[dim];
+                       to[position] = from[offsets[1] + indices[position] * x_strides[dim]];
+                     }
+                   });
+    });
+    finish_output(out, ctx.outputs[0]);
+  };
+  op.save_inputs = {1};
+  op.backward = [](const BackwardContext& ctx) -> std::vector<Tensor> {
+    return {dispatch(ops::gather_backward, {ctx.grad_outputs[0], ctx.saved_inputs[1]},
+                     Attrs{{"dim", ctx.attrs.get<int64_t>("dim")},
+                           {"input_sizes", ctx.input_specs[0].sizes}})[0],
+            Tensor()};
+  };
+  op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out, const Attrs&) {
+    return OpCost{0, static_cast<double>(2 * out[0].nbytes() + in[1].nbytes())};
+  };
+}
+
+void register_gather_backward() {
+  // Scatter-add of grad (index's shape) into zeros of input_sizes along dim.
+  OpDef& op = OpRegistry::get().define(ops::gather_backward);
+  op.kind = OpKind::kIndexing;
+  op.autocast = AutocastPolicy::kWiden;
+  op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
+    const Shape& input_sizes = attrs.get<Shape>("input_sizes");
+    check_index_dtype("gather_backward", "index", in.at(1));
+    TESSEL_CHECK(in[0].sizes() == in[1].sizes(), "gather_backward: gradient shape ",
+                 shape_str(in[0].sizes()), " differs from index shape ", shape_str(in[1].sizes()));
+    TESSEL_CHECK(in[1].dim() == static_cast<int64_t>(input_sizes.size()),
+                 "gather_backward: index shape ", shape_str(in[1].sizes()),
+                 " does not match input shape ", shape_str(input_sizes));
+    wrap_dim(attrs.get<int64_t>("dim"), static_cast<int64_t>(input_sizes.size()),
+             "gather_backward: dim");
+    return std::vector<OutputSpec>{{input_sizes, in[0].dtype()}};
+  };
+  op.kernels[kCpu] = [](KernelContext& ctx) {
+    const Shape& input_sizes = ctx.attrs.get<Shape>("input_sizes");
+    const int64_t ndim = static_cast<int64_t>(input_sizes.size());
+    const int64_t dim = wrap_dim(ctx.attrs.get<int64_t>("dim"), ndim);
+    const int64_t size = ndim == 0 ? 1 : input_sizes[dim];
+    std::vector<int64_t> indices = read_indices(ctx, ctx.inputs[1], size, "gather_backward",
+                                                detail::str_cat("dimension ", dim).c_str());
+    Tensor grad = cpu::dense_input(ctx, ctx.inputs[0]);
+    Tensor out = dense_output(ctx, ctx.outputs[0]);
+    std::memset(out.raw_data(), 0, out.nbytes());
+    const Shape& index_sizes = grad.sizes();
+    visit_float_dtype(out.dtype(), "gather_backward", [&](auto tag) {
+      using T = decltype(tag);
+      const T* from = grad.data_ptr<T>();
+      T* to = out.data_ptr<T>();
+      if (ndim == 0) {
+        if (grad.numel() == 1) to[0] += from[0];
+        return;
+      }
+      const Shape index_strides = contiguous_strides(index_sizes);
+      const Shape out_strides = contiguous_strides(input_sizes);
+      const int64_t count = index_sizes[dim];
+      // Rows own disjoint targets (they differ outside `dim`): deterministic in parallel.
+      for_each_row(index_sizes, dim, {&index_strides, &out_strides},
+                   [&](const std::vector<int64_t>& offsets) {
+                     for (int64_t k = 0; k < count; ++k) {
+                       int64_t position = offsets[0] + k * index_strides[dim];
+                       to[offsets[1] + indices[position] * out_strides[dim]] += from[position];
+                     }
+                   });
+    });
+    finish_output(out, ctx.outputs[0]);
+  };
+  op.save_inputs = {1};
+  op.backward = [](const BackwardContext& ctx) -> std::vector<Tensor> {
+    return {gather(ctx.grad_outputs[0], ctx.attrs.get<int64_t>("dim"), ctx.saved_inputs[1]),
+            Tensor()};
+  };
+  op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out, const Attrs&) {
+    return OpCost{static_cast<double>(in[0].numel()),
+                  static_cast<double>(2 * in[0].nbytes() + out[0].nbytes())};
+  };
+}
+
+void register_embedding() {
+  // weight (num, dim), indices any shape -> indices.shape + [dim].
+  OpDef& op = OpRegistry::get().define(ops::embedding);
+  op.kind = OpKind::kIndexing;
+  op.autocast = AutocastPolicy::kWiden;
+  op.planner = {ParallelSplit::kEmbeddingTable, "embedding"};
+  op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
+    const Tensor& weight = in.at(0);
+    const Tensor& indices = in.at(1);
+    TESSEL_CHECK(weight.dim() == 2,
+                 "embedding: weight must be 2-D (num_embeddings, embedding_dim), got shape ",
+                 shape_str(weight.sizes()));
+    check_index_dtype("embedding", "indices", indices);
+    int64_t padding_idx = attrs.get_or<int64_t>("padding_idx", -1);
+    TESSEL_CHECK(padding_idx < weight.sizes()[0], "embedding: padding_idx ", padding_idx,
+                 " is out of range for a table of ", weight.sizes()[0], " rows");
+    return std::vector<OutputSpec>{{embedding_output_shape(weight, indices), weight.dtype()}};
+  };
+  op.kernels[kCpu] = [](KernelContext& ctx) {
+    const Tensor& weight = ctx.inputs[0];
+    std::vector<int64_t> indices =
+        read_indices(ctx, ctx.inputs[1], weight.sizes()[0], "embedding", "an embedding table");
+    Tensor out = dense_output(ctx, ctx.outputs[0]);
+    gather_rows(cpu::dense_input(ctx, weight), around(weight.sizes(), 0), indices, out);
+    finish_output(out, ctx.outputs[0]);
+  };
+  op.save_inputs = {1};
+  op.backward = [](const BackwardContext& ctx) -> std::vector<Tensor> {
+    if (!ctx.needs_input_grad[0]) return {Tensor(), Tensor()};
+    return {dispatch(ops::embedding_backward, {ctx.grad_outputs[0], ctx.saved_inputs[1]},
+                     Attrs{{"num_weights", ctx.input_specs[0].sizes[0]},
+                           {"padding_idx", ctx.attrs.get_or<int64_t>("padding_idx", -1)}})[0],
+            Tensor()};
+  };
+  op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out, const Attrs&) {
+    return OpCost{0, static_cast<double>(2 * out[0].nbytes() + in[1].nbytes())};
+  };
+  // Splittable along the indices' first dimension; each chunk reads the whole table.
+  op.splits = {{0, {-1, 0}}};
+}
+
+void register_embedding_backward() {
+  // grad (indices.shape + [dim]) summed into rows of a (num_weights, dim) zero table; the
+  // padding row gets nothing.
+  OpDef& op = OpRegistry::get().define(ops::embedding_backward);
+  op.kind = OpKind::kIndexing;
+  op.autocast = AutocastPolicy::kWiden;
+  op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
+    const Tensor& grad = in.at(0);
+    const Tensor& indices = in.at(1);
+    check_index_dtype("embedding_backward", "indices", indices);
+    TESSEL_CHECK(
+        grad.dim() == indices.dim() + 1 &&
+            std::equal(indices.sizes().begin(), indices.sizes().end(), grad.sizes().begin()),
+        "embedding_backward: gradient shape ", shape_str(grad.sizes()),
+        " does not extend indices shape ", shape_str(indices.sizes()));
+    return std::vector<OutputSpec>{
+        {{attrs.get<int64_t>("num_weights"), grad.sizes().back()}, grad.dtype()}};
+  };
+  op.kernels[kCpu] = [](KernelContext& ctx) {
+    const Tensor& grad = ctx.inputs[0];
+    const int64_t num_weights = ctx.attrs.get<int64_t>("num_weights");
+    std::vector<int64_t> indices =
+        read_indices(ctx, ctx.inputs[1], num_weights, "embedding_backward", "an embedding table");
+    int64_t padding_idx = ctx.attrs.get_or<int64_t>("padding_idx", -1);
+    Tensor out = dense_output(ctx, ctx.outputs[0]);
+    scatter_add_rows(cpu::dense_input(ctx, grad), around(out.sizes(), 0), indices,
+                     padding_idx < 0 ? -1 : padding_idx, out);
+    finish_output(out, ctx.outputs[0]);
+  };
+  op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out, const Attrs&) {
+    return OpCost{static_cast<double>(in[0].numel()),
+                  static_cast<double>(2 * in[0].nbytes() + out[0].nbytes())};
+  };
+}
+
 }  // namespace
 
 TESSEL_REGISTER_OPS(index) {
-  {
-    OpDef& op = OpRegistry::get().define("cat");
-    op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
-      TESSEL_CHECK(!in.empty(), "cat: expected at least one tensor");
-      const Tensor& first = in[0];
-      TESSEL_CHECK(first.defined(), "cat: tensor 0 is undefined");
-      TESSEL_CHECK(first.dim() > 0,
-                   "cat: cannot concatenate 0-d tensors (unsqueeze them or use "
-                   "stack)");
-      const int64_t dim = wrap_dim(attrs.get<int64_t>("dim"), first.dim(), "cat: dim");
-      Shape sizes = first.sizes();
-      sizes[dim] = 0;
-      for (size_t i = 0; i < in.size(); ++i) {
-        const Tensor& t = in[i];
-        TESSEL_CHECK(t.defined(), "cat: tensor ", i, " is undefined");
-        TESSEL_CHECK(t.dtype() == first.dtype(), "cat: tensor ", i, " has dtype ",
-                     dtype_name(t.dtype()), " but tensor 0 has dtype ", dtype_name(first.dtype()),
-                     " (convert with .to(dtype) first)");
-        bool match = t.dim() == first.dim();
-        for (int64_t d = 0; match && d < t.dim(); ++d)
-          match = d == dim || t.sizes()[d] == first.sizes()[d];
-        TESSEL_CHECK(match, "cat: tensor ", i, " has shape ", shape_str(t.sizes()),
-                     " but tensor 0 has shape ", shape_str(first.sizes()),
-                     "; sizes must match except in dimension ", dim);
-        sizes[dim] += t.sizes()[dim];
-      }
-      return std::vector<OutputSpec>{{sizes, first.dtype()}};
-    };
-    op.kernels[kCpu] = [](KernelContext& ctx) {
-      const Tensor& out = ctx.outputs[0];
-      const int64_t dim = wrap_dim(ctx.attrs.get<int64_t>("dim"), out.dim());
-      int64_t position = 0;
-      for (const Tensor& input : ctx.inputs) {
-        Tensor part = make_view(out, input.sizes(), out.strides(),
-                                out.storage_offset() + position * out.strides()[dim]);
-        cpu::copy_strided(input, part);
-        position += input.sizes()[dim];
-      }
-    };
-    op.backward = [](const BackwardContext& ctx) -> std::vector<Tensor> {
-      const Tensor& grad = ctx.grad_outputs[0];
-      const int64_t dim = wrap_dim(ctx.attrs.get<int64_t>("dim"), grad.dim());
-      std::vector<Tensor> grads(ctx.input_specs.size());
-      int64_t position = 0;
-      for (size_t i = 0; i < grads.size(); ++i) {
-        int64_t size = ctx.input_specs[i].sizes[dim];
-        if (ctx.needs_input_grad[i]) grads[i] = slice(grad, dim, position, position + size);
-        position += size;
-      }
-      return grads;
-    };
-    op.cost = [](const std::vector<Tensor>&, const std::vector<Tensor>& out, const Attrs&) {
-      return OpCost{0, 2.0 * static_cast<double>(out[0].nbytes())};
-    };
-  }
-  {
-    OpDef& op = OpRegistry::get().define("index_select");
-    op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
-      const Tensor& x = in.at(0);
-      const Tensor& index = in.at(1);
-      TESSEL_CHECK(x.dim() > 0, "index_select: cannot index a 0-d tensor");
-      const int64_t dim = wrap_dim(attrs.get<int64_t>("dim"), x.dim(), "index_select: dim");
-      check_index_dtype("index_select", "index", index);
-      TESSEL_CHECK(index.dim() <= 1, "index_select: index must be 1-D, got shape ",
-                   shape_str(index.sizes()));
-      Shape sizes = x.sizes();
-      sizes[dim] = index.numel();
-      return std::vector<OutputSpec>{{sizes, x.dtype()}};
-    };
-    op.kernels[kCpu] = [](KernelContext& ctx) {
-      const Tensor& x = ctx.inputs[0];
-      const int64_t dim = wrap_dim(ctx.attrs.get<int64_t>("dim"), x.dim());
-      std::vector<int64_t> indices =
-          read_indices(ctx, ctx.inputs[1], x.sizes()[dim], "index_select",
-                       detail::str_cat("dimension ", dim).c_str());
-      Tensor out = dense_output(ctx, ctx.outputs[0]);
-      gather_rows(cpu::dense_input(ctx, x), around(x.sizes(), dim), indices, out);
-      finish_output(out, ctx.outputs[0]);
-    };
-    op.save_inputs = {1};
-    op.backward = [](const BackwardContext& ctx) -> std::vector<Tensor> {
-      static const OpDef& backward = ops::op("index_select_backward");
-      return {dispatch(backward, {ctx.grad_outputs[0], ctx.saved_inputs[1]},
-                       Attrs{{"dim", ctx.attrs.get<int64_t>("dim")},
-                             {"input_sizes", ctx.input_specs[0].sizes}})[0],
-              Tensor()};
-    };
-    op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out, const Attrs&) {
-      return OpCost{0, static_cast<double>(2 * out[0].nbytes() + in[1].nbytes())};
-    };
-  }
-  {
-    // grad (..., count, ...) summed into zeros of input_sizes at rows `index` along dim.
-    OpDef& op = OpRegistry::get().define("index_select_backward");
-    op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
-      const Shape& input_sizes = attrs.get<Shape>("input_sizes");
-      const int64_t dim =
-          wrap_dim(attrs.get<int64_t>("dim"), static_cast<int64_t>(input_sizes.size()),
-                   "index_select_backward: dim");
-      check_index_dtype("index_select_backward", "index", in.at(1));
-      Shape expected = input_sizes;
-      expected[dim] = in[1].numel();
-      TESSEL_CHECK(in[0].sizes() == expected, "index_select_backward: gradient has shape ",
-                   shape_str(in[0].sizes()), ", expected ", shape_str(expected));
-      return std::vector<OutputSpec>{{input_sizes, in[0].dtype()}};
-    };
-    op.kernels[kCpu] = [](KernelContext& ctx) {
-      const Tensor& grad = ctx.inputs[0];
-      const Shape& input_sizes = ctx.attrs.get<Shape>("input_sizes");
-      const int64_t dim =
-          wrap_dim(ctx.attrs.get<int64_t>("dim"), static_cast<int64_t>(input_sizes.size()));
-      std::vector<int64_t> indices =
-          read_indices(ctx, ctx.inputs[1], input_sizes[dim], "index_select_backward",
-                       detail::str_cat("dimension ", dim).c_str());
-      Tensor out = dense_output(ctx, ctx.outputs[0]);
-      scatter_add_rows(cpu::dense_input(ctx, grad), around(input_sizes, dim), indices, -1, out);
-      finish_output(out, ctx.outputs[0]);
-    };
-    op.save_inputs = {1};
-    op.backward = [](const BackwardContext& ctx) -> std::vector<Tensor> {
-      return {index_select(ctx.grad_outputs[0], ctx.attrs.get<int64_t>("dim"), ctx.saved_inputs[1]),
-              Tensor()};
-    };
-    op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out, const Attrs&) {
-      return OpCost{static_cast<double>(in[0].numel()),
-                    static_cast<double>(2 * in[0].nbytes() + out[0].nbytes())};
-    };
-  }
-  {
-    OpDef& op = OpRegistry::get().define("gather");
-    op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
-      const Tensor& x = in.at(0);
-      const Tensor& index = in.at(1);
-      const int64_t dim = wrap_dim(attrs.get<int64_t>("dim"), x.dim(), "gather: dim");
-      check_index_dtype("gather", "index", index);
-      TESSEL_CHECK(index.dim() == x.dim(), "gather: index has ", index.dim(), " dimensions (shape ",
-                   shape_str(index.sizes()), ") but input has ", x.dim(), " (shape ",
-                   shape_str(x.sizes()), ")");
-      for (int64_t d = 0; d < x.dim(); ++d) {
-        TESSEL_CHECK(d == dim || index.sizes()[d] <= x.sizes()[d], "gather: index shape ",
-                     shape_str(index.sizes()), " exceeds input shape ", shape_str(x.sizes()),
-                     " in dimension ", d, " (only dimension ", dim, " may be larger)");
-      }
-      return std::vector<OutputSpec>{{index.sizes(), x.dtype()}};
-    };
-    op.kernels[kCpu] = [](KernelContext& ctx) {
-      const Tensor& x = ctx.inputs[0];
-      const int64_t dim = wrap_dim(ctx.attrs.get<int64_t>("dim"), x.dim());
-      const int64_t size = x.dim() == 0 ? 1 : x.sizes()[dim];
-      std::vector<int64_t> indices = read_indices(ctx, ctx.inputs[1], size, "gather",
-                                                  detail::str_cat("dimension ", dim).c_str());
-      Tensor out = dense_output(ctx, ctx.outputs[0]);
-      const Shape& index_sizes = out.sizes();
-      if (x.dim() == 0) {
-        if (out.numel() == 1) std::memcpy(out.raw_data(), x.raw_data(), x.element_size());
-        finish_output(out, ctx.outputs[0]);
-        return;
-      }
-      const Shape dense_strides = contiguous_strides(index_sizes);
-      const Shape& x_strides = x.strides();
-      const int64_t count = index_sizes[dim];
-      visit_dtype(x.dtype(), [&](auto tag) {
-        using T = decltype(tag);
-        const T* from = x.data_ptr<T>();
-        T* to = out.data_ptr<T>();
-        for_each_row(index_sizes, dim, {&dense_strides, &x_strides},
-                     [&](const std::vector<int64_t>& offsets) {
-                       for (int64_t k = 0; k < count; ++k) {
-                         int64_t position = offsets[0] + k * dense_strides[dim];
-                         to[position] = from[offsets[1] + indices[position] * x_strides[dim]];
-                       }
-                     });
-      });
-      finish_output(out, ctx.outputs[0]);
-    };
-    op.save_inputs = {1};
-    op.backward = [](const BackwardContext& ctx) -> std::vector<Tensor> {
-      static const OpDef& backward = ops::op("gather_backward");
-      return {dispatch(backward, {ctx.grad_outputs[0], ctx.saved_inputs[1]},
-                       Attrs{{"dim", ctx.attrs.get<int64_t>("dim")},
-                             {"input_sizes", ctx.input_specs[0].sizes}})[0],
-              Tensor()};
-    };
-    op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out, const Attrs&) {
-      return OpCost{0, static_cast<double>(2 * out[0].nbytes() + in[1].nbytes())};
-    };
-  }
-  {
-    // Scatter-add of grad (index's shape) into zeros of input_sizes along dim.
-    OpDef& op = OpRegistry::get().define("gather_backward");
-    op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
-      const Shape& input_sizes = attrs.get<Shape>("input_sizes");
-      check_index_dtype("gather_backward", "index", in.at(1));
-      TESSEL_CHECK(in[0].sizes() == in[1].sizes(), "gather_backward: gradient shape ",
-                   shape_str(in[0].sizes()), " differs from index shape ",
-                   shape_str(in[1].sizes()));
-      TESSEL_CHECK(in[1].dim() == static_cast<int64_t>(input_sizes.size()),
-                   "gather_backward: index shape ", shape_str(in[1].sizes()),
-                   " does not match input shape ", shape_str(input_sizes));
-      wrap_dim(attrs.get<int64_t>("dim"), static_cast<int64_t>(input_sizes.size()),
-               "gather_backward: dim");
-      return std::vector<OutputSpec>{{input_sizes, in[0].dtype()}};
-    };
-    op.kernels[kCpu] = [](KernelContext& ctx) {
-      const Shape& input_sizes = ctx.attrs.get<Shape>("input_sizes");
-      const int64_t ndim = static_cast<int64_t>(input_sizes.size());
-      const int64_t dim = wrap_dim(ctx.attrs.get<int64_t>("dim"), ndim);
-      const int64_t size = ndim == 0 ? 1 : input_sizes[dim];
-      std::vector<int64_t> indices = read_indices(ctx, ctx.inputs[1], size, "gather_backward",
-                                                  detail::str_cat("dimension ", dim).c_str());
-      Tensor grad = cpu::dense_input(ctx, ctx.inputs[0]);
-      Tensor out = dense_output(ctx, ctx.outputs[0]);
-      std::memset(out.raw_data(), 0, out.nbytes());
-      const Shape& index_sizes = grad.sizes();
-      visit_float_dtype(out.dtype(), "gather_backward", [&](auto tag) {
-        using T = decltype(tag);
-        const T* from = grad.data_ptr<T>();
-        T* to = out.data_ptr<T>();
-        if (ndim == 0) {
-          if (grad.numel() == 1) to[0] += from[0];
-          return;
-        }
-        const Shape index_strides = contiguous_strides(index_sizes);
-        const Shape out_strides = contiguous_strides(input_sizes);
-        const int64_t count = index_sizes[dim];
-        // Rows own disjoint targets (they differ outside `dim`): deterministic in parallel.
-        for_each_row(index_sizes, dim, {&index_strides, &out_strides},
-                     [&](const std::vector<int64_t>& offsets) {
-                       for (int64_t k = 0; k < count; ++k) {
-                         int64_t position = offsets[0] + k * index_strides[dim];
-                         to[offsets[1] + indices[position] * out_strides[dim]] += from[position];
-                       }
-                     });
-      });
-      finish_output(out, ctx.outputs[0]);
-    };
-    op.save_inputs = {1};
-    op.backward = [](const BackwardContext& ctx) -> std::vector<Tensor> {
-      return {gather(ctx.grad_outputs[0], ctx.attrs.get<int64_t>("dim"), ctx.saved_inputs[1]),
-              Tensor()};
-    };
-    op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out, const Attrs&) {
-      return OpCost{static_cast<double>(in[0].numel()),
-                    static_cast<double>(2 * in[0].nbytes() + out[0].nbytes())};
-    };
-  }
-  {
-    // weight (num, dim), indices any shape -> indices.shape + [dim].
-    OpDef& op = OpRegistry::get().define("embedding");
-    op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
-      const Tensor& weight = in.at(0);
-      const Tensor& indices = in.at(1);
-      TESSEL_CHECK(weight.dim() == 2,
-                   "embedding: weight must be 2-D (num_embeddings, embedding_dim), got shape ",
-                   shape_str(weight.sizes()));
-      check_index_dtype("embedding", "indices", indices);
-      int64_t padding_idx = attrs.get_or<int64_t>("padding_idx", -1);
-      TESSEL_CHECK(padding_idx < weight.sizes()[0], "embedding: padding_idx ", padding_idx,
-                   " is out of range for a table of ", weight.sizes()[0], " rows");
-      return std::vector<OutputSpec>{{embedding_output_shape(weight, indices), weight.dtype()}};
-    };
-    op.kernels[kCpu] = [](KernelContext& ctx) {
-      const Tensor& weight = ctx.inputs[0];
-      std::vector<int64_t> indices =
-          read_indices(ctx, ctx.inputs[1], weight.sizes()[0], "embedding", "an embedding table");
-      Tensor out = dense_output(ctx, ctx.outputs[0]);
-      gather_rows(cpu::dense_input(ctx, weight), around(weight.sizes(), 0), indices, out);
-      finish_output(out, ctx.outputs[0]);
-    };
-    op.save_inputs = {1};
-    op.backward = [](const BackwardContext& ctx) -> std::vector<Tensor> {
-      if (!ctx.needs_input_grad[0]) return {Tensor(), Tensor()};
-      static const OpDef& backward = ops::op("embedding_backward");
-      return {dispatch(backward, {ctx.grad_outputs[0], ctx.saved_inputs[1]},
-                       Attrs{{"num_weights", ctx.input_specs[0].sizes[0]},
-                             {"padding_idx", ctx.attrs.get_or<int64_t>("padding_idx", -1)}})[0],
-              Tensor()};
-    };
-    op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out, const Attrs&) {
-      return OpCost{0, static_cast<double>(2 * out[0].nbytes() + in[1].nbytes())};
-    };
-    // Splittable along the indices' first dimension; each chunk reads the whole table.
-    op.splits = {{0, {-1, 0}}};
-  }
-  {
-    // grad (indices.shape + [dim]) summed into rows of a (num_weights, dim) zero table; the
-    // padding row gets nothing.
-    OpDef& op = OpRegistry::get().define("embedding_backward");
-    op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
-      const Tensor& grad = in.at(0);
-      const Tensor& indices = in.at(1);
-      check_index_dtype("embedding_backward", "indices", indices);
-      TESSEL_CHECK(
-          grad.dim() == indices.dim() + 1 &&
-              std::equal(indices.sizes().begin(), indices.sizes().end(), grad.sizes().begin()),
-          "embedding_backward: gradient shape ", shape_str(grad.sizes()),
-          " does not extend indices shape ", shape_str(indices.sizes()));
-      return std::vector<OutputSpec>{
-          {{attrs.get<int64_t>("num_weights"), grad.sizes().back()}, grad.dtype()}};
-    };
-    op.kernels[kCpu] = [](KernelContext& ctx) {
-      const Tensor& grad = ctx.inputs[0];
-      const int64_t num_weights = ctx.attrs.get<int64_t>("num_weights");
-      std::vector<int64_t> indices =
-          read_indices(ctx, ctx.inputs[1], num_weights, "embedding_backward", "an embedding table");
-      int64_t padding_idx = ctx.attrs.get_or<int64_t>("padding_idx", -1);
-      Tensor out = dense_output(ctx, ctx.outputs[0]);
-      scatter_add_rows(cpu::dense_input(ctx, grad), around(out.sizes(), 0), indices,
-                       padding_idx < 0 ? -1 : padding_idx, out);
-      finish_output(out, ctx.outputs[0]);
-    };
-    op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out, const Attrs&) {
-      return OpCost{static_cast<double>(in[0].numel()),
-                    static_cast<double>(2 * in[0].nbytes() + out[0].nbytes())};
-    };
-  }
+  register_cat();
+  register_index_select();
+  register_index_select_backward();
+  register_gather();
+  register_gather_backward();
+  register_embedding();
+  register_embedding_backward();
 }
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
-  static const OpDef& op = ops::op("cat");
-  return dispatch(op, tensors, Attrs{{"dim", dim}})[0];
+  return dispatch(ops::cat, tensors, Attrs{{"dim", dim}})[0];
 }
 
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
@@ -493,18 +519,15 @@ std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {
 }
 
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
-  static const OpDef& op = ops::op("index_select");
-  return dispatch(op, {x, index}, Attrs{{"dim", dim}})[0];
+  return dispatch(ops::index_select, {x, index}, Attrs{{"dim", dim}})[0];
 }
 
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
-  static const OpDef& op = ops::op("gather");
-  return dispatch(op, {x, index}, Attrs{{"dim", dim}})[0];
+  return dispatch(ops::gather, {x, index}, Attrs{{"dim", dim}})[0];
 }
 
 Tensor embedding(const Tensor& weight, const Tensor& indices, int64_t padding_idx) {
-  static const OpDef& op = ops::op("embedding");
-  return dispatch(op, {weight, indices}, Attrs{{"padding_idx", padding_idx}})[0];
+  return dispatch(ops::embedding, {weight, indices}, Attrs{{"padding_idx", padding_idx}})[0];
 }
 
 }  // namespace tessel

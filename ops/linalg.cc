@@ -1,6 +1,8 @@
 // Matrix products: matmul (2-D op; 1-D and batched forms composed from views and bmm), bmm and
 // linear. Kernels read strided operands in place when each matrix is row- or column-major
 // (a transpose is then free), and copy to a dense workspace only otherwise.
+#include "ops/linalg.h"
+
 #include <algorithm>
 
 #include "ops/cpu/f32_fallback.h"
@@ -166,138 +168,148 @@ Tensor sum_in_f32(const Tensor& grad, const std::vector<int64_t>& dims) {
   return to_dtype(sum(to_dtype(grad, DType::kFloat32), dims), grad.dtype());
 }
 
-Tensor matmul_2d(const Tensor& a, const Tensor& b) {
-  return dispatch(ops::op("matmul"), {a, b})[0];
+Tensor matmul_2d(const Tensor& a, const Tensor& b) { return dispatch(ops::matmul, {a, b})[0]; }
+
+void register_matmul() {
+  // matmul: a (n, k) x b (k, m) -> (n, m). The public matmul builds every other form on it.
+  OpDef& op = OpRegistry::get().define(ops::matmul);
+  op.kind = OpKind::kGemm;
+  op.autocast = AutocastPolicy::kLowerPrecision;
+  op.shape = [](const std::vector<Tensor>& in, const Attrs&) {
+    const Tensor& a = in.at(0);
+    const Tensor& b = in.at(1);
+    TESSEL_CHECK(a.dim() == 2 && b.dim() == 2, "matmul: the registered op takes 2-D tensors, got ",
+                 "shapes ", shape_str(a.sizes()), " and ", shape_str(b.sizes()));
+    check_float_pair("matmul", a, "a", b, "b");
+    TESSEL_CHECK(a.size(1) == b.size(0), "matmul: inner dimensions differ: a has shape ",
+                 shape_str(a.sizes()), " and b has shape ", shape_str(b.sizes()), " (", a.size(1),
+                 " vs ", b.size(0), ")");
+    return std::vector<OutputSpec>{{{a.size(0), b.size(1)}, a.dtype()}};
+  };
+  op.kernels[static_cast<int>(DeviceType::kCpu)] =
+      cpu::with_f32_fallback([](KernelContext& context) {
+        visit_float_dtype(context.outputs[0].dtype(), "matmul",
+                          [&](auto tag) { batched_product_kernel<decltype(tag)>(context); });
+      });
+  op.save_inputs = {0, 1};
+  op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
+    const Tensor& grad = context.grad_outputs[0];
+    const Tensor& a = context.saved_inputs[0];
+    const Tensor& b = context.saved_inputs[1];
+    Tensor grad_a, grad_b;
+    if (context.needs_input_grad[0]) grad_a = matmul_2d(grad, transpose(b, 0, 1));
+    if (context.needs_input_grad[1]) grad_b = matmul_2d(transpose(a, 0, 1), grad);
+    return {grad_a, grad_b};
+  };
+  op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out, const Attrs&) {
+    return product_cost(in[0].size(0), in[1].size(1), in[0].size(1), 1, in, out);
+  };
+  op.splits = {{0, {0, -1}}};
+}
+
+void register_bmm() {
+  // bmm: a (B, n, k) x b (B, k, m) -> (B, n, m); batch strides of 0 read one matrix for all.
+  OpDef& op = OpRegistry::get().define(ops::bmm);
+  op.kind = OpKind::kGemm;
+  op.autocast = AutocastPolicy::kLowerPrecision;
+  op.planner.split = ParallelSplit::kBatchedHeads;
+  op.shape = [](const std::vector<Tensor>& in, const Attrs&) {
+    const Tensor& a = in.at(0);
+    const Tensor& b = in.at(1);
+    TESSEL_CHECK(a.dim() == 3 && b.dim() == 3,
+                 "bmm: expected 3-D tensors (B, n, k) and (B, k, m), got ", "shapes ",
+                 shape_str(a.sizes()), " and ", shape_str(b.sizes()));
+    check_float_pair("bmm", a, "a", b, "b");
+    TESSEL_CHECK(a.size(0) == b.size(0), "bmm: batch sizes differ: a has shape ",
+                 shape_str(a.sizes()), " and b has shape ", shape_str(b.sizes()));
+    TESSEL_CHECK(a.size(2) == b.size(1), "bmm: inner dimensions differ: a has shape ",
+                 shape_str(a.sizes()), " and b has shape ", shape_str(b.sizes()), " (", a.size(2),
+                 " vs ", b.size(1), ")");
+    return std::vector<OutputSpec>{{{a.size(0), a.size(1), b.size(2)}, a.dtype()}};
+  };
+  op.kernels[static_cast<int>(DeviceType::kCpu)] =
+      cpu::with_f32_fallback([](KernelContext& context) {
+        visit_float_dtype(context.outputs[0].dtype(), "bmm",
+                          [&](auto tag) { batched_product_kernel<decltype(tag)>(context); });
+      });
+  op.save_inputs = {0, 1};
+  op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
+    const Tensor& grad = context.grad_outputs[0];
+    const Tensor& a = context.saved_inputs[0];
+    const Tensor& b = context.saved_inputs[1];
+    Tensor grad_a, grad_b;
+    if (context.needs_input_grad[0]) grad_a = bmm(grad, transpose(b, 1, 2));
+    if (context.needs_input_grad[1]) grad_b = bmm(transpose(a, 1, 2), grad);
+    return {grad_a, grad_b};
+  };
+  op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out, const Attrs&) {
+    return product_cost(in[0].size(1), in[1].size(2), in[0].size(2), in[0].size(0), in, out);
+  };
+  op.splits = {{0, {0, 0}}};
+}
+
+void register_linear() {
+  // linear: x (..., in), weight (out, in), optional bias (out) -> (..., out). x has at least
+  // 2 dims here (the public function lifts a 1-D x), so dim 0 is always a row dim.
+  OpDef& op = OpRegistry::get().define(ops::linear);
+  op.kind = OpKind::kGemm;
+  op.autocast = AutocastPolicy::kLowerPrecision;
+  op.planner.split = ParallelSplit::kLinearWeight;
+  op.shape = [](const std::vector<Tensor>& in, const Attrs&) {
+    const Tensor& x = in.at(0);
+    const Tensor& weight = in.at(1);
+    const Tensor& bias = in.at(2);
+    TESSEL_CHECK(weight.dim() == 2, "linear: weight must be 2-D (out_features, in_features), got ",
+                 "shape ", shape_str(weight.sizes()));
+    TESSEL_CHECK(x.dim() >= 2, "linear: input must have at least 2 dimensions here, got shape ",
+                 shape_str(x.sizes()));
+    check_float_pair("linear", x, "input", weight, "weight");
+    TESSEL_CHECK(x.size(-1) == weight.size(1), "linear: input has ", x.size(-1),
+                 " features (last dim of shape ", shape_str(x.sizes()), ") but weight expects ",
+                 weight.size(1), " (weight shape ", shape_str(weight.sizes()), ")");
+    if (bias.defined()) {
+      TESSEL_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), "linear: bias has shape ",
+                   shape_str(bias.sizes()), " but weight has ", weight.size(0),
+                   " output features (weight shape ", shape_str(weight.sizes()), ")");
+      TESSEL_CHECK(bias.dtype() == weight.dtype(), "linear: bias is ", dtype_name(bias.dtype()),
+                   " but weight is ", dtype_name(weight.dtype()));
+    }
+    Shape sizes = x.sizes();
+    sizes.back() = weight.size(0);
+    return std::vector<OutputSpec>{{sizes, x.dtype()}};
+  };
+  op.kernels[static_cast<int>(DeviceType::kCpu)] =
+      cpu::with_f32_fallback([](KernelContext& context) {
+        visit_float_dtype(context.outputs[0].dtype(), "linear",
+                          [&](auto tag) { linear_kernel<decltype(tag)>(context); });
+      });
+  op.save_inputs = {0, 1};
+  op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
+    const Tensor& grad = context.grad_outputs[0];  // (..., out)
+    const Tensor& x = context.saved_inputs[0];     // (..., in)
+    const Tensor& weight = context.saved_inputs[1];
+    const int64_t out_features = weight.size(0), in_features = weight.size(1);
+    Tensor grad_x, grad_weight, grad_bias;
+    if (context.needs_input_grad[0]) grad_x = matmul(grad, weight);
+    Tensor grad_rows = reshape(grad, {-1, out_features});
+    if (context.needs_input_grad[1])
+      grad_weight = matmul_2d(transpose(grad_rows, 0, 1), reshape(x, {-1, in_features}));
+    if (context.needs_input_grad[2]) grad_bias = sum_in_f32(grad_rows, {0});
+    return {grad_x, grad_weight, grad_bias};
+  };
+  op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out, const Attrs&) {
+    double rows = static_cast<double>(in[0].numel()) / std::max<int64_t>(in[1].size(1), 1);
+    return product_cost(rows, in[1].size(0), in[1].size(1), 1, in, out);
+  };
+  op.splits = {{0, {0, -1, -1}}};
 }
 
 }  // namespace
 
 TESSEL_REGISTER_OPS(linalg) {
-  {
-    // matmul: a (n, k) x b (k, m) -> (n, m). The public matmul builds every other form on it.
-    OpDef& op = OpRegistry::get().define("matmul");
-    op.shape = [](const std::vector<Tensor>& in, const Attrs&) {
-      const Tensor& a = in.at(0);
-      const Tensor& b = in.at(1);
-      TESSEL_CHECK(a.dim() == 2 && b.dim() == 2,
-                   "matmul: the registered op takes 2-D tensors, got ", "shapes ",
-                   shape_str(a.sizes()), " and ", shape_str(b.sizes()));
-      check_float_pair("matmul", a, "a", b, "b");
-      TESSEL_CHECK(a.size(1) == b.size(0), "matmul: inner dimensions differ: a has shape ",
-                   shape_str(a.sizes()), " and b has shape ", shape_str(b.sizes()), " (", a.size(1),
-                   " vs ", b.size(0), ")");
-      return std::vector<OutputSpec>{{{a.size(0), b.size(1)}, a.dtype()}};
-    };
-    op.kernels[static_cast<int>(DeviceType::kCpu)] =
-        cpu::with_f32_fallback([](KernelContext& context) {
-          visit_float_dtype(context.outputs[0].dtype(), "matmul",
-                            [&](auto tag) { batched_product_kernel<decltype(tag)>(context); });
-        });
-    op.save_inputs = {0, 1};
-    op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
-      const Tensor& grad = context.grad_outputs[0];
-      const Tensor& a = context.saved_inputs[0];
-      const Tensor& b = context.saved_inputs[1];
-      Tensor grad_a, grad_b;
-      if (context.needs_input_grad[0]) grad_a = matmul_2d(grad, transpose(b, 0, 1));
-      if (context.needs_input_grad[1]) grad_b = matmul_2d(transpose(a, 0, 1), grad);
-      return {grad_a, grad_b};
-    };
-    op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out, const Attrs&) {
-      return product_cost(in[0].size(0), in[1].size(1), in[0].size(1), 1, in, out);
-    };
-    op.splits = {{0, {0, -1}}};
-  }
-  {
-    // bmm: a (B, n, k) x b (B, k, m) -> (B, n, m); batch strides of 0 read one matrix for all.
-    OpDef& op = OpRegistry::get().define("bmm");
-    op.shape = [](const std::vector<Tensor>& in, const Attrs&) {
-      const Tensor& a = in.at(0);
-      const Tensor& b = in.at(1);
-      TESSEL_CHECK(a.dim() == 3 && b.dim() == 3,
-                   "bmm: expected 3-D tensors (B, n, k) and (B, k, m), got ", "shapes ",
-                   shape_str(a.sizes()), " and ", shape_str(b.sizes()));
-      check_float_pair("bmm", a, "a", b, "b");
-      TESSEL_CHECK(a.size(0) == b.size(0), "bmm: batch sizes differ: a has shape ",
-                   shape_str(a.sizes()), " and b has shape ", shape_str(b.sizes()));
-      TESSEL_CHECK(a.size(2) == b.size(1), "bmm: inner dimensions differ: a has shape ",
-                   shape_str(a.sizes()), " and b has shape ", shape_str(b.sizes()), " (", a.size(2),
-                   " vs ", b.size(1), ")");
-      return std::vector<OutputSpec>{{{a.size(0), a.size(1), b.size(2)}, a.dtype()}};
-    };
-    op.kernels[static_cast<int>(DeviceType::kCpu)] =
-        cpu::with_f32_fallback([](KernelContext& context) {
-          visit_float_dtype(context.outputs[0].dtype(), "bmm",
-                            [&](auto tag) { batched_product_kernel<decltype(tag)>(context); });
-        });
-    op.save_inputs = {0, 1};
-    op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
-      const Tensor& grad = context.grad_outputs[0];
-      const Tensor& a = context.saved_inputs[0];
-      const Tensor& b = context.saved_inputs[1];
-      Tensor grad_a, grad_b;
-      if (context.needs_input_grad[0]) grad_a = bmm(grad, transpose(b, 1, 2));
-      if (context.needs_input_grad[1]) grad_b = bmm(transpose(a, 1, 2), grad);
-      return {grad_a, grad_b};
-    };
-    op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out, const Attrs&) {
-      return product_cost(in[0].size(1), in[1].size(2), in[0].size(2), in[0].size(0), in, out);
-    };
-    op.splits = {{0, {0, 0}}};
-  }
-  {
-    // linear: x (..., in), weight (out, in), optional bias (out) -> (..., out). x has at least
-    // 2 dims here (the public function lifts a 1-D x), so dim 0 is always a row dim.
-    OpDef& op = OpRegistry::get().define("linear");
-    op.shape = [](const std::vector<Tensor>& in, const Attrs&) {
-      const Tensor& x = in.at(0);
-      const Tensor& weight = in.at(1);
-      const Tensor& bias = in.at(2);
-      TESSEL_CHECK(weight.dim() == 2,
-                   "linear: weight must be 2-D (out_features, in_features), got ", "shape ",
-                   shape_str(weight.sizes()));
-      TESSEL_CHECK(x.dim() >= 2, "linear: input must have at least 2 dimensions here, got shape ",
-                   shape_str(x.sizes()));
-      check_float_pair("linear", x, "input", weight, "weight");
-      TESSEL_CHECK(x.size(-1) == weight.size(1), "linear: input has ", x.size(-1),
-                   " features (last dim of shape ", shape_str(x.sizes()), ") but weight expects ",
-                   weight.size(1), " (weight shape ", shape_str(weight.sizes()), ")");
-      if (bias.defined()) {
-        TESSEL_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), "linear: bias has shape ",
-                     shape_str(bias.sizes()), " but weight has ", weight.size(0),
-                     " output features (weight shape ", shape_str(weight.sizes()), ")");
-        TESSEL_CHECK(bias.dtype() == weight.dtype(), "linear: bias is ", dtype_name(bias.dtype()),
-                     " but weight is ", dtype_name(weight.dtype()));
-      }
-      Shape sizes = x.sizes();
-      sizes.back() = weight.size(0);
-      return std::vector<OutputSpec>{{sizes, x.dtype()}};
-    };
-    op.kernels[static_cast<int>(DeviceType::kCpu)] =
-        cpu::with_f32_fallback([](KernelContext& context) {
-          visit_float_dtype(context.outputs[0].dtype(), "linear",
-                            [&](auto tag) { linear_kernel<decltype(tag)>(context); });
-        });
-    op.save_inputs = {0, 1};
-    op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
-      const Tensor& grad = context.grad_outputs[0];  // (..., out)
-      const Tensor& x = context.saved_inputs[0];     // (..., in)
-      const Tensor& weight = context.saved_inputs[1];
-      const int64_t out_features = weight.size(0), in_features = weight.size(1);
-      Tensor grad_x, grad_weight, grad_bias;
-      if (context.needs_input_grad[0]) grad_x = matmul(grad, weight);
-      Tensor grad_rows = reshape(grad, {-1, out_features});
-      if (context.needs_input_grad[1])
-        grad_weight = matmul_2d(transpose(grad_rows, 0, 1), reshape(x, {-1, in_features}));
-      if (context.needs_input_grad[2]) grad_bias = sum_in_f32(grad_rows, {0});
-      return {grad_x, grad_weight, grad_bias};
-    };
-    op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out, const Attrs&) {
-      double rows = static_cast<double>(in[0].numel()) / std::max<int64_t>(in[1].size(1), 1);
-      return product_cost(rows, in[1].size(0), in[1].size(1), 1, in, out);
-    };
-    op.splits = {{0, {0, -1, -1}}};
-  }
+  register_matmul();
+  register_bmm();
+  register_linear();
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
@@ -350,14 +362,13 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return reshape(product, sizes);
 }
 
-Tensor bmm(const Tensor& a, const Tensor& b) { return dispatch(ops::op("bmm"), {a, b})[0]; }
+Tensor bmm(const Tensor& a, const Tensor& b) { return dispatch(ops::bmm, {a, b})[0]; }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   TESSEL_CHECK(x.dim() >= 1, "linear: input must have at least 1 dimension, got shape ",
                shape_str(x.sizes()));
-  if (x.dim() == 1)
-    return squeeze(dispatch(ops::op("linear"), {unsqueeze(x, 0), weight, bias})[0], 0);
-  return dispatch(ops::op("linear"), {x, weight, bias})[0];
+  if (x.dim() == 1) return squeeze(dispatch(ops::linear, {unsqueeze(x, 0), weight, bias})[0], 0);
+  return dispatch(ops::linear, {x, weight, bias})[0];
 }
 
 }  // namespace tessel

@@ -1,6 +1,8 @@
 // Normalisation: batch_norm (training and eval are two ops, because only training updates the
 // running statistics and only eval may be split along the batch) and layer_norm, each with a
 // dedicated backward op so the gradient is one pass over the data.
+#include "ops/norm.h"
+
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -434,143 +436,166 @@ Shape row_statistics_shape(const Shape& sizes, size_t normalized_dims) {
   return result;
 }
 
+void register_batch_norm() {
+  OpDef& op = OpRegistry::get().define(ops::batch_norm);
+  op.kind = OpKind::kNorm;
+  op.autocast = AutocastPolicy::kWiden;
+  op.planner = {ParallelSplit::kChannels, "batch_norm"};
+  op.shape = [](const std::vector<Tensor>& in, const Attrs&) {
+    check_batch_norm_inputs("batch_norm", in);
+    const Tensor& x = in[0];
+    const ChannelLayout layout(x.sizes());
+    TESSEL_CHECK(layout.per_channel() > 1,
+                 "batch_norm: expected more than 1 value per channel when training, got input "
+                 "shape ",
+                 shape_str(x.sizes()));
+    const Shape channels{x.size(1)};
+    return std::vector<OutputSpec>{
+        {x.sizes(), x.dtype()}, {channels, x.dtype()}, {channels, x.dtype()}};
+  };
+  op.kernels[static_cast<int>(DeviceType::kCpu)] = batch_norm_train_kernel;
+  op.save_inputs = {0, 1};
+  op.save_outputs = {1, 2};
+  op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
+    if (!context.grad_outputs[0].defined()) return std::vector<Tensor>(5);
+    std::vector<Tensor> grads =
+        dispatch(ops::batch_norm_backward,
+                 {context.grad_outputs[0], context.saved_inputs[0], context.saved_inputs[1],
+                  context.saved_outputs[1], context.saved_outputs[2]},
+                 Attrs{{"training", true}});
+    return batch_norm_input_grads(context, grads);
+  };
+  op.cost = batch_norm_cost;
+  // Batch statistics couple every entry of the batch: not splittable. The running statistics
+  // are written in place, once per forward, never on replay.
+  op.flags.side_effects = true;
+  op.mutated_inputs = {3, 4};
+}
+
+void register_batch_norm_eval() {
+  OpDef& op = OpRegistry::get().define(ops::batch_norm_eval);
+  op.kind = OpKind::kNorm;
+  op.autocast = AutocastPolicy::kWiden;
+  op.planner = {ParallelSplit::kChannels, "batch_norm"};
+  op.shape = [](const std::vector<Tensor>& in, const Attrs&) {
+    check_batch_norm_inputs("batch_norm", in);
+    TESSEL_CHECK(in[3].defined() && in[4].defined(),
+                 "batch_norm: running_mean and running_var must be defined in evaluation mode");
+    return std::vector<OutputSpec>{{in[0].sizes(), in[0].dtype()}};
+  };
+  op.kernels[static_cast<int>(DeviceType::kCpu)] = batch_norm_eval_kernel;
+  op.save_inputs = {0, 1, 3, 4};
+  op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
+    std::vector<Tensor> grads =
+        dispatch(ops::batch_norm_backward,
+                 {context.grad_outputs[0], context.saved_inputs[0], context.saved_inputs[1],
+                  context.saved_inputs[3], context.saved_inputs[4]},
+                 Attrs{{"training", false}, {"eps", context.attrs.get<double>("eps")}});
+    return batch_norm_input_grads(context, grads);
+  };
+  op.cost = batch_norm_cost;
+  op.splits = {{0, {0, -1, -1, -1, -1}}};
+}
+
+void register_batch_norm_backward() {
+  OpDef& op = OpRegistry::get().define(ops::batch_norm_backward);
+  op.kind = OpKind::kNorm;
+  op.autocast = AutocastPolicy::kWiden;
+  op.shape = [](const std::vector<Tensor>& in, const Attrs&) {
+    const Tensor& x = in.at(1);
+    TESSEL_CHECK(in.at(0).sizes() == x.sizes(), "batch_norm_backward: grad_y has shape ",
+                 shape_str(in[0].sizes()), " but the input has shape ", shape_str(x.sizes()));
+    TESSEL_CHECK(in[0].dtype() == x.dtype(), "batch_norm_backward: grad_y has dtype ",
+                 dtype_name(in[0].dtype()), " but the input has dtype ", dtype_name(x.dtype()));
+    const Shape channels{x.size(1)};
+    return std::vector<OutputSpec>{
+        {x.sizes(), x.dtype()}, {channels, x.dtype()}, {channels, x.dtype()}};
+  };
+  op.kernels[static_cast<int>(DeviceType::kCpu)] = batch_norm_backward_kernel;
+  op.cost = batch_norm_cost;
+}
+
+void register_layer_norm() {
+  OpDef& op = OpRegistry::get().define(ops::layer_norm);
+  op.kind = OpKind::kNorm;
+  op.autocast = AutocastPolicy::kWiden;
+  op.planner.rate = "layer_norm";
+  op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
+    const auto& normalized = attrs.get<std::vector<int64_t>>("normalized_shape");
+    check_layer_norm_inputs(in, normalized);
+    const Tensor& x = in[0];
+    const Shape statistics = row_statistics_shape(x.sizes(), normalized.size());
+    return std::vector<OutputSpec>{
+        {x.sizes(), x.dtype()}, {statistics, x.dtype()}, {statistics, x.dtype()}};
+  };
+  op.kernels[static_cast<int>(DeviceType::kCpu)] = layer_norm_kernel;
+  op.save_inputs = {0, 1};
+  op.save_outputs = {1, 2};
+  op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
+    if (!context.grad_outputs[0].defined()) return std::vector<Tensor>(3);
+    std::vector<Tensor> grads = dispatch(
+        ops::layer_norm_backward,
+        {context.grad_outputs[0], context.saved_inputs[0], context.saved_outputs[1],
+         context.saved_outputs[2], context.saved_inputs[1]},
+        Attrs{{"normalized_shape", context.attrs.get<std::vector<int64_t>>("normalized_shape")}});
+    std::vector<Tensor> result(3);
+    for (int i = 0; i < 3; ++i)
+      if (context.needs_input_grad[i]) result[i] = grads[i];
+    return result;
+  };
+  op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>&, const Attrs&) {
+    const double numel = static_cast<double>(in[0].numel());
+    return OpCost{8 * numel, 2 * numel * static_cast<double>(in[0].element_size())};
+  };
+  // Rows are independent: split along the first leading dimension (every output has it).
+  op.splits = {{0, {0, -1, -1}}};
+}
+
+void register_layer_norm_backward() {
+  OpDef& op = OpRegistry::get().define(ops::layer_norm_backward);
+  op.kind = OpKind::kNorm;
+  op.autocast = AutocastPolicy::kWiden;
+  op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
+    const auto& normalized = attrs.get<std::vector<int64_t>>("normalized_shape");
+    const Tensor& x = in.at(1);
+    TESSEL_CHECK(in.at(0).sizes() == x.sizes() && in[0].dtype() == x.dtype(),
+                 "layer_norm_backward: grad_y (", shape_str(in[0].sizes()), " ",
+                 dtype_name(in[0].dtype()), ") does not match the input (", shape_str(x.sizes()),
+                 " ", dtype_name(x.dtype()), ")");
+    return std::vector<OutputSpec>{
+        {x.sizes(), x.dtype()}, {normalized, x.dtype()}, {normalized, x.dtype()}};
+  };
+  op.kernels[static_cast<int>(DeviceType::kCpu)] = layer_norm_backward_kernel;
+  op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>&, const Attrs&) {
+    const double numel = static_cast<double>(in[1].numel());
+    return OpCost{12 * numel, 3 * numel * static_cast<double>(in[1].element_size())};
+  };
+}
+
 }  // namespace
 
 TESSEL_REGISTER_OPS(norm) {
-  {
-    OpDef& op = OpRegistry::get().define("batch_norm");
-    op.shape = [](const std::vector<Tensor>& in, const Attrs&) {
-      check_batch_norm_inputs("batch_norm", in);
-      const Tensor& x = in[0];
-      const ChannelLayout layout(x.sizes());
-      TESSEL_CHECK(layout.per_channel() > 1,
-                   "batch_norm: expected more than 1 value per channel when training, got input "
-                   "shape ",
-                   shape_str(x.sizes()));
-      const Shape channels{x.size(1)};
-      return std::vector<OutputSpec>{
-          {x.sizes(), x.dtype()}, {channels, x.dtype()}, {channels, x.dtype()}};
-    };
-    op.kernels[static_cast<int>(DeviceType::kCpu)] = batch_norm_train_kernel;
-    op.save_inputs = {0, 1};
-    op.save_outputs = {1, 2};
-    op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
-      if (!context.grad_outputs[0].defined()) return std::vector<Tensor>(5);
-      std::vector<Tensor> grads =
-          dispatch(ops::op("batch_norm_backward"),
-                   {context.grad_outputs[0], context.saved_inputs[0], context.saved_inputs[1],
-                    context.saved_outputs[1], context.saved_outputs[2]},
-                   Attrs{{"training", true}});
-      return batch_norm_input_grads(context, grads);
-    };
-    op.cost = batch_norm_cost;
-    // Batch statistics couple every entry of the batch: not splittable. The running statistics
-    // are written in place, once per forward, never on replay.
-    op.flags.side_effects = true;
-    op.mutated_inputs = {3, 4};
-  }
-  {
-    OpDef& op = OpRegistry::get().define("batch_norm_eval");
-    op.shape = [](const std::vector<Tensor>& in, const Attrs&) {
-      check_batch_norm_inputs("batch_norm", in);
-      TESSEL_CHECK(in[3].defined() && in[4].defined(),
-                   "batch_norm: running_mean and running_var must be defined in evaluation mode");
-      return std::vector<OutputSpec>{{in[0].sizes(), in[0].dtype()}};
-    };
-    op.kernels[static_cast<int>(DeviceType::kCpu)] = batch_norm_eval_kernel;
-    op.save_inputs = {0, 1, 3, 4};
-    op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
-      std::vector<Tensor> grads =
-          dispatch(ops::op("batch_norm_backward"),
-                   {context.grad_outputs[0], context.saved_inputs[0], context.saved_inputs[1],
-                    context.saved_inputs[3], context.saved_inputs[4]},
-                   Attrs{{"training", false}, {"eps", context.attrs.get<double>("eps")}});
-      return batch_norm_input_grads(context, grads);
-    };
-    op.cost = batch_norm_cost;
-    op.splits = {{0, {0, -1, -1, -1, -1}}};
-  }
-  {
-    OpDef& op = OpRegistry::get().define("batch_norm_backward");
-    op.shape = [](const std::vector<Tensor>& in, const Attrs&) {
-      const Tensor& x = in.at(1);
-      TESSEL_CHECK(in.at(0).sizes() == x.sizes(), "batch_norm_backward: grad_y has shape ",
-                   shape_str(in[0].sizes()), " but the input has shape ", shape_str(x.sizes()));
-      TESSEL_CHECK(in[0].dtype() == x.dtype(), "batch_norm_backward: grad_y has dtype ",
-                   dtype_name(in[0].dtype()), " but the input has dtype ", dtype_name(x.dtype()));
-      const Shape channels{x.size(1)};
-      return std::vector<OutputSpec>{
-          {x.sizes(), x.dtype()}, {channels, x.dtype()}, {channels, x.dtype()}};
-    };
-    op.kernels[static_cast<int>(DeviceType::kCpu)] = batch_norm_backward_kernel;
-    op.cost = batch_norm_cost;
-  }
-  {
-    OpDef& op = OpRegistry::get().define("layer_norm");
-    op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
-      const auto& normalized = attrs.get<std::vector<int64_t>>("normalized_shape");
-      check_layer_norm_inputs(in, normalized);
-      const Tensor& x = in[0];
-      const Shape statistics = row_statistics_shape(x.sizes(), normalized.size());
-      return std::vector<OutputSpec>{
-          {x.sizes(), x.dtype()}, {statistics, x.dtype()}, {statistics, x.dtype()}};
-    };
-    op.kernels[static_cast<int>(DeviceType::kCpu)] = layer_norm_kernel;
-    op.save_inputs = {0, 1};
-    op.save_outputs = {1, 2};
-    op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
-      if (!context.grad_outputs[0].defined()) return std::vector<Tensor>(3);
-      std::vector<Tensor> grads = dispatch(
-          ops::op("layer_norm_backward"),
-          {context.grad_outputs[0], context.saved_inputs[0], context.saved_outputs[1],
-           context.saved_outputs[2], context.saved_inputs[1]},
-          Attrs{{"normalized_shape", context.attrs.get<std::vector<int64_t>>("normalized_shape")}});
-      std::vector<Tensor> result(3);
-      for (int i = 0; i < 3; ++i)
-        if (context.needs_input_grad[i]) result[i] = grads[i];
-      return result;
-    };
-    op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>&, const Attrs&) {
-      const double numel = static_cast<double>(in[0].numel());
-      return OpCost{8 * numel, 2 * numel * static_cast<double>(in[0].element_size())};
-    };
-    // Rows are independent: split along the first leading dimension (every output has it).
-    op.splits = {{0, {0, -1, -1}}};
-  }
-  {
-    OpDef& op = OpRegistry::get().define("layer_norm_backward");
-    op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
-      const auto& normalized = attrs.get<std::vector<int64_t>>("normalized_shape");
-      const Tensor& x = in.at(1);
-      TESSEL_CHECK(in.at(0).sizes() == x.sizes() && in[0].dtype() == x.dtype(),
-                   "layer_norm_backward: grad_y (", shape_str(in[0].sizes()), " ",
-                   dtype_name(in[0].dtype()), ") does not match the input (", shape_str(x.sizes()),
-                   " ", dtype_name(x.dtype()), ")");
-      return std::vector<OutputSpec>{
-          {x.sizes(), x.dtype()}, {normalized, x.dtype()}, {normalized, x.dtype()}};
-    };
-    op.kernels[static_cast<int>(DeviceType::kCpu)] = layer_norm_backward_kernel;
-    op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>&, const Attrs&) {
-      const double numel = static_cast<double>(in[1].numel());
-      return OpCost{12 * numel, 3 * numel * static_cast<double>(in[1].element_size())};
-    };
-  }
+  register_batch_norm();
+  register_batch_norm_eval();
+  register_batch_norm_backward();
+  register_layer_norm();
+  register_layer_norm_backward();
 }
 
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias,
                   const Tensor& running_mean, const Tensor& running_var, bool training,
                   double momentum, double eps) {
   if (training) {
-    return dispatch(ops::op("batch_norm"), {x, weight, bias, running_mean, running_var},
+    return dispatch(ops::batch_norm, {x, weight, bias, running_mean, running_var},
                     Attrs{{"momentum", momentum}, {"eps", eps}})[0];
   }
-  return dispatch(ops::op("batch_norm_eval"), {x, weight, bias, running_mean, running_var},
+  return dispatch(ops::batch_norm_eval, {x, weight, bias, running_mean, running_var},
                   Attrs{{"eps", eps}})[0];
 }
 
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
                   const Tensor& bias, double eps) {
-  return dispatch(ops::op("layer_norm"), {x, weight, bias},
+  return dispatch(ops::layer_norm, {x, weight, bias},
                   Attrs{{"normalized_shape", normalized_shape}, {"eps", eps}})[0];
 }
 

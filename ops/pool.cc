@@ -1,6 +1,8 @@
 // Pooling over NCHW planes with PyTorch's window rules: max_pool2d (which also outputs the i64
 // index of each maximum inside its input plane, so its backward is a scatter), avg_pool2d and
 // adaptive_avg_pool2d, each with a backward op. Kernels read and write any strides directly.
+#include "ops/pool.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -318,134 +320,154 @@ Kernel float_kernel(const char* op, void (*f32)(KernelContext&), void (*f64)(Ker
   };
 }
 
+void register_max_pool2d() {
+  // max_pool2d: x (N, C, H, W) -> values (N, C, OH, OW), indices (i64, into each H*W plane).
+  OpDef& op = OpRegistry::get().define(ops::max_pool2d);
+  op.kind = OpKind::kPool;
+  op.autocast = AutocastPolicy::kWiden;
+  op.planner = {ParallelSplit::kChannels, "pool"};
+  op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
+    check_pool_input("max_pool2d", in.at(0));
+    auto [rows, cols] = pool_axes("max_pool2d", in[0].sizes(), attrs, true);
+    Shape sizes{in[0].size(0), in[0].size(1), rows.output, cols.output};
+    return std::vector<OutputSpec>{{sizes, in[0].dtype()}, {sizes, DType::kInt64}};
+  };
+  op.kernels[kCpu] = float_kernel("max_pool2d", max_pool_forward<float>, max_pool_forward<double>);
+  op.save_outputs = {1};
+  op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
+    if (!context.grad_outputs[0].defined()) return {Tensor()};
+    return {dispatch(ops::max_pool2d_backward, {context.grad_outputs[0], context.saved_outputs[1]},
+                     with_input_size(context.attrs, context.input_specs[0].sizes))[0]};
+  };
+  op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out, const Attrs& attrs) {
+    auto kernel = attrs.get<std::vector<int64_t>>("kernel_size");
+    return OpCost{static_cast<double>(out[0].numel()) * kernel[0] * kernel[1],
+                  total_bytes(in, out)};
+  };
+  op.splits = {{0, {0}}};
+}
+
+void register_max_pool2d_backward() {
+  // max_pool2d_backward: grad (N, C, OH, OW), indices -> grad of x (input_size).
+  OpDef& op = OpRegistry::get().define(ops::max_pool2d_backward);
+  op.kind = OpKind::kPool;
+  op.autocast = AutocastPolicy::kWiden;
+  op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
+    auto sizes = input_size_attr(attrs);
+    auto [rows, cols] = pool_axes("max_pool2d", sizes, attrs, true);
+    Shape pooled{sizes[0], sizes[1], rows.output, cols.output};
+    check_grad("max_pool2d_backward", in.at(0), pooled);
+    TESSEL_CHECK(in.at(1).dtype() == DType::kInt64 && in[1].sizes() == pooled,
+                 "max_pool2d_backward: indices must be i64 of shape ", shape_str(pooled), ", got ",
+                 dtype_name(in[1].dtype()), " ", shape_str(in[1].sizes()));
+    return std::vector<OutputSpec>{{Shape(sizes.begin(), sizes.end()), in[0].dtype()}};
+  };
+  op.kernels[kCpu] =
+      float_kernel("max_pool2d_backward", max_pool_backward<float>, max_pool_backward<double>);
+  op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out, const Attrs&) {
+    return OpCost{static_cast<double>(in[0].numel()), total_bytes(in, out)};
+  };
+  op.splits = {{0, {0, 0}}};
+}
+
+void register_avg_pool2d() {
+  // avg_pool2d: x (N, C, H, W) -> (N, C, OH, OW).
+  OpDef& op = OpRegistry::get().define(ops::avg_pool2d);
+  op.kind = OpKind::kPool;
+  op.autocast = AutocastPolicy::kWiden;
+  op.planner = {ParallelSplit::kChannels, "pool"};
+  op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
+    check_pool_input("avg_pool2d", in.at(0));
+    auto [rows, cols] = pool_axes("avg_pool2d", in[0].sizes(), attrs, false);
+    return std::vector<OutputSpec>{
+        {{in[0].size(0), in[0].size(1), rows.output, cols.output}, in[0].dtype()}};
+  };
+  op.kernels[kCpu] = float_kernel("avg_pool2d", avg_pool_forward<float>, avg_pool_forward<double>);
+  op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
+    return {dispatch(ops::avg_pool2d_backward, {context.grad_outputs[0]},
+                     with_input_size(context.attrs, context.input_specs[0].sizes))[0]};
+  };
+  op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out, const Attrs& attrs) {
+    auto kernel = attrs.get<std::vector<int64_t>>("kernel_size");
+    return OpCost{static_cast<double>(out[0].numel()) * kernel[0] * kernel[1],
+                  total_bytes(in, out)};
+  };
+  op.splits = {{0, {0}}};
+}
+
+void register_avg_pool2d_backward() {
+  OpDef& op = OpRegistry::get().define(ops::avg_pool2d_backward);
+  op.kind = OpKind::kPool;
+  op.autocast = AutocastPolicy::kWiden;
+  op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
+    auto sizes = input_size_attr(attrs);
+    auto [rows, cols] = pool_axes("avg_pool2d", sizes, attrs, false);
+    check_grad("avg_pool2d_backward", in.at(0), {sizes[0], sizes[1], rows.output, cols.output});
+    return std::vector<OutputSpec>{{Shape(sizes.begin(), sizes.end()), in[0].dtype()}};
+  };
+  op.kernels[kCpu] =
+      float_kernel("avg_pool2d_backward", avg_pool_backward<float>, avg_pool_backward<double>);
+  op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out, const Attrs& attrs) {
+    auto kernel = attrs.get<std::vector<int64_t>>("kernel_size");
+    return OpCost{static_cast<double>(in[0].numel()) * kernel[0] * kernel[1], total_bytes(in, out)};
+  };
+  op.splits = {{0, {0}}};
+}
+
+void register_adaptive_avg_pool2d() {
+  // adaptive_avg_pool2d: x (N, C, H, W) -> (N, C, output_size[0], output_size[1]).
+  OpDef& op = OpRegistry::get().define(ops::adaptive_avg_pool2d);
+  op.kind = OpKind::kPool;
+  op.autocast = AutocastPolicy::kWiden;
+  op.planner.split = ParallelSplit::kChannels;
+  op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
+    check_pool_input("adaptive_avg_pool2d", in.at(0));
+    auto sizes = adaptive_output_size(attrs);
+    TESSEL_CHECK(in[0].size(2) > 0 && in[0].size(3) > 0,
+                 "adaptive_avg_pool2d: input planes must not be empty, got shape ",
+                 shape_str(in[0].sizes()));
+    return std::vector<OutputSpec>{
+        {{in[0].size(0), in[0].size(1), sizes[0], sizes[1]}, in[0].dtype()}};
+  };
+  op.kernels[kCpu] = float_kernel("adaptive_avg_pool2d", adaptive_avg_forward<float>,
+                                  adaptive_avg_forward<double>);
+  op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
+    return {dispatch(ops::adaptive_avg_pool2d_backward, {context.grad_outputs[0]},
+                     with_input_size(context.attrs, context.input_specs[0].sizes))[0]};
+  };
+  op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out, const Attrs&) {
+    return OpCost{static_cast<double>(in[0].numel()), total_bytes(in, out)};
+  };
+  op.splits = {{0, {0}}};
+}
+
+void register_adaptive_avg_pool2d_backward() {
+  OpDef& op = OpRegistry::get().define(ops::adaptive_avg_pool2d_backward);
+  op.kind = OpKind::kPool;
+  op.autocast = AutocastPolicy::kWiden;
+  op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
+    auto sizes = input_size_attr(attrs);
+    auto out = adaptive_output_size(attrs);
+    check_grad("adaptive_avg_pool2d_backward", in.at(0), {sizes[0], sizes[1], out[0], out[1]});
+    return std::vector<OutputSpec>{{Shape(sizes.begin(), sizes.end()), in[0].dtype()}};
+  };
+  op.kernels[kCpu] = float_kernel("adaptive_avg_pool2d_backward", adaptive_avg_backward<float>,
+                                  adaptive_avg_backward<double>);
+  op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out, const Attrs&) {
+    return OpCost{static_cast<double>(out[0].numel()), total_bytes(in, out)};
+  };
+  op.splits = {{0, {0}}};
+}
+
 }  // namespace
 
 TESSEL_REGISTER_OPS(pool) {
-  {
-    // max_pool2d: x (N, C, H, W) -> values (N, C, OH, OW), indices (i64, into each H*W plane).
-    OpDef& op = OpRegistry::get().define("max_pool2d");
-    op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
-      check_pool_input("max_pool2d", in.at(0));
-      auto [rows, cols] = pool_axes("max_pool2d", in[0].sizes(), attrs, true);
-      Shape sizes{in[0].size(0), in[0].size(1), rows.output, cols.output};
-      return std::vector<OutputSpec>{{sizes, in[0].dtype()}, {sizes, DType::kInt64}};
-    };
-    op.kernels[kCpu] =
-        float_kernel("max_pool2d", max_pool_forward<float>, max_pool_forward<double>);
-    op.save_outputs = {1};
-    op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
-      if (!context.grad_outputs[0].defined()) return {Tensor()};
-      return {dispatch(ops::op("max_pool2d_backward"),
-                       {context.grad_outputs[0], context.saved_outputs[1]},
-                       with_input_size(context.attrs, context.input_specs[0].sizes))[0]};
-    };
-    op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out,
-                 const Attrs& attrs) {
-      auto kernel = attrs.get<std::vector<int64_t>>("kernel_size");
-      return OpCost{static_cast<double>(out[0].numel()) * kernel[0] * kernel[1],
-                    total_bytes(in, out)};
-    };
-    op.splits = {{0, {0}}};
-  }
-  {
-    // max_pool2d_backward: grad (N, C, OH, OW), indices -> grad of x (input_size).
-    OpDef& op = OpRegistry::get().define("max_pool2d_backward");
-    op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
-      auto sizes = input_size_attr(attrs);
-      auto [rows, cols] = pool_axes("max_pool2d", sizes, attrs, true);
-      Shape pooled{sizes[0], sizes[1], rows.output, cols.output};
-      check_grad("max_pool2d_backward", in.at(0), pooled);
-      TESSEL_CHECK(in.at(1).dtype() == DType::kInt64 && in[1].sizes() == pooled,
-                   "max_pool2d_backward: indices must be i64 of shape ", shape_str(pooled),
-                   ", got ", dtype_name(in[1].dtype()), " ", shape_str(in[1].sizes()));
-      return std::vector<OutputSpec>{{Shape(sizes.begin(), sizes.end()), in[0].dtype()}};
-    };
-    op.kernels[kCpu] =
-        float_kernel("max_pool2d_backward", max_pool_backward<float>, max_pool_backward<double>);
-    op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out, const Attrs&) {
-      return OpCost{static_cast<double>(in[0].numel()), total_bytes(in, out)};
-    };
-    op.splits = {{0, {0, 0}}};
-  }
-  {
-    // avg_pool2d: x (N, C, H, W) -> (N, C, OH, OW).
-    OpDef& op = OpRegistry::get().define("avg_pool2d");
-    op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
-      check_pool_input("avg_pool2d", in.at(0));
-      auto [rows, cols] = pool_axes("avg_pool2d", in[0].sizes(), attrs, false);
-      return std::vector<OutputSpec>{
-          {{in[0].size(0), in[0].size(1), rows.output, cols.output}, in[0].dtype()}};
-    };
-    op.kernels[kCpu] =
-        float_kernel("avg_pool2d", avg_pool_forward<float>, avg_pool_forward<double>);
-    op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
-      return {dispatch(ops::op("avg_pool2d_backward"), {context.grad_outputs[0]},
-                       with_input_size(context.attrs, context.input_specs[0].sizes))[0]};
-    };
-    op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out,
-                 const Attrs& attrs) {
-      auto kernel = attrs.get<std::vector<int64_t>>("kernel_size");
-      return OpCost{static_cast<double>(out[0].numel()) * kernel[0] * kernel[1],
-                    total_bytes(in, out)};
-    };
-    op.splits = {{0, {0}}};
-  }
-  {
-    OpDef& op = OpRegistry::get().define("avg_pool2d_backward");
-    op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
-      auto sizes = input_size_attr(attrs);
-      auto [rows, cols] = pool_axes("avg_pool2d", sizes, attrs, false);
-      check_grad("avg_pool2d_backward", in.at(0), {sizes[0], sizes[1], rows.output, cols.output});
-      return std::vector<OutputSpec>{{Shape(sizes.begin(), sizes.end()), in[0].dtype()}};
-    };
-    op.kernels[kCpu] =
-        float_kernel("avg_pool2d_backward", avg_pool_backward<float>, avg_pool_backward<double>);
-    op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out,
-                 const Attrs& attrs) {
-      auto kernel = attrs.get<std::vector<int64_t>>("kernel_size");
-      return OpCost{static_cast<double>(in[0].numel()) * kernel[0] * kernel[1],
-                    total_bytes(in, out)};
-    };
-    op.splits = {{0, {0}}};
-  }
-  {
-    // adaptive_avg_pool2d: x (N, C, H, W) -> (N, C, output_size[0], output_size[1]).
-    OpDef& op = OpRegistry::get().define("adaptive_avg_pool2d");
-    op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
-      check_pool_input("adaptive_avg_pool2d", in.at(0));
-      auto sizes = adaptive_output_size(attrs);
-      TESSEL_CHECK(in[0].size(2) > 0 && in[0].size(3) > 0,
-                   "adaptive_avg_pool2d: input planes must not be empty, got shape ",
-                   shape_str(in[0].sizes()));
-      return std::vector<OutputSpec>{
-          {{in[0].size(0), in[0].size(1), sizes[0], sizes[1]}, in[0].dtype()}};
-    };
-    op.kernels[kCpu] = float_kernel("adaptive_avg_pool2d", adaptive_avg_forward<float>,
-                                    adaptive_avg_forward<double>);
-    op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
-      return {dispatch(ops::op("adaptive_avg_pool2d_backward"), {context.grad_outputs[0]},
-                       with_input_size(context.attrs, context.input_specs[0].sizes))[0]};
-    };
-    op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out, const Attrs&) {
-      return OpCost{static_cast<double>(in[0].numel()), total_bytes(in, out)};
-    };
-    op.splits = {{0, {0}}};
-  }
-  {
-    OpDef& op = OpRegistry::get().define("adaptive_avg_pool2d_backward");
-    op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
-      auto sizes = input_size_attr(attrs);
-      auto out = adaptive_output_size(attrs);
-      check_grad("adaptive_avg_pool2d_backward", in.at(0), {sizes[0], sizes[1], out[0], out[1]});
-      return std::vector<OutputSpec>{{Shape(sizes.begin(), sizes.end()), in[0].dtype()}};
-    };
-    op.kernels[kCpu] = float_kernel("adaptive_avg_pool2d_backward", adaptive_avg_backward<float>,
-                                    adaptive_avg_backward<double>);
-    op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out, const Attrs&) {
-      return OpCost{static_cast<double>(out[0].numel()), total_bytes(in, out)};
-    };
-    op.splits = {{0, {0}}};
-  }
+  register_max_pool2d();
+  register_max_pool2d_backward();
+  register_avg_pool2d();
+  register_avg_pool2d_backward();
+  register_adaptive_avg_pool2d();
+  register_adaptive_avg_pool2d_backward();
 }
 
 Tensor max_pool2d(const Tensor& x, std::vector<int64_t> kernel_size, std::vector<int64_t> stride,
@@ -458,7 +480,7 @@ Tensor max_pool2d(const Tensor& x, std::vector<int64_t> kernel_size, std::vector
               {"dilation", pool_pair(std::move(dilation), "max_pool2d", "dilation")},
               {"ceil_mode", ceil_mode}};
   return with_batch("max_pool2d", x, [&](const Tensor& batched) {
-    return dispatch(ops::op("max_pool2d"), {batched}, attrs)[0];
+    return dispatch(ops::max_pool2d, {batched}, attrs)[0];
   });
 }
 
@@ -472,7 +494,7 @@ Tensor avg_pool2d(const Tensor& x, std::vector<int64_t> kernel_size, std::vector
               {"ceil_mode", ceil_mode},
               {"count_include_pad", count_include_pad}};
   return with_batch("avg_pool2d", x, [&](const Tensor& batched) {
-    return dispatch(ops::op("avg_pool2d"), {batched}, attrs)[0];
+    return dispatch(ops::avg_pool2d, {batched}, attrs)[0];
   });
 }
 
@@ -480,7 +502,7 @@ Tensor adaptive_avg_pool2d(const Tensor& x, std::vector<int64_t> output_size) {
   Attrs attrs{
       {"output_size", pool_pair(std::move(output_size), "adaptive_avg_pool2d", "output_size")}};
   return with_batch("adaptive_avg_pool2d", x, [&](const Tensor& batched) {
-    return dispatch(ops::op("adaptive_avg_pool2d"), {batched}, attrs)[0];
+    return dispatch(ops::adaptive_avg_pool2d, {batched}, attrs)[0];
   });
 }
 

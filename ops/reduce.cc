@@ -3,6 +3,8 @@
 // when adjacent, are the middle; otherwise a permuted copy puts them last. f32 data is summed
 // in double so long sums stay accurate; partial sums combine in a fixed order (deterministic
 // for any thread count).
+#include "ops/reduce.h"
+
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -197,9 +199,13 @@ Tensor keepdim_grad(const Tensor& grad, const Shape& input_sizes,
 
 // ---- sum and mean ----
 
-void register_sum_mean(const char* name, bool is_mean) {
+void register_sum_mean(const OpHandle& handle, bool is_mean) {
   // Attrs: dims (empty: all), keepdim.
-  OpDef& op = OpRegistry::get().define(name);
+  const char* name = handle.name();
+  OpDef& op = OpRegistry::get().define(handle);
+  op.kind = OpKind::kReduction;
+  op.autocast = AutocastPolicy::kWiden;
+  op.planner.split = ParallelSplit::kSpatialReduction;
   op.shape = [name, is_mean](const std::vector<Tensor>& inputs, const Attrs& attrs) {
     const Tensor& x = inputs.at(0);
     DType dtype = x.dtype();
@@ -275,10 +281,14 @@ void check_extremum_input(const char* op, const Tensor& x, const std::vector<boo
                ": cannot reduce over zero elements (input shape ", shape_str(x.sizes()), ")");
 }
 
-void register_extremum(const char* name, const char* all_name, bool is_max) {
+void register_extremum(const OpHandle& along_dim, const OpHandle& over_all, bool is_max) {
+  const char* name = along_dim.name();
+  const char* all_name = over_all.name();
   {
     // Along a dim. Attrs: dim, keepdim. Outputs: values, indices (i64; the first on ties).
-    OpDef& op = OpRegistry::get().define(name);
+    OpDef& op = OpRegistry::get().define(along_dim);
+    op.kind = OpKind::kReduction;
+    op.autocast = AutocastPolicy::kWiden;
     op.shape = [name](const std::vector<Tensor>& inputs, const Attrs& attrs) {
       const Tensor& x = inputs.at(0);
       auto reduced = single_dim(name, x.sizes(), attrs.get<int64_t>("dim"));
@@ -317,7 +327,9 @@ void register_extremum(const char* name, const char* all_name, bool is_max) {
   }
   {
     // Over all elements: one 0-d output.
-    OpDef& op = OpRegistry::get().define(all_name);
+    OpDef& op = OpRegistry::get().define(over_all);
+    op.kind = OpKind::kReduction;
+    op.autocast = AutocastPolicy::kWiden;
     op.shape = [all_name](const std::vector<Tensor>& inputs, const Attrs&) {
       const Tensor& x = inputs.at(0);
       check_extremum_input(all_name, x, std::vector<bool>(x.dim(), true));
@@ -347,7 +359,9 @@ void register_extremum(const char* name, const char* all_name, bool is_max) {
 
 void register_argmax() {
   // Attrs: dim, keepdim. i64 output, the first index on ties.
-  OpDef& op = OpRegistry::get().define("argmax");
+  OpDef& op = OpRegistry::get().define(ops::argmax);
+  op.kind = OpKind::kReduction;
+  op.autocast = AutocastPolicy::kWiden;
   op.shape = [](const std::vector<Tensor>& inputs, const Attrs& attrs) {
     const Tensor& x = inputs.at(0);
     auto reduced = single_dim("argmax", x.sizes(), attrs.get<int64_t>("dim"));
@@ -367,7 +381,9 @@ void register_argmax() {
 
 void register_var() {
   // Attrs: dims (empty: all), unbiased, keepdim.
-  OpDef& op = OpRegistry::get().define("var");
+  OpDef& op = OpRegistry::get().define(ops::var);
+  op.kind = OpKind::kReduction;
+  op.autocast = AutocastPolicy::kWiden;
   op.shape = [](const std::vector<Tensor>& inputs, const Attrs& attrs) {
     const Tensor& x = inputs.at(0);
     check_float("var", x.dtype());
@@ -492,9 +508,13 @@ void softmax_block(const T* x, const ReduceLayout& layout, T* out, bool log_form
   });
 }
 
-void register_softmax(const char* name, bool log_form) {
+void register_softmax(const OpHandle& handle, bool log_form) {
   // Attr: dim.
-  OpDef& op = OpRegistry::get().define(name);
+  const char* name = handle.name();
+  OpDef& op = OpRegistry::get().define(handle);
+  op.kind = OpKind::kReduction;
+  op.autocast = AutocastPolicy::kWiden;
+  op.planner = {ParallelSplit::kSoftmaxHeads, "softmax"};
   op.shape = [name](const std::vector<Tensor>& inputs, const Attrs& attrs) {
     const Tensor& x = inputs.at(0);
     check_float(name, x.dtype());
@@ -528,50 +548,50 @@ void register_softmax(const char* name, bool log_form) {
 }  // namespace
 
 TESSEL_REGISTER_OPS(reduce) {
-  register_sum_mean("sum", false);
-  register_sum_mean("mean", true);
-  register_extremum("max", "max_all", true);
-  register_extremum("min", "min_all", false);
+  register_sum_mean(ops::sum, false);
+  register_sum_mean(ops::mean, true);
+  register_extremum(ops::max, ops::max_all, true);
+  register_extremum(ops::min, ops::min_all, false);
   register_argmax();
   register_var();
-  register_softmax("softmax", false);
-  register_softmax("log_softmax", true);
+  register_softmax(ops::softmax, false);
+  register_softmax(ops::log_softmax, true);
 }
 
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
-  return dispatch(ops::op("sum"), {x}, Attrs{{"dims", dims}, {"keepdim", keepdim}})[0];
+  return dispatch(ops::sum, {x}, Attrs{{"dims", dims}, {"keepdim", keepdim}})[0];
 }
 
 Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
-  return dispatch(ops::op("mean"), {x}, Attrs{{"dims", dims}, {"keepdim", keepdim}})[0];
+  return dispatch(ops::mean, {x}, Attrs{{"dims", dims}, {"keepdim", keepdim}})[0];
 }
 
 Tensor max(const Tensor& x, int64_t dim, bool keepdim) {
-  return dispatch(ops::op("max"), {x}, Attrs{{"dim", dim}, {"keepdim", keepdim}})[0];
+  return dispatch(ops::max, {x}, Attrs{{"dim", dim}, {"keepdim", keepdim}})[0];
 }
 
 Tensor min(const Tensor& x, int64_t dim, bool keepdim) {
-  return dispatch(ops::op("min"), {x}, Attrs{{"dim", dim}, {"keepdim", keepdim}})[0];
+  return dispatch(ops::min, {x}, Attrs{{"dim", dim}, {"keepdim", keepdim}})[0];
 }
 
-Tensor max(const Tensor& x) { return dispatch(ops::op("max_all"), {x})[0]; }
-Tensor min(const Tensor& x) { return dispatch(ops::op("min_all"), {x})[0]; }
+Tensor max(const Tensor& x) { return dispatch(ops::max_all, {x})[0]; }
+Tensor min(const Tensor& x) { return dispatch(ops::min_all, {x})[0]; }
 
 Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {
-  return dispatch(ops::op("argmax"), {x}, Attrs{{"dim", dim}, {"keepdim", keepdim}})[0];
+  return dispatch(ops::argmax, {x}, Attrs{{"dim", dim}, {"keepdim", keepdim}})[0];
 }
 
 Tensor var(const Tensor& x, const std::vector<int64_t>& dims, bool unbiased, bool keepdim) {
-  return dispatch(ops::op("var"), {x},
+  return dispatch(ops::var, {x},
                   Attrs{{"dims", dims}, {"unbiased", unbiased}, {"keepdim", keepdim}})[0];
 }
 
 Tensor softmax(const Tensor& x, int64_t dim) {
-  return dispatch(ops::op("softmax"), {x}, Attrs{{"dim", dim}})[0];
+  return dispatch(ops::softmax, {x}, Attrs{{"dim", dim}})[0];
 }
 
 Tensor log_softmax(const Tensor& x, int64_t dim) {
-  return dispatch(ops::op("log_softmax"), {x}, Attrs{{"dim", dim}})[0];
+  return dispatch(ops::log_softmax, {x}, Attrs{{"dim", dim}})[0];
 }
 
 }  // namespace tessel

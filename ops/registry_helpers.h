@@ -1,5 +1,5 @@
 // Small helpers for op registration files (ops/*.cc).
-//   TESSEL_REGISTER_OPS(elementwise) { OpDef& op = OpRegistry::get().define("relu"); ... }
+//   TESSEL_REGISTER_OPS(elementwise) { OpDef& op = OpRegistry::get().define(ops::relu); ... }
 // runs the body once at start-up (the library is alwayslink, so the object file is kept).
 #pragma once
 
@@ -7,17 +7,10 @@
 #include "core/op.h"
 #include "core/threading.h"
 
-#define TESSEL_REGISTER_OPS(group)                                          \
-  static void tessel_register_ops_##group();                                \
-  static const bool tessel_ops_registered_##group = [] {                    \
-    tessel_register_ops_##group();                                          \
-    return true;                                                            \
-  }();                                                                      \
+#define TESSEL_REGISTER_OPS(group)                       \
+  static void tessel_register_ops_##group();             \
+  static const bool tessel_ops_registered_##group = [] { \
+    tessel_register_ops_##group();                       \
+    return true;                                         \
+  }();                                                   \
   static void tessel_register_ops_##group()
-
-namespace tessel::ops {
-
-// The cached definition of a registered op (for the public wrapper functions).
-inline const OpDef& op(const char* name) { return OpRegistry::get().find(name); }
-
-}  // namespace tessel::ops

@@ -2,6 +2,8 @@
 // builds its output with make_view over the input's storage (no kernel, no copy); reshape copies
 // only when the strides allow no view. Backward passes are views again, except slice and select,
 // whose gradients are scattered into zeros by the "slice_backward" op.
+#include "ops/shape.h"
+
 #include <algorithm>
 #include <cstring>
 #include <numeric>
@@ -145,8 +147,7 @@ std::vector<int64_t> checked_permutation(const Tensor& x, const std::vector<int6
 
 Tensor slice_backward_of(const Tensor& grad, const Shape& input_sizes, int64_t dim, int64_t start,
                          int64_t end, int64_t step) {
-  static const OpDef& op = ops::op("slice_backward");
-  return dispatch(op, {grad},
+  return dispatch(ops::slice_backward, {grad},
                   Attrs{{"input_sizes", input_sizes},
                         {"dim", dim},
                         {"start", start},
@@ -154,249 +155,283 @@ Tensor slice_backward_of(const Tensor& grad, const Shape& input_sizes, int64_t d
                         {"step", step}})[0];
 }
 
+void register_view() {
+  OpDef& op = OpRegistry::get().define(ops::view);
+  op.kind = OpKind::kDataMovement;
+  op.autocast = AutocastPolicy::kKeep;
+  op.flags.view = true;
+  op.view_fn = [](const Tensor& x, const Attrs& attrs) {
+    return reshape_view("view", x, attrs, /*may_copy=*/false);
+  };
+  op.backward = [](const BackwardContext& ctx) -> std::vector<Tensor> {
+    return {reshape(ctx.grad_outputs[0], ctx.input_specs[0].sizes)};
+  };
+  op.cost = no_cost;
+}
+
+void register_reshape() {
+  // A view when the strides allow one, otherwise a contiguous copy viewed in the new shape.
+  OpDef& op = OpRegistry::get().define(ops::reshape);
+  op.kind = OpKind::kDataMovement;
+  op.autocast = AutocastPolicy::kKeep;
+  op.flags.view = true;
+  op.view_fn = [](const Tensor& x, const Attrs& attrs) {
+    return reshape_view("reshape", x, attrs, /*may_copy=*/true);
+  };
+  op.backward = [](const BackwardContext& ctx) -> std::vector<Tensor> {
+    return {reshape(ctx.grad_outputs[0], ctx.input_specs[0].sizes)};
+  };
+  op.cost = no_cost;
+}
+
+void register_transpose() {
+  OpDef& op = OpRegistry::get().define(ops::transpose);
+  op.kind = OpKind::kDataMovement;
+  op.autocast = AutocastPolicy::kKeep;
+  op.flags.view = true;
+  op.view_fn = [](const Tensor& x, const Attrs& attrs) {
+    int64_t dim0 = wrap_dim(attrs.get<int64_t>("dim0"), x.dim(), "transpose: dim0");
+    int64_t dim1 = wrap_dim(attrs.get<int64_t>("dim1"), x.dim(), "transpose: dim1");
+    Shape sizes = x.sizes();
+    Shape strides = x.strides();
+    if (x.dim() > 0) {
+      std::swap(sizes[dim0], sizes[dim1]);
+      std::swap(strides[dim0], strides[dim1]);
+    }
+    return make_view(x, sizes, strides, x.storage_offset());
+  };
+  op.backward = [](const BackwardContext& ctx) -> std::vector<Tensor> {
+    return {transpose(ctx.grad_outputs[0], ctx.attrs.get<int64_t>("dim0"),
+                      ctx.attrs.get<int64_t>("dim1"))};
+  };
+  op.cost = no_cost;
+}
+
+void register_permute() {
+  OpDef& op = OpRegistry::get().define(ops::permute);
+  op.kind = OpKind::kDataMovement;
+  op.autocast = AutocastPolicy::kKeep;
+  op.flags.view = true;
+  op.view_fn = [](const Tensor& x, const Attrs& attrs) {
+    std::vector<int64_t> dims = checked_permutation(x, attrs.get<std::vector<int64_t>>("dims"));
+    Shape sizes(dims.size()), strides(dims.size());
+    for (size_t i = 0; i < dims.size(); ++i) {
+      sizes[i] = x.sizes()[dims[i]];
+      strides[i] = x.strides()[dims[i]];
+    }
+    return make_view(x, sizes, strides, x.storage_offset());
+  };
+  op.backward = [](const BackwardContext& ctx) -> std::vector<Tensor> {
+    const auto& dims = ctx.attrs.get<std::vector<int64_t>>("dims");
+    const int64_t ndim = static_cast<int64_t>(dims.size());
+    std::vector<int64_t> inverse(dims.size());
+    for (int64_t i = 0; i < ndim; ++i) inverse[dims[i] < 0 ? dims[i] + ndim : dims[i]] = i;
+    return {permute(ctx.grad_outputs[0], inverse)};
+  };
+  op.cost = no_cost;
+}
+
+void register_slice() {
+  OpDef& op = OpRegistry::get().define(ops::slice);
+  op.kind = OpKind::kDataMovement;
+  op.autocast = AutocastPolicy::kKeep;
+  op.flags.view = true;
+  op.view_fn = slice_geometry;
+  op.backward = [](const BackwardContext& ctx) -> std::vector<Tensor> {
+    return {slice_backward_of(ctx.grad_outputs[0], ctx.input_specs[0].sizes,
+                              ctx.attrs.get<int64_t>("dim"), ctx.attrs.get<int64_t>("start"),
+                              ctx.attrs.get<int64_t>("end"), ctx.attrs.get_or<int64_t>("step", 1))};
+  };
+  op.cost = no_cost;
+}
+
+void register_slice_backward() {
+  // The gradient of slice: zeros of the input's shape with `grad` written into the slice.
+  OpDef& op = OpRegistry::get().define(ops::slice_backward);
+  op.kind = OpKind::kDataMovement;
+  op.autocast = AutocastPolicy::kWiden;
+  op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
+    const Shape& input_sizes = attrs.get<Shape>("input_sizes");
+    Shape expected = input_sizes;
+    TESSEL_CHECK(!input_sizes.empty(), "slice_backward: input_sizes is empty");
+    int64_t dim = wrap_dim(attrs.get<int64_t>("dim"), static_cast<int64_t>(input_sizes.size()),
+                           "slice_backward: dim");
+    expected[dim] = normalize_slice(input_sizes[dim], attrs.get<int64_t>("start"),
+                                    attrs.get<int64_t>("end"), attrs.get<int64_t>("step"))
+                        .length;
+    TESSEL_CHECK(in.at(0).sizes() == expected, "slice_backward: gradient has shape ",
+                 shape_str(in[0].sizes()), " but the slice has shape ", shape_str(expected));
+    return std::vector<OutputSpec>{{input_sizes, in[0].dtype()}};
+  };
+  op.kernels[static_cast<int>(DeviceType::kCpu)] = [](KernelContext& ctx) {
+    Tensor& out = ctx.outputs[0];
+    Tensor dense = out.is_contiguous() ? out : ctx.workspace(out.sizes(), out.dtype());
+    std::memset(dense.raw_data(), 0, dense.nbytes());
+    cpu::copy_strided(ctx.inputs[0], slice_geometry(dense, ctx.attrs));
+    if (!dense.is_same(out)) cpu::copy_strided(dense, out);
+  };
+  op.backward = [](const BackwardContext& ctx) -> std::vector<Tensor> {
+    return {slice(ctx.grad_outputs[0], ctx.attrs.get<int64_t>("dim"),
+                  ctx.attrs.get<int64_t>("start"), ctx.attrs.get<int64_t>("end"),
+                  ctx.attrs.get<int64_t>("step"))};
+  };
+  op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out, const Attrs&) {
+    return OpCost{0, static_cast<double>(in[0].nbytes() + out[0].nbytes())};
+  };
+}
+
+void register_select() {
+  OpDef& op = OpRegistry::get().define(ops::select);
+  op.kind = OpKind::kDataMovement;
+  op.autocast = AutocastPolicy::kKeep;
+  op.flags.view = true;
+  op.view_fn = [](const Tensor& x, const Attrs& attrs) {
+    TESSEL_CHECK(x.dim() > 0, "select: cannot select from a 0-d tensor");
+    int64_t dim = wrap_dim(attrs.get<int64_t>("dim"), x.dim(), "select: dim");
+    int64_t index = attrs.get<int64_t>("index");
+    int64_t size = x.sizes()[dim];
+    TESSEL_CHECK(index >= -size && index < size, "select: index ", index,
+                 " is out of range for dimension ", dim, " of size ", size, " (shape ",
+                 shape_str(x.sizes()), ")");
+    if (index < 0) index += size;
+    Shape sizes = x.sizes();
+    Shape strides = x.strides();
+    sizes.erase(sizes.begin() + dim);
+    strides.erase(strides.begin() + dim);
+    return make_view(x, sizes, strides, x.storage_offset() + index * x.strides()[dim]);
+  };
+  op.backward = [](const BackwardContext& ctx) -> std::vector<Tensor> {
+    const Shape& input_sizes = ctx.input_specs[0].sizes;
+    int64_t ndim = static_cast<int64_t>(input_sizes.size());
+    int64_t dim = wrap_dim(ctx.attrs.get<int64_t>("dim"), ndim);
+    int64_t index = ctx.attrs.get<int64_t>("index");
+    if (index < 0) index += input_sizes[dim];
+    return {slice_backward_of(unsqueeze(ctx.grad_outputs[0], dim), input_sizes, dim, index,
+                              index + 1, 1)};
+  };
+  op.cost = no_cost;
+}
+
+void register_expand() {
+  OpDef& op = OpRegistry::get().define(ops::expand);
+  op.kind = OpKind::kDataMovement;
+  op.autocast = AutocastPolicy::kKeep;
+  op.flags.view = true;
+  op.view_fn = [](const Tensor& x, const Attrs& attrs) {
+    const Shape& target = attrs.get<Shape>("shape");
+    const int64_t ndim = static_cast<int64_t>(target.size());
+    TESSEL_CHECK(ndim >= x.dim(), "expand: cannot expand shape ", shape_str(x.sizes()), " to ",
+                 shape_str(target), " (the target has fewer dimensions)");
+    const int64_t lead = ndim - x.dim();
+    Shape sizes(target.size()), strides(target.size());
+    for (int64_t i = 0; i < ndim; ++i) {
+      if (i < lead) {
+        TESSEL_CHECK(target[i] >= 0, "expand: size ", target[i], " for the new leading dimension ",
+                     i, " of ", shape_str(target), " (-1 is only allowed for existing ones)");
+        sizes[i] = target[i];
+        strides[i] = 0;
+        continue;
+      }
+      int64_t size = x.sizes()[i - lead];
+      int64_t wanted = target[i] == -1 ? size : target[i];
+      TESSEL_CHECK(wanted == size || size == 1, "expand: cannot expand shape ",
+                   shape_str(x.sizes()), " to ", shape_str(target), " (dimension ", i, ": size ",
+                   size, " can only expand when it is 1)");
+      TESSEL_CHECK(wanted >= 0, "expand: invalid size ", wanted, " in ", shape_str(target));
+      sizes[i] = wanted;
+      strides[i] = wanted == size ? x.strides()[i - lead] : 0;
+    }
+    return make_view(x, sizes, strides, x.storage_offset());
+  };
+  op.backward = [](const BackwardContext& ctx) -> std::vector<Tensor> {
+    const Tensor& grad = ctx.grad_outputs[0];
+    const Shape& input_sizes = ctx.input_specs[0].sizes;
+    const int64_t lead = grad.dim() - static_cast<int64_t>(input_sizes.size());
+    std::vector<int64_t> dims;
+    for (int64_t i = 0; i < grad.dim(); ++i)
+      if (i < lead || (input_sizes[i - lead] == 1 && grad.sizes()[i] != 1)) dims.push_back(i);
+    if (dims.empty()) return {reshape(grad, input_sizes)};
+    return {reshape(sum(grad, dims, /*keepdim=*/true), input_sizes)};
+  };
+  op.cost = no_cost;
+}
+
+void register_squeeze() {
+  OpDef& op = OpRegistry::get().define(ops::squeeze);
+  op.kind = OpKind::kDataMovement;
+  op.autocast = AutocastPolicy::kKeep;
+  op.flags.view = true;
+  op.view_fn = [](const Tensor& x, const Attrs& attrs) {
+    int64_t dim = wrap_dim(attrs.get<int64_t>("dim"), x.dim(), "squeeze: dim");
+    // Like PyTorch, squeezing a dimension whose size is not 1 leaves the tensor unchanged.
+    if (x.dim() == 0 || x.sizes()[dim] != 1)
+      return make_view(x, x.sizes(), x.strides(), x.storage_offset());
+    Shape sizes = x.sizes();
+    Shape strides = x.strides();
+    sizes.erase(sizes.begin() + dim);
+    strides.erase(strides.begin() + dim);
+    return make_view(x, sizes, strides, x.storage_offset());
+  };
+  op.backward = [](const BackwardContext& ctx) -> std::vector<Tensor> {
+    return {reshape(ctx.grad_outputs[0], ctx.input_specs[0].sizes)};
+  };
+  op.cost = no_cost;
+}
+
+void register_unsqueeze() {
+  OpDef& op = OpRegistry::get().define(ops::unsqueeze);
+  op.kind = OpKind::kDataMovement;
+  op.autocast = AutocastPolicy::kKeep;
+  op.flags.view = true;
+  op.view_fn = [](const Tensor& x, const Attrs& attrs) {
+    int64_t dim = wrap_dim(attrs.get<int64_t>("dim"), x.dim() + 1, "unsqueeze: dim");
+    Shape sizes = x.sizes();
+    Shape strides = x.strides();
+    int64_t stride = dim < x.dim() ? sizes[dim] * strides[dim] : 1;
+    sizes.insert(sizes.begin() + dim, 1);
+    strides.insert(strides.begin() + dim, stride);
+    return make_view(x, sizes, strides, x.storage_offset());
+  };
+  op.backward = [](const BackwardContext& ctx) -> std::vector<Tensor> {
+    return {reshape(ctx.grad_outputs[0], ctx.input_specs[0].sizes)};
+  };
+  op.cost = no_cost;
+}
+
 }  // namespace
 
 TESSEL_REGISTER_OPS(shape) {
-  {
-    OpDef& op = OpRegistry::get().define("view");
-    op.flags.view = true;
-    op.view_fn = [](const Tensor& x, const Attrs& attrs) {
-      return reshape_view("view", x, attrs, /*may_copy=*/false);
-    };
-    op.backward = [](const BackwardContext& ctx) -> std::vector<Tensor> {
-      return {reshape(ctx.grad_outputs[0], ctx.input_specs[0].sizes)};
-    };
-    op.cost = no_cost;
-  }
-  {
-    // A view when the strides allow one, otherwise a contiguous copy viewed in the new shape.
-    OpDef& op = OpRegistry::get().define("reshape");
-    op.flags.view = true;
-    op.view_fn = [](const Tensor& x, const Attrs& attrs) {
-      return reshape_view("reshape", x, attrs, /*may_copy=*/true);
-    };
-    op.backward = [](const BackwardContext& ctx) -> std::vector<Tensor> {
-      return {reshape(ctx.grad_outputs[0], ctx.input_specs[0].sizes)};
-    };
-    op.cost = no_cost;
-  }
-  {
-    OpDef& op = OpRegistry::get().define("transpose");
-    op.flags.view = true;
-    op.view_fn = [](const Tensor& x, const Attrs& attrs) {
-      int64_t dim0 = wrap_dim(attrs.get<int64_t>("dim0"), x.dim(), "transpose: dim0");
-      int64_t dim1 = wrap_dim(attrs.get<int64_t>("dim1"), x.dim(), "transpose: dim1");
-      Shape sizes = x.sizes();
-      Shape strides = x.strides();
-      if (x.dim() > 0) {
-        std::swap(sizes[dim0], sizes[dim1]);
-        std::swap(strides[dim0], strides[dim1]);
-      }
-      return make_view(x, sizes, strides, x.storage_offset());
-    };
-    op.backward = [](const BackwardContext& ctx) -> std::vector<Tensor> {
-      return {transpose(ctx.grad_outputs[0], ctx.attrs.get<int64_t>("dim0"),
-                        ctx.attrs.get<int64_t>("dim1"))};
-    };
-    op.cost = no_cost;
-  }
-  {
-    OpDef& op = OpRegistry::get().define("permute");
-    op.flags.view = true;
-    op.view_fn = [](const Tensor& x, const Attrs& attrs) {
-      std::vector<int64_t> dims = checked_permutation(x, attrs.get<std::vector<int64_t>>("dims"));
-      Shape sizes(dims.size()), strides(dims.size());
-      for (size_t i = 0; i < dims.size(); ++i) {
-        sizes[i] = x.sizes()[dims[i]];
-        strides[i] = x.strides()[dims[i]];
-      }
-      return make_view(x, sizes, strides, x.storage_offset());
-    };
-    op.backward = [](const BackwardContext& ctx) -> std::vector<Tensor> {
-      const auto& dims = ctx.attrs.get<std::vector<int64_t>>("dims");
-      const int64_t ndim = static_cast<int64_t>(dims.size());
-      std::vector<int64_t> inverse(dims.size());
-      for (int64_t i = 0; i < ndim; ++i) inverse[dims[i] < 0 ? dims[i] + ndim : dims[i]] = i;
-      return {permute(ctx.grad_outputs[0], inverse)};
-    };
-    op.cost = no_cost;
-  }
-  {
-    OpDef& op = OpRegistry::get().define("slice");
-    op.flags.view = true;
-    op.view_fn = slice_geometry;
-    op.backward = [](const BackwardContext& ctx) -> std::vector<Tensor> {
-      return {slice_backward_of(ctx.grad_outputs[0], ctx.input_specs[0].sizes,
-                                ctx.attrs.get<int64_t>("dim"), ctx.attrs.get<int64_t>("start"),
-                                ctx.attrs.get<int64_t>("end"),
-                                ctx.attrs.get_or<int64_t>("step", 1))};
-    };
-    op.cost = no_cost;
-  }
-  {
-    // The gradient of slice: zeros of the input's shape with `grad` written into the slice.
-    OpDef& op = OpRegistry::get().define("slice_backward");
-    op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
-      const Shape& input_sizes = attrs.get<Shape>("input_sizes");
-      Shape expected = input_sizes;
-      TESSEL_CHECK(!input_sizes.empty(), "slice_backward: input_sizes is empty");
-      int64_t dim = wrap_dim(attrs.get<int64_t>("dim"), static_cast<int64_t>(input_sizes.size()),
-                             "slice_backward: dim");
-      expected[dim] = normalize_slice(input_sizes[dim], attrs.get<int64_t>("start"),
-                                      attrs.get<int64_t>("end"), attrs.get<int64_t>("step"))
-                          .length;
-      TESSEL_CHECK(in.at(0).sizes() == expected, "slice_backward: gradient has shape ",
-                   shape_str(in[0].sizes()), " but the slice has shape ", shape_str(expected));
-      return std::vector<OutputSpec>{{input_sizes, in[0].dtype()}};
-    };
-    op.kernels[static_cast<int>(DeviceType::kCpu)] = [](KernelContext& ctx) {
-      Tensor& out = ctx.outputs[0];
-      Tensor dense = out.is_contiguous() ? out : ctx.workspace(out.sizes(), out.dtype());
-      std::memset(dense.raw_data(), 0, dense.nbytes());
-      cpu::copy_strided(ctx.inputs[0], slice_geometry(dense, ctx.attrs));
-      if (!dense.is_same(out)) cpu::copy_strided(dense, out);
-    };
-    op.backward = [](const BackwardContext& ctx) -> std::vector<Tensor> {
-      return {slice(ctx.grad_outputs[0], ctx.attrs.get<int64_t>("dim"),
-                    ctx.attrs.get<int64_t>("start"), ctx.attrs.get<int64_t>("end"),
-                    ctx.attrs.get<int64_t>("step"))};
-    };
-    op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out, const Attrs&) {
-      return OpCost{0, static_cast<double>(in[0].nbytes() + out[0].nbytes())};
-    };
-  }
-  {
-    OpDef& op = OpRegistry::get().define("select");
-    op.flags.view = true;
-    op.view_fn = [](const Tensor& x, const Attrs& attrs) {
-      TESSEL_CHECK(x.dim() > 0, "select: cannot select from a 0-d tensor");
-      int64_t dim = wrap_dim(attrs.get<int64_t>("dim"), x.dim(), "select: dim");
-      int64_t index = attrs.get<int64_t>("index");
-      int64_t size = x.sizes()[dim];
-      TESSEL_CHECK(index >= -size && index < size, "select: index ", index,
-                   " is out of range for dimension ", dim, " of size ", size, " (shape ",
-                   shape_str(x.sizes()), ")");
-      if (index < 0) index += size;
-      Shape sizes = x.sizes();
-      Shape strides = x.strides();
-      sizes.erase(sizes.begin() + dim);
-      strides.erase(strides.begin() + dim);
-      return make_view(x, sizes, strides, x.storage_offset() + index * x.strides()[dim]);
-    };
-    op.backward = [](const BackwardContext& ctx) -> std::vector<Tensor> {
-      const Shape& input_sizes = ctx.input_specs[0].sizes;
-      int64_t ndim = static_cast<int64_t>(input_sizes.size());
-      int64_t dim = wrap_dim(ctx.attrs.get<int64_t>("dim"), ndim);
-      int64_t index = ctx.attrs.get<int64_t>("index");
-      if (index < 0) index += input_sizes[dim];
-      return {slice_backward_of(unsqueeze(ctx.grad_outputs[0], dim), input_sizes, dim, index,
-                                index + 1, 1)};
-    };
-    op.cost = no_cost;
-  }
-  {
-    OpDef& op = OpRegistry::get().define("expand");
-    op.flags.view = true;
-    op.view_fn = [](const Tensor& x, const Attrs& attrs) {
-      const Shape& target = attrs.get<Shape>("shape");
-      const int64_t ndim = static_cast<int64_t>(target.size());
-      TESSEL_CHECK(ndim >= x.dim(), "expand: cannot expand shape ", shape_str(x.sizes()), " to ",
-                   shape_str(target), " (the target has fewer dimensions)");
-      const int64_t lead = ndim - x.dim();
-      Shape sizes(target.size()), strides(target.size());
-      for (int64_t i = 0; i < ndim; ++i) {
-        if (i < lead) {
-          TESSEL_CHECK(target[i] >= 0, "expand: size ", target[i],
-                       " for the new leading dimension ", i, " of ", shape_str(target),
-                       " (-1 is only allowed for existing ones)");
-          sizes[i] = target[i];
-          strides[i] = 0;
-          continue;
-        }
-        int64_t size = x.sizes()[i - lead];
-        int64_t wanted = target[i] == -1 ? size : target[i];
-        TESSEL_CHECK(wanted == size || size == 1, "expand: cannot expand shape ",
-                     shape_str(x.sizes()), " to ", shape_str(target), " (dimension ", i, ": size ",
-                     size, " can only expand when it is 1)");
-        TESSEL_CHECK(wanted >= 0, "expand: invalid size ", wanted, " in ", shape_str(target));
-        sizes[i] = wanted;
-        strides[i] = wanted == size ? x.strides()[i - lead] : 0;
-      }
-      return make_view(x, sizes, strides, x.storage_offset());
-    };
-    op.backward = [](const BackwardContext& ctx) -> std::vector<Tensor> {
-      const Tensor& grad = ctx.grad_outputs[0];
-      const Shape& input_sizes = ctx.input_specs[0].sizes;
-      const int64_t lead = grad.dim() - static_cast<int64_t>(input_sizes.size());
-      std::vector<int64_t> dims;
-      for (int64_t i = 0; i < grad.dim(); ++i)
-        if (i < lead || (input_sizes[i - lead] == 1 && grad.sizes()[i] != 1)) dims.push_back(i);
-      if (dims.empty()) return {reshape(grad, input_sizes)};
-      return {reshape(sum(grad, dims, /*keepdim=*/true), input_sizes)};
-    };
-    op.cost = no_cost;
-  }
-  {
-    OpDef& op = OpRegistry::get().define("squeeze");
-    op.flags.view = true;
-    op.view_fn = [](const Tensor& x, const Attrs& attrs) {
-      int64_t dim = wrap_dim(attrs.get<int64_t>("dim"), x.dim(), "squeeze: dim");
-      // Like PyTorch, squeezing a dimension whose size is not 1 leaves the tensor unchanged.
-      if (x.dim() == 0 || x.sizes()[dim] != 1)
-        return make_view(x, x.sizes(), x.strides(), x.storage_offset());
-      Shape sizes = x.sizes();
-      Shape strides = x.strides();
-      sizes.erase(sizes.begin() + dim);
-      strides.erase(strides.begin() + dim);
-      return make_view(x, sizes, strides, x.storage_offset());
-    };
-    op.backward = [](const BackwardContext& ctx) -> std::vector<Tensor> {
-      return {reshape(ctx.grad_outputs[0], ctx.input_specs[0].sizes)};
-    };
-    op.cost = no_cost;
-  }
-  {
-    OpDef& op = OpRegistry::get().define("unsqueeze");
-    op.flags.view = true;
-    op.view_fn = [](const Tensor& x, const Attrs& attrs) {
-      int64_t dim = wrap_dim(attrs.get<int64_t>("dim"), x.dim() + 1, "unsqueeze: dim");
-      Shape sizes = x.sizes();
-      Shape strides = x.strides();
-      int64_t stride = dim < x.dim() ? sizes[dim] * strides[dim] : 1;
-      sizes.insert(sizes.begin() + dim, 1);
-      strides.insert(strides.begin() + dim, stride);
-      return make_view(x, sizes, strides, x.storage_offset());
-    };
-    op.backward = [](const BackwardContext& ctx) -> std::vector<Tensor> {
-      return {reshape(ctx.grad_outputs[0], ctx.input_specs[0].sizes)};
-    };
-    op.cost = no_cost;
-  }
+  register_view();
+  register_reshape();
+  register_transpose();
+  register_permute();
+  register_slice();
+  register_slice_backward();
+  register_select();
+  register_expand();
+  register_squeeze();
+  register_unsqueeze();
 }
 
 Tensor reshape(const Tensor& x, const Shape& sizes) {
-  static const OpDef& op = ops::op("reshape");
-  return dispatch(op, {x}, Attrs{{"shape", sizes}})[0];
+  return dispatch(ops::reshape, {x}, Attrs{{"shape", sizes}})[0];
 }
 
 Tensor view(const Tensor& x, const Shape& sizes) {
-  static const OpDef& op = ops::op("view");
-  return dispatch(op, {x}, Attrs{{"shape", sizes}})[0];
+  return dispatch(ops::view, {x}, Attrs{{"shape", sizes}})[0];
 }
 
 Tensor transpose(const Tensor& x, int64_t dim0, int64_t dim1) {
-  static const OpDef& op = ops::op("transpose");
-  return dispatch(op, {x}, Attrs{{"dim0", dim0}, {"dim1", dim1}})[0];
+  return dispatch(ops::transpose, {x}, Attrs{{"dim0", dim0}, {"dim1", dim1}})[0];
 }
 
 Tensor permute(const Tensor& x, const std::vector<int64_t>& dims) {
-  static const OpDef& op = ops::op("permute");
-  return dispatch(op, {x}, Attrs{{"dims", dims}})[0];
+  return dispatch(ops::permute, {x}, Attrs{{"dims", dims}})[0];
 }
 
 Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t step) {
-  static const OpDef& op = ops::op("slice");
-  return dispatch(op, {x}, Attrs{{"dim", dim}, {"start", start}, {"end", end}, {"step", step}})[0];
+  return dispatch(ops::slice, {x},
+                  Attrs{{"dim", dim}, {"start", start}, {"end", end}, {"step", step}})[0];
 }
 
 Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length) {
@@ -413,23 +448,19 @@ Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length) {
 }
 
 Tensor select(const Tensor& x, int64_t dim, int64_t index) {
-  static const OpDef& op = ops::op("select");
-  return dispatch(op, {x}, Attrs{{"dim", dim}, {"index", index}})[0];
+  return dispatch(ops::select, {x}, Attrs{{"dim", dim}, {"index", index}})[0];
 }
 
 Tensor expand(const Tensor& x, const Shape& sizes) {
-  static const OpDef& op = ops::op("expand");
-  return dispatch(op, {x}, Attrs{{"shape", sizes}})[0];
+  return dispatch(ops::expand, {x}, Attrs{{"shape", sizes}})[0];
 }
 
 Tensor squeeze(const Tensor& x, int64_t dim) {
-  static const OpDef& op = ops::op("squeeze");
-  return dispatch(op, {x}, Attrs{{"dim", dim}})[0];
+  return dispatch(ops::squeeze, {x}, Attrs{{"dim", dim}})[0];
 }
 
 Tensor unsqueeze(const Tensor& x, int64_t dim) {
-  static const OpDef& op = ops::op("unsqueeze");
-  return dispatch(op, {x}, Attrs{{"dim", dim}})[0];
+  return dispatch(ops::unsqueeze, {x}, Attrs{{"dim", dim}})[0];
 }
 
 Tensor flatten(const Tensor& x, int64_t start_dim, int64_t end_dim) {

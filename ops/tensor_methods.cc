@@ -9,7 +9,10 @@
 
 #include "core/autograd.h"
 #include "core/op.h"
+#include "ops/elementwise.h"
+#include "ops/factory.h"
 #include "ops/ops.h"
+#include "ops/reduce.h"
 #include "ops/registry_helpers.h"
 #include "ops/transfer.h"
 
@@ -197,13 +200,11 @@ Tensor Tensor::min() const { return tessel::min(*this); }
 
 // The "max" and "min" ops produce values and indices; the free functions return the values.
 std::tuple<Tensor, Tensor> Tensor::max(int64_t dim, bool keepdim) const {
-  static const OpDef& op = ops::op("max");
-  auto outputs = dispatch(op, {*this}, Attrs{{"dim", dim}, {"keepdim", keepdim}});
+  auto outputs = dispatch(ops::max, {*this}, Attrs{{"dim", dim}, {"keepdim", keepdim}});
   return {outputs.at(0), outputs.at(1)};
 }
 std::tuple<Tensor, Tensor> Tensor::min(int64_t dim, bool keepdim) const {
-  static const OpDef& op = ops::op("min");
-  auto outputs = dispatch(op, {*this}, Attrs{{"dim", dim}, {"keepdim", keepdim}});
+  auto outputs = dispatch(ops::min, {*this}, Attrs{{"dim", dim}, {"keepdim", keepdim}});
   return {outputs.at(0), outputs.at(1)};
 }
 
@@ -229,11 +230,11 @@ void check_in_place(const Tensor& self, const char* what) {
                "NoGradGuard (as optimizers do), or use the out-of-place form (x = x + y)");
 }
 
-// Runs `op_name` with `self` as its out= tensor and returns `self`.
-Tensor& dispatch_in_place(Tensor& self, const char* what, const char* op_name,
+// Runs `op` with `self` as its out= tensor and returns `self`.
+Tensor& dispatch_in_place(Tensor& self, const char* what, const OpHandle& op,
                           const std::vector<Tensor>& inputs, Attrs attrs = {}) {
   check_in_place(self, what);
-  dispatch(ops::op(op_name), inputs, std::move(attrs), {self});
+  dispatch(op, inputs, std::move(attrs), {self});
   return self;
 }
 
@@ -242,43 +243,43 @@ Tensor& dispatch_in_place(Tensor& self, const char* what, const char* op_name,
 Tensor& Tensor::zero_() { return fill_(0.0); }
 
 Tensor& Tensor::fill_(double value) {
-  return dispatch_in_place(*this, "fill_", "fill_", {*this}, Attrs{{"value", value}});
+  return dispatch_in_place(*this, "fill_", ops::fill_, {*this}, Attrs{{"value", value}});
 }
 
 Tensor& Tensor::copy_(const Tensor& source) {
-  return dispatch_in_place(*this, "copy_", "copy_", {*this, source});
+  return dispatch_in_place(*this, "copy_", ops::copy_, {*this, source});
 }
 
 Tensor& Tensor::add_(const Tensor& other, double alpha) {
-  return dispatch_in_place(*this, "add_", "add", {*this, other}, Attrs{{"alpha", alpha}});
+  return dispatch_in_place(*this, "add_", ops::add, {*this, other}, Attrs{{"alpha", alpha}});
 }
 
 Tensor& Tensor::add_(double value) {
-  return dispatch_in_place(*this, "add_", "add_scalar", {*this}, Attrs{{"value", value}});
+  return dispatch_in_place(*this, "add_", ops::add_scalar, {*this}, Attrs{{"value", value}});
 }
 
 Tensor& Tensor::sub_(const Tensor& other, double alpha) {
-  return dispatch_in_place(*this, "sub_", "sub", {*this, other}, Attrs{{"alpha", alpha}});
+  return dispatch_in_place(*this, "sub_", ops::sub, {*this, other}, Attrs{{"alpha", alpha}});
 }
 
 Tensor& Tensor::sub_(double value) {
-  return dispatch_in_place(*this, "sub_", "add_scalar", {*this}, Attrs{{"value", -value}});
+  return dispatch_in_place(*this, "sub_", ops::add_scalar, {*this}, Attrs{{"value", -value}});
 }
 
 Tensor& Tensor::mul_(const Tensor& other) {
-  return dispatch_in_place(*this, "mul_", "mul", {*this, other});
+  return dispatch_in_place(*this, "mul_", ops::mul, {*this, other});
 }
 
 Tensor& Tensor::mul_(double value) {
-  return dispatch_in_place(*this, "mul_", "mul_scalar", {*this}, Attrs{{"value", value}});
+  return dispatch_in_place(*this, "mul_", ops::mul_scalar, {*this}, Attrs{{"value", value}});
 }
 
 Tensor& Tensor::div_(const Tensor& other) {
-  return dispatch_in_place(*this, "div_", "div", {*this, other});
+  return dispatch_in_place(*this, "div_", ops::div, {*this, other});
 }
 
 Tensor& Tensor::div_(double value) {
-  return dispatch_in_place(*this, "div_", "div_scalar", {*this}, Attrs{{"value", value}});
+  return dispatch_in_place(*this, "div_", ops::div_scalar, {*this}, Attrs{{"value", value}});
 }
 
 // ---- printing ----

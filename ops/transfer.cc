@@ -49,11 +49,14 @@ void host_transfer_kernel(KernelContext& ctx) {
 }  // namespace
 
 bool cuda_transfers_built() {
-  return ops::op("to_device").kernels[static_cast<int>(DeviceType::kCuda)] != nullptr;
+  return ops::to_device->kernels[static_cast<int>(DeviceType::kCuda)] != nullptr;
 }
 
 TESSEL_REGISTER_OPS(transfer) {
-  OpDef& op = OpRegistry::get().define("to_device");
+  OpDef& op = OpRegistry::get().define(ops::to_device);
+  op.kind = OpKind::kDataMovement;
+  op.autocast = AutocastPolicy::kWiden;
+  op.flags.device_transfer = true;
   op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
     TESSEL_CHECK(in.size() == 1 && in[0].defined(), "to_device: expected one defined tensor");
     const Device target = Device::parse(attrs.get<std::string>("device"));
@@ -84,8 +87,7 @@ TESSEL_REGISTER_OPS(transfer) {
 Tensor to_device(const Tensor& x, Device device, bool non_blocking) {
   TESSEL_CHECK(x.defined(), "to_device: undefined tensor");
   if (x.device() == device) return x;
-  static const OpDef& op = ops::op("to_device");
-  return dispatch(op, {x},
+  return dispatch(ops::to_device, {x},
                   Attrs{{"device", device.str()},
                         {"source_device", x.device().str()},
                         {"non_blocking", non_blocking}})[0];

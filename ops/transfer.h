@@ -4,9 +4,14 @@
 //   Tensor batch = to_device(cpu_batch, Device::cuda(), /*non_blocking=*/true);
 #pragma once
 
+#include "core/op.h"
 #include "core/tensor.h"
 
 namespace tessel {
+
+namespace ops {
+inline const OpHandle to_device{"to_device"};  // registered in ops/transfer.cc
+}  // namespace ops
 
 // A copy of `x` on `device`, same dtype and shape, contiguous; differentiable (the gradient is
 // moved back). A CPU-to-CUDA copy never waits for the device: it goes through pinned staging

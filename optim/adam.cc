@@ -4,6 +4,7 @@
 
 #include "core/op.h"
 #include "ops/ops.h"
+#include "ops/optimizer_updates.h"
 
 namespace tessel::optim {
 
@@ -30,7 +31,6 @@ std::vector<std::string> adam_state_keys(const char* name, const Options& option
 
 void adam_update(const Tensor& parameter, const Tensor& grad, Optimizer::ParameterState& state,
                  double lr, const AdamSettings& settings) {
-  static const OpDef& op = OpRegistry::get().find("adam_update");
   for (Tensor& tensor : state.tensors) {
     if (!tensor.defined())
       tensor =
@@ -48,8 +48,8 @@ void adam_update(const Tensor& parameter, const Tensor& grad, Optimizer::Paramet
   std::vector<Tensor> outputs{parameter};
   outputs.insert(outputs.end(), state.tensors.begin(), state.tensors.end());
   Tensor max_exp_avg_sq = settings.amsgrad ? state.tensors[2] : Tensor();
-  dispatch(op, {parameter, grad, state.tensors[0], state.tensors[1], max_exp_avg_sq}, attrs,
-           outputs);
+  dispatch(ops::adam_update, {parameter, grad, state.tensors[0], state.tensors[1], max_exp_avg_sq},
+           attrs, outputs);
 }
 
 template <typename Options>

@@ -1,5 +1,6 @@
-// The optimizer updates as registered ops, so a device backend can plug in fused kernels under
-// the same names (OpRegistry::set_kernel). Both write their outputs in place through out=:
+// The optimizer updates as registered ops, so a device backend can plug in fused kernels through
+// their handles (ops/optimizer_updates.h, OpHandle::set_kernel). Both write their outputs in place
+// through out=:
 //
 // sgd_update: inputs  (param, grad, momentum_buffer or undefined when momentum == 0)
 //             outputs (param[, momentum_buffer])
@@ -16,6 +17,7 @@
 #include <cmath>
 
 #include "core/dtype.h"
+#include "ops/optimizer_updates.h"
 #include "ops/registry_helpers.h"
 
 namespace tessel {
@@ -192,7 +194,9 @@ void adam_kernel(KernelContext& ctx) {
 
 TESSEL_REGISTER_OPS(optim) {
   {
-    OpDef& op = OpRegistry::get().define("sgd_update");
+    OpDef& op = OpRegistry::get().define(ops::sgd_update);
+    op.kind = OpKind::kOptimizer;
+    op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& inputs, const Attrs&) {
       return update_shapes("sgd_update", inputs, {"param", "grad", "momentum_buffer"});
     };
@@ -202,7 +206,9 @@ TESSEL_REGISTER_OPS(optim) {
     op.flags.pure = false;
   }
   {
-    OpDef& op = OpRegistry::get().define("adam_update");
+    OpDef& op = OpRegistry::get().define(ops::adam_update);
+    op.kind = OpKind::kOptimizer;
+    op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& inputs, const Attrs&) {
       return update_shapes("adam_update", inputs,
                            {"param", "grad", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"});

@@ -4,6 +4,7 @@
 
 #include "core/op.h"
 #include "ops/ops.h"
+#include "ops/optimizer_updates.h"
 
 namespace tessel::optim {
 
@@ -36,7 +37,6 @@ SGD::SGD(const NamedTensors& named_parameters, const SGDOptions& options)
       options_(options) {}
 
 void SGD::update(const Tensor& parameter, const Tensor& grad, ParameterState& state) {
-  static const OpDef& op = OpRegistry::get().find("sgd_update");
   const bool use_momentum = options_.momentum() != 0;
   bool first_step = false;
   std::vector<Tensor> outputs{parameter};
@@ -56,7 +56,8 @@ void SGD::update(const Tensor& parameter, const Tensor& grad, ParameterState& st
               {"weight_decay", options_.weight_decay()},
               {"maximize", options_.maximize()},
               {"first_step", first_step}};
-  dispatch(op, {parameter, grad, use_momentum ? outputs[1] : Tensor()}, attrs, outputs);
+  dispatch(ops::sgd_update, {parameter, grad, use_momentum ? outputs[1] : Tensor()}, attrs,
+           outputs);
 }
 
 }  // namespace tessel::optim

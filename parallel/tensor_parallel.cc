@@ -98,7 +98,9 @@ OpCost copy_cost(const std::vector<Tensor>& inputs, const std::vector<Tensor>& o
 
 TESSEL_REGISTER_OPS(tensor_parallel) {
   {
-    OpDef& op = OpRegistry::get().define("tp_copy");
+    OpDef& op = OpRegistry::get().define(ops::tp_copy);
+    op.kind = OpKind::kCommunication;
+    op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
       check_tp_input("copy_to_tp", in, attrs, false);
       return std::vector<OutputSpec>{{in[0].sizes(), in[0].dtype()}};
@@ -114,7 +116,9 @@ TESSEL_REGISTER_OPS(tensor_parallel) {
     op.flags.pure = false;  // a collective backward: never recomputed from a recipe
   }
   {
-    OpDef& op = OpRegistry::get().define("tp_reduce");
+    OpDef& op = OpRegistry::get().define(ops::tp_reduce);
+    op.kind = OpKind::kCommunication;
+    op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
       check_tp_input("reduce_from_tp", in, attrs, false);
       return std::vector<OutputSpec>{{in[0].sizes(), in[0].dtype()}};
@@ -136,7 +140,9 @@ TESSEL_REGISTER_OPS(tensor_parallel) {
     op.flags.pure = false;
   }
   {
-    OpDef& op = OpRegistry::get().define("tp_gather");
+    OpDef& op = OpRegistry::get().define(ops::tp_gather);
+    op.kind = OpKind::kCommunication;
+    op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
       check_tp_input("gather_from_tp", in, attrs, true);
       Shape sizes = in[0].sizes();
@@ -163,7 +169,9 @@ TESSEL_REGISTER_OPS(tensor_parallel) {
     op.flags.pure = false;
   }
   {
-    OpDef& op = OpRegistry::get().define("tp_scatter");
+    OpDef& op = OpRegistry::get().define(ops::tp_scatter);
+    op.kind = OpKind::kCommunication;
+    op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
       check_tp_input("scatter_to_tp", in, attrs, true);
       const int tp = group_of(attrs)->size();
@@ -192,20 +200,20 @@ TESSEL_REGISTER_OPS(tensor_parallel) {
 }
 
 Tensor copy_to_tp(const Tensor& x, int64_t group) {
-  return dispatch(ops::op("tp_copy"), {x}, group_attrs(group))[0];
+  return dispatch(ops::tp_copy, {x}, group_attrs(group))[0];
 }
 Tensor reduce_from_tp(const Tensor& x, int64_t group) {
-  return dispatch(ops::op("tp_reduce"), {x}, group_attrs(group))[0];
+  return dispatch(ops::tp_reduce, {x}, group_attrs(group))[0];
 }
 Tensor gather_from_tp(const Tensor& x, int64_t group) {
-  return dispatch(ops::op("tp_gather"), {x}, group_attrs(group))[0];
+  return dispatch(ops::tp_gather, {x}, group_attrs(group))[0];
 }
 Tensor scatter_to_tp(const Tensor& x, int64_t group) {
-  return dispatch(ops::op("tp_scatter"), {x}, group_attrs(group))[0];
+  return dispatch(ops::tp_scatter, {x}, group_attrs(group))[0];
 }
 Tensor max_from_tp(const Tensor& x, int64_t group) {
   NoGradGuard no_grad;
-  return dispatch(ops::op("tp_reduce"), {x.detach()},
+  return dispatch(ops::tp_reduce, {x.detach()},
                   Attrs{{"group", group}, {"reduce", std::string("max")}})[0];
 }
 

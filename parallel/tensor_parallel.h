@@ -9,10 +9,20 @@
 #include <string>
 
 #include "core/attrs.h"
+#include "core/op.h"
 #include "core/tensor.h"
 #include "models/bert.h"
 #include "nn/nn.h"
 #include "parallel/communicator.h"
+
+namespace tessel::ops {
+// The collectives of tensor parallelism as ops (registered in parallel/tensor_parallel.cc; CUDA
+// kernels in parallel/tensor_parallel_cuda.cc).
+inline const OpHandle tp_copy{"tp_copy"};
+inline const OpHandle tp_reduce{"tp_reduce"};
+inline const OpHandle tp_gather{"tp_gather"};
+inline const OpHandle tp_scatter{"tp_scatter"};
+}  // namespace tessel::ops
 
 namespace tessel::parallel {
 

@@ -115,10 +115,10 @@ void tp_scatter_kernel(KernelContext& ctx) {
 }  // namespace
 
 TESSEL_REGISTER_OPS(tensor_parallel_cuda) {
-  OpRegistry::get().set_kernel("tp_copy", DeviceType::kCuda, tp_copy_kernel);
-  OpRegistry::get().set_kernel("tp_reduce", DeviceType::kCuda, tp_reduce_kernel);
-  OpRegistry::get().set_kernel("tp_gather", DeviceType::kCuda, tp_gather_kernel);
-  OpRegistry::get().set_kernel("tp_scatter", DeviceType::kCuda, tp_scatter_kernel);
+  ops::tp_copy.set_kernel(DeviceType::kCuda, tp_copy_kernel);
+  ops::tp_reduce.set_kernel(DeviceType::kCuda, tp_reduce_kernel);
+  ops::tp_gather.set_kernel(DeviceType::kCuda, tp_gather_kernel);
+  ops::tp_scatter.set_kernel(DeviceType::kCuda, tp_scatter_kernel);
 }
 
 }  // namespace tessel::parallel

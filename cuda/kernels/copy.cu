@@ -7,8 +7,12 @@
 #include "core/philox.h"
 #include "core/rng.h"
 #include "cuda/kernels/loops.cuh"
+#include "ops/dropout.h"
+#include "ops/factory.h"
+#include "ops/index.h"
 #include "ops/math/dropout.h"
 #include "ops/registry_helpers.h"
+#include "ops/shape.h"
 
 namespace tessel::cuda {
 
@@ -136,11 +140,10 @@ void zero_fill(const Tensor& tensor) {
 }
 
 TESSEL_REGISTER_OPS(cuda_copy) {
-  OpRegistry& registry = OpRegistry::get();
-  registry.set_kernel("clone", kCuda, copy_kernel);
-  registry.set_kernel("contiguous", kCuda, copy_kernel);
-  registry.set_kernel("to_dtype", kCuda, copy_kernel);
-  registry.set_kernel("copy_", kCuda, [](KernelContext& context) {
+  ops::clone.set_kernel(kCuda, copy_kernel);
+  ops::contiguous.set_kernel(kCuda, copy_kernel);
+  ops::to_dtype.set_kernel(kCuda, copy_kernel);
+  ops::copy_.set_kernel(kCuda, [](KernelContext& context) {
     Tensor source = context.inputs[1];
     // Overlapping views of one storage copy the values they had before the call.
     if (source.storage() == context.outputs[0].storage()) {
@@ -150,9 +153,9 @@ TESSEL_REGISTER_OPS(cuda_copy) {
     }
     copy_convert(context.outputs[0], source);
   });
-  registry.set_kernel("fill_", kCuda, fill_kernel);
-  registry.set_kernel("full", kCuda, fill_kernel);
-  registry.set_kernel("arange", kCuda, [](KernelContext& context) {
+  ops::fill_.set_kernel(kCuda, fill_kernel);
+  ops::full.set_kernel(kCuda, fill_kernel);
+  ops::arange.set_kernel(kCuda, [](KernelContext& context) {
     const double start = context.attrs.get<double>("start");
     const double step = context.attrs.get<double>("step");
     const Tensor& out = context.outputs[0];
@@ -161,7 +164,7 @@ TESSEL_REGISTER_OPS(cuda_copy) {
       launch_index<T>(out, ArangeFunctor<T>{start, step});
     });
   });
-  registry.set_kernel("rand", kCuda, [](KernelContext& context) {
+  ops::rand.set_kernel(kCuda, [](KernelContext& context) {
     const RngState state = rng_attrs(context.attrs);
     const double low = context.attrs.get_or<double>("low", 0.0);
     const double high = context.attrs.get_or<double>("high", 1.0);
@@ -171,7 +174,7 @@ TESSEL_REGISTER_OPS(cuda_copy) {
       launch_index<T>(out, UniformFunctor<T>{state.seed, state.offset, low, high});
     });
   });
-  registry.set_kernel("randn", kCuda, [](KernelContext& context) {
+  ops::randn.set_kernel(kCuda, [](KernelContext& context) {
     const RngState state = rng_attrs(context.attrs);
     const double mean = context.attrs.get_or<double>("mean", 0.0);
     const double stddev = context.attrs.get_or<double>("std", 1.0);
@@ -181,7 +184,7 @@ TESSEL_REGISTER_OPS(cuda_copy) {
       launch_index<T>(out, NormalFunctor<T>{state.seed, state.offset, mean, stddev});
     });
   });
-  registry.set_kernel("randint", kCuda, [](KernelContext& context) {
+  ops::randint.set_kernel(kCuda, [](KernelContext& context) {
     const RngState state = rng_attrs(context.attrs);
     const int64_t low = context.attrs.get<int64_t>("low");
     const uint64_t range = static_cast<uint64_t>(context.attrs.get<int64_t>("high") - low);
@@ -191,10 +194,10 @@ TESSEL_REGISTER_OPS(cuda_copy) {
       launch_index<T>(out, RandintFunctor<T>{state.seed, state.offset, range, low});
     });
   });
-  registry.set_kernel("dropout", kCuda, [](KernelContext& context) {
+  ops::dropout.set_kernel(kCuda, [](KernelContext& context) {
     const double p = context.attrs.get<double>("p");
     const RngState state = rng_attrs(context.attrs);
-    visit_float_dtype(context.inputs[0].dtype(), "dropout", [&](auto tag) {
+    visit_float_dtype(context.inputs[0].dtype(), ops::dropout.name(), [&](auto tag) {
       using T = decltype(tag);
       const Tensor x = dense_input(context, context.inputs[0]);
       DenseOutput y(context, context.outputs[0]);
@@ -212,7 +215,7 @@ TESSEL_REGISTER_OPS(cuda_copy) {
       mask.finish();
     });
   });
-  registry.set_kernel("cat", kCuda, [](KernelContext& context) {
+  ops::cat.set_kernel(kCuda, [](KernelContext& context) {
     const Tensor& out = context.outputs[0];
     const int64_t dim = wrap_dim(context.attrs.get<int64_t>("dim"), out.dim());
     int64_t position = 0;
@@ -223,7 +226,7 @@ TESSEL_REGISTER_OPS(cuda_copy) {
       position += input.sizes()[dim];
     }
   });
-  registry.set_kernel("slice_backward", kCuda, [](KernelContext& context) {
+  ops::slice_backward.set_kernel(kCuda, [](KernelContext& context) {
     const Tensor& out = context.outputs[0];
     DenseOutput dense(context, out);
     zero_fill(dense.dense);

@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "cuda/kernels/loops.cuh"
+#include "ops/elementwise.h"
 #include "ops/math/dtype_visit.h"
 #include "ops/math/elementwise.h"
 #include "ops/registry_helpers.h"
@@ -70,90 +71,86 @@ bool gelu_uses_tanh(const Attrs& attrs) {
   return attrs.get_or<std::string>("approximate", "none") == "tanh";
 }
 
-void register_binary(const char* name, Binary kind) {
-  OpRegistry::get().set_kernel(name, kCuda,
-                               [kind](KernelContext& context) { binary_kernel(kind, context); });
+void register_binary(const OpHandle& op, Binary kind) {
+  op.set_kernel(kCuda, [kind](KernelContext& context) { binary_kernel(kind, context); });
 }
 
-void register_compare(const char* name, Compare kind) {
-  OpRegistry::get().set_kernel(name, kCuda,
-                               [kind](KernelContext& context) { compare_kernel(kind, context); });
+void register_compare(const OpHandle& op, Compare kind) {
+  op.set_kernel(kCuda, [kind](KernelContext& context) { compare_kernel(kind, context); });
 }
 
-void register_scalar(const char* name, ScalarOp kind, const char* attr) {
-  OpRegistry::get().set_kernel(
-      name, kCuda, [kind, attr](KernelContext& context) { scalar_kernel(kind, attr, context); });
+void register_scalar(const OpHandle& op, ScalarOp kind, const char* attr) {
+  op.set_kernel(kCuda,
+                [kind, attr](KernelContext& context) { scalar_kernel(kind, attr, context); });
 }
 
-void register_unary(const char* name, Unary kind) {
-  OpRegistry::get().set_kernel(name, kCuda,
-                               [kind](KernelContext& context) { unary_kernel(kind, context); });
+void register_unary(const OpHandle& op, Unary kind) {
+  op.set_kernel(kCuda, [kind](KernelContext& context) { unary_kernel(kind, context); });
 }
 
 }  // namespace
 
 TESSEL_REGISTER_OPS(cuda_elementwise) {
-  register_binary("add", Binary::kAdd);
-  register_binary("sub", Binary::kSub);
-  register_binary("mul", Binary::kMul);
-  register_binary("div", Binary::kDiv);
-  register_binary("pow", Binary::kPow);
-  register_binary("maximum", Binary::kMaximum);
-  register_binary("minimum", Binary::kMinimum);
+  register_binary(ops::add, Binary::kAdd);
+  register_binary(ops::sub, Binary::kSub);
+  register_binary(ops::mul, Binary::kMul);
+  register_binary(ops::div, Binary::kDiv);
+  register_binary(ops::pow, Binary::kPow);
+  register_binary(ops::maximum, Binary::kMaximum);
+  register_binary(ops::minimum, Binary::kMinimum);
 
-  register_scalar("add_scalar", ScalarOp::kAdd, "value");
-  register_scalar("mul_scalar", ScalarOp::kMul, "value");
-  register_scalar("div_scalar", ScalarOp::kDiv, "value");
-  register_scalar("pow_scalar", ScalarOp::kPow, "exponent");
+  register_scalar(ops::add_scalar, ScalarOp::kAdd, "value");
+  register_scalar(ops::mul_scalar, ScalarOp::kMul, "value");
+  register_scalar(ops::div_scalar, ScalarOp::kDiv, "value");
+  register_scalar(ops::pow_scalar, ScalarOp::kPow, "exponent");
 
-  register_compare("eq", Compare::kEq);
-  register_compare("ne", Compare::kNe);
-  register_compare("lt", Compare::kLt);
-  register_compare("le", Compare::kLe);
-  register_compare("gt", Compare::kGt);
-  register_compare("ge", Compare::kGe);
+  register_compare(ops::eq, Compare::kEq);
+  register_compare(ops::ne, Compare::kNe);
+  register_compare(ops::lt, Compare::kLt);
+  register_compare(ops::le, Compare::kLe);
+  register_compare(ops::gt, Compare::kGt);
+  register_compare(ops::ge, Compare::kGe);
 
-  register_unary("neg", Unary::kNeg);
-  register_unary("abs", Unary::kAbs);
-  register_unary("exp", Unary::kExp);
-  register_unary("log", Unary::kLog);
-  register_unary("sqrt", Unary::kSqrt);
-  register_unary("rsqrt", Unary::kRsqrt);
-  register_unary("tanh", Unary::kTanh);
-  register_unary("sigmoid", Unary::kSigmoid);
-  register_unary("relu", Unary::kRelu);
+  register_unary(ops::neg, Unary::kNeg);
+  register_unary(ops::abs, Unary::kAbs);
+  register_unary(ops::exp, Unary::kExp);
+  register_unary(ops::log, Unary::kLog);
+  register_unary(ops::sqrt, Unary::kSqrt);
+  register_unary(ops::rsqrt, Unary::kRsqrt);
+  register_unary(ops::tanh, Unary::kTanh);
+  register_unary(ops::sigmoid, Unary::kSigmoid);
+  register_unary(ops::relu, Unary::kRelu);
 
-  OpRegistry& registry = OpRegistry::get();
-  registry.set_kernel("gelu", kCuda, [](KernelContext& context) {
+  ops::gelu.set_kernel(kCuda, [](KernelContext& context) {
     const bool tanh_form = gelu_uses_tanh(context.attrs);
-    visit_float_dtype(context.outputs[0].dtype(), "gelu", [&](auto tag) {
+    visit_float_dtype(context.outputs[0].dtype(), ops::gelu.name(), [&](auto tag) {
       using T = decltype(tag);
       launch_unary<T, T>(context.outputs[0], context.inputs[0], math::GeluFunctor<T>{tanh_form});
     });
   });
-  registry.set_kernel("gelu_backward", kCuda, [](KernelContext& context) {
+  ops::gelu_backward.set_kernel(kCuda, [](KernelContext& context) {
     const bool tanh_form = gelu_uses_tanh(context.attrs);
-    visit_float_dtype(context.outputs[0].dtype(), "gelu_backward", [&](auto tag) {
+    visit_float_dtype(context.outputs[0].dtype(), ops::gelu_backward.name(), [&](auto tag) {
       using T = decltype(tag);
       launch_binary<T, T, T>(context.outputs[0], context.inputs[0], context.inputs[1],
                              math::GeluBackwardFunctor<T>{tanh_form});
     });
   });
-  registry.set_kernel("relu_backward", kCuda, [](KernelContext& context) {
-    visit_float_dtype(context.outputs[0].dtype(), "relu_backward", [&](auto tag) {
+  ops::relu_backward.set_kernel(kCuda, [](KernelContext& context) {
+    visit_float_dtype(context.outputs[0].dtype(), ops::relu_backward.name(), [&](auto tag) {
       using T = decltype(tag);
       launch_binary<T, T, T>(context.outputs[0], context.inputs[0], context.inputs[1],
                              math::ReluBackwardFunctor<T>{});
     });
   });
-  registry.set_kernel("clamp", kCuda, [](KernelContext& context) {
+  ops::clamp.set_kernel(kCuda, [](KernelContext& context) {
     const double low = context.attrs.get<double>("min"), high = context.attrs.get<double>("max");
-    visit_arithmetic_dtype(context.outputs[0].dtype(), "clamp", false, [&](auto tag) {
+    visit_arithmetic_dtype(context.outputs[0].dtype(), ops::clamp.name(), false, [&](auto tag) {
       using T = decltype(tag);
       launch_unary<T, T>(context.outputs[0], context.inputs[0], math::ClampFunctor<T>{low, high});
     });
   });
-  registry.set_kernel("where", kCuda, [](KernelContext& context) {
+  ops::where.set_kernel(kCuda, [](KernelContext& context) {
     const Tensor& out = context.outputs[0];
     Tensor a = converted(context, context.inputs[1], out.dtype());
     Tensor b = converted(context, context.inputs[2], out.dtype());
@@ -163,7 +160,7 @@ TESSEL_REGISTER_OPS(cuda_elementwise) {
       launch_ternary<T, bool, T, T>(out, condition, a, b, math::WhereFunctor<T>{});
     });
   });
-  registry.set_kernel("masked_fill", kCuda, [](KernelContext& context) {
+  ops::masked_fill.set_kernel(kCuda, [](KernelContext& context) {
     const Tensor& out = context.outputs[0];
     Tensor mask = converted(context, context.inputs[1], DType::kBool);
     const double value = context.attrs.get<double>("value");

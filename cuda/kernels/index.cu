@@ -6,6 +6,7 @@
 // meanwhile); backward ops reuse those indices and skip the check.
 #include "cuda/index_check.h"
 #include "cuda/kernels/loops.cuh"
+#include "ops/index.h"
 #include "ops/math/indexing.h"
 #include "ops/registry_helpers.h"
 
@@ -161,8 +162,7 @@ void scatter_add_rows(const Tensor& grad, const Around& shape, const Tensor& ind
 }  // namespace
 
 TESSEL_REGISTER_OPS(cuda_index) {
-  OpRegistry& registry = OpRegistry::get();
-  registry.set_kernel("embedding", kCuda, [](KernelContext& context) {
+  ops::embedding.set_kernel(kCuda, [](KernelContext& context) {
     const Tensor& weight = context.inputs[0];
     const Tensor indices = dense_input(context, context.inputs[1]);
     check_indices(context, indices, {IndexOp::kEmbedding, 0, weight.sizes()[0]});
@@ -170,16 +170,16 @@ TESSEL_REGISTER_OPS(cuda_index) {
     gather_rows(dense_input(context, weight), around(weight.sizes(), 0), indices, out.dense);
     out.finish();
   });
-  registry.set_kernel("embedding_backward", kCuda, [](KernelContext& context) {
+  ops::embedding_backward.set_kernel(kCuda, [](KernelContext& context) {
     // The indices were checked by the forward op; rows out of range are skipped by the kernel.
     const Tensor indices = dense_input(context, context.inputs[1]);
     const int64_t padding_idx = context.attrs.get_or<int64_t>("padding_idx", -1);
     DenseOutput out(context, context.outputs[0]);
     scatter_add_rows(dense_input(context, context.inputs[0]), around(out.dense.sizes(), 0), indices,
-                     padding_idx < 0 ? -1 : padding_idx, out.dense, "embedding_backward");
+                     padding_idx < 0 ? -1 : padding_idx, out.dense, ops::embedding_backward.name());
     out.finish();
   });
-  registry.set_kernel("index_select", kCuda, [](KernelContext& context) {
+  ops::index_select.set_kernel(kCuda, [](KernelContext& context) {
     const Tensor& x = context.inputs[0];
     const int64_t dim = wrap_dim(context.attrs.get<int64_t>("dim"), x.dim());
     const Tensor index = dense_input(context, context.inputs[1]);
@@ -189,17 +189,17 @@ TESSEL_REGISTER_OPS(cuda_index) {
     gather_rows(dense_input(context, x), around(x.sizes(), dim), index, out.dense);
     out.finish();
   });
-  registry.set_kernel("index_select_backward", kCuda, [](KernelContext& context) {
+  ops::index_select_backward.set_kernel(kCuda, [](KernelContext& context) {
     const Shape& input_sizes = context.attrs.get<Shape>("input_sizes");
     const int64_t dim =
         wrap_dim(context.attrs.get<int64_t>("dim"), static_cast<int64_t>(input_sizes.size()));
     const Tensor index = dense_input(context, context.inputs[1]);  // checked by the forward op
     DenseOutput out(context, context.outputs[0]);
     scatter_add_rows(dense_input(context, context.inputs[0]), around(input_sizes, dim), index, -1,
-                     out.dense, "index_select_backward");
+                     out.dense, ops::index_select_backward.name());
     out.finish();
   });
-  registry.set_kernel("gather", kCuda, [](KernelContext& context) {
+  ops::gather.set_kernel(kCuda, [](KernelContext& context) {
     const Tensor& x = context.inputs[0];
     const int64_t dim = x.dim() == 0 ? 0 : wrap_dim(context.attrs.get<int64_t>("dim"), x.dim());
     const int64_t size = x.dim() == 0 ? 1 : x.sizes()[dim];
@@ -226,7 +226,7 @@ TESSEL_REGISTER_OPS(cuda_index) {
     }
     out.finish();
   });
-  registry.set_kernel("gather_backward", kCuda, [](KernelContext& context) {
+  ops::gather_backward.set_kernel(kCuda, [](KernelContext& context) {
     const Shape& input_sizes = context.attrs.get<Shape>("input_sizes");
     const int64_t ndim = static_cast<int64_t>(input_sizes.size());
     const int64_t dim = ndim == 0 ? 0 : wrap_dim(context.attrs.get<int64_t>("dim"), ndim);
@@ -241,7 +241,7 @@ TESSEL_REGISTER_OPS(cuda_index) {
       const IndexedGeometry geometry =
           ndim == 0 ? indexed_geometry({1}, {0}, 0)
                     : indexed_geometry(grad.sizes(), contiguous_strides(input_sizes), dim);
-      visit_float_dtype(grad.dtype(), "gather_backward", [&](auto tag) {
+      visit_float_dtype(grad.dtype(), ops::gather_backward.name(), [&](auto tag) {
         using T = decltype(tag);
         visit_index(index.dtype(), [&](auto index_tag) {
           using I = decltype(index_tag);

@@ -8,6 +8,8 @@
 
 #include "cuda/index_check.h"
 #include "cuda/kernels/reduce.cuh"
+#include "ops/loss.h"
+#include "ops/norm.h"
 #include "ops/registry_helpers.h"
 
 namespace tessel::cuda {
@@ -122,7 +124,7 @@ int64_t features_of(const Attrs& attrs) {
 void layer_norm_kernel(KernelContext& context) {
   const double eps = context.attrs.get<double>("eps");
   const int64_t features = features_of(context.attrs);
-  visit_float_dtype(context.inputs[0].dtype(), "layer_norm", [&](auto tag) {
+  visit_float_dtype(context.inputs[0].dtype(), ops::layer_norm.name(), [&](auto tag) {
     using T = decltype(tag);
     const Tensor x = dense_input(context, context.inputs[0]);
     const bool has_weight = context.inputs[1].defined(), has_bias = context.inputs[2].defined();
@@ -151,7 +153,7 @@ void layer_norm_kernel(KernelContext& context) {
 
 void layer_norm_backward_kernel(KernelContext& context) {
   const int64_t features = features_of(context.attrs);
-  visit_float_dtype(context.inputs[1].dtype(), "layer_norm_backward", [&](auto tag) {
+  visit_float_dtype(context.inputs[1].dtype(), ops::layer_norm_backward.name(), [&](auto tag) {
     using T = decltype(tag);
     const Tensor grad_y = dense_input(context, context.inputs[0]);
     const Tensor x = dense_input(context, context.inputs[1]);
@@ -311,7 +313,7 @@ void cross_entropy_kernel(KernelContext& context) {
   const int64_t ignore_index = context.attrs.get<int64_t>("ignore_index");
   const double smoothing = context.attrs.get<double>("label_smoothing");
   const Reduction reduction = reduction_of(context.attrs);
-  visit_float_dtype(context.inputs[0].dtype(), "cross_entropy", [&](auto tag) {
+  visit_float_dtype(context.inputs[0].dtype(), ops::cross_entropy.name(), [&](auto tag) {
     using T = decltype(tag);
     const Tensor logits = dense_input(context, context.inputs[0]);
     const Tensor target = dense_input(context, context.inputs[1]);
@@ -366,7 +368,7 @@ void cross_entropy_backward_op(KernelContext& context) {
   const int64_t ignore_index = context.attrs.get<int64_t>("ignore_index");
   const double smoothing = context.attrs.get<double>("label_smoothing");
   const Reduction reduction = reduction_of(context.attrs);
-  visit_float_dtype(context.inputs[1].dtype(), "cross_entropy_backward", [&](auto tag) {
+  visit_float_dtype(context.inputs[1].dtype(), ops::cross_entropy_backward.name(), [&](auto tag) {
     using T = decltype(tag);
     const Tensor grad_loss = dense_input(context, context.inputs[0]);
     const Tensor log_probs = dense_input(context, context.inputs[1]);
@@ -428,7 +430,7 @@ __global__ void nll_loss_backward_kernel(const T* grad_loss, const int64_t* targ
 void nll_loss_op(KernelContext& context) {
   const int64_t ignore_index = context.attrs.get<int64_t>("ignore_index");
   const Reduction reduction = reduction_of(context.attrs);
-  visit_float_dtype(context.inputs[0].dtype(), "nll_loss", [&](auto tag) {
+  visit_float_dtype(context.inputs[0].dtype(), ops::nll_loss.name(), [&](auto tag) {
     using T = decltype(tag);
     const Tensor log_probs = dense_input(context, context.inputs[0]);
     const Tensor target = dense_input(context, context.inputs[1]);
@@ -451,7 +453,7 @@ void nll_loss_op(KernelContext& context) {
 void nll_loss_backward_op(KernelContext& context) {
   const int64_t ignore_index = context.attrs.get<int64_t>("ignore_index");
   const Reduction reduction = reduction_of(context.attrs);
-  visit_float_dtype(context.inputs[0].dtype(), "nll_loss_backward", [&](auto tag) {
+  visit_float_dtype(context.inputs[0].dtype(), ops::nll_loss_backward.name(), [&](auto tag) {
     using T = decltype(tag);
     const Tensor grad_loss = dense_input(context, context.inputs[0]);
     const Tensor target = dense_input(context, context.inputs[1]);
@@ -496,7 +498,7 @@ __global__ void finish_mse_kernel(const double* total, double divisor, T* out) {
 
 void mse_loss_op(KernelContext& context) {
   const Reduction reduction = reduction_of(context.attrs);
-  visit_float_dtype(context.inputs[0].dtype(), "mse_loss", [&](auto tag) {
+  visit_float_dtype(context.inputs[0].dtype(), ops::mse_loss.name(), [&](auto tag) {
     using T = decltype(tag);
     const Tensor a = dense_input(context, context.inputs[0]);
     const Tensor b = dense_input(context, context.inputs[1]);
@@ -531,14 +533,13 @@ void mse_loss_op(KernelContext& context) {
 }  // namespace
 
 TESSEL_REGISTER_OPS(cuda_nn) {
-  OpRegistry& registry = OpRegistry::get();
-  registry.set_kernel("layer_norm", kCuda, layer_norm_kernel);
-  registry.set_kernel("layer_norm_backward", kCuda, layer_norm_backward_kernel);
-  registry.set_kernel("cross_entropy", kCuda, cross_entropy_kernel);
-  registry.set_kernel("cross_entropy_backward", kCuda, cross_entropy_backward_op);
-  registry.set_kernel("nll_loss", kCuda, nll_loss_op);
-  registry.set_kernel("nll_loss_backward", kCuda, nll_loss_backward_op);
-  registry.set_kernel("mse_loss", kCuda, mse_loss_op);
+  ops::layer_norm.set_kernel(kCuda, layer_norm_kernel);
+  ops::layer_norm_backward.set_kernel(kCuda, layer_norm_backward_kernel);
+  ops::cross_entropy.set_kernel(kCuda, cross_entropy_kernel);
+  ops::cross_entropy_backward.set_kernel(kCuda, cross_entropy_backward_op);
+  ops::nll_loss.set_kernel(kCuda, nll_loss_op);
+  ops::nll_loss_backward.set_kernel(kCuda, nll_loss_backward_op);
+  ops::mse_loss.set_kernel(kCuda, mse_loss_op);
 }
 
 }  // namespace tessel::cuda

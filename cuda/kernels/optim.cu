@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "cuda/kernels/loops.cuh"
+#include "ops/optimizer_updates.h"
 #include "ops/registry_helpers.h"
 
 namespace tessel::cuda {
@@ -96,7 +97,7 @@ void sgd_op(KernelContext& context) {
   const double momentum = attrs.get<double>("momentum");
   const double dampening = attrs.get<double>("dampening");
   const double weight_decay = attrs.get<double>("weight_decay");
-  visit_float_dtype(context.outputs[0].dtype(), "sgd_update", [&](auto tag) {
+  visit_float_dtype(context.outputs[0].dtype(), ops::sgd_update.name(), [&](auto tag) {
     using T = decltype(tag);
     DenseOperands operands(context);
     const Tensor grad = dense_input(context, context.inputs[1]);
@@ -132,7 +133,7 @@ void adam_op(KernelContext& context) {
   const double bias_correction2 = 1 - std::pow(beta2, step);
   const double step_size = lr / bias_correction1;
   const double bias_correction2_sqrt = std::sqrt(bias_correction2);
-  visit_float_dtype(context.outputs[0].dtype(), "adam_update", [&](auto tag) {
+  visit_float_dtype(context.outputs[0].dtype(), ops::adam_update.name(), [&](auto tag) {
     using T = decltype(tag);
     DenseOperands operands(context);
     const Tensor grad = dense_input(context, context.inputs[1]);
@@ -167,8 +168,8 @@ void adam_op(KernelContext& context) {
 }  // namespace
 
 TESSEL_REGISTER_OPS(cuda_optim) {
-  OpRegistry::get().set_kernel("sgd_update", kCuda, sgd_op);
-  OpRegistry::get().set_kernel("adam_update", kCuda, adam_op);
+  ops::sgd_update.set_kernel(kCuda, sgd_op);
+  ops::adam_update.set_kernel(kCuda, adam_op);
 }
 
 }  // namespace tessel::cuda

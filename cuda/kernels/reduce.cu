@@ -11,6 +11,7 @@
 
 #include "cuda/kernels/reduce.cuh"
 #include "ops/math/dtype_visit.h"
+#include "ops/reduce.h"
 #include "ops/registry_helpers.h"
 
 namespace tessel::cuda {
@@ -289,27 +290,24 @@ void sum_doubles(KernelContext& context, const Tensor& values, const Tensor& out
 }
 
 TESSEL_REGISTER_OPS(cuda_reduce) {
-  OpRegistry& registry = OpRegistry::get();
-  registry.set_kernel("sum", kCuda,
-                      [](KernelContext& context) { sum_mean_kernel(context, false); });
-  registry.set_kernel("mean", kCuda,
-                      [](KernelContext& context) { sum_mean_kernel(context, true); });
+  ops::sum.set_kernel(kCuda, [](KernelContext& context) { sum_mean_kernel(context, false); });
+  ops::mean.set_kernel(kCuda, [](KernelContext& context) { sum_mean_kernel(context, true); });
   for (bool is_max : {true, false}) {
-    registry.set_kernel(is_max ? "max" : "min", kCuda, [is_max](KernelContext& context) {
+    (is_max ? ops::max : ops::min).set_kernel(kCuda, [is_max](KernelContext& context) {
       auto reduced =
           single_dim(context.op.name, context.inputs[0].sizes(), context.attrs.get<int64_t>("dim"));
       extremum_op(context, is_max, true, true, reduced);
     });
-    registry.set_kernel(is_max ? "max_all" : "min_all", kCuda, [is_max](KernelContext& context) {
+    (is_max ? ops::max_all : ops::min_all).set_kernel(kCuda, [is_max](KernelContext& context) {
       extremum_op(context, is_max, true, false, std::vector<bool>(context.inputs[0].dim(), true));
     });
   }
-  registry.set_kernel("argmax", kCuda, [](KernelContext& context) {
+  ops::argmax.set_kernel(kCuda, [](KernelContext& context) {
     auto reduced =
         single_dim(context.op.name, context.inputs[0].sizes(), context.attrs.get<int64_t>("dim"));
     extremum_op(context, true, false, true, reduced);
   });
-  registry.set_kernel("var", kCuda, [](KernelContext& context) {
+  ops::var.set_kernel(kCuda, [](KernelContext& context) {
     const Tensor& x = context.inputs[0];
     auto reduced = reduced_flags(context.op.name, x.sizes(), dims_attr(context.attrs));
     const double correction = context.attrs.get_or<bool>("unbiased", true) ? 1.0 : 0.0;
@@ -319,7 +317,7 @@ TESSEL_REGISTER_OPS(cuda_reduce) {
     ReduceLaunch launch(layout);
     if (!launch.empty(layout)) {
       KernelDevice device(context);
-      visit_float_dtype(x.dtype(), "var", [&](auto tag) {
+      visit_float_dtype(x.dtype(), ops::var.name(), [&](auto tag) {
         using T = decltype(tag);
         var_kernel<T>
             <<<launch.grid, launch.block, launch.shared(sizeof(double)), device.stream()>>>(
@@ -330,9 +328,8 @@ TESSEL_REGISTER_OPS(cuda_reduce) {
     }
     out.finish();
   });
-  registry.set_kernel("softmax", kCuda, [](KernelContext& context) { softmax_op(context, false); });
-  registry.set_kernel("log_softmax", kCuda,
-                      [](KernelContext& context) { softmax_op(context, true); });
+  ops::softmax.set_kernel(kCuda, [](KernelContext& context) { softmax_op(context, false); });
+  ops::log_softmax.set_kernel(kCuda, [](KernelContext& context) { softmax_op(context, true); });
 }
 
 }  // namespace tessel::cuda

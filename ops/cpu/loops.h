@@ -12,8 +12,8 @@
 
 #include "core/dtype.h"
 #include "core/op.h"
-#include "core/threading.h"
 #include "core/tensor.h"
+#include "core/threading.h"
 #include "ops/math/convert.h"
 #include "ops/math/loop_geometry.h"
 

@@ -9,8 +9,8 @@
 #include <cstring>
 
 #include "core/op.h"
-#include "core/threading.h"
 #include "core/tensor.h"
+#include "core/threading.h"
 
 namespace tessel::cpu {
 

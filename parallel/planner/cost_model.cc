@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "ops/optimizer_updates.h"
 
 namespace tessel::planner {
 
@@ -63,7 +64,8 @@ double DeviceProfile::op_time(const std::string& kind, double flops, double byte
 }
 
 double DeviceProfile::optimizer_time(double parameters, int states) const {
-  const char* kind = states >= 2 ? "adam_update" : "sgd_update";
+  // Profiles measure each update under its op's name (calibrate_main.cc).
+  const char* kind = states >= 2 ? ops::adam_update.name() : ops::sgd_update.name();
   auto found = op_kinds.find(kind);
   if (found != op_kinds.end()) return parameters / found->second.forward;
   return (3.0 + 2.0 * states) * 4.0 * parameters / memory_bandwidth;

@@ -86,6 +86,7 @@ class Tracer {
     TracedOp traced;
     traced.id = static_cast<int>(graph_.ops.size());
     traced.name = op.name;
+    traced.def = &op;
     traced.attrs = attrs;
     traced.saved_inputs = op.save_inputs;
     traced.saved_outputs = op.save_outputs;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/attrs.h"
+#include "core/op.h"
 #include "core/tensor.h"
 
 namespace tessel::planner {
@@ -36,7 +37,8 @@ struct TracedTensor {
 // that tensor, and `input_shapes` keep the shape the op actually saw.
 struct TracedOp {
   int id = 0;
-  std::string name;  // registry name ("linear", "bmm", ...)
+  std::string name;            // registry name ("linear", "bmm", ...)
+  const OpDef* def = nullptr;  // the registered op: its kind and planner traits (core/op.h)
   Attrs attrs;
   std::vector<int> inputs;  // tensor ids; -1 for an undefined (optional) input
   std::vector<Shape> input_shapes;

@@ -142,7 +142,8 @@ PlannedPoint describe_choice(const Graph& graph,
   const double k = config.profile.remat_overhead_k;
   std::map<std::pair<int, int>, double> work_at;  // (dp, tp) -> forward FLOPs
   int replicated = 0;
-  std::map<std::string, std::map<SplitKind, int>> kinds;  // op name -> kind -> count
+  // How each way of cutting ops (OpDef::planner) was used: split -> kind -> count.
+  std::map<ParallelSplit, std::map<SplitKind, int>> kinds;
   bool uses_tensor_parallel = false;
   for (const TracedOp& op : graph.ops) {
     const Strategy& s = strategies[op.id].at(choice.at(op.id));
@@ -157,7 +158,7 @@ PlannedPoint describe_choice(const Graph& graph,
     } else {
       work_at[{s.dp, s.tp}] += std::max(op.flops, 1.0);
     }
-    ++kinds[op.name][s.kind];
+    ++kinds[op.def->planner.split][s.kind];
     uses_tensor_parallel = uses_tensor_parallel || s.tp > 1;
     for (size_t slot = 0; slot < op.inputs.size(); ++slot) {
       const int id = op.inputs[slot];
@@ -207,31 +208,40 @@ PlannedPoint describe_choice(const Graph& graph,
       const Strategy& s = strategies[op.id][choice[op.id]];
       if (!s.fully_replicated() && (s.dp != point.dp || s.tp != point.tp)) ++elsewhere;
     }
-    auto count = [&](const std::string& op, SplitKind kind) {
-      auto found = kinds.find(op);
+    auto count = [&](ParallelSplit split, SplitKind kind) {
+      auto found = kinds.find(split);
       if (found == kinds.end()) return 0;
       auto entry = found->second.find(kind);
       return entry == found->second.end() ? 0 : entry->second;
     };
-    const int column = count("linear", SplitKind::kColumn), row = count("linear", SplitKind::kRow);
+    const int column = count(ParallelSplit::kLinearWeight, SplitKind::kColumn),
+              row = count(ParallelSplit::kLinearWeight, SplitKind::kRow);
     if (column && row)
       parts.push_back("column/row-parallel linears");
     else if (column)
       parts.push_back("column-parallel linears");
     else if (row)
       parts.push_back("row-parallel linears");
-    if (count("bmm", SplitKind::kHeads)) parts.push_back("heads split in attention");
-    if (count("embedding", SplitKind::kVocab)) parts.push_back("vocab-parallel embedding");
-    if (count("embedding", SplitKind::kColumn)) parts.push_back("hidden-split embedding");
-    if (count("cross_entropy", SplitKind::kVocab) || count("nll_loss", SplitKind::kVocab)) {
+    if (count(ParallelSplit::kBatchedHeads, SplitKind::kHeads))
+      parts.push_back("heads split in attention");
+    if (count(ParallelSplit::kEmbeddingTable, SplitKind::kVocab))
+      parts.push_back("vocab-parallel embedding");
+    if (count(ParallelSplit::kEmbeddingTable, SplitKind::kColumn))
+      parts.push_back("hidden-split embedding");
+    const auto is_class_loss = [](ParallelSplit split) {
+      return split == ParallelSplit::kSoftmaxLossClasses || split == ParallelSplit::kLossClasses;
+    };
+    if (count(ParallelSplit::kSoftmaxLossClasses, SplitKind::kVocab) ||
+        count(ParallelSplit::kLossClasses, SplitKind::kVocab)) {
       int64_t classes = 0;
       for (const TracedOp& op : graph.ops)
-        if (op.name == "cross_entropy" || op.name == "nll_loss")
+        if (is_class_loss(op.def->planner.split))
           classes = std::max(classes, op.input_shapes[0].back());
       parts.push_back(classes >= 8192 ? "vocab-parallel loss" : "class-split loss");
     }
-    const int convs = count("conv2d", SplitKind::kColumn) + count("conv2d", SplitKind::kRow) +
-                      count("conv2d", SplitKind::kFeature);
+    const int convs = count(ParallelSplit::kConvChannels, SplitKind::kColumn) +
+                      count(ParallelSplit::kConvChannels, SplitKind::kRow) +
+                      count(ParallelSplit::kConvChannels, SplitKind::kFeature);
     if (convs) parts.push_back(std::to_string(convs) + " channel-split convs");
     if (elsewhere) parts.push_back(std::to_string(elsewhere) + " ops at other degrees");
   }

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <set>
 
 #include "core/error.h"
 
@@ -64,79 +63,42 @@ std::vector<int> tensor_parallel_degrees(const PlannerConfig& config) {
 
 namespace {
 
-enum class Family {
-  kLinear,
-  kBmm,
-  kConv,
-  kEmbedding,
-  kLoss,
-  kSoftmax,
-  kLayerNorm,
-  kBatchNorm,
-  kPool,
-  kReduce,
-  kConcat,
-  kElementwise,
-  kFactory,
-  kOther,
-};
-
-Family family_of(const TracedOp& op) {
-  static const std::set<std::string> kElementwise = {
-      "add",     "sub",        "mul",        "div",        "pow",        "maximum",
-      "minimum", "add_scalar", "mul_scalar", "div_scalar", "pow_scalar", "eq",
-      "ne",      "lt",         "le",         "gt",         "ge",         "neg",
-      "abs",     "exp",        "log",        "sqrt",       "rsqrt",      "tanh",
-      "sigmoid", "relu",       "gelu",       "clamp",      "where",      "masked_fill",
-      "dropout", "clone",      "contiguous", "to_dtype",   "copy_",      "fill_"};
-  const std::string& name = op.name;
-  bool any_input = false;
-  for (int input : op.inputs) any_input = any_input || input >= 0;
-  if (!any_input) return Family::kFactory;
-  if (name == "linear") return Family::kLinear;
-  if (name == "bmm") return Family::kBmm;
-  if (name == "conv2d") return Family::kConv;
-  if (name == "embedding") return Family::kEmbedding;
-  if (name == "cross_entropy" || name == "nll_loss") return Family::kLoss;
-  if (name == "softmax" || name == "log_softmax") return Family::kSoftmax;
-  if (name == "layer_norm") return Family::kLayerNorm;
-  if (name == "batch_norm" || name == "batch_norm_eval") return Family::kBatchNorm;
-  if (name == "max_pool2d" || name == "avg_pool2d" || name == "adaptive_avg_pool2d")
-    return Family::kPool;
-  if (name == "sum" || name == "mean") return Family::kReduce;
-  if (name == "cat") return Family::kConcat;
-  if (kElementwise.count(name)) return Family::kElementwise;
-  return Family::kOther;
+// Ops without inputs (constants, random numbers) are created where they are used: never split.
+bool is_factory(const TracedOp& op) {
+  for (int input : op.inputs)
+    if (input >= 0) return false;
+  return true;
 }
 
-// The profile's op kind (DeviceProfile::op_kinds) an op is priced with.
-std::string op_kind_of(const TracedOp& op, Family family) {
-  static const std::set<std::string> kTranscendental = {
-      "gelu", "tanh", "sigmoid", "exp", "log", "sqrt", "rsqrt", "pow", "pow_scalar"};
-  switch (family) {
-    case Family::kLinear:
-    case Family::kBmm:
+// The profile's op kind (DeviceProfile::op_kinds) an op is priced with: the rate it declares
+// (OpDef::planner), else its kind's.
+std::string op_kind_of(const TracedOp& op) {
+  if (op.def->planner.rate) return op.def->planner.rate;
+  switch (op.def->kind) {
+    case OpKind::kGemm:
       return "gemm";
-    case Family::kConv:
+    case OpKind::kConv:
       return op.attrs.get_or<int64_t>("groups", 1) > 1 ? "conv_grouped" : "conv";
-    case Family::kBatchNorm:
-      return "batch_norm";
-    case Family::kLayerNorm:
-      return "layer_norm";
-    case Family::kSoftmax:
-      return "softmax";
-    case Family::kPool:
-      return op.name == "adaptive_avg_pool2d" ? "elementwise" : "pool";
-    case Family::kConcat:
-      return "concat";
-    case Family::kLoss:
-      return "loss";
-    case Family::kEmbedding:
-      return "embedding";
-    default:
-      if (op.name == "matmul") return "gemm";
-      return kTranscendental.count(op.name) ? "activation" : "elementwise";
+    case OpKind::kActivation:
+      return "activation";
+    case OpKind::kUnspecified:
+    case OpKind::kPointwise:
+    case OpKind::kReduction:
+    case OpKind::kNorm:
+    case OpKind::kPool:
+    case OpKind::kLoss:
+    case OpKind::kDataMovement:
+    case OpKind::kIndexing:
+    case OpKind::kFactory:
+    case OpKind::kOptimizer:
+    case OpKind::kCommunication:
+      break;
   }
+  return "elementwise";
+}
+
+bool is_loss_split(ParallelSplit split) {
+  return split == ParallelSplit::kLossClasses || split == ParallelSplit::kSoftmaxLossClasses;
 }
 
 // What every strategy of one op shares.
@@ -144,7 +106,7 @@ struct OpContext {
   const Graph& graph;
   const TracedOp& op;
   const PlannerConfig& config;
-  Family family;
+  ParallelSplit split;               // how the op may be cut (OpDef::planner)
   bool batch_ok = false;             // some input has the batch in dim 0
   double backward_factor = 0;        // backward work in units of the forward's
   double column_share = 1;           // this op's share of the input-gradient all-reduce (column)
@@ -199,22 +161,22 @@ std::vector<SplitKind> model_kinds(const OpContext& c, int tp) {
   const TracedOp& op = c.op;
   const Shape& out = op.output_shapes.at(0);
   std::vector<SplitKind> kinds;
-  switch (c.family) {
-    case Family::kLinear: {
+  switch (c.split) {
+    case ParallelSplit::kLinearWeight: {
       if (!c.is_parameter(1)) break;
       const Shape& weight = op.input_shapes[1];  // (out, in)
       if (divides(weight[0], tp)) kinds.push_back(SplitKind::kColumn);
       if (divides(weight[1], tp)) kinds.push_back(SplitKind::kRow);
       break;
     }
-    case Family::kBmm: {
+    case ParallelSplit::kBatchedHeads: {
       // (batch * heads, n, k): the heads are what is left of dim 0 after the batch.
       if (!op.input_has_batch[0] || !op.input_has_batch[1]) break;
       const int64_t heads = op.input_shapes[0][0] / c.graph.batch_size;
       if (divides(heads, tp)) kinds.push_back(SplitKind::kHeads);
       break;
     }
-    case Family::kConv: {
+    case ParallelSplit::kConvChannels: {
       if (!c.is_parameter(1)) break;
       const Shape& weight = op.input_shapes[1];  // (O, C / groups, kh, kw)
       const int64_t groups = op.attrs.get_or<int64_t>("groups", 1);
@@ -226,19 +188,20 @@ std::vector<SplitKind> model_kinds(const OpContext& c, int tp) {
       }
       break;
     }
-    case Family::kEmbedding: {
+    case ParallelSplit::kEmbeddingTable: {
       if (!c.is_parameter(0)) break;
       const Shape& table = op.input_shapes[0];  // (vocab, hidden)
       if (divides(table[0], tp)) kinds.push_back(SplitKind::kVocab);
       if (divides(table[1], tp)) kinds.push_back(SplitKind::kColumn);
       break;
     }
-    case Family::kLoss: {
+    case ParallelSplit::kLossClasses:
+    case ParallelSplit::kSoftmaxLossClasses: {
       const Shape& logits = op.input_shapes[0];
       if (logits.size() == 2 && divides(logits[1], tp)) kinds.push_back(SplitKind::kVocab);
       break;
     }
-    case Family::kSoftmax: {
+    case ParallelSplit::kSoftmaxHeads: {
       // Along the heads of attention scores (batch, heads, n, n) or (batch * heads, n, n);
       // never along the normalised dimension.
       const int64_t dim = op.attrs.get_or<int64_t>("dim", -1);
@@ -251,11 +214,10 @@ std::vector<SplitKind> model_kinds(const OpContext& c, int tp) {
       if ((rank >= 4 && divides(out[1], tp)) || heads_in_dim0) kinds.push_back(SplitKind::kFeature);
       break;
     }
-    case Family::kBatchNorm:
-    case Family::kPool:
+    case ParallelSplit::kChannels:
       if (out.size() >= 2 && divides(out[1], tp)) kinds.push_back(SplitKind::kFeature);
       break;
-    case Family::kReduce: {
+    case ParallelSplit::kSpatialReduction: {
       // Spatial means keep the channels: (N, C, H, W) -> (N, C).
       const auto dims = op.attrs.get_or<std::vector<int64_t>>("dims", {});
       const int64_t rank = static_cast<int64_t>(op.input_shapes[0].size());
@@ -265,22 +227,20 @@ std::vector<SplitKind> model_kinds(const OpContext& c, int tp) {
         kinds.push_back(SplitKind::kFeature);
       break;
     }
-    case Family::kConcat: {
+    case ParallelSplit::kConcat: {
       bool ok = out.size() >= 2;
       for (size_t i = 0; i < op.inputs.size(); ++i)
         ok = ok && op.inputs[i] >= 0 && divides(dim_or(op.input_shapes[i], 1), tp);
       if (ok) kinds.push_back(SplitKind::kFeature);
       break;
     }
-    case Family::kElementwise: {
+    case ParallelSplit::kPointwise: {
       bool ok = false;
       for (size_t d = 1; d < out.size(); ++d) ok = ok || divides(out[d], tp);
       if (ok) kinds.push_back(SplitKind::kFeature);
       break;
     }
-    case Family::kLayerNorm:  // normalises over the features: kept whole (Megatron-LM)
-    case Family::kFactory:
-    case Family::kOther:
+    case ParallelSplit::kNone:  // layer norm normalises over the features: kept whole (Megatron-LM)
       break;
   }
   return kinds;
@@ -299,12 +259,12 @@ bool input_model_split(const OpContext& c, SplitKind kind, int slot) {
     case SplitKind::kHeads:
       return slot <= 1;
     case SplitKind::kVocab:
-      return c.family == Family::kLoss && slot == 0;
+      return is_loss_split(c.split) && slot == 0;
     case SplitKind::kFeature:
-      if (c.family == Family::kConv || c.family == Family::kBatchNorm ||
-          c.family == Family::kPool || c.family == Family::kReduce || c.family == Family::kSoftmax)
+      if (c.split == ParallelSplit::kConvChannels || c.split == ParallelSplit::kChannels ||
+          c.split == ParallelSplit::kSpatialReduction || c.split == ParallelSplit::kSoftmaxHeads)
         return slot == 0;
-      if (c.family == Family::kConcat) return true;
+      if (c.split == ParallelSplit::kConcat) return true;
       // Element-wise: full-size operands are split, broadcast ones (a bias, a mask) are not.
       return shape_numel(c.op.input_shapes[slot]) == shape_numel(c.op.output_shapes[0]);
   }
@@ -313,16 +273,16 @@ bool input_model_split(const OpContext& c, SplitKind kind, int slot) {
 
 // The dimension of a parameter input a strategy cuts (-1: whole on every device).
 int parameter_split_dim(const OpContext& c, SplitKind kind, int slot) {
-  switch (c.family) {
-    case Family::kLinear:
-    case Family::kConv:
+  switch (c.split) {
+    case ParallelSplit::kLinearWeight:
+    case ParallelSplit::kConvChannels:
       if (kind == SplitKind::kColumn || kind == SplitKind::kFeature) return 0;  // weight, bias
       if (kind == SplitKind::kRow && slot == 1) return 1;
       return -1;
-    case Family::kEmbedding:
+    case ParallelSplit::kEmbeddingTable:
       if (slot != 0) return -1;
       return kind == SplitKind::kVocab ? 0 : kind == SplitKind::kColumn ? 1 : -1;
-    case Family::kBatchNorm:
+    case ParallelSplit::kChannels:
       return kind == SplitKind::kFeature ? 0 : -1;
     default:
       return -1;
@@ -338,7 +298,7 @@ Strategy make_strategy(const OpContext& c, int dp, int tp, SplitKind kind) {
   s.kind = kind;
   const int model_parts = kind == SplitKind::kReplicate ? 1 : tp;
   const double fraction = 1.0 / (static_cast<double>(s.dp) * model_parts);
-  const std::string kind_name = op_kind_of(op, c.family);
+  const std::string kind_name = op_kind_of(op);
   // Every rank of a multi-device plan waits for the slowest at each step.
   const double skew = c.config.devices > 1 ? 1 + profile.rank_skew : 1.0;
   s.forward_compute =
@@ -389,20 +349,21 @@ Strategy make_strategy(const OpContext& c, int dp, int tp, SplitKind kind) {
 
   // Collectives the split itself needs.
   const int64_t tp_group = tp;
-  if (kind == SplitKind::kColumn && c.family != Family::kEmbedding) {
+  if (kind == SplitKind::kColumn && c.split != ParallelSplit::kEmbeddingTable) {
     const TracedTensor* x = c.input(0);
     if (x && x->requires_grad)
       s.backward_comm += c.column_share * profile.collective_time(Collective::kAllReduce, tp_group,
                                                                   c.input_bytes(0) / s.dp);
   }
-  if (kind == SplitKind::kRow || (kind == SplitKind::kVocab && c.family == Family::kEmbedding))
+  if (kind == SplitKind::kRow ||
+      (kind == SplitKind::kVocab && c.split == ParallelSplit::kEmbeddingTable))
     s.forward_comm +=
         profile.collective_time(Collective::kAllReduce, tp_group, c.output_bytes(0) / s.dp);
-  if (kind == SplitKind::kVocab && c.family == Family::kLoss) {
+  if (kind == SplitKind::kVocab && is_loss_split(c.split)) {
     // Vocabulary-parallel cross entropy: all-reduce the row maxima, the sums of exponentials
     // and the target logits (Megatron-LM); nll_loss only the target values.
     const double rows = static_cast<double>(op.input_shapes[0][0]) / s.dp;
-    const int collectives = op.name == "cross_entropy" ? 3 : 1;
+    const int collectives = c.split == ParallelSplit::kSoftmaxLossClasses ? 3 : 1;
     s.forward_comm +=
         collectives * profile.collective_time(Collective::kAllReduce, tp_group, rows * 4);
   }
@@ -463,7 +424,7 @@ Strategy make_strategy(const OpContext& c, int dp, int tp, SplitKind kind) {
 
 }  // namespace
 
-std::string op_kind(const TracedOp& op) { return op_kind_of(op, family_of(op)); }
+std::string op_kind(const TracedOp& op) { return op_kind_of(op); }
 
 std::vector<std::vector<Strategy>> enumerate_strategies(const Graph& graph,
                                                         const PlannerConfig& config) {
@@ -485,7 +446,7 @@ std::vector<std::vector<Strategy>> enumerate_strategies(const Graph& graph,
   std::vector<std::vector<Strategy>> result;
   result.reserve(graph.ops.size());
   for (const TracedOp& op : graph.ops) {
-    OpContext c{graph, op, config, family_of(op)};
+    OpContext c{graph, op, config, op.def->planner.split};
     bool any_grad = false;
     int matrix_grads = 0;
     for (size_t slot = 0; slot < op.inputs.size(); ++slot) {
@@ -521,14 +482,17 @@ std::vector<std::vector<Strategy>> enumerate_strategies(const Graph& graph,
     }
     // Backward of a matrix product computes one product per operand that needs a gradient;
     // other ops redo about the forward's work once.
-    const bool matrix =
-        c.family == Family::kLinear || c.family == Family::kBmm || c.family == Family::kConv;
+    const bool matrix = c.split == ParallelSplit::kLinearWeight ||
+                        c.split == ParallelSplit::kBatchedHeads ||
+                        c.split == ParallelSplit::kConvChannels;
     if (op.differentiable && any_grad) c.backward_factor = matrix ? matrix_grads : 1.0;
     if (!op.inputs.empty() && op.inputs[0] >= 0) {
       int matrix_consumers = 0;
       for (const auto& [consumer, slot] : consumers[op.inputs[0]]) {
-        const std::string& name = graph.ops[consumer].name;
-        if (slot == 0 && (name == "linear" || name == "conv2d")) ++matrix_consumers;
+        const ParallelSplit split = graph.ops[consumer].def->planner.split;
+        if (slot == 0 &&
+            (split == ParallelSplit::kLinearWeight || split == ParallelSplit::kConvChannels))
+          ++matrix_consumers;
       }
       c.column_share = 1.0 / std::max(1, matrix_consumers);
     }
@@ -536,7 +500,7 @@ std::vector<std::vector<Strategy>> enumerate_strategies(const Graph& graph,
 
     std::vector<Strategy> strategies;
     strategies.push_back(make_strategy(c, 1, 1, SplitKind::kReplicate));
-    if (c.family != Family::kFactory) {
+    if (!is_factory(op)) {
       for (int tp : degrees) {
         const int dp = config.devices / tp;
         if (c.batch_ok && graph.batch_size % dp != 0) continue;

@@ -89,9 +89,10 @@ struct PlannerConfig {
   DeviceProfile profile;
 };
 
-// The kind of op the profile prices `op` as (DeviceProfile::op_kinds): "gemm", "conv",
-// "conv_grouped" (groups > 1, depthwise), "batch_norm", "layer_norm", "softmax", "pool",
-// "concat", "loss", "embedding", "activation" (gelu, tanh, exp, ...) or "elementwise".
+// The kind of op the profile prices `op` as (DeviceProfile::op_kinds): the rate its OpDef
+// declares (planner.rate: "batch_norm", "layer_norm", "softmax", "pool", "concat", "loss",
+// "embedding"), else by its OpKind: "gemm", "conv", "conv_grouped" (groups > 1, depthwise),
+// "activation" (gelu, tanh, exp, ...) or "elementwise".
 std::string op_kind(const TracedOp& op);
 
 // The tensor-parallel degrees tried: divisors of `devices` up to the max_tp limit.

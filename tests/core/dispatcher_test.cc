@@ -2,6 +2,7 @@
 #include "core/op.h"
 #include "core/rng.h"
 #include "gtest/gtest.h"
+#include "ops/elementwise.h"
 #include "ops/ops.h"
 #include "tests/testing.h"
 
@@ -28,7 +29,32 @@ TEST(Attrs, AreSortedComparableAndPrintable) {
 TEST(Registry, UnknownOpsAndDuplicateNamesAreErrors) {
   EXPECT_TRUE(
       throws_error([] { OpRegistry::get().find("no_such_op"); }, "unknown op 'no_such_op'"));
-  EXPECT_TRUE(throws_error([] { OpRegistry::get().define("add"); }, "registered twice"));
+  EXPECT_TRUE(throws_error([] { OpRegistry::get().define(ops::add); }, "registered twice"));
+}
+
+TEST(Registry, AHandleIsTheRegisteredOp) {
+  EXPECT_EQ(&ops::add.def(), &OpRegistry::get().find("add"));
+  EXPECT_STREQ(ops::add.name(), "add");
+}
+
+// A backend may attach its kernel before the op's own library registers it (static initialisers
+// run in link order): the definition keeps it.
+TEST(Registry, AKernelAttachedBeforeRegistrationIsKept) {
+  static const OpHandle late{"registry_test_late_op"};
+  static int runs = 0;
+  late.set_kernel(DeviceType::kCpu, [](KernelContext&) { ++runs; });
+  EXPECT_EQ(OpRegistry::get().find_or_null("registry_test_late_op"), nullptr);
+  EXPECT_TRUE(throws_error([] { dispatch(late, {ones({2})}); }, "is not registered"));
+
+  OpDef& op = OpRegistry::get().define(late);
+  op.kind = OpKind::kPointwise;
+  op.autocast = AutocastPolicy::kWiden;
+  op.shape = [](const std::vector<Tensor>& inputs, const Attrs&) {
+    return std::vector<OutputSpec>{{inputs.at(0).sizes(), inputs[0].dtype()}};
+  };
+  dispatch(late, {ones({2})});
+  EXPECT_EQ(runs, 1);
+  EXPECT_EQ(OpRegistry::get().find_or_null("registry_test_late_op"), &late.def());
 }
 
 TEST(Registry, EveryOpHasAShapeRuleAndACpuKernelOrView) {
@@ -56,7 +82,7 @@ TEST(Dispatcher, InputsOnDifferentDevicesAreRefused) {
 TEST(Dispatcher, OutTensorsAreCheckedAndWrittenInPlace) {
   Tensor a = ones({3});
   Tensor b = full({3}, 2.0);
-  const OpDef& add_op = OpRegistry::get().find("add");
+  const OpDef& add_op = ops::add;
   uint64_t version = a.version();
   dispatch(add_op, {a, b}, {}, {a});
   EXPECT_EQ(a.to_vector<float>(), (std::vector<float>{3, 3, 3}));

@@ -13,9 +13,10 @@
 #include "core/allocator.h"
 #include "core/autocast.h"
 #include "core/autograd.h"
-#include "cuda/cudnn_ops.h"
+#include "cuda/ops/conv.h"
 #include "cuda/runtime.h"
 #include "ops/ops.h"
+#include "ops/pool.h"
 #include "tests/gpu_skip.h"
 #include "tests/testing.h"
 
@@ -399,7 +400,7 @@ TEST(CudaPool, MaxPoolMatchesCpuIncludingIndices) {
     SCOPED_TRACE(shape_str(c.input));
     Tensor x = randn(c.input);
     auto pool = [&](const Tensor& input) {
-      return dispatch(OpRegistry::get().find("max_pool2d"), {input},
+      return dispatch(ops::max_pool2d, {input},
                       Attrs{{"kernel_size", c.kernel},
                             {"stride", c.stride},
                             {"padding", c.padding},

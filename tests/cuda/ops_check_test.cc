@@ -12,7 +12,9 @@
 #include "core/op.h"
 #include "core/rng.h"
 #include "cuda/runtime.h"
+#include "ops/dropout.h"
 #include "ops/ops.h"
+#include "ops/optimizer_updates.h"
 #include "tests/gpu_skip.h"
 #include "tests/testing.h"
 
@@ -466,8 +468,7 @@ std::vector<OpCase> creation_and_copy_cases() {
                    },
                    [](const Inputs& in, Device) {
                      manual_seed(80);
-                     static const OpDef& op = OpRegistry::get().find("dropout");
-                     return dispatch(op, {in[0].t()}, Attrs{{"p", 0.3}});
+                     return dispatch(ops::dropout, {in[0].t()}, Attrs{{"p", 0.3}});
                    },
                    {0},
                    true});
@@ -757,47 +758,46 @@ std::vector<OpCase> optimizer_cases() {
                    [](const Inputs& in, Device) {
                      NoGradGuard no_grad;
                      Tensor param = clone(in[0]), buffer = clone(in[2]);
-                     static const OpDef& op = OpRegistry::get().find("sgd_update");
                      Attrs attrs{{"lr", 0.1},          {"momentum", 0.9},      {"dampening", 0.1},
                                  {"nesterov", true},   {"weight_decay", 1e-2}, {"maximize", false},
                                  {"first_step", false}};
-                     dispatch(op, {param, in[1], buffer}, attrs, {param, buffer});
+                     dispatch(ops::sgd_update, {param, in[1], buffer}, attrs, {param, buffer});
                      // Strided parameter, no momentum.
                      Tensor strided = clone(in[0]).t();
                      attrs.set("momentum", 0.0);
-                     dispatch(op, {strided, in[1].t(), Tensor()}, attrs, {strided});
+                     dispatch(ops::sgd_update, {strided, in[1].t(), Tensor()}, attrs, {strided});
                      return Inputs{param, buffer, strided};
                    },
                    {}});
   for (bool decoupled : {false, true}) {
-    cases.push_back({std::string("adam_update ") + (decoupled ? "AdamW" : "amsgrad"),
-                     {"adam_update"},
-                     [] {
-                       return Inputs{normal({6, 3}), normal({6, 3}), normal({6, 3}),
-                                     abs(normal({6, 3})), abs(normal({6, 3}))};
-                     },
-                     [decoupled](const Inputs& in, Device) {
-                       NoGradGuard no_grad;
-                       Tensor param = clone(in[0]), m = clone(in[2]), v = clone(in[3]);
-                       Tensor v_max = clone(in[4]);
-                       static const OpDef& op = OpRegistry::get().find("adam_update");
-                       Attrs attrs{{"lr", 1e-2},
-                                   {"beta1", 0.9},
-                                   {"beta2", 0.999},
-                                   {"eps", 1e-8},
-                                   {"weight_decay", 0.1},
-                                   {"decoupled", decoupled},
-                                   {"amsgrad", !decoupled},
-                                   {"maximize", false},
-                                   {"step", int64_t{3}}};
-                       if (decoupled) {
-                         dispatch(op, {param, in[1], m, v, Tensor()}, attrs, {param, m, v});
-                         return Inputs{param, m, v};
-                       }
-                       dispatch(op, {param, in[1], m, v, v_max}, attrs, {param, m, v, v_max});
-                       return Inputs{param, m, v, v_max};
-                     },
-                     {}});
+    cases.push_back(
+        {std::string("adam_update ") + (decoupled ? "AdamW" : "amsgrad"),
+         {"adam_update"},
+         [] {
+           return Inputs{normal({6, 3}), normal({6, 3}), normal({6, 3}), abs(normal({6, 3})),
+                         abs(normal({6, 3}))};
+         },
+         [decoupled](const Inputs& in, Device) {
+           NoGradGuard no_grad;
+           Tensor param = clone(in[0]), m = clone(in[2]), v = clone(in[3]);
+           Tensor v_max = clone(in[4]);
+           Attrs attrs{{"lr", 1e-2},
+                       {"beta1", 0.9},
+                       {"beta2", 0.999},
+                       {"eps", 1e-8},
+                       {"weight_decay", 0.1},
+                       {"decoupled", decoupled},
+                       {"amsgrad", !decoupled},
+                       {"maximize", false},
+                       {"step", int64_t{3}}};
+           if (decoupled) {
+             dispatch(ops::adam_update, {param, in[1], m, v, Tensor()}, attrs, {param, m, v});
+             return Inputs{param, m, v};
+           }
+           dispatch(ops::adam_update, {param, in[1], m, v, v_max}, attrs, {param, m, v, v_max});
+           return Inputs{param, m, v, v_max};
+         },
+         {}});
   }
   return cases;
 }
@@ -959,7 +959,7 @@ TEST(CudaOps, BadIndicesGiveTheCpuMessage) {
 
 TEST(CudaOps, DropoutMaskIsTheCpuMaskForTheSameSeed) {
   TESSEL_SKIP_IF_NO_GPU();
-  const OpDef& op = OpRegistry::get().find("dropout");
+  const OpDef& op = ops::dropout;
   Tensor x = randn({1000, 3});
   Attrs attrs{{"p", 0.5}, {"rng_seed", int64_t{123}}, {"rng_offset", int64_t{456}}};
   Inputs cpu = dispatch(op, {x}, attrs);

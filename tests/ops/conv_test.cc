@@ -1,5 +1,7 @@
 // conv2d: values against PyTorch and against a direct seven-loop convolution, every path
 // (im2col + GEMM, 1x1, depthwise, grouped) forward and backward, and bad inputs.
+#include "ops/conv.h"
+
 #include "core/op.h"
 #include "core/threading.h"
 #include "ops/ops.h"
@@ -196,7 +198,7 @@ TEST(Conv2d, WritesIntoABatchSliceOfALargerOutput) {
   Tensor w = randn({5, 3, 3, 3}, kF64);
   Tensor whole = conv2d(x, w, Tensor(), {1, 1}, {1, 1});
   Tensor out = zeros({4, 5, 6, 6}, kF64);
-  const OpDef& op = OpRegistry::get().find("conv2d");
+  const OpDef& op = ops::conv2d;
   Attrs attrs{{"stride", std::vector<int64_t>{1, 1}},
               {"padding", std::vector<int64_t>{1, 1}},
               {"dilation", std::vector<int64_t>{1, 1}},
@@ -286,10 +288,9 @@ TEST(Conv2d, GradientsOfNonContiguousInputs) {
 }
 
 TEST(Conv2d, BackwardOpsAreRegisteredSplittableAndCosted) {
-  const OpDef& forward = OpRegistry::get().find("conv2d");
+  const OpDef& forward = ops::conv2d;
   EXPECT_EQ(forward.splits.at(0).input_dims, (std::vector<int>{0, -1, -1}));
-  EXPECT_EQ(OpRegistry::get().find("conv2d_backward_input").splits.at(0).input_dims,
-            (std::vector<int>{0, -1}));
+  EXPECT_EQ(ops::conv2d_backward_input->splits.at(0).input_dims, (std::vector<int>{0, -1}));
   EXPECT_NE(OpRegistry::get().find_or_null("conv2d_backward_weight"), nullptr);
   Attrs attrs{{"stride", std::vector<int64_t>{1, 1}},
               {"padding", std::vector<int64_t>{1, 1}},

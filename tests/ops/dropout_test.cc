@@ -1,5 +1,7 @@
 // dropout: the documented mask rule (kept iff uniform_at(state, i) >= p), 1 / (1 - p) scaling,
 // reproducibility from a seed and from the recorded attributes, gradients, and bad p.
+#include "ops/dropout.h"
+
 #include <cmath>
 #include <limits>
 
@@ -70,7 +72,7 @@ TEST(Dropout, SameSeedGivesTheSameMaskAndNextCallADifferentOne) {
 }
 
 TEST(Dropout, ReplayWithRecordedAttributesIsBitwiseIdentical) {
-  const OpDef& op = OpRegistry::get().find("dropout");
+  const OpDef& op = ops::dropout;
   EXPECT_TRUE(op.flags.random);
   Tensor x = randn({3, 17});
   Attrs attrs{{"p", 0.25}, {"rng_seed", int64_t{77}}, {"rng_offset", int64_t{5}}};
@@ -90,7 +92,7 @@ TEST(Dropout, ReplayWithRecordedAttributesIsBitwiseIdentical) {
 TEST(Dropout, MaskIsBoolAndMarksKeptElements) {
   manual_seed(3);
   Tensor x = ones({50}, kF64);
-  std::vector<Tensor> outputs = dispatch(OpRegistry::get().find("dropout"), {x}, Attrs{{"p", 0.4}});
+  std::vector<Tensor> outputs = dispatch(ops::dropout, {x}, Attrs{{"p", 0.4}});
   ASSERT_EQ(outputs.size(), 2u);
   EXPECT_EQ(outputs[1].dtype(), DType::kBool);
   std::vector<bool> mask = outputs[1].to_vector<bool>();

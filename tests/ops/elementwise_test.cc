@@ -1,5 +1,7 @@
 // Element-wise ops: values, broadcasting, type promotion, gradients (f64 finite differences on
 // broadcast and non-contiguous inputs) and bad input.
+#include "ops/elementwise.h"
+
 #include <cmath>
 #include <limits>
 
@@ -231,7 +233,7 @@ TEST(Elementwise, WritesIntoAStridedOutView) {
   Tensor middle = narrow(base, 1, 1, 2);  // [3, 2], row stride 4
   Tensor a = f64({1, 2, 3, 4, 5, 6}, {3, 2});
   Tensor b = f64({10, 20}, {2});
-  dispatch(OpRegistry::get().find("add"), {a, b}, {}, {middle});
+  dispatch(ops::add, {a, b}, {}, {middle});
   EXPECT_EQ(base.to_vector<double>(),
             (std::vector<double>{0, 11, 22, 0, 0, 13, 24, 0, 0, 15, 26, 0}));
 }
@@ -405,7 +407,7 @@ TEST(ElementwiseErrors, InPlaceAddIntoAnExpandedViewIsRefused) {
   Tensor expanded = expand(row, {4, 3});
   EXPECT_TRUE(throws_error(
       [&] {
-        dispatch(OpRegistry::get().find("add"), {expanded, ones({4, 3})}, {}, {expanded});
+        dispatch(ops::add, {expanded, ones({4, 3})}, {}, {expanded});
       },
       "expanded view"));
 }
@@ -414,7 +416,7 @@ TEST(ElementwiseErrors, InPlaceOutShapeMustMatchTheResult) {
   Tensor small = zeros({3});
   EXPECT_TRUE(throws_error(
       [&] {
-        dispatch(OpRegistry::get().find("add"), {small, ones({2, 3})}, {}, {small});
+        dispatch(ops::add, {small, ones({2, 3})}, {}, {small});
       },
       "out= tensor 0 has shape [3]"));
 }

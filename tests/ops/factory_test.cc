@@ -1,4 +1,6 @@
 // Creation, random, copy and conversion ops: values, dtypes, RNG replay and bad input.
+#include "ops/factory.h"
+
 #include <cmath>
 
 #include "core/autograd.h"
@@ -47,11 +49,11 @@ TEST(Full, MetaDeviceGivesShapeWithoutData) {
 
 TEST(Full, EngineAttributeFormWorks) {
   // The autograd engine builds its seed gradient with exactly these attributes.
-  Tensor x = dispatch1("full", {},
-                       Attrs{{"shape", std::vector<int64_t>{2}},
-                             {"value", 1.0},
-                             {"dtype", std::string("f64")},
-                             {"device", std::string("cpu")}});
+  Tensor x = dispatch(ops::full, {},
+                      Attrs{{"shape", std::vector<int64_t>{2}},
+                            {"value", 1.0},
+                            {"dtype", std::string("f64")},
+                            {"device", std::string("cpu")}})[0];
   EXPECT_EQ(x.to_vector<double>(), (std::vector<double>{1, 1}));
 }
 
@@ -59,10 +61,10 @@ TEST(Full, RejectsNegativeSizeAndUnknownDtype) {
   EXPECT_TRUE(throws_error([] { full({2, -1}, 0.0); }, "negative size"));
   EXPECT_TRUE(throws_error(
       [] {
-        dispatch1(
-            "full", {},
-            Attrs{
-                {"shape", std::vector<int64_t>{2}}, {"value", 1.0}, {"dtype", std::string("f17")}});
+        dispatch(ops::full, {},
+                 Attrs{{"shape", std::vector<int64_t>{2}},
+                       {"value", 1.0},
+                       {"dtype", std::string("f17")}})[0];
       },
       "unknown dtype name 'f17'"));
 }
@@ -155,8 +157,8 @@ TEST(Rand, RecordedSeedAndOffsetReplayBitwise) {
               {"rng_seed", int64_t{17}},
               {"rng_offset", int64_t{40}}};
   RngState before = get_rng_state();
-  Tensor first = dispatch1("randn", {}, attrs);
-  Tensor second = dispatch1("randn", {}, attrs);
+  Tensor first = dispatch(ops::randn, {}, attrs)[0];
+  Tensor second = dispatch(ops::randn, {}, attrs)[0];
   EXPECT_TRUE(bitwise_equal(first, second));
   EXPECT_EQ(get_rng_state(), before);  // nothing reserved when the state is given
 }

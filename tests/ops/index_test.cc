@@ -1,5 +1,7 @@
 // Joining and indexing ops: cat, stack, split, chunk, index_select, gather, embedding. Forward
 // values, gradients (also with non-contiguous inputs) and errors.
+#include "ops/index.h"
+
 #include <numeric>
 
 #include "core/autograd.h"
@@ -274,25 +276,24 @@ TEST(Indexing, KernelsWriteIntoStridedOutputs) {
   NoGradGuard no_grad;
   Tensor big = zeros({4, 6}, kF64);
   Tensor target = big.slice(1, 0, 6, 2);  // (4, 3), strides (6, 2)
-  dispatch(OpRegistry::get().find("cat"), {iota({1, 3}), iota({3, 3})}, Attrs{{"dim", int64_t{0}}},
-           {target});
+  dispatch(ops::cat, {iota({1, 3}), iota({3, 3})}, Attrs{{"dim", int64_t{0}}}, {target});
   EXPECT_EQ(values_of(target), (std::vector<double>{0, 1, 2, 0, 1, 2, 3, 4, 5, 6, 7, 8}));
   EXPECT_EQ(values_of(big.select(1, 1)), (std::vector<double>{0, 0, 0, 0}));
 
   Tensor transposed = zeros({3, 4}, kF64).t();  // (4, 3)
-  dispatch(OpRegistry::get().find("index_select"), {iota({5, 3}), indices({4, 0, 1, 4}, {4})},
+  dispatch(ops::index_select, {iota({5, 3}), indices({4, 0, 1, 4}, {4})},
            Attrs{{"dim", int64_t{0}}}, {transposed});
   EXPECT_EQ(values_of(transposed),
             values_of(index_select(iota({5, 3}), 0, indices({4, 0, 1, 4}, {4}))));
 
   Tensor rows = zeros({2, 3}, kF64).t();  // (3, 2)
-  dispatch(OpRegistry::get().find("embedding"), {iota({4, 2}), indices({3, 1, 0}, {3})},
+  dispatch(ops::embedding, {iota({4, 2}), indices({3, 1, 0}, {3})},
            Attrs{{"padding_idx", int64_t{-1}}}, {rows});
   EXPECT_EQ(values_of(rows), (std::vector<double>{6, 7, 2, 3, 0, 1}));
 
   Tensor gathered = zeros({2, 2}, kF64).t();
-  dispatch(OpRegistry::get().find("gather"), {iota({2, 3}), indices({2, 0, 1, 1}, {2, 2})},
-           Attrs{{"dim", int64_t{1}}}, {gathered});
+  dispatch(ops::gather, {iota({2, 3}), indices({2, 0, 1, 1}, {2, 2})}, Attrs{{"dim", int64_t{1}}},
+           {gathered});
   EXPECT_EQ(values_of(gathered), (std::vector<double>{2, 0, 4, 4}));
 }
 
@@ -322,7 +323,7 @@ TEST(Embedding, LargeTablesMatchAReferenceLoop) {
 }
 
 TEST(Embedding, IsSplittableAlongTheIndices) {
-  const OpDef& op = OpRegistry::get().find("embedding");
+  const OpDef& op = ops::embedding;
   ASSERT_EQ(op.splits.size(), 1u);
   EXPECT_EQ(op.splits[0].output_dim, 0);
   EXPECT_EQ(op.splits[0].input_dims, (std::vector<int>{-1, 0}));

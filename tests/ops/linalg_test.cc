@@ -1,5 +1,7 @@
 // matmul (every rank combination), bmm and linear: values against PyTorch, the GEMM paths
 // against a plain triple loop, gradients by finite differences, and bad inputs.
+#include "ops/linalg.h"
+
 #include <cmath>
 
 #include "core/autograd.h"
@@ -135,12 +137,12 @@ TEST(Matmul, WritesIntoAStridedOutView) {
   Tensor b = randn({5, 3}, kF64);
   Tensor big = zeros({4, 8}, kF64);
   Tensor window = slice(big, 1, 2, 5);
-  dispatch(OpRegistry::get().find("matmul"), {a, b}, {}, {window});
+  dispatch(ops::matmul, {a, b}, {}, {window});
   EXPECT_TRUE(all_close(slice(big, 1, 2, 5), matmul(a, b), 1e-12, 1e-12));
   EXPECT_TRUE(all_close(slice(big, 1, 0, 2), zeros({4, 2}, kF64)));
   // A column-major output is computed in scratch and copied.
   Tensor column_major = transpose(zeros({3, 4}, kF64), 0, 1);
-  dispatch(OpRegistry::get().find("matmul"), {a, b}, {}, {column_major});
+  dispatch(ops::matmul, {a, b}, {}, {column_major});
   EXPECT_TRUE(all_close(column_major, matmul(a, b), 1e-12, 1e-12));
 }
 
@@ -184,7 +186,7 @@ TEST(Matmul, VectorGradientsMatchFiniteDifferences) {
 }
 
 TEST(Matmul, CostCountsTwoFlopsPerMultiplyAdd) {
-  const OpDef& op = OpRegistry::get().find("matmul");
+  const OpDef& op = ops::matmul;
   Tensor a = zeros({6, 5});
   Tensor b = zeros({5, 7});
   Tensor out = zeros({6, 7});
@@ -280,7 +282,7 @@ TEST(Bmm, ShapeErrorsNameBothShapes) {
       "bmm: inner dimensions differ: a has shape [2, 3, 4] and b has shape "
       "[2, 5, 5]"));
   EXPECT_TRUE(throws_error([] { bmm(zeros({3, 4}), zeros({4, 5})); }, "expected 3-D tensors"));
-  const OpDef& op = OpRegistry::get().find("bmm");
+  const OpDef& op = ops::bmm;
   EXPECT_EQ(op.splits.at(0).input_dims, (std::vector<int>{0, 0}));
 }
 
@@ -326,7 +328,7 @@ TEST(Linear, GradientsMatchFiniteDifferences) {
 }
 
 TEST(Linear, CostAndSplitsFollowTheRows) {
-  const OpDef& op = OpRegistry::get().find("linear");
+  const OpDef& op = ops::linear;
   OpCost cost = op.cost({zeros({2, 3, 4}), zeros({5, 4}), Tensor()}, {zeros({2, 3, 5})}, {});
   EXPECT_DOUBLE_EQ(cost.flops, 2.0 * 6 * 5 * 4);
   EXPECT_EQ(op.splits.at(0).input_dims, (std::vector<int>{0, -1, -1}));

@@ -1,6 +1,8 @@
 // batch_norm and layer_norm: values against PyTorch 1.13 (literals below were printed by
 // torch.nn.functional on these inputs), finite-difference gradients, running statistics updated
 // exactly once per forward and never by a replay, and clear errors on bad input.
+#include "ops/norm.h"
+
 #include <cmath>
 
 #include "core/autograd.h"
@@ -91,11 +93,11 @@ TEST(BatchNorm, EvalUsesRunningStatisticsAndLeavesThemAlone) {
 }
 
 TEST(BatchNorm, EvalIsSplittableAlongTheBatchButTrainingIsNot) {
-  const OpDef& eval = OpRegistry::get().find("batch_norm_eval");
+  const OpDef& eval = ops::batch_norm_eval;
   ASSERT_EQ(eval.splits.size(), 1u);
   EXPECT_EQ(eval.splits[0].output_dim, 0);
   EXPECT_EQ(eval.splits[0].input_dims[0], 0);
-  const OpDef& train = OpRegistry::get().find("batch_norm");
+  const OpDef& train = ops::batch_norm;
   EXPECT_TRUE(train.splits.empty());
   EXPECT_TRUE(train.flags.side_effects);
   EXPECT_EQ(train.mutated_inputs, (std::vector<int>{3, 4}));
@@ -118,7 +120,7 @@ TEST(BatchNorm, RunningStatisticsMoveExactlyOncePerForward) {
 
 TEST(BatchNorm, ReplayRecomputesTheOutputWithoutTouchingRunningStatistics) {
   NchwCase c;
-  const OpDef& op = OpRegistry::get().find("batch_norm");
+  const OpDef& op = ops::batch_norm;
   Attrs attrs{{"momentum", 0.1}, {"eps", 1e-5}};
   std::vector<Tensor> inputs = {c.x, c.weight, c.bias, c.running_mean, c.running_var};
   std::vector<Tensor> outputs = dispatch(op, inputs, attrs);
@@ -140,7 +142,7 @@ TEST(BatchNorm, ReplayRecomputesTheOutputWithoutTouchingRunningStatistics) {
 TEST(BatchNorm, SavesBatchMeanAndInverseStdAsOutputs) {
   NchwCase c;
   std::vector<Tensor> outputs =
-      dispatch(OpRegistry::get().find("batch_norm"), {c.x, c.weight, c.bias, Tensor(), Tensor()},
+      dispatch(ops::batch_norm, {c.x, c.weight, c.bias, Tensor(), Tensor()},
                Attrs{{"momentum", 0.1}, {"eps", 1e-5}});
   ASSERT_EQ(outputs.size(), 3u);
   EXPECT_TRUE(all_close(outputs[1], mean(c.x, {0, 2, 3})));
@@ -303,13 +305,13 @@ TEST(LayerNorm, WithoutAffineOverTheLastDimensionLikePyTorch) {
 TEST(LayerNorm, OutputsRowMeanAndInverseStdShapedLikePyTorch) {
   LayerNormCase c;
   std::vector<Tensor> outputs =
-      dispatch(OpRegistry::get().find("layer_norm"), {c.x, Tensor(), Tensor()},
+      dispatch(ops::layer_norm, {c.x, Tensor(), Tensor()},
                Attrs{{"normalized_shape", std::vector<int64_t>{4}}, {"eps", 1e-5}});
   ASSERT_EQ(outputs.size(), 3u);
   EXPECT_EQ(outputs[1].sizes(), (Shape{2, 3, 1}));
   EXPECT_TRUE(all_close(outputs[1], mean(c.x, {2}, true)));
   EXPECT_TRUE(all_close(outputs[2], rsqrt(add(var(c.x, {2}, false, true), 1e-5))));
-  const OpDef& op = OpRegistry::get().find("layer_norm");
+  const OpDef& op = ops::layer_norm;
   ASSERT_EQ(op.splits.size(), 1u);
   EXPECT_EQ(op.splits[0].output_dim, 0);
 }

@@ -1,5 +1,7 @@
 // max_pool2d (values and saved indices), avg_pool2d and adaptive_avg_pool2d: PyTorch's window
 // rules (padding, dilation, ceil_mode, count_include_pad), gradients, and bad inputs.
+#include "ops/pool.h"
+
 #include <cmath>
 
 #include "core/op.h"
@@ -31,7 +33,7 @@ Tensor expected(const std::vector<double>& values, const Shape& sizes) {
 std::vector<Tensor> max_pool_with_indices(const Tensor& x, std::vector<int64_t> kernel,
                                           std::vector<int64_t> stride, std::vector<int64_t> padding,
                                           std::vector<int64_t> dilation, bool ceil_mode) {
-  return dispatch(OpRegistry::get().find("max_pool2d"), {x},
+  return dispatch(ops::max_pool2d, {x},
                   Attrs{{"kernel_size", kernel},
                         {"stride", stride},
                         {"padding", padding},

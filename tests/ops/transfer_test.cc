@@ -16,7 +16,7 @@ using testing::kF64;
 using testing::throws_error;
 
 Tensor host_transfer(const Tensor& x) {
-  return dispatch(OpRegistry::get().find("to_device"), {x},
+  return dispatch(ops::to_device, {x},
                   Attrs{{"device", std::string("cpu")}, {"source_device", std::string("cpu")}})[0];
 }
 

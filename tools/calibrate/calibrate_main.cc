@@ -1,6 +1,6 @@
 // Measures a device profile on this machine and writes it as JSON for the planner:
 //   bazel run //tools/calibrate -- --out=/tmp/this_machine.json
-//   mpirun -np 2 bazel-bin/tools/calibrate/calibrate --out=/tmp/two_ranks.json  (collectives)
+//   mpirun -np 2 bazel-bin/parallel/planner/calibrate --out=/tmp/two_ranks.json  (collectives)
 // GEMM and convolution throughput and element-wise bandwidth come from Tessel's own CPU kernels;
 // so do the per-kind rates (op_kinds: dense, grouped and depthwise convolutions, small GEMMs,
 // element-wise, normalisation, pooling, concatenation, loss and optimizer updates, forward and
@@ -24,7 +24,11 @@
 #include "core/error.h"
 #include "core/op.h"
 #include "core/threading.h"
+#include "ops/conv.h"
+#include "ops/elementwise.h"
+#include "ops/linalg.h"
 #include "ops/ops.h"
+#include "ops/optimizer_updates.h"
 #include "optim/adam.h"
 #include "optim/sgd.h"
 #include "parallel/launch.h"
@@ -56,9 +60,9 @@ double best_time(const std::function<void()>& body, double budget_s) {
 
 // Runs an op into a preallocated output: kernel throughput, without allocation or first-touch
 // page faults (training reuses cached blocks).
-void into(const char* name, const std::vector<Tensor>& inputs, const Attrs& attrs,
+void into(const OpHandle& op, const std::vector<Tensor>& inputs, const Attrs& attrs,
           const Tensor& out) {
-  dispatch(OpRegistry::get().find(name), inputs, attrs, {out});
+  dispatch(op, inputs, attrs, {out});
 }
 
 struct PassTimes {
@@ -248,7 +252,7 @@ double synchronisation_wait(parallel::Communicator& comm, int reps) {
   double total = 0;
   comm.barrier();
   for (int rep = 0; rep < reps; ++rep) {
-    for (int k = 0; k < 4; ++k) into("matmul", {a, b}, {}, c);
+    for (int k = 0; k < 4; ++k) into(ops::matmul, {a, b}, {}, c);
     const auto start = Clock::now();
     comm.all_reduce(one);
     total += std::chrono::duration<double>(Clock::now() - start).count();
@@ -340,7 +344,7 @@ int calibrate(int argc, char** argv) {
   const int64_t n = quick ? 256 : 1024;
   {
     Tensor a = randn({n, n}), b = randn({n, n}), c = empty({n, n});
-    const double seconds = best_time([&] { into("matmul", {a, b}, {}, c); }, budget);
+    const double seconds = best_time([&] { into(ops::matmul, {a, b}, {}, c); }, budget);
     profile.gemm_flops = 2.0 * n * n * n / seconds;
     sources["gemm"] = "matmul " + std::to_string(n) +
                       "^3 f32 on Tessel's CPU kernels, into a preallocated output";
@@ -354,7 +358,11 @@ int calibrate(int argc, char** argv) {
                       {"padding", std::vector<int64_t>{1, 1}},
                       {"dilation", std::vector<int64_t>{1, 1}},
                       {"groups", int64_t{1}}};
-    const double seconds = best_time([&] { into("conv2d", {x, w, Tensor()}, attrs, y); }, budget);
+    const double seconds = best_time(
+        [&] {
+          into(ops::conv2d, {x, w, Tensor()}, attrs, y);
+        },
+        budget);
     profile.conv_flops = 2.0 * batch * channels * size * size * channels * 9 / seconds;
     sources["conv"] = "conv2d 3x3, 64 -> 64 channels, " + std::to_string(size) + "x" +
                       std::to_string(size) + ", batch " + std::to_string(batch) + ", f32";
@@ -363,7 +371,7 @@ int calibrate(int argc, char** argv) {
   {
     const int64_t elements = quick ? (1 << 20) : (1 << 24);
     Tensor a = randn({elements}), b = randn({elements}), c = empty({elements});
-    const double seconds = best_time([&] { into("add", {a, b}, {}, c); }, budget);
+    const double seconds = best_time([&] { into(ops::add, {a, b}, {}, c); }, budget);
     profile.memory_bandwidth = 12.0 * elements / seconds;
     profile.elementwise_flops = elements / seconds;
     sources["memory_bandwidth"] =
@@ -668,7 +676,8 @@ int calibrate(int argc, char** argv) {
   }
   // Optimizer updates, in parameters per second: one step over 12 weights of 1M elements (more
   // than the last-level cache, as a model's parameters are).
-  for (const char* kind : {"sgd_update", "adam_update"}) {
+  for (const OpHandle* update : {&ops::sgd_update, &ops::adam_update}) {
+    const char* kind = update->name();
     std::vector<Tensor> weights;
     int64_t elements = 0;
     for (int i = 0; i < 12; ++i) {
@@ -678,7 +687,7 @@ int calibrate(int argc, char** argv) {
       weights.push_back(weight);
     }
     std::unique_ptr<optim::Optimizer> optimizer;
-    if (std::string(kind) == "sgd_update")
+    if (update == &ops::sgd_update)
       optimizer = std::make_unique<optim::SGD>(weights, optim::SGDOptions(0.01).momentum(0.9));
     else
       optimizer = std::make_unique<optim::AdamW>(weights, optim::AdamWOptions(1e-4));
@@ -712,7 +721,7 @@ int calibrate(int argc, char** argv) {
     rate.forward = rate.backward = static_cast<double>(elements) / seconds;
     profile.op_kinds[kind] = rate;
     sources["op_kinds"][kind] =
-        std::string(kind == std::string("sgd_update") ? "SGD with momentum" : "AdamW") +
+        std::string(update == &ops::sgd_update ? "SGD with momentum" : "AdamW") +
         " step over 12 parameters, " + std::to_string(elements) +
         " elements in all, in parameters per second";
   }

@@ -15,8 +15,9 @@
 #include <vector>
 
 #include "cuda/allocator.h"
-#include "cuda/cudnn_ops.h"
 #include "cuda/kernels/loops.cuh"
+#include "cuda/ops/conv.h"
+#include "ops/conv.h"
 #include "ops/registry_helpers.h"
 
 namespace tessel::cuda {
@@ -32,13 +33,13 @@ enum class ConvPass { kForward, kBackwardData, kBackwardFilter };
 const char* pass_op_name(ConvPass pass) {
   switch (pass) {
     case ConvPass::kForward:
-      return "conv2d";
+      return ops::conv2d.name();
     case ConvPass::kBackwardData:
-      return "conv2d_backward_input";
+      return ops::conv2d_backward_input.name();
     case ConvPass::kBackwardFilter:
-      return "conv2d_backward_weight";
+      return ops::conv2d_backward_weight.name();
   }
-  return "conv2d";
+  return ops::conv2d.name();
 }
 
 // One ranked algorithm: cuDNN's enum value for its pass, workspace bytes, math type.
@@ -423,14 +424,11 @@ void clear_conv_algorithm_cache() {
 }
 
 TESSEL_REGISTER_OPS(cuda_cudnn_conv) {
-  OpRegistry& registry = OpRegistry::get();
-  registry.set_kernel("conv2d", kCuda, [](KernelContext& context) {
-    convolution_kernel(context, ConvPass::kForward);
-  });
-  registry.set_kernel("conv2d_backward_input", kCuda, [](KernelContext& context) {
-    convolution_kernel(context, ConvPass::kBackwardData);
-  });
-  registry.set_kernel("conv2d_backward_weight", kCuda, [](KernelContext& context) {
+  ops::conv2d.set_kernel(
+      kCuda, [](KernelContext& context) { convolution_kernel(context, ConvPass::kForward); });
+  ops::conv2d_backward_input.set_kernel(
+      kCuda, [](KernelContext& context) { convolution_kernel(context, ConvPass::kBackwardData); });
+  ops::conv2d_backward_weight.set_kernel(kCuda, [](KernelContext& context) {
     convolution_kernel(context, ConvPass::kBackwardFilter);
   });
 }

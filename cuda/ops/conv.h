@@ -1,4 +1,4 @@
-// What the cuDNN convolution kernels (cuda/cudnn_ops.cu) report about their algorithm choice:
+// What the cuDNN convolution kernels (cuda/ops/conv.cu) report about their algorithm choice:
 // the search runs once per (pass, shapes, dtype, attributes, device) and is cached.
 //   cuda::clear_conv_algorithm_cache();  conv2d(x, w);  conv_algorithm_stats().searches == 1
 #pragma once
