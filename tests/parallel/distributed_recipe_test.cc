@@ -17,6 +17,10 @@
 #include "models/bert.h"
 #include "nn/nn.h"
 #include "ops/ops.h"
+#include "optim/adam.h"
+#include "optim/clip_grad.h"
+#include "optim/lr_scheduler.h"
+#include "optim/sgd.h"
 #include "parallel/tensor_parallel.h"
 #include "tests/parallel/mpi_testing.h"
 #include "tests/testing.h"
@@ -24,12 +28,8 @@
 #include "train/engine/run_layout.h"
 #include "train/engine/status_log.h"
 #include "train/engine/training_plan.h"
-#include "optim/adam.h"
-#include "optim/clip_grad.h"
-#include "optim/sgd.h"
 #include "train/recipes/recipe.h"
 #include "train/state/checkpoint.h"
-#include "optim/lr_scheduler.h"
 #include "train/tasks/bert_pretraining.h"
 
 namespace tessel::train {

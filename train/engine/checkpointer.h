@@ -19,13 +19,13 @@
 #include <string>
 
 #include "nn/module.h"
+#include "optim/lr_scheduler.h"
+#include "optim/optimizer.h"
 #include "train/engine/config.h"
 #include "train/engine/run_layout.h"
 #include "train/engine/status_log.h"
 #include "train/engine/training_plan.h"
-#include "optim/optimizer.h"
 #include "train/state/checkpoint.h"
-#include "optim/lr_scheduler.h"
 
 namespace tessel::train {
 

@@ -14,9 +14,9 @@
 #include "core/device.h"
 #include "core/tensor.h"
 #include "nn/module.h"
-#include "train/engine/config.h"
 #include "optim/adam.h"
 #include "optim/optimizer.h"
+#include "train/engine/config.h"
 
 namespace tessel::train {
 

@@ -12,12 +12,12 @@
 #include <ostream>
 #include <string>
 
+#include "optim/optimizer.h"
 #include "train/engine/config.h"
 #include "train/engine/metrics_log.h"
 #include "train/engine/run_layout.h"
 #include "train/engine/training_memory.h"
 #include "train/engine/training_plan.h"
-#include "optim/optimizer.h"
 
 namespace tessel::train {
 

@@ -9,9 +9,9 @@
 #include "core/autograd.h"
 #include "core/error.h"
 #include "memory/host_link.h"
-#include "train/engine/setup.h"
 #include "optim/adam.h"
 #include "optim/sgd.h"
+#include "train/engine/setup.h"
 
 namespace tessel::train {
 namespace {

@@ -13,8 +13,8 @@
 
 #include "memory/memory.h"
 #include "nn/module.h"
-#include "train/engine/config.h"
 #include "optim/optimizer.h"
+#include "train/engine/config.h"
 
 namespace tessel::train {
 

@@ -8,16 +8,16 @@
 #include "core/autocast.h"
 #include "core/error.h"
 #include "models/bert.h"
+#include "optim/lr_scheduler.h"
+#include "text/corpus.h"
+#include "text/mlm.h"
 #include "train/engine/checkpointer.h"
 #include "train/engine/run_layout.h"
 #include "train/engine/setup.h"
 #include "train/engine/status_log.h"
 #include "train/engine/training_memory.h"
 #include "train/engine/training_plan.h"
-#include "optim/lr_scheduler.h"
 #include "train/tasks/bert_pretraining.h"
-#include "text/corpus.h"
-#include "text/mlm.h"
 
 namespace tessel::train {
 namespace {

@@ -3,10 +3,10 @@
 #include <chrono>
 
 #include "core/autocast.h"
-#include "nn/activation.h"
-#include "nn/linear.h"
 #include "data/data_loader.h"
 #include "data/dataset.h"
+#include "nn/activation.h"
+#include "nn/linear.h"
 #include "train/engine/checkpointer.h"
 #include "train/engine/run_layout.h"
 #include "train/engine/setup.h"

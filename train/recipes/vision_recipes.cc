@@ -1,6 +1,6 @@
 // The five image recipes: what sets each apart (ImageRecipeSpec) and its defaults.
-#include "models/resnet.h"
 #include "data/dataset.h"
+#include "models/resnet.h"
 #include "train/recipes/vision.h"
 
 namespace tessel::train {

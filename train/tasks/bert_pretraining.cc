@@ -13,12 +13,12 @@
 
 #include "core/autograd.h"
 #include "core/error.h"
-#include "ops/ops.h"
-#include "parallel/ddp.h"
 #include "data/data_loader.h"
-#include "train/engine/setup.h"
+#include "ops/ops.h"
 #include "optim/clip_grad.h"
+#include "parallel/ddp.h"
 #include "text/vocab_builder.h"
+#include "train/engine/setup.h"
 
 namespace tessel::train {
 namespace {

@@ -17,11 +17,11 @@
 #include "models/bert.h"
 #include "nn/module.h"
 #include "parallel/tensor_parallel.h"
-#include "train/engine/run_layout.h"
-#include "train/engine/status_log.h"
 #include "text/corpus.h"
 #include "text/mlm.h"
 #include "text/wordpiece.h"
+#include "train/engine/run_layout.h"
+#include "train/engine/status_log.h"
 
 namespace tessel::parallel {
 class DistributedDataParallel;

@@ -4,11 +4,11 @@
 
 #include "core/autograd.h"
 #include "core/error.h"
+#include "data/data_loader.h"
 #include "models/shufflenet.h"
 #include "ops/ops.h"
 #include "parallel/ddp.h"
 #include "parallel/vision_parallel.h"
-#include "data/data_loader.h"
 #include "train/engine/setup.h"
 
 namespace tessel::train {

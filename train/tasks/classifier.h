@@ -11,8 +11,8 @@
 #include <memory>
 
 #include "core/tensor.h"
-#include "nn/module.h"
 #include "data/dataset.h"
+#include "nn/module.h"
 #include "train/engine/run_layout.h"
 
 namespace tessel::parallel {
