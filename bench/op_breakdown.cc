@@ -18,11 +18,12 @@
 #include "models/bert.h"
 #include "models/resnet.h"
 #include "models/shufflenet.h"
+#include "models/trace.h"
 #include "ops/ops.h"
 #include "optim/adam.h"
 #include "optim/sgd.h"
-#include "parallel/planner/plan_cli.h"
 #include "parallel/planner/planner.h"
+#include "tools/plan/plan_cli.h"
 
 namespace tessel::bench {
 namespace {
@@ -55,7 +56,7 @@ int run(int argc, char** argv) {
   spec.batch = batch;
   spec.seq = seq;
   spec.image_size = image_size;
-  const planner::Graph graph = planner::trace_model(spec);
+  const planner::Graph graph = models::trace_model(spec);
   planner::PlannerConfig config;
   config.devices = 1;
   config.optimizer_states = planner::is_bert(model_name) ? 2 : 1;  // AdamW, SGD with momentum

@@ -25,6 +25,7 @@
 #include "models/bert.h"
 #include "models/resnet.h"
 #include "models/shufflenet.h"
+#include "models/vision_parallel.h"
 #include "ops/ops.h"
 #include "optim/adam.h"
 #include "optim/sgd.h"
@@ -33,7 +34,6 @@
 #include "parallel/planner/plan_io.h"
 #include "parallel/process_group.h"
 #include "parallel/tensor_parallel.h"
-#include "parallel/vision_parallel.h"
 
 namespace tessel::bench {
 namespace {
@@ -131,20 +131,15 @@ int run(int argc, char** argv) {
 
   manual_seed(0);
   std::shared_ptr<nn::Module> trained;
-  std::shared_ptr<models::BertForPreTraining> full_bert;
-  std::shared_ptr<parallel::TensorParallelBertForPreTraining> tp_bert;
-  std::shared_ptr<parallel::TensorParallelClassifier> tp_vision;
+  std::shared_ptr<models::BertForPreTraining> bert_model;  // the whole model, or this rank's shard
+  std::shared_ptr<models::TensorParallelClassifier> tp_vision;
   models::BertConfig bert_config;
   if (bert) {
     bert_config = models::BertConfig::by_name(model_name.substr(5)).dropout(0.0);
-    full_bert = std::make_shared<models::BertForPreTraining>(bert_config);
-    if (tp > 1) {
-      tp_bert = parallel::shard_bert(*full_bert, group);
-      full_bert.reset();  // the shards alone stay in memory
-      trained = tp_bert;
-    } else {
-      trained = full_bert;
-    }
+    bert_model = std::make_shared<models::BertForPreTraining>(bert_config);
+    // The shard replaces the whole model: only the shards stay in memory.
+    if (tp > 1) bert_model = models::shard_bert(*bert_model, group);
+    trained = bert_model;
   } else {
     std::shared_ptr<nn::Module> full =
         model_name.rfind("resnet", 0) == 0
@@ -155,7 +150,7 @@ int run(int argc, char** argv) {
     if (tp > 1) {
       // As the recipes: ShuffleNet's conv5 split by channels, ResNet's classifier by classes.
       const bool shufflenet = model_name.rfind("shufflenet", 0) == 0;
-      tp_vision = std::make_shared<parallel::TensorParallelClassifier>(full, group, shufflenet);
+      tp_vision = std::make_shared<models::TensorParallelClassifier>(full, group, shufflenet);
       trained = tp_vision;
     } else {
       trained = full;
@@ -182,12 +177,8 @@ int run(int argc, char** argv) {
   auto step = [&]() {
     if (ddp) ddp->prepare_forward();
     Tensor loss;
-    if (tp_bert) {
-      loss = parallel::tensor_parallel_bert_loss(tp_bert->forward(data.ids, data.types, data.mask),
-                                                 data.mlm_labels, data.nsp_labels, group)
-                 .total;
-    } else if (bert) {
-      loss = models::bert_pretraining_loss(full_bert->forward(data.ids, data.types, data.mask),
+    if (bert) {
+      loss = models::bert_pretraining_loss(bert_model->forward(data.ids, data.types, data.mask),
                                            data.mlm_labels, data.nsp_labels)
                  .total;
     } else if (tp_vision) {

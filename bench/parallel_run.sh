@@ -13,7 +13,7 @@ out=${1:-bench/results/parallel_raw.jsonl}
 plans=$(mktemp -d)
 # SKIP_BUILD=1 uses the binaries already in bazel-bin.
 if [ -z "${SKIP_BUILD:-}" ]; then
-  bazel build //bench:parallel_bench //parallel/planner:plan >/dev/null
+  bazel build //bench:parallel_bench //tools/plan >/dev/null
 fi
 export OMPI_MCA_rmaps_base_oversubscribe=yes
 export OMPI_MCA_orte_tmpdir_base=/tmp
@@ -46,7 +46,7 @@ bazel-bin/tools/calibrate/calibrate --threads=1 --name=calibrated_now_one_rank \
 plan() {
   local model=$1
   shift
-  bazel-bin/parallel/planner/plan --model="$model" --devices=2 --remat=1 \
+  bazel-bin/tools/plan/plan --model="$model" --devices=2 --remat=1 \
     --out="$plans/$model.json" "$@" | tail -n 4 >&2
 }
 # Each model twice per profile: the plan the planner chose freely, and its best plan with
@@ -70,11 +70,11 @@ done
 control() {
   local model=$1 plan_args=$2 bench_args=$3
   # shellcheck disable=SC2086
-  bazel-bin/parallel/planner/plan --model="$model" --devices=1 --remat=1 \
+  bazel-bin/tools/plan/plan --model="$model" --devices=1 --remat=1 \
     --profile="$plans/calibrated_now_one_rank.json" --out="$plans/$model.1.json" $plan_args |
     tail -n 4 >&2
   # shellcheck disable=SC2086
-  bazel-bin/parallel/planner/plan --model="$model" --devices=1 --remat=1 \
+  bazel-bin/tools/plan/plan --model="$model" --devices=1 --remat=1 \
     --profile="$plans/calibrated_now.json" --out="$plans/$model.shared.json" $plan_args |
     tail -n 4 >&2
   # shellcheck disable=SC2086

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "ops/ops.h"
+#include "parallel/tensor_parallel.h"
 
 namespace tessel::models {
 
@@ -53,6 +54,21 @@ std::shared_ptr<nn::LayerNorm> make_layer_norm(const BertConfig& config) {
   return std::make_shared<nn::LayerNorm>(
       nn::LayerNormOptions({config.hidden_size()}).eps(config.layer_norm_eps()));
 }
+
+// cls.predictions: holds the decoder's bias, split by vocabulary rows like the word table when
+// the model is built for a tensor-parallel group.
+class BertLMPredictionHead : public nn::Module, public parallel::SplitParameters {
+ public:
+  explicit BertLMPredictionHead(int64_t tp_group)
+      : nn::Module("BertLMPredictionHead"), tp_group_(tp_group) {}
+  std::map<std::string, int64_t> split_parameter_dims() const override {
+    if (tp_group_ < 0) return {};
+    return {{"bias", 0}};
+  }
+
+ private:
+  int64_t tp_group_;
+};
 
 }  // namespace
 
@@ -131,13 +147,17 @@ void BertConfig::validate() const {
 
 // ---- BertEmbeddings ----
 
-BertEmbeddings::BertEmbeddings(const BertConfig& config_in)
+BertEmbeddings::BertEmbeddings(const BertConfig& config_in, int64_t tp_group)
     : nn::Module("BertEmbeddings"), config(config_in) {
   config.validate();
   const int64_t hidden = config.hidden_size();
-  word_embeddings = register_module(
-      "word_embeddings",
-      std::make_shared<nn::Embedding>(nn::EmbeddingOptions(config.vocab_size(), hidden)));
+  std::shared_ptr<nn::Embedding> words;
+  if (tp_group < 0)
+    words = std::make_shared<nn::Embedding>(nn::EmbeddingOptions(config.vocab_size(), hidden));
+  else
+    words =
+        std::make_shared<parallel::VocabParallelEmbedding>(config.vocab_size(), hidden, tp_group);
+  word_embeddings = register_module("word_embeddings", words);
   position_embeddings =
       register_module("position_embeddings", std::make_shared<nn::Embedding>(nn::EmbeddingOptions(
                                                  config.max_position_embeddings(), hidden)));
@@ -162,33 +182,45 @@ Tensor BertEmbeddings::forward(const Tensor& input_ids, const Tensor& token_type
 
 // ---- BertLayer ----
 
-BertLayer::BertLayer(const BertConfig& config_in) : nn::Module("BertLayer"), config(config_in) {
+BertLayer::BertLayer(const BertConfig& config_in, int64_t tp_group_in)
+    : nn::Module("BertLayer"),
+      config(config_in),
+      tp_group(tp_group_in),
+      local_heads(config.num_attention_heads()) {
   config.validate();
+  if (tp_group >= 0)
+    local_heads = parallel::split_size("BertLayer", "num_attention_heads",
+                                       config.num_attention_heads(), tp_group);
   const int64_t hidden = config.hidden_size();
-  auto make_linear = [](int64_t in, int64_t out) { return std::make_shared<nn::Linear>(in, out); };
+  auto column = [&](int64_t in, int64_t out) {
+    return parallel::make_linear(in, out, tp_group, parallel::LinearSplit::kColumns);
+  };
+  auto row = [&](int64_t in, int64_t out) {
+    return parallel::make_linear(in, out, tp_group, parallel::LinearSplit::kRows);
+  };
 
   auto attention = register_module("attention", std::make_shared<nn::Module>("BertAttention"));
   auto self = attention->register_module("self", std::make_shared<nn::Module>("BertSelfAttention"));
-  query = self->register_module("query", make_linear(hidden, hidden));
-  key = self->register_module("key", make_linear(hidden, hidden));
-  value = self->register_module("value", make_linear(hidden, hidden));
+  query = self->register_module("query", column(hidden, hidden));
+  key = self->register_module("key", column(hidden, hidden));
+  value = self->register_module("value", column(hidden, hidden));
   auto self_output =
       attention->register_module("output", std::make_shared<nn::Module>("BertSelfOutput"));
-  attention_dense = self_output->register_module("dense", make_linear(hidden, hidden));
+  attention_dense = self_output->register_module("dense", row(hidden, hidden));
   attention_norm = self_output->register_module("LayerNorm", make_layer_norm(config));
 
   auto intermediate =
       register_module("intermediate", std::make_shared<nn::Module>("BertIntermediate"));
   intermediate_dense =
-      intermediate->register_module("dense", make_linear(hidden, config.intermediate_size()));
+      intermediate->register_module("dense", column(hidden, config.intermediate_size()));
   auto output = register_module("output", std::make_shared<nn::Module>("BertOutput"));
-  output_dense = output->register_module("dense", make_linear(config.intermediate_size(), hidden));
+  output_dense = output->register_module("dense", row(config.intermediate_size(), hidden));
   output_norm = output->register_module("LayerNorm", make_layer_norm(config));
 }
 
 Tensor BertLayer::self_attention(const Tensor& hidden, const Tensor& attention_bias) {
   const int64_t batch = hidden.size(0), seq_len = hidden.size(1);
-  const int64_t heads = config.num_attention_heads(), head_size = config.head_size();
+  const int64_t heads = local_heads, head_size = config.head_size();
   // (N, T, hidden) -> (N, heads, T, d): a view; bmm needs the batch (N, heads) in one stride,
   // which the copies below produce.
   auto split_heads = [&](const Tensor& x) {
@@ -197,12 +229,13 @@ Tensor BertLayer::self_attention(const Tensor& hidden, const Tensor& attention_b
   // Scaling q (N*T*hidden values) instead of the scores (N*heads*T*T) is cheaper, and the scaled
   // copy is already head-major.
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_size));
-  Tensor q =
-      mul(split_heads(query->forward(hidden)), scale).view({batch * heads, seq_len, head_size});
-  Tensor k =
-      split_heads(key->forward(hidden)).contiguous().view({batch * heads, seq_len, head_size});
-  Tensor v =
-      split_heads(value->forward(hidden)).contiguous().view({batch * heads, seq_len, head_size});
+  // Split over a group, q, k and v share one copy_to_tp: one all-reduce of their summed input
+  // gradient instead of three.
+  Tensor input = tp_group < 0 ? hidden : parallel::copy_to_tp(hidden, tp_group);
+  auto project = [&](const nn::Linear& layer) { return linear(input, layer.weight, layer.bias); };
+  Tensor q = mul(split_heads(project(*query)), scale).view({batch * heads, seq_len, head_size});
+  Tensor k = split_heads(project(*key)).contiguous().view({batch * heads, seq_len, head_size});
+  Tensor v = split_heads(project(*value)).contiguous().view({batch * heads, seq_len, head_size});
 
   Tensor scores = bmm(q, k.transpose(1, 2));  // (N*heads, T, T); k^T is read in place
   if (attention_bias.defined())
@@ -212,7 +245,7 @@ Tensor BertLayer::self_attention(const Tensor& hidden, const Tensor& attention_b
   Tensor context = bmm(probs.view({batch * heads, seq_len, seq_len}), v);  // (N*heads, T, d)
   return context.view({batch, heads, seq_len, head_size})
       .permute({0, 2, 1, 3})
-      .reshape({batch, seq_len, config.hidden_size()});
+      .reshape({batch, seq_len, heads * head_size});
 }
 
 Tensor BertLayer::forward(const Tensor& hidden, const Tensor& attention_bias) {
@@ -228,17 +261,18 @@ Tensor BertLayer::forward(const Tensor& hidden, const Tensor& attention_bias) {
 
 // ---- BertModel ----
 
-BertModel::BertModel(const BertConfig& config_in) : nn::Module("BertModel"), config(config_in) {
+BertModel::BertModel(const BertConfig& config_in, int64_t tp_group_in)
+    : nn::Module("BertModel"), config(config_in), tp_group(tp_group_in) {
   config.validate();
-  embeddings = register_module("embeddings", std::make_shared<BertEmbeddings>(config));
+  embeddings = register_module("embeddings", std::make_shared<BertEmbeddings>(config, tp_group));
   auto encoder = register_module("encoder", std::make_shared<nn::Module>("BertEncoder"));
   layers = encoder->register_module("layer", std::make_shared<nn::ModuleList>());
   for (int64_t i = 0; i < config.num_hidden_layers(); ++i)
-    layers->push_back(std::make_shared<BertLayer>(config));
+    layers->push_back(std::make_shared<BertLayer>(config, tp_group));
   auto pooler = register_module("pooler", std::make_shared<nn::Module>("BertPooler"));
   pooler_dense = pooler->register_module(
       "dense", std::make_shared<nn::Linear>(config.hidden_size(), config.hidden_size()));
-  reset_parameters();
+  if (tp_group < 0) reset_parameters();  // a shard is filled by load_shards
 }
 
 void BertModel::reset_parameters() { init_bert_weights(*this, config.initializer_range()); }
@@ -296,17 +330,20 @@ BertModelOutput BertModel::forward(const Tensor& input_ids, const Tensor& token_
 
 // ---- BertForPreTraining ----
 
-BertForPreTraining::BertForPreTraining(const BertConfig& config_in)
-    : nn::Module("BertForPreTraining"), config(config_in) {
+BertForPreTraining::BertForPreTraining(const BertConfig& config_in, int64_t tp_group_in)
+    : nn::Module("BertForPreTraining"), config(config_in), tp_group(tp_group_in) {
   config.validate();
   const int64_t hidden = config.hidden_size();
-  bert = register_module("bert", std::make_shared<BertModel>(config));
+  bert = register_module("bert", std::make_shared<BertModel>(config, tp_group));
   auto heads = register_module("cls", std::make_shared<nn::Module>("BertPreTrainingHeads"));
   auto predictions =
-      heads->register_module("predictions", std::make_shared<nn::Module>("BertLMPredictionHead"));
+      heads->register_module("predictions", std::make_shared<BertLMPredictionHead>(tp_group));
   // The decoder has no module of its own: its weight is the word embedding table (tied) and its
   // bias is cls.predictions.bias, as in the checkpoints.
-  decoder_bias = predictions->register_parameter("bias", zeros({config.vocab_size()}));
+  const int64_t vocab = tp_group < 0 ? config.vocab_size()
+                                     : parallel::split_size("BertForPreTraining", "vocab_size",
+                                                            config.vocab_size(), tp_group);
+  decoder_bias = predictions->register_parameter("bias", zeros({vocab}));
   auto transform = predictions->register_module(
       "transform", std::make_shared<nn::Module>("BertPredictionHeadTransform"));
   transform_dense =
@@ -314,8 +351,8 @@ BertForPreTraining::BertForPreTraining(const BertConfig& config_in)
   transform_norm = transform->register_module("LayerNorm", make_layer_norm(config));
   seq_relationship =
       heads->register_module("seq_relationship", std::make_shared<nn::Linear>(hidden, 2));
-  // bert initialised itself; only the heads are left.
-  init_bert_weights(*heads, config.initializer_range());
+  // bert initialised itself; only the heads are left (a shard is filled by load_shards).
+  if (tp_group < 0) init_bert_weights(*heads, config.initializer_range());
 }
 
 void BertForPreTraining::reset_parameters() {
@@ -330,9 +367,11 @@ BertPreTrainingOutput BertForPreTraining::forward(const Tensor& input_ids,
   Tensor transformed =
       activation(transform_dense->forward(encoded.sequence_output), config.hidden_act());
   transformed = transform_norm->forward(transformed);
+  // Split over a group, this rank's vocabulary rows give this rank's logit columns.
+  if (tp_group >= 0) transformed = parallel::copy_to_tp(transformed, tp_group);
   Tensor mlm_logits = linear(transformed, decoder_weight(), decoder_bias);  // (N, T, vocab)
   Tensor nsp_logits = seq_relationship->forward(encoded.pooled_output);     // (N, 2)
-  return {mlm_logits, nsp_logits};
+  return {mlm_logits, nsp_logits, tp_group};
 }
 
 BertPreTrainingLoss bert_pretraining_loss(const BertPreTrainingOutput& output,
@@ -345,9 +384,12 @@ BertPreTrainingLoss bert_pretraining_loss(const BertPreTrainingOutput& output,
                "bert_pretraining_loss: mlm_labels must have shape ", shape_str(label_shape),
                " (batch, seq_len), got ",
                mlm_labels.defined() ? shape_str(mlm_labels.sizes()) : std::string("none"));
-  const int64_t vocab = logits.size(2);
+  const Tensor flat_logits = logits.reshape({-1, logits.size(2)});
   BertPreTrainingLoss loss;
-  loss.mlm = cross_entropy(logits.reshape({-1, vocab}), mlm_labels.reshape({-1}), -100);
+  loss.mlm = output.vocab_group < 0
+                 ? cross_entropy(flat_logits, mlm_labels.reshape({-1}), -100)
+                 : parallel::vocab_parallel_cross_entropy(flat_logits, mlm_labels.reshape({-1}),
+                                                          output.vocab_group, -100);
   loss.total = loss.mlm;
   if (nsp_labels.defined()) {
     const Tensor& nsp_logits = output.nsp_logits;
@@ -360,6 +402,17 @@ BertPreTrainingLoss bert_pretraining_loss(const BertPreTrainingOutput& output,
     loss.total = add(loss.mlm, loss.nsp);
   }
   return loss;
+}
+
+std::shared_ptr<BertForPreTraining> shard_bert(const BertForPreTraining& full, int64_t tp_group) {
+  TESSEL_CHECK(full.tp_group < 0, "shard_bert: the model is already split over group ",
+               full.tp_group);
+  TESSEL_CHECK(tp_group >= 0, "shard_bert: expected a tensor-parallel group id, got ", tp_group);
+  auto shard = std::make_shared<BertForPreTraining>(full.config, tp_group);
+  shard->to(full.decoder_bias.device());  // the shards live where the full model does (a GPU)
+  parallel::load_shards(*shard, full, tp_group);
+  shard->train(full.is_training());
+  return shard;
 }
 
 }  // namespace tessel::models

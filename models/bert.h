@@ -2,6 +2,10 @@
 // (HuggingFace BertModel / BertForPreTraining): post-LN encoder, erf GELU, tied MLM decoder.
 //   models::BertForPreTraining model(models::BertConfig::by_name("mini").vocab_size(1000));
 //   auto [mlm_logits, nsp_logits] = model.forward(input_ids, token_type_ids, attention_mask);
+// Tensor parallel (Megatron-LM's split): the same classes built for a tensor-parallel group
+// (an id of parallel::register_tp_group) split the attention heads, the MLP and the vocabulary
+// over its ranks, with the same module and parameter names:
+//   auto shard = models::shard_bert(model, tp_group);  // this rank's part of `model`
 #pragma once
 
 #include <memory>
@@ -113,10 +117,12 @@ class BertConfig {
   double layer_norm_eps_ = 1e-12;
 };
 
-// word + position + token type embeddings, then LayerNorm and dropout.
+// word + position + token type embeddings, then LayerNorm and dropout. With a tensor-parallel
+// group (tp_group >= 0) the word table is split by vocabulary rows
+// (parallel::VocabParallelEmbedding).
 class BertEmbeddings : public nn::Module {
  public:
-  explicit BertEmbeddings(const BertConfig& config);
+  explicit BertEmbeddings(const BertConfig& config, int64_t tp_group = -1);
   // input_ids (N, T) i64; token_type_ids (N, T) or undefined (all type 0) -> (N, T, hidden)
   Tensor forward(const Tensor& input_ids, const Tensor& token_type_ids = Tensor());
 
@@ -129,13 +135,18 @@ class BertEmbeddings : public nn::Module {
 
 // One post-LN encoder layer: self-attention (attention.self, attention.output) and the
 // feed-forward block (intermediate, output), each followed by dropout, residual and LayerNorm.
+// With a tensor-parallel group (tp_group >= 0) each rank holds heads / tp heads: query, key,
+// value and intermediate are column parallel, the two output denses row parallel
+// (parallel::make_linear), so a layer costs two all-reduces forward and two backward.
 class BertLayer : public nn::Module {
  public:
-  explicit BertLayer(const BertConfig& config);
+  explicit BertLayer(const BertConfig& config, int64_t tp_group = -1);
   // hidden (N, T, hidden); attention_bias (N, 1, 1, T) added to the scores, or undefined.
   Tensor forward(const Tensor& hidden, const Tensor& attention_bias = Tensor());
 
   BertConfig config;
+  int64_t tp_group;
+  int64_t local_heads;                             // num_attention_heads / tp
   std::shared_ptr<nn::Linear> query, key, value;   // attention.self.*
   std::shared_ptr<nn::Linear> attention_dense;     // attention.output.dense
   std::shared_ptr<nn::LayerNorm> attention_norm;   // attention.output.LayerNorm
@@ -152,10 +163,12 @@ struct BertModelOutput {
   Tensor pooled_output;    // (N, hidden): tanh(dense(first token))
 };
 
-// embeddings, encoder.layer.<i>, pooler.dense.
+// embeddings, encoder.layer.<i>, pooler.dense. Built for a tensor-parallel group, the embeddings
+// and layers are split (see above) and the parameters are left for load_shards to fill: drawing
+// them would only move the random stream.
 class BertModel : public nn::Module {
  public:
-  explicit BertModel(const BertConfig& config);
+  explicit BertModel(const BertConfig& config, int64_t tp_group = -1);
   // input_ids (N, T) i64 in [0, vocab_size); token_type_ids (N, T) i64 in [0, type_vocab_size)
   // or undefined (all zeros); attention_mask (N, T) of 1 (attend) / 0 (padding), any dtype, or
   // undefined (attend everywhere). T <= max_position_embeddings.
@@ -166,6 +179,7 @@ class BertModel : public nn::Module {
   void reset_parameters();
 
   BertConfig config;
+  int64_t tp_group;
   std::shared_ptr<BertEmbeddings> embeddings;
   std::shared_ptr<nn::ModuleList> layers;  // encoder.layer, of BertLayer
   std::shared_ptr<nn::Linear> pooler_dense;
@@ -176,8 +190,9 @@ class BertModel : public nn::Module {
 };
 
 struct BertPreTrainingOutput {
-  Tensor mlm_logits;  // (N, T, vocab_size)
-  Tensor nsp_logits;  // (N, 2): is-next, not-next
+  Tensor mlm_logits;         // (N, T, vocab_size), or (N, T, vocab_size / tp): this rank's columns
+  Tensor nsp_logits;         // (N, 2): is-next, not-next
+  int64_t vocab_group = -1;  // the tensor-parallel group mlm_logits is split over, or -1
 };
 
 struct BertPreTrainingLoss {
@@ -189,10 +204,11 @@ struct BertPreTrainingLoss {
 // bert (BertModel) and the pre-training heads: cls.predictions (transform.dense, GELU,
 // transform.LayerNorm, then the decoder, whose weight is the word embedding table, plus
 // cls.predictions.bias) and cls.seq_relationship. The tied table is one parameter, listed once
-// under bert.embeddings.word_embeddings.weight; its gradient sums both uses.
+// under bert.embeddings.word_embeddings.weight; its gradient sums both uses. Built for a
+// tensor-parallel group, the decoder and its bias are split by vocabulary rows with the table.
 class BertForPreTraining : public nn::Module {
  public:
-  explicit BertForPreTraining(const BertConfig& config);
+  explicit BertForPreTraining(const BertConfig& config, int64_t tp_group = -1);
   BertPreTrainingOutput forward(const Tensor& input_ids, const Tensor& token_type_ids = Tensor(),
                                 const Tensor& attention_mask = Tensor());
   void reset_parameters();
@@ -200,17 +216,25 @@ class BertForPreTraining : public nn::Module {
   const Tensor& decoder_weight() const { return bert->embeddings->word_embeddings->weight; }
 
   BertConfig config;
+  int64_t tp_group;
   std::shared_ptr<BertModel> bert;
   std::shared_ptr<nn::Linear> transform_dense;    // cls.predictions.transform.dense
   std::shared_ptr<nn::LayerNorm> transform_norm;  // cls.predictions.transform.LayerNorm
-  Tensor decoder_bias;                            // cls.predictions.bias (vocab_size)
+  Tensor decoder_bias;                            // cls.predictions.bias (vocab_size [/ tp])
   std::shared_ptr<nn::Linear> seq_relationship;   // cls.seq_relationship
 };
 
 // mlm_labels (N, T) i64: the original token at masked positions, -100 elsewhere.
 // nsp_labels (N) i64 (0: B follows A, 1: random B), or undefined for an MLM-only loss.
+// Logits split over a group are scored by parallel::vocab_parallel_cross_entropy (the same
+// loss on every rank of the group).
 BertPreTrainingLoss bert_pretraining_loss(const BertPreTrainingOutput& output,
                                           const Tensor& mlm_labels,
                                           const Tensor& nsp_labels = Tensor());
+
+// This rank's part of `full` for the tensor-parallel group `tp_group`: a
+// BertForPreTraining(full.config, tp_group) on full's device, in full's training mode, holding
+// its slices of full's parameters (parallel::load_shards). A local call, no collective.
+std::shared_ptr<BertForPreTraining> shard_bert(const BertForPreTraining& full, int64_t tp_group);
 
 }  // namespace tessel::models

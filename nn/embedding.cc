@@ -6,21 +6,24 @@
 
 namespace tessel::nn {
 
-Embedding::Embedding(const EmbeddingOptions& options_in)
-    : Module("Embedding"), options(options_in) {
+Embedding::Embedding(const EmbeddingOptions& options_in) : Embedding("Embedding", options_in) {
+  reset_parameters();
+}
+
+Embedding::Embedding(const std::string& name, const EmbeddingOptions& options_in)
+    : Module(name), options(options_in) {
   const int64_t rows = options.num_embeddings();
-  TESSEL_CHECK(rows > 0 && options.embedding_dim() > 0,
-               "Embedding: num_embeddings and embedding_dim must be positive, got ", rows, " and ",
+  TESSEL_CHECK(rows > 0 && options.embedding_dim() > 0, name,
+               ": num_embeddings and embedding_dim must be positive, got ", rows, " and ",
                options.embedding_dim());
   if (options.padding_idx()) {
     int64_t index = *options.padding_idx();
-    TESSEL_CHECK(index >= -rows && index < rows, "Embedding: padding_idx ", index,
+    TESSEL_CHECK(index >= -rows && index < rows, name, ": padding_idx ", index,
                  " is out of range for num_embeddings=", rows, " (expected ", -rows, " to ",
                  rows - 1, ")");
     padding_idx = index < 0 ? index + rows : index;
   }
-  weight = register_parameter("weight", empty({rows, options.embedding_dim()}));
-  reset_parameters();
+  weight = register_parameter("weight", zeros({rows, options.embedding_dim()}));
 }
 
 void Embedding::reset_parameters() {

@@ -40,6 +40,11 @@ class Embedding : public Module {
   EmbeddingOptions options;
   Tensor weight;             // (num_embeddings, embedding_dim)
   int64_t padding_idx = -1;  // normalised to [0, num_embeddings), -1 for none
+
+ protected:
+  // For tables that hold a part of a larger one (the tensor-parallel shards): a zero table of
+  // these sizes named `name`, filled from the full table, so nothing is drawn.
+  Embedding(const std::string& name, const EmbeddingOptions& options);
 };
 
 }  // namespace tessel::nn

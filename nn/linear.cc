@@ -7,13 +7,17 @@
 
 namespace tessel::nn {
 
-Linear::Linear(const LinearOptions& options_in) : Module("Linear"), options(options_in) {
-  TESSEL_CHECK(options.in_features() > 0 && options.out_features() > 0,
-               "Linear: in_features and out_features must be positive, got in_features=",
-               options.in_features(), ", out_features=", options.out_features());
-  weight = register_parameter("weight", empty({options.out_features(), options.in_features()}));
-  if (options.bias()) bias = register_parameter("bias", empty({options.out_features()}));
+Linear::Linear(const LinearOptions& options_in) : Linear("Linear", options_in) {
   reset_parameters();
+}
+
+Linear::Linear(const std::string& name, const LinearOptions& options_in)
+    : Module(name), options(options_in) {
+  TESSEL_CHECK(options.in_features() > 0 && options.out_features() > 0, name,
+               ": in_features and out_features must be positive, got in_features=",
+               options.in_features(), ", out_features=", options.out_features());
+  weight = register_parameter("weight", zeros({options.out_features(), options.in_features()}));
+  if (options.bias()) bias = register_parameter("bias", zeros({options.out_features()}));
 }
 
 void Linear::reset_parameters() {

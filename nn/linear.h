@@ -41,6 +41,11 @@ class Linear : public Module {
   LinearOptions options;
   Tensor weight;
   Tensor bias;
+
+ protected:
+  // For layers that hold a part of a larger linear (the tensor-parallel shards): parameters of
+  // these sizes, zero, named `name`; they are filled from the full layer, so nothing is drawn.
+  Linear(const std::string& name, const LinearOptions& options);
 };
 
 class Identity : public Module {

@@ -219,37 +219,23 @@ Tensor max_from_tp(const Tensor& x, int64_t group) {
 
 // ---- layers ----
 
-namespace {
-
-int64_t split_size(const char* layer, const char* what, int64_t size, int tp) {
+int64_t split_size(const char* layer, const char* what, int64_t size, int64_t group) {
+  const int tp = tp_group(group)->size();
   TESSEL_CHECK(size > 0 && size % tp == 0, layer, ": ", what, " (", size,
                ") must be a positive multiple of the tensor parallel size ", tp);
   return size / tp;
 }
 
+namespace {
+
 // Copies `source` into the parameter `target` (shapes must agree), outside autograd.
-void assign(const Tensor& target, const Tensor& source, const char* what) {
+void assign(const Tensor& target, const Tensor& source, const std::string& what) {
   TESSEL_CHECK(target.sizes() == source.sizes(), "tensor parallel load: ", what, " has shape ",
                shape_str(target.sizes()), " but the slice of the full model is ",
                shape_str(source.sizes()));
   NoGradGuard no_grad;
   Tensor copy = target;
   copy.copy_(source);
-}
-
-Tensor activation(const Tensor& x, const std::string& name) {
-  if (name == "gelu") return gelu(x, "none");
-  if (name == "gelu_new") return gelu(x, "tanh");
-  return relu(x);
-}
-
-std::shared_ptr<nn::LayerNorm> make_layer_norm(const models::BertConfig& config) {
-  return std::make_shared<nn::LayerNorm>(
-      nn::LayerNormOptions({config.hidden_size()}).eps(config.layer_norm_eps()));
-}
-
-void copy_module(nn::Module& target, const nn::Module& source) {
-  target.load_state_dict(source.state_dict());
 }
 
 // A 0-dim tensor on `like`'s device (ops refuse inputs on different devices).
@@ -261,20 +247,17 @@ Tensor scalar_on(const Tensor& like, double value, DType dtype) {
 
 ColumnParallelLinear::ColumnParallelLinear(int64_t in_features_in, int64_t out_features_in,
                                            int64_t group_in, bool bias_in, bool gather_output_in)
-    : nn::Module("ColumnParallelLinear"),
+    : nn::Linear(
+          "ColumnParallelLinear",
+          nn::LinearOptions(in_features_in, split_size("ColumnParallelLinear", "out_features",
+                                                       out_features_in, group_in))
+              .bias(bias_in)),
       in_features(in_features_in),
       out_features(out_features_in),
       group(group_in),
-      gather_output(gather_output_in) {
-  const auto& comm = tp_group(group);
-  tp_size = comm->size();
-  tp_rank = comm->rank();
-  const int64_t local = split_size("ColumnParallelLinear", "out_features", out_features, tp_size);
-  TESSEL_CHECK(in_features > 0, "ColumnParallelLinear: in_features must be positive, got ",
-               in_features);
-  weight = register_parameter("weight", zeros({local, in_features}));
-  if (bias_in) bias = register_parameter("bias", zeros({local}));
-}
+      tp_size(tp_group(group_in)->size()),
+      tp_rank(tp_group(group_in)->rank()),
+      gather_output(gather_output_in) {}
 
 Tensor ColumnParallelLinear::forward(const Tensor& input) {
   Tensor output = linear(copy_to_tp(input, group), weight, bias);
@@ -290,22 +273,24 @@ void ColumnParallelLinear::load_from(const nn::Linear& full) {
     assign(bias, narrow(full.bias, 0, tp_rank * local, local), "ColumnParallelLinear.bias");
 }
 
+std::map<std::string, int64_t> ColumnParallelLinear::split_parameter_dims() const {
+  if (bias.defined()) return {{"weight", 0}, {"bias", 0}};
+  return {{"weight", 0}};
+}
+
 RowParallelLinear::RowParallelLinear(int64_t in_features_in, int64_t out_features_in,
                                      int64_t group_in, bool bias_in, bool input_is_parallel_in)
-    : nn::Module("RowParallelLinear"),
+    : nn::Linear("RowParallelLinear",
+                 nn::LinearOptions(
+                     split_size("RowParallelLinear", "in_features", in_features_in, group_in),
+                     out_features_in)
+                     .bias(bias_in)),
       in_features(in_features_in),
       out_features(out_features_in),
       group(group_in),
-      input_is_parallel(input_is_parallel_in) {
-  const auto& comm = tp_group(group);
-  tp_size = comm->size();
-  tp_rank = comm->rank();
-  const int64_t local = split_size("RowParallelLinear", "in_features", in_features, tp_size);
-  TESSEL_CHECK(out_features > 0, "RowParallelLinear: out_features must be positive, got ",
-               out_features);
-  weight = register_parameter("weight", zeros({out_features, local}));
-  if (bias_in) bias = register_parameter("bias", zeros({out_features}));
-}
+      tp_size(tp_group(group_in)->size()),
+      tp_rank(tp_group(group_in)->rank()),
+      input_is_parallel(input_is_parallel_in) {}
 
 Tensor RowParallelLinear::forward(const Tensor& input) {
   Tensor local_input = input_is_parallel ? input : scatter_to_tp(input, group);
@@ -322,20 +307,31 @@ void RowParallelLinear::load_from(const nn::Linear& full) {
   if (bias.defined()) assign(bias, full.bias, "RowParallelLinear.bias");
 }
 
+std::map<std::string, int64_t> RowParallelLinear::split_parameter_dims() const {
+  return {{"weight", 1}};  // the bias is added after the reduce: replicated
+}
+
+std::shared_ptr<nn::Linear> make_linear(int64_t in_features, int64_t out_features, int64_t group,
+                                        LinearSplit split) {
+  if (group < 0) return std::make_shared<nn::Linear>(in_features, out_features);
+  if (split == LinearSplit::kColumns)
+    return std::make_shared<ColumnParallelLinear>(in_features, out_features, group);
+  return std::make_shared<RowParallelLinear>(in_features, out_features, group);
+}
+
 VocabParallelEmbedding::VocabParallelEmbedding(int64_t num_embeddings_in, int64_t embedding_dim_in,
                                                int64_t group_in)
-    : nn::Module("VocabParallelEmbedding"),
+    : nn::Embedding("VocabParallelEmbedding",
+                    nn::EmbeddingOptions(split_size("VocabParallelEmbedding", "num_embeddings",
+                                                    num_embeddings_in, group_in),
+                                         embedding_dim_in)),
       num_embeddings(num_embeddings_in),
       embedding_dim(embedding_dim_in),
-      group(group_in) {
-  const auto& comm = tp_group(group);
-  tp_size = comm->size();
-  tp_rank = comm->rank();
-  const int64_t local =
-      split_size("VocabParallelEmbedding", "num_embeddings", num_embeddings, tp_size);
-  vocab_start = tp_rank * local;
-  vocab_end = vocab_start + local;
-  weight = register_parameter("weight", zeros({local, embedding_dim}));
+      group(group_in),
+      tp_size(tp_group(group_in)->size()),
+      tp_rank(tp_group(group_in)->rank()) {
+  vocab_start = tp_rank * weight.size(0);
+  vocab_end = vocab_start + weight.size(0);
 }
 
 Tensor VocabParallelEmbedding::forward(const Tensor& indices) {
@@ -395,240 +391,47 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& target, 
   return div(sum(mul(losses, valid)), sum(valid));
 }
 
-// ---- BERT ----
-
-TensorParallelBertLayer::TensorParallelBertLayer(const models::BertConfig& config_in,
-                                                 int64_t group_in)
-    : nn::Module("TensorParallelBertLayer"), config(config_in), group(group_in) {
-  config.validate();
-  const int tp = tp_group(group)->size();
-  local_heads = split_size("TensorParallelBertLayer", "num_attention_heads",
-                           config.num_attention_heads(), tp);
-  const int64_t hidden = config.hidden_size();
-  auto column = [&](int64_t in, int64_t out) {
-    return std::make_shared<ColumnParallelLinear>(in, out, group);
-  };
-  auto row = [&](int64_t in, int64_t out) {
-    return std::make_shared<RowParallelLinear>(in, out, group);
-  };
-  auto attention = register_module("attention", std::make_shared<nn::Module>("BertAttention"));
-  auto self = attention->register_module("self", std::make_shared<nn::Module>("BertSelfAttention"));
-  query = self->register_module("query", column(hidden, hidden));
-  key = self->register_module("key", column(hidden, hidden));
-  value = self->register_module("value", column(hidden, hidden));
-  auto self_output =
-      attention->register_module("output", std::make_shared<nn::Module>("BertSelfOutput"));
-  attention_dense = self_output->register_module("dense", row(hidden, hidden));
-  attention_norm = self_output->register_module("LayerNorm", make_layer_norm(config));
-  auto intermediate =
-      register_module("intermediate", std::make_shared<nn::Module>("BertIntermediate"));
-  intermediate_dense =
-      intermediate->register_module("dense", column(hidden, config.intermediate_size()));
-  auto output = register_module("output", std::make_shared<nn::Module>("BertOutput"));
-  output_dense = output->register_module("dense", row(config.intermediate_size(), hidden));
-  output_norm = output->register_module("LayerNorm", make_layer_norm(config));
-}
-
-Tensor TensorParallelBertLayer::forward(const Tensor& hidden, const Tensor& attention_bias) {
-  const int64_t batch = hidden.size(0), seq_len = hidden.size(1);
-  const int64_t head_size = config.head_size();
-  const double p = config.hidden_dropout_prob();
-  const bool training = is_training();
-
-  // One copy_to_tp for q, k and v together: one all-reduce of their summed input gradient.
-  Tensor shared = copy_to_tp(hidden, group);
-  auto split_heads = [&](const Tensor& x) {
-    return x.view({batch, seq_len, local_heads, head_size}).permute({0, 2, 1, 3});
-  };
-  const double scale = 1.0 / std::sqrt(static_cast<double>(head_size));
-  Tensor q = mul(split_heads(linear(shared, query->weight, query->bias)), scale)
-                 .view({batch * local_heads, seq_len, head_size});
-  Tensor k = split_heads(linear(shared, key->weight, key->bias))
-                 .contiguous()
-                 .view({batch * local_heads, seq_len, head_size});
-  Tensor v = split_heads(linear(shared, value->weight, value->bias))
-                 .contiguous()
-                 .view({batch * local_heads, seq_len, head_size});
-  Tensor scores = bmm(q, k.transpose(1, 2));
-  if (attention_bias.defined())
-    scores = add(scores.view({batch, local_heads, seq_len, seq_len}), attention_bias);
-  Tensor probs = dropout(softmax(scores, -1), config.attention_probs_dropout_prob(), training);
-  Tensor context = bmm(probs.view({batch * local_heads, seq_len, seq_len}), v)
-                       .view({batch, local_heads, seq_len, head_size})
-                       .permute({0, 2, 1, 3})
-                       .reshape({batch, seq_len, local_heads * head_size});
-
-  Tensor attended = attention_dense->forward(context);
-  Tensor attention_output = attention_norm->forward(add(dropout(attended, p, training), hidden));
-  Tensor intermediate =
-      activation(intermediate_dense->forward(attention_output), config.hidden_act());
-  Tensor output = output_dense->forward(intermediate);
-  return output_norm->forward(add(dropout(output, p, training), attention_output));
-}
-
-void TensorParallelBertLayer::load_from(const models::BertLayer& full) {
-  query->load_from(*full.query);
-  key->load_from(*full.key);
-  value->load_from(*full.value);
-  attention_dense->load_from(*full.attention_dense);
-  copy_module(*attention_norm, *full.attention_norm);
-  intermediate_dense->load_from(*full.intermediate_dense);
-  output_dense->load_from(*full.output_dense);
-  copy_module(*output_norm, *full.output_norm);
-}
-
-TensorParallelBertForPreTraining::TensorParallelBertForPreTraining(
-    const models::BertConfig& config_in, int64_t group_in)
-    : nn::Module("TensorParallelBertForPreTraining"), config(config_in), group(group_in) {
-  config.validate();
-  const int tp = tp_group(group)->size();
-  const int64_t hidden = config.hidden_size();
-  const int64_t local_vocab =
-      split_size("TensorParallelBertForPreTraining", "vocab_size", config.vocab_size(), tp);
-
-  auto bert = register_module("bert", std::make_shared<nn::Module>("BertModel"));
-  auto embeddings =
-      bert->register_module("embeddings", std::make_shared<nn::Module>("BertEmbeddings"));
-  word_embeddings = embeddings->register_module(
-      "word_embeddings",
-      std::make_shared<VocabParallelEmbedding>(config.vocab_size(), hidden, group));
-  position_embeddings = embeddings->register_module(
-      "position_embeddings", std::make_shared<nn::Embedding>(
-                                 nn::EmbeddingOptions(config.max_position_embeddings(), hidden)));
-  token_type_embeddings = embeddings->register_module(
-      "token_type_embeddings",
-      std::make_shared<nn::Embedding>(nn::EmbeddingOptions(config.type_vocab_size(), hidden)));
-  embeddings_norm = embeddings->register_module("LayerNorm", make_layer_norm(config));
-
-  auto encoder = bert->register_module("encoder", std::make_shared<nn::Module>("BertEncoder"));
-  auto layer_list = encoder->register_module("layer", std::make_shared<nn::ModuleList>());
-  for (int64_t i = 0; i < config.num_hidden_layers(); ++i) {
-    layers.push_back(std::make_shared<TensorParallelBertLayer>(config, group));
-    layer_list->push_back(layers.back());
-  }
-  auto pooler = bert->register_module("pooler", std::make_shared<nn::Module>("BertPooler"));
-  pooler_dense = pooler->register_module("dense", std::make_shared<nn::Linear>(hidden, hidden));
-
-  auto heads = register_module("cls", std::make_shared<nn::Module>("BertPreTrainingHeads"));
-  auto predictions =
-      heads->register_module("predictions", std::make_shared<nn::Module>("BertLMPredictionHead"));
-  decoder_bias = predictions->register_parameter("bias", zeros({local_vocab}));
-  auto transform = predictions->register_module(
-      "transform", std::make_shared<nn::Module>("BertPredictionHeadTransform"));
-  transform_dense =
-      transform->register_module("dense", std::make_shared<nn::Linear>(hidden, hidden));
-  transform_norm = transform->register_module("LayerNorm", make_layer_norm(config));
-  seq_relationship =
-      heads->register_module("seq_relationship", std::make_shared<nn::Linear>(hidden, 2));
-}
-
-TensorParallelBertOutput TensorParallelBertForPreTraining::forward(const Tensor& input_ids,
-                                                                   const Tensor& token_type_ids,
-                                                                   const Tensor& attention_mask) {
-  TESSEL_CHECK(input_ids.defined() && input_ids.dim() == 2,
-               "TensorParallelBertForPreTraining: input_ids must be 2-D (batch, seq_len)");
-  const int64_t batch = input_ids.size(0), seq_len = input_ids.size(1);
-  TESSEL_CHECK(seq_len <= config.max_position_embeddings(),
-               "TensorParallelBertForPreTraining: sequence length ", seq_len,
-               " exceeds max_position_embeddings=", config.max_position_embeddings());
-  const bool training = is_training();
-
-  Tensor words = word_embeddings->forward(input_ids);
-  Tensor types = token_type_ids.defined() ? token_type_embeddings->forward(token_type_ids)
-                                          : narrow(token_type_embeddings->weight, 0, 0, 1);
-  Tensor positions = narrow(position_embeddings->weight, 0, 0, seq_len);
-  Tensor hidden = dropout(embeddings_norm->forward(add(add(words, types), positions)),
-                          config.hidden_dropout_prob(), training);
-
-  Tensor attention_bias;
-  if (attention_mask.defined()) {
-    Tensor mask = to_dtype(attention_mask, hidden.dtype());
-    attention_bias = add(mul(mask, 10000.0), -10000.0).reshape({batch, 1, 1, seq_len});
-  }
-  for (const auto& layer : layers) hidden = layer->forward(hidden, attention_bias);
-
-  Tensor pooled = tanh(pooler_dense->forward(select(hidden, 1, 0)));
-  Tensor transformed = activation(transform_dense->forward(hidden), config.hidden_act());
-  transformed = transform_norm->forward(transformed);
-  // The tied decoder: this rank's vocabulary rows give this rank's logit columns.
-  Tensor mlm_logits = linear(copy_to_tp(transformed, group), word_embeddings->weight, decoder_bias);
-  return {mlm_logits, seq_relationship->forward(pooled)};
-}
-
-void TensorParallelBertForPreTraining::load_from(const models::BertForPreTraining& full) {
-  TESSEL_CHECK(full.config.vocab_size() == config.vocab_size() &&
-                   full.config.hidden_size() == config.hidden_size() &&
-                   full.config.num_hidden_layers() == config.num_hidden_layers() &&
-                   full.config.num_attention_heads() == config.num_attention_heads() &&
-                   full.config.intermediate_size() == config.intermediate_size(),
-               "TensorParallelBertForPreTraining: the full model's configuration differs");
-  const models::BertEmbeddings& embeddings = *full.bert->embeddings;
-  word_embeddings->load_from(*embeddings.word_embeddings);
-  copy_module(*position_embeddings, *embeddings.position_embeddings);
-  copy_module(*token_type_embeddings, *embeddings.token_type_embeddings);
-  copy_module(*embeddings_norm, *embeddings.norm);
-  for (size_t i = 0; i < layers.size(); ++i)
-    layers[i]->load_from(*full.bert->layers->at<models::BertLayer>(static_cast<int64_t>(i)));
-  copy_module(*pooler_dense, *full.bert->pooler_dense);
-  const int64_t local_vocab = decoder_bias.size(0);
-  assign(decoder_bias, narrow(full.decoder_bias, 0, word_embeddings->vocab_start, local_vocab),
-         "cls.predictions.bias");
-  copy_module(*transform_dense, *full.transform_dense);
-  copy_module(*transform_norm, *full.transform_norm);
-  copy_module(*seq_relationship, *full.seq_relationship);
-}
-
-std::shared_ptr<TensorParallelBertForPreTraining> shard_bert(const models::BertForPreTraining& full,
-                                                             int64_t group) {
-  auto model = std::make_shared<TensorParallelBertForPreTraining>(full.config, group);
-  model->to(full.decoder_bias.device());  // the shards live where the full model does (a GPU)
-  model->load_from(full);
-  model->train(full.is_training());
-  return model;
-}
-
-models::BertPreTrainingLoss tensor_parallel_bert_loss(const TensorParallelBertOutput& output,
-                                                      const Tensor& mlm_labels,
-                                                      const Tensor& nsp_labels, int64_t group) {
-  const Tensor& logits = output.mlm_logits;
-  TESSEL_CHECK(logits.defined() && logits.dim() == 3,
-               "tensor_parallel_bert_loss: mlm_logits must be (batch, seq_len, vocab_size / tp)");
-  TESSEL_CHECK(mlm_labels.defined() && mlm_labels.dim() == 2 &&
-                   mlm_labels.size(0) == logits.size(0) && mlm_labels.size(1) == logits.size(1),
-               "tensor_parallel_bert_loss: mlm_labels must have shape (batch, seq_len) = (",
-               logits.size(0), ", ", logits.size(1), ")");
-  models::BertPreTrainingLoss loss;
-  loss.mlm = vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(2)}),
-                                          mlm_labels.reshape({-1}), group, -100);
-  loss.total = loss.mlm;
-  if (nsp_labels.defined()) {
-    loss.nsp = cross_entropy(output.nsp_logits, nsp_labels);
-    loss.total = add(loss.mlm, loss.nsp);
-  }
-  return loss;
-}
+// ---- whole models ----
 
 std::map<std::string, int64_t> tensor_parallel_split_dims(nn::Module& root) {
   std::map<std::string, int64_t> dims;
-  for (const auto& entry : root.named_modules()) {
-    // Not a structured binding: the lambda below captures the prefix (clang rejects bindings).
-    const std::string& prefix = entry.first;
-    nn::Module* module = entry.second;
-    auto name = [&](const char* parameter) {
-      return prefix.empty() ? std::string(parameter) : prefix + "." + parameter;
-    };
-    if (auto* column = dynamic_cast<ColumnParallelLinear*>(module)) {
-      dims[name("weight")] = 0;
-      if (column->bias.defined()) dims[name("bias")] = 0;
-    } else if (dynamic_cast<RowParallelLinear*>(module)) {
-      dims[name("weight")] = 1;
-    } else if (dynamic_cast<VocabParallelEmbedding*>(module)) {
-      dims[name("weight")] = 0;
-    } else if (dynamic_cast<TensorParallelBertForPreTraining*>(module)) {
-      dims[name("cls.predictions.bias")] = 0;
-    }
+  for (const auto& [prefix, module] : root.named_modules()) {
+    const auto* split = dynamic_cast<const SplitParameters*>(module);
+    if (!split) continue;
+    for (const auto& [parameter, dim] : split->split_parameter_dims())
+      dims[prefix.empty() ? parameter : prefix + "." + parameter] = dim;
   }
   return dims;
+}
+
+void load_shards(nn::Module& shard, const nn::Module& full, int64_t group) {
+  const int rank = tp_group(group)->rank();
+  const auto split_dims = tensor_parallel_split_dims(shard);
+  std::map<std::string, Tensor> whole;
+  for (const auto& [name, tensor] : full.state_dict()) whole.emplace(name, tensor);
+  // Every source is found and checked before anything is copied: an error leaves `shard` as it
+  // was.
+  std::vector<std::pair<Tensor, Tensor>> copies;  // (target, source)
+  for (const auto& [name, tensor] : shard.state_dict()) {
+    auto source = whole.find(name);
+    TESSEL_CHECK(source != whole.end(), "load_shards: the full model has no tensor '", name, "'");
+    Tensor slice = source->second;
+    auto dim = split_dims.find(name);
+    if (dim != split_dims.end()) {
+      const int64_t local = tensor.size(dim->second);
+      TESSEL_CHECK(
+          slice.dim() == tensor.dim() && slice.size(dim->second) == local * tp_group(group)->size(),
+          "load_shards: ", name, " has shape ", shape_str(tensor.sizes()), " (split along dim ",
+          dim->second, ") but the full model's is ", shape_str(slice.sizes()));
+      slice = narrow(slice, dim->second, rank * local, local);
+    }
+    TESSEL_CHECK(slice.sizes() == tensor.sizes(), "load_shards: ", name, " has shape ",
+                 shape_str(tensor.sizes()), " but the full model's",
+                 dim == split_dims.end() ? " is " : " slice is ", shape_str(slice.sizes()));
+    copies.emplace_back(tensor, slice);
+  }
+  NoGradGuard no_grad;
+  for (auto& [target, source] : copies) target.copy_(source);
 }
 
 Tensor gather_shards(const Tensor& shard, int64_t dim, Communicator& group) {

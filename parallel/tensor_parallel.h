@@ -1,7 +1,9 @@
 // Tensor parallelism in the Megatron-LM style: autograd-aware collectives over a tensor-parallel
-// group, column/row parallel linear layers, vocabulary-parallel embedding and cross-entropy, and a
-// BERT whose attention heads, MLP and vocabulary are split over the group.
-//   int64_t tp = register_tp_group(grid.tensor_parallel());  auto bert = shard_bert(full, tp);
+// group, column/row parallel linear layers, vocabulary-parallel embedding and cross-entropy, and
+// load_shards, which fills a model built for the group from the whole model. A model builds its
+// own parallel form from these layers (models::BertForPreTraining(config, group)).
+//   int64_t tp = register_tp_group(grid.tensor_parallel());
+//   ColumnParallelLinear up(512, 2048, tp);  RowParallelLinear down(2048, 512, tp);
 #pragma once
 
 #include <map>
@@ -11,7 +13,6 @@
 #include "core/attrs.h"
 #include "core/op.h"
 #include "core/tensor.h"
-#include "models/bert.h"
 #include "nn/nn.h"
 #include "parallel/communicator.h"
 
@@ -52,10 +53,19 @@ Tensor scatter_to_tp(const Tensor& x, int64_t group);
 Tensor max_from_tp(const Tensor& x, int64_t group);
 
 // ---- layers
+// A module whose own parameters are split over a tensor-parallel group says which, and along which
+// dim (its children say theirs); tensor_parallel_split_dims and load_shards read it.
+class SplitParameters {
+ public:
+  virtual ~SplitParameters() = default;
+  virtual std::map<std::string, int64_t> split_parameter_dims() const = 0;
+};
+
 // y = x A^T + b with A's rows (output features) split: rank r holds rows
 // [r out/tp, (r+1) out/tp) of weight and bias. The output is this rank's columns, or every
-// column with gather_output. out_features must be divisible by the group size.
-class ColumnParallelLinear : public nn::Module {
+// column with gather_output. out_features must be divisible by the group size. An nn::Linear
+// whose weight and bias are this rank's part (options() holds the local sizes).
+class ColumnParallelLinear : public nn::Linear, public SplitParameters {
  public:
   ColumnParallelLinear(int64_t in_features, int64_t out_features, int64_t group, bool bias = true,
                        bool gather_output = false);
@@ -63,18 +73,17 @@ class ColumnParallelLinear : public nn::Module {
   Tensor forward(const Tensor& input) override;
   // Copies rank r's rows of a full (out, in) weight and (out) bias.
   void load_from(const nn::Linear& full);
+  std::map<std::string, int64_t> split_parameter_dims() const override;
 
   int64_t in_features, out_features, group;
   int tp_size, tp_rank;
   bool gather_output;
-  Tensor weight;  // (out_features / tp, in_features)
-  Tensor bias;    // (out_features / tp) or undefined
 };
 
 // y = x A^T + b with A's columns (input features) split: rank r holds columns
 // [r in/tp, (r+1) in/tp). The partial products are all-reduced, then the (replicated) bias is
 // added once. in_features must be divisible by the group size.
-class RowParallelLinear : public nn::Module {
+class RowParallelLinear : public nn::Linear, public SplitParameters {
  public:
   RowParallelLinear(int64_t in_features, int64_t out_features, int64_t group, bool bias = true,
                     bool input_is_parallel = true);
@@ -82,27 +91,35 @@ class RowParallelLinear : public nn::Module {
   // (..., out_features) replicated.
   Tensor forward(const Tensor& input) override;
   void load_from(const nn::Linear& full);
+  std::map<std::string, int64_t> split_parameter_dims() const override;
 
   int64_t in_features, out_features, group;
   int tp_size, tp_rank;
   bool input_is_parallel;
-  Tensor weight;  // (out_features, in_features / tp)
-  Tensor bias;    // (out_features), replicated, or undefined
 };
+
+// How a model's linear is split when the model is built for a tensor-parallel group.
+enum class LinearSplit { kColumns, kRows };
+// The linear of a model that may be split: an nn::Linear when group < 0 (no tensor
+// parallelism), else a ColumnParallelLinear or RowParallelLinear over `group` (as
+// parallelize_module's ColwiseParallel and RowwiseParallel do). A split layer's parameters are
+// zero until load_shards fills them.
+std::shared_ptr<nn::Linear> make_linear(int64_t in_features, int64_t out_features, int64_t group,
+                                        LinearSplit split);
 
 // An embedding table whose rows are split: rank r holds ids [r V/tp, (r+1) V/tp). Ids outside
 // this rank's range give zero rows; the all-reduce puts every row together.
-class VocabParallelEmbedding : public nn::Module {
+class VocabParallelEmbedding : public nn::Embedding, public SplitParameters {
  public:
   VocabParallelEmbedding(int64_t num_embeddings, int64_t embedding_dim, int64_t group);
   // indices (...) i64 in [0, num_embeddings) -> (..., embedding_dim) replicated.
   Tensor forward(const Tensor& indices) override;
   void load_from(const nn::Embedding& full);
+  std::map<std::string, int64_t> split_parameter_dims() const override { return {{"weight", 0}}; }
 
   int64_t num_embeddings, embedding_dim, group;
   int tp_size, tp_rank;
-  int64_t vocab_start, vocab_end;  // this rank's ids
-  Tensor weight;                   // (num_embeddings / tp, embedding_dim)
+  int64_t vocab_start, vocab_end;  // this rank's ids; weight is (num_embeddings / tp, dim)
 };
 
 // cross_entropy over logits whose last dim (the vocabulary) is split over the group: logits
@@ -112,61 +129,20 @@ class VocabParallelEmbedding : public nn::Module {
 Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& target, int64_t group,
                                     int64_t ignore_index = -100);
 
-// ---- BERT split by heads, MLP columns and vocabulary; the module names and parameter names of
-// models::BertForPreTraining (the shapes of split parameters divided by tp).
-class TensorParallelBertLayer : public nn::Module {
- public:
-  TensorParallelBertLayer(const models::BertConfig& config, int64_t group);
-  Tensor forward(const Tensor& hidden, const Tensor& attention_bias = Tensor());
-  void load_from(const models::BertLayer& full);
+// ---- whole models
+// The size of `group` (an id of register_tp_group) that `what` of `layer`, of `size`, is split
+// over; an error naming both unless size is a positive multiple of it. Returns size / tp.
+int64_t split_size(const char* layer, const char* what, int64_t size, int64_t group);
 
-  models::BertConfig config;
-  int64_t group;
-  int64_t local_heads;  // num_attention_heads / tp
-  std::shared_ptr<ColumnParallelLinear> query, key, value;
-  std::shared_ptr<RowParallelLinear> attention_dense;
-  std::shared_ptr<nn::LayerNorm> attention_norm;
-  std::shared_ptr<ColumnParallelLinear> intermediate_dense;
-  std::shared_ptr<RowParallelLinear> output_dense;
-  std::shared_ptr<nn::LayerNorm> output_norm;
-};
+// Fills `shard`, this rank's part of a model split over `group`, from `full`, the whole model
+// with the same parameter and buffer names: this rank's slice of every split parameter
+// (tensor_parallel_split_dims), a copy of every other tensor. A local call, outside autograd;
+// an error naming the first tensor whose name or shape does not match.
+void load_shards(nn::Module& shard, const nn::Module& full, int64_t group);
 
-struct TensorParallelBertOutput {
-  Tensor mlm_logits;  // (N, T, vocab_size / tp): this rank's vocabulary columns
-  Tensor nsp_logits;  // (N, 2) replicated
-};
-
-class TensorParallelBertForPreTraining : public nn::Module {
- public:
-  // Needs num_attention_heads, intermediate_size and vocab_size divisible by the group size.
-  TensorParallelBertForPreTraining(const models::BertConfig& config, int64_t group);
-  TensorParallelBertOutput forward(const Tensor& input_ids, const Tensor& token_type_ids = Tensor(),
-                                   const Tensor& attention_mask = Tensor());
-  // Takes this rank's slice of every split parameter and a copy of every replicated one.
-  void load_from(const models::BertForPreTraining& full);
-
-  models::BertConfig config;
-  int64_t group;
-  std::shared_ptr<VocabParallelEmbedding> word_embeddings;  // tied with the MLM decoder
-  std::shared_ptr<nn::Embedding> position_embeddings, token_type_embeddings;
-  std::shared_ptr<nn::LayerNorm> embeddings_norm;
-  std::vector<std::shared_ptr<TensorParallelBertLayer>> layers;
-  std::shared_ptr<nn::Linear> pooler_dense, transform_dense, seq_relationship;
-  std::shared_ptr<nn::LayerNorm> transform_norm;
-  Tensor decoder_bias;  // (vocab_size / tp)
-};
-
-// A tensor-parallel copy of `full` for this rank of `group` (a collective-free, local call).
-std::shared_ptr<TensorParallelBertForPreTraining> shard_bert(const models::BertForPreTraining& full,
-                                                             int64_t group);
-
-// The loss of models::bert_pretraining_loss with the vocabulary-parallel MLM cross-entropy.
-models::BertPreTrainingLoss tensor_parallel_bert_loss(const TensorParallelBertOutput& output,
-                                                      const Tensor& mlm_labels,
-                                                      const Tensor& nsp_labels, int64_t group);
-
-// Which dim of each parameter of `root` (by dotted name) is split over the group; parameters
-// not listed are replicated.
+// Which dim of each parameter and buffer of `root` (by dotted name) is split over the group, as
+// its modules declare (SplitParameters); tensors not listed are replicated. Checkpoints of a
+// split model gather along these dims.
 std::map<std::string, int64_t> tensor_parallel_split_dims(nn::Module& root);
 
 // The full tensor from every rank's `shard` split along `dim` (equal parts in rank order); no

@@ -3,7 +3,7 @@
 
 Usage: tools/plot_frontier.py FRONTIER.json --out frontier.png [--title TEXT]
 
-FRONTIER.json is what `bazel run //parallel/planner:plan -- ... --frontier_json=FILE` writes:
+FRONTIER.json is what `bazel run //parallel:plan -- ... --frontier_json=FILE` writes:
   {"model": "bert_base", "devices": 8, "profile": "h200_cluster",
    "memory_per_device": 17179869184, "chosen": 3,
    "points": [{"memory_bytes": ..., "time_s": ..., "remat_fraction": 1.0, "summary": "dp=8"}, ...]}

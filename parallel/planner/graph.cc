@@ -196,4 +196,34 @@ Graph trace_graph(const std::function<void()>& forward,
   return tracer.take();
 }
 
+void untie_repeated_parameters(Graph& graph, const std::string& prefix,
+                               const std::string& renamed_prefix, int64_t uses) {
+  const size_t original_count = graph.tensors.size();
+  for (size_t id = 0; id < original_count; ++id) {
+    if (graph.tensors[id].parameter.rfind(prefix, 0) != 0) continue;
+    const std::string rest = graph.tensors[id].parameter.substr(prefix.size());
+    int64_t use = -1;
+    int last_op = -1, current = static_cast<int>(id);
+    for (TracedOp& op : graph.ops) {
+      for (int& input : op.inputs) {
+        if (input != static_cast<int>(id)) continue;
+        if (op.id != last_op) {
+          last_op = op.id;
+          if (++use > 0) {
+            TracedTensor copy = graph.tensors[id];
+            copy.id = static_cast<int>(graph.tensors.size());
+            copy.parameter = renamed_prefix + std::to_string(use) + "." + rest;
+            graph.tensors.push_back(std::move(copy));
+          }
+          current = graph.tensors.back().id;
+          if (use == 0) current = static_cast<int>(id);
+        }
+        input = current;
+      }
+    }
+    TESSEL_CHECK(use + 1 == uses, "trace: parameter ", graph.tensors[id].parameter, " was read by ",
+                 use + 1, " layer runs, expected ", uses);
+  }
+}
+
 }  // namespace tessel::planner

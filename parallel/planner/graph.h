@@ -78,4 +78,10 @@ Graph trace_graph(const std::function<void()>& forward,
                   const std::vector<std::pair<std::string, Tensor>>& parameters,
                   const std::vector<TraceInput>& inputs, int64_t batch_size);
 
+// A module run `uses` times stands for `uses` identical modules (a model traced with one of its
+// identical layers, run that often): the i-th op (in call order) reading a parameter named
+// prefix + rest gets a copy named renamed_prefix + i + "." + rest.
+void untie_repeated_parameters(Graph& graph, const std::string& prefix,
+                               const std::string& renamed_prefix, int64_t uses);
+
 }  // namespace tessel::planner

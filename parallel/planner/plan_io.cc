@@ -175,7 +175,7 @@ PlanFile plan_from_json(const std::string& text, const std::string& where) {
   TESSEL_CHECK(root.is_object(), "plan ", where, ": expected a JSON object");
   TESSEL_CHECK(r.text(root, "format", "") == "tessel-plan", "plan ", where,
                ": field 'format' must be \"tessel-plan\" (is this a plan written by "
-               "//parallel/planner:plan?)");
+               "//parallel:plan?)");
   const int64_t version = r.integer(root, "version", "", 1);
   TESSEL_CHECK(version == PlanFile::kVersion, "plan ", where, ": version ", version,
                " is not supported (this build reads version ", PlanFile::kVersion, ")");

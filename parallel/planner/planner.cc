@@ -6,130 +6,15 @@
 #include <sstream>
 
 #include "core/error.h"
-#include "models/bert.h"
-#include "models/resnet.h"
-#include "models/shufflenet.h"
 #include "ops/ops.h"
 
 namespace tessel::planner {
 
 namespace {
 constexpr const char* kBertPrefix = "bert_";
-
-std::string join(const std::vector<std::string>& names) {
-  std::string text;
-  for (size_t i = 0; i < names.size(); ++i) text += (i ? ", " : "") + names[i];
-  return text;
-}
-
-bool contains(const std::vector<std::string>& names, const std::string& name) {
-  return std::find(names.begin(), names.end(), name) != names.end();
-}
-
-Tensor meta_tensor(const Shape& sizes, DType dtype) {
-  return empty(sizes, TensorOptions(dtype).device(Device::meta()));
-}
-// A module run `uses` times stands for `uses` identical modules: the i-th op (in call order)
-// reading a parameter named prefix + rest gets a copy named renamed_prefix + i + "." + rest.
-void untie_repeated_parameters(Graph& graph, const std::string& prefix,
-                               const std::string& renamed_prefix, int64_t uses) {
-  const size_t original_count = graph.tensors.size();
-  for (size_t id = 0; id < original_count; ++id) {
-    if (graph.tensors[id].parameter.rfind(prefix, 0) != 0) continue;
-    const std::string rest = graph.tensors[id].parameter.substr(prefix.size());
-    int64_t use = -1;
-    int last_op = -1, current = static_cast<int>(id);
-    for (TracedOp& op : graph.ops) {
-      for (int& input : op.inputs) {
-        if (input != static_cast<int>(id)) continue;
-        if (op.id != last_op) {
-          last_op = op.id;
-          if (++use > 0) {
-            TracedTensor copy = graph.tensors[id];
-            copy.id = static_cast<int>(graph.tensors.size());
-            copy.parameter = renamed_prefix + std::to_string(use) + "." + rest;
-            graph.tensors.push_back(std::move(copy));
-          }
-          current = graph.tensors.back().id;
-          if (use == 0) current = static_cast<int>(id);
-        }
-        input = current;
-      }
-    }
-    TESSEL_CHECK(use + 1 == uses, "trace: parameter ", graph.tensors[id].parameter, " was read by ",
-                 use + 1, " layer runs, expected ", uses);
-  }
-}
-
 }  // namespace
 
-std::vector<std::string> known_models() {
-  std::vector<std::string> names = models::resnet_names();
-  for (const auto& name : models::shufflenet_names()) names.push_back(name);
-  for (const auto& name : models::BertConfig::known_names()) names.push_back(kBertPrefix + name);
-  return names;
-}
-
 bool is_bert(const std::string& model) { return model.rfind(kBertPrefix, 0) == 0; }
-
-Graph trace_model(const ModelSpec& spec) {
-  const std::vector<std::string> names = known_models();
-  TESSEL_CHECK(contains(names, spec.name), "unknown model '", spec.name, "' (known: ", join(names),
-               ")");
-  TESSEL_CHECK(spec.batch >= 1, "batch must be at least 1, got ", spec.batch);
-  const int64_t batch = spec.batch;
-  if (is_bert(spec.name)) {
-    models::BertConfig config =
-        models::BertConfig::by_name(spec.name.substr(std::string(kBertPrefix).size()));
-    TESSEL_CHECK(spec.seq >= 1 && spec.seq <= config.max_position_embeddings(),
-                 "seq must be in [1, ", config.max_position_embeddings(), "] for ", spec.name,
-                 ", got ", spec.seq);
-    // The encoder layers are identical: one layer is built and run num_hidden_layers times, and
-    // each run then gets parameters of its own (bert.encoder.layer.<i>.*), so tracing BERT-large
-    // initialises 1/24 of its layer weights on the CPU instead of all of them.
-    const int64_t layers = config.num_hidden_layers();
-    models::BertConfig one_layer = config;
-    one_layer.num_hidden_layers(std::min<int64_t>(layers, 1));
-    models::BertForPreTraining model(one_layer);
-    for (int64_t i = 1; i < layers; ++i) model.bert->layers->push_back((*model.bert->layers)[0]);
-    model.to(Device::meta());
-    Tensor ids = meta_tensor({batch, spec.seq}, DType::kInt64);
-    Tensor types = meta_tensor({batch, spec.seq}, DType::kInt64);
-    Tensor mask = meta_tensor({batch, spec.seq}, DType::kInt64);
-    Tensor mlm_labels = meta_tensor({batch, spec.seq}, DType::kInt64);
-    Tensor nsp_labels = meta_tensor({batch}, DType::kInt64);
-    Graph graph = trace_graph(
-        [&] {
-          models::bert_pretraining_loss(model.forward(ids, types, mask), mlm_labels, nsp_labels);
-        },
-        model.named_parameters(),
-        {{"input_ids", ids},
-         {"token_type_ids", types},
-         {"attention_mask", mask},
-         {"mlm_labels", mlm_labels},
-         {"nsp_labels", nsp_labels}},
-        batch);
-    untie_repeated_parameters(graph, "bert.encoder.layer.0.", "bert.encoder.layer.", layers);
-    graph.model = spec.name;
-    return graph;
-  }
-  TESSEL_CHECK(spec.image_size >= 1, "image_size must be at least 1, got ", spec.image_size);
-  TESSEL_CHECK(spec.num_classes >= 1, "num_classes must be at least 1, got ", spec.num_classes);
-  std::shared_ptr<nn::Module> net;
-  if (contains(models::resnet_names(), spec.name))
-    net = models::make_resnet(spec.name, models::ResNetOptions().num_classes(spec.num_classes));
-  else
-    net = models::make_shufflenet(spec.name,
-                                  models::ShuffleNetV2Options().num_classes(spec.num_classes));
-  net->to(Device::meta());
-  Tensor images = meta_tensor({batch, 3, spec.image_size, spec.image_size}, DType::kFloat32);
-  Tensor labels = meta_tensor({batch}, DType::kInt64);
-  Graph graph =
-      trace_graph([&] { cross_entropy(net->forward(images), labels); }, net->named_parameters(),
-                  {{"images", images}, {"labels", labels}}, batch);
-  graph.model = spec.name;
-  return graph;
-}
 
 PlannedPoint describe_choice(const Graph& graph,
                              const std::vector<std::vector<Strategy>>& strategies,
@@ -176,7 +61,7 @@ PlannedPoint describe_choice(const Graph& graph,
     b.gradient_sync_s +=
         shared_parameter_time(graph, shared, strategies[shared.owner][choice[shared.owner]],
                               strategies[shared.user][choice[shared.user]], config);
-  // The runtime's --tp for ResNet and ShuffleNet (parallel/vision_parallel.h) splits the batch in
+  // The runtime's --tp for ResNet and ShuffleNet (models/vision_parallel.h) splits the batch in
   // the convolutions and the classes in the classifier; a vision plan using a tensor-parallel
   // group prices its ops replicated or split by channels instead, so it would not run as priced.
   if (uses_tensor_parallel && !graph.model.empty() && !is_bert(graph.model)) {
@@ -184,7 +69,7 @@ PlannedPoint describe_choice(const Graph& graph,
     point.not_executable_reason =
         "tensor parallel for " + graph.model +
         " is priced with replicated or channel-split convolutions; the runtime's --tp splits the "
-        "batch in the convolutions (parallel/vision_parallel.h)";
+        "batch in the convolutions (models/vision_parallel.h)";
   }
   point.cost.memory = b.parameter_bytes + remat_fraction * b.activation_bytes;
   point.cost.time = b.compute_s + b.comm_s + b.gradient_sync_s + b.redistribution_s + b.recompute_s;

@@ -1,8 +1,9 @@
-// The planner end to end: trace a model-zoo model on the meta device, list and cost every op's
-// strategies, track the (memory, time) frontier (also under memory budgets the memory layer's
-// `auto` policy meets by recomputation) and pick the fastest plan that fits.
+// The planner end to end: given a model traced on the meta device (models/trace.h traces the
+// zoo's), list and cost every op's strategies, track the (memory, time) frontier (also under
+// memory budgets the memory layer's `auto` policy meets by recomputation) and pick the fastest
+// plan that fits.
 //   PlanOptions options;  options.config.devices = 8;  options.config.profile = load_profile(p);
-//   PlanResult result = plan_graph(trace_model(ModelSpec{"bert_base"}), options);
+//   PlanResult result = plan_graph(models::trace_model(ModelSpec{"bert_base"}), options);
 #pragma once
 
 #include <string>
@@ -14,6 +15,7 @@
 
 namespace tessel::planner {
 
+// A zoo model by name and the sizes it is planned at (traced by models::trace_model).
 struct ModelSpec {
   std::string name;            // resnet18..152, shufflenet_v2_x0_5..x2_0, bert_tiny..bert_large
   int64_t batch = 32;          // global batch (samples per iteration over all devices)
@@ -22,12 +24,8 @@ struct ModelSpec {
   int64_t num_classes = 1000;  // ResNet / ShuffleNet classes
 };
 
-// Every model name trace_model accepts.
-std::vector<std::string> known_models();
+// Names starting with "bert_" are sequence models (seq matters, image_size does not).
 bool is_bert(const std::string& model);
-// One training forward pass (model and loss) traced on the meta device: no tensor bytes.
-// An unknown name is an error listing the known ones.
-Graph trace_model(const ModelSpec& spec);
 
 struct PlanOptions {
   PlannerConfig config;

@@ -358,9 +358,9 @@ RecipeResult train_bert(const TrainConfig& config) {
                                        .vocab_size(kBertVocab)
                                        .dropout(0)
                                        .max_position_embeddings(kBertSeq));
-  std::shared_ptr<parallel::TensorParallelBertForPreTraining> tp_model;
-  if (layout.tp > 1) tp_model = parallel::shard_bert(model, layout.tp_group_id);
-  nn::Module& trained = tp_model ? static_cast<nn::Module&>(*tp_model) : model;
+  std::shared_ptr<models::BertForPreTraining> tp_model;
+  if (layout.tp > 1) tp_model = models::shard_bert(model, layout.tp_group_id);
+  models::BertForPreTraining& trained = tp_model ? *tp_model : model;
   optim::AdamW optimizer(trained.named_parameters(),
                          optim::AdamWOptions(1e-3).weight_decay(0.01).eps(1e-6));
   optim::LinearWarmupDecay scheduler(optimizer, 2, kBertSteps);
@@ -390,14 +390,8 @@ RecipeResult train_bert(const TrainConfig& config) {
       const Tensor token_types = from_vector<int64_t>(types, {kBertBatch, kBertSeq});
       const Tensor mlm_labels = from_vector<int64_t>(labels, {kBertBatch, kBertSeq});
       const Tensor nsp_labels = from_vector<int64_t>(nsp, {kBertBatch});
-      models::BertPreTrainingLoss loss;
-      if (tp_model) {
-        loss = parallel::tensor_parallel_bert_loss(tp_model->forward(input_ids, token_types),
-                                                   mlm_labels, nsp_labels, layout.tp_group_id);
-      } else {
-        loss = models::bert_pretraining_loss(model.forward(input_ids, token_types), mlm_labels,
-                                             nsp_labels);
-      }
+      const models::BertPreTrainingLoss loss = models::bert_pretraining_loss(
+          trained.forward(input_ids, token_types), mlm_labels, nsp_labels);
       optimizer.zero_grad();
       loss.total.backward();
       if (tp_model) {

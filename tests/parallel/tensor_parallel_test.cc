@@ -237,7 +237,8 @@ TEST_F(TensorParallel, BertTinyLossesAndGradientsMatchTheUnshardedModel) {
   Tensor mlm_labels = from_vector<int64_t>(labels, {batch, seq_len}, DType::kInt64);
   Tensor nsp_labels = from_vector<int64_t>({0, 1, 1, 0}, {batch}, DType::kInt64);
 
-  auto sharded = shard_bert(full, tp());  // before the full model's backward: clean gradients
+  auto sharded =
+      models::shard_bert(full, tp());  // before the full model's backward: clean gradients
 
   models::BertPreTrainingOutput reference = full.forward(ids, types, mask);
   models::BertPreTrainingLoss reference_loss =
@@ -246,9 +247,10 @@ TEST_F(TensorParallel, BertTinyLossesAndGradientsMatchTheUnshardedModel) {
 
   const int64_t share = batch / grid().dp_size(), first = grid().dp_index() * share;
   auto mine = [&](const Tensor& t) { return narrow(t, 0, first, share).contiguous(); };
-  TensorParallelBertOutput output = sharded->forward(mine(ids), mine(types), mine(mask));
+  models::BertPreTrainingOutput output = sharded->forward(mine(ids), mine(types), mine(mask));
+  EXPECT_EQ(output.vocab_group, tp());
   models::BertPreTrainingLoss loss =
-      tensor_parallel_bert_loss(output, mine(mlm_labels), mine(nsp_labels), tp());
+      models::bert_pretraining_loss(output, mine(mlm_labels), mine(nsp_labels));
   loss.total.backward();
 
   Tensor logits = gather_shards(output.mlm_logits, 2, tp_comm());
@@ -298,9 +300,38 @@ TEST_F(TensorParallel, SizesNotDivisibleByTheGroupAreClearErrors) {
                                             .hidden_size(64)
                                             .intermediate_size(64)
                                             .num_hidden_layers(1));
-        shard_bert(bert, tp());
+        models::shard_bert(bert, tp());
       },
       "num_attention_heads (1)"));
+}
+
+TEST_F(TensorParallel, LoadShardsTakesThisRanksSliceAndNamesMismatches) {
+  manual_seed(5);
+  nn::Linear full(4, 6);
+  ColumnParallelLinear column(4, 6, tp());
+  load_shards(column, full, tp());
+  const int64_t rank = tp_comm().rank();
+  EXPECT_TRUE(bitwise_equal(column.weight, narrow(full.weight, 0, 3 * rank, 3)));
+  EXPECT_TRUE(bitwise_equal(column.bias, narrow(full.bias, 0, 3 * rank, 3)));
+  RowParallelLinear row(6, 4, tp());
+  nn::Linear full_row(6, 4);
+  load_shards(row, full_row, tp());
+  EXPECT_TRUE(bitwise_equal(row.weight, narrow(full_row.weight, 1, 3 * rank, 3)));
+  EXPECT_TRUE(bitwise_equal(row.bias, full_row.bias));  // replicated
+
+  const Tensor before = column.weight.clone();
+  EXPECT_TRUE(throws_error([&] { load_shards(column, nn::Linear(4, 8), tp()); },
+                           "load_shards: weight has shape [3, 4] (split along dim 0) but the "
+                           "full model's is [8, 4]"));
+  nn::Linear no_bias(nn::LinearOptions(4, 6).bias(false));
+  EXPECT_TRUE(throws_error([&] { load_shards(column, no_bias, tp()); },
+                           "the full model has no tensor 'bias'"));
+  // Every tensor is checked before any is copied.
+  EXPECT_TRUE(bitwise_equal(column.weight, before));
+
+  models::BertForPreTraining bert(models::BertConfig::tiny().vocab_size(64).num_hidden_layers(1));
+  auto shard = models::shard_bert(bert, tp());
+  EXPECT_TRUE(throws_error([&] { models::shard_bert(*shard, tp()); }, "already split over group"));
 }
 
 }  // namespace

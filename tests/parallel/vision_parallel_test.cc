@@ -13,6 +13,7 @@
 #include "core/rng.h"
 #include "models/resnet.h"
 #include "models/shufflenet.h"
+#include "models/vision_parallel.h"
 #include "ops/ops.h"
 #include "tests/parallel/mpi_testing.h"
 #include "tests/testing.h"
@@ -20,6 +21,7 @@
 namespace tessel::parallel {
 namespace {
 
+using models::TensorParallelClassifier;
 using tessel::testing::all_close;
 using tessel::testing::throws_error;
 using testing::MpiTest;

@@ -5,15 +5,16 @@
 // marked and not chosen when only executable plans are asked for.
 #include <gtest/gtest.h>
 
+#include "models/trace.h"
 #include "nn/nn.h"
 #include "ops/ops.h"
 #include "parallel/planner/cost_model.h"
 #include "parallel/planner/graph.h"
-#include "parallel/planner/plan_cli.h"
 #include "parallel/planner/planner.h"
 #include "parallel/planner/strategies.h"
 #include "tests/planner/round_number_profile.h"
 #include "tests/testing.h"
+#include "tools/plan/plan_cli.h"
 
 namespace tessel::planner {
 namespace {
@@ -184,7 +185,7 @@ TEST(Executable, VisionPlansWithATensorParallelGroupAreMarkedAndNotChosen) {
   options.config.max_tp = 2;
   options.config.profile = load_profile(find_profile("h200_cluster"));
   options.remat_fractions = {1.0};
-  const Graph graph = trace_model(spec);
+  const Graph graph = models::trace_model(spec);
   EXPECT_EQ(graph.model, "resnet18");
 
   const PlanResult any = plan_graph(graph, options);
@@ -222,7 +223,7 @@ TEST(Executable, BertPlansStayExecutable) {
   options.config.devices = 2;
   options.config.profile = load_profile(find_profile("h200_cluster"));
   options.remat_fractions = {1.0};
-  const PlanResult result = plan_graph(trace_model(spec), options);
+  const PlanResult result = plan_graph(models::trace_model(spec), options);
   for (const PlannedPoint& point : result.frontier) EXPECT_TRUE(point.executable);
 }
 

@@ -1,6 +1,6 @@
 // The plan command end to end (in process): runs for BERT and ResNet on 4 devices, writes a plan
 // file the recipes can read and a frontier picture, and refuses bad input with clear errors.
-#include "parallel/planner/plan_cli.h"
+#include "tools/plan/plan_cli.h"
 
 #include <gtest/gtest.h>
 

@@ -8,9 +8,10 @@
 #include <cstdio>
 #include <fstream>
 
-#include "parallel/planner/plan_cli.h"
+#include "models/trace.h"
 #include "parallel/planner/planner.h"
 #include "tests/testing.h"
+#include "tools/plan/plan_cli.h"
 
 namespace tessel::planner {
 namespace {
@@ -32,7 +33,7 @@ struct PlannedBert {
     options.config.devices = 4;
     options.config.profile = load_profile(find_profile("h200_cluster"));
     options.memory_per_device = 1e9;
-    graph = trace_model(spec);
+    graph = models::trace_model(spec);
     result = plan_graph(graph, options);
   }
 };

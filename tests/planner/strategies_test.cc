@@ -12,9 +12,9 @@
 #include "ops/ops.h"
 #include "parallel/planner/cost_model.h"
 #include "parallel/planner/graph.h"
-#include "parallel/planner/plan_cli.h"
 #include "tests/planner/round_number_profile.h"
 #include "tests/testing.h"
+#include "tools/plan/plan_cli.h"
 
 namespace tessel::planner {
 namespace {

@@ -1,5 +1,7 @@
 // Tracing a forward pass on the meta device: one node per op call, views folded into their
 // consumers, parameters and data inputs named, the batch followed through reshapes, no bytes.
+#include "models/trace.h"
+
 #include <gtest/gtest.h>
 
 #include "core/allocator.h"
@@ -105,7 +107,7 @@ TEST(Trace, BertAttentionKeepsTheBatchThroughHeadReshapes) {
   spec.name = "bert_tiny";
   spec.batch = 2;
   spec.seq = 8;
-  Graph graph = trace_model(spec);
+  Graph graph = models::trace_model(spec);
   int bmms = 0, linears = 0, layer_norms = 0;
   for (const TracedOp& op : graph.ops) {
     if (op.name == "bmm") {
@@ -134,12 +136,12 @@ TEST(Trace, EveryZooModelTraces) {
     spec.batch = 2;
     spec.seq = 16;
     spec.image_size = 32;
-    Graph graph = trace_model(spec);
+    Graph graph = models::trace_model(spec);
     EXPECT_GT(graph.ops.size(), 10u) << name;
   }
   ModelSpec unknown;
   unknown.name = "resnet19";
-  EXPECT_TRUE(testing::throws_error([&] { trace_model(unknown); }, "known: resnet18"));
+  EXPECT_TRUE(testing::throws_error([&] { models::trace_model(unknown); }, "known: resnet18"));
 }
 
 }  // namespace

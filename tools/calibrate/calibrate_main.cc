@@ -35,8 +35,8 @@
 #include "parallel/mpi_communicator.h"
 #include "parallel/planner/cost_model.h"
 #include "parallel/planner/graph.h"
-#include "parallel/planner/plan_cli.h"
 #include "parallel/planner/strategies.h"
+#include "tools/plan/plan_cli.h"
 
 namespace tessel::planner {
 namespace {

@@ -5,7 +5,6 @@
 
 #include "core/error.h"
 #include "parallel/tensor_parallel.h"
-#include "parallel/vision_parallel.h"
 
 namespace tessel::train {
 namespace {
@@ -124,7 +123,7 @@ std::string resolve_resume_path(const TrainConfig& config) {
 std::optional<CheckpointSharding> checkpoint_sharding(const RunLayout& layout, nn::Module& model) {
   if (layout.tp == 1) return std::nullopt;
   CheckpointSharding sharding;
-  sharding.split_dims = parallel::split_state_dims(model);
+  sharding.split_dims = parallel::tensor_parallel_split_dims(model);
   sharding.parts = layout.tp;
   sharding.part = layout.tp_group->rank();
   std::shared_ptr<parallel::Communicator> group = layout.tp_group;

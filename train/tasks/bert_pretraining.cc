@@ -300,7 +300,7 @@ namespace tessel::train {
 
 ParallelBert::ParallelBert(models::BertForPreTraining& model, const RunLayout& layout)
     : model_(model), layout_(layout) {
-  if (layout.tp > 1) tp_model_ = parallel::shard_bert(model, layout.tp_group_id);
+  if (layout.tp > 1) tp_model_ = models::shard_bert(model, layout.tp_group_id);
   ddp_ = make_ddp(layout, trained());
 }
 
@@ -314,10 +314,9 @@ PretrainingLoss ParallelBert::loss(const text::MlmBatch& batch) {
   Tensor mlm_loss, nsp_loss;
   int64_t predicted = 0;
   if (tp_model_) {
-    const parallel::TensorParallelBertOutput output =
-        tp_model_->forward(batch.input_ids, batch.token_type_ids, batch.attention_mask);
-    const models::BertPreTrainingLoss losses = parallel::tensor_parallel_bert_loss(
-        output, batch.mlm_labels, batch.nsp_labels, layout_.tp_group_id);
+    const models::BertPreTrainingLoss losses = models::bert_pretraining_loss(
+        tp_model_->forward(batch.input_ids, batch.token_type_ids, batch.attention_mask),
+        batch.mlm_labels, batch.nsp_labels);
     mlm_loss = losses.mlm;
     nsp_loss = losses.nsp;
     for (int64_t label : batch.mlm_labels.to_vector<int64_t>())

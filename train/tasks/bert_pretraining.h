@@ -87,7 +87,7 @@ class ParallelBert {
  private:
   models::BertForPreTraining& model_;
   const RunLayout& layout_;
-  std::shared_ptr<parallel::TensorParallelBertForPreTraining> tp_model_;
+  std::shared_ptr<models::BertForPreTraining> tp_model_;  // this rank's shard with tp > 1
   std::unique_ptr<parallel::DistributedDataParallel> ddp_;
 };
 

@@ -6,9 +6,9 @@
 #include "core/error.h"
 #include "data/data_loader.h"
 #include "models/shufflenet.h"
+#include "models/vision_parallel.h"
 #include "ops/ops.h"
 #include "parallel/ddp.h"
-#include "parallel/vision_parallel.h"
 #include "train/engine/setup.h"
 
 namespace tessel::train {
@@ -47,7 +47,7 @@ std::shared_ptr<nn::Module> parallel_classifier_model(const RunLayout& layout,
   // ShuffleNet's widest convolution (conv5, to 1024 channels) splits by channels; ResNet keeps a
   // batch-split trunk and splits its classifier by classes.
   const bool shufflenet = dynamic_cast<models::ShuffleNetV2*>(full.get()) != nullptr;
-  auto model = std::make_shared<parallel::TensorParallelClassifier>(
+  auto model = std::make_shared<models::TensorParallelClassifier>(
       std::move(full), layout.tp_group_id, /*split_widest_conv=*/shufflenet);
   model->to(layout.device);  // the split layers are made on the CPU; the trunk is there already
   return model;
@@ -55,7 +55,7 @@ std::shared_ptr<nn::Module> parallel_classifier_model(const RunLayout& layout,
 
 ParallelClassifier::ParallelClassifier(std::shared_ptr<nn::Module> model, const RunLayout& layout)
     : model_(std::move(model)), layout_(layout) {
-  tensor_parallel_ = dynamic_cast<parallel::TensorParallelClassifier*>(model_.get());
+  tensor_parallel_ = dynamic_cast<models::TensorParallelClassifier*>(model_.get());
   TESSEL_CHECK(layout.tp == 1 || tensor_parallel_ != nullptr, "--tp=", layout.tp,
                ": this recipe's model has no tensor-parallel form (ResNet, "
                "ShuffleNet and BERT do); use --dp only");
@@ -78,7 +78,7 @@ ClassifierLoss ParallelClassifier::loss(const Tensor& inputs, const Tensor& targ
     // The loss's gradient is the first of the pass: queued now, the trunk's sum over tp runs
     // after every gradient has arrived, and after DDP's average over dp (finalize is free when
     // DDP's own end-of-backward callback comes later).
-    parallel::TensorParallelClassifier* split = tensor_parallel_;
+    models::TensorParallelClassifier* split = tensor_parallel_;
     parallel::DistributedDataParallel* ddp = ddp_.get();
     weighted.register_hook([split, ddp](const Tensor&) {
       queue_backward_callback([split, ddp] {

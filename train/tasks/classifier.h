@@ -1,6 +1,6 @@
 // Image classification on a dp x tp layout: the module the optimizer updates, the loss of one
 // step, and evaluation. With dp > 1 the forward pass goes through DDP; with tp > 1 a
-// parallel::TensorParallelClassifier splits the model. Gradient reductions finish inside
+// models::TensorParallelClassifier splits the model. Gradient reductions finish inside
 // loss.backward(), so a training loop reads as on one process:
 //   ParallelClassifier classifier(parallel_classifier_model(layout, model), layout);
 //   ClassifierLoss loss = classifier.loss(inputs, targets);  // this rank's rows of the batch
@@ -17,8 +17,10 @@
 
 namespace tessel::parallel {
 class DistributedDataParallel;
-class TensorParallelClassifier;
 }  // namespace tessel::parallel
+namespace tessel::models {
+class TensorParallelClassifier;
+}  // namespace tessel::models
 
 namespace tessel::train {
 
@@ -34,7 +36,7 @@ struct EvalResult {
 EvalResult evaluate_classifier(nn::Module& model, const data::Dataset& dataset,
                                int64_t batch_size = 500);
 
-// `full` itself, or with tp > 1 a parallel::TensorParallelClassifier over it: batch-split trunk;
+// `full` itself, or with tp > 1 a models::TensorParallelClassifier over it: batch-split trunk;
 // ResNet's classifier split by classes; ShuffleNet's conv5 split by channels and its classifier
 // by input features.
 std::shared_ptr<nn::Module> parallel_classifier_model(const RunLayout& layout,
@@ -63,7 +65,7 @@ class ParallelClassifier {
  private:
   std::shared_ptr<nn::Module> model_;
   const RunLayout& layout_;
-  parallel::TensorParallelClassifier* tensor_parallel_ = nullptr;
+  models::TensorParallelClassifier* tensor_parallel_ = nullptr;
   std::unique_ptr<parallel::DistributedDataParallel> ddp_;
 };
 

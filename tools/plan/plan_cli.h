@@ -1,6 +1,6 @@
 // The `plan` command: prints a model's (memory, time) frontier on D devices, marks the fastest
 // plan that fits in memory, writes it as a plan file and draws the frontier.
-//   bazel run //parallel/planner:plan -- --model=bert_base --devices=8
+//   bazel run //parallel:plan -- --model=bert_base --devices=8
 //       --memory_per_device=16GiB --profile=h200_cluster --out=plan.json --png=frontier.png
 #pragma once
 

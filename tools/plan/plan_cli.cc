@@ -1,4 +1,4 @@
-#include "parallel/planner/plan_cli.h"
+#include "tools/plan/plan_cli.h"
 
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "models/trace.h"
 #include "parallel/planner/plan_io.h"
 #include "parallel/planner/planner.h"
 
@@ -120,7 +121,8 @@ int run_plan_cli(int argc, const char* const* argv, std::ostream& out, std::ostr
   size_t max_points = 32, rows = 20;
   bool per_op_degrees = false, show_ops = false, any_plan = false;
   std::string models_help;
-  for (const auto& name : known_models()) models_help += (models_help.empty() ? "" : ", ") + name;
+  for (const auto& name : models::known_models())
+    models_help += (models_help.empty() ? "" : ", ") + name;
   app.add_option("--model", model, "model to plan: " + models_help)->required();
   app.add_option("--devices", devices, "number of devices (ranks)")->capture_default_str();
   app.add_option("--memory_per_device", memory_text,
@@ -184,7 +186,7 @@ int run_plan_cli(int argc, const char* const* argv, std::ostream& out, std::ostr
     options.executable_only = !any_plan;
     if (!memory_text.empty())
       options.memory_per_device = parse_bytes(memory_text, "--memory_per_device");
-    const std::vector<std::string> names = known_models();
+    const std::vector<std::string> names = models::known_models();
     TESSEL_CHECK(std::find(names.begin(), names.end(), model) != names.end(), "unknown model '",
                  model, "' (known: ", models_help, ")");
     options.config.profile = load_profile(find_profile(profile_name));
@@ -195,7 +197,7 @@ int run_plan_cli(int argc, const char* const* argv, std::ostream& out, std::ostr
     spec.image_size = image_size;
     spec.num_classes = num_classes;
 
-    const Graph graph = trace_model(spec);
+    const Graph graph = models::trace_model(spec);
     const double trace_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const PlanResult result = plan_graph(graph, options);

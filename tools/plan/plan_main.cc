@@ -1,8 +1,8 @@
-// bazel run //parallel/planner:plan -- --model=bert_base --devices=8 --memory_per_device=16GiB
+// bazel run //parallel:plan -- --model=bert_base --devices=8 --memory_per_device=16GiB
 #include <iostream>
 
 #include "core/run_main.h"
-#include "parallel/planner/plan_cli.h"
+#include "tools/plan/plan_cli.h"
 
 int main(int argc, char** argv) {
   return tessel::run_main(argc, argv, [](int count, char** arguments) {

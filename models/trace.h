@@ -1,0 +1,20 @@
+// The model zoo as the planner sees it: one training forward pass of a zoo model (model and
+// loss) traced on the meta device, no tensor bytes, ready for planner::plan_graph.
+//   planner::PlanResult result = planner::plan_graph(trace_model({"bert_base"}), options);
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "parallel/planner/graph.h"
+#include "parallel/planner/planner.h"
+
+namespace tessel::models {
+
+// Every model name trace_model accepts: resnet18..152, shufflenet_v2_x0_5..x2_0,
+// bert_tiny..bert_large.
+std::vector<std::string> known_models();
+// An unknown name is an error listing the known ones.
+planner::Graph trace_model(const planner::ModelSpec& spec);
+
+}  // namespace tessel::models
