@@ -1,4 +1,4 @@
-// Op attributes: a small sorted map from name to value that can be stored in recipes,
+// Op attributes: a small sorted map from name to value that can be stored in op records,
 // compared, hashed and printed.
 //   Attrs attrs{{"stride", std::vector<int64_t>{1, 1}}, {"groups", int64_t{1}}};
 //   int64_t groups = attrs.get<int64_t>("groups");

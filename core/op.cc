@@ -109,29 +109,29 @@ Tensor KernelContext::workspace(const Shape& sizes, DType dtype) {
   return workspaces.back();
 }
 
-Tensor RecipeTensor::materialize() const {
+Tensor RecordedTensor::materialize() const {
   return Tensor(std::make_shared<TensorImpl>(storage, sizes, strides, offset, dtype));
 }
 
 OpCall::~OpCall() {
   for (auto& input : inputs)
-    if (input.storage) input.storage->release_recipe_ref();
+    if (input.storage) input.storage->release_record_ref();
 }
 
 namespace {
-RecipeTensor describe(const Tensor& tensor, bool keep_storage) {
-  RecipeTensor recipe;
-  if (!tensor.defined()) return recipe;
+RecordedTensor describe(const Tensor& tensor, bool keep_storage) {
+  RecordedTensor record;
+  if (!tensor.defined()) return record;
   if (keep_storage) {
-    recipe.storage = tensor.storage();
-    recipe.storage->add_recipe_ref();
+    record.storage = tensor.storage();
+    record.storage->add_record_ref();
   }
-  recipe.sizes = tensor.sizes();
-  recipe.strides = tensor.strides();
-  recipe.offset = tensor.storage_offset();
-  recipe.dtype = tensor.dtype();
-  recipe.version = tensor.version();
-  return recipe;
+  record.sizes = tensor.sizes();
+  record.strides = tensor.strides();
+  record.offset = tensor.storage_offset();
+  record.dtype = tensor.dtype();
+  record.version = tensor.version();
+  return record;
 }
 
 thread_local const KernelInProgress* current_kernel = nullptr;
@@ -334,7 +334,7 @@ void replay_op_call(const OpCall& call) {
   const OpDef& op = *call.op;
   std::vector<Tensor> inputs;
   for (size_t i = 0; i < call.inputs.size(); ++i) {
-    const RecipeTensor& input = call.inputs[i];
+    const RecordedTensor& input = call.inputs[i];
     if (!input.storage) {
       inputs.emplace_back();
       continue;
@@ -349,7 +349,7 @@ void replay_op_call(const OpCall& call) {
   }
   std::vector<Tensor> outputs;
   for (size_t k = 0; k < call.outputs.size(); ++k) {
-    const RecipeTensor& geometry = call.outputs[k];
+    const RecordedTensor& geometry = call.outputs[k];
     auto storage = call.output_storages[k].lock();
     if (storage && storage->state() == Residency::kEvicted) {
       storage->allocate_bytes();

@@ -1,6 +1,6 @@
 // The op registry and dispatcher. Every op is registered once (kind, autocast policy, planner
 // traits, shape rule, kernel per device, backward, cost, splittable dimensions, flags) and every
-// call goes through `dispatch`, which is where autograd recording, recipes for the memory layer
+// call goes through `dispatch`, which is where autograd recording, op records for the memory layer
 // and meta-device tracing attach.
 // Code names an op only through its handle (OpHandle below), declared in its family's header:
 //   Tensor out = dispatch(ops::add, {a, b}, Attrs{{"alpha", 1.0}})[0];  // ops/elementwise.h
@@ -39,7 +39,7 @@ struct KernelContext {
   const std::vector<Tensor>& inputs;
   std::vector<Tensor>& outputs;
   const Attrs& attrs;
-  bool replay;  // recomputation from a recipe: skip side effects (running statistics)
+  bool replay;  // recomputation from an op record: skip side effects (running statistics)
   // Scratch memory from the device allocator (counted, budgeted), freed with the context.
   Tensor workspace(const Shape& sizes, DType dtype);
   std::vector<Tensor> workspaces;
@@ -201,7 +201,7 @@ class OpRegistry {
 };
 
 // A pure, replayable record of one op call: what the memory layer recomputes from.
-struct RecipeTensor {
+struct RecordedTensor {
   std::shared_ptr<StorageImpl> storage;
   Shape sizes, strides;
   int64_t offset = 0;
@@ -211,10 +211,10 @@ struct RecipeTensor {
 };
 struct OpCall {
   const OpDef* op = nullptr;
-  Attrs attrs;                       // random ops carry rng_seed and rng_offset here
-  std::vector<RecipeTensor> inputs;  // holds recipe references
+  Attrs attrs;                         // random ops carry rng_seed and rng_offset here
+  std::vector<RecordedTensor> inputs;  // holds op record references
   std::vector<std::weak_ptr<StorageImpl>> output_storages;
-  std::vector<RecipeTensor> outputs;  // geometry of the outputs (storage left null)
+  std::vector<RecordedTensor> outputs;  // geometry of the outputs (storage left null)
   double cost_seconds = 0;
   ~OpCall();
 };
@@ -240,7 +240,7 @@ using TraceHook = std::function<void(const OpDef& op, const std::vector<Tensor>&
 TraceHook set_trace_hook(TraceHook hook);  // returns the previous hook
 
 // Runs an op: checks devices, applies the shape rule, allocates outputs (or writes into `out`),
-// runs the kernel for the inputs' device, records autograd and the recipe.
+// runs the kernel for the inputs' device, records autograd and the op record.
 std::vector<Tensor> dispatch(const OpDef& op, const std::vector<Tensor>& inputs, Attrs attrs = {},
                              const std::vector<Tensor>& out = {});
 

@@ -1,6 +1,6 @@
 // The storage handle: the bytes behind one or more tensors, and everything the memory layer
 // needs to move them: residency state, version counter, pins, user references kept apart from
-// recipe references, the recipe (op call) that produced it, and a logical access clock.
+// op record references, the op record (op call) that produced it, and a logical access clock.
 // Raw bytes are reached only through StorageAccess (pins, makes resident, unpins at scope end).
 #pragma once
 
@@ -21,7 +21,7 @@ class StorageImpl;
 
 enum class Residency : uint8_t {
   kResident,  // bytes on the device
-  kEvicted,   // no bytes; recompute from the producer recipe
+  kEvicted,   // no bytes; recompute from the producer op record
   kOnHost,    // bytes swapped to host memory
 };
 
@@ -35,15 +35,15 @@ class ResidencyHooks {
   virtual void make_resident(StorageImpl& storage) = 0;
   // Every access through StorageAccess (after make_resident); for access clocks.
   virtual void on_access(StorageImpl& /*storage*/) {}
-  // The dispatcher ran an op whose outputs own new storage; `call` is its pure recipe and
-  // `seconds` the measured kernel time. The hook decides whether to keep the recipe.
+  // The dispatcher ran an op whose outputs own new storage; `call` is its pure op record and
+  // `seconds` the measured kernel time. The hook decides whether to keep the op record.
   virtual void on_op_recorded(const std::shared_ptr<OpCall>& /*call*/, double /*seconds*/) {}
-  // The last user reference to `storage` is gone (recipes may still refer to it).
+  // The last user reference to `storage` is gone (op records may still refer to it).
   virtual void on_user_release(StorageImpl& /*storage*/) {}
   // `storage` is being destroyed.
   virtual void on_destroy(StorageImpl& /*storage*/) {}
   // The dispatcher is about to write `storage` in place (an out= tensor or an input the op
-  // mutates): recipes that read its old bytes, and its own producer recipe, stop being valid.
+  // mutates): op records that read its old bytes, and its own producer op record, stop being valid.
   virtual void before_write(StorageImpl& /*storage*/) {}
   // The kernel of `op` ran out of memory: may the dispatcher run it in chunks along one of the
   // op's SplitRules? `on_split` reports a call that ran in `chunks` pieces.
@@ -73,19 +73,19 @@ class StorageImpl : public std::enable_shared_from_this<StorageImpl> {
   Residency state() const { return state_; }
   uint64_t id() const { return id_; }
 
-  // Version counter: bumped by every in-place write, checked by autograd and recipes.
+  // Version counter: bumped by every in-place write, checked by autograd and op records.
   uint64_t version() const { return version_.load(); }
   void bump_version() { version_.fetch_add(1); }
 
   int pins() const { return pins_.load(); }
   int user_refs() const { return user_refs_.load(); }
-  int recipe_refs() const { return recipe_refs_.load(); }
+  int record_refs() const { return record_refs_.load(); }
   void add_user_ref() { user_refs_.fetch_add(1); }
   void release_user_ref();
-  void add_recipe_ref() { recipe_refs_.fetch_add(1); }
-  void release_recipe_ref() { recipe_refs_.fetch_sub(1); }
+  void add_record_ref() { record_refs_.fetch_add(1); }
+  void release_record_ref() { record_refs_.fetch_sub(1); }
 
-  // The recipe that produced these bytes (set by the memory layer's hook), and its own state.
+  // The op record that produced these bytes (set by the memory layer's hook), and its own state.
   std::shared_ptr<OpCall> producer;
   std::shared_ptr<void> residency_data;
   int64_t last_access = 0;  // logical clock, maintained by the memory layer
@@ -116,7 +116,7 @@ class StorageImpl : public std::enable_shared_from_this<StorageImpl> {
   std::atomic<uint64_t> version_{0};
   std::atomic<int> pins_{0};
   std::atomic<int> user_refs_{0};
-  std::atomic<int> recipe_refs_{0};
+  std::atomic<int> record_refs_{0};
   std::recursive_mutex mutex_;
 };
 

@@ -48,7 +48,7 @@ void check_budget(size_t budget_bytes, size_t fixed_bytes);
 class MemoryOptions {
  public:
   MemoryOptions() = default;
-  // The device the budget is for (the CPU by default: a simulated device). On CUDA, recipe costs
+  // The device the budget is for (the CPU by default: a simulated device). On CUDA, op record costs
   // are estimated from FLOPs and bytes, since the host sees only kernel launches.
   MemoryOptions& device(Device value) {
     device_ = value;

@@ -28,7 +28,7 @@ constexpr double kRecomputePenalty = 1.0001;
 // Marks a report this layer has already explained.
 constexpr const char* kExplainedMarker = "\n  memory policy: ";
 
-bool keeps_recipes_for(Policy policy) {
+bool keeps_records_for(Policy policy) {
   return policy == Policy::kDtr || policy == Policy::kSplit || policy == Policy::kAuto;
 }
 bool swaps_for(Policy policy) { return policy == Policy::kSwap || policy == Policy::kAuto; }
@@ -46,7 +46,7 @@ void free_host_copy(StorageImpl& storage) {
 
 std::string producer_name(const StorageImpl& storage) {
   return storage.producer ? storage.producer->op->name + " output"
-                          : std::string("tensor without a recipe");
+                          : std::string("tensor without an op record");
 }
 
 }  // namespace
@@ -87,7 +87,7 @@ const char* action_name(ResidencyAction action) {
   return "?";
 }
 
-// A union-find set of evicted tensors that touch each other through recipes, with the sum of
+// A union-find set of evicted tensors that touch each other through op records, with the sum of
 // their recompute costs at the root (DTR's h_eq approximation of the evicted neighbourhood).
 struct ResidencyManager::Component {
   std::shared_ptr<Component> parent;
@@ -98,7 +98,7 @@ struct ResidencyManager::Component {
 struct ResidencyManager::Record {
   uint64_t manager_serial = 0;
   int64_t recomputes = 0;
-  std::vector<std::weak_ptr<OpCall>> consumers;  // recipes that read this storage
+  std::vector<std::weak_ptr<OpCall>> consumers;  // op records that read this storage
   size_t consumers_pruned_at = 8;
   std::shared_ptr<Component> component;  // while evicted
   double component_cost = 0;             // what this storage added to it
@@ -106,7 +106,7 @@ struct ResidencyManager::Record {
   std::shared_ptr<HostTransfer> pending_in;  // a prefetch: device bytes held, host copy kept
   bool consumed = false;                     // a recorded op has read it since it was made
   bool rematerializing = false;              // being recomputed: not a candidate
-  bool recipe_stale = false;          // an input of its recipe was (or is being) written in place
+  bool record_stale = false;  // an input of its op record was (or is being) written in place
   bool read_back_in_forward = false;  // swapped out, then read again while gradients recorded
 };
 
@@ -149,7 +149,7 @@ ResidencyManager::Record& ResidencyManager::record_of(StorageImpl& storage) {
   return *record;
 }
 
-bool ResidencyManager::keeps_recipes() const { return keeps_recipes_for(options_.policy()); }
+bool ResidencyManager::keeps_records() const { return keeps_records_for(options_.policy()); }
 
 bool ResidencyManager::managed(const StorageImpl& storage) const {
   return storage.allocator().get() == allocator_.get();
@@ -253,18 +253,18 @@ double ResidencyManager::evicted_neighbourhood_cost(StorageImpl& storage) {
 // ---- candidates and scores ----
 
 bool ResidencyManager::can_recompute(StorageImpl& storage) {
-  if (!keeps_recipes() || !storage.producer) return false;
+  if (!keeps_records() || !storage.producer) return false;
   Record* record = find_record(storage);
-  if (record && record->recipe_stale) return false;
-  const OpCall& recipe = *storage.producer;
-  for (size_t i = 0; i < recipe.inputs.size(); ++i) {
-    const RecipeTensor& input = recipe.inputs[i];
+  if (record && record->record_stale) return false;
+  const OpCall& record = *storage.producer;
+  for (size_t i = 0; i < record.inputs.size(); ++i) {
+    const RecordedTensor& input = record.inputs[i];
     if (!input.storage) continue;
     if (input.storage.get() == &storage) return false;
-    if (!is_mutated_input(*recipe.op, i) && input.storage->version() != input.version) return false;
+    if (!is_mutated_input(*record.op, i) && input.storage->version() != input.version) return false;
     if (input.storage->state() == Residency::kEvicted) {
       Record* input_record = find_record(*input.storage);
-      if (!input.storage->producer || (input_record && input_record->recipe_stale)) return false;
+      if (!input.storage->producer || (input_record && input_record->record_stale)) return false;
     }
   }
   return true;
@@ -291,7 +291,7 @@ ResidencyManager::Candidate ResidencyManager::assess(StorageImpl& storage,
   if (!recompute_ok && !swap_ok) return none;
 
   const double swap_cost = link_.seconds_for(storage.nbytes());
-  // The recipe's own time bounds the recompute cost from below: when it alone loses to the
+  // The op record's own time bounds the recompute cost from below: when it alone loses to the
   // swap, the evicted neighbourhood need not be walked.
   const bool recompute_may_win =
       recompute_ok && (!swap_ok || storage.producer->cost_seconds <= swap_cost);
@@ -337,7 +337,7 @@ ResidencyManager::Candidate ResidencyManager::choose_victim_among_candidates(
       std::uniform_int_distribution<size_t> pick(i, pool.size() - 1);
       std::swap(pool[i], pool[pick(sampler_)]);
     }
-    // The sample may hold no candidate at all (all without recipes, say): then score them all.
+    // The sample may hold no candidate at all (all without op records, say): then score them all.
     Candidate best{nullptr, ResidencyAction::kNone, std::numeric_limits<double>::infinity()};
     for (size_t i = 0; i < sample; ++i) {
       Candidate candidate = assess(*pool[i], spare_forward_reads);
@@ -545,9 +545,9 @@ bool ResidencyManager::drop_prefetch() {
 
 // ---- recompute ----
 
-void ResidencyManager::replay(OpCall& recipe) {
+void ResidencyManager::replay(OpCall& record) {
   std::vector<std::shared_ptr<StorageImpl>> evicted;
-  for (const auto& weak_output : recipe.output_storages) {
+  for (const auto& weak_output : record.output_storages) {
     auto output = weak_output.lock();
     if (output && output->state() == Residency::kEvicted) evicted.push_back(std::move(output));
   }
@@ -561,7 +561,7 @@ void ResidencyManager::replay(OpCall& recipe) {
   } guard{this, evicted};
   for (auto& output : evicted) record_of(*output).rematerializing = true;
 
-  replay_op_call(recipe);
+  replay_op_call(record);
 
   for (auto& output : evicted) {
     Record& record = record_of(*output);
@@ -573,7 +573,7 @@ void ResidencyManager::replay(OpCall& recipe) {
 }
 
 void ResidencyManager::drop_if_unreferenced(StorageImpl& storage) {
-  if (!keeps_recipes() || detaching_ || storage.user_refs() > 0 || storage.recipe_refs() == 0 ||
+  if (!keeps_records() || detaching_ || storage.user_refs() > 0 || storage.record_refs() == 0 ||
       storage.state() != Residency::kResident || storage.pins() > 0 || !managed(storage))
     return;
   Record* record = find_record(storage);
@@ -583,13 +583,13 @@ void ResidencyManager::drop_if_unreferenced(StorageImpl& storage) {
 }
 
 // Makes `target` resident with an explicit stack (chains of evicted tensors can be thousands
-// long): look at the top; while an input of its recipe is not resident, push that input; once
-// all are resident, replay the recipe and pop. As in DTR, each input is pinned as soon as it is
+// long): look at the top; while an input of its op record is not resident, push that input; once
+// all are resident, replay the op record and pop. As in DTR, each input is pinned as soon as it is
 // resident, until its consumer has replayed, so computing one input never evicts another.
 void ResidencyManager::rematerialize(StorageImpl& target) {
   struct Frame {
     StorageImpl* storage;
-    std::shared_ptr<OpCall> recipe;
+    std::shared_ptr<OpCall> record;
     size_t next_input = 0;
     std::vector<StorageAccess> pinned_inputs;
   };
@@ -600,7 +600,7 @@ void ResidencyManager::rematerialize(StorageImpl& target) {
   while (!stack.empty()) {
     Frame& frame = stack.back();
     StorageImpl& storage = *frame.storage;
-    if (!frame.recipe) {
+    if (!frame.record) {
       if (storage.state() != Residency::kEvicted) {
         if (storage.state() == Residency::kOnHost) swap_in(storage);
         on_stack.erase(&storage);
@@ -616,18 +616,18 @@ void ResidencyManager::rematerialize(StorageImpl& target) {
         return chain;
       };
       TESSEL_CHECK(storage.producer != nullptr, "storage ", storage.id(), " (", storage.nbytes(),
-                   " bytes) was evicted but has no recipe to recompute it from", needed_by());
+                   " bytes) was evicted but has no op record to recompute it from", needed_by());
       Record* record = find_record(storage);
-      TESSEL_CHECK(!(record && record->recipe_stale), "cannot recompute a ",
+      TESSEL_CHECK(!(record && record->record_stale), "cannot recompute a ",
                    storage.producer->op->name, " output (storage ", storage.id(),
-                   "): an input of its recipe was modified in place after it was evicted",
+                   "): an input of its op record was modified in place after it was evicted",
                    needed_by());
-      frame.recipe = storage.producer;
+      frame.record = storage.producer;
     }
-    const OpCall& recipe = *frame.recipe;
+    const OpCall& record = *frame.record;
     bool waiting = false;
-    while (frame.next_input < recipe.inputs.size()) {
-      const RecipeTensor& input = recipe.inputs[frame.next_input];
+    while (frame.next_input < record.inputs.size()) {
+      const RecordedTensor& input = record.inputs[frame.next_input];
       if (!input.storage) {
         ++frame.next_input;
         continue;
@@ -638,8 +638,8 @@ void ResidencyManager::rematerialize(StorageImpl& target) {
         ++frame.next_input;
         continue;
       }
-      TESSEL_CHECK(on_stack.insert(&needed).second, "cannot recompute ", recipe.op->name,
-                   ": its recipe depends on its own output");
+      TESSEL_CHECK(on_stack.insert(&needed).second, "cannot recompute ", record.op->name,
+                   ": its op record depends on its own output");
       stack.push_back(Frame{&needed, nullptr, 0, {}});
       waiting = true;
       break;
@@ -647,7 +647,7 @@ void ResidencyManager::rematerialize(StorageImpl& target) {
     if (waiting) continue;
     // Inputs recomputed on the way stay resident, candidates like any other: dropping them at
     // once would recompute shared ancestors again for every consumer (exponentially in diamonds).
-    std::shared_ptr<OpCall> done = frame.recipe;
+    std::shared_ptr<OpCall> done = frame.record;
     replay(*done);
     on_stack.erase(&storage);
     stack.pop_back();  // unpins the inputs
@@ -686,7 +686,7 @@ void ResidencyManager::on_op_recorded(const std::shared_ptr<OpCall>& call, doubl
       inputs.push_back(input.storage ? input.materialize() : Tensor());
     for (size_t k = 0; k < call->outputs.size(); ++k) {
       auto storage = call->output_storages[k].lock();
-      const RecipeTensor& geometry = call->outputs[k];
+      const RecordedTensor& geometry = call->outputs[k];
       outputs.push_back(
           storage ? Tensor(std::make_shared<TensorImpl>(storage, geometry.sizes, geometry.strides,
                                                         geometry.offset, geometry.dtype))
@@ -701,7 +701,7 @@ void ResidencyManager::on_op_recorded(const std::shared_ptr<OpCall>& call, doubl
     }
   }
   call->cost_seconds = cost;
-  const bool keep = keeps_recipes();
+  const bool keep = keeps_records();
   for (const auto& weak_output : call->output_storages) {
     auto output = weak_output.lock();
     if (!output) continue;
@@ -749,7 +749,7 @@ void ResidencyManager::swap_ahead() {
 }
 
 void ResidencyManager::on_user_release(StorageImpl& storage) {
-  if (!keeps_recipes()) return;
+  if (!keeps_records()) return;
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   drop_if_unreferenced(storage);
 }
@@ -771,16 +771,16 @@ void ResidencyManager::on_destroy(StorageImpl& storage) {
 }
 
 void ResidencyManager::before_write(StorageImpl& storage) {
-  if (!keeps_recipes()) return;
+  if (!keeps_records()) return;
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   record_of(storage);
-  // An in-place update reads the old bytes: bring them back while the recipe still holds.
+  // An in-place update reads the old bytes: bring them back while the op record still holds.
   if (storage.state() != Residency::kResident) {
     StorageAccess access(storage);
   }
 
-  // The recipes that read these bytes (running statistics read by batch norm are not part of
-  // its recipe), the outputs they made, and what lies downstream of them through tensors that
+  // The op records that read these bytes (running statistics read by batch norm are not part of
+  // its op record), the outputs they made, and what lies downstream of them through tensors that
   // are evicted or that nobody holds (those would be dropped below).
   std::vector<std::shared_ptr<OpCall>> readers;
   std::vector<std::shared_ptr<StorageImpl>> affected;
@@ -806,13 +806,13 @@ void ResidencyManager::before_write(StorageImpl& storage) {
       for (const auto& weak_output : call->output_storages) {
         auto output = weak_output.lock();
         if (!output || output.get() == &source || !seen.insert(output.get()).second) continue;
-        // Evicted with a stale recipe: an earlier write already released it and everything
+        // Evicted with a stale op record: an earlier write already released it and everything
         // downstream (an optimizer step writes many parameters that feed one graph).
         if (output->state() == Residency::kEvicted) {
           Record* output_record = find_record(*output);
-          if (output_record && output_record->recipe_stale) continue;
+          if (output_record && output_record->record_stale) continue;
         }
-        // Direct outputs all lose their recipe; further down only what recomputes through them.
+        // Direct outputs all lose their op record; further down only what recomputes through them.
         if (is_written || passes_through(*output)) affected.push_back(output);
       }
     }
@@ -827,13 +827,13 @@ void ResidencyManager::before_write(StorageImpl& storage) {
         held_downstream || (node->state() == Residency::kEvicted && node->user_refs() > 0);
   if (held_downstream) {
     // The program still holds evicted tensors that need the old bytes: keep a copy of them for
-    // the recipes (copy-on-write, as DTR does), so every recipe stays valid.
+    // the op records (copy-on-write, as DTR does), so every op record stays valid.
     snapshot_for_readers(storage, readers);
   } else {
     // Nothing held needs the old bytes: what was made from them is never recomputed again, and
     // what nobody holds is of no use any more: its bytes go.
     for (const auto& node : affected) {
-      record_of(*node).recipe_stale = true;
+      record_of(*node).record_stale = true;
       if (node->state() == Residency::kResident && node->user_refs() == 0 && node->pins() == 0 &&
           managed(*node)) {
         node->release_bytes(Residency::kEvicted);
@@ -842,8 +842,8 @@ void ResidencyManager::before_write(StorageImpl& storage) {
     }
   }
 
-  // Its own recipe no longer describes its bytes.
-  std::shared_ptr<OpCall> old_recipe = std::move(storage.producer);
+  // Its own op record no longer describes its bytes.
+  std::shared_ptr<OpCall> old_record = std::move(storage.producer);
   storage.producer.reset();
   label(storage);
 }
@@ -859,10 +859,10 @@ void ResidencyManager::snapshot_for_readers(StorageImpl& storage,
   Record& snapshot_record = record_of(*snapshot);
   for (const auto& call : readers) {
     for (size_t i = 0; i < call->inputs.size(); ++i) {
-      RecipeTensor& input = call->inputs[i];
+      RecordedTensor& input = call->inputs[i];
       if (input.storage.get() != &storage || is_mutated_input(*call->op, i)) continue;
-      snapshot->add_recipe_ref();
-      storage.release_recipe_ref();
+      snapshot->add_record_ref();
+      storage.release_record_ref();
       input.storage = snapshot;
       input.version = snapshot->version();
     }
@@ -916,7 +916,7 @@ bool ResidencyManager::relieve(size_t bytes_needed, size_t largest_free_block) {
 }
 
 // Last resort when the free bytes would fit the request but no single block does: move a live
-// tensor, of any size and with or without a recipe, to host memory (it comes back elsewhere on
+// tensor, of any size and with or without an op record, to host memory (it comes back elsewhere on
 // its next access), choosing the one whose block joins the largest hole with its free neighbours.
 bool ResidencyManager::defragment(size_t bytes_needed) {
   const MemoryStats stats = allocator_->memory_stats();
@@ -974,7 +974,7 @@ void ResidencyManager::evict(StorageImpl& storage) {
                residency_name(storage.state()));
   TESSEL_CHECK(storage.pins() == 0, "evict: storage ", storage.id(), " is pinned");
   TESSEL_CHECK(can_recompute(storage), "evict: storage ", storage.id(), " (",
-               producer_name(storage), ") has no valid recipe under policy ",
+               producer_name(storage), ") has no valid op record under policy ",
                policy_name(options_.policy()), "; only swap can move it");
   evict_locked(storage, /*count_as_eviction=*/true);
 }
@@ -990,7 +990,7 @@ void ResidencyManager::swap_out(StorageImpl& storage) {
 }
 
 void ResidencyManager::restore_and_detach() {
-  std::vector<std::shared_ptr<OpCall>> recipes;  // freed after the records are gone
+  std::vector<std::shared_ptr<OpCall>> records;  // freed after the records are gone
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   detaching_ = true;
   while (!in_flight_.empty()) cancel_swap_out(*in_flight_.front());
@@ -1008,7 +1008,7 @@ void ResidencyManager::restore_and_detach() {
     try {
       StorageAccess access(*storage);
     } catch (const Error&) {
-      // Left evicted with its recipe: a later access reports why it cannot come back.
+      // Left evicted with its op record: a later access reports why it cannot come back.
     }
   }
   for (const auto& storage : tracked) {
@@ -1017,7 +1017,7 @@ void ResidencyManager::restore_and_detach() {
       storage->set_state(Residency::kEvicted);
     }
     if (storage->state() == Residency::kResident || storage->user_refs() == 0)
-      recipes.push_back(std::move(storage->producer));
+      records.push_back(std::move(storage->producer));
     storage->residency_data.reset();
   }
   storages_.clear();
@@ -1058,8 +1058,8 @@ std::string ResidencyManager::describe_holders() {
     std::string why;
   };
   std::vector<Holder> holders;
-  int64_t pinned = 0, without_recipe = 0, small = 0, candidates = 0;
-  size_t pinned_bytes = 0, without_recipe_bytes = 0, small_bytes = 0;
+  int64_t pinned = 0, without_record = 0, small = 0, candidates = 0;
+  size_t pinned_bytes = 0, without_record_bytes = 0, small_bytes = 0;
   for (const auto& entry : storages_) {
     auto storage = entry.second.lock();
     if (!storage || !managed(*storage) || storage->state() != Residency::kResident) continue;
@@ -1076,12 +1076,12 @@ std::string ResidencyManager::describe_holders() {
       ++candidates;
       why = "candidate";
     } else {
-      ++without_recipe;
-      without_recipe_bytes += storage->nbytes();
+      ++without_record;
+      without_record_bytes += storage->nbytes();
       Record* record = find_record(*storage);
-      why = !storage->producer              ? "no recipe"
+      why = !storage->producer              ? "no op record"
             : (record && !record->consumed) ? "not read yet"
-                                            : "recipe no longer valid";
+                                            : "op record no longer valid";
     }
     holders.push_back(Holder{std::move(storage), why});
   }
@@ -1094,8 +1094,8 @@ std::string ResidencyManager::describe_holders() {
       << format_bytes(static_cast<double>(options_.min_candidate_bytes()))
       << " are candidates) could not free enough: " << candidates << " candidates left";
   out << "\n    resident tensors: " << pinned << " pinned by running ops ("
-      << format_bytes(static_cast<double>(pinned_bytes)) << "), " << without_recipe
-      << " that only swap can move (" << format_bytes(static_cast<double>(without_recipe_bytes))
+      << format_bytes(static_cast<double>(pinned_bytes)) << "), " << without_record
+      << " that only swap can move (" << format_bytes(static_cast<double>(without_record_bytes))
       << ": parameters, inputs, optimizer state, gradients or tensors written in place), " << small
       << " below the minimum size (" << format_bytes(static_cast<double>(small_bytes)) << ")";
   const PolicyCounters& c = counters_;
@@ -1109,7 +1109,8 @@ std::string ResidencyManager::describe_holders() {
         << producer_name(storage) << " (storage " << storage.id() << ", " << holders[i].why << ")";
   }
   if (options_.policy() == Policy::kDtr || options_.policy() == Policy::kSplit)
-    out << "\n    tensors without a recipe can only leave the device with the swap or auto policy";
+    out << "\n    tensors without an op record can only leave the device with the swap or auto "
+           "policy";
   return out.str();
 }
 

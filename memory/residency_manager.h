@@ -1,5 +1,5 @@
 // The residency manager: core's ResidencyHooks and the caching allocator's PressureHandler. It
-// keeps an access clock, the recipe and cost of every tensor, and under memory pressure evicts
+// keeps an access clock, the op record and cost of every tensor, and under memory pressure evicts
 // (to recompute later, DTR), swaps to host, or lets the dispatcher split an op (MegTaiChi).
 //   auto manager = std::make_shared<ResidencyManager>(allocator, ResidencyOptions(Policy::kDtr));
 //   allocator->set_pressure_handler(manager.get());  set_residency_hooks(manager);
@@ -26,7 +26,7 @@ namespace tessel::memory {
 // What to do when a request does not fit the budget.
 enum class Policy {
   kNone,   // nothing: out of memory is an error
-  kDtr,    // evict tensors that have a recipe, recompute them on access
+  kDtr,    // evict tensors that have an op record, recompute them on access
   kSwap,   // copy tensors to host memory, copy them back on access
   kSplit,  // run the op in chunks when its working memory does not fit; evict (dtr) otherwise
   kAuto,   // per tensor, swap or recompute, whichever costs less; split when neither is enough
@@ -35,7 +35,7 @@ const char* policy_name(Policy policy);
 // "none", "dtr", "swap", "split", "auto"; anything else is an error listing them.
 Policy parse_policy(const std::string& name);
 
-// Where a recipe's cost comes from: the measured kernel time (default), or an estimate from the
+// Where an op record's cost comes from: the measured kernel time (default), or an estimate from the
 // op's registered cost (FLOPs and bytes), which makes decisions independent of timing.
 enum class CostSource { kMeasured, kEstimated };
 
@@ -117,8 +117,8 @@ const char* action_name(ResidencyAction action);
 // splits as well; these add what only the manager sees).
 struct ResidencyStats {
   PolicyCounters policy;
-  int64_t placeholders = 0;      // dropped tensors kept as evicted placeholders for recipes
-  int64_t snapshots = 0;         // copies of overwritten bytes kept for recipes (copy-on-write)
+  int64_t placeholders = 0;      // dropped tensors kept as evicted placeholders for op records
+  int64_t snapshots = 0;         // copies of overwritten bytes kept for op records (copy-on-write)
   int64_t defragment_moves = 0;  // tensors moved to host to join free blocks into one hole
   int64_t storages = 0;          // storages tracked now
   int64_t in_flight_swaps = 0;   // swap-outs whose copy has not been released yet
@@ -157,7 +157,7 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   ResidencyAction planned_action(const StorageImpl& storage);
   // The eviction score of a candidate (smaller goes first); infinity for a non-candidate.
   double score(const StorageImpl& storage);
-  // Forces `storage` off the device: evicts it (it needs a valid recipe) or swaps it to host.
+  // Forces `storage` off the device: evicts it (it needs a valid op record) or swaps it to host.
   // Throws naming the reason when it is pinned, not resident, or cannot be recomputed.
   void evict(StorageImpl& storage);
   void swap_out(StorageImpl& storage);
@@ -165,7 +165,7 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   void finish_swaps();
 
   // Brings back every storage the program still holds that is evicted or on host, then forgets
-  // every recipe and per-storage record (before the manager is uninstalled).
+  // every op record and per-storage record (before the manager is uninstalled).
   void restore_and_detach();
 
   const ResidencyOptions& options() const { return options_; }
@@ -187,7 +187,7 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   static std::shared_ptr<Component> find_root(std::shared_ptr<Component> component);
   Record& record_of(StorageImpl& storage);
   Record* find_record(const StorageImpl& storage) const;
-  bool keeps_recipes() const;
+  bool keeps_records() const;
   bool managed(const StorageImpl& storage) const;
   bool can_recompute(StorageImpl& storage);
   // Candidate action and score; action kNone for a non-candidate.
@@ -221,7 +221,7 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   // Waits for a prefetch copy of `storage`, keeping its device bytes (true) or dropping them.
   void settle_prefetch(StorageImpl& storage, bool keep);
   void rematerialize(StorageImpl& storage);
-  void replay(OpCall& recipe);
+  void replay(OpCall& record);
   void drop_if_unreferenced(StorageImpl& storage);
   bool defragment(size_t bytes_needed);
   void snapshot_for_readers(StorageImpl& storage,

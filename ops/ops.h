@@ -1,5 +1,5 @@
 // Every op Tensor offers, as free functions (libtorch style). Each goes through the
-// dispatcher (core/op.h) under the registry name given in brackets, so autograd, recipes,
+// dispatcher (core/op.h) under the registry name given in brackets, so autograd, op records,
 // meta tracing and splitting apply to all of them.
 //   Tensor y = tessel::relu(tessel::linear(x, w, b));
 //   Tensor loss = tessel::cross_entropy(logits, labels);

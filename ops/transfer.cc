@@ -80,7 +80,7 @@ TESSEL_REGISTER_OPS(transfer) {
   op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>&, const Attrs&) {
     return OpCost{0, 2.0 * static_cast<double>(in[0].nbytes())};
   };
-  // Not replayable from a recipe: its output lives on another device than its input.
+  // Not replayable from an op record: its output lives on another device than its input.
   op.flags.pure = false;
 }
 

@@ -1,5 +1,5 @@
 // Proves the interfaces the memory layer builds on: a test-only residency hook keeps the
-// recipe of every op output, evicts an output's bytes, and the next access recomputes it from
+// op record of every op output, evicts an output's bytes, and the next access recomputes it from
 // the recorded op call, bitwise equal to the original.
 #include <mutex>
 #include <unordered_set>
@@ -19,7 +19,7 @@ using testing::bitwise_equal;
 class RecomputeOnAccess : public ResidencyHooks {
  public:
   void make_resident(StorageImpl& storage) override {
-    ASSERT_TRUE(storage.producer) << "evicted storage without a recipe";
+    ASSERT_TRUE(storage.producer) << "evicted storage without an op record";
     ++recomputes;
     replay_op_call(*storage.producer);
   }
@@ -29,8 +29,8 @@ class RecomputeOnAccess : public ResidencyHooks {
       if (auto storage = weak.lock()) storage->producer = call;
   }
   void on_user_release(StorageImpl& storage) override {
-    // A dropped tensor that recipes still need becomes an evicted placeholder.
-    if (storage.recipe_refs() > 0 && storage.producer && storage.pins() == 0) {
+    // A dropped tensor that op records still need becomes an evicted placeholder.
+    if (storage.record_refs() > 0 && storage.producer && storage.pins() == 0) {
       storage.release_bytes(Residency::kEvicted);
       ++placeholders;
     }
@@ -70,13 +70,13 @@ TEST_F(ResidencyTest, RecomputeChainsThroughEvictedInputs) {
   EXPECT_EQ(hooks_->recomputes, 2);
 }
 
-TEST_F(ResidencyTest, DroppedTensorNeededByARecipeBecomesAPlaceholder) {
+TEST_F(ResidencyTest, DroppedTensorNeededByARecordBecomesAPlaceholder) {
   Tensor x = randn({128});
   Tensor b;
   {
     Tensor a = sigmoid(x);
     b = mul(a, 3.0);
-  }  // a's last user reference is gone, but b's recipe refers to it
+  }  // a's last user reference is gone, but b's op record refers to it
   EXPECT_EQ(hooks_->placeholders, 1);
   Tensor expected = clone(b);
   b.storage()->release_bytes(Residency::kEvicted);

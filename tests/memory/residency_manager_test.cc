@@ -243,7 +243,7 @@ TEST(Dtr, BatchNormRecomputeLeavesRunningStatisticsAlone) {
   EXPECT_EQ(scope.manager()->stats().policy.recomputes, 1);
   EXPECT_TRUE(bitwise_equal(running_mean, mean_after_forward));
   EXPECT_TRUE(bitwise_equal(running_var, var_after_forward));
-  // The running statistics were written in place: they have no recipe, only swap moves them.
+  // The running statistics were written in place: they have no op record, only swap moves them.
   EXPECT_EQ(scope.manager()->planned_action(*running_mean.storage()), ResidencyAction::kNone);
 }
 
@@ -291,7 +291,7 @@ TEST(Dtr, RematerialisesA2000LongChainOfEvictedTensorsWithAnExplicitStack) {
   Tensor last = start;
   for (int i = 0; i < 2000; ++i) last = tanh(add(mul(last, 0.5), 0.25));
   Tensor expected = clone(last);
-  // Every intermediate was dropped while a recipe still needed it: an evicted placeholder.
+  // Every intermediate was dropped while an op record still needed it: an evicted placeholder.
   EXPECT_GE(scope.manager()->stats().placeholders, 3999);
   scope.manager()->evict(*last.storage());
   Tensor copy;
@@ -312,14 +312,14 @@ TEST(Dtr, WritingAnInputInPlaceKeepsItsOldBytesForHeldEvictedTensors) {
     NoGradGuard no_grad;
     x.mul_(2.0);
   }
-  // y's recipe now reads a copy of the old x (copy-on-write).
+  // y's op record now reads a copy of the old x (copy-on-write).
   EXPECT_EQ(y.storage()->state(), Residency::kEvicted);
   EXPECT_EQ(manager.stats().snapshots, 1);
   EXPECT_TRUE(bitwise_equal(y, expected));
   EXPECT_EQ(manager.planned_action(*y.storage()), ResidencyAction::kRecompute);
 }
 
-TEST(Dtr, WritingAnInputInPlaceRetiresRecipesNothingHeldNeeds) {
+TEST(Dtr, WritingAnInputInPlaceRetiresRecordsNothingHeldNeeds) {
   MemoryScope scope(MemoryOptions().policy(Policy::kDtr).min_candidate_bytes(0));
   ResidencyManager& manager = *scope.manager();
   manual_seed(12);
@@ -333,7 +333,7 @@ TEST(Dtr, WritingAnInputInPlaceRetiresRecipesNothingHeldNeeds) {
   EXPECT_EQ(manager.stats().snapshots, 0);
   // y stays resident and keeps its bytes, but can no longer be evicted for recompute.
   EXPECT_EQ(manager.planned_action(*y.storage()), ResidencyAction::kNone);
-  EXPECT_TRUE(throws_error([&] { manager.evict(*y.storage()); }, "no valid recipe"));
+  EXPECT_TRUE(throws_error([&] { manager.evict(*y.storage()); }, "no valid op record"));
   EXPECT_TRUE(bitwise_equal(y, expected));
 }
 
@@ -381,19 +381,19 @@ TEST(Auto, SwapsWhatIsCheapToCopyAndRecomputesWhatIsCheapToRecompute) {
   Tensor cheap_input = randn({64, 64});
   Tensor cheap = relu(cheap_input);
   Tensor consumer = add(expensive, cheap);  // both have been read: both are candidates
-  Tensor no_recipe = randn({64, 64});
+  Tensor no_record = randn({64, 64});
   {
     NoGradGuard no_grad;
-    no_recipe.mul_(1.0);  // written in place: its recipe is gone
+    no_record.mul_(1.0);  // written in place: its op record is gone
   }
   EXPECT_EQ(manager.planned_action(*expensive.storage()), ResidencyAction::kSwap);
   EXPECT_EQ(manager.planned_action(*cheap.storage()), ResidencyAction::kRecompute);
-  EXPECT_EQ(manager.planned_action(*no_recipe.storage()), ResidencyAction::kSwap);
+  EXPECT_EQ(manager.planned_action(*no_record.storage()), ResidencyAction::kSwap);
 
-  // A link too slow for anything: recompute whatever has a recipe.
+  // A link too slow for anything: recompute whatever has an op record.
   manager.set_host_bandwidth(1e3);
   EXPECT_EQ(manager.planned_action(*expensive.storage()), ResidencyAction::kRecompute);
-  EXPECT_EQ(manager.planned_action(*no_recipe.storage()), ResidencyAction::kSwap);
+  EXPECT_EQ(manager.planned_action(*no_record.storage()), ResidencyAction::kSwap);
   // A link faster than any op: swap everything.
   manager.set_host_bandwidth(1e15);
   EXPECT_EQ(manager.planned_action(*cheap.storage()), ResidencyAction::kSwap);
