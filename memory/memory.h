@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/arg.h"
 #include "core/tensor.h"
 #include "memory/caching_allocator.h"
 #include "memory/residency_manager.h"
@@ -48,17 +49,6 @@ void check_budget(size_t budget_bytes, size_t fixed_bytes);
 class MemoryOptions {
  public:
   MemoryOptions() = default;
-  // The device the budget is for (the CPU by default: a simulated device). On CUDA, op record costs
-  // are estimated from FLOPs and bytes, since the host sees only kernel launches.
-  MemoryOptions& device(Device value) {
-    device_ = value;
-    return *this;
-  }
-  // 0: unlimited (statistics only).
-  MemoryOptions& budget(size_t bytes) {
-    budget_ = bytes;
-    return *this;
-  }
   MemoryOptions& policy(Policy value) {
     residency_.policy(value);
     return *this;
@@ -88,22 +78,19 @@ class MemoryOptions {
     residency_.swap_ahead(value);
     return *this;
   }
-  // Parameters + gradients + optimizer state: checked against the budget up front.
-  MemoryOptions& fixed_bytes(size_t bytes) {
-    fixed_bytes_ = bytes;
-    return *this;
-  }
-  Device device() const { return device_; }
-  size_t budget() const { return budget_; }
   Policy policy() const { return residency_.policy(); }
-  size_t fixed_bytes() const { return fixed_bytes_; }
   const ResidencyOptions& residency() const { return residency_; }
   ResidencyOptions& residency() { return residency_; }
 
+  // The device the budget is for (the CPU by default: a simulated device). On CUDA, op record costs
+  // are estimated from FLOPs and bytes, since the host sees only kernel launches.
+  TESSEL_ARG(Device, device) = Device::cpu();
+  // 0: unlimited (statistics only).
+  TESSEL_ARG(size_t, budget) = 0;
+  // Parameters + gradients + optimizer state: checked against the budget up front.
+  TESSEL_ARG(size_t, fixed_bytes) = 0;
+
  private:
-  Device device_ = Device::cpu();
-  size_t budget_ = 0;
-  size_t fixed_bytes_ = 0;
   ResidencyOptions residency_{Policy::kNone};
 };
 

@@ -15,6 +15,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "core/arg.h"
 #include "core/op.h"
 #include "core/storage.h"
 #include "memory/caching_allocator.h"
@@ -42,28 +43,10 @@ enum class CostSource { kMeasured, kEstimated };
 class ResidencyOptions {
  public:
   ResidencyOptions(Policy policy = Policy::kDtr) : policy_(policy) {}  // NOLINT: implicit
-  ResidencyOptions& policy(Policy value) {
-    policy_ = value;
-    return *this;
-  }
-  // Tensors below this size are never evicted or swapped (1 MiB, as in MegEngine).
-  ResidencyOptions& min_candidate_bytes(size_t value) {
-    min_candidate_bytes_ = value;
-    return *this;
-  }
-  // Host link bandwidth in bytes per second (<= 0: unthrottled).
-  ResidencyOptions& host_bandwidth(double value) {
-    host_bandwidth_ = value;
-    return *this;
-  }
   // Score about sqrt(N) candidates drawn with a generator seeded by `seed` instead of all N.
   ResidencyOptions& sample_candidates(bool value, uint64_t seed = 0) {
     sample_candidates_ = value;
     sample_seed_ = seed;
-    return *this;
-  }
-  ResidencyOptions& cost_source(CostSource value) {
-    cost_source_ = value;
     return *this;
   }
   // The device behind CostSource::kEstimated: FLOPs and bytes of memory traffic per second.
@@ -72,41 +55,30 @@ class ResidencyOptions {
     estimated_bytes_per_second_ = bytes_per_second;
     return *this;
   }
-  // In backward, copy swapped tensors back ahead of need (the next ones backward will read, in
-  // reverse order of their last use) while free memory allows; on by default.
-  ResidencyOptions& prefetch(bool value) {
-    prefetch_ = value;
-    return *this;
-  }
-  // In forward under pressure, start swap-outs before an allocation must wait for them, keeping
-  // room for the largest output seen; on by default.
-  ResidencyOptions& swap_ahead(bool value) {
-    swap_ahead_ = value;
-    return *this;
-  }
-  Policy policy() const { return policy_; }
-  size_t min_candidate_bytes() const { return min_candidate_bytes_; }
-  double host_bandwidth() const { return host_bandwidth_; }
   bool sample_candidates() const { return sample_candidates_; }
   uint64_t sample_seed() const { return sample_seed_; }
-  CostSource cost_source() const { return cost_source_; }
   double estimated_flops_per_second() const { return estimated_flops_per_second_; }
   double estimated_bytes_per_second() const { return estimated_bytes_per_second_; }
-  bool prefetch() const { return prefetch_; }
-  bool swap_ahead() const { return swap_ahead_; }
+
+  TESSEL_ARG(Policy, policy);
+  // Tensors below this size are never evicted or swapped (1 MiB, as in MegEngine).
+  TESSEL_ARG(size_t, min_candidate_bytes) = size_t{1} << 20;
+  // Host link bandwidth in bytes per second (<= 0: unthrottled).
+  TESSEL_ARG(double, host_bandwidth) = HostLink::kDefaultBandwidth;
+  TESSEL_ARG(CostSource, cost_source) = CostSource::kMeasured;
+  // In backward, copy swapped tensors back ahead of need (the next ones backward will read, in
+  // reverse order of their last use) while free memory allows; on by default.
+  TESSEL_ARG(bool, prefetch) = true;
+  // In forward under pressure, start swap-outs before an allocation must wait for them, keeping
+  // room for the largest output seen; on by default.
+  TESSEL_ARG(bool, swap_ahead) = true;
 
  private:
-  Policy policy_;
-  size_t min_candidate_bytes_ = size_t{1} << 20;
-  double host_bandwidth_ = HostLink::kDefaultBandwidth;
   bool sample_candidates_ = false;
   uint64_t sample_seed_ = 0;
-  CostSource cost_source_ = CostSource::kMeasured;
   // A rough CPU core pair; only the ratios to each other and to host_bandwidth matter.
   double estimated_flops_per_second_ = 5e10;
   double estimated_bytes_per_second_ = 1e10;
-  bool prefetch_ = true;
-  bool swap_ahead_ = true;
 };
 
 // How a candidate would leave the device.

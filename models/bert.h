@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/arg.h"
 #include "nn/nn.h"
 
 namespace tessel::models {
@@ -32,89 +33,27 @@ class BertConfig {
   // One of the presets above by name; an error listing the known names otherwise.
   static BertConfig by_name(const std::string& name);
   static std::vector<std::string> known_names();
-
-  BertConfig& vocab_size(int64_t value) {
-    vocab_size_ = value;
-    return *this;
-  }
-  BertConfig& hidden_size(int64_t value) {
-    hidden_size_ = value;
-    return *this;
-  }
-  BertConfig& num_hidden_layers(int64_t value) {
-    num_hidden_layers_ = value;
-    return *this;
-  }
-  BertConfig& num_attention_heads(int64_t value) {
-    num_attention_heads_ = value;
-    return *this;
-  }
-  BertConfig& intermediate_size(int64_t value) {
-    intermediate_size_ = value;
-    return *this;
-  }
-  // "gelu" (erf form), "gelu_new" (tanh approximation) or "relu" (HuggingFace's names).
-  BertConfig& hidden_act(const std::string& value) {
-    hidden_act_ = value;
-    return *this;
-  }
-  BertConfig& hidden_dropout_prob(double value) {
-    hidden_dropout_prob_ = value;
-    return *this;
-  }
-  BertConfig& attention_probs_dropout_prob(double value) {
-    attention_probs_dropout_prob_ = value;
-    return *this;
-  }
-  BertConfig& max_position_embeddings(int64_t value) {
-    max_position_embeddings_ = value;
-    return *this;
-  }
-  BertConfig& type_vocab_size(int64_t value) {
-    type_vocab_size_ = value;
-    return *this;
-  }
-  BertConfig& initializer_range(double value) {
-    initializer_range_ = value;
-    return *this;
-  }
-  BertConfig& layer_norm_eps(double value) {
-    layer_norm_eps_ = value;
-    return *this;
-  }
   // Both dropout probabilities (hidden and attention) at once.
   BertConfig& dropout(double p) { return hidden_dropout_prob(p).attention_probs_dropout_prob(p); }
 
-  int64_t vocab_size() const { return vocab_size_; }
-  int64_t hidden_size() const { return hidden_size_; }
-  int64_t num_hidden_layers() const { return num_hidden_layers_; }
-  int64_t num_attention_heads() const { return num_attention_heads_; }
-  int64_t intermediate_size() const { return intermediate_size_; }
-  const std::string& hidden_act() const { return hidden_act_; }
-  double hidden_dropout_prob() const { return hidden_dropout_prob_; }
-  double attention_probs_dropout_prob() const { return attention_probs_dropout_prob_; }
-  int64_t max_position_embeddings() const { return max_position_embeddings_; }
-  int64_t type_vocab_size() const { return type_vocab_size_; }
-  double initializer_range() const { return initializer_range_; }
-  double layer_norm_eps() const { return layer_norm_eps_; }
   int64_t head_size() const { return hidden_size_ / num_attention_heads_; }
 
   // Throws a tessel::Error naming the first field out of range.
   void validate() const;
 
- private:
-  int64_t vocab_size_ = 30522;
-  int64_t hidden_size_ = 768;
-  int64_t num_hidden_layers_ = 12;
-  int64_t num_attention_heads_ = 12;
-  int64_t intermediate_size_ = 3072;
-  std::string hidden_act_ = "gelu";
-  double hidden_dropout_prob_ = 0.1;
-  double attention_probs_dropout_prob_ = 0.1;
-  int64_t max_position_embeddings_ = 512;
-  int64_t type_vocab_size_ = 2;
-  double initializer_range_ = 0.02;
-  double layer_norm_eps_ = 1e-12;
+  TESSEL_ARG(int64_t, vocab_size) = 30522;
+  TESSEL_ARG(int64_t, hidden_size) = 768;
+  TESSEL_ARG(int64_t, num_hidden_layers) = 12;
+  TESSEL_ARG(int64_t, num_attention_heads) = 12;
+  TESSEL_ARG(int64_t, intermediate_size) = 3072;
+  // "gelu" (erf form), "gelu_new" (tanh approximation) or "relu" (HuggingFace's names).
+  TESSEL_ARG(std::string, hidden_act) = "gelu";
+  TESSEL_ARG(double, hidden_dropout_prob) = 0.1;
+  TESSEL_ARG(double, attention_probs_dropout_prob) = 0.1;
+  TESSEL_ARG(int64_t, max_position_embeddings) = 512;
+  TESSEL_ARG(int64_t, type_vocab_size) = 2;
+  TESSEL_ARG(double, initializer_range) = 0.02;
+  TESSEL_ARG(double, layer_norm_eps) = 1e-12;
 };
 
 // word + position + token type embeddings, then LayerNorm and dropout. With a tensor-parallel

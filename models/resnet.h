@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/arg.h"
 #include "nn/nn.h"
 
 namespace tessel::models {
@@ -16,37 +17,16 @@ namespace tessel::models {
 class ResNetOptions {
  public:
   ResNetOptions() = default;
-  ResNetOptions& num_classes(int64_t value) {
-    num_classes_ = value;
-    return *this;
-  }
+
+  TESSEL_ARG(int64_t, num_classes) = 1000;
   // Channels of the input images (3 for RGB, 1 for grey scale); only conv1's weight changes.
-  ResNetOptions& in_channels(int64_t value) {
-    in_channels_ = value;
-    return *this;
-  }
+  TESSEL_ARG(int64_t, in_channels) = 3;
   // For 28x28 / 32x32 images: conv1 becomes 3x3 stride 1 padding 1 and the max pool an Identity,
   // the usual CIFAR adaptation. Parameter names stay the same.
-  ResNetOptions& small_image_stem(bool value) {
-    small_image_stem_ = value;
-    return *this;
-  }
+  TESSEL_ARG(bool, small_image_stem) = false;
   // Zero the last batch norm weight of every residual branch, so each block starts as the
   // identity (torchvision's zero_init_residual).
-  ResNetOptions& zero_init_residual(bool value) {
-    zero_init_residual_ = value;
-    return *this;
-  }
-  int64_t num_classes() const { return num_classes_; }
-  int64_t in_channels() const { return in_channels_; }
-  bool small_image_stem() const { return small_image_stem_; }
-  bool zero_init_residual() const { return zero_init_residual_; }
-
- private:
-  int64_t num_classes_ = 1000;
-  int64_t in_channels_ = 3;
-  bool small_image_stem_ = false;
-  bool zero_init_residual_ = false;
+  TESSEL_ARG(bool, zero_init_residual) = false;
 };
 
 // Two 3x3 convolutions (ResNet-18/34). Expansion 1.

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/arg.h"
 #include "nn/nn.h"
 
 namespace tessel::models {
@@ -15,29 +16,13 @@ namespace tessel::models {
 class ShuffleNetV2Options {
  public:
   ShuffleNetV2Options() = default;
-  ShuffleNetV2Options& num_classes(int64_t value) {
-    num_classes_ = value;
-    return *this;
-  }
+
+  TESSEL_ARG(int64_t, num_classes) = 1000;
   // Channels of the input images; only conv1.0.weight changes.
-  ShuffleNetV2Options& in_channels(int64_t value) {
-    in_channels_ = value;
-    return *this;
-  }
+  TESSEL_ARG(int64_t, in_channels) = 3;
   // For 28x28 / 32x32 images: conv1 runs with stride 1 and the max pool becomes an Identity.
   // Parameter names and shapes stay the same.
-  ShuffleNetV2Options& small_image_stem(bool value) {
-    small_image_stem_ = value;
-    return *this;
-  }
-  int64_t num_classes() const { return num_classes_; }
-  int64_t in_channels() const { return in_channels_; }
-  bool small_image_stem() const { return small_image_stem_; }
-
- private:
-  int64_t num_classes_ = 1000;
-  int64_t in_channels_ = 3;
-  bool small_image_stem_ = false;
+  TESSEL_ARG(bool, small_image_stem) = false;
 };
 
 // Interleaves the channels of `groups` equal groups: (N, g*c, H, W) viewed as (N, g, c, H, W),

@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "core/arg.h"
 #include "nn/module.h"
 #include "nn/options.h"
 
@@ -14,44 +15,20 @@ class Conv2dOptions {
  public:
   Conv2dOptions(int64_t in_channels, int64_t out_channels, IntPair kernel_size)
       : in_channels_(in_channels), out_channels_(out_channels), kernel_size_(kernel_size) {}
-  Conv2dOptions& stride(IntPair value) {
-    stride_ = value;
-    return *this;
-  }
-  Conv2dOptions& padding(IntPair value) {
-    padding_ = value;
-    return *this;
-  }
-  Conv2dOptions& dilation(IntPair value) {
-    dilation_ = value;
-    return *this;
-  }
-  Conv2dOptions& groups(int64_t value) {
-    groups_ = value;
-    return *this;
-  }
-  Conv2dOptions& bias(bool value) {
-    bias_ = value;
-    return *this;
-  }
   int64_t in_channels() const { return in_channels_; }
   int64_t out_channels() const { return out_channels_; }
   const IntPair& kernel_size() const { return kernel_size_; }
-  const IntPair& stride() const { return stride_; }
-  const IntPair& padding() const { return padding_; }
-  const IntPair& dilation() const { return dilation_; }
-  int64_t groups() const { return groups_; }
-  bool bias() const { return bias_; }
+
+  TESSEL_ARG(IntPair, stride) = 1;
+  TESSEL_ARG(IntPair, padding) = 0;
+  TESSEL_ARG(IntPair, dilation) = 1;
+  TESSEL_ARG(int64_t, groups) = 1;
+  TESSEL_ARG(bool, bias) = true;
 
  private:
   int64_t in_channels_;
   int64_t out_channels_;
   IntPair kernel_size_;
-  IntPair stride_ = 1;
-  IntPair padding_ = 0;
-  IntPair dilation_ = 1;
-  int64_t groups_ = 1;
-  bool bias_ = true;
 };
 
 class Conv2d : public Module {

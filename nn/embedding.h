@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 
+#include "core/arg.h"
 #include "nn/module.h"
 
 namespace tessel::nn {
@@ -14,19 +15,15 @@ class EmbeddingOptions {
  public:
   EmbeddingOptions(int64_t num_embeddings, int64_t embedding_dim)
       : num_embeddings_(num_embeddings), embedding_dim_(embedding_dim) {}
-  // A negative index counts from the end, as in PyTorch.
-  EmbeddingOptions& padding_idx(int64_t value) {
-    padding_idx_ = value;
-    return *this;
-  }
   int64_t num_embeddings() const { return num_embeddings_; }
   int64_t embedding_dim() const { return embedding_dim_; }
-  const std::optional<int64_t>& padding_idx() const { return padding_idx_; }
+
+  // A negative index counts from the end, as in PyTorch.
+  TESSEL_ARG(std::optional<int64_t>, padding_idx);
 
  private:
   int64_t num_embeddings_;
   int64_t embedding_dim_;
-  std::optional<int64_t> padding_idx_;
 };
 
 class Embedding : public Module {

@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "core/arg.h"
 #include "nn/module.h"
 
 namespace tessel::nn {
@@ -13,18 +14,14 @@ class LinearOptions {
  public:
   LinearOptions(int64_t in_features, int64_t out_features)
       : in_features_(in_features), out_features_(out_features) {}
-  LinearOptions& bias(bool value) {
-    bias_ = value;
-    return *this;
-  }
   int64_t in_features() const { return in_features_; }
   int64_t out_features() const { return out_features_; }
-  bool bias() const { return bias_; }
+
+  TESSEL_ARG(bool, bias) = true;
 
  private:
   int64_t in_features_;
   int64_t out_features_;
-  bool bias_ = true;
 };
 
 // weight (out_features, in_features), bias (out_features) or undefined.

@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "core/arg.h"
 #include "nn/module.h"
 
 namespace tessel::nn {
@@ -12,34 +13,15 @@ namespace tessel::nn {
 class BatchNormOptions {
  public:
   BatchNormOptions(int64_t num_features) : num_features_(num_features) {}  // NOLINT: implicit
-  BatchNormOptions& eps(double value) {
-    eps_ = value;
-    return *this;
-  }
-  BatchNormOptions& momentum(double value) {
-    momentum_ = value;
-    return *this;
-  }
-  BatchNormOptions& affine(bool value) {
-    affine_ = value;
-    return *this;
-  }
-  BatchNormOptions& track_running_stats(bool value) {
-    track_running_stats_ = value;
-    return *this;
-  }
   int64_t num_features() const { return num_features_; }
-  double eps() const { return eps_; }
-  double momentum() const { return momentum_; }
-  bool affine() const { return affine_; }
-  bool track_running_stats() const { return track_running_stats_; }
+
+  TESSEL_ARG(double, eps) = 1e-5;
+  TESSEL_ARG(double, momentum) = 0.1;
+  TESSEL_ARG(bool, affine) = true;
+  TESSEL_ARG(bool, track_running_stats) = true;
 
  private:
   int64_t num_features_;
-  double eps_ = 1e-5;
-  double momentum_ = 0.1;
-  bool affine_ = true;
-  bool track_running_stats_ = true;
 };
 
 // Training: normalises with the batch statistics and updates the running ones
@@ -66,22 +48,13 @@ class LayerNormOptions {
  public:
   LayerNormOptions(Shape normalized_shape)  // NOLINT: implicit
       : normalized_shape_(std::move(normalized_shape)) {}
-  LayerNormOptions& eps(double value) {
-    eps_ = value;
-    return *this;
-  }
-  LayerNormOptions& elementwise_affine(bool value) {
-    elementwise_affine_ = value;
-    return *this;
-  }
   const Shape& normalized_shape() const { return normalized_shape_; }
-  double eps() const { return eps_; }
-  bool elementwise_affine() const { return elementwise_affine_; }
+
+  TESSEL_ARG(double, eps) = 1e-5;
+  TESSEL_ARG(bool, elementwise_affine) = true;
 
  private:
   Shape normalized_shape_;
-  double eps_ = 1e-5;
-  bool elementwise_affine_ = true;
 };
 
 // Normalises over the trailing dims given by normalized_shape.

@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 
+#include "core/arg.h"
 #include "nn/module.h"
 #include "nn/options.h"
 
@@ -18,30 +19,16 @@ class MaxPool2dOptions {
     stride_ = value;
     return *this;
   }
-  MaxPool2dOptions& padding(IntPair value) {
-    padding_ = value;
-    return *this;
-  }
-  MaxPool2dOptions& dilation(IntPair value) {
-    dilation_ = value;
-    return *this;
-  }
-  MaxPool2dOptions& ceil_mode(bool value) {
-    ceil_mode_ = value;
-    return *this;
-  }
   const IntPair& kernel_size() const { return kernel_size_; }
   IntPair stride() const { return stride_.value_or(kernel_size_); }
-  const IntPair& padding() const { return padding_; }
-  const IntPair& dilation() const { return dilation_; }
-  bool ceil_mode() const { return ceil_mode_; }
+
+  TESSEL_ARG(IntPair, padding) = 0;
+  TESSEL_ARG(IntPair, dilation) = 1;
+  TESSEL_ARG(bool, ceil_mode) = false;
 
  private:
   IntPair kernel_size_;
   std::optional<IntPair> stride_;
-  IntPair padding_ = 0;
-  IntPair dilation_ = 1;
-  bool ceil_mode_ = false;
 };
 
 class MaxPool2d : public Module {
@@ -61,30 +48,16 @@ class AvgPool2dOptions {
     stride_ = value;
     return *this;
   }
-  AvgPool2dOptions& padding(IntPair value) {
-    padding_ = value;
-    return *this;
-  }
-  AvgPool2dOptions& ceil_mode(bool value) {
-    ceil_mode_ = value;
-    return *this;
-  }
-  AvgPool2dOptions& count_include_pad(bool value) {
-    count_include_pad_ = value;
-    return *this;
-  }
   const IntPair& kernel_size() const { return kernel_size_; }
   IntPair stride() const { return stride_.value_or(kernel_size_); }
-  const IntPair& padding() const { return padding_; }
-  bool ceil_mode() const { return ceil_mode_; }
-  bool count_include_pad() const { return count_include_pad_; }
+
+  TESSEL_ARG(IntPair, padding) = 0;
+  TESSEL_ARG(bool, ceil_mode) = false;
+  TESSEL_ARG(bool, count_include_pad) = true;
 
  private:
   IntPair kernel_size_;
   std::optional<IntPair> stride_;
-  IntPair padding_ = 0;
-  bool ceil_mode_ = false;
-  bool count_include_pad_ = true;
 };
 
 class AvgPool2d : public Module {

@@ -6,97 +6,40 @@
 #include <string>
 #include <utility>
 
+#include "core/arg.h"
 #include "optim/optimizer.h"
 
 namespace tessel::optim {
 
+using Betas = std::pair<double, double>;  // (beta1, beta2)
+
 class AdamOptions {
  public:
   AdamOptions(double lr = 1e-3) : lr_(lr) {}  // NOLINT: implicit, as in libtorch
-  AdamOptions& lr(double value) {
-    lr_ = value;
-    return *this;
-  }
-  AdamOptions& betas(std::pair<double, double> value) {
-    betas_ = value;
-    return *this;
-  }
-  AdamOptions& eps(double value) {
-    eps_ = value;
-    return *this;
-  }
-  AdamOptions& weight_decay(double value) {
-    weight_decay_ = value;
-    return *this;
-  }
-  AdamOptions& amsgrad(bool value) {
-    amsgrad_ = value;
-    return *this;
-  }
-  // Ascends the objective instead of descending it.
-  AdamOptions& maximize(bool value) {
-    maximize_ = value;
-    return *this;
-  }
-  double lr() const { return lr_; }
-  const std::pair<double, double>& betas() const { return betas_; }
-  double eps() const { return eps_; }
-  double weight_decay() const { return weight_decay_; }
-  bool amsgrad() const { return amsgrad_; }
-  bool maximize() const { return maximize_; }
 
- private:
-  double lr_;
-  std::pair<double, double> betas_{0.9, 0.999};
-  double eps_ = 1e-8;
-  double weight_decay_ = 0;
-  bool amsgrad_ = false;
-  bool maximize_ = false;
+  TESSEL_ARG(double, lr);
+  TESSEL_ARG(double, eps) = 1e-8;
+  TESSEL_ARG(double, weight_decay) = 0;
+  TESSEL_ARG(bool, amsgrad) = false;
+  // Ascends the objective instead of descending it.
+  TESSEL_ARG(bool, maximize) = false;
+
+  TESSEL_ARG(Betas, betas){0.9, 0.999};
 };
 
 // The same fields as AdamOptions; weight_decay defaults to 1e-2 as in PyTorch's AdamW.
 class AdamWOptions {
  public:
   AdamWOptions(double lr = 1e-3) : lr_(lr) {}  // NOLINT: implicit, as in libtorch
-  AdamWOptions& lr(double value) {
-    lr_ = value;
-    return *this;
-  }
-  AdamWOptions& betas(std::pair<double, double> value) {
-    betas_ = value;
-    return *this;
-  }
-  AdamWOptions& eps(double value) {
-    eps_ = value;
-    return *this;
-  }
-  AdamWOptions& weight_decay(double value) {
-    weight_decay_ = value;
-    return *this;
-  }
-  AdamWOptions& amsgrad(bool value) {
-    amsgrad_ = value;
-    return *this;
-  }
-  // Ascends the objective instead of descending it.
-  AdamWOptions& maximize(bool value) {
-    maximize_ = value;
-    return *this;
-  }
-  double lr() const { return lr_; }
-  const std::pair<double, double>& betas() const { return betas_; }
-  double eps() const { return eps_; }
-  double weight_decay() const { return weight_decay_; }
-  bool amsgrad() const { return amsgrad_; }
-  bool maximize() const { return maximize_; }
 
- private:
-  double lr_;
-  std::pair<double, double> betas_{0.9, 0.999};
-  double eps_ = 1e-8;
-  double weight_decay_ = 1e-2;
-  bool amsgrad_ = false;
-  bool maximize_ = false;
+  TESSEL_ARG(double, lr);
+  TESSEL_ARG(double, eps) = 1e-8;
+  TESSEL_ARG(double, weight_decay) = 1e-2;
+  TESSEL_ARG(bool, amsgrad) = false;
+  // Ascends the objective instead of descending it.
+  TESSEL_ARG(bool, maximize) = false;
+
+  TESSEL_ARG(Betas, betas){0.9, 0.999};
 };
 
 // State keys: "exp_avg", "exp_avg_sq" (and "max_exp_avg_sq" with amsgrad).

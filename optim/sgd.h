@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "core/arg.h"
 #include "optim/optimizer.h"
 
 namespace tessel::optim {
@@ -12,45 +13,14 @@ namespace tessel::optim {
 class SGDOptions {
  public:
   SGDOptions(double lr) : lr_(lr) {}  // NOLINT: implicit, as in libtorch
-  SGDOptions& lr(double value) {
-    lr_ = value;
-    return *this;
-  }
-  SGDOptions& momentum(double value) {
-    momentum_ = value;
-    return *this;
-  }
-  SGDOptions& dampening(double value) {
-    dampening_ = value;
-    return *this;
-  }
-  SGDOptions& nesterov(bool value) {
-    nesterov_ = value;
-    return *this;
-  }
-  SGDOptions& weight_decay(double value) {
-    weight_decay_ = value;
-    return *this;
-  }
-  // Ascends the objective instead of descending it.
-  SGDOptions& maximize(bool value) {
-    maximize_ = value;
-    return *this;
-  }
-  double lr() const { return lr_; }
-  double momentum() const { return momentum_; }
-  double dampening() const { return dampening_; }
-  bool nesterov() const { return nesterov_; }
-  double weight_decay() const { return weight_decay_; }
-  bool maximize() const { return maximize_; }
 
- private:
-  double lr_;
-  double momentum_ = 0;
-  double dampening_ = 0;
-  bool nesterov_ = false;
-  double weight_decay_ = 0;
-  bool maximize_ = false;
+  TESSEL_ARG(double, lr);
+  TESSEL_ARG(double, momentum) = 0;
+  TESSEL_ARG(double, dampening) = 0;
+  TESSEL_ARG(bool, nesterov) = false;
+  TESSEL_ARG(double, weight_decay) = 0;
+  // Ascends the objective instead of descending it.
+  TESSEL_ARG(bool, maximize) = false;
 };
 
 // State key: "momentum_buffer" (when momentum != 0).

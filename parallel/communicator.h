@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 
+#include "core/arg.h"
 #include "core/device.h"
 #include "core/tensor.h"
 
@@ -46,17 +47,13 @@ class CommOptions {
     name_ = std::move(value);
     return *this;
   }
-  // Must be positive; checked by the communicator's constructor.
-  CommOptions& timeout_s(double value) {
-    timeout_s_ = value;
-    return *this;
-  }
   const std::string& name() const { return name_; }
-  double timeout_s() const { return timeout_s_; }
+
+  // Must be positive; checked by the communicator's constructor.
+  TESSEL_ARG(double, timeout_s) = collective_timeout_from_env();
 
  private:
   std::string name_ = "world";
-  double timeout_s_ = collective_timeout_from_env();
 };
 
 // A collective in flight (from all_reduce_async). wait() blocks until it is done, finishes it

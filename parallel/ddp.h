@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "core/arg.h"
 #include "core/tensor.h"
 #include "nn/module.h"
 #include "parallel/communicator.h"
@@ -22,39 +23,18 @@ namespace tessel::parallel {
 class DDPOptions {
  public:
   DDPOptions() = default;
+
   // Bucket capacity in MiB (default 25); the first bucket, filled first in backward, holds at
   // most first_bucket_mb (default 1) so the first all-reduce starts early. A bucket never exceeds
   // its capacity unless one parameter alone is larger, which then has a bucket of its own.
-  DDPOptions& bucket_cap_mb(double value) {
-    bucket_cap_mb_ = value;
-    return *this;
-  }
-  DDPOptions& first_bucket_mb(double value) {
-    first_bucket_mb_ = value;
-    return *this;
-  }
+  TESSEL_ARG(double, bucket_cap_mb) = 25.0;
+  TESSEL_ARG(double, first_bucket_mb) = 1.0;
   // Parameters the forward pass did not use (found by walking the autograd graph from the
   // outputs) count as zero gradients so their buckets complete; a parameter unused on every
   // rank keeps an undefined gradient. Needs forward() or prepare_for_backward() each step.
-  DDPOptions& find_unused_parameters(bool value) {
-    find_unused_parameters_ = value;
-    return *this;
-  }
+  TESSEL_ARG(bool, find_unused_parameters) = false;
   // Copy rank 0's buffers (batch-norm running statistics) to every rank before each forward().
-  DDPOptions& broadcast_buffers(bool value) {
-    broadcast_buffers_ = value;
-    return *this;
-  }
-  double bucket_cap_mb() const { return bucket_cap_mb_; }
-  double first_bucket_mb() const { return first_bucket_mb_; }
-  bool find_unused_parameters() const { return find_unused_parameters_; }
-  bool broadcast_buffers() const { return broadcast_buffers_; }
-
- private:
-  double bucket_cap_mb_ = 25.0;
-  double first_bucket_mb_ = 1.0;
-  bool find_unused_parameters_ = false;
-  bool broadcast_buffers_ = true;
+  TESSEL_ARG(bool, broadcast_buffers) = true;
 };
 
 // One gradient bucket: a contiguous flat buffer holding these parameters' gradients.

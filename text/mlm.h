@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/arg.h"
 #include "core/tensor.h"
 #include "text/corpus.h"
 #include "text/wordpiece.h"
@@ -24,62 +25,21 @@ constexpr int64_t kIgnoreLabel = -100;
 
 class MlmOptions {
  public:
-  MlmOptions& max_seq(int64_t value) {
-    max_seq_ = value;
-    return *this;
-  }
-  // -1: 20 per 128 tokens of max_seq, as BERT.
-  MlmOptions& max_predictions(int64_t value) {
-    max_predictions_ = value;
-    return *this;
-  }
-  MlmOptions& mask_prob(double value) {
-    mask_prob_ = value;
-    return *this;
-  }
-  // Of the chosen tokens, the share replaced by [MASK].
-  MlmOptions& mask_token_prob(double value) {
-    mask_token_prob_ = value;
-    return *this;
-  }
-  // Of the chosen tokens, the share replaced by a random non-special token; the rest stay.
-  MlmOptions& random_token_prob(double value) {
-    random_token_prob_ = value;
-    return *this;
-  }
-  MlmOptions& random_next_prob(double value) {
-    random_next_prob_ = value;
-    return *this;
-  }
-  // BERT's: how often a pair aims for a random length shorter than max_seq.
-  MlmOptions& short_seq_prob(double value) {
-    short_seq_prob_ = value;
-    return *this;
-  }
-  MlmOptions& seed(uint64_t value) {
-    seed_ = value;
-    return *this;
-  }
-  int64_t max_seq() const { return max_seq_; }
-  int64_t max_predictions() const { return max_predictions_; }
-  double mask_prob() const { return mask_prob_; }
-  double mask_token_prob() const { return mask_token_prob_; }
-  double random_token_prob() const { return random_token_prob_; }
-  double random_next_prob() const { return random_next_prob_; }
-  double short_seq_prob() const { return short_seq_prob_; }
-  uint64_t seed() const { return seed_; }
   // max_predictions, or 20 * max_seq / 128 (at least 1) when it is -1.
   int64_t predictions_per_sequence() const;
 
- private:
-  int64_t max_seq_ = 128;
-  int64_t max_predictions_ = -1;
-  double mask_prob_ = 0.15;
-  double mask_token_prob_ = 0.8;
-  double random_token_prob_ = 0.1;
-  double random_next_prob_ = 0.5;
-  double short_seq_prob_ = 0.1;
-  uint64_t seed_ = 0;
+  TESSEL_ARG(int64_t, max_seq) = 128;
+  // -1: 20 per 128 tokens of max_seq, as BERT.
+  TESSEL_ARG(int64_t, max_predictions) = -1;
+  TESSEL_ARG(double, mask_prob) = 0.15;
+  // Of the chosen tokens, the share replaced by [MASK].
+  TESSEL_ARG(double, mask_token_prob) = 0.8;
+  // Of the chosen tokens, the share replaced by a random non-special token; the rest stay.
+  TESSEL_ARG(double, random_token_prob) = 0.1;
+  TESSEL_ARG(double, random_next_prob) = 0.5;
+  // BERT's: how often a pair aims for a random length shorter than max_seq.
+  TESSEL_ARG(double, short_seq_prob) = 0.1;
+  TESSEL_ARG(uint64_t, seed) = 0;
 };
 
 // One packed sequence: [CLS] A [SEP] B [SEP] then [PAD] up to max_seq.

@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/arg.h"
 #include "text/basic_tokenizer.h"
 
 namespace tessel::text {
@@ -17,28 +18,11 @@ namespace tessel::text {
 class VocabBuilderOptions {
  public:
   // Upper bound on the number of tokens; the result may be smaller when merges run out.
-  VocabBuilderOptions& vocab_size(int64_t value) {
-    vocab_size_ = value;
-    return *this;
-  }
+  TESSEL_ARG(int64_t, vocab_size) = 8000;
   // A pair of pieces seen fewer times than this is never merged.
-  VocabBuilderOptions& min_pair_count(int64_t value) {
-    min_pair_count_ = value;
-    return *this;
-  }
+  TESSEL_ARG(int64_t, min_pair_count) = 2;
   // Must match the options of the WordPiece that will use the vocab.
-  VocabBuilderOptions& basic(BasicTokenizerOptions value) {
-    basic_ = value;
-    return *this;
-  }
-  int64_t vocab_size() const { return vocab_size_; }
-  int64_t min_pair_count() const { return min_pair_count_; }
-  const BasicTokenizerOptions& basic() const { return basic_; }
-
- private:
-  int64_t vocab_size_ = 8000;
-  int64_t min_pair_count_ = 2;
-  BasicTokenizerOptions basic_;
+  TESSEL_ARG(BasicTokenizerOptions, basic);
 };
 
 // The method, all counts weighted by word frequency:
