@@ -1,5 +1,8 @@
 #include "cuda/index_error.h"
 
+#include "ops/index.h"
+#include "ops/loss.h"
+
 namespace tessel::cuda {
 
 std::string index_error_message(const IndexError& error, int device) {
@@ -10,17 +13,20 @@ std::string index_error_message(const IndexError& error, int device) {
   const std::string valid = error.size > 0 ? "0.." + to_string(error.size - 1) : "none";
   switch (error.op) {
     case IndexOp::kEmbedding:
-      return "embedding: index " + to_string(error.value) +
+      return std::string(ops::embedding.name()) + ": index " + to_string(error.value) +
              " is out of range for an embedding table of size " + to_string(error.size) +
              " (valid: " + valid + "; " + where + ")";
     case IndexOp::kIndexSelect:
     case IndexOp::kGather:
-      return std::string(error.op == IndexOp::kGather ? "gather" : "index_select") + ": index " +
-             to_string(error.value) + " is out of range for dimension " + to_string(error.dim) +
-             " of size " + to_string(error.size) + " (valid: " + valid + "; " + where + ")";
+      return std::string(error.op == IndexOp::kGather ? ops::gather.name()
+                                                      : ops::index_select.name()) +
+             ": index " + to_string(error.value) + " is out of range for dimension " +
+             to_string(error.dim) + " of size " + to_string(error.size) + " (valid: " + valid +
+             "; " + where + ")";
     case IndexOp::kCrossEntropy:
     case IndexOp::kNllLoss:
-      return std::string(error.op == IndexOp::kNllLoss ? "nll_loss" : "cross_entropy") +
+      return std::string(error.op == IndexOp::kNllLoss ? ops::nll_loss.name()
+                                                       : ops::cross_entropy.name()) +
              ": target " + to_string(error.value) + " (at flat index " + to_string(error.position) +
              ") is out of range for " + to_string(error.size) + " classes; expected " + valid +
              " or ignore_index " + to_string(error.ignore_index) + " (" + where + ")";
