@@ -20,6 +20,7 @@
 #include <functional>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "core/error.h"
 #include "core/op.h"
@@ -306,163 +307,194 @@ CollectiveFit fit_collective(parallel::Communicator& comm, Collective collective
   return fit;
 }
 
-int calibrate(int argc, char** argv) {
-  CLI::App app("Measures a device profile for the planner on this machine and writes it as JSON.",
-               "calibrate");
+struct CalibrateOptions {
   std::string out_path, name = "calibrated", base = "cpu_2core_example";
   int threads = 0;
   bool quick = false;
-  app.add_option("--out", out_path, "write the profile here")->required();
-  app.add_option("--name", name, "profile name")->capture_default_str();
-  app.add_option("--base", base,
+};
+
+// Parses the command line into `options`; returns the exit code when the program should stop
+// (--help, or a bad argument), nothing when it should go on.
+std::optional<int> parse_options(int argc, char** argv, CalibrateOptions& options) {
+  CLI::App app("Measures a device profile for the planner on this machine and writes it as JSON.",
+               "calibrate");
+  app.add_option("--out", options.out_path, "write the profile here")->required();
+  app.add_option("--name", options.name, "profile name")->capture_default_str();
+  app.add_option("--base", options.base,
                  "profile whose numbers are kept for what cannot be measured here (collectives "
                  "with one rank, remat_overhead_k)")
       ->capture_default_str();
-  app.add_option("--threads", threads, "intra-op threads; 0: every core")->capture_default_str();
-  app.add_flag("--quick", quick, "smaller sizes and shorter runs (for tests)");
+  app.add_option("--threads", options.threads, "intra-op threads; 0: every core")
+      ->capture_default_str();
+  app.add_flag("--quick", options.quick, "smaller sizes and shorter runs (for tests)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
     return app.exit(error);
   }
-  const int rank = parallel::world_rank(), ranks = parallel::world_size();
-  if (threads > 0) set_num_threads(threads);
-  const double budget = quick ? 0.05 : 0.5;
-  DeviceProfile profile = load_profile(find_profile(base));
-  nlohmann::json sources = nlohmann::json::object();
+  return std::nullopt;
+}
 
+std::string host_name() {
   char host[256] = "unknown";
   ::gethostname(host, sizeof host - 1);
+  return host;
+}
+
+// The "measured" source: where, when and with how many threads and ranks.
+std::string measured_text(const std::string& host, int ranks) {
   std::time_t now = std::time(nullptr);
   char date[32];
   std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
-  sources["measured"] = std::string("calibrate on ") + host + ", " + date + ", " +
-                        std::to_string(get_num_threads()) + " threads per rank, " +
-                        std::to_string(ranks) + " rank(s); best of repeated runs";
+  return "calibrate on " + host + ", " + date + ", " + std::to_string(get_num_threads()) +
+         " threads per rank, " + std::to_string(ranks) + " rank(s); best of repeated runs";
+}
 
-  // GEMM: (n x n) @ (n x n), 2 n^3 FLOPs.
+// GEMM: (n x n) @ (n x n), 2 n^3 FLOPs.
+void measure_gemm(DeviceProfile& profile, nlohmann::json& sources, double budget, bool quick) {
   const int64_t n = quick ? 256 : 1024;
+  Tensor a = randn({n, n}), b = randn({n, n}), c = empty({n, n});
+  const double seconds = best_time([&] { into(ops::matmul, {a, b}, {}, c); }, budget);
+  profile.gemm_flops = 2.0 * n * n * n / seconds;
+  sources["gemm"] =
+      "matmul " + std::to_string(n) + "^3 f32 on Tessel's CPU kernels, into a preallocated output";
+}
+
+// Convolution: ResNet's 3x3, 64 -> 64 channels at 56x56 (smaller with --quick).
+void measure_conv(DeviceProfile& profile, nlohmann::json& sources, double budget, bool quick) {
+  const int64_t batch = quick ? 1 : 4, channels = 64, size = quick ? 28 : 56;
+  Tensor x = randn({batch, channels, size, size}), w = randn({channels, channels, 3, 3});
+  Tensor y = empty({batch, channels, size, size});
+  const Attrs attrs{{"stride", std::vector<int64_t>{1, 1}},
+                    {"padding", std::vector<int64_t>{1, 1}},
+                    {"dilation", std::vector<int64_t>{1, 1}},
+                    {"groups", int64_t{1}}};
+  const double seconds = best_time([&] { into(ops::conv2d, {x, w, Tensor()}, attrs, y); }, budget);
+  profile.conv_flops = 2.0 * batch * channels * size * size * channels * 9 / seconds;
+  sources["conv"] = "conv2d 3x3, 64 -> 64 channels, " + std::to_string(size) + "x" +
+                    std::to_string(size) + ", batch " + std::to_string(batch) + ", f32";
+}
+
+// Element-wise: a + b over 16M floats reads 8 and writes 4 bytes per element. Then the first
+// estimate of op_overhead_s, which measure_network_overhead may raise.
+void measure_elementwise_and_overhead(DeviceProfile& profile, nlohmann::json& sources,
+                                      double budget, bool quick) {
+  const int64_t elements = quick ? (1 << 20) : (1 << 24);
+  Tensor a = randn({elements}), b = randn({elements}), c = empty({elements});
+  const double seconds = best_time([&] { into(ops::add, {a, b}, {}, c); }, budget);
+  profile.memory_bandwidth = 12.0 * elements / seconds;
+  profile.elementwise_flops = elements / seconds;
+  sources["memory_bandwidth"] =
+      "add of two " + std::to_string(elements) + "-element f32 tensors (12 bytes per element)";
+  // A training step's cost per op call beyond its work: dispatch, allocation, autograd's
+  // records and the backward engine, for a chain of ops on one element, per op and pass.
+  Tensor one = randn({1}).set_requires_grad(true);
+  constexpr int kChain = 64;
+  const double chain_s = best_time(
+      [&] {
+        Tensor y = one;
+        for (int i = 0; i < kChain; ++i) y = relu(y);
+        y.backward();
+        one.set_grad(Tensor());
+      },
+      budget / 5);
+  profile.op_overhead_s = chain_s / (2 * kChain);
+  sources["op_overhead_s"] =
+      "a chain of 64 relu calls on one element, forward and backward, per call and pass "
+      "(dispatch, allocation, autograd)";
+}
+
+// One op kind to fit: its name, the unit its rate is in ("flops" or "bytes"), the "sources" text
+// and its shapes.
+struct KindEntry {
+  std::string kind, per, what;
+  std::vector<KindCase> cases;
+};
+
+void add_kind(std::vector<KindEntry>& entries, const std::string& kind, const std::string& per,
+              std::vector<KindCase> cases, const std::string& what) {
+  entries.push_back({kind, per, what, std::move(cases)});
+}
+
+KindCase conv_case(int64_t batch, int64_t in, int64_t out, int64_t size, int64_t kernel,
+                   int64_t stride, int64_t groups, bool input_grad) {
+  return pooled(
+      [=] {
+        Tensor x = randn({batch, in, size, size}).set_requires_grad(input_grad);
+        Tensor w = randn({out, in / groups, kernel, kernel}).set_requires_grad(true);
+        const int64_t pad = kernel / 2;
+        std::function<Tensor()> forward = [=] {
+          return conv2d(x, w, Tensor(), {stride, stride}, {pad, pad}, {1, 1}, groups);
+        };
+        return std::make_pair(forward, std::vector<Tensor>{x, w});
+      },
+      input_grad ? 2 : 1);
+}
+
+// ShuffleNet's 1x1 convolutions read one half of the channels of a block's input (a strided
+// view, whose gradient is scattered back into the whole).
+KindCase shuffle_case(int64_t batch, int64_t channels, int64_t size) {
+  return pooled(
+      [=] {
+        Tensor x = randn({batch, 2 * channels, size, size}).set_requires_grad(true);
+        Tensor w = randn({channels, channels, 1, 1}).set_requires_grad(true);
+        std::function<Tensor()> forward = [=] { return conv2d(chunk(x, 2, 1)[1], w); };
+        return std::make_pair(forward, std::vector<Tensor>{x, w});
+      },
+      2);
+}
+
+KindCase linear_case(int64_t tokens, int64_t in, int64_t out) {
+  return pooled(
+      [=] {
+        Tensor x = randn({tokens, in}).set_requires_grad(true);
+        Tensor w = (randn({out, in}) * 0.02).set_requires_grad(true);
+        Tensor b = zeros({out}).set_requires_grad(true);
+        std::function<Tensor()> forward = [=] { return linear(x, w, b); };
+        return std::make_pair(forward, std::vector<Tensor>{x, w, b});
+      },
+      2);
+}
+
+// Activations at the scale of a freshly initialised network (std 0.3); gelu's cost depends on
+// the values.
+KindCase unary_case(const Shape& shape, std::function<Tensor(const Tensor&)> op) {
+  return pooled(
+      [=] {
+        Tensor x = (randn(shape) * 0.3).set_requires_grad(true);
+        std::function<Tensor()> forward = [=] { return op(x); };
+        return std::make_pair(forward, std::vector<Tensor>{x});
+      },
+      1);
+}
+
+KindCase loss_case(int64_t rows, int64_t classes) {
+  return pooled(
+      [=] {
+        Tensor logits = randn({rows, classes}).set_requires_grad(true);
+        Tensor target = randint(0, classes, {rows});
+        std::function<Tensor()> forward = [=] { return cross_entropy(logits, target); };
+        return std::make_pair(forward, std::vector<Tensor>{logits});
+      },
+      1);
+}
+
+// Kinds priced by FLOPs: matrix products and convolutions.
+void add_matrix_kinds(std::vector<KindEntry>& entries, bool quick, int64_t scale) {
   {
-    Tensor a = randn({n, n}), b = randn({n, n}), c = empty({n, n});
-    const double seconds = best_time([&] { into(ops::matmul, {a, b}, {}, c); }, budget);
-    profile.gemm_flops = 2.0 * n * n * n / seconds;
-    sources["gemm"] = "matmul " + std::to_string(n) +
-                      "^3 f32 on Tessel's CPU kernels, into a preallocated output";
-  }
-  // Convolution: ResNet's 3x3, 64 -> 64 channels at 56x56 (smaller with --quick).
-  {
-    const int64_t batch = quick ? 1 : 4, channels = 64, size = quick ? 28 : 56;
-    Tensor x = randn({batch, channels, size, size}), w = randn({channels, channels, 3, 3});
-    Tensor y = empty({batch, channels, size, size});
-    const Attrs attrs{{"stride", std::vector<int64_t>{1, 1}},
-                      {"padding", std::vector<int64_t>{1, 1}},
-                      {"dilation", std::vector<int64_t>{1, 1}},
-                      {"groups", int64_t{1}}};
-    const double seconds = best_time(
-        [&] {
-          into(ops::conv2d, {x, w, Tensor()}, attrs, y);
-        },
-        budget);
-    profile.conv_flops = 2.0 * batch * channels * size * size * channels * 9 / seconds;
-    sources["conv"] = "conv2d 3x3, 64 -> 64 channels, " + std::to_string(size) + "x" +
-                      std::to_string(size) + ", batch " + std::to_string(batch) + ", f32";
-  }
-  // Element-wise: a + b over 16M floats reads 8 and writes 4 bytes per element.
-  {
-    const int64_t elements = quick ? (1 << 20) : (1 << 24);
-    Tensor a = randn({elements}), b = randn({elements}), c = empty({elements});
-    const double seconds = best_time([&] { into(ops::add, {a, b}, {}, c); }, budget);
-    profile.memory_bandwidth = 12.0 * elements / seconds;
-    profile.elementwise_flops = elements / seconds;
-    sources["memory_bandwidth"] =
-        "add of two " + std::to_string(elements) + "-element f32 tensors (12 bytes per element)";
-    // A training step's cost per op call beyond its work: dispatch, allocation, autograd's
-    // records and the backward engine, for a chain of ops on one element, per op and pass.
-    Tensor one = randn({1}).set_requires_grad(true);
-    constexpr int kChain = 64;
-    const double chain_s = best_time(
-        [&] {
-          Tensor y = one;
-          for (int i = 0; i < kChain; ++i) y = relu(y);
-          y.backward();
-          one.set_grad(Tensor());
-        },
-        budget / 5);
-    profile.op_overhead_s = chain_s / (2 * kChain);
-    sources["op_overhead_s"] =
-        "a chain of 64 relu calls on one element, forward and backward, per call and pass "
-        "(dispatch, allocation, autograd)";
-  }
-  // Per-kind rates, forward and backward, over shapes of the model zoo's layers (ResNet-50 and
-  // ShuffleNet v2 at 128x128 images, BERT mini: 1024 tokens of 256 features), small and large:
-  // each kind's time is fitted as a fixed cost per call plus its work over a rate.
-  std::shared_ptr<parallel::Communicator> world;
-  if (ranks > 1) {
-    world = parallel::MpiCommunicator::world(parallel::CommOptions().name("calibrate"));
-    world->barrier();
-  }
-  const int64_t scale = quick ? 4 : 1;  // --quick: smaller batches
-  std::string kinds_text, share_text;
-  struct KindEntry {
-    std::string kind, per, what;
-    std::vector<KindCase> cases;
-  };
-  std::vector<KindEntry> entries;
-  auto measure_kind = [&](const std::string& kind, const std::string& per,
-                          std::vector<KindCase> cases, const std::string& what) {
-    entries.push_back({kind, per, what, std::move(cases)});
-  };
-  auto conv_case = [&](int64_t batch, int64_t in, int64_t out, int64_t size, int64_t kernel,
-                       int64_t stride, int64_t groups, bool input_grad) {
-    return pooled(
-        [=] {
-          Tensor x = randn({batch, in, size, size}).set_requires_grad(input_grad);
-          Tensor w = randn({out, in / groups, kernel, kernel}).set_requires_grad(true);
-          const int64_t pad = kernel / 2;
-          std::function<Tensor()> forward = [=] {
-            return conv2d(x, w, Tensor(), {stride, stride}, {pad, pad}, {1, 1}, groups);
-          };
-          return std::make_pair(forward, std::vector<Tensor>{x, w});
-        },
-        input_grad ? 2 : 1);
-  };
-  // ShuffleNet's 1x1 convolutions read one half of the channels of a block's input (a strided
-  // view, whose gradient is scattered back into the whole).
-  auto shuffle_case = [&](int64_t batch, int64_t channels, int64_t size) {
-    return pooled(
-        [=] {
-          Tensor x = randn({batch, 2 * channels, size, size}).set_requires_grad(true);
-          Tensor w = randn({channels, channels, 1, 1}).set_requires_grad(true);
-          std::function<Tensor()> forward = [=] { return conv2d(chunk(x, 2, 1)[1], w); };
-          return std::make_pair(forward, std::vector<Tensor>{x, w});
-        },
-        2);
-  };
-  {
-    auto linear_case = [&](int64_t tokens, int64_t in, int64_t out) {
-      return pooled(
-          [=] {
-            Tensor x = randn({tokens, in}).set_requires_grad(true);
-            Tensor w = (randn({out, in}) * 0.02).set_requires_grad(true);
-            Tensor b = zeros({out}).set_requires_grad(true);
-            std::function<Tensor()> forward = [=] { return linear(x, w, b); };
-            return std::make_pair(forward, std::vector<Tensor>{x, w, b});
-          },
-          2);
-    };
     const int64_t tokens = 1024 / scale;
-    measure_kind("gemm", "flops",
-                 {linear_case(tokens, 256, 256), linear_case(tokens, 256, 1024),
-                  linear_case(tokens, 1024, 256), linear_case(tokens, 256, 8192),
-                  linear_case(tokens / 8, 256, 256)},
-                 "linear with bias, " + std::to_string(tokens) +
-                     " tokens: 256 -> 256, 256 -> 1024, 1024 -> 256, 256 -> 8192, and 256 -> 256 "
-                     "at 1/8 of the tokens");
+    add_kind(entries, "gemm", "flops",
+             {linear_case(tokens, 256, 256), linear_case(tokens, 256, 1024),
+              linear_case(tokens, 1024, 256), linear_case(tokens, 256, 8192),
+              linear_case(tokens / 8, 256, 256)},
+             "linear with bias, " + std::to_string(tokens) +
+                 " tokens: 256 -> 256, 256 -> 1024, 1024 -> 256, 256 -> 8192, and 256 -> 256 "
+                 "at 1/8 of the tokens");
   }
   {
     const int64_t batch = 4 / (quick ? 2 : 1), small = 8 / scale;
-    measure_kind(
-        "conv", "flops",
+    add_kind(
+        entries, "conv", "flops",
         {conv_case(batch, 3, 64, 128, 7, 2, 1, false), conv_case(batch, 64, 64, 32, 3, 1, 1, true),
          conv_case(batch, 256, 64, 32, 1, 1, 1, true), conv_case(batch, 256, 256, 8, 3, 1, 1, true),
          conv_case(batch, 1024, 256, 8, 1, 1, 1, true),
@@ -477,205 +509,252 @@ int calibrate(int argc, char** argv) {
   }
   {
     const int64_t batch = 8 / scale;
-    measure_kind("conv_grouped", "flops",
-                 {conv_case(batch, 24, 24, 32, 3, 2, 24, true),
-                  conv_case(batch, 116, 116, 16, 3, 1, 116, true),
-                  conv_case(batch, 232, 232, 8, 3, 1, 232, true),
-                  conv_case(batch, 464, 464, 4, 3, 1, 464, true)},
-                 "depthwise conv2d 3x3 of ShuffleNet v2 at 128x128 (24 channels stride 2 at "
-                 "32x32, 116 at 16x16, 232 at 8x8, 464 at 4x4), batch " +
-                     std::to_string(batch));
+    add_kind(entries, "conv_grouped", "flops",
+             {conv_case(batch, 24, 24, 32, 3, 2, 24, true),
+              conv_case(batch, 116, 116, 16, 3, 1, 116, true),
+              conv_case(batch, 232, 232, 8, 3, 1, 232, true),
+              conv_case(batch, 464, 464, 4, 3, 1, 464, true)},
+             "depthwise conv2d 3x3 of ShuffleNet v2 at 128x128 (24 channels stride 2 at "
+             "32x32, 116 at 16x16, 232 at 8x8, 464 at 4x4), batch " +
+                 std::to_string(batch));
   }
-  // Element-wise and normalisation ops are priced by bytes. Activations at the scale of a freshly
-  // initialised network (std 0.3); gelu's cost depends on the values.
-  auto unary_case = [&](const Shape& shape, std::function<Tensor(const Tensor&)> op) {
-    return pooled(
-        [=] {
-          Tensor x = (randn(shape) * 0.3).set_requires_grad(true);
-          std::function<Tensor()> forward = [=] { return op(x); };
-          return std::make_pair(forward, std::vector<Tensor>{x});
-        },
-        1);
+}
+
+// Element-wise, normalisation, pooling, concatenation and loss ops are priced by bytes.
+void add_bandwidth_kinds(std::vector<KindEntry>& entries, bool quick, int64_t scale) {
+  const int64_t batch = 4 / (quick ? 2 : 1);
+  auto relu_op = [](const Tensor& x) { return relu(x); };
+  add_kind(entries, "elementwise", "bytes",
+           {unary_case({batch, 256, 32, 32}, relu_op), unary_case({batch, 64, 64, 64}, relu_op),
+            unary_case({batch, 512, 8, 8}, relu_op), unary_case({8, 58, 16, 16}, relu_op)},
+           "relu of ResNet-50 and ShuffleNet activations, priced by bytes");
+  auto gelu_op = [](const Tensor& x) { return gelu(x); };
+  add_kind(entries, "activation", "bytes",
+           {unary_case({1024 / scale, 1024}, gelu_op), unary_case({128, 1024}, gelu_op)},
+           "gelu of (1024, 1024) and (128, 1024), priced by bytes");
+  auto batch_norm_op = [](const Tensor& x) {
+    const int64_t channels = x.size(1);
+    Tensor weight = ones({channels}), bias = zeros({channels});
+    return batch_norm(x, weight, bias, zeros({channels}), ones({channels}), true);
   };
-  {
-    const int64_t batch = 4 / (quick ? 2 : 1);
-    auto relu_op = [](const Tensor& x) { return relu(x); };
-    measure_kind(
-        "elementwise", "bytes",
-        {unary_case({batch, 256, 32, 32}, relu_op), unary_case({batch, 64, 64, 64}, relu_op),
-         unary_case({batch, 512, 8, 8}, relu_op), unary_case({8, 58, 16, 16}, relu_op)},
-        "relu of ResNet-50 and ShuffleNet activations, priced by bytes");
-    auto gelu_op = [](const Tensor& x) { return gelu(x); };
-    measure_kind("activation", "bytes",
-                 {unary_case({1024 / scale, 1024}, gelu_op), unary_case({128, 1024}, gelu_op)},
-                 "gelu of (1024, 1024) and (128, 1024), priced by bytes");
-    auto batch_norm_op = [](const Tensor& x) {
-      const int64_t channels = x.size(1);
-      Tensor weight = ones({channels}), bias = zeros({channels});
-      return batch_norm(x, weight, bias, zeros({channels}), ones({channels}), true);
-    };
-    measure_kind(
-        "batch_norm", "bytes",
-        {unary_case({batch, 256, 32, 32}, batch_norm_op),
-         unary_case({batch, 64, 64, 64}, batch_norm_op),
-         unary_case({batch, 512, 8, 8}, batch_norm_op), unary_case({8, 58, 16, 16}, batch_norm_op),
-         unary_case({8, 232, 4, 4}, batch_norm_op)},
-        "batch_norm (training) of ResNet-50 and ShuffleNet activations, priced by bytes");
-    auto layer_norm_op = [](const Tensor& x) {
-      return layer_norm(x, {256}, ones({256}), zeros({256}));
-    };
-    auto softmax_op = [](const Tensor& x) { return softmax(x, -1); };
-    measure_kind(
-        "layer_norm", "bytes",
-        {unary_case({1024 / scale, 256}, layer_norm_op), unary_case({128, 256}, layer_norm_op)},
-        "layer_norm of (1024, 256) and (128, 256), priced by bytes");
-    measure_kind(
-        "softmax", "bytes",
-        {unary_case({32 / scale, 128, 128}, softmax_op), unary_case({4, 128, 128}, softmax_op)},
-        "softmax of (32, 128, 128) and (4, 128, 128), priced by bytes");
-    auto pool_op = [](const Tensor& x) { return max_pool2d(x, {3, 3}, {2, 2}, {1, 1}); };
-    measure_kind("pool", "bytes",
-                 {unary_case({batch, 64, 64, 64}, pool_op), unary_case({8, 24, 64, 64}, pool_op)},
-                 "max_pool2d 3x3 stride 2 of (" + std::to_string(batch) +
-                     ", 64, 64, 64) and (8, 24, 64, 64), priced by bytes");
-    auto concat_op = [](const Tensor& x) { return cat({x, x}, 1); };
-    measure_kind("concat", "bytes",
-                 {unary_case({8, 58, 16, 16}, concat_op), unary_case({8, 232, 4, 4}, concat_op)},
-                 "cat of (8, 58, 16, 16) and (8, 232, 4, 4) pairs along channels, priced by bytes");
+  add_kind(entries, "batch_norm", "bytes",
+           {unary_case({batch, 256, 32, 32}, batch_norm_op),
+            unary_case({batch, 64, 64, 64}, batch_norm_op),
+            unary_case({batch, 512, 8, 8}, batch_norm_op),
+            unary_case({8, 58, 16, 16}, batch_norm_op), unary_case({8, 232, 4, 4}, batch_norm_op)},
+           "batch_norm (training) of ResNet-50 and ShuffleNet activations, priced by bytes");
+  auto layer_norm_op = [](const Tensor& x) {
+    return layer_norm(x, {256}, ones({256}), zeros({256}));
+  };
+  auto softmax_op = [](const Tensor& x) { return softmax(x, -1); };
+  add_kind(entries, "layer_norm", "bytes",
+           {unary_case({1024 / scale, 256}, layer_norm_op), unary_case({128, 256}, layer_norm_op)},
+           "layer_norm of (1024, 256) and (128, 256), priced by bytes");
+  add_kind(entries, "softmax", "bytes",
+           {unary_case({32 / scale, 128, 128}, softmax_op), unary_case({4, 128, 128}, softmax_op)},
+           "softmax of (32, 128, 128) and (4, 128, 128), priced by bytes");
+  auto pool_op = [](const Tensor& x) { return max_pool2d(x, {3, 3}, {2, 2}, {1, 1}); };
+  add_kind(entries, "pool", "bytes",
+           {unary_case({batch, 64, 64, 64}, pool_op), unary_case({8, 24, 64, 64}, pool_op)},
+           "max_pool2d 3x3 stride 2 of (" + std::to_string(batch) +
+               ", 64, 64, 64) and (8, 24, 64, 64), priced by bytes");
+  auto concat_op = [](const Tensor& x) { return cat({x, x}, 1); };
+  add_kind(entries, "concat", "bytes",
+           {unary_case({8, 58, 16, 16}, concat_op), unary_case({8, 232, 4, 4}, concat_op)},
+           "cat of (8, 58, 16, 16) and (8, 232, 4, 4) pairs along channels, priced by bytes");
+  add_kind(entries, "loss", "bytes", {loss_case(512 / scale, 30522), loss_case(8, 1000)},
+           "cross_entropy of (" + std::to_string(512 / scale) +
+               ", 30522) and (8, 1000), priced by bytes");
+}
+
+// Per-kind rates, forward and backward, over shapes of the model zoo's layers (ResNet-50 and
+// ShuffleNet v2 at 128x128 images, BERT mini: 1024 tokens of 256 features), small and large:
+// each kind's time is fitted as a fixed cost per call plus its work over a rate.
+std::vector<KindEntry> op_kind_cases(bool quick, int64_t scale) {
+  std::vector<KindEntry> entries;
+  add_matrix_kinds(entries, quick, scale);
+  add_bandwidth_kinds(entries, quick, scale);
+  return entries;
+}
+
+// What fit_op_kind_rates found, for the printed summary and the "calibrated_layout" source.
+struct OpKindTexts {
+  std::string kinds, share;
+};
+
+// Fits one kind's rates from its cases' times (from `times[next]` on; `next` is advanced).
+OpKindRate fit_kind(const KindEntry& entry, const std::vector<PassTimes>& times, size_t& next) {
+  std::vector<double> work, backward_work, forward_s, backward_s;
+  for (const KindCase& c : entry.cases) {
+    const auto [flops, bytes] = planner_work(c.forward, entry.kind);
+    const double units = entry.per == "bytes" ? bytes : flops;
+    work.push_back(units);
+    backward_work.push_back(c.backward_factor * units);
+    forward_s.push_back(times[next].forward);
+    backward_s.push_back(times[next].backward);
+    ++next;
   }
-  {
-    auto loss_case = [&](int64_t rows, int64_t classes) {
-      return pooled(
-          [=] {
-            Tensor logits = randn({rows, classes}).set_requires_grad(true);
-            Tensor target = randint(0, classes, {rows});
-            std::function<Tensor()> forward = [=] { return cross_entropy(logits, target); };
-            return std::make_pair(forward, std::vector<Tensor>{logits});
-          },
-          1);
-    };
-    measure_kind("loss", "bytes", {loss_case(512 / scale, 30522), loss_case(8, 1000)},
-                 "cross_entropy of (" + std::to_string(512 / scale) +
-                     ", 30522) and (8, 1000), priced by bytes");
-  }
-  {
-    std::vector<KindCase> all;
-    for (const KindEntry& entry : entries)
-      for (const KindCase& c : entry.cases) all.push_back(c);
-    double wall_per_cpu = 1;
-    const std::vector<PassTimes> times = time_in_rounds(all, quick ? 0.5 : 24 * budget, world.get(),
-                                                        &profile.rank_skew, &wall_per_cpu);
-    char share[160];
-    std::snprintf(share, sizeof share,
-                  "; rank 0's wall time was %.2f x its CPU time over these rounds (the share of "
-                  "the cores it got), which every case's CPU time is scaled by",
-                  wall_per_cpu);
-    share_text = share;
-    sources["rank_skew"] =
-        ranks > 1 ? "rounds of every op-kind case (step-sized work between two synchronisations) "
-                    "took this much longer, synchronisation to synchronisation, than the average "
-                    "rank's own work in them"
-                  : "one rank: no wait for other ranks";
-    size_t next = 0;
-    for (KindEntry& entry : entries) {
-      std::vector<double> work, backward_work, forward_s, backward_s;
-      for (const KindCase& c : entry.cases) {
-        const auto [flops, bytes] = planner_work(c.forward, entry.kind);
-        const double units = entry.per == "bytes" ? bytes : flops;
-        work.push_back(units);
-        backward_work.push_back(c.backward_factor * units);
-        forward_s.push_back(times[next].forward);
-        backward_s.push_back(times[next].backward);
-        ++next;
-      }
-      OpKindRate rate;
-      rate.per = entry.per;
-      std::tie(rate.forward_call_s, rate.forward) = fit_call_and_rate(work, forward_s);
-      std::tie(rate.backward_call_s, rate.backward) = fit_call_and_rate(backward_work, backward_s);
-      profile.op_kinds[entry.kind] = rate;
-      sources["op_kinds"][entry.kind] = entry.what;
-      char line[200];
-      std::snprintf(line, sizeof line, "%s %.3g/%.3g %s/s + %s/%s per call; ", entry.kind.c_str(),
-                    rate.forward, rate.backward, entry.per == "bytes" ? "B" : "FLOP",
-                    format_seconds(rate.forward_call_s).c_str(),
-                    format_seconds(rate.backward_call_s).c_str());
-      kinds_text += line;
-    }
-    entries.clear();  // frees the tensors
-  }
-  // What ops cost inside a network beyond their kinds' rates (dispatch, autograd's records and
-  // engine, allocation, gradients scattered into views): a ShuffleNet v2 unit, many small ops with
-  // strided views and a channel shuffle, forward and backward against its ops priced with the
-  // rates above; the rest, per op and pass, is op_overhead_s (if above the bare dispatch cost).
-  {
-    const int64_t batch = 8 / scale, c = 58, size = 16;
-    KindCase unit = pooled(
-        [=] {
-          Tensor x = randn({batch, 2 * c, size, size}).set_requires_grad(true);
-          std::vector<Tensor> leaves = {x};
-          auto leaf = [&](Tensor t) {
-            t.set_requires_grad(true);
-            leaves.push_back(t);
-            return t;
-          };
-          Tensor w1 = leaf(randn({c, c, 1, 1}) * 0.1), wd = leaf(randn({c, 1, 3, 3}) * 0.3);
-          Tensor w2 = leaf(randn({c, c, 1, 1}) * 0.1);
-          std::vector<Tensor> gamma, beta, mean, var;
-          for (int i = 0; i < 3; ++i) {
-            gamma.push_back(leaf(ones({c})));
-            beta.push_back(leaf(zeros({c})));
-            mean.push_back(zeros({c}));
-            var.push_back(ones({c}));
-          }
-          std::function<Tensor()> forward = [=] {
-            const std::vector<Tensor> halves = chunk(x, 2, 1);
-            Tensor y =
-                relu(batch_norm(conv2d(halves[1], w1), gamma[0], beta[0], mean[0], var[0], true));
-            y = batch_norm(conv2d(y, wd, Tensor(), {1, 1}, {1, 1}, {1, 1}, c), gamma[1], beta[1],
-                           mean[1], var[1], true);
-            y = relu(batch_norm(conv2d(y, w2), gamma[2], beta[2], mean[2], var[2], true));
-            Tensor both = cat({halves[0], y}, 1);
-            return reshape(transpose(reshape(both, {batch, 2, c, size, size}), 1, 2),
-                           {batch, 2 * c, size, size});
-          };
-          return std::make_pair(forward, leaves);
-        },
-        1);
-    double unused_skew = 0;
-    const PassTimes measured =
-        time_in_rounds({unit}, quick ? 0.3 : 4 * budget, world.get(), &unused_skew)[0];
-    const Graph graph = trace_graph([&] { unit.forward(); }, {}, {}, 1);
-    double priced = 0;
-    int passes = 0;
-    for (const TracedOp& op : graph.ops) {
-      const std::string kind = op_kind(op);
-      const bool matrix = kind == "gemm" || kind == "conv" || kind == "conv_grouped";
-      priced += profile.op_time(kind, op.flops, op.bytes, false);
-      ++passes;
-      if (op.differentiable) {
-        priced += profile.op_time(kind, op.flops, op.bytes, true, matrix ? 2.0 : 1.0);
-        ++passes;
-      }
-    }
-    const double extra = (measured.forward + measured.backward - priced) / std::max(1, passes);
+  OpKindRate rate;
+  rate.per = entry.per;
+  std::tie(rate.forward_call_s, rate.forward) = fit_call_and_rate(work, forward_s);
+  std::tie(rate.backward_call_s, rate.backward) = fit_call_and_rate(backward_work, backward_s);
+  return rate;
+}
+
+// Times every case of every kind in shared rounds and fits each kind's rates into
+// profile.op_kinds, and the ranks' skew into profile.rank_skew. `entries` is taken by value so
+// that the cases' tensors are freed on return, before the next measurement.
+OpKindTexts fit_op_kind_rates(std::vector<KindEntry> entries, DeviceProfile& profile,
+                              nlohmann::json& sources, parallel::Communicator* world, double budget,
+                              bool quick, int ranks) {
+  OpKindTexts texts;
+  std::vector<KindCase> all;
+  for (const KindEntry& entry : entries)
+    for (const KindCase& c : entry.cases) all.push_back(c);
+  double wall_per_cpu = 1;
+  const std::vector<PassTimes> times =
+      time_in_rounds(all, quick ? 0.5 : 24 * budget, world, &profile.rank_skew, &wall_per_cpu);
+  char share[160];
+  std::snprintf(share, sizeof share,
+                "; rank 0's wall time was %.2f x its CPU time over these rounds (the share of "
+                "the cores it got), which every case's CPU time is scaled by",
+                wall_per_cpu);
+  texts.share = share;
+  sources["rank_skew"] =
+      ranks > 1 ? "rounds of every op-kind case (step-sized work between two synchronisations) "
+                  "took this much longer, synchronisation to synchronisation, than the average "
+                  "rank's own work in them"
+                : "one rank: no wait for other ranks";
+  size_t next = 0;
+  for (const KindEntry& entry : entries) {
+    const OpKindRate rate = fit_kind(entry, times, next);
+    profile.op_kinds[entry.kind] = rate;
+    sources["op_kinds"][entry.kind] = entry.what;
     char line[200];
-    std::snprintf(line, sizeof line,
-                  "; a ShuffleNet v2 unit (58 + 58 channels at 16x16, batch %lld) took %s "
-                  "forward and backward against %s priced by op_kinds over %d op passes",
-                  static_cast<long long>(batch),
-                  format_seconds(measured.forward + measured.backward).c_str(),
-                  format_seconds(priced).c_str(), passes);
-    if (extra > profile.op_overhead_s) {
-      profile.op_overhead_s = extra;
-      sources["op_overhead_s"] = sources["op_overhead_s"].get<std::string>() + line +
-                                 ": op_overhead_s is the difference per op pass";
-    } else {
-      sources["op_overhead_s"] =
-          sources["op_overhead_s"].get<std::string>() + line + ": nothing left over";
+    std::snprintf(line, sizeof line, "%s %.3g/%.3g %s/s + %s/%s per call; ", entry.kind.c_str(),
+                  rate.forward, rate.backward, entry.per == "bytes" ? "B" : "FLOP",
+                  format_seconds(rate.forward_call_s).c_str(),
+                  format_seconds(rate.backward_call_s).c_str());
+    texts.kinds += line;
+  }
+  return texts;
+}
+
+// A ShuffleNet v2 unit: many small ops with strided views and a channel shuffle.
+KindCase shuffle_unit_case(int64_t batch, int64_t c, int64_t size) {
+  return pooled(
+      [=] {
+        Tensor x = randn({batch, 2 * c, size, size}).set_requires_grad(true);
+        std::vector<Tensor> leaves = {x};
+        auto leaf = [&](Tensor t) {
+          t.set_requires_grad(true);
+          leaves.push_back(t);
+          return t;
+        };
+        Tensor w1 = leaf(randn({c, c, 1, 1}) * 0.1), wd = leaf(randn({c, 1, 3, 3}) * 0.3);
+        Tensor w2 = leaf(randn({c, c, 1, 1}) * 0.1);
+        std::vector<Tensor> gamma, beta, mean, var;
+        for (int i = 0; i < 3; ++i) {
+          gamma.push_back(leaf(ones({c})));
+          beta.push_back(leaf(zeros({c})));
+          mean.push_back(zeros({c}));
+          var.push_back(ones({c}));
+        }
+        std::function<Tensor()> forward = [=] {
+          const std::vector<Tensor> halves = chunk(x, 2, 1);
+          Tensor y =
+              relu(batch_norm(conv2d(halves[1], w1), gamma[0], beta[0], mean[0], var[0], true));
+          y = batch_norm(conv2d(y, wd, Tensor(), {1, 1}, {1, 1}, {1, 1}, c), gamma[1], beta[1],
+                         mean[1], var[1], true);
+          y = relu(batch_norm(conv2d(y, w2), gamma[2], beta[2], mean[2], var[2], true));
+          Tensor both = cat({halves[0], y}, 1);
+          return reshape(transpose(reshape(both, {batch, 2, c, size, size}), 1, 2),
+                         {batch, 2 * c, size, size});
+        };
+        return std::make_pair(forward, leaves);
+      },
+      1);
+}
+
+// What ops cost inside a network beyond their kinds' rates (dispatch, autograd's records and
+// engine, allocation, gradients scattered into views): a ShuffleNet v2 unit, forward and backward
+// against its ops priced with the op_kinds rates; the rest, per op and pass, is op_overhead_s (if
+// above the bare dispatch cost).
+void measure_network_overhead(DeviceProfile& profile, nlohmann::json& sources,
+                              parallel::Communicator* world, double budget, bool quick,
+                              int64_t scale) {
+  const int64_t batch = 8 / scale, c = 58, size = 16;
+  KindCase unit = shuffle_unit_case(batch, c, size);
+  double unused_skew = 0;
+  const PassTimes measured =
+      time_in_rounds({unit}, quick ? 0.3 : 4 * budget, world, &unused_skew)[0];
+  const Graph graph = trace_graph([&] { unit.forward(); }, {}, {}, 1);
+  double priced = 0;
+  int passes = 0;
+  for (const TracedOp& op : graph.ops) {
+    const std::string kind = op_kind(op);
+    const bool matrix = kind == "gemm" || kind == "conv" || kind == "conv_grouped";
+    priced += profile.op_time(kind, op.flops, op.bytes, false);
+    ++passes;
+    if (op.differentiable) {
+      priced += profile.op_time(kind, op.flops, op.bytes, true, matrix ? 2.0 : 1.0);
+      ++passes;
     }
   }
-  // Optimizer updates, in parameters per second: one step over 12 weights of 1M elements (more
-  // than the last-level cache, as a model's parameters are).
+  const double extra = (measured.forward + measured.backward - priced) / std::max(1, passes);
+  char line[200];
+  std::snprintf(line, sizeof line,
+                "; a ShuffleNet v2 unit (58 + 58 channels at 16x16, batch %lld) took %s "
+                "forward and backward against %s priced by op_kinds over %d op passes",
+                static_cast<long long>(batch),
+                format_seconds(measured.forward + measured.backward).c_str(),
+                format_seconds(priced).c_str(), passes);
+  if (extra > profile.op_overhead_s) {
+    profile.op_overhead_s = extra;
+    sources["op_overhead_s"] = sources["op_overhead_s"].get<std::string>() + line +
+                               ": op_overhead_s is the difference per op pass";
+  } else {
+    sources["op_overhead_s"] =
+        sources["op_overhead_s"].get<std::string>() + line + ": nothing left over";
+  }
+}
+
+// Median time of one optimizer step, over steps taken until a quarter of `budget` has passed (at
+// least 5, at most 200); with `world`, the slowest rank's.
+double optimizer_step_seconds(optim::Optimizer& optimizer, parallel::Communicator* world,
+                              double budget) {
+  optimizer.step();
+  std::vector<double> times;
+  double spent = 0;
+  for (int rep = 0; rep < 200; ++rep) {
+    // Every rank runs the same number of steps (each rank's own time would differ): the
+    // ranks agree whether to go on, which also starts them together.
+    int more = rep < 5 || spent < budget / 4;
+    if (world) {
+      Tensor flag = tensor({static_cast<float>(more)}, {1});
+      world->all_reduce(flag, parallel::ReduceOp::kMax);
+      more = flag.item<float>() > 0;
+    }
+    if (!more) break;
+    const auto start = Clock::now();
+    optimizer.step();
+    times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    spent += times.back();
+  }
+  std::sort(times.begin(), times.end());
+  double seconds = times[times.size() / 2];
+  if (world) {
+    Tensor slowest = tensor({static_cast<float>(seconds)}, {1});
+    world->all_reduce(slowest, parallel::ReduceOp::kMax);
+    seconds = slowest.item<float>();
+  }
+  return seconds;
+}
+
+// Optimizer updates, in parameters per second: one step over 12 weights of 1M elements (more
+// than the last-level cache, as a model's parameters are).
+void measure_optimizer_updates(DeviceProfile& profile, nlohmann::json& sources,
+                               parallel::Communicator* world, double budget, int64_t scale) {
   for (const OpHandle* update : {&ops::sgd_update, &ops::adam_update}) {
     const char* kind = update->name();
     std::vector<Tensor> weights;
@@ -691,31 +770,7 @@ int calibrate(int argc, char** argv) {
       optimizer = std::make_unique<optim::SGD>(weights, optim::SGDOptions(0.01).momentum(0.9));
     else
       optimizer = std::make_unique<optim::AdamW>(weights, optim::AdamWOptions(1e-4));
-    optimizer->step();
-    std::vector<double> times;
-    double spent = 0;
-    for (int rep = 0; rep < 200; ++rep) {
-      // Every rank runs the same number of steps (each rank's own time would differ): the
-      // ranks agree whether to go on, which also starts them together.
-      int more = rep < 5 || spent < budget / 4;
-      if (world) {
-        Tensor flag = tensor({static_cast<float>(more)}, {1});
-        world->all_reduce(flag, parallel::ReduceOp::kMax);
-        more = flag.item<float>() > 0;
-      }
-      if (!more) break;
-      const auto start = Clock::now();
-      optimizer->step();
-      times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
-      spent += times.back();
-    }
-    std::sort(times.begin(), times.end());
-    double seconds = times[times.size() / 2];
-    if (world) {
-      Tensor slowest = tensor({static_cast<float>(seconds)}, {1});
-      world->all_reduce(slowest, parallel::ReduceOp::kMax);
-      seconds = slowest.item<float>();
-    }
+    const double seconds = optimizer_step_seconds(*optimizer, world, budget);
     OpKindRate rate;
     rate.per = "parameters";
     rate.forward = rate.backward = static_cast<double>(elements) / seconds;
@@ -725,6 +780,11 @@ int calibrate(int argc, char** argv) {
         " step over 12 parameters, " + std::to_string(elements) +
         " elements in all, in parameters per second";
   }
+}
+
+// The layout the rates were measured under, and the memory each rank may use.
+void describe_layout_and_memory(DeviceProfile& profile, nlohmann::json& sources, int ranks,
+                                const std::string& share_text) {
   profile.calibrated_ranks = ranks > 1 ? parallel::local_rank_count() : 1;
   profile.calibrated_threads = get_num_threads();
   sources["calibrated_layout"] =
@@ -739,65 +799,112 @@ int calibrate(int argc, char** argv) {
   profile.memory_per_device =
       static_cast<double>(pages) * static_cast<double>(page_size) / std::max(1, ranks);
   sources["memory_per_device"] = "physical memory of this machine divided by the ranks";
+}
 
-  if (ranks > 1) {
-    const int local = parallel::local_rank_count();
-    profile.devices_per_node = local;
-    const LinkLevel level = local == ranks ? LinkLevel::kIntraNode : LinkLevel::kInterNode;
-    const int64_t large = quick ? (1 << 18) : (1 << 22);
-    std::string text;
-    const double wait = synchronisation_wait(*world, quick ? 20 : 200);
-    for (Collective collective :
-         {Collective::kAllReduce, Collective::kAllGather, Collective::kReduceScatter}) {
-      CollectiveFit fit = fit_collective(*world, collective, large);
-      // alpha: at least the wait for the other ranks, spread over the collective's ring steps.
-      const double steps = collective == Collective::kAllReduce ? 2.0 * (ranks - 1) : ranks - 1.0;
-      fit.cost.alpha_s = std::max(fit.cost.alpha_s, wait / steps);
-      profile.collectives[static_cast<int>(level)][static_cast<int>(collective)] = fit.cost;
-      if (local == ranks)  // one node: no inter-node link to measure; the same numbers stand in
-        profile.collectives[1][static_cast<int>(collective)] = fit.cost;
-      text += std::string(collective_name(collective)) + " small " + format_seconds(fit.small_s) +
-              ", " + std::to_string(large * 4 >> 20) + " MiB " + format_seconds(fit.large_s) + "; ";
-    }
-    text += "alpha at least the mean wait in a one-element all_reduce after 1 ms of compute (" +
-            format_seconds(wait) + ", the ranks' synchronisation) over the ring steps; ";
-    sources["collectives"] = "MpiCommunicator over " + std::to_string(ranks) + " ranks (" +
-                             std::to_string(local) + " on this node): " + text +
-                             (local == ranks ? "inter_node copies intra_node (one node)" : "");
-  } else {
+// Collective alpha-beta costs over `world` when there is more than one rank; otherwise the base
+// profile's are kept, and "sources" says so.
+void measure_collectives(DeviceProfile& profile, nlohmann::json& sources,
+                         parallel::Communicator* world, int ranks, bool quick) {
+  if (ranks <= 1) {
     profile.devices_per_node = 1;
     sources["collectives"] = "not measured (one rank): copied from profile '" + profile.name +
                              "'; run under mpirun -np N to measure them";
+    return;
   }
+  const int local = parallel::local_rank_count();
+  profile.devices_per_node = local;
+  const LinkLevel level = local == ranks ? LinkLevel::kIntraNode : LinkLevel::kInterNode;
+  const int64_t large = quick ? (1 << 18) : (1 << 22);
+  std::string text;
+  const double wait = synchronisation_wait(*world, quick ? 20 : 200);
+  for (Collective collective :
+       {Collective::kAllReduce, Collective::kAllGather, Collective::kReduceScatter}) {
+    CollectiveFit fit = fit_collective(*world, collective, large);
+    // alpha: at least the wait for the other ranks, spread over the collective's ring steps.
+    const double steps = collective == Collective::kAllReduce ? 2.0 * (ranks - 1) : ranks - 1.0;
+    fit.cost.alpha_s = std::max(fit.cost.alpha_s, wait / steps);
+    profile.collectives[static_cast<int>(level)][static_cast<int>(collective)] = fit.cost;
+    if (local == ranks)  // one node: no inter-node link to measure; the same numbers stand in
+      profile.collectives[1][static_cast<int>(collective)] = fit.cost;
+    text += std::string(collective_name(collective)) + " small " + format_seconds(fit.small_s) +
+            ", " + std::to_string(large * 4 >> 20) + " MiB " + format_seconds(fit.large_s) + "; ";
+  }
+  text += "alpha at least the mean wait in a one-element all_reduce after 1 ms of compute (" +
+          format_seconds(wait) + ", the ranks' synchronisation) over the ring steps; ";
+  sources["collectives"] = "MpiCommunicator over " + std::to_string(ranks) + " ranks (" +
+                           std::to_string(local) + " on this node): " + text +
+                           (local == ranks ? "inter_node copies intra_node (one node)" : "");
+}
+
+// Renames the profile to `name` and stores `sources` in it; returns the base profile's name.
+std::string describe_sources(DeviceProfile& profile, nlohmann::json& sources,
+                             const std::string& name, const std::string& host) {
   sources["remat_overhead_k"] = "not measured: copied from profile '" + profile.name + "'";
   const std::string base_name = profile.name;
   profile.name = name;
-  profile.description = "measured on " + std::string(host) + " by //tools/calibrate";
+  profile.description = "measured on " + host + " by //tools/calibrate";
   sources["base_profile"] = base_name;
   profile.sources_json = sources.dump();
+  return base_name;
+}
+
+void print_summary(const DeviceProfile& profile, int ranks, const std::string& base_name,
+                   const std::string& kinds_text, const std::string& out_path) {
+  std::printf("gemm %.1f GFLOP/s, conv %.1f GFLOP/s, memory bandwidth %.1f GB/s, op overhead %s\n",
+              profile.gemm_flops / 1e9, profile.conv_flops / 1e9, profile.memory_bandwidth / 1e9,
+              format_seconds(profile.op_overhead_s).c_str());
+  std::printf("op kinds (forward/backward, %s): %s\n", profile.layout_description().c_str(),
+              kinds_text.c_str());
+  if (ranks > 1) {
+    const LinkLevel level = profile.level_for(ranks);
+    for (Collective collective :
+         {Collective::kAllReduce, Collective::kAllGather, Collective::kReduceScatter}) {
+      const AlphaBeta& cost = profile.link(collective, level);
+      std::printf("%s (%s): alpha %s, bus bandwidth %.2f GB/s\n", collective_name(collective),
+                  link_level_name(level), format_seconds(cost.alpha_s).c_str(),
+                  cost.bus_bandwidth / 1e9);
+    }
+  } else {
+    std::printf("collectives: one rank, copied from %s (run under mpirun -np N to measure)\n",
+                base_name.c_str());
+  }
+  std::printf("wrote %s\n", out_path.c_str());
+}
+
+// The measurements run in a fixed order: under mpirun the ranks synchronise inside several of
+// them, so every rank must reach each in the same sequence.
+int calibrate(int argc, char** argv) {
+  CalibrateOptions options;
+  if (const std::optional<int> exit_code = parse_options(argc, argv, options)) return *exit_code;
+  const int rank = parallel::world_rank(), ranks = parallel::world_size();
+  if (options.threads > 0) set_num_threads(options.threads);
+  const bool quick = options.quick;
+  const double budget = quick ? 0.05 : 0.5;
+  DeviceProfile profile = load_profile(find_profile(options.base));
+  nlohmann::json sources = nlohmann::json::object();
+  const std::string host = host_name();
+  sources["measured"] = measured_text(host, ranks);
+
+  measure_gemm(profile, sources, budget, quick);
+  measure_conv(profile, sources, budget, quick);
+  measure_elementwise_and_overhead(profile, sources, budget, quick);
+  std::shared_ptr<parallel::Communicator> world;
+  if (ranks > 1) {
+    world = parallel::MpiCommunicator::world(parallel::CommOptions().name("calibrate"));
+    world->barrier();
+  }
+  const int64_t scale = quick ? 4 : 1;  // --quick: smaller batches
+  const OpKindTexts texts = fit_op_kind_rates(op_kind_cases(quick, scale), profile, sources,
+                                              world.get(), budget, quick, ranks);
+  measure_network_overhead(profile, sources, world.get(), budget, quick, scale);
+  measure_optimizer_updates(profile, sources, world.get(), budget, scale);
+  describe_layout_and_memory(profile, sources, ranks, texts.share);
+  measure_collectives(profile, sources, world.get(), ranks, quick);
+  const std::string base_name = describe_sources(profile, sources, options.name, host);
 
   if (rank == 0) {
-    save_profile(profile, user_path(out_path));
-    std::printf(
-        "gemm %.1f GFLOP/s, conv %.1f GFLOP/s, memory bandwidth %.1f GB/s, op overhead %s\n",
-        profile.gemm_flops / 1e9, profile.conv_flops / 1e9, profile.memory_bandwidth / 1e9,
-        format_seconds(profile.op_overhead_s).c_str());
-    std::printf("op kinds (forward/backward, %s): %s\n", profile.layout_description().c_str(),
-                kinds_text.c_str());
-    if (ranks > 1) {
-      const LinkLevel level = profile.level_for(ranks);
-      for (Collective collective :
-           {Collective::kAllReduce, Collective::kAllGather, Collective::kReduceScatter}) {
-        const AlphaBeta& cost = profile.link(collective, level);
-        std::printf("%s (%s): alpha %s, bus bandwidth %.2f GB/s\n", collective_name(collective),
-                    link_level_name(level), format_seconds(cost.alpha_s).c_str(),
-                    cost.bus_bandwidth / 1e9);
-      }
-    } else {
-      std::printf("collectives: one rank, copied from %s (run under mpirun -np N to measure)\n",
-                  base_name.c_str());
-    }
-    std::printf("wrote %s\n", out_path.c_str());
+    save_profile(profile, user_path(options.out_path));
+    print_summary(profile, ranks, base_name, texts.kinds, options.out_path);
   }
   return 0;
 }

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "core/error.h"
@@ -108,242 +109,317 @@ std::string find_profile(const std::string& name_or_path) {
   return given;  // load_profile reports it missing
 }
 
-int run_plan_cli(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
-  CLI::App app(
-      "Prints a model's frontier of (memory per device, time per iteration) over every way of "
-      "splitting its ops on D devices, marks the fastest plan that fits in memory, writes it "
-      "(--out) and draws the frontier (--png).",
-      "plan");
+namespace {
+
+// The command line as given.
+struct PlanCliOptions {
   std::string model, memory_text, profile_name = "h200_cluster", optimizer = "adam";
   std::string remat = "1,0.5,0.25", out_path, png_path, frontier_path;
   int devices = 8, max_tp = 0;
   int64_t batch = 0, seq = 128, image_size = 224, num_classes = 1000;
   size_t max_points = 32, rows = 20;
   bool per_op_degrees = false, show_ops = false, any_plan = false;
-  std::string models_help;
-  for (const auto& name : models::known_models())
-    models_help += (models_help.empty() ? "" : ", ") + name;
-  app.add_option("--model", model, "model to plan: " + models_help)->required();
-  app.add_option("--devices", devices, "number of devices (ranks)")->capture_default_str();
-  app.add_option("--memory_per_device", memory_text,
+};
+
+// The known models, comma-separated: for --model's help and the unknown-model error.
+std::string known_models_text() {
+  std::string text;
+  for (const auto& name : models::known_models()) text += (text.empty() ? "" : ", ") + name;
+  return text;
+}
+
+// Parses the command line into `cli`; returns the exit code when the command should stop
+// (--help, or a bad argument), nothing when it should go on.
+std::optional<int> parse_options(int argc, const char* const* argv, PlanCliOptions& cli,
+                                 std::ostream& out, std::ostream& err) {
+  CLI::App app(
+      "Prints a model's frontier of (memory per device, time per iteration) over every way of "
+      "splitting its ops on D devices, marks the fastest plan that fits in memory, writes it "
+      "(--out) and draws the frontier (--png).",
+      "plan");
+  app.add_option("--model", cli.model, "model to plan: " + known_models_text())->required();
+  app.add_option("--devices", cli.devices, "number of devices (ranks)")->capture_default_str();
+  app.add_option("--memory_per_device", cli.memory_text,
                  "memory limit per device, e.g. 16GiB (default: the profile's)");
-  app.add_option("--profile", profile_name,
+  app.add_option("--profile", cli.profile_name,
                  "device profile: a JSON file, or a name in parallel/profiles")
       ->capture_default_str();
-  app.add_option("--batch", batch, "global batch (default: 8 per device for BERT, 32 otherwise)");
-  app.add_option("--seq", seq, "BERT sequence length")->capture_default_str();
-  app.add_option("--image_size", image_size, "ResNet / ShuffleNet image size")
+  app.add_option("--batch", cli.batch,
+                 "global batch (default: 8 per device for BERT, 32 otherwise)");
+  app.add_option("--seq", cli.seq, "BERT sequence length")->capture_default_str();
+  app.add_option("--image_size", cli.image_size, "ResNet / ShuffleNet image size")
       ->capture_default_str();
-  app.add_option("--num_classes", num_classes, "ResNet / ShuffleNet classes")
+  app.add_option("--num_classes", cli.num_classes, "ResNet / ShuffleNet classes")
       ->capture_default_str();
-  app.add_option("--optimizer", optimizer,
+  app.add_option("--optimizer", cli.optimizer,
                  "optimizer whose state is counted: adam, adamw (2 states per parameter), "
                  "sgd_momentum (1), sgd (0)")
       ->capture_default_str();
-  app.add_option("--max_tp", max_tp,
+  app.add_option("--max_tp", cli.max_tp,
                  "largest tensor-parallel group (default 0: the profile's devices per node)")
       ->capture_default_str();
-  app.add_option("--remat", remat,
+  app.add_option("--remat", cli.remat,
                  "fractions of activation memory the memory layer may keep (auto policy); 1: no "
                  "recomputation")
       ->capture_default_str();
-  app.add_option("--max_points", max_points,
+  app.add_option("--max_points", cli.max_points,
                  "most points per partial frontier (0: exact, may be slow on large models)")
       ->capture_default_str();
-  app.add_flag("--per_op_degrees", per_op_degrees,
+  app.add_flag("--per_op_degrees", cli.per_op_degrees,
                "let each op pick its own dp x tp degrees too (TensorOpt's full space; the default "
                "keeps one dp x tp grid per plan, each op choosing its split on it)");
-  app.add_flag("--any_plan", any_plan,
+  app.add_flag("--any_plan", cli.any_plan,
                "choose among every frontier point, also those the runtime's recipes do not run as "
                "priced (by default: ResNet / ShuffleNet plans with a tensor-parallel group are "
                "listed but not chosen)");
-  app.add_option("--rows", rows,
+  app.add_option("--rows", cli.rows,
                  "frontier points printed, spread over the frontier with the chosen one "
                  "(0: all)")
       ->capture_default_str();
-  app.add_flag("--show_ops", show_ops, "also list every op of the chosen plan with its split");
-  app.add_option("--out", out_path, "write the chosen plan here (JSON, for --plan=FILE)");
-  app.add_option("--png", png_path, "draw the frontier here (tools/plot_frontier.py)");
-  app.add_option("--frontier_json", frontier_path, "write the frontier points here (JSON)");
+  app.add_flag("--show_ops", cli.show_ops, "also list every op of the chosen plan with its split");
+  app.add_option("--out", cli.out_path, "write the chosen plan here (JSON, for --plan=FILE)");
+  app.add_option("--png", cli.png_path, "draw the frontier here (tools/plot_frontier.py)");
+  app.add_option("--frontier_json", cli.frontier_path, "write the frontier points here (JSON)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
     return app.exit(error, out, err);
   }
+  return std::nullopt;
+}
 
-  try {
-    const auto start = std::chrono::steady_clock::now();
-    TESSEL_CHECK(devices >= 1, "--devices must be at least 1, got ", devices);
-    TESSEL_CHECK(batch >= 0, "--batch must not be negative (0: the default), got ", batch);
-    TESSEL_CHECK(max_tp >= 0, "--max_tp must not be negative, got ", max_tp);
-    PlanOptions options;
-    options.config.devices = devices;
-    options.config.max_tp = max_tp;
-    options.config.optimizer_states = optimizer_states(optimizer);
-    options.remat_fractions = parse_fractions(remat);
-    options.frontier.max_points = max_points;
-    options.per_op_degrees = per_op_degrees;
-    options.executable_only = !any_plan;
-    if (!memory_text.empty())
-      options.memory_per_device = parse_bytes(memory_text, "--memory_per_device");
-    const std::vector<std::string> names = models::known_models();
-    TESSEL_CHECK(std::find(names.begin(), names.end(), model) != names.end(), "unknown model '",
-                 model, "' (known: ", models_help, ")");
-    options.config.profile = load_profile(find_profile(profile_name));
-    ModelSpec spec;
-    spec.name = model;
-    spec.batch = batch > 0 ? batch : (is_bert(model) ? 8 : 32) * static_cast<int64_t>(devices);
-    spec.seq = seq;
-    spec.image_size = image_size;
-    spec.num_classes = num_classes;
+// Checks the arguments (in the order their errors are reported), checks the model's name and
+// loads the profile.
+PlanOptions plan_options(const PlanCliOptions& cli) {
+  TESSEL_CHECK(cli.devices >= 1, "--devices must be at least 1, got ", cli.devices);
+  TESSEL_CHECK(cli.batch >= 0, "--batch must not be negative (0: the default), got ", cli.batch);
+  TESSEL_CHECK(cli.max_tp >= 0, "--max_tp must not be negative, got ", cli.max_tp);
+  PlanOptions options;
+  options.config.devices = cli.devices;
+  options.config.max_tp = cli.max_tp;
+  options.config.optimizer_states = optimizer_states(cli.optimizer);
+  options.remat_fractions = parse_fractions(cli.remat);
+  options.frontier.max_points = cli.max_points;
+  options.per_op_degrees = cli.per_op_degrees;
+  options.executable_only = !cli.any_plan;
+  if (!cli.memory_text.empty())
+    options.memory_per_device = parse_bytes(cli.memory_text, "--memory_per_device");
+  const std::vector<std::string> names = models::known_models();
+  TESSEL_CHECK(std::find(names.begin(), names.end(), cli.model) != names.end(), "unknown model '",
+               cli.model, "' (known: ", known_models_text(), ")");
+  options.config.profile = load_profile(find_profile(cli.profile_name));
+  return options;
+}
 
-    const Graph graph = models::trace_model(spec);
-    const double trace_seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const PlanResult result = plan_graph(graph, options);
-    const double total_seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+ModelSpec model_spec(const PlanCliOptions& cli) {
+  ModelSpec spec;
+  spec.name = cli.model;
+  spec.batch =
+      cli.batch > 0 ? cli.batch : (is_bert(cli.model) ? 8 : 32) * static_cast<int64_t>(cli.devices);
+  spec.seq = cli.seq;
+  spec.image_size = cli.image_size;
+  spec.num_classes = cli.num_classes;
+  return spec;
+}
 
-    const DeviceProfile& profile = options.config.profile;
-    const std::vector<int> degrees = tensor_parallel_degrees(options.config);
-    char line[512];
-    std::snprintf(line, sizeof line, "%s: %.1fM parameters, %zu ops traced on the meta device",
-                  model.c_str(), graph.parameter_count() / 1e6, graph.ops.size());
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// What was planned: the model, the devices, the profile and the search.
+void print_setup(std::ostream& out, const PlanCliOptions& cli, const Graph& graph,
+                 const ModelSpec& spec, const PlanOptions& options, const PlanResult& result) {
+  const DeviceProfile& profile = options.config.profile;
+  const std::vector<int> degrees = tensor_parallel_degrees(options.config);
+  char line[512];
+  std::snprintf(line, sizeof line, "%s: %.1fM parameters, %zu ops traced on the meta device",
+                cli.model.c_str(), graph.parameter_count() / 1e6, graph.ops.size());
+  out << line << "\n";
+  out << "devices " << cli.devices << " (" << profile.devices_per_node
+      << " per node, tensor parallel up to " << degrees.back() << "), global batch " << spec.batch;
+  if (is_bert(cli.model))
+    out << ", seq " << spec.seq;
+  else
+    out << ", image " << spec.image_size << "x" << spec.image_size;
+  out << ", optimizer " << cli.optimizer << "\n";
+  out << "profile " << profile.name << " (compute measured with " << profile.layout_description()
+      << ")\n";
+  const int ranks_per_node = std::min(cli.devices, profile.devices_per_node);
+  if (profile.calibrated_ranks > 0 && profile.calibrated_ranks != ranks_per_node)
+    out << "note: this plan puts " << ranks_per_node << " rank(s) on a node, but the profile's "
+        << "compute was measured with " << profile.calibrated_ranks
+        << " at once; ranks sharing cores run slower than it says (calibrate under mpirun -np "
+        << ranks_per_node << " with threads = cores / ranks)\n";
+  out << "frontier: " << result.frontier.size() << " points (series "
+      << result.stats.series_eliminations << ", leaf " << result.stats.leaf_eliminations
+      << ", parallel " << result.stats.parallel_merges << ", conditioned "
+      << result.stats.conditioned_nodes << "; "
+      << (cli.max_points
+              ? "at most " + std::to_string(cli.max_points) + " points per partial frontier"
+              : std::string("exact"))
+      << ")\n\n";
+}
+
+// The frontier's table: `rows` points (0: all) spread evenly over it, always with both ends and
+// the chosen one.
+void print_frontier_table(std::ostream& out, const PlanResult& result, int64_t batch, size_t rows,
+                          bool any_plan) {
+  out << "    " << pad("memory/device", 14, true) << "  " << pad("time/iter", 11, true) << "  "
+      << pad("samples/s", 10, true) << "  plan\n";
+  const size_t count = result.frontier.size();
+  std::vector<bool> shown(count, rows == 0 || count <= rows);
+  if (rows > 0 && count > rows) {
+    for (size_t r = 0; r < rows; ++r) shown[r * (count - 1) / (rows - 1 > 0 ? rows - 1 : 1)] = true;
+    if (result.chosen >= 0) shown[result.chosen] = true;
+  }
+  char line[512];
+  for (size_t i = 0; i < count; ++i) {
+    if (!shown[i]) continue;
+    const PlannedPoint& point = result.frontier[i];
+    const bool chosen = static_cast<int>(i) == result.chosen;
+    std::snprintf(line, sizeof line, "%s%3zu %14s  %11s  %10.1f  %s%s%s", chosen ? "*" : " ", i,
+                  format_bytes(point.cost.memory).c_str(), format_seconds(point.cost.time).c_str(),
+                  static_cast<double>(batch) / point.cost.time, point.summary.c_str(),
+                  point.executable ? "" : " [not run as priced]", chosen ? "   <- chosen" : "");
     out << line << "\n";
-    out << "devices " << devices << " (" << profile.devices_per_node
-        << " per node, tensor parallel up to " << degrees.back() << "), global batch "
-        << spec.batch;
-    if (is_bert(model))
-      out << ", seq " << spec.seq;
-    else
-      out << ", image " << spec.image_size << "x" << spec.image_size;
-    out << ", optimizer " << optimizer << "\n";
-    out << "profile " << profile.name << " (compute measured with " << profile.layout_description()
-        << ")\n";
-    const int ranks_per_node = std::min(devices, profile.devices_per_node);
-    if (profile.calibrated_ranks > 0 && profile.calibrated_ranks != ranks_per_node)
-      out << "note: this plan puts " << ranks_per_node << " rank(s) on a node, but the profile's "
-          << "compute was measured with " << profile.calibrated_ranks
-          << " at once; ranks sharing cores run slower than it says (calibrate under mpirun -np "
-          << ranks_per_node << " with threads = cores / ranks)\n";
-    out << "frontier: " << result.frontier.size() << " points (series "
-        << result.stats.series_eliminations << ", leaf " << result.stats.leaf_eliminations
-        << ", parallel " << result.stats.parallel_merges << ", conditioned "
-        << result.stats.conditioned_nodes << "; "
-        << (max_points ? "at most " + std::to_string(max_points) + " points per partial frontier"
-                       : std::string("exact"))
-        << ")\n\n";
-    out << "    " << pad("memory/device", 14, true) << "  " << pad("time/iter", 11, true) << "  "
-        << pad("samples/s", 10, true) << "  plan\n";
-    // The rows shown: spread evenly over the frontier, always with both ends and the chosen one.
-    const size_t count = result.frontier.size();
-    std::vector<bool> shown(count, rows == 0 || count <= rows);
-    if (rows > 0 && count > rows) {
-      for (size_t r = 0; r < rows; ++r)
-        shown[r * (count - 1) / (rows - 1 > 0 ? rows - 1 : 1)] = true;
-      if (result.chosen >= 0) shown[result.chosen] = true;
+  }
+  for (const PlannedPoint& point : result.frontier)
+    if (!point.executable) {
+      out << "[not run as priced]: " << point.not_executable_reason
+          << (any_plan ? "" : "; not chosen (--any_plan chooses among them too)") << "\n";
+      break;
     }
-    for (size_t i = 0; i < count; ++i) {
-      if (!shown[i]) continue;
-      const PlannedPoint& point = result.frontier[i];
-      const bool chosen = static_cast<int>(i) == result.chosen;
-      std::snprintf(line, sizeof line, "%s%3zu %14s  %11s  %10.1f  %s%s%s", chosen ? "*" : " ", i,
-                    format_bytes(point.cost.memory).c_str(),
-                    format_seconds(point.cost.time).c_str(),
-                    static_cast<double>(spec.batch) / point.cost.time, point.summary.c_str(),
-                    point.executable ? "" : " [not run as priced]", chosen ? "   <- chosen" : "");
-      out << line << "\n";
-    }
+  const size_t printed = static_cast<size_t>(std::count(shown.begin(), shown.end(), true));
+  if (printed < count)
+    out << "(" << printed << " of " << count << " points shown; --rows=0 shows all)\n";
+  out << "\n";
+}
+
+void print_timings(std::ostream& out, double trace_seconds, double search_seconds,
+                   double total_seconds) {
+  char line[512];
+  std::snprintf(line, sizeof line, "traced in %.2f s, frontier in %.2f s, %.2f s in all",
+                trace_seconds, search_seconds, total_seconds);
+  out << line << "\n";
+}
+
+// --frontier_json and --png: the frontier as JSON, drawn by tools/plot_frontier.py (through a
+// temporary JSON file beside the PNG when --frontier_json is not given).
+void write_frontier_files(std::ostream& out, const PlanCliOptions& cli, const PlanResult& result,
+                          const std::string& profile_name) {
+  if (cli.frontier_path.empty() && cli.png_path.empty()) return;
+  std::string json_path = cli.frontier_path.empty() ? user_path(cli.png_path) + ".frontier.json"
+                                                    : user_path(cli.frontier_path);
+  std::ofstream file(json_path);
+  TESSEL_CHECK(file.good(), "cannot write the frontier to '", json_path, "'");
+  file << frontier_to_json(result, cli.model, cli.devices, profile_name);
+  file.close();
+  if (!cli.png_path.empty()) {
+    const std::string script = find_data_file("tools/plot_frontier.py");
+    TESSEL_CHECK(!script.empty(),
+                 "--png: cannot find tools/plot_frontier.py (run from the "
+                 "repository or with bazel run)");
+    const std::string command = "/usr/bin/python3 " + quote(script) + " " + quote(json_path) +
+                                " --out " + quote(user_path(cli.png_path));
+    const int status = std::system(command.c_str());
+    TESSEL_CHECK(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                 "--png: tools/plot_frontier.py failed (", command, ")");
+    if (cli.frontier_path.empty()) std::remove(json_path.c_str());
+    out << "wrote " << cli.png_path << "\n";
+  }
+  if (!cli.frontier_path.empty()) out << "wrote " << cli.frontier_path << "\n";
+}
+
+// Why no point was chosen: every point that fits is one the runtime does not run as priced, or
+// none fits.
+void report_nothing_chosen(std::ostream& err, const PlanResult& result, bool any_plan) {
+  if (!any_plan) {
+    bool fits = false;
     for (const PlannedPoint& point : result.frontier)
-      if (!point.executable) {
-        out << "[not run as priced]: " << point.not_executable_reason
-            << (any_plan ? "" : "; not chosen (--any_plan chooses among them too)") << "\n";
-        break;
-      }
-    const size_t printed = static_cast<size_t>(std::count(shown.begin(), shown.end(), true));
-    if (printed < count)
-      out << "(" << printed << " of " << count << " points shown; --rows=0 shows all)\n";
-    out << "\n";
-    std::snprintf(line, sizeof line, "traced in %.2f s, frontier in %.2f s, %.2f s in all",
-                  trace_seconds, result.search_seconds, total_seconds);
+      fits = fits || point.cost.memory <= result.memory_per_device;
+    if (fits) {
+      err << "plan: every plan that fits in " << format_bytes(result.memory_per_device)
+          << " is one the runtime does not run as priced (--any_plan chooses among them)"
+          << std::endl;
+      return;
+    }
+  }
+  err << "plan: no plan fits in " << format_bytes(result.memory_per_device)
+      << " per device; the smallest needs " << format_bytes(result.frontier.front().cost.memory)
+      << " (use more devices, a smaller --batch, or a smaller --remat fraction)" << std::endl;
+}
+
+// --show_ops: every op of the chosen plan with its split, costs and parameters.
+void print_chosen_ops(std::ostream& out, const Graph& graph, const PlanResult& result,
+                      const PlannedPoint& chosen) {
+  out << "\n  op  name                 output shape          split                    "
+         "compute     collectives  parameters\n";
+  char line[512];
+  for (const TracedOp& op : graph.ops) {
+    const Strategy& s = result.strategies[op.id][chosen.choice[op.id]];
+    std::string parameters;
+    for (const ParameterSplit& split : s.parameters)
+      if (split.owned)
+        parameters += (parameters.empty() ? "" : " ") + graph.tensors[split.tensor].parameter +
+                      (split.dim >= 0 ? "[dim " + std::to_string(split.dim) + "/" +
+                                            std::to_string(split.parts) + "]"
+                                      : "");
+    std::snprintf(line, sizeof line, "%4d  %-20s %-21s %-24s %-11s %-12s %s", op.id,
+                  op.name.c_str(), shape_str(op.output_shapes.at(0)).c_str(), s.label().c_str(),
+                  format_seconds(s.forward_compute + s.backward_compute).c_str(),
+                  format_seconds(s.forward_comm + s.backward_comm + s.gradient_sync).c_str(),
+                  parameters.c_str());
     out << line << "\n";
+  }
+}
 
-    if (!frontier_path.empty() || !png_path.empty()) {
-      std::string json_path =
-          frontier_path.empty() ? user_path(png_path) + ".frontier.json" : user_path(frontier_path);
-      std::ofstream file(json_path);
-      TESSEL_CHECK(file.good(), "cannot write the frontier to '", json_path, "'");
-      file << frontier_to_json(result, model, devices, profile.name);
-      file.close();
-      if (!png_path.empty()) {
-        const std::string script = find_data_file("tools/plot_frontier.py");
-        TESSEL_CHECK(!script.empty(),
-                     "--png: cannot find tools/plot_frontier.py (run from the "
-                     "repository or with bazel run)");
-        const std::string command = "/usr/bin/python3 " + quote(script) + " " + quote(json_path) +
-                                    " --out " + quote(user_path(png_path));
-        const int status = std::system(command.c_str());
-        TESSEL_CHECK(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0,
-                     "--png: tools/plot_frontier.py failed (", command, ")");
-        if (frontier_path.empty()) std::remove(json_path.c_str());
-        out << "wrote " << png_path << "\n";
-      }
-      if (!frontier_path.empty()) out << "wrote " << frontier_path << "\n";
-    }
+// The chosen point: its memory and time, and where they go.
+void print_chosen(std::ostream& out, const Graph& graph, const PlanResult& result, bool show_ops) {
+  const PlannedPoint& chosen = result.frontier[result.chosen];
+  out << "chosen: point " << result.chosen << ", " << format_bytes(chosen.cost.memory)
+      << " per device (limit " << format_bytes(result.memory_per_device) << "), "
+      << format_seconds(chosen.cost.time) << " per iteration: " << chosen.summary << "\n";
+  const PlanBreakdown& b = chosen.breakdown;
+  out << "  memory: parameters, gradients and optimizer state " << format_bytes(b.parameter_bytes)
+      << ", activations " << format_bytes(b.activation_bytes);
+  if (chosen.remat_fraction < 1)
+    out << " (" << static_cast<int>(chosen.remat_fraction * 100 + 0.5) << "% kept)";
+  out << "\n  time: compute " << format_seconds(b.compute_s) << ", split collectives "
+      << format_seconds(b.comm_s) << ", gradient all-reduce " << format_seconds(b.gradient_sync_s)
+      << ", re-distribution " << format_seconds(b.redistribution_s) << ", recompute "
+      << format_seconds(b.recompute_s) << "\n";
+  if (show_ops) print_chosen_ops(out, graph, result, chosen);
+}
 
-    if (result.chosen < 0 && !any_plan) {
-      bool fits = false;
-      for (const PlannedPoint& point : result.frontier)
-        fits = fits || point.cost.memory <= result.memory_per_device;
-      if (fits) {
-        err << "plan: every plan that fits in " << format_bytes(result.memory_per_device)
-            << " is one the runtime does not run as priced (--any_plan chooses among them)"
-            << std::endl;
-        return 2;
-      }
-    }
+}  // namespace
+
+int run_plan_cli(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
+  PlanCliOptions cli;
+  if (const std::optional<int> exit_code = parse_options(argc, argv, cli, out, err))
+    return *exit_code;
+  try {
+    // The trace time includes checking the arguments and loading the profile.
+    const auto start = std::chrono::steady_clock::now();
+    const PlanOptions options = plan_options(cli);
+    const ModelSpec spec = model_spec(cli);
+    const Graph graph = models::trace_model(spec);
+    const double trace_seconds = seconds_since(start);
+    const PlanResult result = plan_graph(graph, options);
+    const double total_seconds = seconds_since(start);
+
+    print_setup(out, cli, graph, spec, options, result);
+    print_frontier_table(out, result, spec.batch, cli.rows, cli.any_plan);
+    print_timings(out, trace_seconds, result.search_seconds, total_seconds);
+    write_frontier_files(out, cli, result, options.config.profile.name);
     if (result.chosen < 0) {
-      err << "plan: no plan fits in " << format_bytes(result.memory_per_device)
-          << " per device; the smallest needs " << format_bytes(result.frontier.front().cost.memory)
-          << " (use more devices, a smaller --batch, or a smaller --remat fraction)" << std::endl;
+      report_nothing_chosen(err, result, cli.any_plan);
       return 2;
     }
-    const PlannedPoint& chosen = result.frontier[result.chosen];
-    out << "chosen: point " << result.chosen << ", " << format_bytes(chosen.cost.memory)
-        << " per device (limit " << format_bytes(result.memory_per_device) << "), "
-        << format_seconds(chosen.cost.time) << " per iteration: " << chosen.summary << "\n";
-    const PlanBreakdown& b = chosen.breakdown;
-    out << "  memory: parameters, gradients and optimizer state " << format_bytes(b.parameter_bytes)
-        << ", activations " << format_bytes(b.activation_bytes);
-    if (chosen.remat_fraction < 1)
-      out << " (" << static_cast<int>(chosen.remat_fraction * 100 + 0.5) << "% kept)";
-    out << "\n  time: compute " << format_seconds(b.compute_s) << ", split collectives "
-        << format_seconds(b.comm_s) << ", gradient all-reduce " << format_seconds(b.gradient_sync_s)
-        << ", re-distribution " << format_seconds(b.redistribution_s) << ", recompute "
-        << format_seconds(b.recompute_s) << "\n";
-    if (show_ops) {
-      out << "\n  op  name                 output shape          split                    "
-             "compute     collectives  parameters\n";
-      for (const TracedOp& op : graph.ops) {
-        const Strategy& s = result.strategies[op.id][chosen.choice[op.id]];
-        std::string parameters;
-        for (const ParameterSplit& split : s.parameters)
-          if (split.owned)
-            parameters += (parameters.empty() ? "" : " ") + graph.tensors[split.tensor].parameter +
-                          (split.dim >= 0 ? "[dim " + std::to_string(split.dim) + "/" +
-                                                std::to_string(split.parts) + "]"
-                                          : "");
-        std::snprintf(line, sizeof line, "%4d  %-20s %-21s %-24s %-11s %-12s %s", op.id,
-                      op.name.c_str(), shape_str(op.output_shapes.at(0)).c_str(), s.label().c_str(),
-                      format_seconds(s.forward_compute + s.backward_compute).c_str(),
-                      format_seconds(s.forward_comm + s.backward_comm + s.gradient_sync).c_str(),
-                      parameters.c_str());
-        out << line << "\n";
-      }
-    }
-    if (!out_path.empty()) {
-      write_plan(make_plan_file(graph, result, result.chosen, spec, options), user_path(out_path));
-      out << "wrote " << out_path << "\n";
+    print_chosen(out, graph, result, cli.show_ops);
+    if (!cli.out_path.empty()) {
+      write_plan(make_plan_file(graph, result, result.chosen, spec, options),
+                 user_path(cli.out_path));
+      out << "wrote " << cli.out_path << "\n";
     }
     return 0;
   } catch (const Error& error) {
