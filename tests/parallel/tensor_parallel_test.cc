@@ -23,6 +23,7 @@
 namespace tessel::parallel {
 namespace {
 
+using tessel::testing::bitwise_equal;
 using tessel::testing::throws_error;
 using testing::MpiTest;
 
