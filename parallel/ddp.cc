@@ -470,6 +470,28 @@ Tensor DistributedDataParallel::forward(const Tensor& input) {
 
 void DistributedDataParallel::finalize() { reducer_->finish_step(); }
 
+void DistributedDataParallel::sync_buffers(bool from_rank0) {
+  std::vector<Tensor> floating, others;
+  for (const Tensor& buffer : module_->buffers())
+    (!from_rank0 && is_floating(buffer.dtype()) ? floating : others).push_back(buffer);
+  if (process_group_->size() == 1) return;
+  if (!others.empty()) broadcast_coalesced(*process_group_, others, 0);
+  NoGradGuard no_grad;
+  std::map<DType, std::vector<Tensor>> by_dtype;
+  for (const Tensor& buffer : floating) by_dtype[buffer.dtype()].push_back(buffer);
+  for (auto& [dtype, group_tensors] : by_dtype) {
+    std::vector<Tensor> flat_parts;
+    for (const Tensor& tensor : group_tensors) flat_parts.push_back(tensor.reshape({-1}));
+    Tensor flat = cat(flat_parts, 0);
+    process_group_->all_reduce(flat, ReduceOp::kMean);
+    int64_t offset = 0;
+    for (Tensor& tensor : group_tensors) {
+      tensor.copy_(flat.narrow(0, offset, tensor.numel()).view(tensor.sizes()));
+      offset += tensor.numel();
+    }
+  }
+}
+
 const std::vector<GradBucket>& DistributedDataParallel::buckets() const {
   return reducer_->bucket_infos;
 }

@@ -77,6 +77,13 @@ class DistributedDataParallel {
   // call it; calling it again is free.
   void finalize();
 
+  // Makes every rank's buffers equal, e.g. before evaluating or saving: each floating-point
+  // buffer (batch norm's running mean and variance) becomes its mean over the ranks, and the
+  // others (num_batches_tracked) take rank 0's values; with from_rank0, every buffer takes rank
+  // 0's values (what broadcast_buffers does before each forward). DDP itself leaves the ranks'
+  // statistics apart between broadcasts, as PyTorch's does. A collective over the process group.
+  void sync_buffers(bool from_rank0 = false);
+
   const std::vector<GradBucket>& buckets() const;
   nn::Module& module() const { return *module_; }
   const std::shared_ptr<Communicator>& process_group() const { return process_group_; }

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -402,6 +403,52 @@ TEST_F(DataParallel, ConstructionCopiesRankZerosParametersAndBuffers) {
     EXPECT_TRUE(tessel::testing::bitwise_equal(tensor, rank0)) << name;
   }
   EXPECT_EQ(model->buffers()[0].to_vector<float>()[0], 1.0f);
+}
+
+// Batch norm statistics of different rows on each rank (broadcast_buffers off), then
+// sync_buffers: the running statistics become the ranks' mean, num_batches_tracked rank 0's; with
+// from_rank0 every buffer becomes rank 0's.
+TEST_F(DataParallel, SyncBuffersAveragesRunningStatisticsOverTheRanks) {
+  manual_seed(60);
+  auto model = make_conv_net();
+  DistributedDataParallel ddp(model, shared_world(), DDPOptions().broadcast_buffers(false));
+  manual_seed(61 + rank());
+  {
+    NoGradGuard no_grad;
+    for (int step = 0; step <= rank(); ++step) ddp.forward(randn({4, 3, 8, 8}));
+  }
+  std::map<std::string, Tensor> mean_before, rank0_before;
+  for (const auto& [name, buffer] : model->named_buffers()) {
+    rank0_before[name] = buffer.clone();
+    shared_world()->broadcast(rank0_before[name], 0);
+    if (!is_floating(buffer.dtype())) continue;
+    mean_before[name] = buffer.clone();
+    shared_world()->all_reduce(mean_before[name], ReduceOp::kMean);
+  }
+  ASSERT_FALSE(mean_before.empty());
+  if (size() > 1) {  // the ranks saw different rows: their statistics differ from the mean
+    const auto& [name, first] = model->named_buffers()[0];
+    EXPECT_FALSE(all_close(first, mean_before.at(name), 0, 0)) << name;
+  }
+
+  ddp.sync_buffers();
+  for (const auto& [name, buffer] : model->named_buffers()) {
+    const Tensor& expected =
+        is_floating(buffer.dtype()) ? mean_before.at(name) : rank0_before.at(name);
+    EXPECT_TRUE(tessel::testing::bitwise_equal(buffer, expected)) << name;
+  }
+
+  {
+    NoGradGuard no_grad;
+    manual_seed(70 + rank());
+    ddp.forward(randn({4, 3, 8, 8}));
+  }
+  ddp.sync_buffers(/*from_rank0=*/true);
+  for (const auto& [name, buffer] : model->named_buffers()) {
+    Tensor rank0 = buffer.clone();
+    shared_world()->broadcast(rank0, 0);
+    EXPECT_TRUE(tessel::testing::bitwise_equal(buffer, rank0)) << name;
+  }
 }
 
 }  // namespace
