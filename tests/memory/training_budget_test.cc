@@ -1,5 +1,5 @@
 // The train CLI under --memory_budget and --memory_policy: bad budgets and policies are clear
-// errors, a budget below the fixed memory says how much is needed, and an op record trained under a
+// errors, a budget below the fixed memory says how much is needed, and a recipe trained under a
 // fractional budget with dtr gives bitwise the same losses and parameters as without one.
 #include <cstdlib>
 #include <filesystem>
@@ -76,9 +76,8 @@ TEST(MemoryBudgetFlag, HelpDescribesBothFlags) {
 // ---- budgets the model cannot train in ----
 
 TEST(MemoryBudget, BelowTheFixedMemorySaysHowMuchIsNeeded) {
-  CliRun result =
-      run_train_cli({"--op record=mlp_fashion_mnist", "--data=" + data_dir(), "--steps=1",
-                     "--threads=1", "--memory_budget=256KiB", "--memory_policy=dtr"});
+  CliRun result = run_train_cli({"--recipe=mlp_fashion_mnist", "--data=" + data_dir(), "--steps=1",
+                                 "--threads=1", "--memory_budget=256KiB", "--memory_policy=dtr"});
   EXPECT_EQ(result.code, 1);
   // 784*256 + 256*128 + 128*10 weights and biases, with gradients and Adam's two moments.
   EXPECT_NE(result.err.find("--memory_budget=256KiB: 256.00 KiB is below the fixed memory of"),
@@ -89,9 +88,8 @@ TEST(MemoryBudget, BelowTheFixedMemorySaysHowMuchIsNeeded) {
 }
 
 TEST(MemoryBudget, AFractionBelowTheFixedMemorySaysWhichFractionWouldDo) {
-  CliRun result =
-      run_train_cli({"--op record=mlp_fashion_mnist", "--data=" + data_dir(), "--steps=2",
-                     "--threads=1", "--batch_size=16", "--memory_budget=0.05"});
+  CliRun result = run_train_cli({"--recipe=mlp_fashion_mnist", "--data=" + data_dir(), "--steps=2",
+                                 "--threads=1", "--batch_size=16", "--memory_budget=0.05"});
   EXPECT_EQ(result.code, 1);
   EXPECT_NE(result.err.find("of the measured peak of"), std::string::npos) << result.err;
   EXPECT_NE(result.err.find("use a fraction of at least"), std::string::npos) << result.err;
@@ -110,7 +108,7 @@ TrainingRun train_shufflenet(const std::string& name, std::vector<std::string> e
   const std::string directory = ::testing::TempDir() + "/" + name;
   fs::remove_all(directory);
   fs::create_directories(directory);
-  std::vector<std::string> args = {"--op record=shufflenet_v2_fashion_mnist",
+  std::vector<std::string> args = {"--recipe=shufflenet_v2_fashion_mnist",
                                    "--model=shufflenet_v2_x0_5",
                                    "--data=" + data_dir(),
                                    "--batch_size=64",
