@@ -616,7 +616,14 @@ std::string CachingAllocator::oom_report_locked(size_t nbytes, size_t size,
   }
   if (live.size() > kHoldersShown)
     out << "\n    ... and " << live.size() - kHoldersShown << " more";
-  out << "\n  options: a memory policy (dtr, swap, split), a larger budget, or a smaller batch";
+  // With a policy at work (it installed the pressure handler) the report it appends says what it
+  // could not move and the least budget this op needs.
+  if (pressure_handler_ != nullptr)
+    out << "\n  options: a larger budget or a smaller batch (the memory policy below could not "
+           "make room)";
+  else
+    out << "\n  options: a memory policy (dtr, swap, split, auto), a larger budget, or a smaller "
+           "batch";
   return out.str();
 }
 

@@ -886,6 +886,7 @@ void ResidencyManager::on_split(const OpDef& /*op*/, int64_t /*chunks*/) {
 bool ResidencyManager::relieve(size_t bytes_needed, size_t largest_free_block) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   if (options_.policy() == Policy::kNone || detaching_) return false;
+  last_request_bytes_ = bytes_needed;
   if (options_.policy() == Policy::kSplit) {
     // Prefer running the kernel in more chunks while the dispatcher can.
     const KernelInProgress* kernel = kernel_in_progress();
@@ -1108,9 +1109,18 @@ std::string ResidencyManager::describe_holders() {
     out << "\n      " << format_bytes(static_cast<double>(storage.nbytes())) << "  "
         << producer_name(storage) << " (storage " << storage.id() << ", " << holders[i].why << ")";
   }
-  if (options_.policy() == Policy::kDtr || options_.policy() == Policy::kSplit)
+  const bool swaps = options_.policy() == Policy::kSwap || options_.policy() == Policy::kAuto;
+  if (!swaps)
     out << "\n    tensors without an op record can only leave the device with the swap or auto "
            "policy";
+  // What this policy cannot move off the device, plus the request: a lower bound on the budget
+  // this op needs (other ops of the step may need more).
+  const size_t unmovable = pinned_bytes + small_bytes + (swaps ? 0 : without_record_bytes);
+  out << "\n    least budget for this op under " << policy_name(options_.policy()) << ": "
+      << format_bytes(static_cast<double>(unmovable + last_request_bytes_))
+      << " (what the policy cannot move, " << format_bytes(static_cast<double>(unmovable))
+      << ", plus the request, " << format_bytes(static_cast<double>(last_request_bytes_))
+      << "); no smaller budget can run this step";
   return out.str();
 }
 

@@ -229,6 +229,7 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   int64_t prefetch_hits_ = 0;
   bool prefetching_ = false;         // a prefetch allocates: pressure must not evict for it
   bool pressure_seen_ = false;       // a request has not fitted since installation
+  size_t last_request_bytes_ = 0;    // the allocation relieve() was last asked to make room for
   size_t largest_output_bytes_ = 0;  // of the managed op outputs recorded
   std::mt19937_64 sampler_;
 };

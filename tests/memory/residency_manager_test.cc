@@ -851,6 +851,11 @@ TEST(OutOfMemory, ReportNamesTopHoldersAndTheOpsThatMadeThemAndTheProcessGoesOn)
     EXPECT_NE(message.find("top holders"), std::string::npos) << message;
     EXPECT_NE(message.find("exp output"), std::string::npos) << message;
     EXPECT_NE(message.find("tanh output"), std::string::npos) << message;
+    // A policy is at work: the report does not suggest one, and gives the least budget: the two
+    // held tensors dtr cannot move plus the 768 KiB request, 2.25 MiB.
+    EXPECT_EQ(message.find("options: a memory policy"), std::string::npos) << message;
+    EXPECT_NE(message.find("least budget for this op under dtr: 2.25 MiB"), std::string::npos)
+        << message;
   }
   // Usable afterwards: a smaller op fits and computes the right values.
   Tensor small = mul(randn({1024}), 2.0);

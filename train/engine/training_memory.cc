@@ -128,8 +128,8 @@ TrainingMemory::TrainingMemory(const TrainConfig& config, nn::Module& model,
   if (budget_.is_fraction()) {
     fraction_pending_ = true;
     log << "memory: budget " << budget_.fraction
-        << " of the whole peak: the first step runs without a budget to measure the peak; "
-           "fixed memory (parameters, gradients, optimizer state, buffers) "
+        << " of the activation memory: the first step runs without a budget to measure the "
+           "peak; fixed memory (parameters, gradients, optimizer state, buffers) "
         << fixed << std::endl;
     install(0, memory::Policy::kNone);
     return;
@@ -169,29 +169,18 @@ void TrainingMemory::after_step(std::ostream& log) {
   fraction_pending_ = false;
   const auto peak =
       static_cast<size_t>(scope_->allocator().memory_stats().base.peak_allocated_bytes);
-  const auto bytes = static_cast<size_t>(budget_.fraction * static_cast<double>(peak));
-  const std::string fixed = format_bytes(static_cast<double>(fixed_bytes_));
-  if (bytes < fixed_bytes_) {
-    char least[32];
-    std::snprintf(least, sizeof(least), "%.3f",
-                  std::ceil(1000.0 * static_cast<double>(fixed_bytes_) / peak) / 1000.0);
-    throw TESSEL_ERROR_TYPE(
-        OutOfMemory, "--memory_budget=", budget_text_, ": ", budget_.fraction,
-        " of the measured peak of ", format_bytes(static_cast<double>(peak)), " is ",
-        format_bytes(static_cast<double>(bytes)), ", below the fixed memory of ", fixed,
-        " that every step holds at once (parameters, their gradients, the ", optimizer_.name(),
-        " state and the buffers); use a fraction of at least ", least,
-        " plus room for activations, or a budget in bytes");
-  }
-  const double activation_fraction =
-      peak > fixed_bytes_ ? static_cast<double>(bytes - fixed_bytes_) / (peak - fixed_bytes_) : 1;
+  // The fraction keeps that share of the activation memory, the peak above the fixed memory
+  // (memory::Budget::resolve), so any fraction leaves the fixed memory its room.
+  const size_t bytes = budget_.resolve(fixed_bytes_, peak);
   char line[256];
   std::snprintf(line, sizeof(line),
-                "memory: the first step peaked at %s; budget %g of it: %s, policy %s (%.2f of "
-                "the activation memory above the fixed %s)",
+                "memory: the first step peaked at %s; budget %g of the activation memory above "
+                "the fixed %s: %s (%.2f of the whole peak), policy %s",
                 format_bytes(static_cast<double>(peak)).c_str(), budget_.fraction,
-                format_bytes(static_cast<double>(bytes)).c_str(), memory::policy_name(policy_),
-                activation_fraction, fixed.c_str());
+                format_bytes(static_cast<double>(fixed_bytes_)).c_str(),
+                format_bytes(static_cast<double>(bytes)).c_str(),
+                static_cast<double>(bytes) / static_cast<double>(std::max<size_t>(peak, 1)),
+                memory::policy_name(policy_));
   log << line << std::endl;
   install(bytes, policy_);
   measured_peak_ = static_cast<int64_t>(peak);

@@ -45,7 +45,8 @@ class TrainingMemory {
 
   bool active() const { return scope_ != nullptr; }
   // After every optimizer step. With a fraction still to resolve: reads the measured peak, sets
-  // the budget to fraction * peak (checked against the fixed memory) and says so in `log`.
+  // the budget to fixed + fraction * (peak - fixed) (that share of the activation memory) and
+  // says so in `log`.
   void after_step(std::ostream& log);
   // " | budget 1.50 GiB, policy dtr | per step: ..." for a status line covering `steps` steps,
   // and the same numbers in `record` (per-step means of the policy counters); "" when inactive.
