@@ -130,7 +130,9 @@ PlannedPoint describe_choice(const Graph& graph,
     if (convs) parts.push_back(std::to_string(convs) + " channel-split convs");
     if (elsewhere) parts.push_back(std::to_string(elsewhere) + " ops at other degrees");
   }
-  if (replicated) parts.push_back(std::to_string(replicated) + " ops replicated");
+  // Ops that could be split but run whole on every device of their group.
+  if (replicated)
+    parts.push_back(std::to_string(replicated) + " splittable ops kept whole on every device");
   if (remat_fraction < 1) {
     std::ostringstream text;
     text << "memory budget " << format_bytes(point.cost.memory) << " under auto (keeps "

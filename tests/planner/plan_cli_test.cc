@@ -67,6 +67,19 @@ TEST(PlanCommand, Resnet18OnFourDevices) {
   EXPECT_EQ(read_plan(plan_path).model, "resnet18");
 }
 
+// Without --profile the plan is for H200s: the output says so, and names the CPU profile.
+TEST(PlanCommand, TheDefaultProfileIsNamedAsSuch) {
+  CliRun defaulted = run({"--model=bert_tiny", "--devices=2", "--batch=8", "--seq=32"});
+  ASSERT_EQ(defaulted.code, 0) << defaulted.err;
+  EXPECT_NE(defaulted.out.find("note: h200_cluster is the default profile"), std::string::npos)
+      << defaulted.out;
+  EXPECT_NE(defaulted.out.find("--profile=cpu_2core_example"), std::string::npos);
+  CliRun chosen =
+      run({"--model=bert_tiny", "--devices=2", "--batch=8", "--seq=32", "--profile=h200_cluster"});
+  ASSERT_EQ(chosen.code, 0) << chosen.err;
+  EXPECT_EQ(chosen.out.find("is the default profile"), std::string::npos) << chosen.out;
+}
+
 TEST(PlanCommand, UnknownModelListsTheKnownOnes) {
   CliRun r = run({"--model=resnet19", "--devices=4"});
   EXPECT_EQ(r.code, 1);

@@ -114,6 +114,7 @@ namespace {
 // The command line as given.
 struct PlanCliOptions {
   std::string model, memory_text, profile_name = "h200_cluster", optimizer = "adam";
+  bool profile_given = false;  // --profile on the command line, else the default
   std::string remat = "1,0.5,0.25", out_path, png_path, frontier_path;
   int devices = 8, max_tp = 0;
   int64_t batch = 0, seq = 128, image_size = 224, num_classes = 1000;
@@ -141,9 +142,11 @@ std::optional<int> parse_options(int argc, const char* const* argv, PlanCliOptio
   app.add_option("--devices", cli.devices, "number of devices (ranks)")->capture_default_str();
   app.add_option("--memory_per_device", cli.memory_text,
                  "memory limit per device, e.g. 16GiB (default: the profile's)");
-  app.add_option("--profile", cli.profile_name,
-                 "device profile: a JSON file, or a name in parallel/profiles")
-      ->capture_default_str();
+  auto* profile_option = app.add_option(
+      "--profile", cli.profile_name,
+      "device profile: a JSON file, or a name in parallel/profiles (h200_cluster: H200 GPUs; "
+      "cpu_2core_example: a 2-core CPU; //tools/calibrate measures this machine)");
+  profile_option->capture_default_str();
   app.add_option("--batch", cli.batch,
                  "global batch (default: 8 per device for BERT, 32 otherwise)");
   app.add_option("--seq", cli.seq, "BERT sequence length")->capture_default_str();
@@ -185,6 +188,7 @@ std::optional<int> parse_options(int argc, const char* const* argv, PlanCliOptio
   } catch (const CLI::ParseError& error) {
     return app.exit(error, out, err);
   }
+  cli.profile_given = profile_option->count() > 0;
   return std::nullopt;
 }
 
@@ -244,6 +248,10 @@ void print_setup(std::ostream& out, const PlanCliOptions& cli, const Graph& grap
   out << ", optimizer " << cli.optimizer << "\n";
   out << "profile " << profile.name << " (compute measured with " << profile.layout_description()
       << ")\n";
+  if (!cli.profile_given)
+    out << "note: " << profile.name << " is the default profile (a cluster of H200 GPUs); to "
+        << "plan for this machine's CPUs give --profile=cpu_2core_example or a profile measured "
+        << "here by //tools/calibrate\n";
   const int ranks_per_node = std::min(cli.devices, profile.devices_per_node);
   if (profile.calibrated_ranks > 0 && profile.calibrated_ranks != ranks_per_node)
     out << "note: this plan puts " << ranks_per_node << " rank(s) on a node, but the profile's "
