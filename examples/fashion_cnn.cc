@@ -1,0 +1,131 @@
+// A model of your own on Fashion-MNIST, written as a libtorch user writes one: a small residual
+// CNN (an nn::Module subclass), a shuffled DataLoader, AdamW, the loop in plain sight, and a
+// no-grad evaluation of the test set's accuracy. Options:
+//   --budget=64MiB  train inside a memory budget (the auto policy evicts, recomputes and swaps)
+//   under mpirun    data parallel: each rank trains on its rows of every batch through DDP
+//   bazel run //examples:fashion_cnn -- --epochs=1
+//   bazel build //examples:fashion_cnn && mpirun -np 2 bazel-bin/examples/fashion_cnn --steps=200
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "memory/memory.h"
+#include "parallel/ddp.h"
+#include "parallel/launch.h"
+#include "parallel/mpi_communicator.h"
+#include "tessel.h"
+
+using namespace tessel;
+
+// conv-bn-relu-conv-bn, added to its input, then relu.
+class ResidualBlock : public nn::Module {
+ public:
+  explicit ResidualBlock(int64_t channels) : nn::Module("ResidualBlock") {
+    auto conv = [channels] {
+      return std::make_shared<nn::Conv2d>(
+          nn::Conv2dOptions(channels, channels, 3).padding(1).bias(false));
+    };
+    conv1 = register_module("conv1", conv());
+    bn1 = register_module("bn1", std::make_shared<nn::BatchNorm2d>(channels));
+    conv2 = register_module("conv2", conv());
+    bn2 = register_module("bn2", std::make_shared<nn::BatchNorm2d>(channels));
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor y = relu(bn1->forward(conv1->forward(x)));
+    return relu(x + bn2->forward(conv2->forward(y)));
+  }
+
+  std::shared_ptr<nn::Conv2d> conv1, conv2;
+  std::shared_ptr<nn::BatchNorm2d> bn1, bn2;
+};
+
+// 28x28 grey images -> 10 classes: a 32-channel stem, a residual block, a stride-2 widening to
+// 64 channels, another block, global average pooling and a linear classifier.
+std::shared_ptr<nn::Sequential> make_net() {
+  auto conv_bn_relu = [](int64_t in, int64_t out, int64_t stride) {
+    return std::make_shared<nn::Sequential>(
+        nn::Conv2d(nn::Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(false)),
+        nn::BatchNorm2d(out), nn::ReLU());
+  };
+  return std::make_shared<nn::Sequential>(
+      conv_bn_relu(1, 32, 1), std::make_shared<ResidualBlock>(32), conv_bn_relu(32, 64, 2),
+      std::make_shared<ResidualBlock>(64), nn::AdaptiveAvgPool2d(nn::IntPair(1, 1)), nn::Flatten(),
+      nn::Linear(64, 10));
+}
+
+// The share of `data` the model classifies right, in batches, without autograd.
+double accuracy(nn::Module& model, const std::shared_ptr<data::ImageDataset>& data) {
+  NoGradGuard no_grad;
+  model.eval();
+  int64_t correct = 0;
+  data::DataLoader loader(data, data::DataLoaderOptions().batch_size(1000).shuffle(false));
+  for (data::Batch& batch : loader.epoch(0))
+    correct += model(batch.inputs).argmax(1).eq(batch.targets).sum().item<int64_t>();
+  model.train();
+  return static_cast<double>(correct) / static_cast<double>(data->size());
+}
+
+// --name=value flags; a flag not given keeps `fallback`.
+std::string flag(int argc, char** argv, const std::string& name, const std::string& fallback) {
+  const std::string prefix = "--" + name + "=";
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]).rfind(prefix, 0) == 0) return argv[i] + prefix.size();
+  return fallback;
+}
+
+int train_fashion_cnn(int argc, char** argv) {
+  const std::string data_dir = flag(argc, argv, "data", data::kFashionMnistDir);
+  const int epochs = std::stoi(flag(argc, argv, "epochs", "1"));
+  const int64_t max_steps = std::stoll(flag(argc, argv, "steps", "0"));  // 0: whole epochs
+  const int64_t batch_size = 128;
+  const std::string budget = flag(argc, argv, "budget", "");
+  const int rank = parallel::world_rank(), ranks = parallel::world_size();
+
+  // Tensors made inside the scope (the model, its gradients and the optimizer state too) count
+  // against the budget; without --budget nothing is limited.
+  std::unique_ptr<memory::MemoryScope> scope;
+  if (!budget.empty())
+    scope = std::make_unique<memory::MemoryScope>(memory::parse_budget(budget).bytes,
+                                                  memory::Policy::kAuto);
+
+  manual_seed(0);  // the same initial model on every rank
+  auto train_set = data::load_fashion_mnist(data_dir, data::Split::kTrain);
+  auto test_set = data::load_fashion_mnist(data_dir, data::Split::kTest);
+  std::shared_ptr<nn::Sequential> model = make_net();
+  std::unique_ptr<parallel::DistributedDataParallel> ddp;
+  if (ranks > 1)
+    ddp = std::make_unique<parallel::DistributedDataParallel>(model,
+                                                              parallel::MpiCommunicator::world());
+  optim::AdamW optimizer(model->parameters(), optim::AdamWOptions(1e-3));
+
+  data::DataLoader loader(train_set,
+                          data::DataLoaderOptions().batch_size(batch_size).shuffle(true).seed(1));
+  int64_t step = 0;
+  for (int epoch = 0; epoch < epochs && (max_steps == 0 || step < max_steps); ++epoch) {
+    for (data::Batch& batch : loader.epoch(epoch)) {
+      // Every rank draws the same batch and keeps its rows of it.
+      const int64_t rows = parallel::part_rows(batch.inputs.size(0), ranks, rank);
+      const int64_t first = parallel::part_rows(batch.inputs.size(0), ranks, 0) * rank;
+      Tensor inputs = batch.inputs.narrow(0, first, rows);
+      Tensor targets = batch.targets.narrow(0, first, rows);
+      Tensor loss = cross_entropy(ddp ? ddp->forward(inputs) : model->forward(inputs), targets);
+      optimizer.zero_grad();
+      loss.backward();  // under DDP, the gradients are averaged over the ranks when it returns
+      optimizer.step();
+      ++step;
+      if (rank == 0 && step % 50 == 0)
+        std::printf("step %lld loss %.4f\n", static_cast<long long>(step), loss.item<double>());
+      if (max_steps > 0 && step >= max_steps) break;
+    }
+  }
+  if (ddp) ddp->sync_buffers();  // the ranks' batch-norm statistics, averaged
+  const double test_accuracy = accuracy(*model, test_set);
+  if (rank == 0) {
+    std::printf("%lld steps, test accuracy %.4f", static_cast<long long>(step), test_accuracy);
+    if (scope) std::printf("; %s", memory::status_line(memory::status()).c_str());
+    std::printf("\n");
+  }
+  return 0;
+}
+
+int main(int argc, char** argv) { return parallel::run_ranks(argc, argv, train_fashion_cnn); }

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# examples/fashion_cnn on a tiny synthetic Fashion-MNIST (class k lights up row block k): alone,
+# inside a memory budget, and on two ranks through DDP; each run reports a test accuracy.
+# Usage: fashion_cnn_test.sh FASHION_CNN
+set -euo pipefail
+example="$PWD/$1"
+dir="${TEST_TMPDIR:-/tmp}/fashion"
+export OMPI_MCA_rmaps_base_oversubscribe=yes
+export OMPI_MCA_orte_tmpdir_base=/tmp
+export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"  # OpenMPI's own leaks
+
+/usr/bin/python3 - "$dir" <<'PY'
+import gzip, os, struct, sys
+directory = sys.argv[1]
+os.makedirs(directory, exist_ok=True)
+for prefix, count in (("train", 256), ("t10k", 40)):
+    labels = bytes(i % 10 for i in range(count))
+    images = bytearray()
+    for label in labels:
+        image = bytearray(28 * 28)
+        for row in range(label * 2, label * 2 + 3):
+            image[row * 28:(row + 1) * 28] = b"\xff" * 28
+        images += image
+    with gzip.open(f"{directory}/{prefix}-images-idx3-ubyte.gz", "wb") as out:
+        out.write(struct.pack(">IIII", 0x803, count, 28, 28) + bytes(images))
+    with gzip.open(f"{directory}/{prefix}-labels-idx1-ubyte.gz", "wb") as out:
+        out.write(struct.pack(">II", 0x801, count) + labels)
+PY
+
+"$example" --data="$dir" --epochs=2 --steps=3 --threads=1 | tee "$dir/alone.txt"
+grep -q '^3 steps, test accuracy' "$dir/alone.txt"
+
+"$example" --data="$dir" --steps=2 --threads=1 --budget=64MiB | tee "$dir/budget.txt"
+grep -q '^2 steps, test accuracy .*; memory: policy auto, budget 64.00 MiB' "$dir/budget.txt"
+
+mpirun --allow-run-as-root --oversubscribe -np 2 "$example" --data="$dir" --steps=2 \
+  --threads=1 | tee "$dir/ranks.txt"
+grep -q '^2 steps, test accuracy' "$dir/ranks.txt"
+echo "fashion_cnn_test: PASS"
