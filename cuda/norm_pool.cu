@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "cuda/kernels/loops.cuh"
+#include "cuda/ops/loops.cuh"
 #include "ops/math/channel_layout.h"
 #include "ops/math/pooling.h"
 #include "ops/norm.h"

@@ -6,7 +6,7 @@
 
 #include "core/philox.h"
 #include "core/rng.h"
-#include "cuda/kernels/loops.cuh"
+#include "cuda/ops/loops.cuh"
 #include "ops/dropout.h"
 #include "ops/factory.h"
 #include "ops/index.h"

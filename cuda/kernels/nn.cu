@@ -7,7 +7,7 @@
 #include <string>
 
 #include "cuda/index_check.h"
-#include "cuda/kernels/reduce.cuh"
+#include "cuda/ops/reduce.cuh"
 #include "ops/loss.h"
 #include "ops/norm.h"
 #include "ops/registry_helpers.h"

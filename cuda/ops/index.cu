@@ -5,7 +5,7 @@
 // with the CPU kernels' message at the next synchronisation point, and skipped by the kernels
 // meanwhile); backward ops reuse those indices and skip the check.
 #include "cuda/index_check.h"
-#include "cuda/kernels/loops.cuh"
+#include "cuda/ops/loops.cuh"
 #include "ops/index.h"
 #include "ops/math/indexing.h"
 #include "ops/registry_helpers.h"
