@@ -1,5 +1,5 @@
 #include "cuda/index_check.h"
-#include "cuda/kernels/loops.cuh"
+#include "cuda/ops/loops.cuh"
 
 namespace tessel::cuda {
 

@@ -1,14 +1,12 @@
 // Dropout: element i is kept iff uniform_at(state, i) >= p and scaled by 1 / (1 - p), with the
 // state (rng_seed, rng_offset) the dispatcher records in the attributes, so a replay with the
-// recorded attributes reproduces the mask bitwise on any device.
+// recorded attributes reproduces the mask bitwise on any device. This file holds the op's
+// definition (shape rule, backward, cost, flags); the CPU kernel is in ops/cpu/dropout.cc.
 #include "ops/dropout.h"
 
-#include <array>
-#include <cmath>
+#include <vector>
 
-#include "core/rng.h"
-#include "ops/cpu/strided_copy.h"
-#include "ops/math/dropout.h"
+#include "ops/cpu/dropout.h"
 #include "ops/ops.h"
 #include "ops/registry_helpers.h"
 
@@ -16,41 +14,10 @@ namespace tessel {
 
 namespace {
 
-double keep_scale(double p) { return p < 1.0 ? 1.0 / (1.0 - p) : 0.0; }
+using cpu::keep_scale;
 
 void check_probability(double p) {
   TESSEL_CHECK(p >= 0.0 && p <= 1.0, "dropout: probability p must be in [0, 1], got ", p);
-}
-
-// inputs (x); outputs (y, mask): y = x * mask / (1 - p), mask bool (true: kept).
-void dropout_kernel(KernelContext& context) {
-  const double p = context.attrs.get<double>("p");
-  const RngState state{static_cast<uint64_t>(context.attrs.get<int64_t>("rng_seed")),
-                       static_cast<uint64_t>(context.attrs.get<int64_t>("rng_offset"))};
-  visit_float_dtype(context.inputs[0].dtype(), "dropout", [&](auto tag) {
-    using T = decltype(tag);
-    const Tensor x = cpu::dense_input(context, context.inputs[0]);
-    const Tensor& y_out = context.outputs[0];
-    const Tensor& mask_out = context.outputs[1];
-    const Tensor y =
-        y_out.is_contiguous() ? y_out : context.workspace(y_out.sizes(), y_out.dtype());
-    const Tensor mask =
-        mask_out.is_contiguous() ? mask_out : context.workspace(mask_out.sizes(), DType::kBool);
-    const T* x_data = x.data_ptr<T>();
-    T* y_data = y.data_ptr<T>();
-    bool* mask_data = mask.data_ptr<bool>();
-    const int64_t numel = x.numel();
-    const T scale = static_cast<T>(keep_scale(p));
-    // One Philox call gives the four numbers of a counter (uniform_at's numbers).
-    const int64_t counters = (numel + 3) / 4;
-    parallel_for(0, counters, 1024, [&](int64_t begin, int64_t end) {
-      for (int64_t counter = begin; counter < end; ++counter)
-        dropout_counter(x_data, y_data, mask_data, numel, state.seed, state.offset, counter, p,
-                        scale);
-    });
-    if (!y.is_same(y_out)) cpu::copy_strided(y, y_out);
-    if (!mask.is_same(mask_out)) cpu::copy_strided(mask, mask_out);
-  });
 }
 
 }  // namespace
@@ -68,7 +35,7 @@ TESSEL_REGISTER_OPS(dropout) {
     check_probability(attrs.get<double>("p"));
     return std::vector<OutputSpec>{{x.sizes(), x.dtype()}, {x.sizes(), DType::kBool}};
   };
-  op.kernels[static_cast<int>(DeviceType::kCpu)] = dropout_kernel;
+  op.kernels[static_cast<int>(DeviceType::kCpu)] = cpu::dropout_kernel;
   op.save_outputs = {1};
   op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
     const Tensor& grad = context.grad_outputs[0];

@@ -1,13 +1,13 @@
 // Element-wise ops: binary arithmetic with broadcasting and type promotion, scalar forms,
-// unary math and activations, clamp, where / masked_fill and comparisons.
+// unary math and activations, clamp, where / masked_fill and comparisons: their definitions
+// (shape rules, backward, cost, splits). The CPU kernels are in ops/cpu/elementwise.cc.
 #include "ops/elementwise.h"
 
 #include <cmath>
-#include <limits>
-#include <type_traits>
+#include <string>
+#include <vector>
 
-#include "ops/cpu/loops.h"
-#include "ops/math/dtype_visit.h"
+#include "ops/cpu/elementwise.h"
 #include "ops/math/elementwise.h"
 #include "ops/ops.h"
 #include "ops/registry_helpers.h"
@@ -18,9 +18,9 @@ namespace {
 
 constexpr int kCpu = static_cast<int>(DeviceType::kCpu);
 
+using cpu::gelu_uses_tanh;
 using math::Binary;
 using math::Compare;
-using math::Fixed;
 using math::ScalarOp;
 using math::Unary;
 
@@ -59,59 +59,6 @@ DType binary_result_dtype(Binary kind, DType a, DType b) {
   return result;
 }
 
-template <typename T, typename Fn>
-void run_binary(KernelContext& context, const Fn& fn) {
-  const Tensor& out = context.outputs[0];
-  Tensor a = cpu::converted(context, context.inputs[0], out.dtype());
-  Tensor b = cpu::converted(context, context.inputs[1], out.dtype());
-  cpu::binary_loop<T, T, T>(out, a, b, fn);
-}
-
-// One loop per kind (and per alpha == 1 for add / sub), so each one vectorises.
-template <Binary kKind, typename T>
-void run_binary_kind(KernelContext& context) {
-  if constexpr ((kKind == Binary::kAdd || kKind == Binary::kSub) && !std::is_same_v<T, bool>) {
-    const double alpha = context.attrs.get_or<double>("alpha", 1.0);
-    if (alpha != 1.0) {
-      return run_binary<T>(context, math::BinaryFunctor<T, Fixed<kKind>, Fixed<false>>{
-                                        {}, {}, static_cast<T>(alpha)});
-    }
-  }
-  run_binary<T>(context, math::BinaryFunctor<T, Fixed<kKind>, Fixed<true>>{});
-}
-
-void binary_kernel(Binary kind, KernelContext& context) {
-  const char* name = context.op.name.c_str();
-  visit_arithmetic_dtype(context.outputs[0].dtype(), name, math::binary_allows_bool(kind),
-                         [&](auto tag) {
-                           using T = decltype(tag);
-                           switch (kind) {
-                             case Binary::kAdd:
-                               return run_binary_kind<Binary::kAdd, T>(context);
-                             case Binary::kSub:
-                               if constexpr (!std::is_same_v<T, bool>)
-                                 return run_binary_kind<Binary::kSub, T>(context);
-                               break;
-                             case Binary::kMul:
-                               return run_binary_kind<Binary::kMul, T>(context);
-                             case Binary::kDiv:
-                               if constexpr (std::is_floating_point_v<T>)
-                                 return run_binary_kind<Binary::kDiv, T>(context);
-                               break;
-                             case Binary::kPow:
-                               if constexpr (!std::is_same_v<T, bool>)
-                                 return run_binary_kind<Binary::kPow, T>(context);
-                               break;
-                             case Binary::kMaximum:
-                               return run_binary_kind<Binary::kMaximum, T>(context);
-                             case Binary::kMinimum:
-                               return run_binary_kind<Binary::kMinimum, T>(context);
-                           }
-                           TESSEL_FAIL(name, ": not supported for ",
-                                       dtype_name(context.outputs[0].dtype()), " tensors");
-                         });
-}
-
 // Backward of maximum / minimum for one side: the gradient where that side wins, half on ties
 // (PyTorch's rule).
 Tensor extremum_grad(const Tensor& grad, const Tensor& self, const Tensor& other, bool is_max) {
@@ -137,7 +84,7 @@ void register_binary(const OpHandle& handle, Binary kind, double flops) {
                  ": not supported for two bool tensors");
     return std::vector<OutputSpec>{{sizes, dtype}};
   };
-  op.kernels[kCpu] = [kind](KernelContext& context) { binary_kernel(kind, context); };
+  op.kernels[kCpu] = [kind](KernelContext& context) { cpu::binary_kernel(kind, context); };
   op.cost = elementwise_cost(flops);
   op.splits = {{0, {0, 0}}};
   switch (kind) {
@@ -220,11 +167,6 @@ void register_binary(const OpHandle& handle, Binary kind, double flops) {
 
 // ---- comparisons (bool result, not differentiable) ----
 
-template <Compare kKind, typename T>
-void run_compare(const Tensor& out, const Tensor& a, const Tensor& b) {
-  cpu::binary_loop<bool, T, T>(out, a, b, math::CompareFunctor<T, Fixed<kKind>>{});
-}
-
 void register_comparison(const OpHandle& handle, Compare kind) {
   const char* name = handle.name();
   OpDef& op = OpRegistry::get().define(handle);
@@ -236,41 +178,12 @@ void register_comparison(const OpHandle& handle, Compare kind) {
     return std::vector<OutputSpec>{
         {broadcast_shapes(inputs[0].sizes(), inputs[1].sizes(), name), DType::kBool}};
   };
-  op.kernels[kCpu] = [name, kind](KernelContext& context) {
-    DType compute = promote_types(context.inputs[0].dtype(), context.inputs[1].dtype());
-    if (compute == DType::kBFloat16 || compute == DType::kFloat16) compute = DType::kFloat32;
-    visit_arithmetic_dtype(compute, name, /*allow_bool=*/true, [&](auto tag) {
-      using T = decltype(tag);
-      Tensor a = cpu::converted(context, context.inputs[0], compute);
-      Tensor b = cpu::converted(context, context.inputs[1], compute);
-      const Tensor& out = context.outputs[0];
-      switch (kind) {
-        case Compare::kEq:
-          return run_compare<Compare::kEq, T>(out, a, b);
-        case Compare::kNe:
-          return run_compare<Compare::kNe, T>(out, a, b);
-        case Compare::kLt:
-          return run_compare<Compare::kLt, T>(out, a, b);
-        case Compare::kLe:
-          return run_compare<Compare::kLe, T>(out, a, b);
-        case Compare::kGt:
-          return run_compare<Compare::kGt, T>(out, a, b);
-        case Compare::kGe:
-          return run_compare<Compare::kGe, T>(out, a, b);
-      }
-    });
-  };
+  op.kernels[kCpu] = cpu::comparison_kernel(name, kind);
   op.cost = elementwise_cost(1);
   op.splits = {{0, {0, 0}}};
 }
 
 // ---- scalar forms: the tensor's dtype is kept ----
-
-template <ScalarOp kKind, typename T>
-void run_scalar(KernelContext& context, double value) {
-  cpu::unary_loop<T, T>(context.outputs[0], context.inputs[0],
-                        math::ScalarFunctor<T, Fixed<kKind>>{{}, value, static_cast<T>(value)});
-}
 
 // Attr: value (exponent for pow_scalar).
 void register_scalar(const OpHandle& handle, ScalarOp kind, const char* attr) {
@@ -282,28 +195,7 @@ void register_scalar(const OpHandle& handle, ScalarOp kind, const char* attr) {
   op.shape = [](const std::vector<Tensor>& inputs, const Attrs&) {
     return std::vector<OutputSpec>{{inputs.at(0).sizes(), inputs[0].dtype()}};
   };
-  op.kernels[kCpu] = [name, kind, attr](KernelContext& context) {
-    double value = context.attrs.get<double>(attr);
-    visit_arithmetic_dtype(context.outputs[0].dtype(), name, false, [&](auto tag) {
-      using T = decltype(tag);
-      // One loop per kind, so each one vectorises.
-      switch (kind) {
-        case ScalarOp::kAdd:
-          return run_scalar<ScalarOp::kAdd, T>(context, value);
-        case ScalarOp::kMul:
-          return run_scalar<ScalarOp::kMul, T>(context, value);
-        case ScalarOp::kDiv:
-          return run_scalar<ScalarOp::kDiv, T>(context, value);
-        case ScalarOp::kPow:
-          if (value == 2.0) {  // the exponent a constant here: the square loop vectorises
-            return cpu::unary_loop<T, T>(context.outputs[0], context.inputs[0], [](T x) {
-              return math::scalar_value<T>(ScalarOp::kPow, x, 2.0, static_cast<T>(2.0));
-            });
-          }
-          return run_scalar<ScalarOp::kPow, T>(context, value);
-      }
-    });
-  };
+  op.kernels[kCpu] = cpu::scalar_kernel(name, kind, attr);
   op.cost = elementwise_cost(kind == ScalarOp::kPow ? 10 : 1);
   op.splits = {{0, {0}}};
   if (kind == ScalarOp::kAdd) {
@@ -333,43 +225,6 @@ void register_scalar(const OpHandle& handle, ScalarOp kind, const char* attr) {
 
 // ---- unary ops ----
 
-template <Unary kKind, typename T>
-void run_unary(const Tensor& out, const Tensor& in) {
-  cpu::unary_loop<T, T>(out, in, math::UnaryFunctor<T, Fixed<kKind>>{});
-}
-
-template <typename T>
-void unary_loop(Unary kind, const Tensor& out, const Tensor& in) {
-  switch (kind) {
-    case Unary::kNeg:
-      return run_unary<Unary::kNeg, T>(out, in);
-    case Unary::kAbs:
-      return run_unary<Unary::kAbs, T>(out, in);
-    case Unary::kRelu:
-      return run_unary<Unary::kRelu, T>(out, in);
-    default:
-      break;
-  }
-  if constexpr (std::is_floating_point_v<T>) {
-    switch (kind) {
-      case Unary::kExp:
-        return run_unary<Unary::kExp, T>(out, in);
-      case Unary::kLog:
-        return run_unary<Unary::kLog, T>(out, in);
-      case Unary::kSqrt:
-        return run_unary<Unary::kSqrt, T>(out, in);
-      case Unary::kRsqrt:
-        return run_unary<Unary::kRsqrt, T>(out, in);
-      case Unary::kTanh:
-        return run_unary<Unary::kTanh, T>(out, in);
-      case Unary::kSigmoid:
-        return run_unary<Unary::kSigmoid, T>(out, in);
-      default:
-        break;
-    }
-  }
-}
-
 // Priced apart from arithmetic by the planner (OpKind::kActivation).
 bool is_transcendental(Unary kind) {
   return kind != Unary::kNeg && kind != Unary::kAbs && kind != Unary::kRelu;
@@ -391,12 +246,7 @@ void register_unary(const OpHandle& handle, Unary kind, double flops) {
                  dtype_name(dtype));
     return std::vector<OutputSpec>{{inputs[0].sizes(), dtype}};
   };
-  op.kernels[kCpu] = [name, kind](KernelContext& context) {
-    visit_arithmetic_dtype(context.outputs[0].dtype(), name, false, [&](auto tag) {
-      using T = decltype(tag);
-      unary_loop<T>(kind, context.outputs[0], context.inputs[0]);
-    });
-  };
+  op.kernels[kCpu] = cpu::unary_kernel(name, kind);
   op.cost = elementwise_cost(flops);
   op.splits = {{0, {0}}};
   switch (kind) {
@@ -479,13 +329,6 @@ void register_unary(const OpHandle& handle, Unary kind, double flops) {
 
 // ---- gelu ----
 
-bool gelu_uses_tanh(const Attrs& attrs) {
-  const std::string& approximate = attrs.get_or<std::string>("approximate", "none");
-  TESSEL_CHECK(approximate == "none" || approximate == "tanh",
-               "gelu: approximate must be \"none\" or \"tanh\", got \"", approximate, "\"");
-  return approximate == "tanh";
-}
-
 void register_gelu() {
   {
     OpDef& op = OpRegistry::get().define(ops::gelu);
@@ -497,14 +340,7 @@ void register_gelu() {
       visit_float_dtype(inputs.at(0).dtype(), "gelu", [](auto) {});
       return std::vector<OutputSpec>{{inputs[0].sizes(), inputs[0].dtype()}};
     };
-    op.kernels[kCpu] = [](KernelContext& context) {
-      bool tanh_form = gelu_uses_tanh(context.attrs);
-      visit_float_dtype(context.outputs[0].dtype(), "gelu", [&](auto tag) {
-        using T = decltype(tag);
-        cpu::unary_loop<T, T>(context.outputs[0], context.inputs[0],
-                              math::GeluFunctor<T>{tanh_form});
-      });
-    };
+    op.kernels[kCpu] = cpu::gelu_kernel;
     op.save_inputs = {0};
     op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
       if (!context.grad_outputs[0].defined()) return {Tensor()};
@@ -528,14 +364,7 @@ void register_gelu() {
           {broadcast_shapes(inputs[0].sizes(), inputs[1].sizes(), "gelu_backward"),
            inputs[1].dtype()}};
     };
-    op.kernels[kCpu] = [](KernelContext& context) {
-      bool tanh_form = gelu_uses_tanh(context.attrs);
-      visit_float_dtype(context.outputs[0].dtype(), "gelu_backward", [&](auto tag) {
-        using T = decltype(tag);
-        cpu::binary_loop<T, T, T>(context.outputs[0], context.inputs[0], context.inputs[1],
-                                  math::GeluBackwardFunctor<T>{tanh_form});
-      });
-    };
+    op.kernels[kCpu] = cpu::gelu_backward_kernel;
     op.cost = elementwise_cost(25);
     op.splits = {{0, {0, 0}}};
   }
@@ -558,13 +387,7 @@ void register_relu_backward() {
         {broadcast_shapes(inputs[0].sizes(), inputs[1].sizes(), "relu_backward"),
          inputs[1].dtype()}};
   };
-  op.kernels[kCpu] = [](KernelContext& context) {
-    visit_float_dtype(context.outputs[0].dtype(), "relu_backward", [&](auto tag) {
-      using T = decltype(tag);
-      cpu::binary_loop<T, T, T>(context.outputs[0], context.inputs[0], context.inputs[1],
-                                math::ReluBackwardFunctor<T>{});
-    });
-  };
+  op.kernels[kCpu] = cpu::relu_backward_kernel;
   op.save_inputs = {1};
   // Linear in grad, piecewise constant in y: the same mask again, nothing for y.
   op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
@@ -593,14 +416,7 @@ void register_clamp() {
                  "clamp: bounds must not be NaN");
     return std::vector<OutputSpec>{{inputs[0].sizes(), dtype}};
   };
-  op.kernels[kCpu] = [](KernelContext& context) {
-    double low = context.attrs.get<double>("min"), high = context.attrs.get<double>("max");
-    visit_arithmetic_dtype(context.outputs[0].dtype(), "clamp", false, [&](auto tag) {
-      using T = decltype(tag);
-      cpu::unary_loop<T, T>(context.outputs[0], context.inputs[0],
-                            math::ClampFunctor<T>{low, high});
-    });
-  };
+  op.kernels[kCpu] = cpu::clamp_kernel;
   op.save_inputs = {0};
   op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
     const Tensor& grad = context.grad_outputs[0];
@@ -635,16 +451,7 @@ void register_selection() {
       sizes = broadcast_shapes(inputs[0].sizes(), sizes, "where (condition)");
       return std::vector<OutputSpec>{{sizes, promote_types(inputs[1].dtype(), inputs[2].dtype())}};
     };
-    op.kernels[kCpu] = [](KernelContext& context) {
-      const Tensor& out = context.outputs[0];
-      Tensor a = cpu::converted(context, context.inputs[1], out.dtype());
-      Tensor b = cpu::converted(context, context.inputs[2], out.dtype());
-      Tensor condition = cpu::converted(context, context.inputs[0], DType::kBool);
-      visit_dtype(out.dtype(), [&](auto tag) {
-        using T = decltype(tag);
-        cpu::ternary_loop<T, bool, T, T>(out, condition, a, b, math::WhereFunctor<T>{});
-      });
-    };
+    op.kernels[kCpu] = cpu::where_kernel;
     op.save_inputs = {0};
     op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
       const Tensor& grad = context.grad_outputs[0];
@@ -673,16 +480,7 @@ void register_selection() {
                    " cannot be broadcast to input shape ", shape_str(inputs[0].sizes()));
       return std::vector<OutputSpec>{{inputs[0].sizes(), inputs[0].dtype()}};
     };
-    op.kernels[kCpu] = [](KernelContext& context) {
-      const Tensor& out = context.outputs[0];
-      Tensor mask = cpu::converted(context, context.inputs[1], DType::kBool);
-      double value = context.attrs.get<double>("value");
-      visit_dtype(out.dtype(), [&](auto tag) {
-        using T = decltype(tag);
-        cpu::binary_loop<T, T, bool>(out, context.inputs[0], mask,
-                                     math::MaskedFillFunctor<T>{convert_value<T>(value)});
-      });
-    };
+    op.kernels[kCpu] = cpu::masked_fill_kernel;
     op.save_inputs = {1};
     op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
       const Tensor& grad = context.grad_outputs[0];

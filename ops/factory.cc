@@ -1,15 +1,14 @@
 // Creation (full, arange), random tensors (rand, randn, randint and the in-place initialisers),
-// copies and conversions (clone, contiguous, to_dtype, fill_, copy_).
+// copies and conversions (clone, contiguous, to_dtype, fill_, copy_): their definitions (shape
+// rules, backward, cost, flags). The CPU kernels are in ops/cpu/factory.cc.
 #include "ops/factory.h"
 
-#include <array>
+#include <algorithm>
 #include <cmath>
-#include <cstring>
-#include <limits>
+#include <string>
+#include <vector>
 
-#include "core/philox.h"
-#include "core/rng.h"
-#include "ops/cpu/loops.h"
+#include "ops/cpu/factory.h"
 #include "ops/ops.h"
 #include "ops/registry_helpers.h"
 
@@ -50,56 +49,9 @@ OpCost copy_cost(const std::vector<Tensor>& inputs, const std::vector<Tensor>& o
   return OpCost{0, static_cast<double>(inputs.back().nbytes() + outputs.at(0).nbytes())};
 }
 
-RngState rng_attrs(const Attrs& attrs) {
-  return RngState{static_cast<uint64_t>(attrs.get<int64_t>("rng_seed")),
-                  static_cast<uint64_t>(attrs.get<int64_t>("rng_offset"))};
-}
-
 // One Philox counter yields 4 numbers.
 uint64_t counters_for_shape(const std::vector<Tensor>&, const Attrs& attrs) {
   return (static_cast<uint64_t>(shape_numel(attrs.get<std::vector<int64_t>>("shape"))) + 3) / 4;
-}
-
-// The four numbers of one Philox counter, and the values rng.h derives from them. Random
-// kernels compute each counter once instead of once per number; the values are those of
-// random_bits / uniform_at / normal_at at the same index.
-struct PhiloxBlock {
-  PhiloxWords words{};
-  float radius[2] = {}, angle[2] = {};  // Box-Muller over numbers (0, 1) and (2, 3)
-
-  void compute(const RngState& state, uint64_t counter, bool with_normals) {
-    words = philox4x32_words(state.seed, state.offset + counter);
-    for (int pair = 0; with_normals && pair < 2; ++pair) {
-      radius[pair] = box_muller_radius(words.w[2 * pair]);
-      angle[pair] = box_muller_angle(words.w[2 * pair + 1]);
-    }
-  }
-  uint32_t bits(uint64_t index) const { return words.w[index % 4]; }
-  float uniform(uint64_t index) const { return uniform_from_bits(words.w[index % 4]); }
-  float normal(uint64_t index) const {
-    const int pair = static_cast<int>((index % 4) / 2);
-    return box_muller_normal(radius[pair], angle[pair], (index & 1) != 0);
-  }
-};
-
-// out[i] = value(block of counter i / 4, i) over every element of `out` (any strides).
-template <typename T, typename Fn>
-void random_loop(const Tensor& out, const RngState& state, bool with_normals, Fn&& value) {
-  cpu::for_each_run<1>(out.sizes(), {cpu::byte_pointer(out)}, {out.strides()},
-                       {static_cast<int64_t>(sizeof(T))}, cpu::kElementwiseGrain,
-                       [&](const std::array<char*, 1>& data, const std::array<int64_t, 1>& strides,
-                           int64_t count, int64_t first_index) {
-                         PhiloxBlock block;
-                         uint64_t cached = UINT64_MAX;
-                         for (int64_t i = 0; i < count; ++i) {
-                           uint64_t index = static_cast<uint64_t>(first_index + i);
-                           if (index / 4 != cached) {
-                             cached = index / 4;
-                             block.compute(state, cached, with_normals);
-                           }
-                           *reinterpret_cast<T*>(data[0] + i * strides[0]) = value(block, index);
-                         }
-                       });
 }
 
 std::vector<OutputSpec> creation_shape(const char* op, const Attrs& attrs) {
@@ -118,15 +70,7 @@ void register_full() {
   op.shape = [](const std::vector<Tensor>&, const Attrs& attrs) {
     return creation_shape("full", attrs);
   };
-  op.kernels[static_cast<int>(DeviceType::kCpu)] = [](KernelContext& context) {
-    const Tensor& out = context.outputs[0];
-    double value = context.attrs.get<double>("value");
-    visit_dtype(out.dtype(), [&](auto tag) {
-      using T = decltype(tag);
-      const T filled = convert_value<T>(value);
-      cpu::index_loop<T>(out, [filled](int64_t) { return filled; });
-    });
-  };
+  op.kernels[static_cast<int>(DeviceType::kCpu)] = cpu::full_kernel;
   op.cost = write_only_cost;
   op.splits = {{0, {}}};
 }
@@ -146,15 +90,7 @@ void register_arange() {
     int64_t length = static_cast<int64_t>(std::ceil((end - start) / step));
     return std::vector<OutputSpec>{{{std::max<int64_t>(length, 0)}, dtype_attr(attrs)}};
   };
-  op.kernels[static_cast<int>(DeviceType::kCpu)] = [](KernelContext& context) {
-    double start = context.attrs.get<double>("start"), step = context.attrs.get<double>("step");
-    visit_dtype(context.outputs[0].dtype(), [&](auto tag) {
-      using T = decltype(tag);
-      cpu::index_loop<T>(context.outputs[0], [=](int64_t i) {
-        return convert_value<T>(start + static_cast<double>(i) * step);
-      });
-    });
-  };
+  op.kernels[static_cast<int>(DeviceType::kCpu)] = cpu::arange_kernel;
   op.cost = write_only_cost;
 }
 
@@ -169,17 +105,7 @@ void register_rand() {
                  dtype_name(specs[0].dtype), " (use randint for integers)");
     return specs;
   };
-  op.kernels[static_cast<int>(DeviceType::kCpu)] = [](KernelContext& context) {
-    RngState state = rng_attrs(context.attrs);
-    double low = context.attrs.get_or<double>("low", 0.0);
-    double high = context.attrs.get_or<double>("high", 1.0);
-    visit_dtype(context.outputs[0].dtype(), [&](auto tag) {
-      using T = decltype(tag);
-      random_loop<T>(context.outputs[0], state, false, [=](const PhiloxBlock& block, uint64_t i) {
-        return convert_value<T>(low + (high - low) * block.uniform(i));
-      });
-    });
-  };
+  op.kernels[static_cast<int>(DeviceType::kCpu)] = cpu::rand_kernel;
   op.cost = write_only_cost;
   op.flags.pure = false;
   op.flags.random = true;
@@ -197,17 +123,7 @@ void register_randn() {
                  dtype_name(specs[0].dtype));
     return specs;
   };
-  op.kernels[static_cast<int>(DeviceType::kCpu)] = [](KernelContext& context) {
-    RngState state = rng_attrs(context.attrs);
-    double mean = context.attrs.get_or<double>("mean", 0.0);
-    double stddev = context.attrs.get_or<double>("std", 1.0);
-    visit_dtype(context.outputs[0].dtype(), [&](auto tag) {
-      using T = decltype(tag);
-      random_loop<T>(context.outputs[0], state, true, [=](const PhiloxBlock& block, uint64_t i) {
-        return convert_value<T>(mean + stddev * block.normal(i));
-      });
-    });
-  };
+  op.kernels[static_cast<int>(DeviceType::kCpu)] = cpu::randn_kernel;
   op.cost = write_only_cost;
   op.flags.pure = false;
   op.flags.random = true;
@@ -228,17 +144,7 @@ void register_randint() {
     TESSEL_CHECK(specs[0].dtype != DType::kBool, "randint: bool is not an integer dtype");
     return specs;
   };
-  op.kernels[static_cast<int>(DeviceType::kCpu)] = [](KernelContext& context) {
-    RngState state = rng_attrs(context.attrs);
-    int64_t low = context.attrs.get<int64_t>("low");
-    uint64_t range = static_cast<uint64_t>(context.attrs.get<int64_t>("high") - low);
-    visit_dtype(context.outputs[0].dtype(), [&](auto tag) {
-      using T = decltype(tag);
-      random_loop<T>(context.outputs[0], state, false, [=](const PhiloxBlock& block, uint64_t i) {
-        return convert_value<T>(low + static_cast<int64_t>(block.bits(i) % range));
-      });
-    });
-  };
+  op.kernels[static_cast<int>(DeviceType::kCpu)] = cpu::randint_kernel;
   op.cost = write_only_cost;
   op.flags.pure = false;
   op.flags.random = true;
@@ -255,9 +161,7 @@ void register_copies() {
     op.shape = [](const std::vector<Tensor>& inputs, const Attrs&) {
       return std::vector<OutputSpec>{{inputs.at(0).sizes(), inputs[0].dtype()}};
     };
-    op.kernels[static_cast<int>(DeviceType::kCpu)] = [](KernelContext& context) {
-      cpu::copy_convert(context.outputs[0], context.inputs[0]);
-    };
+    op.kernels[static_cast<int>(DeviceType::kCpu)] = cpu::clone_kernel;
     op.backward = grad_passthrough;
     op.cost = copy_cost;
     op.splits = {{0, {0}}};
@@ -274,9 +178,7 @@ void register_to_dtype() {
     return std::vector<OutputSpec>{
         {inputs.at(0).sizes(), dtype_from_name(attrs.get<std::string>("dtype"))}};
   };
-  op.kernels[static_cast<int>(DeviceType::kCpu)] = [](KernelContext& context) {
-    cpu::copy_convert(context.outputs[0], context.inputs[0]);
-  };
+  op.kernels[static_cast<int>(DeviceType::kCpu)] = cpu::to_dtype_kernel;
   op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
     if (!context.grad_outputs[0].defined()) return {Tensor()};
     return {to_dtype(context.grad_outputs[0], context.input_specs[0].dtype)};
@@ -296,15 +198,7 @@ void register_fill_() {
                  inputs.size());
     return std::vector<OutputSpec>{{inputs[0].sizes(), inputs[0].dtype()}};
   };
-  op.kernels[static_cast<int>(DeviceType::kCpu)] = [](KernelContext& context) {
-    const Tensor& out = context.outputs[0];
-    double value = context.attrs.get<double>("value");
-    visit_dtype(out.dtype(), [&](auto tag) {
-      using T = decltype(tag);
-      const T filled = convert_value<T>(value);
-      cpu::index_loop<T>(out, [filled](int64_t) { return filled; });
-    });
-  };
+  op.kernels[static_cast<int>(DeviceType::kCpu)] = cpu::fill_inplace_kernel;
   op.cost = write_only_cost;
   op.flags.pure = false;
 }
@@ -325,17 +219,7 @@ void register_copy_() {
                  shape_str(dest.sizes()));
     return std::vector<OutputSpec>{{dest.sizes(), dest.dtype()}};
   };
-  op.kernels[static_cast<int>(DeviceType::kCpu)] = [](KernelContext& context) {
-    Tensor source = context.inputs[1];
-    // A source sharing the destination's bytes is read from a snapshot, so overlapping
-    // views (x.copy_(x.t())) copy the values they had before the call.
-    if (source.storage() == context.outputs[0].storage()) {
-      Tensor snapshot = context.workspace(source.sizes(), source.dtype());
-      cpu::copy_convert(snapshot, source);
-      source = snapshot;
-    }
-    cpu::copy_convert(context.outputs[0], source);
-  };
+  op.kernels[static_cast<int>(DeviceType::kCpu)] = cpu::copy_inplace_kernel;
   op.cost = copy_cost;
   op.flags.pure = false;
 }

@@ -1,17 +1,15 @@
 // Losses: cross_entropy (log_softmax fused in; it keeps the log-probabilities for backward),
 // nll_loss and mse_loss, with PyTorch's reductions, ignore_index and label smoothing. The class
 // losses take logits (C), (N, C) or (N, C, d1, ...) and i64 targets (), (N) or (N, d1, ...).
+// This file holds their definitions (shape rules, backward, cost); the CPU kernels are in
+// ops/cpu/loss.cc.
 #include "ops/loss.h"
 
 #include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <limits>
-#include <type_traits>
+#include <string>
 #include <vector>
 
-#include "ops/cpu/strided_copy.h"
+#include "ops/cpu/loss.h"
 #include "ops/ops.h"
 #include "ops/registry_helpers.h"
 
@@ -19,31 +17,12 @@ namespace tessel {
 
 namespace {
 
-enum class Reduction { kNone, kMean, kSum };
-
-Reduction parse_reduction(const char* op, const std::string& reduction) {
-  if (reduction == "none") return Reduction::kNone;
-  if (reduction == "mean") return Reduction::kMean;
-  if (reduction == "sum") return Reduction::kSum;
-  TESSEL_FAIL(op, ": reduction must be \"mean\", \"sum\" or \"none\", got \"", reduction, "\"");
-}
-
-Reduction reduction_of(const char* op, const Attrs& attrs) {
-  return parse_reduction(op, attrs.get<std::string>("reduction"));
-}
+using cpu::class_layout;
+using cpu::parse_reduction;
+using cpu::Reduction;
+using cpu::reduction_of;
 
 bool is_f32_or_f64(DType dtype) { return dtype == DType::kFloat32 || dtype == DType::kFloat64; }
-
-// Scores viewed as (outer, classes, inner): (C) is (1, C, 1), (N, C, d...) is (N, C, prod d).
-struct ClassLayout {
-  int64_t outer, classes, inner;
-  int64_t positions() const { return outer * inner; }
-};
-
-ClassLayout class_layout(const Shape& sizes) {
-  if (sizes.size() == 1) return {1, sizes[0], 1};
-  return {sizes[0], sizes[1], shape_numel(Shape(sizes.begin() + 2, sizes.end()))};
-}
 
 // The target shape that goes with scores of `sizes`: the sizes without the class dimension.
 Shape target_shape_for(const Shape& sizes) {
@@ -73,341 +52,6 @@ OutputSpec check_class_loss(const char* op, const char* scores_name, const Tenso
   return {reduction == Reduction::kNone ? expected : Shape{}, scores.dtype()};
 }
 
-// Throws (outside any parallel region) naming the first target that is not a class index.
-void check_targets(const char* op, const int64_t* target, int64_t count, int64_t classes,
-                   int64_t ignore_index) {
-  for (int64_t i = 0; i < count; ++i) {
-    const int64_t value = target[i];
-    TESSEL_CHECK(value == ignore_index || (value >= 0 && value < classes), op, ": target ", value,
-                 " (at flat index ", i, ") is out of range for ", classes, " classes; expected 0..",
-                 classes - 1, " or ignore_index ", ignore_index);
-  }
-}
-
-int64_t count_kept(const int64_t* target, int64_t count, int64_t ignore_index) {
-  int64_t kept = 0;
-  for (int64_t i = 0; i < count; ++i) kept += target[i] != ignore_index;
-  return kept;
-}
-
-// Writes per-position losses as the (possibly reduced) loss output. Mean divides by the number
-// of non-ignored targets (NaN when there are none, as in PyTorch).
-template <typename T>
-void write_loss(KernelContext& context, const Tensor& output, const std::vector<double>& losses,
-                Reduction reduction, int64_t kept) {
-  const Tensor dense =
-      output.is_contiguous() ? output : context.workspace(output.sizes(), output.dtype());
-  T* data = dense.data_ptr<T>();
-  if (reduction == Reduction::kNone) {
-    for (size_t i = 0; i < losses.size(); ++i) data[i] = static_cast<T>(losses[i]);
-  } else {
-    double total = 0;
-    for (double loss : losses) total += loss;
-    if (reduction == Reduction::kMean) total /= static_cast<double>(kept);
-    data[0] = static_cast<T>(total);
-  }
-  if (!dense.is_same(output)) cpu::copy_strided(dense, output);
-}
-
-// The factor each position's gradient is scaled by: the incoming gradient, over the number of
-// kept targets for mean.
-template <typename T>
-std::vector<double> position_grad_scales(const Tensor& grad_loss, Reduction reduction,
-                                         int64_t positions, int64_t kept) {
-  const T* grad = grad_loss.data_ptr<T>();
-  if (reduction == Reduction::kNone) return std::vector<double>(grad, grad + positions);
-  double scale = grad[0];
-  if (reduction == Reduction::kMean) scale /= static_cast<double>(kept);
-  return std::vector<double>(static_cast<size_t>(positions), scale);
-}
-
-// exp of an f32 argument <= 0 (or NaN), written so that `omp simd` loops vectorise it: std::exp
-// does not vectorise without -ffast-math, and scalar exps over (positions, 30522 classes) were
-// most of BERT's loss. Cephes' expf polynomial, within 1.5 ulp; 0 below -87.3, NaN kept.
-inline float exp_nonpositive_f32(float x) {
-  // max(x, lowest) as a bit blend: a float select followed by arithmetic does not vectorise
-  // under GCC's default -ftrapping-math.
-  constexpr float kLowest = -87.33654f;  // exp(kLowest) is the smallest normal f32
-  int32_t x_bits, lowest_bits;
-  std::memcpy(&x_bits, &x, sizeof(x_bits));
-  std::memcpy(&lowest_bits, &kLowest, sizeof(lowest_bits));
-  const int32_t below = -static_cast<int32_t>(x < kLowest);
-  const int32_t clamped_bits = (x_bits & ~below) | (lowest_bits & below);
-  float clamped;
-  std::memcpy(&clamped, &clamped_bits, sizeof(clamped));
-  // x = n ln2 + r, |r| <= ln2 / 2; adding 1.5 * 2^23 rounds n into the low mantissa bits.
-  const float shifted = clamped * 1.44269504088896341f + 12582912.0f;
-  int32_t shifted_bits;
-  std::memcpy(&shifted_bits, &shifted, sizeof(shifted_bits));
-  const float n = shifted - 12582912.0f;
-  const float r = clamped - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t scale_bits = (shifted_bits - 0x4B400000 + 127) << 23;  // 2^n
-  float scale;
-  std::memcpy(&scale, &scale_bits, sizeof(scale));
-  // Selects between constants and x only (these vectorise).
-  const float keep = x < kLowest ? 0.0f : 1.0f;
-  const float nan = x != x ? x : 0.0f;
-  return p * scale * keep + nan;
-}
-
-int64_t grain_for(int64_t classes) {
-  return std::max<int64_t>(1, 16384 / std::max<int64_t>(classes, 1));
-}
-
-// One position of cross_entropy_kernel with f32 logits whose classes are contiguous: writes the
-// log-probabilities and returns the loss (0 when ignored). Sums are kept in f64.
-double cross_entropy_row_f32(const float* row, float* lp_row, int64_t C, int64_t target_class,
-                             int64_t ignore_index, double smoothing) {
-  float max_value = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : max_value)
-  for (int64_t c = 0; c < C; ++c) max_value = max_value < row[c] ? row[c] : max_value;
-  double total = 0;
-#pragma omp simd reduction(+ : total)
-  for (int64_t c = 0; c < C; ++c) total += exp_nonpositive_f32(row[c] - max_value);
-  const double log_sum = max_value + std::log(total);
-  double sum_lp = 0;
-#pragma omp simd reduction(+ : sum_lp)
-  for (int64_t c = 0; c < C; ++c) {
-    const double value = row[c] - log_sum;
-    lp_row[c] = static_cast<float>(value);
-    sum_lp += value;
-  }
-  if (target_class == ignore_index) return 0;
-  const double picked = row[target_class] - log_sum;
-  return -(1 - smoothing) * picked - smoothing / static_cast<double>(C) * sum_lp;
-}
-
-// inputs (logits, target); outputs (loss, log_probs). Per position with target t:
-// loss = -(1 - s) * lp[t] - s / C * sum_c lp[c], s = label_smoothing; 0 where t is ignored.
-void cross_entropy_kernel(KernelContext& context) {
-  const int64_t ignore_index = context.attrs.get<int64_t>("ignore_index");
-  const double smoothing = context.attrs.get<double>("label_smoothing");
-  const Reduction reduction = reduction_of("cross_entropy", context.attrs);
-  visit_float_dtype(context.inputs[0].dtype(), "cross_entropy", [&](auto tag) {
-    using T = decltype(tag);
-    const Tensor logits = cpu::dense_input(context, context.inputs[0]);
-    const Tensor target = cpu::dense_input(context, context.inputs[1]);
-    const ClassLayout layout = class_layout(logits.sizes());
-    const int64_t C = layout.classes, D = layout.inner, positions = layout.positions();
-    const int64_t* t = target.data_ptr<int64_t>();
-    check_targets("cross_entropy", t, positions, C, ignore_index);
-    const Tensor& lp_out = context.outputs[1];
-    const Tensor log_probs =
-        lp_out.is_contiguous() ? lp_out : context.workspace(lp_out.sizes(), lp_out.dtype());
-    const T* x = logits.data_ptr<T>();
-    T* lp = log_probs.data_ptr<T>();
-    std::vector<double> losses(static_cast<size_t>(positions));
-    parallel_for(0, positions, grain_for(C), [&](int64_t begin, int64_t end) {
-      for (int64_t position = begin; position < end; ++position) {
-        const int64_t n = position / D, d = position % D;
-        const T* row = x + n * C * D + d;
-        T* lp_row = lp + n * C * D + d;
-        if constexpr (std::is_same_v<T, float>) {
-          if (D == 1) {  // contiguous classes: vectorised loops
-            losses[position] =
-                cross_entropy_row_f32(row, lp_row, C, t[position], ignore_index, smoothing);
-            continue;
-          }
-        }
-        double max_value = -std::numeric_limits<double>::infinity();
-        for (int64_t c = 0; c < C; ++c) max_value = std::max<double>(max_value, row[c * D]);
-        double total = 0;
-        for (int64_t c = 0; c < C; ++c) total += std::exp(row[c * D] - max_value);
-        const double log_sum = max_value + std::log(total);
-        double sum_lp = 0;
-        for (int64_t c = 0; c < C; ++c) {
-          const double value = row[c * D] - log_sum;
-          lp_row[c * D] = static_cast<T>(value);
-          sum_lp += value;
-        }
-        const int64_t target_class = t[position];
-        if (target_class == ignore_index) {
-          losses[position] = 0;
-          continue;
-        }
-        const double picked = row[target_class * D] - log_sum;
-        losses[position] = -(1 - smoothing) * picked - smoothing / static_cast<double>(C) * sum_lp;
-      }
-    });
-    if (!log_probs.is_same(lp_out)) cpu::copy_strided(log_probs, lp_out);
-    write_loss<T>(context, context.outputs[0], losses, reduction,
-                  count_kept(t, positions, ignore_index));
-  });
-}
-
-// inputs (grad_loss, log_probs, target); output grad_logits:
-// g * (softmax - (1 - s) * onehot(t) - s / C), zero where t is ignored.
-void cross_entropy_backward_kernel(KernelContext& context) {
-  const int64_t ignore_index = context.attrs.get<int64_t>("ignore_index");
-  const double smoothing = context.attrs.get<double>("label_smoothing");
-  const Reduction reduction = reduction_of("cross_entropy_backward", context.attrs);
-  visit_float_dtype(context.inputs[1].dtype(), "cross_entropy_backward", [&](auto tag) {
-    using T = decltype(tag);
-    const Tensor grad_loss = cpu::dense_input(context, context.inputs[0]);
-    const Tensor log_probs = cpu::dense_input(context, context.inputs[1]);
-    const Tensor target = cpu::dense_input(context, context.inputs[2]);
-    const ClassLayout layout = class_layout(log_probs.sizes());
-    const int64_t C = layout.classes, D = layout.inner, positions = layout.positions();
-    const int64_t* t = target.data_ptr<int64_t>();
-    const std::vector<double> scales = position_grad_scales<T>(
-        grad_loss, reduction, positions, count_kept(t, positions, ignore_index));
-    const Tensor& out = context.outputs[0];
-    const Tensor dense = out.is_contiguous() ? out : context.workspace(out.sizes(), out.dtype());
-    const T* lp = log_probs.data_ptr<T>();
-    T* grad = dense.data_ptr<T>();
-    const double uniform = smoothing / static_cast<double>(C);
-    parallel_for(0, positions, grain_for(C), [&](int64_t begin, int64_t end) {
-      for (int64_t position = begin; position < end; ++position) {
-        const int64_t n = position / D, d = position % D;
-        const T* lp_row = lp + n * C * D + d;
-        T* grad_row = grad + n * C * D + d;
-        const int64_t target_class = t[position];
-        if (target_class == ignore_index) {
-          for (int64_t c = 0; c < C; ++c) grad_row[c * D] = T(0);
-          continue;
-        }
-        const double scale = scales[position];
-        if constexpr (std::is_same_v<T, float>) {
-          if (D == 1) {  // contiguous classes: one vectorised pass, then the target's entry
-            const float scale_f = static_cast<float>(scale);
-            const float uniform_f = static_cast<float>(uniform);
-#pragma omp simd
-            for (int64_t c = 0; c < C; ++c)
-              grad_row[c] = scale_f * (exp_nonpositive_f32(lp_row[c]) - uniform_f);
-            grad_row[target_class] =
-                static_cast<T>(scale * (std::exp(static_cast<double>(lp_row[target_class])) -
-                                        uniform - (1 - smoothing)));
-            continue;
-          }
-        }
-        for (int64_t c = 0; c < C; ++c) {
-          double value = std::exp(static_cast<double>(lp_row[c * D])) - uniform;
-          if (c == target_class) value -= 1 - smoothing;
-          grad_row[c * D] = static_cast<T>(scale * value);
-        }
-      }
-    });
-    if (!dense.is_same(out)) cpu::copy_strided(dense, out);
-  });
-}
-
-// inputs (log_probs, target); output loss: -log_probs[t] per position, 0 where ignored.
-void nll_loss_kernel(KernelContext& context) {
-  const int64_t ignore_index = context.attrs.get<int64_t>("ignore_index");
-  const Reduction reduction = reduction_of("nll_loss", context.attrs);
-  visit_float_dtype(context.inputs[0].dtype(), "nll_loss", [&](auto tag) {
-    using T = decltype(tag);
-    const Tensor& log_probs = context.inputs[0];
-    const Tensor target = cpu::dense_input(context, context.inputs[1]);
-    const ClassLayout layout = class_layout(log_probs.sizes());
-    const int64_t D = layout.inner, positions = layout.positions();
-    const int64_t* t = target.data_ptr<int64_t>();
-    check_targets("nll_loss", t, positions, layout.classes, ignore_index);
-    // Reads one element per position, so the strides are used directly.
-    const T* lp = log_probs.data_ptr<T>();
-    const bool one_dim = log_probs.dim() == 1;
-    const int64_t stride_n = one_dim ? 0 : log_probs.stride(0);
-    const int64_t stride_c = log_probs.stride(one_dim ? 0 : 1);
-    const Shape inner_sizes =
-        one_dim ? Shape{} : Shape(log_probs.sizes().begin() + 2, log_probs.sizes().end());
-    const Shape inner_strides =
-        one_dim ? Shape{} : Shape(log_probs.strides().begin() + 2, log_probs.strides().end());
-    std::vector<double> losses(static_cast<size_t>(positions));
-    for (int64_t position = 0; position < positions; ++position) {
-      const int64_t target_class = t[position];
-      if (target_class == ignore_index) {
-        losses[position] = 0;
-        continue;
-      }
-      int64_t offset = (position / D) * stride_n + target_class * stride_c;
-      int64_t rest = position % D;
-      for (int64_t k = static_cast<int64_t>(inner_sizes.size()) - 1; k >= 0; --k) {
-        offset += (rest % inner_sizes[k]) * inner_strides[k];
-        rest /= inner_sizes[k];
-      }
-      losses[position] = -static_cast<double>(lp[offset]);
-    }
-    write_loss<T>(context, context.outputs[0], losses, reduction,
-                  count_kept(t, positions, ignore_index));
-  });
-}
-
-// inputs (grad_loss, target), attr input_shape; output grad_log_probs: -g at each target.
-void nll_loss_backward_kernel(KernelContext& context) {
-  const int64_t ignore_index = context.attrs.get<int64_t>("ignore_index");
-  const Reduction reduction = reduction_of("nll_loss_backward", context.attrs);
-  visit_float_dtype(context.inputs[0].dtype(), "nll_loss_backward", [&](auto tag) {
-    using T = decltype(tag);
-    const Tensor grad_loss = cpu::dense_input(context, context.inputs[0]);
-    const Tensor target = cpu::dense_input(context, context.inputs[1]);
-    const Tensor& out = context.outputs[0];
-    const ClassLayout layout = class_layout(out.sizes());
-    const int64_t C = layout.classes, D = layout.inner, positions = layout.positions();
-    const int64_t* t = target.data_ptr<int64_t>();
-    const std::vector<double> scales = position_grad_scales<T>(
-        grad_loss, reduction, positions, count_kept(t, positions, ignore_index));
-    const Tensor dense = out.is_contiguous() ? out : context.workspace(out.sizes(), out.dtype());
-    T* grad = dense.data_ptr<T>();
-    std::fill(grad, grad + out.numel(), T(0));
-    for (int64_t position = 0; position < positions; ++position) {
-      const int64_t target_class = t[position];
-      if (target_class == ignore_index) continue;
-      const int64_t n = position / D, d = position % D;
-      grad[(n * C + target_class) * D + d] = static_cast<T>(-scales[position]);
-    }
-    if (!dense.is_same(out)) cpu::copy_strided(dense, out);
-  });
-}
-
-// inputs (input, target); output: (input - target)^2, reduced. Partial sums over fixed blocks
-// keep the result independent of the thread count.
-void mse_loss_kernel(KernelContext& context) {
-  const Reduction reduction = reduction_of("mse_loss", context.attrs);
-  visit_float_dtype(context.inputs[0].dtype(), "mse_loss", [&](auto tag) {
-    using T = decltype(tag);
-    const Tensor input = cpu::dense_input(context, context.inputs[0]);
-    const Tensor target = cpu::dense_input(context, context.inputs[1]);
-    const T* a = input.data_ptr<T>();
-    const T* b = target.data_ptr<T>();
-    const int64_t numel = input.numel();
-    const Tensor& out = context.outputs[0];
-    if (reduction == Reduction::kNone) {
-      const Tensor dense = out.is_contiguous() ? out : context.workspace(out.sizes(), out.dtype());
-      T* data = dense.data_ptr<T>();
-      parallel_for(0, numel, 16384, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) data[i] = (a[i] - b[i]) * (a[i] - b[i]);
-      });
-      if (!dense.is_same(out)) cpu::copy_strided(dense, out);
-      return;
-    }
-    constexpr int64_t kBlock = 8192;
-    const int64_t blocks = (numel + kBlock - 1) / kBlock;
-    std::vector<double> partial(static_cast<size_t>(blocks), 0.0);
-    parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t block = begin; block < end; ++block) {
-        double total = 0;
-        const int64_t stop = std::min(numel, (block + 1) * kBlock);
-        for (int64_t i = block * kBlock; i < stop; ++i) {
-          const double difference = static_cast<double>(a[i]) - static_cast<double>(b[i]);
-          total += difference * difference;
-        }
-        partial[block] = total;
-      }
-    });
-    double total = 0;
-    for (double value : partial) total += value;
-    if (reduction == Reduction::kMean) total /= static_cast<double>(numel);
-    out.data_ptr<T>()[0] = static_cast<T>(total);
-  });
-}
-
 // The gradient of a class loss's scores from its dedicated backward op (none for the target).
 std::vector<Tensor> class_loss_input_grad(const BackwardContext& context,
                                           const OpHandle& backward_op,
@@ -433,7 +77,7 @@ void register_cross_entropy() {
                  "cross_entropy: label_smoothing must be in [0, 1], got ", smoothing);
     return std::vector<OutputSpec>{loss, {in[0].sizes(), in[0].dtype()}};
   };
-  op.kernels[static_cast<int>(DeviceType::kCpu)] = cross_entropy_kernel;
+  op.kernels[static_cast<int>(DeviceType::kCpu)] = cpu::cross_entropy_kernel;
   op.save_inputs = {1};
   op.save_outputs = {1};
   op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
@@ -465,7 +109,7 @@ void register_cross_entropy_backward() {
   op.shape = [](const std::vector<Tensor>& in, const Attrs&) {
     return std::vector<OutputSpec>{{in.at(1).sizes(), in[1].dtype()}};
   };
-  op.kernels[static_cast<int>(DeviceType::kCpu)] = cross_entropy_backward_kernel;
+  op.kernels[static_cast<int>(DeviceType::kCpu)] = cpu::cross_entropy_backward_kernel;
   op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>&, const Attrs&) {
     const double numel = static_cast<double>(in[1].numel());
     return OpCost{4 * numel, 2 * numel * static_cast<double>(in[1].element_size())};
@@ -481,7 +125,7 @@ void register_nll_loss() {
     return std::vector<OutputSpec>{
         check_class_loss("nll_loss", "log_probs", in.at(0), in.at(1), attrs)};
   };
-  op.kernels[static_cast<int>(DeviceType::kCpu)] = nll_loss_kernel;
+  op.kernels[static_cast<int>(DeviceType::kCpu)] = cpu::nll_loss_kernel;
   op.save_inputs = {1};
   op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
     Attrs attrs = context.attrs;
@@ -503,7 +147,7 @@ void register_nll_loss_backward() {
     return std::vector<OutputSpec>{
         {attrs.get<std::vector<int64_t>>("input_shape"), in.at(0).dtype()}};
   };
-  op.kernels[static_cast<int>(DeviceType::kCpu)] = nll_loss_backward_kernel;
+  op.kernels[static_cast<int>(DeviceType::kCpu)] = cpu::nll_loss_backward_kernel;
   op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out, const Attrs&) {
     return OpCost{static_cast<double>(in[1].numel()),
                   static_cast<double>(out[0].numel() * out[0].element_size())};
@@ -527,7 +171,7 @@ void register_mse_loss() {
     return std::vector<OutputSpec>{
         {reduction == Reduction::kNone ? input.sizes() : Shape{}, input.dtype()}};
   };
-  op.kernels[static_cast<int>(DeviceType::kCpu)] = mse_loss_kernel;
+  op.kernels[static_cast<int>(DeviceType::kCpu)] = cpu::mse_loss_kernel;
   op.save_inputs = {0, 1};
   op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
     const Tensor& grad = context.grad_outputs[0];

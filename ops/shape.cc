@@ -1,21 +1,25 @@
 // View ops: reshape, view, transpose, permute, slice, select, expand, squeeze, unsqueeze. Each
 // builds its output with make_view over the input's storage (no kernel, no copy); reshape copies
 // only when the strides allow no view. Backward passes are views again, except slice and select,
-// whose gradients are scattered into zeros by the "slice_backward" op.
+// whose gradients are scattered into zeros by the "slice_backward" op (its CPU kernel is in
+// ops/cpu/shape.cc, with the slice geometry both use).
 #include "ops/shape.h"
 
 #include <algorithm>
-#include <cstring>
 #include <numeric>
 #include <optional>
+#include <vector>
 
-#include "ops/cpu/strided_copy.h"
+#include "ops/cpu/shape.h"
 #include "ops/ops.h"
 #include "ops/registry_helpers.h"
 
 namespace tessel {
 
 namespace {
+
+using cpu::normalize_slice;
+using cpu::slice_geometry;
 
 OpCost no_cost(const std::vector<Tensor>&, const std::vector<Tensor>&, const Attrs&) {
   return OpCost{0, 0};
@@ -84,34 +88,6 @@ std::optional<Shape> view_strides(const Shape& sizes, const Shape& strides,
   }
   if (view_d != -1) return std::nullopt;
   return new_strides;
-}
-
-// Python-style slice bounds: negative indices count from the end, out-of-range ones clamp.
-struct SliceRange {
-  int64_t start;
-  int64_t length;
-};
-
-SliceRange normalize_slice(int64_t size, int64_t start, int64_t end, int64_t step) {
-  TESSEL_CHECK(step > 0, "slice: step must be positive, got ", step);
-  if (start < 0) start += size;
-  if (end < 0) end += size;
-  start = std::clamp<int64_t>(start, 0, size);
-  end = std::clamp<int64_t>(end, start, size);
-  return {start, (end - start + step - 1) / step};
-}
-
-Tensor slice_geometry(const Tensor& x, const Attrs& attrs) {
-  TESSEL_CHECK(x.dim() > 0, "slice: cannot slice a 0-d tensor");
-  const int64_t dim = wrap_dim(attrs.get<int64_t>("dim"), x.dim(), "slice: dim");
-  const int64_t step = attrs.get_or<int64_t>("step", 1);
-  SliceRange range =
-      normalize_slice(x.sizes()[dim], attrs.get<int64_t>("start"), attrs.get<int64_t>("end"), step);
-  Shape sizes = x.sizes();
-  Shape strides = x.strides();
-  sizes[dim] = range.length;
-  strides[dim] *= step;
-  return make_view(x, sizes, strides, x.storage_offset() + range.start * x.strides()[dim]);
 }
 
 Tensor reshape_view(const char* op_name, const Tensor& x, const Attrs& attrs, bool may_copy) {
@@ -263,13 +239,7 @@ void register_slice_backward() {
                  shape_str(in[0].sizes()), " but the slice has shape ", shape_str(expected));
     return std::vector<OutputSpec>{{input_sizes, in[0].dtype()}};
   };
-  op.kernels[static_cast<int>(DeviceType::kCpu)] = [](KernelContext& ctx) {
-    Tensor& out = ctx.outputs[0];
-    Tensor dense = out.is_contiguous() ? out : ctx.workspace(out.sizes(), out.dtype());
-    std::memset(dense.raw_data(), 0, dense.nbytes());
-    cpu::copy_strided(ctx.inputs[0], slice_geometry(dense, ctx.attrs));
-    if (!dense.is_same(out)) cpu::copy_strided(dense, out);
-  };
+  op.kernels[static_cast<int>(DeviceType::kCpu)] = cpu::slice_backward_kernel;
   op.backward = [](const BackwardContext& ctx) -> std::vector<Tensor> {
     return {slice(ctx.grad_outputs[0], ctx.attrs.get<int64_t>("dim"),
                   ctx.attrs.get<int64_t>("start"), ctx.attrs.get<int64_t>("end"),

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "cuda/allocator.h"
-#include "cuda/kernels/loops.cuh"
 #include "cuda/ops/conv.h"
+#include "cuda/ops/loops.cuh"
 #include "ops/conv.h"
 #include "ops/registry_helpers.h"
 

@@ -1,5 +1,5 @@
 // An (N, C, ...) input of batch norm seen as (N, C, S): N batch entries, C channels, S spatial
-// positions per channel. Shared by the CPU kernels (ops/norm.cc) and the CUDA kernels
+// positions per channel. Shared by the CPU kernels (ops/cpu/norm.cc) and the CUDA kernels
 // (cuda/norm_pool.cu).
 //   ChannelLayout layout(x.sizes());  int64_t c = layout.channel_of(i);  // of dense element i
 #pragma once

@@ -1,4 +1,4 @@
-// The per-element math of the element-wise ops, shared by the CPU loops (ops/elementwise.cc)
+// The per-element math of the element-wise ops, shared by the CPU loops (ops/cpu/elementwise.cc)
 // and the CUDA kernels (cuda/kernels/elementwise.cu): binary arithmetic, comparisons, scalar
 // forms, unary math and activations, gelu and its derivative, relu_backward, clamp, where and
 // masked_fill.

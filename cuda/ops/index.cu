@@ -1,11 +1,12 @@
-// CUDA kernels for the gathering ops of ops/index.cc and their gradients: embedding,
-// index_select and gather read rows (or elements) at indices; their backward ops scatter-add
-// into zeros with atomics (summation order may differ from the CPU's, within rounding).
+// CUDA kernels for the ops of ops/index.cc: cat copies each input into its slice of the output;
+// embedding, index_select and gather read rows (or elements) at indices; their backward ops
+// scatter-add into zeros with atomics (summation order may differ from the CPU's, within
+// rounding).
 // The forward ops check their indices on the device without waiting for it (a bad one is raised
 // with the CPU kernels' message at the next synchronisation point, and skipped by the kernels
 // meanwhile); backward ops reuse those indices and skip the check.
 #include "cuda/index_check.h"
-#include "cuda/kernels/loops.cuh"
+#include "cuda/ops/loops.cuh"
 #include "ops/index.h"
 #include "ops/math/indexing.h"
 #include "ops/registry_helpers.h"
@@ -162,6 +163,17 @@ void scatter_add_rows(const Tensor& grad, const Around& shape, const Tensor& ind
 }  // namespace
 
 TESSEL_REGISTER_OPS(cuda_index) {
+  ops::cat.set_kernel(kCuda, [](KernelContext& context) {
+    const Tensor& out = context.outputs[0];
+    const int64_t dim = wrap_dim(context.attrs.get<int64_t>("dim"), out.dim());
+    int64_t position = 0;
+    for (const Tensor& input : context.inputs) {
+      Tensor part = make_view(out, input.sizes(), out.strides(),
+                              out.storage_offset() + position * out.strides()[dim]);
+      copy_convert(part, input);
+      position += input.sizes()[dim];
+    }
+  });
   ops::embedding.set_kernel(kCuda, [](KernelContext& context) {
     const Tensor& weight = context.inputs[0];
     const Tensor indices = dense_input(context, context.inputs[1]);

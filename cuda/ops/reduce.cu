@@ -9,7 +9,7 @@
 #include <string>
 #include <type_traits>
 
-#include "cuda/kernels/reduce.cuh"
+#include "cuda/ops/reduce.cuh"
 #include "ops/math/dtype_visit.h"
 #include "ops/reduce.h"
 #include "ops/registry_helpers.h"

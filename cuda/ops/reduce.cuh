@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "cuda/kernels/loops.cuh"
+#include "cuda/ops/loops.cuh"
 #include "ops/math/reduce_layout.h"
 
 namespace tessel::cuda {

@@ -6,7 +6,7 @@
 // op family (the kind is a functor field, uniform across threads).
 #include <type_traits>
 
-#include "cuda/kernels/loops.cuh"
+#include "cuda/ops/loops.cuh"
 #include "ops/elementwise.h"
 #include "ops/math/dtype_visit.h"
 #include "ops/math/elementwise.h"

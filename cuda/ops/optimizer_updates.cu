@@ -5,7 +5,7 @@
 #include <cmath>
 #include <type_traits>
 
-#include "cuda/kernels/loops.cuh"
+#include "cuda/ops/loops.cuh"
 #include "ops/optimizer_updates.h"
 #include "ops/registry_helpers.h"
 

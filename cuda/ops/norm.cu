@@ -1,16 +1,13 @@
-// CUDA kernels for batch norm (training, eval, backward) and pooling (max_pool2d with its i64
-// indices, avg_pool2d, adaptive_avg_pool2d, and their backward ops), with the CPU semantics of
-// ops/norm.cc and ops/pool.cc: per-channel statistics accumulated in f64, window rules, NaN
-// propagation and index choice as PyTorch's. Backward pooling gathers into each input element
-// in the CPU's order (no atomics), so results are deterministic.
+// CUDA kernels for the normalisations of ops/norm.cc, with the CPU's semantics: batch_norm
+// (training, eval, backward) accumulates per-channel statistics in f64, layer_norm (+ backward)
+// per-row statistics, one block per row (the block reductions of reduce.cuh).
 #include <algorithm>
 #include <cmath>
 
-#include "cuda/kernels/loops.cuh"
+#include "cuda/ops/loops.cuh"
+#include "cuda/ops/reduce.cuh"
 #include "ops/math/channel_layout.h"
-#include "ops/math/pooling.h"
 #include "ops/norm.h"
-#include "ops/pool.h"
 #include "ops/registry_helpers.h"
 
 namespace tessel::cuda {
@@ -349,244 +346,186 @@ void batch_norm_backward(KernelContext& context) {
   });
 }
 
-// ---- pooling over strided (N, C, H, W) tensors ----
+// ---- layer_norm ----
 
-// Planes, PoolAxis and the window rules are the CPU's (ops/math/pooling.h).
+struct DoublePair {
+  double first, second;
+};
 
-PoolAxis pool_axis(const Attrs& attrs, int i, int64_t input, int64_t output, bool with_dilation) {
-  const auto& kernel = attrs.get<std::vector<int64_t>>("kernel_size");
-  const auto& stride = attrs.get<std::vector<int64_t>>("stride");
-  const auto& padding = attrs.get<std::vector<int64_t>>("padding");
-  const int64_t dilation =
-      with_dilation ? attrs.get<std::vector<int64_t>>("dilation")[static_cast<size_t>(i)] : 1;
-  return {input, kernel[i], stride[i], padding[i], dilation, output};
-}
-
+// One block per row of K features: mean, then squared deviations, then the normalised output.
 template <typename T>
-__global__ void max_pool_kernel(const T* x, Planes in, T* values, Planes out, int64_t* indices,
-                                Planes index, PoolAxis rows, PoolAxis cols, int64_t count) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t ow = i % cols.output, oh = (i / cols.output) % rows.output;
-    const int64_t plane = i / (cols.output * rows.output);
-    T best;
-    int64_t best_index;
-    window_max(
-        rows, cols, oh, ow, [&](int64_t h, int64_t w) { return x[in.at(plane, h, w)]; }, &best,
-        &best_index);
-    values[out.at(plane, oh, ow)] = best;
-    indices[index.at(plane, oh, ow)] = best_index;
+__global__ void layer_norm_forward_kernel(const T* x, const T* weight, const T* bias,
+                                          ReduceLayout layout, int64_t tiles, double eps, T* y,
+                                          T* means, T* rstds) {
+  ReduceThread thread(layout, tiles);
+  double* shared = shared_buffer<double>();
+  auto add = [](double a, double b) { return a + b; };
+  const int64_t features = layout.reduce;
+  double total = 0;
+  for (int64_t j = threadIdx.y; j < features; j += blockDim.y)
+    total += static_cast<double>(x[thread.at(layout, j)]);
+  const double mean = combine_over_rows(total, shared, add) / static_cast<double>(features);
+  double squares = 0;
+  for (int64_t j = threadIdx.y; j < features; j += blockDim.y) {
+    const double deviation = static_cast<double>(x[thread.at(layout, j)]) - mean;
+    squares += deviation * deviation;
+  }
+  squares = combine_over_rows(squares, shared, add);
+  const double rstd = 1.0 / sqrt(squares / static_cast<double>(features) + eps);
+  for (int64_t j = threadIdx.y; j < features; j += blockDim.y) {
+    const int64_t at = thread.at(layout, j);
+    double value = (static_cast<double>(x[at]) - mean) * rstd;
+    if (weight) value *= static_cast<double>(weight[j]);
+    if (bias) value += static_cast<double>(bias[j]);
+    y[at] = static_cast<T>(value);
+  }
+  if (threadIdx.y == 0) {
+    means[thread.outer] = static_cast<T>(mean);
+    rstds[thread.outer] = static_cast<T>(rstd);
   }
 }
 
-// Each input element sums the gradients of the outputs that picked it, in (oh, ow) order.
+// dx = rstd * (wg - mean(wg) - xhat * mean(wg * xhat)), wg = g * weight; one block per row.
 template <typename T>
-__global__ void max_pool_backward_kernel(const T* grad, Planes g, const int64_t* indices,
-                                         Planes index, T* out, Planes o, PoolAxis rows,
-                                         PoolAxis cols, int64_t count) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t w = i % cols.input, h = (i / cols.input) % rows.input;
-    const int64_t plane = i / (cols.input * rows.input);
-    const int64_t position = h * cols.input + w;
-    int64_t oh0, oh1, ow0, ow1;
-    covering_outputs(rows, h, &oh0, &oh1);
-    covering_outputs(cols, w, &ow0, &ow1);
-    T total = 0;
-    for (int64_t oh = oh0; oh <= oh1; ++oh)
-      for (int64_t ow = ow0; ow <= ow1; ++ow)
-        if (indices[index.at(plane, oh, ow)] == position) total += grad[g.at(plane, oh, ow)];
-    out[o.at(plane, h, w)] = total;
+__global__ void layer_norm_grad_input_kernel(const T* grad_y, const T* x, const T* means,
+                                             const T* rstds, const T* weight, ReduceLayout layout,
+                                             int64_t tiles, T* grad_x) {
+  ReduceThread thread(layout, tiles);
+  const int64_t features = layout.reduce;
+  const double mu = static_cast<double>(means[thread.outer]);
+  const double r = static_cast<double>(rstds[thread.outer]);
+  DoublePair sums{0, 0};
+  for (int64_t j = threadIdx.y; j < features; j += blockDim.y) {
+    const int64_t at = thread.at(layout, j);
+    const double wg = weight ? static_cast<double>(grad_y[at]) * static_cast<double>(weight[j])
+                             : static_cast<double>(grad_y[at]);
+    sums.first += wg;
+    sums.second += wg * (static_cast<double>(x[at]) - mu) * r;
+  }
+  sums = combine_over_rows(sums, shared_buffer<DoublePair>(), [](DoublePair a, DoublePair b) {
+    return DoublePair{a.first + b.first, a.second + b.second};
+  });
+  const double mean_wg = sums.first / static_cast<double>(features);
+  const double mean_wg_xhat = sums.second / static_cast<double>(features);
+  for (int64_t j = threadIdx.y; j < features; j += blockDim.y) {
+    const int64_t at = thread.at(layout, j);
+    const double wg = weight ? static_cast<double>(grad_y[at]) * static_cast<double>(weight[j])
+                             : static_cast<double>(grad_y[at]);
+    const double xhat = (static_cast<double>(x[at]) - mu) * r;
+    grad_x[at] = static_cast<T>(r * (wg - mean_wg - xhat * mean_wg_xhat));
   }
 }
 
+// Column sums over rows: grad_weight[j] = sum g * xhat, grad_bias[j] = sum g. Layout
+// [1, rows, features].
 template <typename T>
-__global__ void avg_pool_kernel(const T* x, Planes in, T* values, Planes out, PoolAxis rows,
-                                PoolAxis cols, bool count_include_pad, int64_t count) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t ow = i % cols.output, oh = (i / cols.output) % rows.output;
-    const int64_t plane = i / (cols.output * rows.output);
-    const AvgWindow wh = avg_window(rows, oh), ww = avg_window(cols, ow);
-    values[out.at(plane, oh, ow)] = window_average<T>(
-        wh, ww, count_include_pad, [&](int64_t h, int64_t w) { return x[in.at(plane, h, w)]; });
-  }
-}
-
-template <typename T>
-__global__ void avg_pool_backward_kernel(const T* grad, Planes g, T* out, Planes o, PoolAxis rows,
-                                         PoolAxis cols, bool count_include_pad, int64_t count) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t w = i % cols.input, h = (i / cols.input) % rows.input;
-    const int64_t plane = i / (cols.input * rows.input);
-    int64_t oh0, oh1, ow0, ow1;
-    covering_outputs(rows, h, &oh0, &oh1);
-    covering_outputs(cols, w, &ow0, &ow1);
-    T total = 0;
-    for (int64_t oh = oh0; oh <= oh1; ++oh) {
-      const AvgWindow wh = avg_window(rows, oh);
-      if (!wh.contains(h)) continue;
-      for (int64_t ow = ow0; ow <= ow1; ++ow) {
-        const AvgWindow ww = avg_window(cols, ow);
-        if (!ww.contains(w)) continue;
-        total += grad[g.at(plane, oh, ow)] / static_cast<T>(avg_divisor(wh, ww, count_include_pad));
-      }
+__global__ void layer_norm_grad_params_kernel(const T* grad_y, const T* x, const T* means,
+                                              const T* rstds, ReduceLayout layout, int64_t tiles,
+                                              T* grad_weight, T* grad_bias) {
+  ReduceThread thread(layout, tiles);
+  DoublePair sums{0, 0};
+  if (thread.active) {
+    for (int64_t row = threadIdx.y; row < layout.reduce; row += blockDim.y) {
+      const int64_t at = thread.at(layout, row);
+      const double g = static_cast<double>(grad_y[at]);
+      const double xhat = (static_cast<double>(x[at]) - static_cast<double>(means[row])) *
+                          static_cast<double>(rstds[row]);
+      sums.first += g * xhat;
+      sums.second += g;
     }
-    out[o.at(plane, h, w)] = total;
+  }
+  sums = combine_over_rows(sums, shared_buffer<DoublePair>(), [](DoublePair a, DoublePair b) {
+    return DoublePair{a.first + b.first, a.second + b.second};
+  });
+  if (thread.active && threadIdx.y == 0) {
+    grad_weight[thread.column] = static_cast<T>(sums.first);
+    grad_bias[thread.column] = static_cast<T>(sums.second);
   }
 }
 
-template <typename T>
-__global__ void adaptive_avg_kernel(const T* x, Planes in, T* values, Planes out, int64_t count) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t ow = i % out.width, oh = (i / out.width) % out.height;
-    const int64_t plane = i / (out.width * out.height);
-    const AvgWindow wh = adaptive_window(oh, in.height, out.height);
-    const AvgWindow ww = adaptive_window(ow, in.width, out.width);
-    const T total =
-        window_sum<T>(wh, ww, [&](int64_t h, int64_t w) { return x[in.at(plane, h, w)]; });
-    values[out.at(plane, oh, ow)] = total / static_cast<T>(avg_divisor(wh, ww, false));
-  }
+int64_t features_of(const Attrs& attrs) {
+  return shape_numel(attrs.get<std::vector<int64_t>>("normalized_shape"));
 }
 
-template <typename T>
-__global__ void adaptive_avg_backward_kernel(const T* grad, Planes g, T* out, Planes o,
-                                             int64_t count) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t w = i % o.width, h = (i / o.width) % o.height;
-    const int64_t plane = i / (o.width * o.height);
-    int64_t oh_first, oh_last, ow_first, ow_last;
-    adaptive_covering_outputs(h, o.height, g.height, &oh_first, &oh_last);
-    adaptive_covering_outputs(w, o.width, g.width, &ow_first, &ow_last);
-    T total = 0;
-    for (int64_t oh = oh_first; oh <= oh_last; ++oh) {
-      const AvgWindow wh = adaptive_window(oh, o.height, g.height);
-      if (!wh.contains(h)) continue;
-      for (int64_t ow = ow_first; ow <= ow_last; ++ow) {
-        const AvgWindow ww = adaptive_window(ow, o.width, g.width);
-        if (!ww.contains(w)) continue;
-        total += grad[g.at(plane, oh, ow)] / static_cast<T>(avg_divisor(wh, ww, false));
-      }
+void layer_norm_kernel(KernelContext& context) {
+  const double eps = context.attrs.get<double>("eps");
+  const int64_t features = features_of(context.attrs);
+  visit_float_dtype(context.inputs[0].dtype(), ops::layer_norm.name(), [&](auto tag) {
+    using T = decltype(tag);
+    const Tensor x = dense_input(context, context.inputs[0]);
+    const bool has_weight = context.inputs[1].defined(), has_bias = context.inputs[2].defined();
+    const Tensor weight = has_weight ? dense_input(context, context.inputs[1]) : Tensor();
+    const Tensor bias = has_bias ? dense_input(context, context.inputs[2]) : Tensor();
+    DenseOutput y(context, context.outputs[0]);
+    DenseOutput means(context, context.outputs[1]);
+    DenseOutput rstds(context, context.outputs[2]);
+    const int64_t rows = features == 0 ? 0 : x.numel() / features;
+    ReduceLayout layout{rows, features, 1};
+    ReduceLaunch launch(layout);
+    if (rows > 0) {
+      KernelDevice device(context);
+      layer_norm_forward_kernel<T>
+          <<<launch.grid, launch.block, launch.shared(sizeof(double)), device.stream()>>>(
+              device_data<const T>(x), has_weight ? device_data<const T>(weight) : nullptr,
+              has_bias ? device_data<const T>(bias) : nullptr, layout, launch.tiles, eps,
+              y.data<T>(), means.data<T>(), rstds.data<T>());
+      check_launch();
     }
-    out[o.at(plane, h, w)] = total;
-  }
-}
-
-void max_pool(KernelContext& context) {
-  const Tensor& x = context.inputs[0];
-  const Tensor& values = context.outputs[0];
-  const Tensor& indices = context.outputs[1];
-  const int64_t count = values.numel();
-  if (count == 0) return;
-  KernelDevice device(context);
-  const PoolAxis rows = pool_axis(context.attrs, 0, x.size(2), values.size(2), true);
-  const PoolAxis cols = pool_axis(context.attrs, 1, x.size(3), values.size(3), true);
-  visit_float_dtype(x.dtype(), ops::max_pool2d.name(), [&](auto tag) {
-    using T = decltype(tag);
-    max_pool_kernel<T><<<grid_for(count), kThreads, 0, device.stream()>>>(
-        device_data<T>(x), planes_of(x), device_data<T>(values), planes_of(values),
-        device_data<int64_t>(indices), planes_of(indices), rows, cols, count);
-    check_launch();
+    y.finish();
+    means.finish();
+    rstds.finish();
   });
 }
 
-void max_pool_backward(KernelContext& context) {
-  const Tensor& grad = context.inputs[0];
-  const Tensor& indices = context.inputs[1];
-  const Tensor& out = context.outputs[0];
-  const int64_t count = out.numel();
-  if (count == 0) return;
-  KernelDevice device(context);
-  const PoolAxis rows = pool_axis(context.attrs, 0, out.size(2), grad.size(2), true);
-  const PoolAxis cols = pool_axis(context.attrs, 1, out.size(3), grad.size(3), true);
-  visit_float_dtype(out.dtype(), ops::max_pool2d_backward.name(), [&](auto tag) {
+void layer_norm_backward_kernel(KernelContext& context) {
+  const int64_t features = features_of(context.attrs);
+  visit_float_dtype(context.inputs[1].dtype(), ops::layer_norm_backward.name(), [&](auto tag) {
     using T = decltype(tag);
-    max_pool_backward_kernel<T><<<grid_for(count), kThreads, 0, device.stream()>>>(
-        device_data<T>(grad), planes_of(grad), device_data<int64_t>(indices), planes_of(indices),
-        device_data<T>(out), planes_of(out), rows, cols, count);
-    check_launch();
-  });
-}
-
-void avg_pool(KernelContext& context) {
-  const Tensor& x = context.inputs[0];
-  const Tensor& values = context.outputs[0];
-  const int64_t count = values.numel();
-  if (count == 0) return;
-  KernelDevice device(context);
-  const PoolAxis rows = pool_axis(context.attrs, 0, x.size(2), values.size(2), false);
-  const PoolAxis cols = pool_axis(context.attrs, 1, x.size(3), values.size(3), false);
-  const bool count_include_pad = context.attrs.get<bool>("count_include_pad");
-  visit_float_dtype(x.dtype(), ops::avg_pool2d.name(), [&](auto tag) {
-    using T = decltype(tag);
-    avg_pool_kernel<T><<<grid_for(count), kThreads, 0, device.stream()>>>(
-        device_data<T>(x), planes_of(x), device_data<T>(values), planes_of(values), rows, cols,
-        count_include_pad, count);
-    check_launch();
-  });
-}
-
-void avg_pool_backward(KernelContext& context) {
-  const Tensor& grad = context.inputs[0];
-  const Tensor& out = context.outputs[0];
-  const int64_t count = out.numel();
-  if (count == 0) return;
-  KernelDevice device(context);
-  const PoolAxis rows = pool_axis(context.attrs, 0, out.size(2), grad.size(2), false);
-  const PoolAxis cols = pool_axis(context.attrs, 1, out.size(3), grad.size(3), false);
-  const bool count_include_pad = context.attrs.get<bool>("count_include_pad");
-  visit_float_dtype(out.dtype(), ops::avg_pool2d_backward.name(), [&](auto tag) {
-    using T = decltype(tag);
-    avg_pool_backward_kernel<T><<<grid_for(count), kThreads, 0, device.stream()>>>(
-        device_data<T>(grad), planes_of(grad), device_data<T>(out), planes_of(out), rows, cols,
-        count_include_pad, count);
-    check_launch();
-  });
-}
-
-void adaptive_avg_pool(KernelContext& context) {
-  const Tensor& x = context.inputs[0];
-  const Tensor& values = context.outputs[0];
-  const int64_t count = values.numel();
-  if (count == 0) return;
-  KernelDevice device(context);
-  visit_float_dtype(x.dtype(), ops::adaptive_avg_pool2d.name(), [&](auto tag) {
-    using T = decltype(tag);
-    adaptive_avg_kernel<T><<<grid_for(count), kThreads, 0, device.stream()>>>(
-        device_data<T>(x), planes_of(x), device_data<T>(values), planes_of(values), count);
-    check_launch();
-  });
-}
-
-void adaptive_avg_pool_backward(KernelContext& context) {
-  const Tensor& grad = context.inputs[0];
-  const Tensor& out = context.outputs[0];
-  const int64_t count = out.numel();
-  if (count == 0) return;
-  KernelDevice device(context);
-  visit_float_dtype(out.dtype(), ops::adaptive_avg_pool2d_backward.name(), [&](auto tag) {
-    using T = decltype(tag);
-    adaptive_avg_backward_kernel<T><<<grid_for(count), kThreads, 0, device.stream()>>>(
-        device_data<T>(grad), planes_of(grad), device_data<T>(out), planes_of(out), count);
-    check_launch();
+    const Tensor grad_y = dense_input(context, context.inputs[0]);
+    const Tensor x = dense_input(context, context.inputs[1]);
+    const Tensor means = dense_input(context, context.inputs[2]);
+    const Tensor rstds = dense_input(context, context.inputs[3]);
+    const bool has_weight = context.inputs[4].defined();
+    const Tensor weight = has_weight ? dense_input(context, context.inputs[4]) : Tensor();
+    DenseOutput grad_x(context, context.outputs[0]);
+    DenseOutput grad_weight(context, context.outputs[1]);
+    DenseOutput grad_bias(context, context.outputs[2]);
+    const int64_t rows = features == 0 ? 0 : x.numel() / features;
+    KernelDevice device(context);
+    if (rows > 0) {
+      ReduceLayout layout{rows, features, 1};
+      ReduceLaunch launch(layout);
+      layer_norm_grad_input_kernel<T>
+          <<<launch.grid, launch.block, launch.shared(sizeof(DoublePair)), device.stream()>>>(
+              device_data<const T>(grad_y), device_data<const T>(x), device_data<const T>(means),
+              device_data<const T>(rstds), has_weight ? device_data<const T>(weight) : nullptr,
+              layout, launch.tiles, grad_x.data<T>());
+      check_launch();
+    }
+    if (features > 0) {
+      ReduceLayout layout{1, rows, features};
+      ReduceLaunch launch(layout);
+      layer_norm_grad_params_kernel<T>
+          <<<launch.grid, launch.block, launch.shared(sizeof(DoublePair)), device.stream()>>>(
+              device_data<const T>(grad_y), device_data<const T>(x), device_data<const T>(means),
+              device_data<const T>(rstds), layout, launch.tiles, grad_weight.data<T>(),
+              grad_bias.data<T>());
+      check_launch();
+    }
+    grad_x.finish();
+    grad_weight.finish();
+    grad_bias.finish();
   });
 }
 
 }  // namespace
 
-TESSEL_REGISTER_OPS(cuda_norm_pool) {
+TESSEL_REGISTER_OPS(cuda_norm) {
   ops::batch_norm.set_kernel(kCuda, batch_norm_train);
   ops::batch_norm_eval.set_kernel(kCuda, batch_norm_eval);
   ops::batch_norm_backward.set_kernel(kCuda, batch_norm_backward);
-  ops::max_pool2d.set_kernel(kCuda, max_pool);
-  ops::max_pool2d_backward.set_kernel(kCuda, max_pool_backward);
-  ops::avg_pool2d.set_kernel(kCuda, avg_pool);
-  ops::avg_pool2d_backward.set_kernel(kCuda, avg_pool_backward);
-  ops::adaptive_avg_pool2d.set_kernel(kCuda, adaptive_avg_pool);
-  ops::adaptive_avg_pool2d_backward.set_kernel(kCuda, adaptive_avg_pool_backward);
+  ops::layer_norm.set_kernel(kCuda, layer_norm_kernel);
+  ops::layer_norm_backward.set_kernel(kCuda, layer_norm_backward_kernel);
 }
 
 }  // namespace tessel::cuda

@@ -1,15 +1,14 @@
-// CUDA kernels for layer_norm (+ backward) and the losses: cross_entropy, nll_loss (each with
-// its backward op) and mse_loss. Per-row statistics and per-position losses accumulate in double
-// as on CPU; loss reductions sum per-position values with one deterministic tree.
+// CUDA kernels for the losses of ops/loss.cc: cross_entropy, nll_loss (each with its backward
+// op) and mse_loss. Per-position losses accumulate in double as on CPU; loss reductions sum
+// per-position values with one deterministic tree.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
 
 #include "cuda/index_check.h"
-#include "cuda/kernels/reduce.cuh"
+#include "cuda/ops/reduce.cuh"
 #include "ops/loss.h"
-#include "ops/norm.h"
 #include "ops/registry_helpers.h"
 
 namespace tessel::cuda {
@@ -19,178 +18,6 @@ namespace {
 constexpr DeviceType kCuda = DeviceType::kCuda;
 
 __device__ __forceinline__ double add_doubles(double a, double b) { return a + b; }
-
-// ---- layer_norm ----
-
-struct DoublePair {
-  double first, second;
-};
-
-// One block per row of K features: mean, then squared deviations, then the normalised output.
-template <typename T>
-__global__ void layer_norm_forward_kernel(const T* x, const T* weight, const T* bias,
-                                          ReduceLayout layout, int64_t tiles, double eps, T* y,
-                                          T* means, T* rstds) {
-  ReduceThread thread(layout, tiles);
-  double* shared = shared_buffer<double>();
-  auto add = [](double a, double b) { return a + b; };
-  const int64_t features = layout.reduce;
-  double total = 0;
-  for (int64_t j = threadIdx.y; j < features; j += blockDim.y)
-    total += static_cast<double>(x[thread.at(layout, j)]);
-  const double mean = combine_over_rows(total, shared, add) / static_cast<double>(features);
-  double squares = 0;
-  for (int64_t j = threadIdx.y; j < features; j += blockDim.y) {
-    const double deviation = static_cast<double>(x[thread.at(layout, j)]) - mean;
-    squares += deviation * deviation;
-  }
-  squares = combine_over_rows(squares, shared, add);
-  const double rstd = 1.0 / sqrt(squares / static_cast<double>(features) + eps);
-  for (int64_t j = threadIdx.y; j < features; j += blockDim.y) {
-    const int64_t at = thread.at(layout, j);
-    double value = (static_cast<double>(x[at]) - mean) * rstd;
-    if (weight) value *= static_cast<double>(weight[j]);
-    if (bias) value += static_cast<double>(bias[j]);
-    y[at] = static_cast<T>(value);
-  }
-  if (threadIdx.y == 0) {
-    means[thread.outer] = static_cast<T>(mean);
-    rstds[thread.outer] = static_cast<T>(rstd);
-  }
-}
-
-// dx = rstd * (wg - mean(wg) - xhat * mean(wg * xhat)), wg = g * weight; one block per row.
-template <typename T>
-__global__ void layer_norm_grad_input_kernel(const T* grad_y, const T* x, const T* means,
-                                             const T* rstds, const T* weight, ReduceLayout layout,
-                                             int64_t tiles, T* grad_x) {
-  ReduceThread thread(layout, tiles);
-  const int64_t features = layout.reduce;
-  const double mu = static_cast<double>(means[thread.outer]);
-  const double r = static_cast<double>(rstds[thread.outer]);
-  DoublePair sums{0, 0};
-  for (int64_t j = threadIdx.y; j < features; j += blockDim.y) {
-    const int64_t at = thread.at(layout, j);
-    const double wg = weight ? static_cast<double>(grad_y[at]) * static_cast<double>(weight[j])
-                             : static_cast<double>(grad_y[at]);
-    sums.first += wg;
-    sums.second += wg * (static_cast<double>(x[at]) - mu) * r;
-  }
-  sums = combine_over_rows(sums, shared_buffer<DoublePair>(), [](DoublePair a, DoublePair b) {
-    return DoublePair{a.first + b.first, a.second + b.second};
-  });
-  const double mean_wg = sums.first / static_cast<double>(features);
-  const double mean_wg_xhat = sums.second / static_cast<double>(features);
-  for (int64_t j = threadIdx.y; j < features; j += blockDim.y) {
-    const int64_t at = thread.at(layout, j);
-    const double wg = weight ? static_cast<double>(grad_y[at]) * static_cast<double>(weight[j])
-                             : static_cast<double>(grad_y[at]);
-    const double xhat = (static_cast<double>(x[at]) - mu) * r;
-    grad_x[at] = static_cast<T>(r * (wg - mean_wg - xhat * mean_wg_xhat));
-  }
-}
-
-// Column sums over rows: grad_weight[j] = sum g * xhat, grad_bias[j] = sum g. Layout
-// [1, rows, features].
-template <typename T>
-__global__ void layer_norm_grad_params_kernel(const T* grad_y, const T* x, const T* means,
-                                              const T* rstds, ReduceLayout layout, int64_t tiles,
-                                              T* grad_weight, T* grad_bias) {
-  ReduceThread thread(layout, tiles);
-  DoublePair sums{0, 0};
-  if (thread.active) {
-    for (int64_t row = threadIdx.y; row < layout.reduce; row += blockDim.y) {
-      const int64_t at = thread.at(layout, row);
-      const double g = static_cast<double>(grad_y[at]);
-      const double xhat = (static_cast<double>(x[at]) - static_cast<double>(means[row])) *
-                          static_cast<double>(rstds[row]);
-      sums.first += g * xhat;
-      sums.second += g;
-    }
-  }
-  sums = combine_over_rows(sums, shared_buffer<DoublePair>(), [](DoublePair a, DoublePair b) {
-    return DoublePair{a.first + b.first, a.second + b.second};
-  });
-  if (thread.active && threadIdx.y == 0) {
-    grad_weight[thread.column] = static_cast<T>(sums.first);
-    grad_bias[thread.column] = static_cast<T>(sums.second);
-  }
-}
-
-int64_t features_of(const Attrs& attrs) {
-  return shape_numel(attrs.get<std::vector<int64_t>>("normalized_shape"));
-}
-
-void layer_norm_kernel(KernelContext& context) {
-  const double eps = context.attrs.get<double>("eps");
-  const int64_t features = features_of(context.attrs);
-  visit_float_dtype(context.inputs[0].dtype(), ops::layer_norm.name(), [&](auto tag) {
-    using T = decltype(tag);
-    const Tensor x = dense_input(context, context.inputs[0]);
-    const bool has_weight = context.inputs[1].defined(), has_bias = context.inputs[2].defined();
-    const Tensor weight = has_weight ? dense_input(context, context.inputs[1]) : Tensor();
-    const Tensor bias = has_bias ? dense_input(context, context.inputs[2]) : Tensor();
-    DenseOutput y(context, context.outputs[0]);
-    DenseOutput means(context, context.outputs[1]);
-    DenseOutput rstds(context, context.outputs[2]);
-    const int64_t rows = features == 0 ? 0 : x.numel() / features;
-    ReduceLayout layout{rows, features, 1};
-    ReduceLaunch launch(layout);
-    if (rows > 0) {
-      KernelDevice device(context);
-      layer_norm_forward_kernel<T>
-          <<<launch.grid, launch.block, launch.shared(sizeof(double)), device.stream()>>>(
-              device_data<const T>(x), has_weight ? device_data<const T>(weight) : nullptr,
-              has_bias ? device_data<const T>(bias) : nullptr, layout, launch.tiles, eps,
-              y.data<T>(), means.data<T>(), rstds.data<T>());
-      check_launch();
-    }
-    y.finish();
-    means.finish();
-    rstds.finish();
-  });
-}
-
-void layer_norm_backward_kernel(KernelContext& context) {
-  const int64_t features = features_of(context.attrs);
-  visit_float_dtype(context.inputs[1].dtype(), ops::layer_norm_backward.name(), [&](auto tag) {
-    using T = decltype(tag);
-    const Tensor grad_y = dense_input(context, context.inputs[0]);
-    const Tensor x = dense_input(context, context.inputs[1]);
-    const Tensor means = dense_input(context, context.inputs[2]);
-    const Tensor rstds = dense_input(context, context.inputs[3]);
-    const bool has_weight = context.inputs[4].defined();
-    const Tensor weight = has_weight ? dense_input(context, context.inputs[4]) : Tensor();
-    DenseOutput grad_x(context, context.outputs[0]);
-    DenseOutput grad_weight(context, context.outputs[1]);
-    DenseOutput grad_bias(context, context.outputs[2]);
-    const int64_t rows = features == 0 ? 0 : x.numel() / features;
-    KernelDevice device(context);
-    if (rows > 0) {
-      ReduceLayout layout{rows, features, 1};
-      ReduceLaunch launch(layout);
-      layer_norm_grad_input_kernel<T>
-          <<<launch.grid, launch.block, launch.shared(sizeof(DoublePair)), device.stream()>>>(
-              device_data<const T>(grad_y), device_data<const T>(x), device_data<const T>(means),
-              device_data<const T>(rstds), has_weight ? device_data<const T>(weight) : nullptr,
-              layout, launch.tiles, grad_x.data<T>());
-      check_launch();
-    }
-    if (features > 0) {
-      ReduceLayout layout{1, rows, features};
-      ReduceLaunch launch(layout);
-      layer_norm_grad_params_kernel<T>
-          <<<launch.grid, launch.block, launch.shared(sizeof(DoublePair)), device.stream()>>>(
-              device_data<const T>(grad_y), device_data<const T>(x), device_data<const T>(means),
-              device_data<const T>(rstds), layout, launch.tiles, grad_weight.data<T>(),
-              grad_bias.data<T>());
-      check_launch();
-    }
-    grad_x.finish();
-    grad_weight.finish();
-    grad_bias.finish();
-  });
-}
 
 // ---- class losses ----
 
@@ -532,9 +359,7 @@ void mse_loss_op(KernelContext& context) {
 
 }  // namespace
 
-TESSEL_REGISTER_OPS(cuda_nn) {
-  ops::layer_norm.set_kernel(kCuda, layer_norm_kernel);
-  ops::layer_norm_backward.set_kernel(kCuda, layer_norm_backward_kernel);
+TESSEL_REGISTER_OPS(cuda_loss) {
   ops::cross_entropy.set_kernel(kCuda, cross_entropy_kernel);
   ops::cross_entropy_backward.set_kernel(kCuda, cross_entropy_backward_op);
   ops::nll_loss.set_kernel(kCuda, nll_loss_op);

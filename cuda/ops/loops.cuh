@@ -15,6 +15,7 @@
 
 #include "core/dtype.h"
 #include "core/op.h"
+#include "core/rng.h"
 #include "core/tensor.h"
 #include "cuda/runtime.h"
 #include "ops/math/convert.h"
@@ -200,7 +201,7 @@ void launch_ternary(const Tensor& out, const Tensor& a, const Tensor& b, const T
                                     device_data<const B>(b), device_data<const C>(c), fn});
 }
 
-// ---- helpers shared by the kernel files (defined in copy.cu) ----
+// ---- helpers shared by the kernel files (defined in loops.cu) ----
 
 // out = in converted to out's dtype, `in` broadcast to out's shape (any dtypes and strides).
 void copy_convert(const Tensor& out, const Tensor& in);
@@ -210,6 +211,8 @@ Tensor converted(KernelContext& context, const Tensor& tensor, DType dtype);
 Tensor dense_input(KernelContext& context, const Tensor& tensor);
 // Sets every byte of a (contiguous) tensor to zero on its compute stream.
 void zero_fill(const Tensor& tensor);
+// The Philox state a random op was dispatched with (its rng_seed and rng_offset attributes).
+RngState rng_attrs(const Attrs& attrs);
 
 // A row-major buffer for one output: the output itself when contiguous, else a workspace that
 // finish() copies back.

@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "cuda/kernels/loops.cuh"
+#include "cuda/ops/loops.cuh"
 #include "ops/linalg.h"
 #include "ops/math/matrix_layout.h"
 #include "ops/registry_helpers.h"

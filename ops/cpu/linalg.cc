@@ -1,0 +1,163 @@
+// The CPU kernels of matmul, bmm and linear: one (batched) GEMM through ops/cpu/gemm.h. Kernels
+// read strided operands in place when each matrix is row- or column-major (a transpose is then
+// free), and copy to a dense workspace only otherwise.
+#include "ops/cpu/linalg.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "ops/cpu/gemm.h"
+#include "ops/cpu/strided_copy.h"
+#include "ops/math/matrix_layout.h"
+#include "ops/ops.h"
+#include "ops/registry_helpers.h"
+
+namespace tessel::cpu {
+
+namespace {
+
+// One operand of a (batched) GEMM as gemm.h reads it.
+template <typename T>
+struct GemmOperand {
+  const T* data = nullptr;
+  int64_t ld = 0;
+  int64_t batch_stride = 0;
+  bool transposed = false;
+};
+
+// The last two dims of `matrix` (2-D, or 3-D with a batch dim in front) as a GEMM operand,
+// reading it in place when possible and from a dense copy otherwise.
+template <typename T>
+GemmOperand<T> gemm_operand(KernelContext& context, const Tensor& matrix) {
+  const int64_t ndim = matrix.dim();
+  const MatrixLayout layout = operand_layout(
+      matrix.size(ndim - 2), matrix.size(ndim - 1), matrix.stride(ndim - 2),
+      matrix.stride(ndim - 1), ndim == 3 ? matrix.size(0) : 1, ndim == 3 ? matrix.stride(0) : 0);
+  GemmOperand<T> operand;
+  operand.data = layout.in_place ? matrix.data_ptr<T>()
+                                 : cpu::dense_input(context, matrix).template data_ptr<T>();
+  operand.ld = layout.ld;
+  operand.batch_stride = layout.batch_stride;
+  operand.transposed = layout.transposed;
+  return operand;
+}
+
+bool shares_storage(const Tensor& output, const std::vector<Tensor>& inputs) {
+  for (const auto& input : inputs)
+    if (input.defined() && input.storage() == output.storage()) return true;
+  return false;
+}
+
+// Where a kernel writes a (batched) row-major result: the output itself when its layout allows
+// and it aliases no input, else a dense workspace copied back by `finish`.
+template <typename T>
+struct GemmResult {
+  Tensor target;
+  T* data = nullptr;
+  int64_t ld = 0;
+  int64_t batch_stride = 0;
+  bool staged = false;
+
+  GemmResult(KernelContext& context, const Tensor& output) : target(output) {
+    const int64_t ndim = output.dim();
+    const MatrixLayout layout =
+        result_layout(output.size(ndim - 2), output.size(ndim - 1), output.stride(ndim - 2),
+                      output.stride(ndim - 1), ndim == 3 ? output.size(0) : 1,
+                      ndim == 3 ? output.stride(0) : 0, shares_storage(output, context.inputs));
+    staged = !layout.in_place;
+    if (staged) target = context.workspace(output.sizes(), output.dtype());
+    data = target.data_ptr<T>();
+    ld = layout.ld;
+    batch_stride = layout.batch_stride;
+  }
+  void finish(const Tensor& output) const {
+    if (staged) cpu::copy_strided(target, output);
+  }
+};
+
+// a (B, n, k) x b (B, k, m) -> out (B, n, m); 2-D tensors are one batch entry.
+template <typename T>
+void batched_product_kernel(KernelContext& context) {
+  const Tensor& a = context.inputs[0];
+  const Tensor& b = context.inputs[1];
+  const Tensor& out = context.outputs[0];
+  if (out.numel() == 0) return;
+  const int64_t ndim = out.dim();
+  const int64_t n = out.size(ndim - 2), m = out.size(ndim - 1), k = a.size(ndim - 1);
+  const int64_t batch = ndim == 3 ? out.size(0) : 1;
+  GemmOperand<T> lhs = gemm_operand<T>(context, a);
+  GemmOperand<T> rhs = gemm_operand<T>(context, b);
+  GemmResult<T> result(context, out);
+  cpu::gemm_batched(lhs.transposed, rhs.transposed, n, m, k, T(1), lhs.data, lhs.ld,
+                    lhs.batch_stride, rhs.data, rhs.ld, rhs.batch_stride, T(0), result.data,
+                    result.ld, result.batch_stride, batch);
+  result.finish(out);
+}
+
+// out (..., out_features) = x (..., in) W^T + bias.
+template <typename T>
+void linear_product_kernel(KernelContext& context) {
+  Tensor x = context.inputs[0];
+  const Tensor& weight = context.inputs[1];
+  const Tensor& bias = context.inputs[2];
+  const Tensor& out = context.outputs[0];
+  if (out.numel() == 0) return;
+  const int64_t in_features = weight.size(1), out_features = weight.size(0);
+  const int64_t rows = x.numel() / std::max<int64_t>(in_features, 1);
+
+  int64_t x_ld = collapsed_row_stride(x.sizes().data(), x.strides().data(), x.dim());
+  bool x_transposed = false;
+  if (x_ld >= 0 && in_features > 1 && x.stride(-1) != 1) x_ld = -1;
+  if (x_ld < 0 && x.dim() == 2) {
+    // A transposed 2-D input (e.g. x.t()) is still read in place.
+    int64_t column_ld = row_major_ld(in_features, rows, x.stride(1), x.stride(0));
+    if (column_ld >= 0) x_ld = column_ld, x_transposed = true;
+  }
+  if (x_ld < 0) {
+    x = cpu::dense_input(context, x);
+    x_ld = std::max<int64_t>(in_features, 1);
+  }
+  // Dense scratch when the output is strided or aliases an input; one row-major matrix otherwise.
+  Tensor target = out;
+  const bool staged = !out.is_contiguous() || shares_storage(out, context.inputs);
+  if (staged) target = context.workspace(out.sizes(), out.dtype());
+  T* result = target.data_ptr<T>();
+
+  T beta = T(0);
+  if (bias.defined()) {
+    const T* bias_data = bias.data_ptr<T>();
+    const int64_t bias_stride = bias.stride(0);
+    parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(out_features, 1)),
+                 [&](int64_t begin, int64_t end) {
+                   for (int64_t r = begin; r < end; ++r) {
+                     T* row = result + r * out_features;
+                     for (int64_t j = 0; j < out_features; ++j) row[j] = bias_data[j * bias_stride];
+                   }
+                 });
+    beta = T(1);
+  }
+  // W^T: a row-major W (out, in) is read transposed; a transposed view of one is read as is.
+  GemmOperand<T> w = gemm_operand<T>(context, weight);
+  cpu::gemm(x_transposed, !w.transposed, rows, out_features, in_features, T(1), x.data_ptr<T>(),
+            x_ld, w.data, w.ld, beta, result, std::max<int64_t>(out_features, 1));
+  if (staged) cpu::copy_strided(target, out);
+}
+
+}  // namespace
+
+void matmul_kernel(KernelContext& context) {
+  visit_float_dtype(context.outputs[0].dtype(), "matmul",
+                    [&](auto tag) { batched_product_kernel<decltype(tag)>(context); });
+}
+
+void bmm_kernel(KernelContext& context) {
+  visit_float_dtype(context.outputs[0].dtype(), "bmm",
+                    [&](auto tag) { batched_product_kernel<decltype(tag)>(context); });
+}
+
+void linear_kernel(KernelContext& context) {
+  visit_float_dtype(context.outputs[0].dtype(), "linear",
+                    [&](auto tag) { linear_product_kernel<decltype(tag)>(context); });
+}
+
+}  // namespace tessel::cpu

@@ -1,0 +1,376 @@
+// The CPU kernels of batch_norm (training and eval), layer_norm and their backward ops. Each
+// normalises one channel (or row) per pass over dense data, statistics summed in f64.
+#include "ops/cpu/norm.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "ops/cpu/strided_copy.h"
+#include "ops/math/channel_layout.h"
+#include "ops/ops.h"
+#include "ops/registry_helpers.h"
+
+namespace tessel::cpu {
+
+namespace {
+
+// Where a kernel writes one output densely: the output itself when contiguous, otherwise
+// scratch that finish() copies back into the strided output.
+class DenseOutput {
+ public:
+  DenseOutput(KernelContext& context, const Tensor& output)
+      : output_(output),
+        dense_(output.is_contiguous() ? output
+                                      : context.workspace(output.sizes(), output.dtype())) {}
+  template <typename T>
+  T* data() const {
+    return dense_.data_ptr<T>();
+  }
+  void finish() const {
+    if (!dense_.is_same(output_)) cpu::copy_strided(dense_, output_);
+  }
+
+ private:
+  Tensor output_;
+  Tensor dense_;
+};
+
+// Reads a 1-D (possibly strided) parameter as doubles; `fallback` when it is undefined.
+template <typename T>
+std::vector<double> read_vector(const Tensor& tensor, int64_t count, double fallback) {
+  std::vector<double> values(static_cast<size_t>(count), fallback);
+  if (!tensor.defined()) return values;
+  const T* data = tensor.data_ptr<T>();
+  const int64_t stride = tensor.stride(0);
+  for (int64_t i = 0; i < count; ++i) values[i] = static_cast<double>(data[i * stride]);
+  return values;
+}
+
+// x viewed as (rows, features): features is the product of normalized_shape.
+struct RowLayout {
+  int64_t rows, features;
+};
+
+RowLayout row_layout(const Shape& sizes, size_t normalized_dims) {
+  int64_t features = 1;
+  for (size_t d = sizes.size() - normalized_dims; d < sizes.size(); ++d) features *= sizes[d];
+  int64_t rows = 1;
+  for (size_t d = 0; d < sizes.size() - normalized_dims; ++d) rows *= sizes[d];
+  return {rows, features};
+}
+
+// Writes per-row statistics into a (possibly strided) (rows..., 1, ...) output.
+template <typename T>
+void write_rows(KernelContext& context, const Tensor& output, const std::vector<double>& values) {
+  DenseOutput dense(context, output);
+  T* data = dense.data<T>();
+  for (size_t i = 0; i < values.size(); ++i) data[i] = static_cast<T>(values[i]);
+  dense.finish();
+}
+
+}  // namespace
+
+// Training: batch statistics (biased variance) normalise; running statistics get the unbiased
+// variance. inputs (x, weight, bias, running_mean, running_var); outputs (y, mean, invstd).
+void batch_norm_train_kernel(KernelContext& context) {
+  const double momentum = context.attrs.get<double>("momentum");
+  const double eps = context.attrs.get<double>("eps");
+  visit_float_dtype(context.inputs[0].dtype(), "batch_norm", [&](auto tag) {
+    using T = decltype(tag);
+    const Tensor x = cpu::dense_input(context, context.inputs[0]);
+    const ChannelLayout layout(x.sizes());
+    const int64_t C = layout.channels, S = layout.spatial, N = layout.batch;
+    const int64_t count = layout.per_channel();
+    const std::vector<double> weight = read_vector<T>(context.inputs[1], C, 1.0);
+    const std::vector<double> bias = read_vector<T>(context.inputs[2], C, 0.0);
+    DenseOutput y(context, context.outputs[0]);
+    std::vector<double> means(C), variances(C);
+    const T* x_data = x.data_ptr<T>();
+    T* y_data = y.data<T>();
+    parallel_for(0, C, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c) {
+        // The reductions are vectorised (omp simd reduction: lanes summed at the end); a plain
+        // loop of double additions waits on each one and dominated this kernel.
+        double total = 0;
+        for (int64_t n = 0; n < N; ++n) {
+          const T* plane = x_data + (n * C + c) * S;
+#pragma omp simd reduction(+ : total)
+          for (int64_t s = 0; s < S; ++s) total += plane[s];
+        }
+        const double mean = total / static_cast<double>(count);
+        double squares = 0;
+        for (int64_t n = 0; n < N; ++n) {
+          const T* plane = x_data + (n * C + c) * S;
+#pragma omp simd reduction(+ : squares)
+          for (int64_t s = 0; s < S; ++s) {
+            const double centred = plane[s] - mean;
+            squares += centred * centred;
+          }
+        }
+        const double variance = squares / static_cast<double>(count);
+        means[c] = mean;
+        variances[c] = variance;
+        const double invstd = 1.0 / std::sqrt(variance + eps);
+        const double scale = weight[c] * invstd;
+        const double shift = bias[c] - mean * scale;
+        for (int64_t n = 0; n < N; ++n) {
+          const T* in_plane = x_data + (n * C + c) * S;
+          T* out_plane = y_data + (n * C + c) * S;
+#pragma omp simd
+          for (int64_t s = 0; s < S; ++s)
+            out_plane[s] = static_cast<T>(in_plane[s] * scale + shift);
+        }
+      }
+    });
+    y.finish();
+    T* save_mean = context.outputs[1].template data_ptr<T>();
+    T* save_invstd = context.outputs[2].template data_ptr<T>();
+    const int64_t mean_stride = context.outputs[1].stride(0);
+    const int64_t invstd_stride = context.outputs[2].stride(0);
+    for (int64_t c = 0; c < C; ++c) {
+      save_mean[c * mean_stride] = static_cast<T>(means[c]);
+      save_invstd[c * invstd_stride] = static_cast<T>(1.0 / std::sqrt(variances[c] + eps));
+    }
+    // A recompute must not move the running statistics a second time.
+    if (context.replay) return;
+    const Tensor& running_mean = context.inputs[3];
+    const Tensor& running_var = context.inputs[4];
+    const double unbiased = static_cast<double>(count) / static_cast<double>(count - 1);
+    if (running_mean.defined()) {
+      T* data = running_mean.data_ptr<T>();
+      const int64_t stride = running_mean.stride(0);
+      for (int64_t c = 0; c < C; ++c)
+        data[c * stride] = static_cast<T>((1 - momentum) * data[c * stride] + momentum * means[c]);
+    }
+    if (running_var.defined()) {
+      T* data = running_var.data_ptr<T>();
+      const int64_t stride = running_var.stride(0);
+      for (int64_t c = 0; c < C; ++c)
+        data[c * stride] =
+            static_cast<T>((1 - momentum) * data[c * stride] + momentum * variances[c] * unbiased);
+    }
+  });
+}
+
+// Eval: y = (x - running_mean) / sqrt(running_var + eps) * weight + bias, plane by plane.
+void batch_norm_eval_kernel(KernelContext& context) {
+  const double eps = context.attrs.get<double>("eps");
+  visit_float_dtype(context.inputs[0].dtype(), "batch_norm", [&](auto tag) {
+    using T = decltype(tag);
+    const Tensor x = cpu::dense_input(context, context.inputs[0]);
+    const ChannelLayout layout(x.sizes());
+    const int64_t C = layout.channels, S = layout.spatial;
+    const std::vector<double> weight = read_vector<T>(context.inputs[1], C, 1.0);
+    const std::vector<double> bias = read_vector<T>(context.inputs[2], C, 0.0);
+    const std::vector<double> mean = read_vector<T>(context.inputs[3], C, 0.0);
+    const std::vector<double> variance = read_vector<T>(context.inputs[4], C, 1.0);
+    std::vector<double> scale(C), shift(C);
+    for (int64_t c = 0; c < C; ++c) {
+      scale[c] = weight[c] / std::sqrt(variance[c] + eps);
+      shift[c] = bias[c] - mean[c] * scale[c];
+    }
+    DenseOutput y(context, context.outputs[0]);
+    const T* x_data = x.data_ptr<T>();
+    T* y_data = y.data<T>();
+    const int64_t planes = layout.batch * C;
+    parallel_for(0, planes, std::max<int64_t>(1, 32768 / std::max<int64_t>(S, 1)),
+                 [&](int64_t begin, int64_t end) {
+                   for (int64_t plane = begin; plane < end; ++plane) {
+                     const int64_t c = plane % C;
+                     const T* in = x_data + plane * S;
+                     T* out = y_data + plane * S;
+#pragma omp simd
+                     for (int64_t s = 0; s < S; ++s)
+                       out[s] = static_cast<T>(in[s] * scale[c] + shift[c]);
+                   }
+                 });
+    y.finish();
+  });
+}
+
+// inputs (grad_y, x, weight, mean, invstd), attr training. In eval mode (training=false) input 4
+// is the running variance and attr eps applies. outputs (grad_x, grad_weight, grad_bias).
+void batch_norm_backward_kernel(KernelContext& context) {
+  const bool training = context.attrs.get<bool>("training");
+  visit_float_dtype(context.inputs[1].dtype(), "batch_norm_backward", [&](auto tag) {
+    using T = decltype(tag);
+    const Tensor grad_y = cpu::dense_input(context, context.inputs[0]);
+    const Tensor x = cpu::dense_input(context, context.inputs[1]);
+    const ChannelLayout layout(x.sizes());
+    const int64_t C = layout.channels, S = layout.spatial, N = layout.batch;
+    const double count = static_cast<double>(layout.per_channel());
+    const std::vector<double> weight = read_vector<T>(context.inputs[2], C, 1.0);
+    const std::vector<double> mean = read_vector<T>(context.inputs[3], C, 0.0);
+    std::vector<double> invstd = read_vector<T>(context.inputs[4], C, 1.0);
+    if (!training) {
+      const double eps = context.attrs.get<double>("eps");
+      for (double& value : invstd) value = 1.0 / std::sqrt(value + eps);
+    }
+    DenseOutput grad_x(context, context.outputs[0]);
+    const T* g_data = grad_y.data_ptr<T>();
+    const T* x_data = x.data_ptr<T>();
+    T* dx_data = grad_x.data<T>();
+    std::vector<double> grad_weight(C), grad_bias(C);
+    parallel_for(0, C, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c) {
+        const double channel_mean = mean[c];
+        double sum_g = 0, sum_g_centred = 0;
+        for (int64_t n = 0; n < N; ++n) {
+          const T* g = g_data + (n * C + c) * S;
+          const T* in = x_data + (n * C + c) * S;
+#pragma omp simd reduction(+ : sum_g, sum_g_centred)
+          for (int64_t s = 0; s < S; ++s) {
+            sum_g += g[s];
+            sum_g_centred += g[s] * (in[s] - channel_mean);
+          }
+        }
+        grad_bias[c] = sum_g;
+        grad_weight[c] = sum_g_centred * invstd[c];
+        // Training: dx = w*invstd * (g - mean(g) - xhat * mean(g * xhat)); eval: w*invstd*g.
+        const double gain = weight[c] * invstd[c];
+        const double mean_g = training ? sum_g / count : 0.0;
+        const double slope =
+            training ? weight[c] * invstd[c] * invstd[c] * invstd[c] * sum_g_centred / count : 0.0;
+        for (int64_t n = 0; n < N; ++n) {
+          const T* g = g_data + (n * C + c) * S;
+          const T* in = x_data + (n * C + c) * S;
+          T* out = dx_data + (n * C + c) * S;
+#pragma omp simd
+          for (int64_t s = 0; s < S; ++s)
+            out[s] = static_cast<T>(gain * (g[s] - mean_g) - slope * (in[s] - channel_mean));
+        }
+      }
+    });
+    grad_x.finish();
+    for (int k = 1; k <= 2; ++k) {
+      const std::vector<double>& values = k == 1 ? grad_weight : grad_bias;
+      T* out = context.outputs[k].template data_ptr<T>();
+      const int64_t stride = context.outputs[k].stride(0);
+      for (int64_t c = 0; c < C; ++c) out[c * stride] = static_cast<T>(values[c]);
+    }
+  });
+}
+
+// inputs (x, weight, bias); outputs (y, mean, rstd), mean and rstd shaped (leading..., 1, ...).
+void layer_norm_kernel(KernelContext& context) {
+  const double eps = context.attrs.get<double>("eps");
+  const auto& normalized = context.attrs.get<std::vector<int64_t>>("normalized_shape");
+  visit_float_dtype(context.inputs[0].dtype(), "layer_norm", [&](auto tag) {
+    using T = decltype(tag);
+    const Tensor x = cpu::dense_input(context, context.inputs[0]);
+    const RowLayout layout = row_layout(x.sizes(), normalized.size());
+    const int64_t K = layout.features;
+    const bool has_weight = context.inputs[1].defined(), has_bias = context.inputs[2].defined();
+    const Tensor weight = has_weight ? cpu::dense_input(context, context.inputs[1]) : Tensor();
+    const Tensor bias = has_bias ? cpu::dense_input(context, context.inputs[2]) : Tensor();
+    const T* w = has_weight ? weight.data_ptr<T>() : nullptr;
+    const T* b = has_bias ? bias.data_ptr<T>() : nullptr;
+    DenseOutput y(context, context.outputs[0]);
+    const T* x_data = x.data_ptr<T>();
+    T* y_data = y.data<T>();
+    std::vector<double> means(layout.rows), rstds(layout.rows);
+    parallel_for(0, layout.rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(K, 1)),
+                 [&](int64_t begin, int64_t end) {
+                   for (int64_t row = begin; row < end; ++row) {
+                     const T* in = x_data + row * K;
+                     T* out = y_data + row * K;
+                     double total = 0;
+#pragma omp simd reduction(+ : total)
+                     for (int64_t j = 0; j < K; ++j) total += in[j];
+                     const double mean = total / static_cast<double>(K);
+                     double squares = 0;
+#pragma omp simd reduction(+ : squares)
+                     for (int64_t j = 0; j < K; ++j) squares += (in[j] - mean) * (in[j] - mean);
+                     const double rstd = 1.0 / std::sqrt(squares / static_cast<double>(K) + eps);
+                     means[row] = mean;
+                     rstds[row] = rstd;
+#pragma omp simd
+                     for (int64_t j = 0; j < K; ++j) {
+                       double value = (in[j] - mean) * rstd;
+                       if (w) value *= w[j];
+                       if (b) value += b[j];
+                       out[j] = static_cast<T>(value);
+                     }
+                   }
+                 });
+    y.finish();
+    write_rows<T>(context, context.outputs[1], means);
+    write_rows<T>(context, context.outputs[2], rstds);
+  });
+}
+
+// inputs (grad_y, x, mean, rstd, weight); outputs (grad_x, grad_weight, grad_bias), the last two
+// shaped like normalized_shape.
+void layer_norm_backward_kernel(KernelContext& context) {
+  const auto& normalized = context.attrs.get<std::vector<int64_t>>("normalized_shape");
+  visit_float_dtype(context.inputs[1].dtype(), "layer_norm_backward", [&](auto tag) {
+    using T = decltype(tag);
+    const Tensor grad_y = cpu::dense_input(context, context.inputs[0]);
+    const Tensor x = cpu::dense_input(context, context.inputs[1]);
+    const Tensor mean = cpu::dense_input(context, context.inputs[2]);
+    const Tensor rstd = cpu::dense_input(context, context.inputs[3]);
+    const bool has_weight = context.inputs[4].defined();
+    const Tensor weight = has_weight ? cpu::dense_input(context, context.inputs[4]) : Tensor();
+    const RowLayout layout = row_layout(x.sizes(), normalized.size());
+    const int64_t K = layout.features, rows = layout.rows;
+    const T* g_data = grad_y.data_ptr<T>();
+    const T* x_data = x.data_ptr<T>();
+    const T* mean_data = mean.data_ptr<T>();
+    const T* rstd_data = rstd.data_ptr<T>();
+    const T* w = has_weight ? weight.data_ptr<T>() : nullptr;
+    DenseOutput grad_x(context, context.outputs[0]);
+    T* dx_data = grad_x.data<T>();
+    // dx = rstd * (wg - mean(wg) - xhat * mean(wg * xhat)), wg = g * weight.
+    parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(K, 1)),
+                 [&](int64_t begin, int64_t end) {
+                   for (int64_t row = begin; row < end; ++row) {
+                     const T* g = g_data + row * K;
+                     const T* in = x_data + row * K;
+                     T* out = dx_data + row * K;
+                     const double mu = mean_data[row], r = rstd_data[row];
+                     double sum_wg = 0, sum_wg_xhat = 0;
+#pragma omp simd reduction(+ : sum_wg, sum_wg_xhat)
+                     for (int64_t j = 0; j < K; ++j) {
+                       const double wg = w ? g[j] * static_cast<double>(w[j]) : g[j];
+                       sum_wg += wg;
+                       sum_wg_xhat += wg * (in[j] - mu) * r;
+                     }
+                     const double mean_wg = sum_wg / static_cast<double>(K);
+                     const double mean_wg_xhat = sum_wg_xhat / static_cast<double>(K);
+#pragma omp simd
+                     for (int64_t j = 0; j < K; ++j) {
+                       const double wg = w ? g[j] * static_cast<double>(w[j]) : g[j];
+                       const double xhat = (in[j] - mu) * r;
+                       out[j] = static_cast<T>(r * (wg - mean_wg - xhat * mean_wg_xhat));
+                     }
+                   }
+                 });
+    grad_x.finish();
+    // Column sums over rows, split across columns so every thread owns its outputs.
+    DenseOutput grad_weight(context, context.outputs[1]);
+    DenseOutput grad_bias(context, context.outputs[2]);
+    T* dw_data = grad_weight.data<T>();
+    T* db_data = grad_bias.data<T>();
+    parallel_for(0, K, 64, [&](int64_t begin, int64_t end) {
+      std::vector<double> dw(end - begin, 0.0), db(end - begin, 0.0);
+      for (int64_t row = 0; row < rows; ++row) {
+        const T* g = g_data + row * K;
+        const T* in = x_data + row * K;
+        const double mu = mean_data[row], r = rstd_data[row];
+        for (int64_t j = begin; j < end; ++j) {
+          dw[j - begin] += g[j] * (in[j] - mu) * r;
+          db[j - begin] += g[j];
+        }
+      }
+      for (int64_t j = begin; j < end; ++j) {
+        dw_data[j] = static_cast<T>(dw[j - begin]);
+        db_data[j] = static_cast<T>(db[j - begin]);
+      }
+    });
+    grad_weight.finish();
+    grad_bias.finish();
+  });
+}
+
+}  // namespace tessel::cpu

@@ -1,0 +1,281 @@
+// The CPU kernels of max_pool2d, avg_pool2d and adaptive_avg_pool2d and their gradients, with
+// PyTorch's window rules (ops/math/pooling.h). Kernels read and write any strides directly.
+#include "ops/cpu/pool.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "ops/math/pooling.h"
+#include "ops/ops.h"
+#include "ops/pool.h"
+#include "ops/registry_helpers.h"
+
+namespace tessel::cpu {
+
+std::vector<int64_t> attr_pair(const Attrs& attrs, const char* op, const char* name) {
+  const auto& values = attrs.get<std::vector<int64_t>>(name);
+  TESSEL_CHECK(values.size() == 2, op, ": ", name, " must have 2 values (h, w), got ", values);
+  return values;
+}
+
+// The two axes of a max/avg pool from its attributes and an input of `sizes` (N, C, H, W).
+std::pair<PoolAxis, PoolAxis> pool_axes(const char* op, const Shape& sizes, const Attrs& attrs,
+                                        bool with_dilation) {
+  auto kernel = attr_pair(attrs, op, "kernel_size");
+  auto stride = attr_pair(attrs, op, "stride");
+  auto padding = attr_pair(attrs, op, "padding");
+  std::vector<int64_t> dilation =
+      with_dilation ? attr_pair(attrs, op, "dilation") : std::vector<int64_t>{1, 1};
+  const bool ceil_mode = attrs.get<bool>("ceil_mode");
+  TESSEL_CHECK(kernel[0] > 0 && kernel[1] > 0, op, ": kernel_size must be positive, got ", kernel);
+  TESSEL_CHECK(stride[0] > 0 && stride[1] > 0, op, ": stride must be positive, got ", stride);
+  TESSEL_CHECK(dilation[0] > 0 && dilation[1] > 0, op, ": dilation must be positive, got ",
+               dilation);
+  TESSEL_CHECK(padding[0] >= 0 && padding[1] >= 0 && padding[0] <= kernel[0] / 2 &&
+                   padding[1] <= kernel[1] / 2,
+               op, ": padding must be between 0 and half the kernel size, got padding ", padding,
+               " for kernel_size ", kernel);
+  PoolAxis axes[2];
+  for (int i = 0; i < 2; ++i) {
+    const int64_t input = sizes[2 + i];
+    axes[i] = {
+        input,       kernel[i],
+        stride[i],   padding[i],
+        dilation[i], pooled_size(input, kernel[i], padding[i], stride[i], dilation[i], ceil_mode)};
+  }
+  TESSEL_CHECK(axes[0].output > 0 && axes[1].output > 0, op, ": input shape ", shape_str(sizes),
+               " is too small for kernel_size ", kernel, " (dilation ", dilation, ", padding ",
+               padding, "): the output would be ", axes[0].output, "x", axes[1].output);
+  return {axes[0], axes[1]};
+}
+
+namespace {
+
+int64_t plane_count(const Tensor& t) { return t.size(0) * t.size(1); }
+
+int64_t plane_grain(int64_t plane_work) {
+  return std::max<int64_t>(1, 16384 / std::max<int64_t>(plane_work, 1));
+}
+
+// Accumulates a gradient plane by plane: `fill(plane, accumulator)` adds into a dense zeroed
+// H*W buffer, which is then written into the (strided) output. Planes never overlap, so each
+// thread owns the planes it is given.
+template <typename T, typename Fill>
+void scatter_planes(KernelContext& context, const Fill& fill) {
+  const Tensor& out = context.outputs[0];
+  const Planes geometry = planes_of(out);
+  const int64_t plane = geometry.height * geometry.width;
+  const int64_t planes = plane_count(out);
+  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(get_num_threads(), planes));
+  T* scratch = context.workspace({chunks, plane}, out.dtype()).template data_ptr<T>();
+  T* out_data = out.data_ptr<T>();
+  parallel_for(0, chunks, 1, [&](int64_t chunk_begin, int64_t chunk_end) {
+    for (int64_t chunk = chunk_begin; chunk < chunk_end; ++chunk) {
+      T* acc = scratch + chunk * plane;
+      for (int64_t p = planes * chunk / chunks; p < planes * (chunk + 1) / chunks; ++p) {
+        std::fill(acc, acc + plane, T(0));
+        fill(p, acc);
+        T* target = out_data + geometry.plane_offset(p);
+        for (int64_t h = 0; h < geometry.height; ++h)
+          for (int64_t w = 0; w < geometry.width; ++w)
+            target[geometry.at(h, w)] = acc[h * geometry.width + w];
+      }
+    }
+  });
+}
+
+// ---- max_pool2d ----
+
+template <typename T>
+void max_pool_forward(KernelContext& context) {
+  const Tensor& x = context.inputs[0];
+  const Tensor& values = context.outputs[0];
+  const Tensor& indices = context.outputs[1];
+  // Not a structured binding: C++17 lambdas cannot capture those (clang rejects it).
+  const auto axes = pool_axes("max_pool2d", x.sizes(), context.attrs, true);
+  const PoolAxis& rows = axes.first;
+  const PoolAxis& cols = axes.second;
+  const Planes in = planes_of(x), out = planes_of(values), index = planes_of(indices);
+  const T* x_data = x.data_ptr<T>();
+  T* value_data = values.data_ptr<T>();
+  int64_t* index_data = indices.data_ptr<int64_t>();
+  const int64_t work = rows.output * cols.output * rows.kernel * cols.kernel;
+  parallel_for(0, plane_count(x), plane_grain(work), [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      const T* plane = x_data + in.plane_offset(p);
+      T* value_plane = value_data + out.plane_offset(p);
+      int64_t* index_plane = index_data + index.plane_offset(p);
+      for (int64_t oh = 0; oh < rows.output; ++oh) {
+        for (int64_t ow = 0; ow < cols.output; ++ow) {
+          T best;
+          int64_t best_index;
+          window_max(
+              rows, cols, oh, ow, [&](int64_t h, int64_t w) { return plane[in.at(h, w)]; }, &best,
+              &best_index);
+          value_plane[out.at(oh, ow)] = best;
+          index_plane[index.at(oh, ow)] = best_index;
+        }
+      }
+    }
+  });
+}
+
+template <typename T>
+void max_pool_backward(KernelContext& context) {
+  const Tensor& grad = context.inputs[0];
+  const Tensor& indices = context.inputs[1];
+  const Planes g = planes_of(grad), index = planes_of(indices);
+  const T* grad_data = grad.data_ptr<T>();
+  const int64_t* index_data = indices.data_ptr<int64_t>();
+  const int64_t in_plane = context.outputs[0].size(2) * context.outputs[0].size(3);
+  scatter_planes<T>(context, [&](int64_t p, T* acc) {
+    const T* grad_plane = grad_data + g.plane_offset(p);
+    const int64_t* index_plane = index_data + index.plane_offset(p);
+    for (int64_t oh = 0; oh < g.height; ++oh) {
+      for (int64_t ow = 0; ow < g.width; ++ow) {
+        const int64_t at = index_plane[index.at(oh, ow)];
+        if (at >= 0 && at < in_plane) acc[at] += grad_plane[g.at(oh, ow)];
+      }
+    }
+  });
+}
+
+// ---- avg_pool2d ----
+
+template <typename T>
+void avg_pool_forward(KernelContext& context) {
+  const Tensor& x = context.inputs[0];
+  const Tensor& values = context.outputs[0];
+  const auto axes = pool_axes("avg_pool2d", x.sizes(), context.attrs, false);
+  const PoolAxis& rows = axes.first;
+  const PoolAxis& cols = axes.second;
+  const bool count_include_pad = context.attrs.get<bool>("count_include_pad");
+  const Planes in = planes_of(x), out = planes_of(values);
+  const T* x_data = x.data_ptr<T>();
+  T* value_data = values.data_ptr<T>();
+  const int64_t work = rows.output * cols.output * rows.kernel * cols.kernel;
+  parallel_for(0, plane_count(x), plane_grain(work), [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      const T* plane = x_data + in.plane_offset(p);
+      T* value_plane = value_data + out.plane_offset(p);
+      for (int64_t oh = 0; oh < rows.output; ++oh) {
+        const AvgWindow wh = avg_window(rows, oh);
+        for (int64_t ow = 0; ow < cols.output; ++ow) {
+          const AvgWindow ww = avg_window(cols, ow);
+          value_plane[out.at(oh, ow)] = window_average<T>(
+              wh, ww, count_include_pad, [&](int64_t h, int64_t w) { return plane[in.at(h, w)]; });
+        }
+      }
+    }
+  });
+}
+
+template <typename T>
+void avg_pool_backward(KernelContext& context) {
+  const Tensor& grad = context.inputs[0];
+  const auto axes =
+      pool_axes("avg_pool2d", context.outputs[0].sizes(), context.attrs, /*with_dilation=*/false);
+  const PoolAxis& rows = axes.first;
+  const PoolAxis& cols = axes.second;
+  const bool count_include_pad = context.attrs.get<bool>("count_include_pad");
+  const Planes g = planes_of(grad);
+  const T* grad_data = grad.data_ptr<T>();
+  const int64_t width = cols.input;
+  scatter_planes<T>(context, [&](int64_t p, T* acc) {
+    const T* grad_plane = grad_data + g.plane_offset(p);
+    for (int64_t oh = 0; oh < rows.output; ++oh) {
+      const AvgWindow wh = avg_window(rows, oh);
+      for (int64_t ow = 0; ow < cols.output; ++ow) {
+        const AvgWindow ww = avg_window(cols, ow);
+        if (wh.empty() || ww.empty()) continue;
+        const T share =
+            grad_plane[g.at(oh, ow)] / static_cast<T>(avg_divisor(wh, ww, count_include_pad));
+        for (int64_t h = wh.start; h < wh.end; ++h)
+          for (int64_t w = ww.start; w < ww.end; ++w) acc[h * width + w] += share;
+      }
+    }
+  });
+}
+
+// ---- adaptive_avg_pool2d ----
+
+template <typename T>
+void adaptive_avg_forward(KernelContext& context) {
+  const Tensor& x = context.inputs[0];
+  const Tensor& values = context.outputs[0];
+  const Planes in = planes_of(x), out = planes_of(values);
+  const int64_t out_h = values.size(2), out_w = values.size(3);
+  const T* x_data = x.data_ptr<T>();
+  T* value_data = values.data_ptr<T>();
+  parallel_for(
+      0, plane_count(x), plane_grain(in.height * in.width), [&](int64_t begin, int64_t end) {
+        for (int64_t p = begin; p < end; ++p) {
+          const T* plane = x_data + in.plane_offset(p);
+          T* value_plane = value_data + out.plane_offset(p);
+          for (int64_t oh = 0; oh < out_h; ++oh) {
+            const AvgWindow wh = adaptive_window(oh, in.height, out_h);
+            for (int64_t ow = 0; ow < out_w; ++ow) {
+              const AvgWindow ww = adaptive_window(ow, in.width, out_w);
+              const T total =
+                  window_sum<T>(wh, ww, [&](int64_t h, int64_t w) { return plane[in.at(h, w)]; });
+              value_plane[out.at(oh, ow)] = total / static_cast<T>(avg_divisor(wh, ww, false));
+            }
+          }
+        }
+      });
+}
+
+template <typename T>
+void adaptive_avg_backward(KernelContext& context) {
+  const Tensor& grad = context.inputs[0];
+  const Planes g = planes_of(grad);
+  const int64_t in_h = context.outputs[0].size(2), in_w = context.outputs[0].size(3);
+  const T* grad_data = grad.data_ptr<T>();
+  scatter_planes<T>(context, [&](int64_t p, T* acc) {
+    const T* grad_plane = grad_data + g.plane_offset(p);
+    for (int64_t oh = 0; oh < g.height; ++oh) {
+      const AvgWindow wh = adaptive_window(oh, in_h, g.height);
+      for (int64_t ow = 0; ow < g.width; ++ow) {
+        const AvgWindow ww = adaptive_window(ow, in_w, g.width);
+        const T share = grad_plane[g.at(oh, ow)] / static_cast<T>(avg_divisor(wh, ww, false));
+        for (int64_t h = wh.start; h < wh.end; ++h)
+          for (int64_t w = ww.start; w < ww.end; ++w) acc[h * in_w + w] += share;
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void max_pool2d_kernel(KernelContext& context) {
+  visit_float_dtype(context.outputs[0].dtype(), ops::max_pool2d.name(),
+                    [&](auto tag) { max_pool_forward<decltype(tag)>(context); });
+}
+
+void max_pool2d_backward_kernel(KernelContext& context) {
+  visit_float_dtype(context.outputs[0].dtype(), ops::max_pool2d_backward.name(),
+                    [&](auto tag) { max_pool_backward<decltype(tag)>(context); });
+}
+
+void avg_pool2d_kernel(KernelContext& context) {
+  visit_float_dtype(context.outputs[0].dtype(), ops::avg_pool2d.name(),
+                    [&](auto tag) { avg_pool_forward<decltype(tag)>(context); });
+}
+
+void avg_pool2d_backward_kernel(KernelContext& context) {
+  visit_float_dtype(context.outputs[0].dtype(), ops::avg_pool2d_backward.name(),
+                    [&](auto tag) { avg_pool_backward<decltype(tag)>(context); });
+}
+
+void adaptive_avg_pool2d_kernel(KernelContext& context) {
+  visit_float_dtype(context.outputs[0].dtype(), ops::adaptive_avg_pool2d.name(),
+                    [&](auto tag) { adaptive_avg_forward<decltype(tag)>(context); });
+}
+
+void adaptive_avg_pool2d_backward_kernel(KernelContext& context) {
+  visit_float_dtype(context.outputs[0].dtype(), ops::adaptive_avg_pool2d_backward.name(),
+                    [&](auto tag) { adaptive_avg_backward<decltype(tag)>(context); });
+}
+
+}  // namespace tessel::cpu
