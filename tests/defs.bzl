@@ -19,14 +19,15 @@ def cc_test_per_file(
     """
     for f in native.glob(["*_test.cc"], exclude = exclude):
         name = f[:-3]
+        test_deps = []
+        for dep in deps + extra_deps.get(name, []) + ["//tests:testing", "@gtest//:gtest_main"]:
+            if dep not in test_deps:  # Bazel refuses a label listed twice
+                test_deps.append(dep)
         cc_test(
             name = name,
             size = sizes.get(name, size),
             srcs = [f],
             shard_count = shard_counts.get(name),  # None: not sharded
             data = data,
-            deps = deps + extra_deps.get(name, []) + [
-                "//tests:testing",
-                "@gtest//:gtest_main",
-            ],
+            deps = test_deps,
         )
