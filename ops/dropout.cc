@@ -6,7 +6,7 @@
 
 #include <vector>
 
-#include "ops/cpu/dropout.h"
+#include "ops/cpu/kernels.h"
 #include "ops/ops.h"
 #include "ops/registry_helpers.h"
 

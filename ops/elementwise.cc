@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "ops/cpu/elementwise.h"
+#include "ops/cpu/kernels.h"
 #include "ops/math/elementwise.h"
 #include "ops/ops.h"
 #include "ops/registry_helpers.h"

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "ops/cpu/factory.h"
+#include "ops/cpu/kernels.h"
 #include "ops/ops.h"
 #include "ops/registry_helpers.h"
 

@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "ops/cpu/index.h"
+#include "ops/cpu/kernels.h"
 #include "ops/ops.h"
 #include "ops/registry_helpers.h"
 

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "ops/cpu/f32_fallback.h"
-#include "ops/cpu/linalg.h"
+#include "ops/cpu/kernels.h"
 #include "ops/ops.h"
 #include "ops/registry_helpers.h"
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "ops/cpu/loss.h"
+#include "ops/cpu/kernels.h"
 #include "ops/ops.h"
 #include "ops/registry_helpers.h"
 

@@ -6,7 +6,7 @@
 
 #include <vector>
 
-#include "ops/cpu/norm.h"
+#include "ops/cpu/kernels.h"
 #include "ops/math/channel_layout.h"
 #include "ops/ops.h"
 #include "ops/registry_helpers.h"

@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "ops/cpu/pool.h"
+#include "ops/cpu/kernels.h"
 #include "ops/ops.h"
 #include "ops/registry_helpers.h"
 

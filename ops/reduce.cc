@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "ops/cpu/reduce.h"
+#include "ops/cpu/kernels.h"
 #include "ops/math/reduce_layout.h"
 #include "ops/ops.h"
 #include "ops/registry_helpers.h"

@@ -10,7 +10,7 @@
 #include <optional>
 #include <vector>
 
-#include "ops/cpu/shape.h"
+#include "ops/cpu/kernels.h"
 #include "ops/ops.h"
 #include "ops/registry_helpers.h"
 

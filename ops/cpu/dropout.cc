@@ -1,13 +1,13 @@
 // The CPU kernel of dropout: one Philox counter's four elements at a time (ops/math/dropout.h,
 // as the CUDA kernel does), so the mask depends only on the recorded state, not on threads.
-#include "ops/cpu/dropout.h"
+#include "ops/math/dropout.h"
 
 #include <array>
 #include <cmath>
 
 #include "core/rng.h"
+#include "ops/cpu/kernels.h"
 #include "ops/cpu/strided_copy.h"
-#include "ops/math/dropout.h"
 #include "ops/ops.h"
 #include "ops/registry_helpers.h"
 

@@ -1,15 +1,15 @@
 // The CPU kernels of the element-wise ops: strided, broadcasting loops (ops/cpu/loops.h) over
 // the per-element math of ops/math/elementwise.h, one loop per op kind so each one vectorises.
-#include "ops/cpu/elementwise.h"
+#include "ops/math/elementwise.h"
 
 #include <cmath>
 #include <limits>
 #include <string>
 #include <type_traits>
 
+#include "ops/cpu/kernels.h"
 #include "ops/cpu/loops.h"
 #include "ops/math/dtype_visit.h"
-#include "ops/math/elementwise.h"
 #include "ops/ops.h"
 #include "ops/registry_helpers.h"
 

@@ -1,8 +1,6 @@
 // The CPU kernels of full, arange, rand, randn, randint, the copies and casts (clone,
 // contiguous, to_dtype) and the in-place fill_ and copy_, on the strided loops of
 // ops/cpu/loops.h. Random kernels compute each Philox counter once per four elements.
-#include "ops/cpu/factory.h"
-
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -10,6 +8,7 @@
 
 #include "core/philox.h"
 #include "core/rng.h"
+#include "ops/cpu/kernels.h"
 #include "ops/cpu/loops.h"
 #include "ops/ops.h"
 #include "ops/registry_helpers.h"

@@ -1,11 +1,10 @@
 // The CPU kernels of cat, index_select, gather and embedding, and of their gradients: a
 // deterministic scatter-add into zeros (threads own disjoint targets and add in index order).
-#include "ops/cpu/index.h"
-
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
+#include "ops/cpu/kernels.h"
 #include "ops/cpu/strided_copy.h"
 #include "ops/math/indexing.h"
 #include "ops/ops.h"

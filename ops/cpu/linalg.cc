@@ -1,12 +1,11 @@
 // The CPU kernels of matmul, bmm and linear: one (batched) GEMM through ops/cpu/gemm.h. Kernels
 // read strided operands in place when each matrix is row- or column-major (a transpose is then
 // free), and copy to a dense workspace only otherwise.
-#include "ops/cpu/linalg.h"
-
 #include <algorithm>
 #include <vector>
 
 #include "ops/cpu/gemm.h"
+#include "ops/cpu/kernels.h"
 #include "ops/cpu/strided_copy.h"
 #include "ops/math/matrix_layout.h"
 #include "ops/ops.h"

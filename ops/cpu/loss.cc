@@ -1,8 +1,6 @@
 // The CPU kernels of cross_entropy (log_softmax fused in), nll_loss, mse_loss and their
 // gradients, with PyTorch's reductions, ignore_index and label smoothing. Per-position losses
 // and sums are kept in f64.
-#include "ops/cpu/loss.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -11,6 +9,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "ops/cpu/kernels.h"
 #include "ops/cpu/strided_copy.h"
 #include "ops/ops.h"
 #include "ops/registry_helpers.h"

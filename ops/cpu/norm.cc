@@ -1,11 +1,10 @@
 // The CPU kernels of batch_norm (training and eval), layer_norm and their backward ops. Each
 // normalises one channel (or row) per pass over dense data, statistics summed in f64.
-#include "ops/cpu/norm.h"
-
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "ops/cpu/kernels.h"
 #include "ops/cpu/strided_copy.h"
 #include "ops/math/channel_layout.h"
 #include "ops/ops.h"

@@ -1,14 +1,14 @@
 // The CPU kernels of max_pool2d, avg_pool2d and adaptive_avg_pool2d and their gradients, with
 // PyTorch's window rules (ops/math/pooling.h). Kernels read and write any strides directly.
-#include "ops/cpu/pool.h"
+#include "ops/pool.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
+#include "ops/cpu/kernels.h"
 #include "ops/math/pooling.h"
 #include "ops/ops.h"
-#include "ops/pool.h"
 #include "ops/registry_helpers.h"
 
 namespace tessel::cpu {

@@ -3,14 +3,13 @@
 // reduced dims, when adjacent, are the middle; otherwise a permuted copy puts them last. f32
 // data is summed in double so long sums stay accurate; partial sums combine in a fixed order
 // (deterministic for any thread count).
-#include "ops/cpu/reduce.h"
-
 #include <cmath>
 #include <limits>
 #include <memory>
 #include <string>
 #include <type_traits>
 
+#include "ops/cpu/kernels.h"
 #include "ops/cpu/loops.h"
 #include "ops/math/dtype_visit.h"
 #include "ops/math/reduce_layout.h"

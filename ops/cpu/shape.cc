@@ -1,9 +1,8 @@
-// The CPU kernel of slice_backward, and the slice geometry of ops/cpu/shape.h.
-#include "ops/cpu/shape.h"
-
+// The CPU kernel of slice_backward, and the slice geometry of ops/cpu/kernels.h.
 #include <algorithm>
 #include <cstring>
 
+#include "ops/cpu/kernels.h"
 #include "ops/cpu/strided_copy.h"
 #include "ops/ops.h"
 #include "ops/registry_helpers.h"
