@@ -6,6 +6,7 @@
 
 #include "core/autograd.h"
 #include "ops/ops.h"
+#include "tests/ops/patterns.h"
 #include "tests/testing.h"
 
 namespace tessel {
@@ -13,14 +14,9 @@ namespace {
 
 using testing::all_close;
 using testing::gradcheck;
+using testing::iota;
 using testing::kF64;
 using testing::throws_error;
-
-Tensor iota(const Shape& sizes, DType dtype = kF64) {
-  std::vector<double> values(static_cast<size_t>(shape_numel(sizes)));
-  std::iota(values.begin(), values.end(), 0.0);
-  return from_vector<double>(values, sizes, dtype);
-}
 
 Tensor indices(const std::vector<int64_t>& values, const Shape& sizes) {
   return from_vector<int64_t>(values, sizes);

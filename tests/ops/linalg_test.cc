@@ -8,28 +8,18 @@
 #include "core/op.h"
 #include "core/threading.h"
 #include "ops/ops.h"
+#include "tests/ops/patterns.h"
 #include "tests/testing.h"
 
 namespace tessel {
 namespace {
 
 using testing::all_close;
+using testing::expected;
 using testing::gradcheck;
 using testing::kF64;
+using testing::pattern;
 using testing::throws_error;
-
-// Exactly representable values; the expected literals below come from PyTorch 1.13 (CPU, f64)
-// fed the same pattern: ((i * 37 + offset) % 17 - 8) / 8 over the row-major elements.
-Tensor pattern(const Shape& sizes, int offset = 0, DType dtype = kF64) {
-  std::vector<double> values(static_cast<size_t>(shape_numel(sizes)));
-  for (size_t i = 0; i < values.size(); ++i)
-    values[i] = static_cast<double>((static_cast<int64_t>(i) * 37 + offset) % 17 - 8) / 8.0;
-  return from_vector<double>(values, sizes, dtype);
-}
-
-Tensor expected(const std::vector<double>& values, const Shape& sizes, DType dtype = kF64) {
-  return from_vector<double>(values, sizes, dtype);
-}
 
 // C = A B with a plain loop in double, A (n, k) and B (k, m) given as row-major values.
 std::vector<double> reference_product(const std::vector<double>& a, const std::vector<double>& b,

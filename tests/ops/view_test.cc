@@ -4,6 +4,7 @@
 
 #include "core/autograd.h"
 #include "ops/ops.h"
+#include "tests/ops/patterns.h"
 #include "tests/testing.h"
 
 namespace tessel {
@@ -11,15 +12,9 @@ namespace {
 
 using testing::all_close;
 using testing::gradcheck;
+using testing::iota;
 using testing::kF64;
 using testing::throws_error;
-
-// 0, 1, 2, ... in row-major order.
-Tensor iota(const Shape& sizes, DType dtype = kF64) {
-  std::vector<double> values(static_cast<size_t>(shape_numel(sizes)));
-  std::iota(values.begin(), values.end(), 0.0);
-  return from_vector<double>(values, sizes, dtype);
-}
 
 std::vector<double> values_of(const Tensor& t) { return t.to_vector<double>(); }
 
