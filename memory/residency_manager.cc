@@ -106,7 +106,7 @@ struct ResidencyManager::Record {
   std::shared_ptr<HostTransfer> pending_in;  // a prefetch: device bytes held, host copy kept
   bool consumed = false;                     // a recorded op has read it since it was made
   bool rematerializing = false;              // being recomputed: not a candidate
-  bool record_stale = false;  // an input of its op record was (or is being) written in place
+  bool producer_stale = false;  // an input of its op record was (or is being) written in place
   bool read_back_in_forward = false;  // swapped out, then read again while gradients recorded
 };
 
@@ -255,16 +255,17 @@ double ResidencyManager::evicted_neighbourhood_cost(StorageImpl& storage) {
 bool ResidencyManager::can_recompute(StorageImpl& storage) {
   if (!keeps_records() || !storage.producer) return false;
   Record* record = find_record(storage);
-  if (record && record->record_stale) return false;
-  const OpCall& record = *storage.producer;
-  for (size_t i = 0; i < record.inputs.size(); ++i) {
-    const RecordedTensor& input = record.inputs[i];
+  if (record && record->producer_stale) return false;
+  const OpCall& producer = *storage.producer;
+  for (size_t i = 0; i < producer.inputs.size(); ++i) {
+    const RecordedTensor& input = producer.inputs[i];
     if (!input.storage) continue;
     if (input.storage.get() == &storage) return false;
-    if (!is_mutated_input(*record.op, i) && input.storage->version() != input.version) return false;
+    if (!is_mutated_input(*producer.op, i) && input.storage->version() != input.version)
+      return false;
     if (input.storage->state() == Residency::kEvicted) {
       Record* input_record = find_record(*input.storage);
-      if (!input.storage->producer || (input_record && input_record->record_stale)) return false;
+      if (!input.storage->producer || (input_record && input_record->producer_stale)) return false;
     }
   }
   return true;
@@ -618,7 +619,7 @@ void ResidencyManager::rematerialize(StorageImpl& target) {
       TESSEL_CHECK(storage.producer != nullptr, "storage ", storage.id(), " (", storage.nbytes(),
                    " bytes) was evicted but has no op record to recompute it from", needed_by());
       Record* record = find_record(storage);
-      TESSEL_CHECK(!(record && record->record_stale), "cannot recompute a ",
+      TESSEL_CHECK(!(record && record->producer_stale), "cannot recompute a ",
                    storage.producer->op->name, " output (storage ", storage.id(),
                    "): an input of its op record was modified in place after it was evicted",
                    needed_by());
@@ -810,7 +811,7 @@ void ResidencyManager::before_write(StorageImpl& storage) {
         // downstream (an optimizer step writes many parameters that feed one graph).
         if (output->state() == Residency::kEvicted) {
           Record* output_record = find_record(*output);
-          if (output_record && output_record->record_stale) continue;
+          if (output_record && output_record->producer_stale) continue;
         }
         // Direct outputs all lose their op record; further down only what recomputes through them.
         if (is_written || passes_through(*output)) affected.push_back(output);
@@ -833,7 +834,7 @@ void ResidencyManager::before_write(StorageImpl& storage) {
     // Nothing held needs the old bytes: what was made from them is never recomputed again, and
     // what nobody holds is of no use any more: its bytes go.
     for (const auto& node : affected) {
-      record_of(*node).record_stale = true;
+      record_of(*node).producer_stale = true;
       if (node->state() == Residency::kResident && node->user_refs() == 0 && node->pins() == 0 &&
           managed(*node)) {
         node->release_bytes(Residency::kEvicted);
