@@ -5,13 +5,16 @@
 //   LinearOptions(2, 3).bias(false);  options.bias();  // false
 // The type must not contain a comma (use an alias). The declaration ends in private: access.
 // The setter's type is spelled decltype(*this), not deduced, so setters may call each other in
-// any order within the class.
+// any order within the class; it takes its value by copy, so a lambda may pass a constant it does
+// not capture, as with a hand-written setter.
 #pragma once
+
+#include <utility>
 
 #define TESSEL_ARG(T, name)                          \
  public:                                             \
-  auto name(const T& new_##name)->decltype(*this) {  \
-    name##_ = new_##name;                            \
+  auto name(T new_##name)->decltype(*this) {         \
+    name##_ = std::move(new_##name);                 \
     return *this;                                    \
   }                                                  \
   const T& name() const noexcept { return name##_; } \
