@@ -1,6 +1,6 @@
 // The fused optimizer updates, registered in optim/optim_ops.cc. Their handles live here so
-// that the CUDA backend attaches its kernels (cuda/kernels/optim.cu) without depending on the
-// optimizers.
+// that the CUDA backend attaches its kernels (cuda/ops/optimizer_updates.cu) without depending on
+// the optimizers.
 #pragma once
 
 #include "core/op.h"

@@ -1,4 +1,4 @@
-// The `to_device` op. Only host-to-host copies are done here; the CUDA backend (cuda/copy.cu)
+// The `to_device` op. Only host-to-host copies are done here; the CUDA backend (cuda/copy.cc)
 // registers the transfer kernel for both device types, since the kernel that runs is chosen by
 // the output's device (a CUDA-to-CPU copy runs the kCpu kernel).
 #include "ops/transfer.h"

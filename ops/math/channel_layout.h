@@ -1,6 +1,6 @@
 // An (N, C, ...) input of batch norm seen as (N, C, S): N batch entries, C channels, S spatial
 // positions per channel. Shared by the CPU kernels (ops/cpu/norm.cc) and the CUDA kernels
-// (cuda/norm_pool.cu).
+// (cuda/ops/norm.cu).
 //   ChannelLayout layout(x.sizes());  int64_t c = layout.channel_of(i);  // of dense element i
 #pragma once
 

@@ -1,5 +1,5 @@
 // The per-element math of the element-wise ops, shared by the CPU loops (ops/cpu/elementwise.cc)
-// and the CUDA kernels (cuda/kernels/elementwise.cu): binary arithmetic, comparisons, scalar
+// and the CUDA kernels (cuda/ops/elementwise.cu): binary arithmetic, comparisons, scalar
 // forms, unary math and activations, gelu and its derivative, relu_backward, clamp, where and
 // masked_fill.
 //

@@ -1,5 +1,5 @@
 // Index maps of the gathering ops (embedding, index_select and their scatter-add gradients),
-// shared by the CPU kernels (ops/cpu/index.cc) and the CUDA kernels (cuda/kernels/index.cu): a
+// shared by the CPU kernels (ops/cpu/index.cc) and the CUDA kernels (cuda/ops/index.cu): a
 // tensor seen as (outer, size, inner) around one dim, rows picked along that dim.
 //   Around shape = around(x.sizes(), dim);  src[shape.offset(o, index[j], k)]
 #pragma once

@@ -1,5 +1,5 @@
 // Host-side planning of strided, broadcasting element-wise loops, shared by the CPU loops
-// (ops/cpu/loops.h) and the CUDA launchers (cuda/kernels/loops.cuh): broadcast strides, dims
+// (ops/cpu/loops.h) and the CUDA launchers (cuda/ops/loops.cuh): broadcast strides, dims
 // coalesced (size-1 dims dropped, dims adjacent in memory for every operand merged, row-major
 // order kept, so an element's row-major index is unchanged), and the device offset calculator.
 //   CoalescedLoop<2> loop = coalesce_loop<2>(out.sizes(), {out.strides(), broadcast_strides(in,

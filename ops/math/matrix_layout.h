@@ -1,6 +1,6 @@
 // How matrix products read their operands and write their result in place, shared by the CPU
-// GEMM kernels (ops/cpu/linalg.cc) and the cuBLAS ones (cuda/blas.cu): a (batched) matrix is read
-// in place when it is row-major or column-major (a transpose is then free), and from a dense
+// GEMM kernels (ops/cpu/linalg.cc) and the cuBLAS ones (cuda/ops/linalg.cu): a (batched) matrix is
+// read in place when it is row-major or column-major (a transpose is then free), and from a dense
 // copy otherwise. Host code: sizes and strides only, no data.
 //   MatrixLayout layout = operand_layout(rows, cols, row_stride, col_stride, batch, batch_stride);
 #pragma once

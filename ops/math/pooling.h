@@ -1,5 +1,5 @@
 // Window rules and index maps of 2-D pooling (PyTorch's), shared by the CPU kernels
-// (ops/cpu/pool.cc) and the CUDA kernels (cuda/norm_pool.cu): strided (N, C, H, W) planes, the
+// (ops/cpu/pool.cc) and the CUDA kernels (cuda/ops/pool.cu): strided (N, C, H, W) planes, the
 // window of each output along one axis (max / avg with stride, padding, dilation; adaptive),
 // the outputs whose windows cover an input position, and the per-window max and averages.
 //   const Planes in = planes_of(x);  T v = x_data[in.at(plane, h, w)];

@@ -1,5 +1,5 @@
 // How reductions read their input, shared by the CPU kernels (ops/cpu/reduce.cc) and the CUDA
-// kernels (cuda/kernels/reduce.cu): a row-major [outer, reduce, inner] block. When the reduced
+// kernels (cuda/ops/reduce.cu): a row-major [outer, reduce, inner] block. When the reduced
 // dims are adjacent the (contiguous) input already is that block; otherwise a permuted copy
 // with the kept dims first and the reduced dims last is. Planning runs on the host; the
 // layout's offsets also in device code.
