@@ -93,8 +93,8 @@ TEST(MemoryBudget, BelowTheFixedMemorySaysHowMuchIsNeeded) {
 // every tensor of this small model is below the policies' minimum candidate size, so none can be
 // moved, and at 0.05 the second step's out-of-memory report says the least budget the op needs.
 TEST(MemoryBudget, AFractionKeepsThatShareOfTheActivationMemory) {
-  CliRun result = run_train_cli({"--recipe=mlp_fashion_mnist", "--data=" + data_dir(), "--steps=2",
-                                 "--threads=1", "--batch_size=16", "--memory_budget=1.0"});
+  CliRun result = run_train_cli({"--recipe=mlp_fashion_mnist", "--data=" + data_dir(), "--steps=1",
+                                 "--threads=1", "--batch_size=16", "--memory_budget=0.5"});
   ASSERT_EQ(result.code, 0) << result.err;
   EXPECT_NE(result.out.find("memory: budget 0.5 of the activation memory"), std::string::npos)
       << result.out;
