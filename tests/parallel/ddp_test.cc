@@ -427,7 +427,8 @@ TEST_F(DataParallel, SyncBuffersAveragesRunningStatisticsOverTheRanks) {
   }
   ASSERT_FALSE(mean_before.empty());
   if (size() > 1) {  // the ranks saw different rows: their statistics differ from the mean
-    const auto& [name, first] = model->named_buffers()[0];
+    const auto buffers = model->named_buffers();
+    const auto& [name, first] = buffers[0];
     EXPECT_FALSE(all_close(first, mean_before.at(name), 0, 0)) << name;
   }
 
