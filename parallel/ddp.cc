@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <unordered_set>
 
@@ -16,8 +17,9 @@ namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
 
-// Copies root's values of `tensors` to every rank, one broadcast per dtype.
-void broadcast_coalesced(Communicator& group, const std::vector<Tensor>& tensors, int root) {
+// Runs `collective` on one flat tensor per dtype holding `tensors`, then copies the result back
+// into them.
+void coalesced(const std::vector<Tensor>& tensors, const std::function<void(Tensor&)>& collective) {
   NoGradGuard no_grad;
   std::map<DType, std::vector<Tensor>> by_dtype;
   for (const auto& tensor : tensors) by_dtype[tensor.dtype()].push_back(tensor);
@@ -25,7 +27,7 @@ void broadcast_coalesced(Communicator& group, const std::vector<Tensor>& tensors
     std::vector<Tensor> flat_parts;
     for (const auto& tensor : group_tensors) flat_parts.push_back(tensor.reshape({-1}));
     Tensor flat = cat(flat_parts, 0);
-    group.broadcast(flat, root);
+    collective(flat);
     int64_t offset = 0;
     for (auto& tensor : group_tensors) {
       int64_t count = tensor.numel();
@@ -33,6 +35,11 @@ void broadcast_coalesced(Communicator& group, const std::vector<Tensor>& tensors
       offset += count;
     }
   }
+}
+
+// Copies root's values of `tensors` to every rank, one broadcast per dtype.
+void broadcast_coalesced(Communicator& group, const std::vector<Tensor>& tensors, int root) {
+  coalesced(tensors, [&](Tensor& flat) { group.broadcast(flat, root); });
 }
 
 // A fingerprint of the parameters' and buffers' shapes and dtypes (FNV-1a).
@@ -476,20 +483,7 @@ void DistributedDataParallel::sync_buffers(bool from_rank0) {
     (!from_rank0 && is_floating(buffer.dtype()) ? floating : others).push_back(buffer);
   if (process_group_->size() == 1) return;
   if (!others.empty()) broadcast_coalesced(*process_group_, others, 0);
-  NoGradGuard no_grad;
-  std::map<DType, std::vector<Tensor>> by_dtype;
-  for (const Tensor& buffer : floating) by_dtype[buffer.dtype()].push_back(buffer);
-  for (auto& [dtype, group_tensors] : by_dtype) {
-    std::vector<Tensor> flat_parts;
-    for (const Tensor& tensor : group_tensors) flat_parts.push_back(tensor.reshape({-1}));
-    Tensor flat = cat(flat_parts, 0);
-    process_group_->all_reduce(flat, ReduceOp::kMean);
-    int64_t offset = 0;
-    for (Tensor& tensor : group_tensors) {
-      tensor.copy_(flat.narrow(0, offset, tensor.numel()).view(tensor.sizes()));
-      offset += tensor.numel();
-    }
-  }
+  coalesced(floating, [&](Tensor& flat) { process_group_->all_reduce(flat, ReduceOp::kMean); });
 }
 
 const std::vector<GradBucket>& DistributedDataParallel::buckets() const {
