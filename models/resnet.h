@@ -14,10 +14,7 @@
 
 namespace tessel::models {
 
-class ResNetOptions {
- public:
-  ResNetOptions() = default;
-
+struct ResNetOptions {
   TESSEL_ARG(int64_t, num_classes) = 1000;
   // Channels of the input images (3 for RGB, 1 for grey scale); only conv1's weight changes.
   TESSEL_ARG(int64_t, in_channels) = 3;

@@ -13,10 +13,7 @@
 
 namespace tessel::models {
 
-class ShuffleNetV2Options {
- public:
-  ShuffleNetV2Options() = default;
-
+struct ShuffleNetV2Options {
   TESSEL_ARG(int64_t, num_classes) = 1000;
   // Channels of the input images; only conv1.0.weight changes.
   TESSEL_ARG(int64_t, in_channels) = 3;

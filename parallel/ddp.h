@@ -20,10 +20,16 @@
 
 namespace tessel::parallel {
 
-class DDPOptions {
- public:
-  DDPOptions() = default;
+// One gradient bucket: a contiguous flat buffer holding these parameters' gradients.
+struct GradBucket {
+  std::vector<size_t> parameters;  // indices into module->parameters(), in backward order
+  std::vector<std::string> names;
+  DType dtype = DType::kFloat32;
+  int64_t bytes = 0;     // the gradients it holds
+  int64_t capacity = 0;  // its cap in bytes
+};
 
+struct DDPOptions {
   // Bucket capacity in MiB (default 25); the first bucket, filled first in backward, holds at
   // most first_bucket_mb (default 1) so the first all-reduce starts early. A bucket never exceeds
   // its capacity unless one parameter alone is larger, which then has a bucket of its own.
@@ -35,15 +41,6 @@ class DDPOptions {
   TESSEL_ARG(bool, find_unused_parameters) = false;
   // Copy rank 0's buffers (batch-norm running statistics) to every rank before each forward().
   TESSEL_ARG(bool, broadcast_buffers) = true;
-};
-
-// One gradient bucket: a contiguous flat buffer holding these parameters' gradients.
-struct GradBucket {
-  std::vector<size_t> parameters;  // indices into module->parameters(), in backward order
-  std::vector<std::string> names;
-  DType dtype = DType::kFloat32;
-  int64_t bytes = 0;     // the gradients it holds
-  int64_t capacity = 0;  // its cap in bytes
 };
 
 class DistributedDataParallel {
