@@ -56,7 +56,10 @@ struct Graph {
   std::vector<TracedTensor> tensors;
   std::vector<TracedOp> ops;  // in call order (a topological order)
   int64_t batch_size = 1;
-  std::string model;  // the model-zoo name when trace_model built it, else empty
+  std::string model;  // the model-zoo name (trace_model) or the module's (trace_module), else empty
+  // Traced by trace_module: a module of one's own, which runs tensor parallel only as its own
+  // code splits it.
+  bool user_module = false;
 
   // For each tensor: the (op, input slot) pairs that read it.
   std::vector<std::vector<std::pair<int, int>>> consumers() const;

@@ -64,7 +64,14 @@ PlannedPoint describe_choice(const Graph& graph,
   // The runtime's --tp for ResNet and ShuffleNet (models/vision_parallel.h) splits the batch in
   // the convolutions and the classes in the classifier; a vision plan using a tensor-parallel
   // group prices its ops replicated or split by channels instead, so it would not run as priced.
-  if (uses_tensor_parallel && !graph.model.empty() && !is_bert(graph.model)) {
+  if (uses_tensor_parallel && graph.user_module) {
+    point.executable = false;
+    point.not_executable_reason =
+        graph.model +
+        " is a module of one's own: it runs tensor parallel only as its code splits it "
+        "(parallel::make_linear), while data-parallel plans run as priced with "
+        "DistributedDataParallel";
+  } else if (uses_tensor_parallel && !graph.model.empty() && !is_bert(graph.model)) {
     point.executable = false;
     point.not_executable_reason =
         "tensor parallel for " + graph.model +
@@ -162,10 +169,12 @@ PlanResult plan_graph(const Graph& graph, const PlanOptions& options) {
     std::vector<int> choice;
     bool executable = true;
   };
-  // A vision model's plan with a tensor-parallel group is not run as priced (describe_choice).
-  const bool vision = !graph.model.empty() && !is_bert(graph.model);
+  // A plan with a tensor-parallel group is not run as priced for a vision model or a module of
+  // one's own (describe_choice).
+  const bool data_parallel_only =
+      graph.user_module || (!graph.model.empty() && !is_bert(graph.model));
   auto executable = [&](const std::vector<int>& choice) {
-    if (!vision) return true;
+    if (!data_parallel_only) return true;
     for (size_t op = 0; op < choice.size(); ++op)
       if (result.strategies[op][choice[op]].tp > 1) return false;
     return true;

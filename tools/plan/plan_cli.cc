@@ -17,6 +17,7 @@
 #include "models/trace.h"
 #include "parallel/planner/plan_io.h"
 #include "parallel/planner/planner.h"
+#include "parallel/planner/report.h"
 
 namespace tessel::planner {
 
@@ -79,12 +80,6 @@ int optimizer_states(const std::string& optimizer) {
   if (optimizer == "sgd_momentum") return 1;
   if (optimizer == "sgd") return 0;
   TESSEL_FAIL("--optimizer: expected adam, adamw, sgd_momentum or sgd, got '", optimizer, "'");
-}
-
-std::string pad(const std::string& text, size_t width, bool right) {
-  if (text.size() >= width) return text;
-  return right ? std::string(width - text.size(), ' ') + text
-               : text + std::string(width - text.size(), ' ');
 }
 
 }  // namespace
@@ -268,38 +263,13 @@ void print_setup(std::ostream& out, const PlanCliOptions& cli, const Graph& grap
       << ")\n\n";
 }
 
-// The frontier's table: `rows` points (0: all) spread evenly over it, always with both ends and
-// the chosen one.
-void print_frontier_table(std::ostream& out, const PlanResult& result, int64_t batch, size_t rows,
-                          bool any_plan) {
-  out << "    " << pad("memory/device", 14, true) << "  " << pad("time/iter", 11, true) << "  "
-      << pad("samples/s", 10, true) << "  plan\n";
-  const size_t count = result.frontier.size();
-  std::vector<bool> shown(count, rows == 0 || count <= rows);
-  if (rows > 0 && count > rows) {
-    for (size_t r = 0; r < rows; ++r) shown[r * (count - 1) / (rows - 1 > 0 ? rows - 1 : 1)] = true;
-    if (result.chosen >= 0) shown[result.chosen] = true;
-  }
-  char line[512];
-  for (size_t i = 0; i < count; ++i) {
-    if (!shown[i]) continue;
-    const PlannedPoint& point = result.frontier[i];
-    const bool chosen = static_cast<int>(i) == result.chosen;
-    std::snprintf(line, sizeof line, "%s%3zu %14s  %11s  %10.1f  %s%s%s", chosen ? "*" : " ", i,
-                  format_bytes(point.cost.memory).c_str(), format_seconds(point.cost.time).c_str(),
-                  static_cast<double>(batch) / point.cost.time, point.summary.c_str(),
-                  point.executable ? "" : " [not run as priced]", chosen ? "   <- chosen" : "");
-    out << line << "\n";
-  }
-  for (const PlannedPoint& point : result.frontier)
-    if (!point.executable) {
-      out << "[not run as priced]: " << point.not_executable_reason
-          << (any_plan ? "" : "; not chosen (--any_plan chooses among them too)") << "\n";
-      break;
-    }
-  const size_t printed = static_cast<size_t>(std::count(shown.begin(), shown.end(), true));
-  if (printed < count)
-    out << "(" << printed << " of " << count << " points shown; --rows=0 shows all)\n";
+// What the table's notes mean for this command's flags.
+void print_frontier_hints(std::ostream& out, const PlanResult& result, const PlanCliOptions& cli) {
+  const bool any_unexecutable = std::any_of(result.frontier.begin(), result.frontier.end(),
+                                            [](const PlannedPoint& p) { return !p.executable; });
+  if (any_unexecutable && !cli.any_plan)
+    out << "(points [not run as priced] are not chosen; --any_plan chooses among them too)\n";
+  if (cli.rows > 0 && result.frontier.size() > cli.rows) out << "(--rows=0 shows every point)\n";
   out << "\n";
 }
 
@@ -357,48 +327,6 @@ void report_nothing_chosen(std::ostream& err, const PlanResult& result, bool any
       << " (use more devices, a smaller --batch, or a smaller --remat fraction)" << std::endl;
 }
 
-// --show_ops: every op of the chosen plan with its split, costs and parameters.
-void print_chosen_ops(std::ostream& out, const Graph& graph, const PlanResult& result,
-                      const PlannedPoint& chosen) {
-  out << "\n  op  name                 output shape          split                    "
-         "compute     collectives  parameters\n";
-  char line[512];
-  for (const TracedOp& op : graph.ops) {
-    const Strategy& s = result.strategies[op.id][chosen.choice[op.id]];
-    std::string parameters;
-    for (const ParameterSplit& split : s.parameters)
-      if (split.owned)
-        parameters += (parameters.empty() ? "" : " ") + graph.tensors[split.tensor].parameter +
-                      (split.dim >= 0 ? "[dim " + std::to_string(split.dim) + "/" +
-                                            std::to_string(split.parts) + "]"
-                                      : "");
-    std::snprintf(line, sizeof line, "%4d  %-20s %-21s %-24s %-11s %-12s %s", op.id,
-                  op.name.c_str(), shape_str(op.output_shapes.at(0)).c_str(), s.label().c_str(),
-                  format_seconds(s.forward_compute + s.backward_compute).c_str(),
-                  format_seconds(s.forward_comm + s.backward_comm + s.gradient_sync).c_str(),
-                  parameters.c_str());
-    out << line << "\n";
-  }
-}
-
-// The chosen point: its memory and time, and where they go.
-void print_chosen(std::ostream& out, const Graph& graph, const PlanResult& result, bool show_ops) {
-  const PlannedPoint& chosen = result.frontier[result.chosen];
-  out << "chosen: point " << result.chosen << ", " << format_bytes(chosen.cost.memory)
-      << " per device (limit " << format_bytes(result.memory_per_device) << "), "
-      << format_seconds(chosen.cost.time) << " per iteration: " << chosen.summary << "\n";
-  const PlanBreakdown& b = chosen.breakdown;
-  out << "  memory: parameters, gradients and optimizer state " << format_bytes(b.parameter_bytes)
-      << ", activations " << format_bytes(b.activation_bytes);
-  if (chosen.remat_fraction < 1)
-    out << " (" << static_cast<int>(chosen.remat_fraction * 100 + 0.5) << "% kept)";
-  out << "\n  time: compute " << format_seconds(b.compute_s) << ", split collectives "
-      << format_seconds(b.comm_s) << ", gradient all-reduce " << format_seconds(b.gradient_sync_s)
-      << ", re-distribution " << format_seconds(b.redistribution_s) << ", recompute "
-      << format_seconds(b.recompute_s) << "\n";
-  if (show_ops) print_chosen_ops(out, graph, result, chosen);
-}
-
 }  // namespace
 
 int run_plan_cli(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
@@ -416,7 +344,8 @@ int run_plan_cli(int argc, const char* const* argv, std::ostream& out, std::ostr
     const double total_seconds = seconds_since(start);
 
     print_setup(out, cli, graph, spec, options, result);
-    print_frontier_table(out, result, spec.batch, cli.rows, cli.any_plan);
+    print_frontier(out, result, spec.batch, cli.rows);
+    print_frontier_hints(out, result, cli);
     print_timings(out, trace_seconds, result.search_seconds, total_seconds);
     write_frontier_files(out, cli, result, options.config.profile.name);
     if (result.chosen < 0) {

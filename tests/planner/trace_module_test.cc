@@ -1,0 +1,127 @@
+// Planning a module of one's own: trace_module traces a user's nn::Module on the meta device,
+// the planner prices it, data-parallel plans are the executable ones, and bad inputs are clear
+// errors that leave tracing usable.
+#include "parallel/planner/trace_module.h"
+
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include "nn/nn.h"
+#include "ops/ops.h"
+#include "parallel/planner/planner.h"
+#include "parallel/planner/report.h"
+#include "tests/planner/round_number_profile.h"
+#include "tests/testing.h"
+
+namespace tessel::planner {
+namespace {
+
+// Two linear layers with a residual connection: a module with its own forward, as users write.
+class ResidualMlp : public nn::Module {
+ public:
+  ResidualMlp() : nn::Module("ResidualMlp") {
+    hidden = register_module("hidden", std::make_shared<nn::Linear>(16, 16));
+    head = register_module("head", std::make_shared<nn::Linear>(16, 4));
+  }
+  Tensor forward(const Tensor& x) override { return head->forward(x + relu(hidden->forward(x))); }
+  std::shared_ptr<nn::Linear> hidden, head;
+};
+
+int count_ops(const Graph& graph, const std::string& name) {
+  int count = 0;
+  for (const TracedOp& op : graph.ops) count += op.name == name;
+  return count;
+}
+
+TEST(TraceModule, TracesTheModulesOpsParametersAndInputs) {
+  ResidualMlp net;
+  const Graph graph = trace_module(net, ModuleTraceOptions({32, 16}).name("mlp"));
+  EXPECT_EQ(graph.model, "mlp");
+  EXPECT_TRUE(graph.user_module);
+  EXPECT_EQ(graph.batch_size, 32);
+  EXPECT_EQ(count_ops(graph, "linear"), 2);
+  EXPECT_EQ(count_ops(graph, "cross_entropy"), 1);
+  EXPECT_EQ(graph.parameter_count(), 16 * 16 + 16 + 16 * 4 + 4);
+  int inputs = 0;
+  for (const TracedTensor& tensor : graph.tensors)
+    if (tensor.is_input()) {
+      ++inputs;
+      EXPECT_TRUE(tensor.input == "input" || tensor.input == "labels") << tensor.input;
+      EXPECT_EQ(tensor.sizes.at(0), 32);
+    }
+  EXPECT_EQ(inputs, 2);
+  EXPECT_EQ(net.parameters()[0].device(), Device::meta());
+}
+
+TEST(TraceModule, UsesTheGivenLossInsteadOfCrossEntropy) {
+  ResidualMlp net;
+  const Graph graph = trace_module(net, ModuleTraceOptions({8, 16}).loss([](const Tensor& out) {
+    return mse_loss(out, zeros_like(out));
+  }));
+  EXPECT_EQ(count_ops(graph, "mse_loss"), 1);
+  EXPECT_EQ(count_ops(graph, "cross_entropy"), 0);
+  EXPECT_EQ(graph.model, "module");
+}
+
+TEST(TraceModule, TensorParallelPlansAreMarkedNotExecutableAndNotChosen) {
+  ResidualMlp net;
+  const Graph graph = trace_module(net, ModuleTraceOptions({64, 16}).name("mlp"));
+  PlanOptions options;
+  options.config.devices = 4;
+  options.config.profile = round_number_profile();
+  options.executable_only = true;
+  const PlanResult result = plan_graph(graph, options);
+  ASSERT_GE(result.chosen, 0);
+  const PlannedPoint& chosen = result.frontier[result.chosen];
+  EXPECT_TRUE(chosen.executable);
+  EXPECT_EQ(chosen.tp, 1);
+  // Splitting the weights is cheaper in memory, so the frontier's small end is tensor parallel.
+  int not_executable = 0;
+  for (const PlannedPoint& point : result.frontier) {
+    if (point.executable) continue;
+    ++not_executable;
+    EXPECT_GT(point.tp, 1) << point.summary;
+    EXPECT_NE(point.not_executable_reason.find("mlp is a module of one's own"), std::string::npos);
+  }
+  EXPECT_GT(not_executable, 0);
+  std::ostringstream text;
+  print_frontier(text, result, 64);
+  print_chosen(text, graph, result);
+  EXPECT_NE(text.str().find("<- chosen"), std::string::npos) << text.str();
+  EXPECT_NE(text.str().find("chosen: point " + std::to_string(result.chosen)), std::string::npos);
+}
+
+TEST(TraceModule, BadInputShapesAreClearErrors) {
+  ResidualMlp net;
+  EXPECT_TRUE(testing::throws_error([&] { trace_module(net, ModuleTraceOptions(Shape{})); },
+                                    "needs the batch as dim 0"));
+  EXPECT_TRUE(testing::throws_error(
+      [&] {
+        trace_module(net, ModuleTraceOptions({0, 16}));
+      },
+      "needs the batch as dim 0"));
+  EXPECT_TRUE(testing::throws_error(
+      [&] {
+        trace_module(net, ModuleTraceOptions({4, 0}));
+      },
+      "has a dimension below 1"));
+  // The module's forward rejects 5 features: the op's error, named after the module.
+  EXPECT_TRUE(testing::throws_error(
+      [&] {
+        trace_module(net, ModuleTraceOptions({4, 5}).name("mlp"));
+      },
+      "trace_module(mlp) on input [4, 5]"));
+  // Tracing still works afterwards (the trace hook was restored).
+  EXPECT_EQ(count_ops(trace_module(net, ModuleTraceOptions({4, 16})), "linear"), 2);
+}
+
+TEST(TraceModule, PrintChosenWithoutAChoiceIsAnError) {
+  PlanResult empty_result;
+  std::ostringstream text;
+  EXPECT_TRUE(
+      testing::throws_error([&] { print_chosen(text, Graph(), empty_result); }, "no chosen point"));
+}
+
+}  // namespace
+}  // namespace tessel::planner
