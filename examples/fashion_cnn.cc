@@ -1,11 +1,15 @@
 // A model of your own on Fashion-MNIST, written as a libtorch user writes one: a small residual
 // CNN (an nn::Module subclass), a shuffled DataLoader, AdamW, the loop in plain sight, and a
 // no-grad evaluation of the test set's accuracy. Options:
-//   --budget=64MiB  train inside a memory budget (the auto policy evicts, recomputes and swaps)
+//   --budget=64MiB  train inside a memory budget (the auto policy evicts, recomputes and swaps);
+//                   --budget=0.5 keeps half of the activation memory measured on the first step
 //   under mpirun    data parallel: each rank trains on its rows of every batch through DDP
+//   --plan=8        trains nothing: prices every way of training it on 8 devices of a profile
+//                   (--profile=PATH, by default the CPU example profile) and names the fastest
 //   bazel run //examples:fashion_cnn -- --epochs=1
 //   bazel build //examples:fashion_cnn && mpirun -np 2 bazel-bin/examples/fashion_cnn --steps=200
 #include <cstdio>
+#include <iostream>
 #include <memory>
 #include <string>
 
@@ -13,6 +17,9 @@
 #include "parallel/ddp.h"
 #include "parallel/launch.h"
 #include "parallel/mpi_communicator.h"
+#include "parallel/planner/cost_model.h"
+#include "parallel/planner/report.h"
+#include "parallel/planner/trace_module.h"
 #include "tessel.h"
 
 using namespace tessel;
@@ -65,12 +72,40 @@ double accuracy(nn::Module& model, const std::shared_ptr<data::ImageDataset>& da
   return static_cast<double>(correct) / static_cast<double>(data->size());
 }
 
+// Relative to the runfiles, where `bazel run` and the tests start.
+constexpr const char* kCpuProfile = "parallel/profiles/cpu_2core_example.json";
+
 // --name=value flags; a flag not given keeps `fallback`.
 std::string flag(int argc, char** argv, const std::string& name, const std::string& fallback) {
   const std::string prefix = "--" + name + "=";
   for (int i = 1; i < argc; ++i)
     if (std::string(argv[i]).rfind(prefix, 0) == 0) return argv[i] + prefix.size();
   return fallback;
+}
+
+// The planner's (memory, time) frontier for training this model on `devices` devices of the
+// profile, and the fastest plan that fits; nothing is trained.
+int plan_fashion_cnn(int devices, int64_t batch_size, const std::string& profile_path) {
+  std::shared_ptr<nn::Sequential> net = make_net();  // fresh: tracing moves it to the meta device
+  planner::ModuleTraceOptions trace({batch_size, 1, 28, 28});
+  const planner::Graph graph = planner::trace_module(*net, trace.name("fashion_cnn"));
+  planner::PlanOptions options;
+  options.config.devices = devices;
+  options.config.profile = planner::load_profile(profile_path);
+  options.executable_only = true;  // choose among plans that run as priced (data parallel)
+  const planner::PlanResult result = planner::plan_graph(graph, options);
+  std::printf("fashion_cnn: %.3fM parameters, %zu ops, batch %lld on %d devices of profile %s\n\n",
+              graph.parameter_count() / 1e6, graph.ops.size(), static_cast<long long>(batch_size),
+              devices, options.config.profile.name.c_str());
+  planner::print_frontier(std::cout, result, batch_size, /*rows=*/10);
+  if (result.chosen < 0) {
+    std::printf("no plan fits in %s per device\n",
+                planner::format_bytes(result.memory_per_device).c_str());
+    return 2;
+  }
+  std::cout << "\n";
+  planner::print_chosen(std::cout, graph, result);
+  return 0;
 }
 
 int train_fashion_cnn(int argc, char** argv) {
@@ -80,13 +115,20 @@ int train_fashion_cnn(int argc, char** argv) {
   const int64_t batch_size = 128;
   const std::string budget = flag(argc, argv, "budget", "");
   const int rank = parallel::world_rank(), ranks = parallel::world_size();
+  const int plan_devices = std::stoi(flag(argc, argv, "plan", "0"));
+  if (plan_devices > 0)
+    return rank == 0 ? plan_fashion_cnn(plan_devices, batch_size,
+                                        flag(argc, argv, "profile", kCpuProfile))
+                     : 0;
 
   // Tensors made inside the scope (the model, its gradients and the optimizer state too) count
   // against the budget; without --budget nothing is limited.
+  // A fraction (--budget=0.5) keeps that share of the activation memory: the first step runs
+  // unlimited to measure it, and end_step() then sets the budget.
   std::unique_ptr<memory::MemoryScope> scope;
   if (!budget.empty())
-    scope = std::make_unique<memory::MemoryScope>(memory::parse_budget(budget).bytes,
-                                                  memory::Policy::kAuto);
+    scope =
+        std::make_unique<memory::MemoryScope>(memory::parse_budget(budget), memory::Policy::kAuto);
 
   manual_seed(0);  // the same initial model on every rank
   auto train_set = data::load_fashion_mnist(data_dir, data::Split::kTrain);
@@ -112,6 +154,11 @@ int train_fashion_cnn(int argc, char** argv) {
       optimizer.zero_grad();
       loss.backward();  // under DDP, the gradients are averaged over the ranks when it returns
       optimizer.step();
+      if (scope) {
+        std::vector<Tensor> held = optimizer.held_tensors();  // parameters, gradients, state
+        for (const Tensor& buffer : model->buffers()) held.push_back(buffer);
+        scope->end_step(held);
+      }
       ++step;
       if (rank == 0 && step % 50 == 0)
         std::printf("step %lld loss %.4f\n", static_cast<long long>(step), loss.item<double>());

@@ -6,8 +6,12 @@
 #include <cstdlib>
 #include <mutex>
 #include <sstream>
+#include <unordered_map>
+#include <unordered_set>
 
+#include "core/autograd.h"
 #include "core/error.h"
+#include "memory/host_link.h"
 
 namespace tessel::memory {
 
@@ -246,6 +250,56 @@ size_t fixed_memory_bytes(const std::vector<Tensor>& parameters,
   return total;
 }
 
+namespace {
+
+// Every TensorImpl of `tensors`, their gradients included.
+std::vector<TensorImpl*> with_gradients(const std::vector<Tensor>& tensors) {
+  std::vector<TensorImpl*> impls;
+  for (const Tensor& tensor : tensors) {
+    if (!tensor.defined()) continue;
+    impls.push_back(tensor.impl());
+    if (tensor.impl()->grad) impls.push_back(tensor.impl()->grad.get());
+  }
+  return impls;
+}
+
+}  // namespace
+
+size_t held_bytes(const std::vector<Tensor>& tensors) {
+  std::unordered_set<const StorageImpl*> seen;
+  size_t total = 0;
+  for (TensorImpl* impl : with_gradients(tensors))
+    if (seen.insert(impl->storage.get()).second)
+      total += CachingAllocator::round_size(impl->storage->nbytes());
+  return total;
+}
+
+void move_to_current_allocator(const std::vector<Tensor>& tensors) {
+  NoGradGuard no_grad;
+  // One new storage per old one, so tensors that share bytes (tied weights, views) still do.
+  std::unordered_map<StorageImpl*, std::shared_ptr<StorageImpl>> moved;
+  for (TensorImpl* impl : with_gradients(tensors)) {
+    const std::shared_ptr<StorageImpl>& old_storage = impl->storage;
+    if (old_storage->device().is_meta()) continue;
+    auto found = moved.find(old_storage.get());
+    if (found == moved.end()) {
+      auto copy = std::make_shared<StorageImpl>(old_storage->nbytes(), old_storage->device());
+      {
+        StorageAccess from(*old_storage);
+        StorageAccess to(*copy);
+        copy_device_bytes(old_storage->device(), to.data(), from.data(), old_storage->nbytes());
+      }
+      found = moved.emplace(old_storage.get(), std::move(copy)).first;
+    }
+    if (found->second == impl->storage) continue;
+    // As Module::to does: the TensorImpl keeps its identity, only its bytes change.
+    found->second->add_user_ref();
+    std::shared_ptr<StorageImpl> previous = std::move(impl->storage);
+    impl->storage = found->second;
+    previous->release_user_ref();
+  }
+}
+
 void check_budget(size_t budget_bytes, size_t fixed_bytes) {
   if (budget_bytes == 0 || budget_bytes >= fixed_bytes) return;
   throw TESSEL_ERROR_TYPE(
@@ -266,6 +320,45 @@ MemoryScope::MemoryScope(const MemoryOptions& options) {
 
 MemoryScope::MemoryScope(size_t budget_bytes, Policy policy)
     : MemoryScope(MemoryOptions().budget(budget_bytes).policy(policy)) {}
+
+MemoryScope::MemoryScope(const Budget& budget, Policy policy)
+    : MemoryScope(budget, MemoryOptions().policy(policy)) {}
+
+MemoryScope::MemoryScope(const Budget& budget, const MemoryOptions& options)
+    : MemoryScope(budget.is_fraction()
+                      ? MemoryOptions().device(options.device())  // measuring: no limit, no policy
+                      : MemoryOptions(options).budget(budget.bytes).fixed_bytes(0)) {
+  if (budget.is_fraction()) {
+    TESSEL_CHECK(budget.fraction <= 1,
+                 "MemoryScope: a fraction of the activation memory must be "
+                 "in (0, 1], got ",
+                 budget.fraction);
+    pending_fraction_ = budget.fraction;
+    pending_options_ = options;
+  }
+}
+
+size_t MemoryScope::end_step(const std::vector<Tensor>& held) {
+  std::unique_lock<std::mutex> lock(setups_mutex());
+  if (pending_fraction_ > 0) {
+    TESSEL_CHECK(setups().back() == setup_,
+                 "MemoryScope::end_step: an inner memory scope or setting is active; resolve the "
+                 "fraction in the innermost scope");
+    const size_t fixed = held_bytes(held);
+    const auto peak = static_cast<size_t>(setup_->allocator->stats().peak_allocated_bytes);
+    const size_t bytes = activation_budget(fixed, peak, pending_fraction_);
+    pending_fraction_ = 0;
+    // A CPU budget is an arena sized when the allocator is made: a new setup replaces the
+    // measuring one, and what is held moves into it.
+    MemoryOptions options = pending_options_;
+    options.budget(bytes).fixed_bytes(fixed);
+    uninstall(setup_);
+    setup_ = install(options, /*scoped=*/true);
+    lock.unlock();
+    move_to_current_allocator(held);
+  }
+  return setup_->allocator->budget();
+}
 
 MemoryScope::~MemoryScope() {
   std::lock_guard<std::mutex> lock(setups_mutex());

@@ -46,6 +46,14 @@ size_t fixed_memory_bytes(const std::vector<Tensor>& parameters,
 // Throws tessel::OutOfMemory when `budget_bytes` cannot hold the fixed memory.
 void check_budget(size_t budget_bytes, size_t fixed_bytes);
 
+// The bytes `tensors` and their gradients hold, each storage once, as the caching allocator
+// rounds them.
+size_t held_bytes(const std::vector<Tensor>& tensors);
+// Copies each tensor's bytes (and its gradient's) into storage from the allocator installed now,
+// keeping every tensor's identity (optimizers and layers keep seeing the same tensors), so they
+// count against the budget installed now; tensors sharing storage keep sharing it.
+void move_to_current_allocator(const std::vector<Tensor>& tensors);
+
 class MemoryOptions {
  public:
   MemoryOptions() = default;
@@ -105,10 +113,24 @@ struct MemoryStatus {
 // Installs a caching allocator (with the budget) for the options' device and, unless the policy
 // is none, a residency manager; at scope end brings back what the program still holds and restores
 // the previous allocator and hooks. Tensors made before the scope stay outside the budget.
+//
+// A budget may also be a fraction of the activation memory, as the train command's
+// --memory_budget=0.5 is: the scope measures the first step without a budget or policy, and the
+// first end_step(held) sets the budget to fixed + fraction * (peak - fixed), fixed being the bytes
+// of `held` (what lives from step to step: parameters with their gradients, buffers, optimizer
+// state), moves those tensors into the budget and installs the policy. Any fraction in (0, 1] is
+// meaningful; 1 keeps the whole measured peak.
+//   memory::MemoryScope scope(memory::parse_budget("0.5"), memory::Policy::kAuto);
+//   ... build the model and optimizer; each step: train, then
+//   scope.end_step(optim::training_state(*model, optimizer));
 class MemoryScope {
  public:
   explicit MemoryScope(const MemoryOptions& options);
   MemoryScope(size_t budget_bytes, Policy policy);
+  MemoryScope(const Budget& budget, Policy policy);
+  // The same with the other settings (the policy's, the device) from `options`, whose budget and
+  // fixed bytes are replaced.
+  MemoryScope(const Budget& budget, const MemoryOptions& options);
   ~MemoryScope();
   MemoryScope(const MemoryScope&) = delete;
   MemoryScope& operator=(const MemoryScope&) = delete;
@@ -116,8 +138,17 @@ class MemoryScope {
   CachingAllocator& allocator() const;
   ResidencyManager* manager() const;  // null under Policy::kNone
 
+  // Call after each training step (after optimizer.step()) with the tensors that live from step
+  // to step. The first call of a scope made with a fraction resolves it; every other call does
+  // nothing. Returns the budget in bytes (0: unlimited). This scope must be the innermost.
+  size_t end_step(const std::vector<Tensor>& held);
+  // Whether a fraction still waits for end_step().
+  bool measuring() const { return pending_fraction_ > 0; }
+
  private:
   std::shared_ptr<detail::MemorySetup> setup_;
+  double pending_fraction_ = 0;
+  MemoryOptions pending_options_;  // installed by end_step once the fraction is resolved
 };
 
 // Process-wide settings (the innermost MemoryScope's when one is active): the budget of the

@@ -93,6 +93,14 @@ NamedTensors Optimizer::state_tensors() const {
   return result;
 }
 
+std::vector<Tensor> Optimizer::held_tensors() const {
+  std::vector<Tensor> held = parameters_;
+  for (const ParameterState& state : state_)
+    for (const Tensor& tensor : state.tensors)
+      if (tensor.defined()) held.push_back(tensor);
+  return held;
+}
+
 void Optimizer::load_state_tensors(const NamedTensors& state) {
   std::map<std::string, std::pair<size_t, size_t>> slots;  // "name.key" -> (parameter, key)
   for (size_t i = 0; i < parameters_.size(); ++i)

@@ -37,6 +37,9 @@ class Optimizer {
   // Per-parameter state tensors named "<parameter name>.<key>" ("fc.weight.exp_avg"), in
   // parameter order; parameters not yet stepped have none.
   NamedTensors state_tensors() const;
+  // The parameters (their gradients come with them) and the state tensors: with the module's
+  // buffers, what training holds from step to step (memory::MemoryScope::end_step).
+  std::vector<Tensor> held_tensors() const;
   // Replaces the whole tensor state with `state` (copied, converted to each parameter's dtype
   // and device). Everything is checked first: unknown names or keys and shape mismatches throw
   // one error and change nothing.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # examples/fashion_cnn on a tiny synthetic Fashion-MNIST (class k lights up row block k): alone,
-# inside a memory budget, and on two ranks through DDP; each run reports a test accuracy.
+# inside a memory budget, and on two ranks through DDP; each run reports a test accuracy. Then
+# the planner's prices for it (--plan).
 # Usage: fashion_cnn_test.sh FASHION_CNN
 set -euo pipefail
 example="$PWD/$1"
@@ -33,7 +34,15 @@ grep -q '^3 steps, test accuracy' "$dir/alone.txt"
 "$example" --data="$dir" --steps=2 --threads=1 --budget=64MiB | tee "$dir/budget.txt"
 grep -q '^2 steps, test accuracy .*; memory: policy auto, budget 64.00 MiB' "$dir/budget.txt"
 
+"$example" --data="$dir" --epochs=2 --steps=3 --threads=1 --budget=0.5 | tee "$dir/fraction.txt"
+grep -q '^3 steps, test accuracy .*; memory: policy auto, budget ' "$dir/fraction.txt"
+
 mpirun --allow-run-as-root --oversubscribe -np 2 "$example" --data="$dir" --steps=2 \
   --threads=1 | tee "$dir/ranks.txt"
 grep -q '^2 steps, test accuracy' "$dir/ranks.txt"
+# --plan: the planner's frontier for this model on 4 CPU devices, a data-parallel plan chosen.
+"$example" --plan=4 | tee "$dir/plan.txt"
+grep -q '^fashion_cnn: .* batch 128 on 4 devices of profile ' "$dir/plan.txt"
+grep -q '<- chosen' "$dir/plan.txt"
+grep -q '^chosen: point .*dp=' "$dir/plan.txt"
 echo "fashion_cnn_test: PASS"

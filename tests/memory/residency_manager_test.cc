@@ -948,5 +948,89 @@ TEST(Scope, ProcessWideSettingsChangeBudgetAndPolicy) {
   EXPECT_FALSE(status().active);
 }
 
+// A scope given a fraction measures the first step without a limit, then trains under
+// held + fraction * (peak - held) with its policy, bitwise like a run without a budget.
+TEST(Scope, AFractionIsMeasuredOnTheFirstStepThenTrainsUnderItsBudget) {
+  ModelCase model_case = mlp_case();
+  RunResult reference = train(model_case, MemoryOptions());
+  MemoryOptions policy_options = budgeted(reference, 1.0, Policy::kDtr);
+  MemoryScope scope(parse_budget("0.5"), policy_options);
+  manual_seed(1234);
+  auto model = model_case.make_model();
+  optim::SGD sgd(model->parameters(), optim::SGDOptions(0.05).momentum(0.9));
+  std::vector<float> losses;
+  size_t budget = 0, first_peak = 0, held = 0;
+  for (int step = 0; step < 3; ++step) {
+    auto [input, labels] = model_case.batch(step);
+    sgd.zero_grad();
+    Tensor loss = cross_entropy(model->forward(input), labels);
+    loss.backward();
+    sgd.step();
+    losses.push_back(loss.item<float>());
+    if (step == 0) {
+      EXPECT_TRUE(scope.measuring());
+      EXPECT_EQ(status().budget, 0u);
+      EXPECT_EQ(status().policy, Policy::kNone);
+      first_peak = static_cast<size_t>(scope.allocator().stats().peak_allocated_bytes);
+      held = held_bytes(sgd.held_tensors());
+    }
+    budget = scope.end_step(sgd.held_tensors());
+  }
+  EXPECT_FALSE(scope.measuring());
+  EXPECT_EQ(held, reference.fixed);  // parameters, gradients, momentum
+  EXPECT_EQ(budget, activation_budget(held, first_peak, 0.5));
+  EXPECT_EQ(status().budget, budget);
+  EXPECT_EQ(status().policy, Policy::kDtr);
+  EXPECT_GT(scope.allocator().policy_counters().evictions, 0);
+  EXPECT_LE(static_cast<size_t>(scope.allocator().stats().peak_allocated_bytes), budget);
+  ASSERT_EQ(losses.size(), reference.losses.size());
+  for (size_t i = 0; i < losses.size(); ++i)
+    EXPECT_EQ(std::memcmp(&losses[i], &reference.losses[i], sizeof(float)), 0) << "step " << i;
+  const std::vector<Tensor> parameters = model->parameters();
+  for (size_t i = 0; i < parameters.size(); ++i)
+    EXPECT_TRUE(bitwise_equal(parameters[i], reference.state[i])) << "parameter " << i;
+}
+
+TEST(Scope, ABudgetInBytesIsInstalledAtOnceAndEndStepChangesNothing) {
+  MemoryScope scope(parse_budget("8MiB"), Policy::kDtr);
+  EXPECT_FALSE(scope.measuring());
+  EXPECT_EQ(status().budget, 8 * kMiB);
+  EXPECT_EQ(status().policy, Policy::kDtr);
+  Tensor weight = ones({16, 16});
+  EXPECT_EQ(scope.end_step({weight}), 8 * kMiB);
+  EXPECT_EQ(allocator_for(Device::cpu()).get(), &scope.allocator());
+}
+
+TEST(Scope, AFractionAboveOneOrAnInnerScopeAtEndStepIsAClearError) {
+  Budget too_large;
+  too_large.fraction = 1.5;
+  auto before = allocator_for(Device::cpu());
+  EXPECT_TRUE(throws_error([&] { MemoryScope scope(too_large, Policy::kAuto); }, "(0, 1]"));
+  EXPECT_EQ(allocator_for(Device::cpu()), before);  // nothing left installed
+  EXPECT_FALSE(status().active);
+
+  MemoryScope outer(parse_budget("0.5"), Policy::kDtr);
+  Tensor weight = ones({16, 16});
+  zeros({64, 64});  // a step's passing peak, 16 KiB above what is held
+  {
+    MemoryScope inner(MemoryOptions().policy(Policy::kSwap));
+    EXPECT_TRUE(throws_error([&] { outer.end_step({weight}); }, "innermost"));
+    EXPECT_EQ(status().policy, Policy::kSwap);
+  }
+  EXPECT_TRUE(outer.measuring());  // still waiting, and resolvable once innermost
+  EXPECT_GT(outer.end_step({weight}), 0u);
+  EXPECT_FLOAT_EQ(weight.sum().item<float>(), 256.0f);  // moved, bytes intact
+}
+
+TEST(HeldBytes, CountsSharedStorageOnceAndGradientsToo) {
+  Tensor weight = ones({32, 32});  // 4 KiB, rounded by the allocator
+  Tensor view = weight.narrow(0, 0, 4);
+  const size_t one = CachingAllocator::round_size(weight.nbytes());
+  EXPECT_EQ(held_bytes({weight, view}), one);
+  weight.set_requires_grad(true);
+  (weight * 2.0).sum().backward();
+  EXPECT_EQ(held_bytes({weight}), 2 * one);
+}
+
 }  // namespace
 }  // namespace tessel::memory

@@ -3,12 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <unordered_map>
 #include <vector>
 
-#include "core/autograd.h"
 #include "core/error.h"
-#include "memory/host_link.h"
 #include "optim/adam.h"
 #include "optim/sgd.h"
 #include "train/engine/setup.h"
@@ -17,18 +14,6 @@ namespace tessel::train {
 namespace {
 
 using memory::format_bytes;
-
-// Every TensorImpl of the training state, the gradients included.
-std::vector<TensorImpl*> training_tensors(nn::Module& model, optim::Optimizer& optimizer) {
-  std::vector<TensorImpl*> impls;
-  for (const Tensor& parameter : model.parameters()) {
-    impls.push_back(parameter.impl());
-    if (parameter.impl()->grad) impls.push_back(parameter.impl()->grad.get());
-  }
-  for (const Tensor& buffer : model.buffers()) impls.push_back(buffer.impl());
-  for (const auto& entry : optimizer.state_tensors()) impls.push_back(entry.second.impl());
-  return impls;
-}
 
 memory::PolicyCounters per_step(const memory::PolicyCounters& total, int64_t steps) {
   auto mean = [&](int64_t value) {
@@ -68,30 +53,10 @@ size_t training_fixed_bytes(const nn::Module& model, const optim::Optimizer& opt
 }
 
 void move_training_state(nn::Module& model, optim::Optimizer& optimizer) {
-  NoGradGuard no_grad;
-  // One new storage per old one, so tensors that share bytes (tied weights, views) still do.
-  std::unordered_map<StorageImpl*, std::shared_ptr<StorageImpl>> moved;
-  for (TensorImpl* impl : training_tensors(model, optimizer)) {
-    const std::shared_ptr<StorageImpl>& old_storage = impl->storage;
-    if (old_storage->device().is_meta()) continue;
-    auto found = moved.find(old_storage.get());
-    if (found == moved.end()) {
-      auto copy = std::make_shared<StorageImpl>(old_storage->nbytes(), old_storage->device());
-      {
-        StorageAccess from(*old_storage);
-        StorageAccess to(*copy);
-        memory::copy_device_bytes(old_storage->device(), to.data(), from.data(),
-                                  old_storage->nbytes());
-      }
-      found = moved.emplace(old_storage.get(), std::move(copy)).first;
-    }
-    if (found->second == impl->storage) continue;
-    // As Module::to does: the TensorImpl keeps its identity, only its bytes change.
-    found->second->add_user_ref();
-    std::shared_ptr<StorageImpl> previous = std::move(impl->storage);
-    impl->storage = found->second;
-    previous->release_user_ref();
-  }
+  std::vector<Tensor> held = model.parameters();
+  for (const Tensor& buffer : model.buffers()) held.push_back(buffer);
+  for (const auto& entry : optimizer.state_tensors()) held.push_back(entry.second);
+  memory::move_to_current_allocator(held);
 }
 
 TrainingMemory::TrainingMemory(const TrainConfig& config, nn::Module& model,
