@@ -35,6 +35,8 @@ class ImageDataset : public Dataset {
   const Tensor& images() const { return images_; }
   const Tensor& labels() const { return labels_; }
   int64_t num_classes() const { return num_classes_; }
+  // The bytes its tensors hold.
+  int64_t nbytes() const { return static_cast<int64_t>(images_.nbytes() + labels_.nbytes()); }
 
  private:
   Tensor images_;

@@ -314,6 +314,7 @@ TEST(TrainCli, TrainsEndToEndAndWritesMetrics) {
   EXPECT_NE(result.out.find("train step      5 | epoch 1/2"), std::string::npos) << result.out;
   EXPECT_NE(result.out.find("samples/s | "), std::string::npos);
   EXPECT_NE(result.out.find("ms/step | memory "), std::string::npos);
+  EXPECT_NE(result.out.find(", of which data sets "), std::string::npos) << result.out;
   const size_t final_line = result.out.find("test accuracy: ");
   ASSERT_NE(final_line, std::string::npos) << result.out;
   const double accuracy = std::stod(result.out.substr(final_line + 15, 6));
@@ -335,6 +336,8 @@ TEST(TrainCli, TrainsEndToEndAndWritesMetrics) {
     }
     if (event == "train") {
       EXPECT_GT(record.at("peak_memory_bytes").get<int64_t>(), 0);
+      // The data sets held as tensors: 420 images of 28x28 f32 and their int64 labels.
+      EXPECT_EQ(record.at("data_bytes").get<int64_t>(), 420 * (28 * 28 * 4 + 8));
     }
   }
   EXPECT_EQ(train_lines, 4);  // steps 5, 10, 15, 20

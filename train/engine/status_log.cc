@@ -106,12 +106,17 @@ void StatusLog::print_status(int64_t step, int64_t epoch) {
     text += part;
     record[name] = mean;
   }
-  std::snprintf(line, sizeof(line), " | lr %.3g | %.0f %s/s | %.0f ms/step | memory %s (peak %s)",
+  std::snprintf(line, sizeof(line), " | lr %.3g | %.0f %s/s | %.0f ms/step | memory %s (peak %s",
                 lr, samples_per_second, samples_name_.c_str(), ms_per_step,
                 format_bytes(stats.allocated_bytes).c_str(),
                 format_bytes(stats.peak_allocated_bytes).c_str());
-  log_ << text << line << (memory_ ? memory_->report(interval_steps_, &record) : std::string())
-       << std::endl;
+  std::string data;
+  if (data_bytes_ > 0 && device_.is_cpu() && !(memory_ && memory_->active())) {
+    data = ", of which data sets " + format_bytes(data_bytes_);
+    record["data_bytes"] = data_bytes_;
+  }
+  log_ << text << line << data << ")"
+       << (memory_ ? memory_->report(interval_steps_, &record) : std::string()) << std::endl;
   record["lr"] = lr;
   record[samples_name_ + "_per_s"] = samples_per_second;
   record["ms_per_step"] = ms_per_step;

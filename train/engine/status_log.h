@@ -37,6 +37,10 @@ class StatusLog {
   // Status lines show `memory`'s budget, counters and use (the training device's allocator
   // otherwise); it must outlive this log.
   void watch(TrainingMemory& memory) { memory_ = &memory; }
+  // The bytes of the data sets this process holds as CPU tensors: when the memory shown is the
+  // CPU allocator's (no budget), status lines say how much of it they are, since a planner's
+  // prediction covers training alone.
+  void count_data(int64_t bytes) { data_bytes_ = bytes; }
   // Call when an epoch's data is ready: the time spent preparing it (and skipping batches on a
   // resume) is not training time.
   void begin_epoch();
@@ -74,6 +78,7 @@ class StatusLog {
   MetricsLog metrics_;
   TrainingMemory* memory_ = nullptr;
   Device device_;
+  int64_t data_bytes_ = 0;
 
   Clock::time_point run_start_;
   Clock::time_point last_event_;  // the end of the last step, evaluation, checkpoint or set-up

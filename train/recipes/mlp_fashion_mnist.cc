@@ -62,6 +62,7 @@ RecipeResult run_mlp_fashion_mnist(const TrainConfig& config, const RunLayout& l
   int64_t step = checkpointer.resume();
   TrainingMemory memory(config, *model, optimizer, log);  // --memory_budget, --memory_policy
   status.watch(memory);
+  status.count_data(train_set->nbytes() + test_set->nbytes());
   auto evaluate = [&] {
     const EvalResult eval = classifier.evaluate(*test_set);
     return Evaluation{{"test_loss", eval.loss}, {"test_accuracy", eval.accuracy}};

@@ -135,6 +135,7 @@ RecipeResult run_image_recipe(const ImageRecipeSpec& spec, const TrainConfig& co
   int64_t step = checkpointer.resume();
   TrainingMemory memory(config, *model, optimizer, log);  // --memory_budget, --memory_policy
   status.watch(memory);
+  status.count_data(train_set->nbytes() + test_set->nbytes());
   auto evaluate = [&] {
     const EvalResult eval = classifier.evaluate(*test_set);
     return Evaluation{{"test_loss", eval.loss}, {"test_accuracy", eval.accuracy}};
