@@ -77,7 +77,7 @@ TESSEL_HOST_DEVICE inline T binary_value(Binary kind, T a, T b, bool unit_alpha,
         if constexpr (std::is_floating_point_v<T>) {
           return math::pow(a, b);
         } else {
-          return static_cast<T>(integer_power(static_cast<double>(a), static_cast<double>(b)));
+          return saturating_cast<T>(integer_power(static_cast<double>(a), static_cast<double>(b)));
         }
       case Binary::kMaximum:
         return nan_aware_maximum(a, b);
@@ -151,13 +151,13 @@ TESSEL_HOST_DEVICE inline T scalar_value(ScalarOp kind, T x, double value, T sca
     const double v = static_cast<double>(x);
     switch (kind) {
       case ScalarOp::kAdd:
-        return static_cast<T>(v + value);
+        return saturating_cast<T>(v + value);
       case ScalarOp::kMul:
-        return static_cast<T>(v * value);
+        return saturating_cast<T>(v * value);
       case ScalarOp::kDiv:
-        return static_cast<T>(v / value);
+        return saturating_cast<T>(v / value);
       case ScalarOp::kPow:
-        return static_cast<T>(integer_power(v, value));
+        return saturating_cast<T>(integer_power(v, value));
     }
   }
   return x;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cmath>
+#include <limits>
 #include <type_traits>
 
 #include "core/host_device.h"
@@ -64,6 +65,19 @@ TESSEL_HOST_DEVICE inline double integer_power_by_squaring(double base, double e
     return exponent < 0 ? 1.0 / result : result;
   }
   return ::pow(base, exponent);
+}
+
+// A double as the integer type T: truncated toward zero, clamped to T's range, NaN as 0, as
+// CUDA's conversions do. A plain cast of a double outside T's range (inf from 0^-1 or x/0 in
+// integer pow and scalar ops) is undefined behaviour on the host.
+template <typename T>
+TESSEL_HOST_DEVICE inline T saturating_cast(double value) {
+  if (value != value) return T(0);
+  if (value <= static_cast<double>(std::numeric_limits<T>::lowest()))
+    return std::numeric_limits<T>::lowest();
+  if (value >= static_cast<double>(std::numeric_limits<T>::max()))
+    return std::numeric_limits<T>::max();
+  return static_cast<T>(value);
 }
 
 // pow for integer tensors, computed in double: the host's correctly rounded pow on the CPU,

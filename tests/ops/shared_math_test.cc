@@ -374,5 +374,23 @@ TEST(SharedElementwise, DevicePowerBySquaringMatchesTheHostPow) {
   EXPECT_EQ(math::integer_power_by_squaring(2.0, 0.5), std::pow(2.0, 0.5));
 }
 
+// Integer results outside the type's range (0^-1 and x/0 give inf in double) are clamped, NaN is
+// 0: defined on the host, and what CUDA's conversions give on the device.
+TEST(SharedElementwise, IntegerResultsOutsideTheRangeSaturate) {
+  const math::BinaryFunctor<int32_t> power{math::Binary::kPow};
+  EXPECT_EQ(power(0, -1), std::numeric_limits<int32_t>::max());
+  EXPECT_EQ(power(-7, -1), 0);  // -1/7 truncated toward zero
+  EXPECT_EQ(power(2, 40), std::numeric_limits<int32_t>::max());
+  EXPECT_EQ(power(-2, 41), std::numeric_limits<int32_t>::lowest());
+  EXPECT_EQ(power(3, 4), 81);
+  const math::ScalarFunctor<int64_t> divide{math::ScalarOp::kDiv, 0.0, 0};
+  EXPECT_EQ(divide(5), std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(divide(-5), std::numeric_limits<int64_t>::lowest());
+  EXPECT_EQ(divide(0), 0);  // 0/0 is NaN
+  EXPECT_EQ(math::saturating_cast<uint8_t>(-3.0), 0);
+  EXPECT_EQ(math::saturating_cast<uint8_t>(300.5), 255);
+  EXPECT_EQ(math::saturating_cast<int16_t>(-12.9), -12);
+}
+
 }  // namespace
 }  // namespace tessel
