@@ -186,8 +186,9 @@ int parse_train_flags(int argc, const char* const* argv, TrainConfig* config, st
 
   app.add_option("--memory_budget", flags.memory_budget,
                  "train within this much memory: bytes with a unit (1.5GiB, 512MiB, 2GB, 4096B) "
-                 "or a fraction in (0, 1] of the whole peak, measured in a first unconstrained "
-                 "step (0.4)")
+                 "or a fraction f in (0, 1] of the activation memory (0.4): the first step runs "
+                 "unconstrained and measures the peak; then the budget is fixed + f x (peak - "
+                 "fixed), fixed being parameters, gradients, optimizer state and buffers")
       ->check(kMemoryBudget);
   app.add_option("--memory_policy", flags.memory_policy,
                  "how to stay within --memory_budget: none, dtr (evict and recompute), swap (to "

@@ -44,7 +44,8 @@ struct TrainConfig {
   std::optional<std::string> resume;
   std::string work_dir;  // files a recipe prepares once and reuses (the BERT vocab); "" default
   // Memory budget (memory::parse_budget): "" none; bytes with a unit ("1.5GiB", "512MiB", "2GB")
-  // or a fraction in (0, 1] of the whole peak measured in a first unconstrained step ("0.4").
+  // or a fraction f in (0, 1] of the activation memory ("0.4"): fixed + f * (peak - fixed), the
+  // peak measured in a first unconstrained step (memory::Budget::resolve).
   std::string memory_budget;
   // none, dtr, swap, split or auto; "" is auto with a budget and none without.
   std::string memory_policy;

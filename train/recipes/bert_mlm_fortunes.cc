@@ -149,17 +149,17 @@ RecipeResult run_bert_mlm_fortunes(const TrainConfig& config, const RunLayout& l
       status.step(step, epoch, loss_value, static_cast<int64_t>(batches[next].size()),
                   {{"mlm_loss", mlm_loss}, {"nsp_loss", nsp_loss}});
       if (plan.evaluates_at(step))
-        status.eval(step, epoch, parallel_bert.evaluate(held_out, baseline));
+        status.eval(step, epoch, parallel_bert.evaluate(held_out, baseline, batch_size));
       checkpointer.maybe_save(step);
     }
     if (plan.ends_epoch(epoch, step)) {
       if (!status.evaluated_at(step))
-        status.eval(step, epoch, parallel_bert.evaluate(held_out, baseline));
+        status.eval(step, epoch, parallel_bert.evaluate(held_out, baseline, batch_size));
       checkpointer.save(step);
     }
   }
   if (!status.evaluated_at(step))
-    status.eval(step, plan.epoch_of(step), parallel_bert.evaluate(held_out, baseline));
+    status.eval(step, plan.epoch_of(step), parallel_bert.evaluate(held_out, baseline, batch_size));
   checkpointer.save(step);
 
   RecipeResult result = status.finish(step);

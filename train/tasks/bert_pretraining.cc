@@ -26,7 +26,6 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-constexpr int64_t kEvalBatch = 64;
 constexpr int64_t kGroupBatches = 50;  // batches per window sorted by length
 constexpr uint64_t kBatchOrderSalt = 0x5bd1e995;
 
@@ -176,7 +175,8 @@ PretrainingStep pretraining_step(models::BertForPreTraining& model, const text::
 }  // namespace
 
 Evaluation evaluate_mlm(models::BertForPreTraining& model, const text::MlmDataset& held_out,
-                        double baseline) {
+                        double baseline, int64_t batch_size) {
+  TESSEL_CHECK(batch_size >= 1, "evaluate_mlm: batch_size must be at least 1, got ", batch_size);
   NoGradGuard no_grad;
   model.eval();
   const Device device = module_device(model);
@@ -186,9 +186,9 @@ Evaluation evaluate_mlm(models::BertForPreTraining& model, const text::MlmDatase
   std::vector<int64_t> order(held_out.size());
   for (int64_t i = 0; i < held_out.size(); ++i) order[i] = i;
   sort_by_length(held_out, order.begin(), order.end());
-  for (int64_t begin = 0; begin < held_out.size(); begin += kEvalBatch) {
+  for (int64_t begin = 0; begin < held_out.size(); begin += batch_size) {
     const std::vector<int64_t> indices(
-        order.begin() + begin, order.begin() + std::min(held_out.size(), begin + kEvalBatch));
+        order.begin() + begin, order.begin() + std::min(held_out.size(), begin + batch_size));
     const text::MlmBatch batch = make_batch(held_out, indices, /*epoch=*/0);
     const PretrainingStep step = pretraining_step(model, inputs_to_device(batch, device));
     const int64_t count = static_cast<int64_t>(step.labels.size());
@@ -344,9 +344,10 @@ double ParallelBert::clip_gradients(double max_norm) {
   return optim::clip_grad_norm(model_.parameters(), max_norm);
 }
 
-Evaluation ParallelBert::evaluate(const text::MlmDataset& held_out, double baseline) {
+Evaluation ParallelBert::evaluate(const text::MlmDataset& held_out, double baseline,
+                                  int64_t batch_size) {
   if (tp_model_) gather_into_full_model(*tp_model_, model_, layout_.tp_group_id);
-  return evaluate_mlm(model_, held_out, baseline);
+  return evaluate_mlm(model_, held_out, baseline, batch_size);
 }
 
 }  // namespace tessel::train

@@ -43,9 +43,11 @@ text::MlmBatch inputs_to_device(text::MlmBatch batch, Device device);
 std::vector<std::vector<int64_t>> epoch_batches(const text::MlmDataset& dataset, int64_t batch_size,
                                                 uint64_t seed, int64_t epoch);
 // Held-out masked-LM loss and accuracy (with the unigram `baseline` and how far below it the
-// loss is) and next-sentence accuracy of `model`; back in training mode afterwards.
+// loss is) and next-sentence accuracy of `model`, in batches of `batch_size` sequences (the
+// training batch: evaluation then needs no more memory than a training step's forward, so it
+// fits a memory budget that training fits); back in training mode afterwards.
 Evaluation evaluate_mlm(models::BertForPreTraining& model, const text::MlmDataset& held_out,
-                        double baseline);
+                        double baseline, int64_t batch_size);
 
 // The WordPiece vocabulary of at most `vocab_size` tokens built from `corpus` by the vocab
 // builder, cached as <work_dir>/vocab-<vocab_size>-<fingerprint of the text>.txt: built and
@@ -82,7 +84,7 @@ class ParallelBert {
   // Scales the gradients to a total norm of at most `max_norm` (over the tp group's split
   // parameters too); returns the norm before.
   double clip_gradients(double max_norm);
-  Evaluation evaluate(const text::MlmDataset& held_out, double baseline);
+  Evaluation evaluate(const text::MlmDataset& held_out, double baseline, int64_t batch_size);
 
  private:
   models::BertForPreTraining& model_;
