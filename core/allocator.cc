@@ -1,5 +1,8 @@
 #include "core/allocator.h"
 
+#include <malloc.h>
+
+#include <cstdint>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -9,10 +12,44 @@
 
 namespace tessel::memory {
 
+namespace {
+
+constexpr size_t kAlignment = 64;
+
+// glibc gives a freed block above its mmap threshold, and a free heap top above its trim
+// threshold, back to the system at once, so the next tensor of that size page-faults all of its
+// memory in again. Evaluation, which frees each activation as soon as the next op has read it,
+// spent about a fifth of its time in those page faults. Tensors are large and recycled every
+// step: blocks up to 32 MiB (glibc's largest mmap threshold) come from the heap, and up to 1 GiB
+// of freed heap stays for reuse. MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ set by the user
+// win.
+void keep_freed_tensor_memory() {
+#ifdef __GLIBC__
+  if (!std::getenv("MALLOC_MMAP_THRESHOLD_")) mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  if (!std::getenv("MALLOC_TRIM_THRESHOLD_")) mallopt(M_TRIM_THRESHOLD, 1 << 30);
+#endif
+}
+
+// 64-byte aligned blocks from plain malloc, the block's start kept just below the aligned
+// pointer: glibc's aligned_alloc and posix_memalign page-fault a large block in anew on every
+// allocation, whatever the thresholds, where malloc reuses the freed one.
+void* aligned_malloc(size_t bytes) {
+  void* block = std::malloc(bytes + kAlignment);
+  if (!block) return nullptr;
+  // malloc aligns to 16, so at least 16 bytes lie between the block and the aligned pointer.
+  const auto aligned = (reinterpret_cast<uintptr_t>(block) + kAlignment) & ~(kAlignment - 1);
+  reinterpret_cast<void**>(aligned)[-1] = block;
+  return reinterpret_cast<void*>(aligned);
+}
+
+void aligned_free(void* ptr) { std::free(reinterpret_cast<void**>(ptr)[-1]); }
+
+}  // namespace
+
 void* CountingCpuAllocator::allocate(size_t nbytes, Stream) {
-  size_t rounded = (nbytes + 63) / 64 * 64;
-  if (rounded == 0) rounded = 64;
-  void* ptr = std::aligned_alloc(64, rounded);
+  size_t rounded = (nbytes + kAlignment - 1) / kAlignment * kAlignment;
+  if (rounded == 0) rounded = kAlignment;
+  void* ptr = aligned_malloc(rounded);
   if (!ptr) {
     throw TESSEL_ERROR_TYPE(OutOfMemory, "cpu: could not allocate ", nbytes, " bytes (",
                             allocated_.load(), " bytes in use)");
@@ -27,7 +64,7 @@ void* CountingCpuAllocator::allocate(size_t nbytes, Stream) {
 
 void CountingCpuAllocator::deallocate(void* ptr, size_t nbytes, Stream) {
   if (!ptr) return;
-  std::free(ptr);
+  aligned_free(ptr);
   allocated_.fetch_sub(static_cast<int64_t>(nbytes));
   frees_.fetch_add(1);
 }
@@ -54,6 +91,7 @@ struct AllocatorTable {
 AllocatorTable& table() {
   static AllocatorTable* instance = [] {
     auto* t = new AllocatorTable;
+    keep_freed_tensor_memory();
     t->by_type[static_cast<int>(DeviceType::kCpu)] = std::make_shared<CountingCpuAllocator>();
     return t;
   }();
