@@ -128,9 +128,10 @@ class BertForPreTraining(nn.Module):
 class Options:
     """Where and how a case runs: the device and whether forward and loss autocast to bf16."""
 
-    def __init__(self, device, bf16):
+    def __init__(self, device, bf16, evaluate=False):
         self.device = torch.device(device)
         self.bf16 = bf16
+        self.eval = evaluate
 
     def autocast(self):
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
@@ -152,11 +153,23 @@ def count_parameters(model):
     return sum(p.numel() for p in model.parameters())
 
 
-def classifier_case(model, batch, size, classes, options):
+def classifier_case(model, batch, size, classes, options, channels=3):
     # Random data made on the CPU (the same draws on every device), then moved.
-    images = torch.randn(batch, 3, size, size).to(options.device)
+    images = torch.randn(batch, channels, size, size).to(options.device)
     targets = torch.randint(0, classes, (batch,)).to(options.device)
     model.to(options.device)
+    if options.eval:
+        model.eval()
+
+        def evaluate():
+            """What evaluation does: no autograd, forward, summed loss, the predictions read."""
+            with torch.no_grad(), options.autocast():
+                logits = model(images)
+                loss = F.cross_entropy(logits, targets, reduction="sum")
+                logits.argmax(1).tolist()
+            return loss.item()
+
+        return batch, count_parameters(model), evaluate
     model.train()
     optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM)
 
@@ -230,6 +243,13 @@ def make_case(name, batch, options):
         model.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
         model.maxpool = nn.Identity()
         return classifier_case(model, batch_or(32), 32, 10, options)
+    if name == "resnet18_fashion":
+        # The Fashion-MNIST recipe's: torchvision's stem on one grey channel, 10 classes.
+        model = torchvision.models.resnet18(num_classes=10)
+        model.conv1 = nn.Conv2d(1, 64, kernel_size=7, stride=2, padding=3, bias=False)
+        return classifier_case(model, batch_or(128), 28, 10, options, channels=1)
+    if options.eval and not name.startswith(("resnet", "shufflenet")):
+        raise SystemExit(f"torch_train_step: --mode eval takes a classifier case, not '{name}'")
     if name == "resnet50_224":
         return classifier_case(torchvision.models.resnet50(), batch_or(8), 224, 1000, options)
     if name == "shufflenet_224":
@@ -252,11 +272,13 @@ def main():
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--precision", choices=("f32", "bf16"), default="f32")
     parser.add_argument("--batch", type=int, help="replaces the case's batch size")
+    parser.add_argument("--mode", choices=("train", "eval"), default="train",
+                        help="eval: what evaluation does (classifier cases)")
     args = parser.parse_args()
     if args.batch is not None and args.batch <= 0:
         raise SystemExit(f"torch_train_step: --batch must be positive, got {args.batch}")
     torch.set_num_threads(args.threads)
-    options = Options(args.device, args.precision == "bf16")
+    options = Options(args.device, args.precision == "bf16", args.mode == "eval")
     if options.device.type == "cuda":
         if not torch.cuda.is_available():
             raise SystemExit("torch_train_step: --device cuda, but torch.cuda.is_available() is "
@@ -268,7 +290,7 @@ def main():
     torch.manual_seed(0)
     batch, parameters, step = make_case(args.case, args.batch, options)
     print(f"ready batch {batch} threads {torch.get_num_threads()} device {options.device} "
-          f"precision {args.precision} params {parameters}", flush=True)
+          f"precision {args.precision} mode {args.mode} params {parameters}", flush=True)
     for line in sys.stdin:
         words = line.split()
         if not words or words[0] == "quit":

@@ -5,8 +5,11 @@
 //   "quit". --profile=N instead prints a per-op time breakdown over N steps (after one warm-up),
 //   --by-shape splitting it by input shapes.
 //   train_step_bench --case=resnet50_224 --device=cuda --precision=bf16 --batch=128
-// Cases: resnet18_32, resnet50_224, shufflenet_224, bert_mini_128, bert_base_128, conv3x3_C_S
-// (3x3 conv forward + backward, batch 32, C channels, SxS). --batch=N overrides a case's batch.
+// Cases: resnet18_32, resnet18_fashion (the Fashion-MNIST recipe's ResNet-18: 1x28x28, 10
+// classes, torchvision stem, batch 128), resnet50_224, shufflenet_224, bert_mini_128,
+// bert_base_128, conv3x3_C_S (3x3 conv forward + backward, batch 32, C channels, SxS).
+// --batch=N overrides a case's batch. --mode=eval times what evaluation does instead of a
+// training step (classifier cases): eval mode, no autograd, forward, loss and argmax.
 // --device=cuda needs a build with --config=cuda. --precision=bf16 autocasts forward and loss
 // (AutocastGuard, as train --precision=bf16); parameters and optimizer state stay f32. Every
 // step ends reading the loss back (item()), which waits for the device, so wall time per step
@@ -25,6 +28,7 @@
 #include <vector>
 
 #include "core/autocast.h"
+#include "core/autograd.h"
 #include "core/device.h"
 #include "core/op.h"
 #include "core/rng.h"
@@ -49,6 +53,7 @@ constexpr double kMomentum = 0.9;
 struct StepOptions {
   Device device = Device::cpu();
   bool bf16 = false;
+  bool eval = false;  // --mode=eval
 };
 
 // A case: the batch size (for samples/s), the trained element count (compare_pytorch checks it
@@ -90,10 +95,23 @@ std::shared_ptr<Holder<Model>> make_holder(std::shared_ptr<Model> model, std::ve
 
 template <typename Model>
 TrainCase classifier_case(std::shared_ptr<Model> model, int64_t batch, int64_t size,
-                          int64_t classes, const StepOptions& options) {
-  auto holder = make_holder(std::move(model),
-                            {randn({batch, 3, size, size}), randint(0, classes, {batch})}, options);
-  return {batch, count_elements(holder->model->parameters()), [holder, bf16 = options.bf16]() {
+                          int64_t classes, const StepOptions& options, int64_t channels = 3) {
+  auto holder =
+      make_holder(std::move(model),
+                  {randn({batch, channels, size, size}), randint(0, classes, {batch})}, options);
+  const int64_t parameters = count_elements(holder->model->parameters());
+  if (options.eval) {
+    holder->model->eval();
+    return {batch, parameters, [holder, bf16 = options.bf16]() {
+              NoGradGuard no_grad;
+              AutocastGuard autocast(DType::kBFloat16, bf16);
+              const Tensor logits = holder->model->forward(holder->batch[0]);
+              const Tensor loss = cross_entropy(logits, holder->batch[1], -100, 0.0, "sum");
+              argmax(logits, 1).to_vector<int64_t>();  // the predictions, as evaluation reads
+              return loss.item<double>();
+            }};
+  }
+  return {batch, parameters, [holder, bf16 = options.bf16]() {
             Tensor loss;
             {
               AutocastGuard autocast(DType::kBFloat16, bf16);
@@ -168,6 +186,9 @@ TrainCase make_case(const std::string& name, int64_t batch, const StepOptions& o
     return classifier_case(
         models::resnet18(models::ResNetOptions().num_classes(10).small_image_stem(true)),
         batch_or(32), 32, 10, options);
+  if (name == "resnet18_fashion")
+    return classifier_case(models::resnet18(models::ResNetOptions().num_classes(10).in_channels(1)),
+                           batch_or(128), 28, 10, options, /*channels=*/1);
   if (name == "resnet50_224")
     return classifier_case(models::resnet50(), batch_or(8), 224, 1000, options);
   if (name == "shufflenet_224")
@@ -176,12 +197,18 @@ TrainCase make_case(const std::string& name, int64_t batch, const StepOptions& o
     return bert_case(models::BertConfig::mini(), batch_or(8), 128, options);
   if (name == "bert_base_128")
     return bert_case(models::BertConfig::base(), batch_or(32), 128, options);
+  if (options.eval) {
+    std::cerr << "train_step_bench: --mode=eval takes a classifier case (resnet18_32, "
+                 "resnet18_fashion, resnet50_224, shufflenet_224), not '"
+              << name << "'\n";
+    std::exit(2);
+  }
   int channels = 0, size = 0;
   if (std::sscanf(name.c_str(), "conv3x3_%d_%d", &channels, &size) == 2)
     return conv_case(batch_or(32), channels, size, options);
   std::cerr << "train_step_bench: unknown case '" << name
-            << "' (resnet18_32, resnet50_224, shufflenet_224, bert_mini_128, bert_base_128, "
-               "conv3x3_C_S)\n";
+            << "' (resnet18_32, resnet18_fashion, resnet50_224, shufflenet_224, bert_mini_128, "
+               "bert_base_128, conv3x3_C_S)\n";
   std::exit(2);
 }
 
@@ -251,6 +278,13 @@ int run(int argc, char** argv) {
         return 2;
       }
       options.bf16 = precision == "bf16";
+    } else if (std::strncmp(argv[i], "--mode=", 7) == 0) {
+      const std::string mode = argv[i] + 7;
+      if (mode != "train" && mode != "eval") {
+        std::cerr << "train_step_bench: --mode must be train or eval, got '" << mode << "'\n";
+        return 2;
+      }
+      options.eval = mode == "eval";
     } else if (std::strncmp(argv[i], "--batch=", 8) == 0) {
       batch = std::atoll(argv[i] + 8);
       if (batch <= 0) {
@@ -277,7 +311,8 @@ int run(int argc, char** argv) {
     return 0;
   }
   std::cout << "ready batch " << train_case.batch << " threads " << get_num_threads() << " device "
-            << options.device << " precision " << precision << " params " << train_case.parameters
+            << options.device << " precision " << precision << " mode "
+            << (options.eval ? "eval" : "train") << " params " << train_case.parameters
             << std::endl;
   std::string line;
   while (std::getline(std::cin, line)) {

@@ -64,7 +64,7 @@ RecipeResult run_mlp_fashion_mnist(const TrainConfig& config, const RunLayout& l
   status.watch(memory);
   status.count_data(train_set->nbytes() + test_set->nbytes());
   auto evaluate = [&] {
-    const EvalResult eval = classifier.evaluate(*test_set);
+    const EvalResult eval = classifier.evaluate(*test_set, *config.batch_size);
     return Evaluation{{"test_loss", eval.loss}, {"test_accuracy", eval.accuracy}};
   };
 

@@ -33,8 +33,7 @@ struct EvalResult {
 // Accuracy and mean loss of `model` (in eval mode, no autograd) over every example of `dataset`,
 // on the device of the model's parameters (batches are moved there). The model is back in
 // training mode afterwards.
-EvalResult evaluate_classifier(nn::Module& model, const data::Dataset& dataset,
-                               int64_t batch_size = 500);
+EvalResult evaluate_classifier(nn::Module& model, const data::Dataset& dataset, int64_t batch_size);
 
 // `full` itself, or with tp > 1 a models::TensorParallelClassifier over it: batch-split trunk;
 // ResNet's classifier split by classes; ShuffleNet's conv5 split by channels and its classifier
@@ -60,7 +59,9 @@ class ParallelClassifier {
   // over tp when backward ends.
   ClassifierLoss loss(const Tensor& inputs, const Tensor& targets);
   // Loss and accuracy over `dataset`: batches dealt round-robin to the dp ranks and summed.
-  EvalResult evaluate(const data::Dataset& dataset, int64_t batch_size = 500);
+  // Recipes pass their training batch, so evaluating needs no more memory than a training
+  // step's forward and fits a memory budget that training fits.
+  EvalResult evaluate(const data::Dataset& dataset, int64_t batch_size);
 
  private:
   std::shared_ptr<nn::Module> model_;
