@@ -330,8 +330,7 @@ MemoryScope::MemoryScope(const Budget& budget, const MemoryOptions& options)
                       : MemoryOptions(options).budget(budget.bytes).fixed_bytes(0)) {
   if (budget.is_fraction()) {
     TESSEL_CHECK(budget.fraction <= 1,
-                 "MemoryScope: a fraction of the activation memory must be "
-                 "in (0, 1], got ",
+                 "MemoryScope: a fraction of the activation memory must be in (0, 1], got ",
                  budget.fraction);
     pending_fraction_ = budget.fraction;
     pending_options_ = options;

@@ -16,6 +16,28 @@ constexpr const char* kBertPrefix = "bert_";
 
 bool is_bert(const std::string& model) { return model.rfind(kBertPrefix, 0) == 0; }
 
+namespace {
+
+// Why the runtime does not run `graph`'s plans with a tensor-parallel group as priced; empty when
+// it does (BERT, and graphs built by hand).
+std::string tensor_parallel_not_run_reason(const Graph& graph) {
+  if (graph.user_module)
+    return graph.model +
+           " is a module of one's own: it runs tensor parallel only as its code splits it "
+           "(parallel::make_linear), while data-parallel plans run as priced with "
+           "DistributedDataParallel";
+  // The runtime's --tp for ResNet and ShuffleNet (models/vision_parallel.h) splits the batch in
+  // the convolutions and the classes in the classifier; a vision plan using a tensor-parallel
+  // group prices its ops replicated or split by channels instead.
+  if (!graph.model.empty() && !is_bert(graph.model))
+    return "tensor parallel for " + graph.model +
+           " is priced with replicated or channel-split convolutions; the runtime's --tp splits "
+           "the batch in the convolutions (models/vision_parallel.h)";
+  return "";
+}
+
+}  // namespace
+
 PlannedPoint describe_choice(const Graph& graph,
                              const std::vector<std::vector<Strategy>>& strategies,
                              const PlannerConfig& config, const std::vector<int>& choice,
@@ -61,22 +83,10 @@ PlannedPoint describe_choice(const Graph& graph,
     b.gradient_sync_s +=
         shared_parameter_time(graph, shared, strategies[shared.owner][choice[shared.owner]],
                               strategies[shared.user][choice[shared.user]], config);
-  // The runtime's --tp for ResNet and ShuffleNet (models/vision_parallel.h) splits the batch in
-  // the convolutions and the classes in the classifier; a vision plan using a tensor-parallel
-  // group prices its ops replicated or split by channels instead, so it would not run as priced.
-  if (uses_tensor_parallel && graph.user_module) {
+  const std::string not_run = tensor_parallel_not_run_reason(graph);
+  if (uses_tensor_parallel && !not_run.empty()) {
     point.executable = false;
-    point.not_executable_reason =
-        graph.model +
-        " is a module of one's own: it runs tensor parallel only as its code splits it "
-        "(parallel::make_linear), while data-parallel plans run as priced with "
-        "DistributedDataParallel";
-  } else if (uses_tensor_parallel && !graph.model.empty() && !is_bert(graph.model)) {
-    point.executable = false;
-    point.not_executable_reason =
-        "tensor parallel for " + graph.model +
-        " is priced with replicated or channel-split convolutions; the runtime's --tp splits the "
-        "batch in the convolutions (models/vision_parallel.h)";
+    point.not_executable_reason = not_run;
   }
   point.cost.memory = b.parameter_bytes + remat_fraction * b.activation_bytes;
   point.cost.time = b.compute_s + b.comm_s + b.gradient_sync_s + b.redistribution_s + b.recompute_s;
@@ -169,10 +179,8 @@ PlanResult plan_graph(const Graph& graph, const PlanOptions& options) {
     std::vector<int> choice;
     bool executable = true;
   };
-  // A plan with a tensor-parallel group is not run as priced for a vision model or a module of
-  // one's own (describe_choice).
-  const bool data_parallel_only =
-      graph.user_module || (!graph.model.empty() && !is_bert(graph.model));
+  // Plans with a tensor-parallel group that the runtime does not run as priced (describe_choice).
+  const bool data_parallel_only = !tensor_parallel_not_run_reason(graph).empty();
   auto executable = [&](const std::vector<int>& choice) {
     if (!data_parallel_only) return true;
     for (size_t op = 0; op < choice.size(); ++op)
