@@ -23,6 +23,7 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 import time
 
 # Training steps per side below which a median is not trusted.
@@ -347,3 +348,26 @@ class RawLog:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def main(argv=None):
+    """`harness.py quiet [--max-wait S] [--force]`: for shell scripts; waits for a quiet machine
+    and prints how quiet it was (one line for a results file), or exits 1 saying why not."""
+    import argparse
+    parser = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
+    parser.add_argument("command", choices=["quiet"])
+    parser.add_argument("--max-wait", type=float, default=300)
+    parser.add_argument("--force", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        quiet = wait_for_quiet(args.max_wait, args.force,
+                               log=lambda line: print(line, file=sys.stderr, flush=True))
+    except SystemExit as refusal:
+        print(refusal, file=sys.stderr)
+        return 1
+    print(quiet.describe())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

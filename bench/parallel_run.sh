@@ -6,7 +6,8 @@
 #     (profile cpu_2core_example, and a profile calibrated at the start of the run), then each
 #     plan run for its measured step time and peak memory.
 # Every run prints one JSON line (bench/parallel_bench.cc); they are collected in $OUT.
-# Usage: bench/parallel_run.sh [OUT.jsonl]
+# Usage: bench/parallel_run.sh [OUT.jsonl]   (FORCE=1: measure even on a busy machine, which the
+# log then says; otherwise it waits up to 300 s for a quiet one, bench/harness.py, or refuses)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-bench/results/parallel_raw.jsonl}
@@ -15,6 +16,9 @@ plans=$(mktemp -d)
 if [ -z "${SKIP_BUILD:-}" ]; then
   bazel build //bench:parallel_bench //tools/plan >/dev/null
 fi
+force=()
+[ -n "${FORCE:-}" ] && force=(--force)
+machine=$(/usr/bin/python3 bench/harness.py quiet --max-wait 300 "${force[@]}")
 export OMPI_MCA_rmaps_base_oversubscribe=yes
 export OMPI_MCA_orte_tmpdir_base=/tmp
 bench=bazel-bin/bench/parallel_bench
@@ -26,6 +30,7 @@ run() {
 : > "$out"
 # Other work on the machine slows every rank: the load average goes into the log, start and end.
 echo "# start $(date -u +%FT%TZ), load average $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) cores" >> "$out"
+echo "# machine at the start: $machine" >> "$out"
 
 for np in 1 2 4; do
   run "$np" --model=resnet50 --image_size=128 --batch_per_rank=4 --steps=3

@@ -3,7 +3,9 @@
 # count, and writes bench/results/cpu_ops.md (with the command that made it); then
 # bench/compare_pytorch times whole training steps (bench/results/training_step.md).
 # Usage: bench/run.sh [--threads N] [--min-time SECONDS] [--repetitions N] [--filter REGEX]
-#        (or ./tessel bench ...). Defaults: 2 threads, 0.5 s, 3 repetitions, every benchmark.
+#        [--max-wait SECONDS] [--force]   (or ./tessel bench ...). Defaults: 2 threads, 0.5 s,
+#        3 repetitions, every benchmark. Measures only on a quiet machine (bench/harness.py):
+#        waits up to --max-wait (300 s), then refuses unless --force (the results say so).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -14,6 +16,8 @@ threads=2
 min_time=0.5
 repetitions=3
 filter="."
+max_wait=300
+force=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --threads) threads=$2; shift 2 ;;
@@ -24,12 +28,16 @@ while [ $# -gt 0 ]; do
     --repetitions=*) repetitions=${1#*=}; shift ;;
     --filter) filter=$2; shift 2 ;;
     --filter=*) filter=${1#*=}; shift ;;
+    --max-wait) max_wait=$2; shift 2 ;;
+    --max-wait=*) max_wait=${1#*=}; shift ;;
+    --force) force=(--force); shift ;;
     -h | --help) sed -n '2,6p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
 
 bazel build //bench:gemm_bench //bench:conv_bench
+machine=$(/usr/bin/python3 bench/harness.py quiet --max-wait "$max_wait" "${force[@]}")
 
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/tessel-bench.XXXXXX")
 trap 'rm -rf "$scratch"' EXIT
@@ -49,11 +57,11 @@ env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OPENBLAS_NUM_THREADS="$threads" \
   OMP_NUM_THREADS="$threads" /usr/bin/python3 bench/torch_compare.py \
   --threads "$threads" --min-time "$min_time" --repetitions "$repetitions" \
   --tessel-json "$scratch/gemm_bench.json" "$scratch/conv_bench.json" \
-  --output bench/results/cpu_ops.md --command "$command_line"
+  --output bench/results/cpu_ops.md --command "$command_line" --machine "$machine"
 echo "run.sh: wrote bench/results/cpu_ops.md" >&2
 
 # Whole training steps against PyTorch (writes bench/results/training_step.md); skipped when
 # --filter picks some of the op benchmarks.
 if [ "$filter" = "." ]; then
-  bench/compare_pytorch --threads "$threads"
+  bench/compare_pytorch --threads "$threads" --max-wait "$max_wait" "${force[@]}"
 fi

@@ -134,6 +134,8 @@ def main():
     parser.add_argument("--command", default="bench/run.sh", help="command line to record")
     parser.add_argument("--min-time", type=float, default=0.5)
     parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument("--machine", default="not checked",
+                        help="how quiet the machine was (bench/harness.py quiet)")
     args = parser.parse_args()
 
     load_before = os.getloadavg()
@@ -174,8 +176,8 @@ def main():
         f"{args.min_time} s, after a warm-up call (Google Benchmark for Tessel, the same rule "
         "in Python for PyTorch). Ratio < 1: Tessel faster.",
         f"- Load average (1 min) when the PyTorch side started and ended: {load_before[0]:.2f}, "
-        f"{load_after[0]:.2f} on {os.cpu_count()} cores; above the core count, other work "
-        "shared the CPUs and the times are noisy.",
+        f"{load_after[0]:.2f} on {os.cpu_count()} cores (both sides' own work included).",
+        f"- Machine at the start: {args.machine}.",
         "",
         "| operation | Tessel ms | PyTorch ms | Tessel / PyTorch | Tessel GFLOP/s | "
         "PyTorch GFLOP/s |",

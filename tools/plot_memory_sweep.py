@@ -110,6 +110,7 @@ def main():
     parser.add_argument("--command", default="bench/memory_bench")
     parser.add_argument("--notes", help="Markdown appended after the tables")
     parser.add_argument("--seconds", type=float, default=0, help="wall time of the whole run")
+    parser.add_argument("--machine", help="how quiet the machine was (bench/harness.py quiet)")
     args = parser.parse_args()
 
     records = read_lines(args.tessel)
@@ -132,6 +133,8 @@ def main():
                "of the timed steps (3 for ResNet-50, 10 for the others). The machine's 2 cores "
                "are shared with other work, so single ratios carry noise of several percent (and "
                "more at busy moments); read trends across rows rather than single cells.\n")
+    if args.machine:
+        out.append(f"Machine at the start (bench/harness.py): {args.machine}.\n")
     out.append("Budgets are fractions f of the activation memory, `budget = fixed + f * (peak - "
                "fixed)` with fixed = parameters + gradients + momentum (as the benchmarks define it); the "
                "second column gives the same budget as a fraction of the whole peak (the form "

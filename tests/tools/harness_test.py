@@ -78,6 +78,14 @@ class Quiet(unittest.TestCase):
         self.assertIn("taken under load", quiet.describe())
 
 
+    def test_the_command_line_prints_one_line_for_a_results_file(self):
+        # With --force it always measures: the line says whether the machine was quiet.
+        result = subprocess.run([sys.executable, harness.__file__, "quiet", "--max-wait", "0",
+                                 "--force"], capture_output=True, text=True)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertRegex(result.stdout, r"^(quiet|taken under load \(--force\)).*load average")
+
+
 class OtherProcesses(unittest.TestCase):
     def test_a_busy_process_outside_this_tree_is_named(self):
         # The shell exits at once: its background `yes` is no descendant of this process.
