@@ -28,13 +28,23 @@ rank_pid() {
   for environ in /proc/[0-9]*/environ; do
     pid=${environ#/proc/}
     pid=${pid%/environ}
-    if tr '\0' '\n' <"$environ" 2>/dev/null | grep -qx "TESSEL_RANK_DEATH_MARK=$TESSEL_RANK_DEATH_MARK" &&
-      tr '\0' '\n' <"$environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$rank"; then
-      # The rank itself, not a shell mpirun started it through.
-      [ "$(readlink "/proc/$pid/exe")" = "$real_binary" ] && { echo "$pid"; return 0; }
+    # The rank itself, not a shell mpirun started it through.
+    [[ "/proc/$pid/exe" -ef "$real_binary" ]] || continue
+    if grep -qzx "TESSEL_RANK_DEATH_MARK=$TESSEL_RANK_DEATH_MARK" "$environ" 2>/dev/null &&
+      grep -qzx "OMPI_COMM_WORLD_RANK=$rank" "$environ" 2>/dev/null; then
+      echo "$pid"
+      return 0
     fi
   done
   return 1
+}
+
+# The ranks of this test still running, for failure messages.
+list_ranks() {
+  local rank pid
+  for rank in 0 1; do
+    pid=$(rank_pid "$rank") && echo "rank $rank: pid $pid" || echo "rank $rank: not running"
+  done
 }
 
 latest_step() {
@@ -78,8 +88,9 @@ scenario() {
   done
   local pid
   pid=$(rank_pid "$kill_rank") || {
-    fail "$name" "rank $kill_rank's process not found"
-    kill -9 "$job"
+    fail "$name" "rank $kill_rank's process not found ($(list_ranks | paste -sd ';'); job \
+$(kill -0 "$job" 2>/dev/null && echo running || echo ended))" "$log"
+    kill -9 "$job" 2>/dev/null
     return
   }
   kill -9 "$pid"
