@@ -87,6 +87,14 @@ void scatter_planes(KernelContext& context, const Fill& fill) {
 
 // ---- max_pool2d ----
 
+// The outputs [*first, *last] along `axis` whose windows lie wholly inside the input (none when
+// first > last): their reads need no bounds checks.
+void inside_outputs(const PoolAxis& axis, int64_t* first, int64_t* last) {
+  *first = (axis.padding + axis.stride - 1) / axis.stride;  // o * stride - padding >= 0
+  const int64_t reach = axis.input - 1 + axis.padding - (axis.kernel - 1) * axis.dilation;
+  *last = reach < 0 ? -1 : std::min(reach / axis.stride, axis.output - 1);
+}
+
 template <typename T>
 void max_pool_forward(KernelContext& context) {
   const Tensor& x = context.inputs[0];
@@ -101,6 +109,12 @@ void max_pool_forward(KernelContext& context) {
   T* value_data = values.data_ptr<T>();
   int64_t* index_data = indices.data_ptr<int64_t>();
   const int64_t work = rows.output * cols.output * rows.kernel * cols.kernel;
+  // Windows inside the input skip the bounds checks where rows are dense (the common layout).
+  int64_t first_row = 0, last_row = -1, first_col = 0, last_col = -1;
+  if (in.stride_w == 1) {
+    inside_outputs(rows, &first_row, &last_row);
+    inside_outputs(cols, &first_col, &last_col);
+  }
   parallel_for(0, plane_count(x), plane_grain(work), [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
       const T* plane = x_data + in.plane_offset(p);
@@ -110,9 +124,16 @@ void max_pool_forward(KernelContext& context) {
         for (int64_t ow = 0; ow < cols.output; ++ow) {
           T best;
           int64_t best_index;
-          window_max(
-              rows, cols, oh, ow, [&](int64_t h, int64_t w) { return plane[in.at(h, w)]; }, &best,
-              &best_index);
+          if (oh >= first_row && oh <= last_row && ow >= first_col && ow <= last_col) {
+            window_max<false>(
+                rows, cols, oh, ow,
+                [&](int64_t h, int64_t w) { return plane[h * in.stride_h + w]; }, &best,
+                &best_index);
+          } else {
+            window_max(
+                rows, cols, oh, ow, [&](int64_t h, int64_t w) { return plane[in.at(h, w)]; }, &best,
+                &best_index);
+          }
           value_plane[out.at(oh, ow)] = best;
           index_plane[index.at(oh, ow)] = best_index;
         }

@@ -83,6 +83,43 @@ TEST(MaxPool2d, PropagatesNaNLikePyTorch) {
   EXPECT_TRUE(std::isnan(max_pool2d(x, {2, 2}).item<double>()));
 }
 
+// In contiguous inputs, windows inside the input are read without bounds checks; in a view with
+// strided rows every window is checked. Both give the same maxima and the same indices (the first
+// maximum of ties, the last NaN), with and without padding.
+TEST(MaxPool2d, UncheckedWindowsAgreeWithCheckedOnes) {
+  // pattern() repeats every 17 values: 3x3 windows hold ties.
+  std::vector<double> values = pattern({2, 3, 9, 8}).to_vector<double>();
+  for (size_t i : {5, 6, 40, 77, 200, 201, 333}) values[i] = std::nan("");
+  struct Case {
+    Shape kernel, stride, padding;
+  };
+  const std::vector<Case> cases = {{{2, 2}, {2, 2}, {0, 0}},
+                                   {{3, 3}, {2, 2}, {1, 1}},
+                                   {{3, 3}, {1, 1}, {1, 1}},
+                                   {{2, 3}, {1, 2}, {1, 0}},
+                                   {{3, 1}, {3, 1}, {0, 0}}};
+  for (DType dtype : {DType::kFloat32, DType::kFloat64}) {
+    Tensor x = from_vector<double>(values, {2, 3, 9, 8}, dtype);
+    // The same values, with the plane's rows strided (a transposed copy, transposed back).
+    Tensor strided = transpose(contiguous(transpose(x, 2, 3)), 2, 3);
+    ASSERT_NE(strided.stride(3), 1);
+    for (const Case& c : cases) {
+      SCOPED_TRACE("kernel " + shape_str(c.kernel) + " stride " + shape_str(c.stride) +
+                   " padding " + shape_str(c.padding));
+      std::vector<Tensor> dense =
+          max_pool_with_indices(x, c.kernel, c.stride, c.padding, {1, 1}, false);
+      std::vector<Tensor> checked =
+          max_pool_with_indices(strided, c.kernel, c.stride, c.padding, {1, 1}, false);
+      EXPECT_EQ(dense[1].to_vector<int64_t>(), checked[1].to_vector<int64_t>());
+      const std::vector<double> a = dense[0].to_vector<double>(),
+                                b = checked[0].to_vector<double>();
+      ASSERT_EQ(a.size(), b.size());
+      for (size_t i = 0; i < a.size(); ++i)
+        EXPECT_TRUE(a[i] == b[i] || (std::isnan(a[i]) && std::isnan(b[i]))) << i;
+    }
+  }
+}
+
 TEST(MaxPool2d, GradientsMatchFiniteDifferences) {
   // Random values have no ties, so the maxima do not move under the small perturbations.
   struct Case {
