@@ -1,6 +1,8 @@
 // A model of your own on Fashion-MNIST, written as a libtorch user writes one: a small residual
-// CNN (an nn::Module subclass), a shuffled DataLoader, AdamW, the loop in plain sight, and a
-// no-grad evaluation of the test set's accuracy. Options:
+// CNN (an nn::Module subclass), a shuffled DataLoader, AdamW with a warmup-cosine schedule, the
+// loop in plain sight, and a no-grad evaluation of the test set's accuracy. Options:
+//   --save=PATH     writes the trained model's state_dict as safetensors, loads it into a fresh
+//                   model and evaluates that one too (the same accuracy)
 //   --budget=64MiB  train inside a memory budget (the auto policy evicts, recomputes and swaps);
 //                   --budget=0.5 keeps half of the activation memory measured on the first step
 //   under mpirun    data parallel: each rank trains on its rows of every batch through DDP
@@ -8,6 +10,7 @@
 //                   (--profile=PATH, by default the CPU example profile) and names the fastest
 //   bazel run //examples:fashion_cnn -- --epochs=1
 //   bazel build //examples:fashion_cnn && mpirun -np 2 bazel-bin/examples/fashion_cnn --steps=200
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -60,12 +63,14 @@ std::shared_ptr<nn::Sequential> make_net() {
       nn::Linear(64, 10));
 }
 
-// The share of `data` the model classifies right, in batches, without autograd.
-double accuracy(nn::Module& model, const std::shared_ptr<data::ImageDataset>& data) {
+// The share of `data` the model classifies right, without autograd, in batches of the training
+// batch's size: a memory budget that fits a training step then fits evaluation too.
+double accuracy(nn::Module& model, const std::shared_ptr<data::ImageDataset>& data,
+                int64_t batch_size) {
   NoGradGuard no_grad;
   model.eval();
   int64_t correct = 0;
-  data::DataLoader loader(data, data::DataLoaderOptions().batch_size(1000).shuffle(false));
+  data::DataLoader loader(data, data::DataLoaderOptions().batch_size(batch_size).shuffle(false));
   for (data::Batch& batch : loader.epoch(0))
     correct += model(batch.inputs).argmax(1).eq(batch.targets).sum().item<int64_t>();
   model.train();
@@ -114,6 +119,7 @@ int train_fashion_cnn(int argc, char** argv) {
   const int64_t max_steps = std::stoll(flag(argc, argv, "steps", "0"));  // 0: whole epochs
   const int64_t batch_size = 128;
   const std::string budget = flag(argc, argv, "budget", "");
+  const std::string save_path = flag(argc, argv, "save", "");
   const int rank = parallel::world_rank(), ranks = parallel::world_size();
   const int plan_devices = std::stoi(flag(argc, argv, "plan", "0"));
   if (plan_devices > 0)
@@ -121,8 +127,12 @@ int train_fashion_cnn(int argc, char** argv) {
                                         flag(argc, argv, "profile", kCpuProfile))
                      : 0;
 
+  manual_seed(0);  // the same initial model on every rank
+  auto train_set = data::load_fashion_mnist(data_dir, data::Split::kTrain);
+  auto test_set = data::load_fashion_mnist(data_dir, data::Split::kTest);
   // Tensors made inside the scope (the model, its gradients and the optimizer state too) count
-  // against the budget; without --budget nothing is limited.
+  // against the budget; the data sets, loaded before it, do not. Without --budget nothing is
+  // limited.
   // A fraction (--budget=0.5) keeps that share of the activation memory: the first step runs
   // unlimited to measure it, and end_step() then sets the budget.
   std::unique_ptr<memory::MemoryScope> scope;
@@ -130,9 +140,6 @@ int train_fashion_cnn(int argc, char** argv) {
     scope =
         std::make_unique<memory::MemoryScope>(memory::parse_budget(budget), memory::Policy::kAuto);
 
-  manual_seed(0);  // the same initial model on every rank
-  auto train_set = data::load_fashion_mnist(data_dir, data::Split::kTrain);
-  auto test_set = data::load_fashion_mnist(data_dir, data::Split::kTest);
   std::shared_ptr<nn::Sequential> model = make_net();
   std::unique_ptr<parallel::DistributedDataParallel> ddp;
   if (ranks > 1)
@@ -142,6 +149,10 @@ int train_fashion_cnn(int argc, char** argv) {
 
   data::DataLoader loader(train_set,
                           data::DataLoaderOptions().batch_size(batch_size).shuffle(true).seed(1));
+  // The learning rate rises over the first 5% of the steps, then follows a cosine to zero.
+  int64_t total_steps = epochs * loader.num_batches();
+  if (max_steps > 0) total_steps = std::min(total_steps, max_steps);
+  optim::CosineWithWarmup schedule(optimizer, /*warmup_steps=*/total_steps / 20, total_steps);
   int64_t step = 0;
   for (int epoch = 0; epoch < epochs && (max_steps == 0 || step < max_steps); ++epoch) {
     for (data::Batch& batch : loader.epoch(epoch)) {
@@ -154,6 +165,7 @@ int train_fashion_cnn(int argc, char** argv) {
       optimizer.zero_grad();
       loss.backward();  // under DDP, the gradients are averaged over the ranks when it returns
       optimizer.step();
+      schedule.step();
       if (scope) {
         std::vector<Tensor> held = optimizer.held_tensors();  // parameters, gradients, state
         for (const Tensor& buffer : model->buffers()) held.push_back(buffer);
@@ -166,11 +178,19 @@ int train_fashion_cnn(int argc, char** argv) {
     }
   }
   if (ddp) ddp->sync_buffers();  // the ranks' batch-norm statistics, averaged
-  const double test_accuracy = accuracy(*model, test_set);
+  const double test_accuracy = accuracy(*model, test_set, batch_size);
   if (rank == 0) {
     std::printf("%lld steps, test accuracy %.4f", static_cast<long long>(step), test_accuracy);
     if (scope) std::printf("; %s", memory::status_line(memory::status()).c_str());
     std::printf("\n");
+  }
+  if (rank == 0 && !save_path.empty()) {
+    // Parameters and batch-norm statistics, by their state_dict names.
+    save_safetensors(save_path, model->state_dict());
+    std::shared_ptr<nn::Sequential> reloaded = make_net();
+    reloaded->load_state_dict(load_safetensors(save_path));
+    std::printf("saved to %s and loaded into a new model: test accuracy %.4f\n", save_path.c_str(),
+                accuracy(*reloaded, test_set, batch_size));
   }
   return 0;
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# examples/fashion_cnn on a tiny synthetic Fashion-MNIST (class k lights up row block k): alone,
-# inside a memory budget, and on two ranks through DDP; each run reports a test accuracy. Then
-# the planner's prices for it (--plan).
+# examples/fashion_cnn on a tiny synthetic Fashion-MNIST (class k lights up row block k): alone
+# (saved as safetensors and reloaded into a new model with the same accuracy), inside a memory
+# budget, and on two ranks through DDP; each run reports a test accuracy. Then the planner's
+# prices for it (--plan).
 # Usage: fashion_cnn_test.sh FASHION_CNN
 set -euo pipefail
 example="$PWD/$1"
@@ -28,8 +29,13 @@ for prefix, count in (("train", 256), ("t10k", 40)):
         out.write(struct.pack(">II", 0x801, count) + labels)
 PY
 
-"$example" --data="$dir" --epochs=2 --steps=3 --threads=1 | tee "$dir/alone.txt"
+"$example" --data="$dir" --epochs=2 --steps=3 --threads=1 --save="$dir/model.safetensors" |
+  tee "$dir/alone.txt"
 grep -q '^3 steps, test accuracy' "$dir/alone.txt"
+# The model saved as safetensors and loaded into a new one classifies the test set the same.
+trained=$(sed -n 's/^3 steps, test accuracy \([0-9.]*\).*/\1/p' "$dir/alone.txt")
+grep -q "^saved to $dir/model.safetensors and loaded into a new model: test accuracy $trained\$" \
+  "$dir/alone.txt"
 
 "$example" --data="$dir" --steps=2 --threads=1 --budget=64MiB | tee "$dir/budget.txt"
 grep -q '^2 steps, test accuracy .*; memory: policy auto, budget 64.00 MiB' "$dir/budget.txt"
