@@ -192,7 +192,12 @@ void* CachingAllocator::allocate(size_t nbytes, Stream /*stream*/) {
   }
   ++ooms_;
   push_event_locked("oom", size, 0);
-  throw TESSEL_ERROR_TYPE(OutOfMemory, oom_report_locked(nbytes, size, pool_for(size)));
+  std::string report = oom_report_locked(nbytes, size, pool_for(size));
+  PressureHandler* handler = pressure_handler_;
+  lock.unlock();
+  // The policy's part of the report, whatever asked (an op, a data loader thread, a restore).
+  if (handler) report = handler->explain_out_of_memory(report);
+  throw TESSEL_ERROR_TYPE(OutOfMemory, report);
 }
 
 CachingAllocator::Block* CachingAllocator::try_allocate_locked(size_t size, size_t nbytes) {

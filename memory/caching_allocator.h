@@ -42,6 +42,9 @@ class PressureHandler {
  public:
   virtual ~PressureHandler() = default;
   virtual bool relieve(size_t bytes_needed, size_t largest_free_block) = 0;
+  // The allocator's out-of-memory report with what the handler knows added (what it could not
+  // move, the least budget); called without the allocator's lock held.
+  virtual std::string explain_out_of_memory(const std::string& report) { return report; }
 };
 
 struct CachingAllocatorOptions {

@@ -66,6 +66,10 @@ class MemoryOptions {
     residency_.min_candidate_bytes(bytes);
     return *this;
   }
+  MemoryOptions& min_candidate_share(double share_of_mean) {
+    residency_.min_candidate_share(share_of_mean);
+    return *this;
+  }
   MemoryOptions& host_bandwidth(double bytes_per_second) {
     residency_.host_bandwidth(bytes_per_second);
     return *this;

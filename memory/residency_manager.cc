@@ -279,7 +279,7 @@ ResidencyManager::Candidate ResidencyManager::assess(StorageImpl& storage,
                                                      bool spare_forward_reads) {
   Candidate none{&storage, ResidencyAction::kNone, std::numeric_limits<double>::infinity()};
   if (!managed(storage) || storage.state() != Residency::kResident || storage.pins() > 0 ||
-      storage.nbytes() < options_.min_candidate_bytes() || !storage.data_unchecked())
+      storage.nbytes() < candidate_threshold_ || !storage.data_unchecked())
     return none;
   Record* record = find_record(storage);
   if (!record || record->rematerializing) return none;
@@ -313,7 +313,27 @@ ResidencyManager::Candidate ResidencyManager::assess(StorageImpl& storage,
   return result;
 }
 
+void ResidencyManager::update_candidate_threshold() {
+  size_t bytes = 0, count = 0;
+  for (const auto& entry : storages_) {
+    auto storage = entry.second.lock();
+    if (!storage || !managed(*storage) || storage->state() != Residency::kResident) continue;
+    bytes += storage->nbytes();
+    ++count;
+  }
+  const double mean = count ? static_cast<double>(bytes) / static_cast<double>(count) : 0.0;
+  candidate_threshold_ = std::max(options_.min_candidate_bytes(),
+                                  static_cast<size_t>(options_.min_candidate_share() * mean));
+}
+
+size_t ResidencyManager::candidate_threshold() {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  update_candidate_threshold();
+  return candidate_threshold_;
+}
+
 ResidencyManager::Candidate ResidencyManager::choose_victim() {
+  update_candidate_threshold();
   Candidate spared = choose_victim_among_candidates(/*spare_forward_reads=*/true);
   return spared.action != ResidencyAction::kNone ? spared : choose_victim_among_candidates(false);
 }
@@ -326,7 +346,7 @@ ResidencyManager::Candidate ResidencyManager::choose_victim_among_candidates(
   for (const auto& entry : storages_) {
     auto storage = entry.second.lock();
     if (!storage || !managed(*storage) || storage->state() != Residency::kResident ||
-        storage->pins() > 0 || storage->nbytes() < options_.min_candidate_bytes())
+        storage->pins() > 0 || storage->nbytes() < candidate_threshold_)
       continue;
     pool.push_back(std::move(storage));
   }
@@ -961,11 +981,13 @@ bool ResidencyManager::evict_one() {
 
 ResidencyAction ResidencyManager::planned_action(const StorageImpl& storage) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
+  update_candidate_threshold();
   return assess(const_cast<StorageImpl&>(storage)).action;
 }
 
 double ResidencyManager::score(const StorageImpl& storage) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
+  update_candidate_threshold();
   return assess(const_cast<StorageImpl&>(storage)).score;
 }
 
@@ -1059,9 +1081,10 @@ std::string ResidencyManager::describe_holders() {
     std::shared_ptr<StorageImpl> storage;
     std::string why;
   };
+  update_candidate_threshold();
   std::vector<Holder> holders;
   int64_t pinned = 0, without_record = 0, small = 0, candidates = 0;
-  size_t pinned_bytes = 0, without_record_bytes = 0, small_bytes = 0;
+  size_t pinned_bytes = 0, without_record_bytes = 0, small_bytes = 0, candidate_bytes = 0;
   for (const auto& entry : storages_) {
     auto storage = entry.second.lock();
     if (!storage || !managed(*storage) || storage->state() != Residency::kResident) continue;
@@ -1070,12 +1093,13 @@ std::string ResidencyManager::describe_holders() {
       ++pinned;
       pinned_bytes += storage->nbytes();
       why = "pinned by a running op";
-    } else if (storage->nbytes() < options_.min_candidate_bytes()) {
+    } else if (storage->nbytes() < candidate_threshold_) {
       ++small;
       small_bytes += storage->nbytes();
       why = "below the minimum candidate size";
     } else if (assess(*storage).action != ResidencyAction::kNone) {
       ++candidates;
+      candidate_bytes += CachingAllocator::round_size(storage->nbytes());
       why = "candidate";
     } else {
       ++without_record;
@@ -1093,7 +1117,7 @@ std::string ResidencyManager::describe_holders() {
   });
   std::ostringstream out;
   out << kExplainedMarker << policy_name(options_.policy()) << " (tensors of at least "
-      << format_bytes(static_cast<double>(options_.min_candidate_bytes()))
+      << format_bytes(static_cast<double>(candidate_threshold_))
       << " are candidates) could not free enough: " << candidates << " candidates left";
   out << "\n    resident tensors: " << pinned << " pinned by running ops ("
       << format_bytes(static_cast<double>(pinned_bytes)) << "), " << without_record
@@ -1114,9 +1138,11 @@ std::string ResidencyManager::describe_holders() {
   if (!swaps)
     out << "\n    tensors without an op record can only leave the device with the swap or auto "
            "policy";
-  // What this policy cannot move off the device, plus the request: a lower bound on the budget
-  // this op needs (other ops of the step may need more).
-  const size_t unmovable = pinned_bytes + small_bytes + (swaps ? 0 : without_record_bytes);
+  // What this policy cannot move off the device (every allocated byte but the candidates', so
+  // memory the manager never saw, allocated outside ops, counts too), plus the request: a lower
+  // bound on the budget this op needs (other ops of the step may need more).
+  const auto allocated = static_cast<size_t>(allocator_->memory_stats().base.allocated_bytes);
+  const size_t unmovable = allocated > candidate_bytes ? allocated - candidate_bytes : 0;
   out << "\n    least budget for this op under " << policy_name(options_.policy()) << ": "
       << format_bytes(static_cast<double>(unmovable + last_request_bytes_))
       << " (what the policy cannot move, " << format_bytes(static_cast<double>(unmovable))

@@ -61,8 +61,12 @@ class ResidencyOptions {
   double estimated_bytes_per_second() const { return estimated_bytes_per_second_; }
 
   TESSEL_ARG(Policy, policy);
-  // Tensors below this size are never evicted or swapped (1 MiB, as in MegEngine).
-  TESSEL_ARG(size_t, min_candidate_bytes) = size_t{1} << 20;
+  // Tensors smaller than this share of the mean size of the resident tensors are never evicted
+  // or swapped (the DTR paper's rule: 1%), so the threshold follows the model: a small model's
+  // tensors stay candidates, and the many tiny tensors of a large one are left alone.
+  TESSEL_ARG(double, min_candidate_share) = 0.01;
+  // A floor in bytes on top of that share (0: none).
+  TESSEL_ARG(size_t, min_candidate_bytes) = 0;
   // Host link bandwidth in bytes per second (<= 0: unthrottled).
   TESSEL_ARG(double, host_bandwidth) = HostLink::kDefaultBandwidth;
   TESSEL_ARG(CostSource, cost_source) = CostSource::kMeasured;
@@ -142,6 +146,8 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
 
   const ResidencyOptions& options() const { return options_; }
   void set_min_candidate_bytes(size_t bytes);
+  // The size below which no tensor is a candidate now.
+  size_t candidate_threshold();
   void set_host_bandwidth(double bytes_per_second);
   ResidencyStats stats() const;
   CachingAllocator& allocator() const { return *allocator_; }
@@ -162,6 +168,9 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   bool keeps_records() const;
   bool managed(const StorageImpl& storage) const;
   bool can_recompute(StorageImpl& storage);
+  // Sets candidate_threshold_ from the resident tensors now (min_candidate_share of their mean
+  // size, at least min_candidate_bytes).
+  void update_candidate_threshold();
   // Candidate action and score; action kNone for a non-candidate.
   // Spares tensors forward has read back (while gradients are recorded) when asked to.
   Candidate assess(StorageImpl& storage, bool spare_forward_reads = false);
@@ -231,6 +240,7 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   bool pressure_seen_ = false;       // a request has not fitted since installation
   size_t last_request_bytes_ = 0;    // the allocation relieve() was last asked to make room for
   size_t largest_output_bytes_ = 0;  // of the managed op outputs recorded
+  size_t candidate_threshold_ = 0;   // tensors below it are no candidates (see the options)
   std::mt19937_64 sampler_;
 };
 

@@ -136,8 +136,8 @@ def main():
     if args.machine:
         out.append(f"Machine at the start (bench/harness.py): {args.machine}.\n")
     out.append("Budgets are fractions f of the activation memory, `budget = fixed + f * (peak - "
-               "fixed)` with fixed = parameters + gradients + momentum (as the benchmarks define it); the "
-               "second column gives the same budget as a fraction of the whole peak (the form "
+               "fixed)` with fixed = parameters + gradients + momentum (as README.md, Training "
+               "under a memory budget, defines it); the second column gives the same budget as a fraction of the whole peak (the form "
                "of the DTR paper). Cells: `CPU / wall`: the fastest timed step relative to the "
                "unconstrained run made just before it (same allocator, no budget; the header "
                "gives the median of these runs), in process CPU time (every thread: compute, recomputes, "

@@ -364,6 +364,50 @@ TEST(Dtr, ScoreRisesWithFreshnessAndTheEvictedNeighbourhood) {
   EXPECT_TRUE(manager.evict_one());
 }
 
+// The minimum candidate size follows the model: 1% of the mean size of the resident tensors (the
+// DTR paper's rule), with min_candidate_bytes as a floor.
+TEST(Dtr, CandidatesAreTensorsOfAtLeastOnePercentOfTheMeanSize) {
+  {
+    // A small model: 64 KiB tensors, far below a fixed 1 MiB, are candidates.
+    MemoryScope scope(MemoryOptions().policy(Policy::kDtr));
+    ResidencyManager& manager = *scope.manager();
+    manual_seed(5);
+    Tensor input = randn({128, 128});  // 64 KiB
+    Tensor hidden = exp(input);
+    Tensor output = tanh(hidden);
+    Tensor consumer = neg(output);
+    EXPECT_LT(manager.candidate_threshold(), 64 * kKiB);
+    EXPECT_EQ(manager.planned_action(*hidden.storage()), ResidencyAction::kRecompute);
+  }
+  {
+    // Many 1 MiB tensors and a 4 KiB one: the mean is near 1 MiB, so the 4 KiB tensor (0.4% of it)
+    // is left alone while the large ones are candidates.
+    MemoryScope scope(MemoryOptions().policy(Policy::kDtr));
+    ResidencyManager& manager = *scope.manager();
+    manual_seed(6);
+    Tensor large_input = randn({256 * 1024});  // 1 MiB
+    std::vector<Tensor> large = {exp(large_input)};
+    for (int i = 0; i < 6; ++i) large.push_back(tanh(large.back()));
+    Tensor small = exp(randn({1024}));  // 4 KiB
+    Tensor small_consumer = neg(small);
+    const size_t threshold = manager.candidate_threshold();
+    EXPECT_GT(threshold, 4 * kKiB);
+    EXPECT_LT(threshold, 16 * kKiB);
+    EXPECT_EQ(manager.planned_action(*small.storage()), ResidencyAction::kNone);
+    EXPECT_EQ(manager.planned_action(*large[2].storage()), ResidencyAction::kRecompute);
+  }
+  {
+    // A floor in bytes raises the threshold above the share.
+    MemoryScope scope(MemoryOptions().policy(Policy::kDtr).min_candidate_bytes(kMiB));
+    manual_seed(7);
+    Tensor input = randn({128, 128});
+    Tensor hidden = exp(input);
+    Tensor consumer = tanh(hidden);
+    EXPECT_EQ(scope.manager()->candidate_threshold(), kMiB);
+    EXPECT_EQ(scope.manager()->planned_action(*hidden.storage()), ResidencyAction::kNone);
+  }
+}
+
 // ---- auto: swap or recompute ----
 
 TEST(Auto, SwapsWhatIsCheapToCopyAndRecomputesWhatIsCheapToRecompute) {
@@ -861,6 +905,22 @@ TEST(OutOfMemory, ReportNamesTopHoldersAndTheOpsThatMadeThemAndTheProcessGoesOn)
   Tensor small = mul(randn({1024}), 2.0);
   EXPECT_EQ(small.numel(), 1024);
   EXPECT_TRUE(all_close(tanh(held.narrow(0, 0, 1024)), more.narrow(0, 0, 1024)));
+}
+
+// Memory asked for outside an op (a data loader thread filling a batch with empty(), say) gets the
+// policy's part of the report too.
+TEST(OutOfMemory, AnAllocationOutsideAnOpIsExplainedByThePolicy) {
+  MemoryScope scope(MemoryOptions().budget(2 * kMiB).policy(Policy::kDtr));
+  Tensor held = empty({256 * 1024});  // 1 MiB without an op record: dtr cannot move it
+  try {
+    Tensor too_much = empty({384 * 1024});  // 1.5 MiB
+    FAIL() << "expected an out-of-memory error";
+  } catch (const tessel::OutOfMemory& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("memory policy: dtr"), std::string::npos) << message;
+    EXPECT_NE(message.find("least budget for this op under dtr: 2.50 MiB"), std::string::npos)
+        << message;
+  }
 }
 
 // ---- the user surface: budgets, policies, bad input ----
