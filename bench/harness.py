@@ -248,7 +248,9 @@ def cpu_model():
 
 def git_commit(root):
     commit = _command_output(["git", "-C", root, "rev-parse", "--short=12", "HEAD"]).strip()
-    dirty = _command_output(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"])
+    # Results files are what a run writes, not the code it measures.
+    dirty = _command_output(["git", "-C", root, "status", "--porcelain", "--untracked-files=no",
+                             "--", ".", ":!bench/results"])
     return (commit or "unknown") + (" (with uncommitted changes)" if dirty.strip() else "")
 
 
