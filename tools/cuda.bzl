@@ -47,6 +47,10 @@ def _nvcc_compile_impl(ctx):
             "--extended-lambda",
             "-Xcompiler",
             "-fPIC",
+            # Intermediate files beside the object: in /tmp their names come from the process id,
+            # which repeats across sandboxed actions (each in its own pid namespace), so two
+            # actions at once would overwrite each other's files.
+            "--objdir-as-tempdir",
         ])
         args.add_all(arch_flags)
         args.add_all(include_flags)
