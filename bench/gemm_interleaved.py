@@ -3,8 +3,10 @@
 the noise of a busy machine; prints each round's ratio and the median (Tessel / PyTorch).
 
 Usage (after `bazel build //bench:gemm_bench`):
-  env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OPENBLAS_NUM_THREADS=2 \
+  env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OPENBLAS_NUM_THREADS=2 OPENBLAS_THREAD_TIMEOUT=4 \
     bench/gemm_interleaved.py --size 1024 --threads 2 --rounds 9
+(OPENBLAS_THREAD_TIMEOUT=4: OpenBLAS's threads sleep as soon as PyTorch's round ends instead of
+spinning through Tessel's.)
 """
 import argparse
 import json
