@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Builds Tessel's CPU benchmarks, runs them and the same shapes in PyTorch with the same thread
-# count, and writes bench/results/cpu_ops.md (with the command that made it); then
-# bench/compare_pytorch times whole training steps (bench/results/training_step.md).
-# Usage: bench/run.sh [--threads N] [--min-time SECONDS] [--repetitions N] [--filter REGEX]
+# Builds Tessel's CPU benchmarks and times each against the same shape in PyTorch with the same
+# thread count, in interleaved rounds (bench/torch_compare.py), writing bench/results/cpu_ops.md
+# (with the command that made it); then bench/compare_pytorch times whole training steps
+# (bench/results/training_step.md).
+# Usage: bench/run.sh [--threads N] [--min-time SECONDS] [--rounds N] [--filter REGEX]
 #        [--max-wait SECONDS] [--force]   (or ./tessel bench ...). Defaults: 2 threads, 0.5 s,
-#        3 repetitions, every benchmark. Measures only on a quiet machine (bench/harness.py):
+#        10 rounds, every benchmark. Measures only on a quiet machine (bench/harness.py):
 #        waits up to --max-wait (300 s), then refuses unless --force (the results say so).
 set -euo pipefail
 
@@ -14,7 +15,7 @@ command_line="bench/run.sh${*:+ $*}"
 
 threads=2
 min_time=0.5
-repetitions=3
+rounds=10
 filter="."
 max_wait=300
 force=()
@@ -24,14 +25,14 @@ while [ $# -gt 0 ]; do
     --threads=*) threads=${1#*=}; shift ;;
     --min-time) min_time=$2; shift 2 ;;
     --min-time=*) min_time=${1#*=}; shift ;;
-    --repetitions) repetitions=$2; shift 2 ;;
-    --repetitions=*) repetitions=${1#*=}; shift ;;
+    --rounds) rounds=$2; shift 2 ;;
+    --rounds=*) rounds=${1#*=}; shift ;;
     --filter) filter=$2; shift 2 ;;
     --filter=*) filter=${1#*=}; shift ;;
     --max-wait) max_wait=$2; shift 2 ;;
     --max-wait=*) max_wait=${1#*=}; shift ;;
     --force) force=(--force); shift ;;
-    -h | --help) sed -n '2,6p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,9p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -39,24 +40,16 @@ done
 bazel build //bench:gemm_bench //bench:conv_bench
 machine=$(/usr/bin/python3 bench/harness.py quiet --max-wait "$max_wait" "${force[@]}")
 
-scratch=$(mktemp -d "${TMPDIR:-/tmp}/tessel-bench.XXXXXX")
-trap 'rm -rf "$scratch"' EXIT
-
-for bench in gemm_bench conv_bench; do
-  echo "run.sh: $bench, $threads threads" >&2
-  "bazel-bin/bench/$bench" --threads="$threads" --benchmark_filter="$filter" \
-    --benchmark_min_time="$min_time" --benchmark_repetitions="$repetitions" \
-    --benchmark_report_aggregates_only=true --benchmark_format=json >"$scratch/$bench.json"
-done
-
 # Some CPUs here have OPENBLAS_CORETYPE (and OPENBLAS_L2_SIZE) set so that old OpenBLAS builds
 # run; they slow a current OpenBLAS down. Unset both for this comparison only; the script
-# reports the kernel OpenBLAS then picks.
+# reports the kernel OpenBLAS then picks. OPENBLAS_THREAD_TIMEOUT=4: OpenBLAS's idle threads sleep
+# at once instead of spinning through Tessel's rounds.
 mkdir -p bench/results
 env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OPENBLAS_NUM_THREADS="$threads" \
-  OMP_NUM_THREADS="$threads" /usr/bin/python3 bench/torch_compare.py \
-  --threads "$threads" --min-time "$min_time" --repetitions "$repetitions" \
-  --tessel-json "$scratch/gemm_bench.json" "$scratch/conv_bench.json" \
+  OPENBLAS_THREAD_TIMEOUT=4 OMP_NUM_THREADS="$threads" OMP_WAIT_POLICY=passive \
+  /usr/bin/python3 bench/torch_compare.py --threads "$threads" --min-time "$min_time" \
+  --rounds "$rounds" --filter "$filter" \
+  --tessel-binary bazel-bin/bench/gemm_bench --tessel-binary bazel-bin/bench/conv_bench \
   --output bench/results/cpu_ops.md --command "$command_line" --machine "$machine"
 echo "run.sh: wrote bench/results/cpu_ops.md" >&2
 

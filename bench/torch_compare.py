@@ -1,11 +1,16 @@
 #!/usr/bin/python3
-"""Runs the shapes of Tessel's CPU benchmarks in PyTorch and prints a Tessel/PyTorch table.
+"""Times the shapes of Tessel's CPU benchmarks against PyTorch, interleaved, into a table.
 
-Reads the JSON that gemm_bench and conv_bench wrote (--benchmark_format=json), times the same
-operation in PyTorch with the same thread count and the same timing rule (a warm-up call, then
-repeated timed loops of at least --min-time seconds; the median of the repetitions), and writes
-a Markdown table. bench/run.sh calls it; by hand:
-  /usr/bin/python3 bench/torch_compare.py --threads 2 --tessel-json gemm.json conv.json \
+For every benchmark of the Tessel binaries given (gemm_bench, conv_bench), rounds alternate
+between one Google Benchmark run of it in Tessel (a loop of at least --min-time seconds) and the
+same operation in PyTorch in this process (the same rule: a loop of at least --min-time seconds
+after a warm-up call), the first side alternating (bench/harness.py); each cell is the median
+over the rounds with its interquartile range, the ratio that of the medians with the spread of
+the per-round ratios. bench/run.sh calls it; by hand (OpenBLAS's idle threads must sleep, or
+they spin through Tessel's rounds):
+  env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OPENBLAS_NUM_THREADS=2 OPENBLAS_THREAD_TIMEOUT=4 \
+    /usr/bin/python3 bench/torch_compare.py --threads 2 --rounds 10 \
+      --tessel-binary bazel-bin/bench/gemm_bench --tessel-binary bazel-bin/bench/conv_bench \
       --output bench/results/cpu_ops.md --command "bench/run.sh --threads 2"
 """
 
@@ -14,6 +19,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -22,33 +28,26 @@ import time
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402  (bench/harness.py: round order, medians and quartiles)
 
-def load_tessel(paths):
-    """name -> (milliseconds per iteration, flops per second), preferring median aggregates."""
-    runs, medians = {}, {}
-    context = {}
-    for path in paths:
-        try:
-            with open(path) as handle:
-                data = json.load(handle)
-        except (OSError, ValueError):
-            print(f"torch_compare: no benchmark results in {path}, skipped", file=sys.stderr)
-            continue
-        context.update(data.get("context", {}))
-        for entry in data["benchmarks"]:
-            name = entry.get("run_name", entry["name"])
-            scale = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}[entry.get("time_unit", "ns")]
-            value = (entry["real_time"] * scale, entry.get("flops"))
-            if entry.get("run_type") == "aggregate":
-                if entry.get("aggregate_name") == "median":
-                    medians[name] = value
-            else:
-                runs.setdefault(name, []).append(value)
-    result = dict(medians)
-    for name, values in runs.items():
-        if name not in result:
-            result[name] = (statistics.median(v[0] for v in values), values[0][1])
-    return result, context
+
+def list_benchmarks(binary, pattern):
+    out = subprocess.run([binary, "--benchmark_list_tests", f"--benchmark_filter={pattern}"],
+                         capture_output=True, text=True, check=True).stdout
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def tessel_ms(binary, name, threads, min_time):
+    """One Google Benchmark run of `name`: (milliseconds per iteration, the run's context)."""
+    out = subprocess.run(
+        [binary, f"--threads={threads}", f"--benchmark_filter=^{re.escape(name)}$",
+         f"--benchmark_min_time={min_time}", "--benchmark_format=json"],
+        capture_output=True, text=True, check=True).stdout
+    data = json.loads(out)
+    entry = data["benchmarks"][0]
+    scale = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}[entry.get("time_unit", "ns")]
+    return entry["real_time"] * scale, data.get("context", {})
 
 
 def time_call(fn, min_time, repetitions):
@@ -129,11 +128,13 @@ def cpu_model():
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--tessel-json", nargs="+", required=True)
+    parser.add_argument("--tessel-binary", action="append", required=True,
+                        help="a Google Benchmark binary of Tessel's (repeatable)")
+    parser.add_argument("--filter", default=".", help="which benchmarks (a regular expression)")
     parser.add_argument("--output", help="Markdown file to write (stdout always gets the table)")
     parser.add_argument("--command", default="bench/run.sh", help="command line to record")
     parser.add_argument("--min-time", type=float, default=0.5)
-    parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--machine", default="not checked",
                         help="how quiet the machine was (bench/harness.py quiet)")
     args = parser.parse_args()
@@ -141,20 +142,35 @@ def main():
     load_before = os.getloadavg()
     torch.set_num_threads(args.threads)
     blas, _limiter = blas_description(args.threads)
-    tessel, context = load_tessel(args.tessel_json)
-
-    rows = []
+    watch = harness.OtherProcesses()
+    rows, context = [], {}
     with torch.no_grad():
-        for name, (tessel_ms, tessel_flops) in tessel.items():
-            case = torch_case(name)
-            if case is None:
-                print(f"torch_compare: no PyTorch equivalent for {name}, skipped", file=sys.stderr)
-                continue
-            description, flops, fn = case
-            torch_ms = time_call(fn, args.min_time, args.repetitions)
-            rows.append((description, tessel_ms, torch_ms, flops))
-            print(f"{description:45s} tessel {tessel_ms:9.3f} ms  torch {torch_ms:9.3f} ms  "
-                  f"ratio {tessel_ms / torch_ms:5.2f}", file=sys.stderr)
+        for binary in args.tessel_binary:
+            for name in list_benchmarks(binary, args.filter):
+                case = torch_case(name)
+                if case is None:
+                    print(f"torch_compare: no PyTorch equivalent for {name}, skipped",
+                          file=sys.stderr)
+                    continue
+                description, flops, fn = case
+                tessel, torch_side = [], []
+
+                def run_tessel(times=tessel, binary=binary, name=name):
+                    ms, run_context = tessel_ms(binary, name, args.threads, args.min_time)
+                    context.update(run_context)
+                    times.append(ms)
+
+                def run_torch(times=torch_side, fn=fn):
+                    times.append(time_call(fn, args.min_time, 1))
+
+                for round_index in range(args.rounds):
+                    for side in harness.round_order([run_tessel, run_torch], round_index):
+                        side()
+                t, p = harness.summarize(tessel), harness.summarize(torch_side)
+                ratio = harness.ratio_quartiles(tessel, torch_side)
+                rows.append((description, t, p, ratio, flops))
+                print(f"{description:45s} tessel {t.median:9.3f} ms  torch {p.median:9.3f} ms  "
+                      f"ratio {t.median / p.median:5.2f}", file=sys.stderr)
 
     load_after = os.getloadavg()
     lines = [
@@ -166,27 +182,32 @@ def main():
         f"(Tessel: set_num_threads, reported {context.get('tessel_threads', '?')}; PyTorch: "
         "torch.set_num_threads and the BLAS thread limit).",
         f"- PyTorch {torch.__version__}; matmul BLAS: {blas}; convolutions through its own "
-        "CPU kernels (oneDNN where built in).",
+        "CPU kernels (oneDNN where built in); OpenBLAS's idle threads sleep at once "
+        f"(OPENBLAS_THREAD_TIMEOUT={os.environ.get('OPENBLAS_THREAD_TIMEOUT', 'unset')}).",
         "- OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE: "
         + ("unset for the PyTorch side" if "OPENBLAS_CORETYPE" not in os.environ
            else f"set ({os.environ.get('OPENBLAS_CORETYPE')}): OpenBLAS runs a slower kernel"),
         "- Tessel: Eigen 3.4 GEMM (default -c opt build, OpenMP), kernel build "
         f"{context.get('tessel_gemm_isa', '?')}; 3x3 convolutions as im2col + that GEMM.",
-        f"- Time per call: median of {args.repetitions} repetitions of a loop of at least "
-        f"{args.min_time} s, after a warm-up call (Google Benchmark for Tessel, the same rule "
-        "in Python for PyTorch). Ratio < 1: Tessel faster.",
-        f"- Load average (1 min) when the PyTorch side started and ended: {load_before[0]:.2f}, "
-        f"{load_after[0]:.2f} on {os.cpu_count()} cores (both sides' own work included).",
+        f"- Timing (bench/harness.py): {args.rounds} rounds per operation, each one loop of at "
+        f"least {args.min_time} s per side after a warm-up call (Google Benchmark for Tessel, "
+        "the same rule in Python for PyTorch), the first side alternating. Cells: the median "
+        "over the rounds (interquartile range); the ratio is that of the medians, with the "
+        "interquartile range of the per-round ratios. Ratio < 1: Tessel faster.",
+        f"- Load average (1 min) at the start and the end: {load_before[0]:.2f}, "
+        f"{load_after[0]:.2f} on {os.cpu_count()} cores (both sides' own work included); other "
+        f"processes used {watch.cores():.2f} cores during the run.",
         f"- Machine at the start: {args.machine}.",
         "",
-        "| operation | Tessel ms | PyTorch ms | Tessel / PyTorch | Tessel GFLOP/s | "
-        "PyTorch GFLOP/s |",
+        "| operation | Tessel ms: median (IQR) | PyTorch ms: median (IQR) | Tessel / PyTorch (IQR) "
+        "| Tessel GFLOP/s | PyTorch GFLOP/s |",
         "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for description, tessel_ms, torch_ms, flops in rows:
-        lines.append(f"| {description} | {tessel_ms:.3f} | {torch_ms:.3f} | "
-                     f"{tessel_ms / torch_ms:.2f} | {flops / tessel_ms / 1e6:.1f} | "
-                     f"{flops / torch_ms / 1e6:.1f} |")
+    for description, t, p, ratio, flops in rows:
+        lines.append(f"| {description} | {t.median:.3f} ({t.spread(3)}) | "
+                     f"{p.median:.3f} ({p.spread(3)}) | {t.median / p.median:.2f} "
+                     f"({ratio.q1:.2f}-{ratio.q3:.2f}) | {flops / t.median / 1e6:.1f} | "
+                     f"{flops / p.median / 1e6:.1f} |")
     text = "\n".join(lines) + "\n"
     print(text)
     if args.output:
