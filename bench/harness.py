@@ -5,7 +5,9 @@
   (--force measures anyway, and the results say "taken under load"). During the run it counts the
   CPU time of every process outside its own process tree, so a result records how much else ran.
 - Sides interleaved round by round, the first side alternating, and enough rounds for a stable
-  median (MIN_TRAINING_STEPS per side for training steps).
+  median (MIN_TRAINING_STEPS per side for training steps). The idle side must not spin: both
+  sides' OpenMP threads wait passively (OMP_WAIT_POLICY=passive) and PyTorch's OpenBLAS threads
+  sleep at once (OPENBLAS_THREAD_TIMEOUT=4), or their spinning takes the other side's time.
 - Medians with the interquartile range and the number of rounds, never the fastest step.
 - Raw data: one JSON line per timed step (and one per run and per row) beside the table.
 
@@ -28,8 +30,6 @@ import time
 
 # Training steps per side below which a median is not trusted.
 MIN_TRAINING_STEPS = 20
-# Pairs per memory-benchmark cell (a policy and its baseline).
-MIN_MEMORY_PAIRS = 5
 # What "quiet" means: the 1-minute load average below LOAD_LIMIT and other processes using less
 # than OTHER_CORES_LIMIT cores while the harness samples them.
 LOAD_LIMIT = 1.0
