@@ -144,6 +144,8 @@ def main():
     blas, _limiter = blas_description(args.threads)
     watch = harness.OtherProcesses()
     rows, context = [], {}
+    # Every round of every operation, beside the table: FILE.raw.jsonl.
+    raw = harness.RawLog(os.path.splitext(args.output)[0] + ".raw.jsonl") if args.output else None
     with torch.no_grad():
         for binary in args.tessel_binary:
             for name in list_benchmarks(binary, args.filter):
@@ -166,12 +168,19 @@ def main():
                 for round_index in range(args.rounds):
                     for side in harness.round_order([run_tessel, run_torch], round_index):
                         side()
+                if raw:
+                    for side, times in (("tessel", tessel), ("pytorch", torch_side)):
+                        for round_index, ms in enumerate(times):
+                            raw.write(kind="round", operation=name, side=side,
+                                      round=round_index, ms=round(ms, 4))
                 t, p = harness.summarize(tessel), harness.summarize(torch_side)
                 ratio = harness.ratio_quartiles(tessel, torch_side)
                 rows.append((description, t, p, ratio, flops))
                 print(f"{description:45s} tessel {t.median:9.3f} ms  torch {p.median:9.3f} ms  "
                       f"ratio {t.median / p.median:5.2f}", file=sys.stderr)
 
+    if raw:
+        raw.close()
     load_after = os.getloadavg()
     lines = [
         "# Tessel vs PyTorch, CPU ops",
@@ -198,6 +207,7 @@ def main():
         f"{load_after[0]:.2f} on {os.cpu_count()} cores (both sides' own work included); other "
         f"processes used {watch.cores():.2f} cores during the run.",
         f"- Machine at the start: {args.machine}.",
+        "- Every round: cpu_ops.raw.jsonl (one JSON line per operation, side and round).",
         "",
         "| operation | Tessel ms: median (IQR) | PyTorch ms: median (IQR) | Tessel / PyTorch (IQR) "
         "| Tessel GFLOP/s | PyTorch GFLOP/s |",
