@@ -10,6 +10,12 @@
 // swaps then go to pinned host memory over the copy stream.
 // Largest batch: the largest batch that trains (two steps) within --budget, per policy.
 //   memory_sweep --model=shufflenet --largest_batch --budget=512MiB --policies=none,auto
+// --simulate=PROFILE runs the same on the memory simulator (memory/sim): models on the meta
+// device, their memory virtual, step times the simulated device's (from the device profile),
+// the same for every run and machine, so each point needs one run and no reference per point.
+// --whole_peak_fractions=0.9,0.45 gives budgets as fractions of the whole peak (the DTR paper's
+// measure) instead of the activation memory.
+//   memory_sweep --simulate=parallel/profiles/h200_cluster.json --model=resnet50 --batch=128
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -30,11 +36,13 @@
 #include "core/run_main.h"
 #include "core/threading.h"
 #include "memory/memory.h"
+#include "memory/sim/simulator.h"
 #include "models/bert.h"
 #include "models/resnet.h"
 #include "models/shufflenet.h"
 #include "ops/ops.h"
 #include "optim/sgd.h"
+#include "parallel/planner/cost_model.h"
 
 namespace tessel::bench {
 namespace {
@@ -67,6 +75,9 @@ struct Settings {
   memory::CostSource cost_source = memory::CostSource::kMeasured;
   bool prefetch = true;
   bool swap_ahead = true;
+  bool whole_peak_fractions = false;  // fractions of the whole peak, not of the activations
+  // Set by --simulate: the device is meta and times are simulated.
+  memory::sim::Simulation* simulation = nullptr;
 };
 
 // A model, its optimizer and a fixed batch of random data, made inside the current memory scope.
@@ -81,8 +92,9 @@ std::unique_ptr<Trainer> make_trainer(const Settings& settings, int64_t batch) {
   manual_seed(0);
   auto trainer = std::make_unique<Trainer>();
   Trainer* raw = trainer.get();
-  if (settings.model == "bert_mini") {
-    const models::BertConfig config = models::BertConfig::mini().vocab_size(settings.vocab);
+  if (settings.model.rfind("bert_", 0) == 0) {
+    const models::BertConfig config =
+        models::BertConfig::by_name(settings.model.substr(5)).vocab_size(settings.vocab);
     auto bert = std::make_shared<models::BertForPreTraining>(config);
     trainer->model = bert;
     const int64_t seq = settings.seq;
@@ -99,13 +111,19 @@ std::unique_ptr<Trainer> make_trainer(const Settings& settings, int64_t batch) {
       return models::bert_pretraining_loss(output, b[2], b[3]).total;
     };
   } else {
-    if (settings.model == "resnet50") {
-      trainer->model = models::resnet50(models::ResNetOptions().num_classes(1000));
-    } else if (settings.model == "shufflenet") {
-      trainer->model = models::shufflenet_v2_x1_0(models::ShuffleNetV2Options().num_classes(1000));
+    const auto& resnets = models::resnet_names();
+    const auto& shufflenets = models::shufflenet_names();
+    if (std::count(resnets.begin(), resnets.end(), settings.model)) {
+      trainer->model =
+          models::make_resnet(settings.model, models::ResNetOptions().num_classes(1000));
+    } else if (settings.model == "shufflenet" ||
+               std::count(shufflenets.begin(), shufflenets.end(), settings.model)) {
+      trainer->model = models::make_shufflenet(
+          settings.model == "shufflenet" ? "shufflenet_v2_x1_0" : settings.model,
+          models::ShuffleNetV2Options().num_classes(1000));
     } else {
       TESSEL_FAIL("memory_sweep: unknown --model '", settings.model,
-                  "' (resnet50, shufflenet, bert_mini)");
+                  "' (resnet18..resnet152, shufflenet_v2_x0_5..x2_0, bert_tiny..bert_large)");
     }
     trainer->batch = {randn({batch, 3, settings.image, settings.image}), randint(0, 1000, {batch})};
     trainer->loss = [raw]() {
@@ -134,7 +152,13 @@ double train_step(Trainer& trainer) {
   trainer.optimizer->zero_grad();
   loss.backward();
   trainer.optimizer->step();
-  return loss.item<double>();
+  return loss.device().is_meta() ? 0.0 : loss.item<double>();  // meta: no values
+}
+
+// Seconds of the step clock: the simulated device's when simulating, else wall time.
+double step_clock(const Settings& settings) {
+  if (settings.simulation) return settings.simulation->now();
+  return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
 }
 
 struct Point {
@@ -152,6 +176,11 @@ struct Point {
   double prefetches = 0;            // per timed step: swap-ins started ahead of need
   double prefetch_hits = 0;         // per timed step: of them, read before being dropped
   double loss = 0;
+  size_t reserved = 0;  // held from the segment source at the end (its peak: nothing is released)
+  // Simulated runs, per timed step: modelled op time (recomputes included) and waits for the
+  // host link.
+  double compute_seconds = 0;
+  double stall_seconds = 0;
 };
 
 Point measure(const Settings& settings, int64_t batch, const MemoryOptions& options) {
@@ -168,11 +197,12 @@ Point measure(const Settings& settings, int64_t batch, const MemoryOptions& opti
     const memory::ResidencyStats residency_start =
         manager ? manager->stats() : memory::ResidencyStats{};
     point.step_seconds = 1e30;
+    if (settings.simulation) settings.simulation->reset_counters();
     for (int i = 0; i < settings.steps; ++i) {
       const double cpu_start = process_cpu_seconds();
-      const auto start = Clock::now();
+      const double start = step_clock(settings);
       point.loss = train_step(*trainer);
-      const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+      const double seconds = step_clock(settings) - start;
       point.step_times.push_back(seconds);
       if (seconds < point.step_seconds) {
         point.step_seconds = seconds;
@@ -180,6 +210,11 @@ Point measure(const Settings& settings, int64_t batch, const MemoryOptions& opti
       }
     }
     const memory::PolicyCounters total = memory::step_counters();
+    if (settings.simulation) {
+      const memory::sim::SimulationCounters simulated = settings.simulation->counters();
+      point.compute_seconds = simulated.compute_seconds / settings.steps;
+      point.stall_seconds = simulated.stall_seconds / settings.steps;
+    }
     if (manager) {
       point.link_busy_seconds = (manager->host_link().busy_seconds() - busy_start) / settings.steps;
       point.link_wait_seconds = (manager->host_link().wait_seconds() - wait_start) / settings.steps;
@@ -205,7 +240,9 @@ Point measure(const Settings& settings, int64_t batch, const MemoryOptions& opti
     const std::string& message = error.message();
     point.error = message.substr(0, message.find('\n'));
   }
-  point.peak = static_cast<size_t>(scope.allocator().memory_stats().base.peak_allocated_bytes);
+  const memory::MemoryStats stats = scope.allocator().memory_stats();
+  point.peak = static_cast<size_t>(stats.base.peak_allocated_bytes);
+  point.reserved = static_cast<size_t>(stats.base.reserved_bytes);
   return point;
 }
 
@@ -229,12 +266,18 @@ nlohmann::ordered_json point_json(const Settings& settings, int64_t batch, const
                                 {"step_times_s", point.step_times},
                                 {"cpu_s", point.cpu_seconds},
                                 {"peak_bytes", point.peak},
+                                {"reserved_bytes", point.reserved},
                                 {"fixed_bytes", point.fixed},
                                 {"per_step", counters_json(point.counters)},
                                 {"link_busy_s", point.link_busy_seconds},
                                 {"link_wait_s", point.link_wait_seconds},
                                 {"prefetches", point.prefetches},
                                 {"prefetch_hits", point.prefetch_hits}};
+  if (settings.simulation) {
+    out["simulated_profile"] = settings.simulation->profile().name;
+    out["compute_s"] = point.compute_seconds;
+    out["stall_s"] = point.stall_seconds;
+  }
   if (!point.ok) out["error"] = point.error;
   return out;
 }
@@ -244,7 +287,8 @@ MemoryOptions options_for(const Settings& settings, size_t budget, Policy policy
       .device(settings.device)
       .budget(budget)
       .policy(policy)
-      .host_bandwidth(settings.host_bandwidth)
+      .host_bandwidth(settings.simulation ? settings.simulation->host_bandwidth()
+                                          : settings.host_bandwidth)
       .cost_source(settings.cost_source)
       .prefetch(settings.prefetch)
       .swap_ahead(settings.swap_ahead);
@@ -263,15 +307,25 @@ void sweep(const Settings& settings) {
     for (double fraction : settings.fractions) {
       // Every point against an unconstrained run made just before it: the speed of this shared
       // machine drifts over minutes, which would scale every later ratio of a single reference.
-      const Point base = measure(settings, settings.batch, MemoryOptions().device(settings.device));
+      // A simulation gives the same time every run: its reference serves every point.
+      const Point base = settings.simulation ? reference
+                                             : measure(settings, settings.batch,
+                                                       MemoryOptions().device(settings.device));
       TESSEL_CHECK(base.ok, "memory_sweep: the unconstrained run failed: ", base.error);
       reference_seconds.push_back(base.step_seconds);
-      const size_t budget = memory::activation_budget(reference.fixed, reference.peak, fraction);
+      const size_t budget =
+          settings.whole_peak_fractions
+              ? static_cast<size_t>(fraction * static_cast<double>(reference.peak))
+              : memory::activation_budget(reference.fixed, reference.peak, fraction);
       const Point point = measure(settings, settings.batch, options_for(settings, budget, policy));
       nlohmann::ordered_json line = point_json(settings, settings.batch, point);
       line["kind"] = "sweep";
       line["policy"] = name;
-      line["fraction"] = fraction;
+      line["fraction"] =
+          settings.whole_peak_fractions
+              ? (static_cast<double>(budget) - static_cast<double>(reference.fixed)) /
+                    static_cast<double>(reference.peak - reference.fixed)
+              : fraction;
       line["budget_bytes"] = budget;
       line["whole_peak_fraction"] =
           static_cast<double>(budget) / static_cast<double>(reference.peak);
@@ -353,6 +407,7 @@ std::vector<std::string> split_list(const std::string& text) {
 int run(int argc, char** argv) {
   Settings settings;
   int threads = 2;
+  std::string profile_path;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     auto value = [&](const char* flag) -> const char* {
@@ -396,12 +451,24 @@ int run(int argc, char** argv) {
       settings.cost_source = memory::CostSource::kEstimated;  // from FLOPs and bytes, not timed
     } else if (arg == "--largest_batch") {
       settings.largest_batch = true;
+    } else if (const char* v = value("--whole_peak_fractions=")) {
+      settings.whole_peak_fractions = true;
+      settings.fractions.clear();
+      for (const auto& item : split_list(v)) settings.fractions.push_back(std::atof(item.c_str()));
+    } else if (const char* v = value("--simulate=")) {
+      profile_path = v;
     } else {
       std::cerr << "memory_sweep: unknown argument '" << arg << "'\n";
       return 2;
     }
   }
   set_num_threads(threads);
+  std::unique_ptr<memory::sim::Simulation> simulation;
+  if (!profile_path.empty()) {
+    simulation = std::make_unique<memory::sim::Simulation>(planner::load_profile(profile_path));
+    settings.simulation = simulation.get();
+    settings.device = Device::meta();
+  }
   if (settings.largest_batch) {
     largest_batch(settings);
   } else {

@@ -100,19 +100,25 @@ AllocatorTable& table() {
 }  // namespace
 
 std::shared_ptr<Allocator> allocator_for(Device device) {
+  if (auto allocator = installed_allocator(device)) return allocator;
   auto& t = table();
   AllocatorFactory factory = nullptr;
   {
     std::lock_guard<std::mutex> lock(t.mutex);
-    auto found = t.by_device.find({device.type, device.index});
-    if (found != t.by_device.end()) return found->second;
-    if (const auto& allocator = t.by_type[static_cast<int>(device.type)]) return allocator;
     factory = t.factories[static_cast<int>(device.type)];
   }
   TESSEL_CHECK(factory != nullptr, "no allocator for device ", device.str(),
                device.is_cuda() ? " (is the CUDA backend linked? build with --config=cuda)" : "");
   // Outside the lock: a factory may install allocators itself.
   return factory(device.index);
+}
+
+std::shared_ptr<Allocator> installed_allocator(Device device) {
+  auto& t = table();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  auto found = t.by_device.find({device.type, device.index});
+  if (found != t.by_device.end()) return found->second;
+  return t.by_type[static_cast<int>(device.type)];
 }
 
 std::shared_ptr<Allocator> set_allocator(DeviceType type, std::shared_ptr<Allocator> allocator) {

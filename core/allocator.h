@@ -54,6 +54,8 @@ class CountingCpuAllocator : public Allocator {
 // for its type, else what the type's factory makes for it. Thread-safe. Storage keeps the
 // returned pointer, so bytes go back to the allocator that gave them even after set_allocator.
 std::shared_ptr<Allocator> allocator_for(Device device);
+// The allocator installed for `device` or its type, else null (no factory is asked).
+std::shared_ptr<Allocator> installed_allocator(Device device);
 // Installs `allocator` for every device of `type` without one of its own; returns the previous.
 std::shared_ptr<Allocator> set_allocator(DeviceType type, std::shared_ptr<Allocator> allocator);
 // Installs `allocator` for `device` alone (nullptr: back to its type's); returns the previous

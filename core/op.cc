@@ -1,6 +1,7 @@
 #include "core/op.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <mutex>
 
@@ -274,7 +275,9 @@ bool cuttable(const OpDef& op, const SplitRule& rule, const std::vector<Tensor>&
 void run_kernel(const OpDef& op, const std::vector<Tensor>& inputs, std::vector<Tensor>& outputs,
                 const Attrs& attrs, bool replay) {
   Device device = outputs.empty() ? inputs.at(0).device() : outputs[0].device();
-  const Kernel& kernel = op.kernels[static_cast<int>(device.type)];
+  static const Kernel simulated = [](KernelContext& context) { meta_executor()->run(context); };
+  const Kernel& kernel =
+      device.is_meta() && meta_executor() ? simulated : op.kernels[static_cast<int>(device.type)];
   TESSEL_CHECK(kernel != nullptr, op.name, ": no kernel for device ", device.str(),
                device.is_cuda() ? " (build with --config=cuda)" : "");
   const SplitRule* rule = split_rule(op, outputs);
@@ -308,7 +311,20 @@ TraceHook& trace_hook() {
   static TraceHook hook;
   return hook;
 }
+
+std::mutex meta_executor_mutex;
+std::shared_ptr<MetaExecutor> installed_meta_executor;
+std::atomic<MetaExecutor*> current_meta_executor{nullptr};
 }  // namespace
+
+std::shared_ptr<MetaExecutor> set_meta_executor(std::shared_ptr<MetaExecutor> executor) {
+  std::lock_guard<std::mutex> lock(meta_executor_mutex);
+  std::swap(installed_meta_executor, executor);
+  current_meta_executor.store(installed_meta_executor.get());
+  return executor;
+}
+
+MetaExecutor* meta_executor() { return current_meta_executor.load(std::memory_order_acquire); }
 
 const KernelInProgress* kernel_in_progress() { return current_kernel; }
 
@@ -504,7 +520,8 @@ std::vector<Tensor> dispatch(const OpDef& op, const std::vector<Tensor>& inputs,
       outputs = out;
       record = false;
     }
-    if (!device.is_meta()) {
+    MetaExecutor* simulator = device.is_meta() ? meta_executor() : nullptr;
+    if (!device.is_meta() || simulator) {
       ResidencyHooks* hooks = residency_hooks();
       if (hooks) {
         for (const auto& written : out) hooks->before_write(*written.storage());
@@ -518,7 +535,9 @@ std::vector<Tensor> dispatch(const OpDef& op, const std::vector<Tensor>& inputs,
         rethrow_explained(error);
       }
       double seconds =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          simulator
+              ? simulator->seconds(op, inputs, outputs, attrs)
+              : std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       for (const auto& written : out) written.storage()->bump_version();
       for (int i : op.mutated_inputs)
         if (inputs.at(i).defined()) inputs[i].storage()->bump_version();

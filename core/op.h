@@ -234,6 +234,23 @@ struct KernelInProgress {
 };
 const KernelInProgress* kernel_in_progress();  // null outside kernels
 
+// Runs ops on the meta device in place of kernels while one is installed (the memory
+// simulator, memory/sim): meta storages then take (virtual) bytes from the allocator installed
+// for meta, and the memory layer's hooks see every op as on a real device. Without one, ops on
+// meta only compute shapes.
+class MetaExecutor {
+ public:
+  virtual ~MetaExecutor() = default;
+  // The op's modelled time in seconds (the cost the memory layer records for it).
+  virtual double seconds(const OpDef& op, const std::vector<Tensor>& inputs,
+                         const std::vector<Tensor>& outputs, const Attrs& attrs) = 0;
+  // Stands for the kernel: inputs are resident and pinned, outputs allocated.
+  virtual void run(const KernelContext& context) = 0;
+};
+// Installs `executor` process-wide (nullptr removes it); returns the previous one.
+std::shared_ptr<MetaExecutor> set_meta_executor(std::shared_ptr<MetaExecutor> executor);
+MetaExecutor* meta_executor();
+
 // Observes every op call (the planner traces shapes on the meta device with it).
 using TraceHook = std::function<void(const OpDef& op, const std::vector<Tensor>& inputs,
                                      const std::vector<Tensor>& outputs, const Attrs& attrs)>;

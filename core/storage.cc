@@ -37,10 +37,10 @@ ResidencyHooks* residency_hooks() { return current_hooks.load(std::memory_order_
 
 StorageImpl::StorageImpl(size_t nbytes, Device device, memory::Stream stream)
     : nbytes_(nbytes), device_(device), stream_(stream), id_(next_storage_id.fetch_add(1)) {
-  if (!device.is_meta()) {
-    allocator_ = memory::allocator_for(device);
-    data_ = allocator_->allocate(nbytes_, stream_);
-  }
+  // Meta storages get (virtual) bytes only from an allocator installed for meta (the simulator).
+  allocator_ =
+      device.is_meta() ? memory::installed_allocator(device) : memory::allocator_for(device);
+  if (allocator_) data_ = allocator_->allocate(nbytes_, stream_);
 }
 
 StorageImpl::~StorageImpl() {
@@ -63,7 +63,7 @@ void StorageImpl::release_bytes(Residency new_state) {
 }
 
 void StorageImpl::allocate_bytes(Residency new_state) {
-  if (!data_ && !device_.is_meta()) data_ = allocator_->allocate(nbytes_, stream_);
+  if (!data_ && allocator_) data_ = allocator_->allocate(nbytes_, stream_);
   state_ = new_state;
 }
 

@@ -61,7 +61,7 @@ ResidencyHooks* residency_hooks();
 // Always owned by a shared_ptr (the memory layer keeps weak references to the storages it tracks).
 class StorageImpl : public std::enable_shared_from_this<StorageImpl> {
  public:
-  // Allocates `nbytes` on `device` (meta: no bytes).
+  // Allocates `nbytes` on `device` (meta: no bytes, unless an allocator is installed for meta).
   StorageImpl(size_t nbytes, Device device, memory::Stream stream = {});
   ~StorageImpl();
   StorageImpl(const StorageImpl&) = delete;
@@ -98,7 +98,7 @@ class StorageImpl : public std::enable_shared_from_this<StorageImpl> {
   void allocate_bytes(Residency new_state = Residency::kResident);
   void set_state(Residency state) { state_ = state; }
   std::recursive_mutex& mutex() { return mutex_; }
-  // The allocator the bytes come from (and go back to); null on the meta device.
+  // The allocator the bytes come from (and go back to); null on the meta device without one.
   const std::shared_ptr<memory::Allocator>& allocator() const { return allocator_; }
 
  private:

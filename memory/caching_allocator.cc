@@ -133,12 +133,15 @@ CachingAllocator::CachingAllocator(Device device, CachingAllocatorOptions option
                                    std::shared_ptr<SegmentSource> source)
     : device_(device),
       source_(std::move(source)),
+      arena_(options.arena_),
       small_pool_(std::make_unique<Pool>(Pool::kSmall)),
       large_pool_(std::make_unique<Pool>(Pool::kLarge)),
       arena_pool_(std::make_unique<Pool>(Pool::kArena)),
       timeline_capacity_(options.timeline_capacity_) {
-  TESSEL_CHECK(!device.is_meta(), "CachingAllocator: the meta device holds no bytes");
   TESSEL_CHECK(source_ != nullptr, "CachingAllocator: the segment source is null");
+  TESSEL_CHECK(!device.is_meta() || source_ != host_segment_source(),
+               "CachingAllocator: the meta device holds no bytes (the memory simulator gives it a "
+               "virtual segment source)");
 #ifdef NDEBUG
   constexpr bool kDebugBuild = false;
 #else
@@ -716,13 +719,15 @@ void set_caching_allocator_maker(DeviceType type, CachingAllocatorMaker maker) {
 
 std::shared_ptr<CachingAllocator> make_caching_allocator(Device device,
                                                          const CachingAllocatorOptions& options) {
-  TESSEL_CHECK(!device.is_meta(), "memory budget: the meta device holds no bytes");
   if (device.is_cpu()) return std::make_shared<CachingAllocator>(device, options);
   CachingAllocatorMaker maker = nullptr;
   {
     std::lock_guard<std::mutex> lock(makers_mutex());
     maker = maker_for(device.type);
   }
+  TESSEL_CHECK(maker != nullptr || !device.is_meta(),
+               "memory budget: the meta device holds no bytes (a budget on it needs the memory "
+               "simulator, memory::sim::Simulation)");
   TESSEL_CHECK(maker != nullptr, "memory budget on ", device.str(),
                ": the CUDA backend is not built (build with --config=cuda)");
   return maker(device, options);

@@ -52,11 +52,18 @@ struct CachingAllocatorOptions {
   bool has_budget_ = false;
   size_t timeline_capacity_ = 100000;  // events kept (a ring buffer: the newest survive)
   bool debug_checks_ = false;          // verify every block list after each allocate and free
+  bool arena_ = false;                 // one arena under a budget on any device (see arena())
 
   // A hard limit in bytes (at least 512; the usable part is a multiple of 512).
   CachingAllocatorOptions& budget(size_t bytes) {
     budget_ = bytes;
     has_budget_ = true;
+    return *this;
+  }
+  // With a budget, hold every block in one arena of the budget's size, as the CPU always does,
+  // instead of segments taken on demand (the memory simulator lays out a CPU run this way).
+  CachingAllocatorOptions& arena(bool on) {
+    arena_ = on;
     return *this;
   }
   CachingAllocatorOptions& timeline_capacity(size_t events) {
@@ -189,7 +196,7 @@ class CachingAllocator : public Allocator {
     bool operator()(const Block* a, const Block* b) const;
   };
 
-  bool arena_mode() const { return device_.is_cpu() && has_budget_; }
+  bool arena_mode() const { return (device_.is_cpu() || arena_) && has_budget_; }
   Pool& pool_for(size_t size);
   Block* try_allocate_locked(size_t size, size_t nbytes);
   Block* best_fit_locked(Pool& pool, size_t size);
@@ -208,6 +215,7 @@ class CachingAllocator : public Allocator {
   const Device device_;
   const std::shared_ptr<SegmentSource> source_;
   bool debug_checks_;
+  const bool arena_;
   mutable std::mutex mutex_;
 
   size_t budget_ = 0;

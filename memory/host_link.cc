@@ -78,10 +78,17 @@ std::shared_ptr<CopyEngine> copy_engine_for(DeviceType type) {
   return copy_engines().by_type[static_cast<int>(type)];
 }
 
+void SimulatedClock::wait_until(double time) {
+  if (time <= now_) return;
+  stalled_ += time - now_;
+  now_ = time;
+}
+
 void copy_device_bytes(Device device, void* destination, const void* source, size_t bytes) {
   if (bytes == 0) return;
   std::shared_ptr<CopyEngine> engine = device.is_cpu() ? nullptr : copy_engine_for(device.type);
   if (!engine) {
+    TESSEL_CHECK(!device.is_meta(), "copy_device_bytes: the meta device holds no bytes");
     std::memcpy(destination, source, bytes);
     return;
   }
@@ -89,7 +96,9 @@ void copy_device_bytes(Device device, void* destination, const void* source, siz
 }
 
 HostLink::HostLink(double bytes_per_second, std::shared_ptr<CopyEngine> engine)
-    : bandwidth_(bytes_per_second), engine_(std::move(engine)) {
+    : bandwidth_(bytes_per_second),
+      engine_(std::move(engine)),
+      clock_(engine_ ? engine_->simulated_clock() : nullptr) {
   thread_ = std::thread([this] { run(); });
 }
 
@@ -104,9 +113,23 @@ HostLink::~HostLink() {
 
 std::shared_ptr<HostTransfer> HostLink::copy_async(void* destination, const void* source,
                                                    size_t bytes) {
+  if (clock_) return simulate(destination, source, bytes);
   std::shared_ptr<HostTransfer> transfer(new HostTransfer(destination, source, bytes));
   if (engine_) transfer->prepared_ = engine_->prepare(destination, source, bytes);
   enqueue(transfer);
+  return transfer;
+}
+
+std::shared_ptr<HostTransfer> HostLink::simulate(void* destination, const void* source,
+                                                 size_t bytes) {
+  std::shared_ptr<HostTransfer> transfer(new HostTransfer(destination, source, bytes));
+  std::lock_guard<std::mutex> lock(mutex_);
+  const double seconds = throttled(bandwidth_) ? static_cast<double>(bytes) / bandwidth_ : 0.0;
+  transfer->clock_ = clock_;
+  transfer->complete_at_ = std::max(clock_->now(), link_free_at_) + seconds;
+  link_free_at_ = transfer->complete_at_;
+  bytes_copied_ += static_cast<int64_t>(bytes);
+  busy_seconds_ += seconds;
   return transfer;
 }
 
@@ -120,6 +143,7 @@ void HostLink::enqueue(const std::shared_ptr<HostTransfer>& transfer) {
 
 std::shared_ptr<HostTransfer> HostLink::copy_to_device(void* destination, const void* source,
                                                        size_t bytes) {
+  if (clock_) return simulate(destination, source, bytes);
   std::shared_ptr<void> issued =
       engine_ ? engine_->issue_for_device(destination, source, bytes) : nullptr;
   if (!issued) return copy_async(destination, source, bytes);
@@ -141,6 +165,12 @@ void HostLink::order_device_after(const std::shared_ptr<HostTransfer>& transfer)
 
 void HostLink::wait(const std::shared_ptr<HostTransfer>& transfer) {
   if (!transfer) return;
+  if (transfer->clock_) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    wait_seconds_ += std::max(0.0, transfer->complete_at_ - clock_->now());
+    clock_->wait_until(transfer->complete_at_);
+    return;
+  }
   if (!transfer->done()) {
     const auto start = std::chrono::steady_clock::now();
     std::unique_lock<std::mutex> lock(mutex_);
@@ -153,6 +183,12 @@ void HostLink::wait(const std::shared_ptr<HostTransfer>& transfer) {
 }
 
 void HostLink::wait_all() {
+  if (clock_) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    wait_seconds_ += std::max(0.0, link_free_at_ - clock_->now());
+    clock_->wait_until(link_free_at_);
+    return;
+  }
   const auto start = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lock(mutex_);
   work_done_.wait(lock, [&] { return queue_.empty(); });

@@ -18,6 +18,23 @@
 
 namespace tessel::memory {
 
+// Simulated time (memory/sim): the clock of a simulated device's compute stream, which op times
+// advance and waits for copies move forward. A link whose copy engine has one moves no bytes:
+// each copy occupies the link for bytes / bandwidth of simulated time, in submission order, and
+// waiting for a copy advances the clock to its end. Used from one thread.
+class SimulatedClock {
+ public:
+  double now() const { return now_; }
+  void advance(double seconds) { now_ += seconds; }
+  // Waits until `time`: the clock moves there when it is later, and the wait counts as a stall.
+  void wait_until(double time);
+  double stalled_seconds() const { return stalled_; }
+
+ private:
+  double now_ = 0;
+  double stalled_ = 0;
+};
+
 // How a link moves bytes. Without one: memcpy, throttled to the bandwidth (the simulated device).
 // The CUDA backend registers one for CUDA devices: copies on its copy stream, not throttled, and
 // swap-ins that the compute stream waits for on the device.
@@ -43,6 +60,8 @@ class CopyEngine {
     return nullptr;
   }
   virtual void order_device_after(const std::shared_ptr<void>& /*issued*/) {}
+  // The simulated clock of a simulated device (copies then move no bytes); null for real ones.
+  virtual SimulatedClock* simulated_clock() { return nullptr; }
 };
 // The engine for links of managers on `type` (nullptr: memcpy). Thread-safe.
 void set_copy_engine(DeviceType type, std::shared_ptr<CopyEngine> engine);
@@ -54,7 +73,9 @@ void copy_device_bytes(Device device, void* destination, const void* source, siz
 // One queued copy; shared between the submitter and the copy thread.
 class HostTransfer {
  public:
-  bool done() const { return done_.load(std::memory_order_acquire); }
+  bool done() const {
+    return clock_ ? clock_->now() >= complete_at_ : done_.load(std::memory_order_acquire);
+  }
   size_t bytes() const { return bytes_; }
   // Issued at once by the engine, ordered on the device (HostLink::copy_to_device).
   bool issued() const { return issued_ != nullptr; }
@@ -70,6 +91,8 @@ class HostTransfer {
   std::shared_ptr<void> issued_;    // the engine's state of an issued copy, kept after it is done
   std::string error_;               // set when the engine failed
   std::atomic<bool> done_{false};
+  const SimulatedClock* clock_ = nullptr;  // a simulated copy: done once the clock reaches
+  double complete_at_ = 0;                 // this time
 };
 
 class HostLink {
@@ -111,6 +134,8 @@ class HostLink {
  private:
   void enqueue(const std::shared_ptr<HostTransfer>& transfer);
   void run();
+  // A copy on the simulated clock: scheduled after the link's previous one, no bytes moved.
+  std::shared_ptr<HostTransfer> simulate(void* destination, const void* source, size_t bytes);
 
   mutable std::mutex mutex_;
   std::condition_variable work_ready_;
@@ -118,6 +143,8 @@ class HostLink {
   std::deque<std::shared_ptr<HostTransfer>> queue_;
   double bandwidth_;
   std::shared_ptr<CopyEngine> engine_;
+  SimulatedClock* clock_ = nullptr;  // the engine's, for a simulated device
+  double link_free_at_ = 0;          // simulated time the last copy ends
   bool stopping_ = false;
   int64_t bytes_copied_ = 0;
   double busy_seconds_ = 0;

@@ -280,7 +280,7 @@ void move_to_current_allocator(const std::vector<Tensor>& tensors) {
   std::unordered_map<StorageImpl*, std::shared_ptr<StorageImpl>> moved;
   for (TensorImpl* impl : with_gradients(tensors)) {
     const std::shared_ptr<StorageImpl>& old_storage = impl->storage;
-    if (old_storage->device().is_meta()) continue;
+    if (!old_storage->allocator()) continue;  // meta outside the simulator: no bytes
     auto found = moved.find(old_storage.get());
     if (found == moved.end()) {
       auto copy = std::make_shared<StorageImpl>(old_storage->nbytes(), old_storage->device());

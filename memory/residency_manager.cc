@@ -701,7 +701,8 @@ void ResidencyManager::on_access(StorageImpl& storage) {
 void ResidencyManager::on_op_recorded(const std::shared_ptr<OpCall>& call, double seconds) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   double cost = seconds;
-  if (options_.cost_source() == CostSource::kEstimated && call->op->cost) {
+  const bool modelled = options_.cost_source() == CostSource::kModel && options_.cost_model();
+  if (modelled || (options_.cost_source() == CostSource::kEstimated && call->op->cost)) {
     std::vector<Tensor> inputs, outputs;
     for (const auto& input : call->inputs)
       inputs.push_back(input.storage ? input.materialize() : Tensor());
@@ -714,9 +715,13 @@ void ResidencyManager::on_op_recorded(const std::shared_ptr<OpCall>& call, doubl
                   : Tensor());
     }
     try {
-      OpCost estimate = call->op->cost(inputs, outputs, call->attrs);
-      cost = estimate.flops / options_.estimated_flops_per_second() +
-             estimate.bytes / options_.estimated_bytes_per_second();
+      if (modelled) {
+        cost = options_.cost_model()(*call->op, inputs, outputs, call->attrs);
+      } else {
+        OpCost estimate = call->op->cost(inputs, outputs, call->attrs);
+        cost = estimate.flops / options_.estimated_flops_per_second() +
+               estimate.bytes / options_.estimated_bytes_per_second();
+      }
     } catch (const Error&) {
       // An op whose cost rule cannot handle these inputs keeps the measured time.
     }

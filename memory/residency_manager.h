@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -36,9 +37,12 @@ const char* policy_name(Policy policy);
 // "none", "dtr", "swap", "split", "auto"; anything else is an error listing them.
 Policy parse_policy(const std::string& name);
 
-// Where an op record's cost comes from: the measured kernel time (default), or an estimate from the
-// op's registered cost (FLOPs and bytes), which makes decisions independent of timing.
-enum class CostSource { kMeasured, kEstimated };
+// Where an op record's cost comes from: the measured kernel time (default), an estimate from the
+// op's registered cost (FLOPs and bytes), or a cost model given as a function (the memory
+// simulator's device model); the last two make decisions independent of timing.
+enum class CostSource { kMeasured, kEstimated, kModel };
+using OpCostModel = std::function<double(const OpDef& op, const std::vector<Tensor>& inputs,
+                                         const std::vector<Tensor>& outputs, const Attrs& attrs)>;
 
 class ResidencyOptions {
  public:
@@ -55,6 +59,13 @@ class ResidencyOptions {
     estimated_bytes_per_second_ = bytes_per_second;
     return *this;
   }
+  // Op record costs from `model` (CostSource::kModel).
+  ResidencyOptions& cost_model(OpCostModel model) {
+    cost_model_ = std::move(model);
+    cost_source(CostSource::kModel);
+    return *this;
+  }
+  const OpCostModel& cost_model() const { return cost_model_; }
   bool sample_candidates() const { return sample_candidates_; }
   uint64_t sample_seed() const { return sample_seed_; }
   double estimated_flops_per_second() const { return estimated_flops_per_second_; }
@@ -83,6 +94,7 @@ class ResidencyOptions {
   // A rough CPU core pair; only the ratios to each other and to host_bandwidth matter.
   double estimated_flops_per_second_ = 5e10;
   double estimated_bytes_per_second_ = 1e10;
+  OpCostModel cost_model_;
 };
 
 // How a candidate would leave the device.

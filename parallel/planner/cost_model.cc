@@ -41,11 +41,37 @@ double DeviceProfile::collective_time(Collective collective, int64_t ranks, doub
   return steps * cost.alpha_s + moved / cost.bus_bandwidth;
 }
 
-double DeviceProfile::compute_time(double flops, double bytes, const std::string& kind) const {
-  const double throughput = kind == "gemm"   ? gemm_flops
-                            : kind == "conv" ? conv_flops
-                                             : elementwise_flops;
+double DeviceProfile::compute_time(double flops, double bytes, const std::string& kind,
+                                   bool low_precision) const {
+  double throughput = kind == "gemm" ? gemm_flops : kind == "conv" ? conv_flops : elementwise_flops;
+  if (low_precision && kind == "gemm" && gemm_flops_16bit > 0) throughput = gemm_flops_16bit;
+  if (low_precision && kind == "conv" && conv_flops_16bit > 0) throughput = conv_flops_16bit;
   return std::max(flops / throughput, bytes / memory_bandwidth);
+}
+
+std::string op_rate_kind(const OpDef& op, const Attrs& attrs) {
+  if (op.planner.rate) return op.planner.rate;
+  switch (op.kind) {
+    case OpKind::kGemm:
+      return "gemm";
+    case OpKind::kConv:
+      return attrs.get_or<int64_t>("groups", 1) > 1 ? "conv_grouped" : "conv";
+    case OpKind::kActivation:
+      return "activation";
+    case OpKind::kUnspecified:
+    case OpKind::kPointwise:
+    case OpKind::kReduction:
+    case OpKind::kNorm:
+    case OpKind::kPool:
+    case OpKind::kLoss:
+    case OpKind::kDataMovement:
+    case OpKind::kIndexing:
+    case OpKind::kFactory:
+    case OpKind::kOptimizer:
+    case OpKind::kCommunication:
+      break;
+  }
+  return "elementwise";
 }
 
 double DeviceProfile::op_time(const std::string& kind, double flops, double bytes, bool backward,
@@ -167,7 +193,15 @@ DeviceProfile parse_profile(const std::string& json_text, const std::string& whe
   profile.gemm_flops = positive_number(compute, "gemm", "compute_flops", where);
   profile.conv_flops = positive_number(compute, "conv", "compute_flops", where);
   profile.elementwise_flops = positive_number(compute, "elementwise", "compute_flops", where);
+  auto compute_16bit = root.find("compute_flops_16bit");
+  if (compute_16bit != root.end()) {
+    profile.gemm_flops_16bit =
+        positive_number(*compute_16bit, "gemm", "compute_flops_16bit", where);
+    profile.conv_flops_16bit =
+        positive_number(*compute_16bit, "conv", "compute_flops_16bit", where);
+  }
   profile.memory_bandwidth = positive_number(root, "memory_bandwidth", "", where);
+  profile.host_link_bandwidth = optional_number(root, "host_link_bandwidth", 0.0, where, true);
   profile.op_overhead_s = optional_number(root, "op_overhead_s", 0.0, where, true);
   profile.remat_overhead_k = optional_number(root, "remat_overhead_k", 1.0, where, true);
   auto kinds = root.find("op_kinds");
@@ -236,7 +270,11 @@ std::string profile_to_json(const DeviceProfile& profile) {
   root["compute_flops"] = {{"gemm", profile.gemm_flops},
                            {"conv", profile.conv_flops},
                            {"elementwise", profile.elementwise_flops}};
+  if (profile.gemm_flops_16bit > 0)
+    root["compute_flops_16bit"] = {{"gemm", profile.gemm_flops_16bit},
+                                   {"conv", profile.conv_flops_16bit}};
   root["memory_bandwidth"] = profile.memory_bandwidth;
+  if (profile.host_link_bandwidth > 0) root["host_link_bandwidth"] = profile.host_link_bandwidth;
   root["op_overhead_s"] = profile.op_overhead_s;
   root["remat_overhead_k"] = profile.remat_overhead_k;
   if (!profile.op_kinds.empty()) {

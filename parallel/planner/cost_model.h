@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "core/op.h"
+
 namespace tessel::planner {
 
 enum class Collective { kAllReduce, kAllGather, kReduceScatter };
@@ -44,13 +46,19 @@ struct DeviceProfile {
   double gemm_flops = 0;
   double conv_flops = 0;
   double elementwise_flops = 0;
+  // The same for 16-bit floating inputs (bf16 / f16 tensor cores); 0: not given (f32 rates).
+  double gemm_flops_16bit = 0;
+  double conv_flops_16bit = 0;
   double memory_bandwidth = 0;  // bytes per second, for memory-bound ops (roofline)
-  double op_overhead_s = 0;     // fixed cost per op per pass (kernel launch)
+  // Between the device and host memory, one direction (PCIe), bytes per second; 0: not given.
+  // The memory simulator's swaps take their time from it.
+  double host_link_bandwidth = 0;
+  double op_overhead_s = 0;  // fixed cost per op per pass (kernel launch)
   // Rematerialisation: running under a memory budget that keeps a fraction f of the activations
   // costs (1 - f) * forward time * remat_overhead_k extra (1: one extra forward pass when
   // nothing is kept, as in sublinear checkpointing).
   double remat_overhead_k = 1.0;
-  // Per op kind (see op_kind_of in strategies.cc: "gemm", "conv", "conv_grouped", "elementwise",
+  // Per op kind (see op_rate_kind: "gemm", "conv", "conv_grouped", "elementwise",
   // "activation", "batch_norm", "layer_norm", "softmax", "pool", "concat", "loss",
   // "sgd_update", "adam_update"); a kind not listed falls back to the roofline numbers above.
   std::map<std::string, OpKindRate> op_kinds;
@@ -83,8 +91,9 @@ struct DeviceProfile {
     return collective_time(collective, ranks, bytes, level_for(ranks));
   }
   // Roofline time of an op's work on one device; `kind` is "gemm", "conv" or anything else
-  // (element-wise).
-  double compute_time(double flops, double bytes, const std::string& kind) const;
+  // (element-wise). `low_precision`: 16-bit float operands, at the 16-bit rates where given.
+  double compute_time(double flops, double bytes, const std::string& kind,
+                      bool low_precision = false) const;
   // Forward (or backward, for `work_factor` times the forward's work) time of an op of `kind`:
   // the measured rate of op_kinds when the profile has it, else the roofline of the closest of
   // gemm / conv / element-wise. Optimizer kinds count `parameters` instead of FLOPs and bytes.
@@ -97,6 +106,11 @@ struct DeviceProfile {
   // "2 ranks x 1 thread at once" or "layout not recorded".
   std::string layout_description() const;
 };
+
+// The kind whose rate prices a call of `op` (op_kinds keys; the roofline's "gemm", "conv" or
+// else element-wise): the op's declared planner rate, else from its OpKind ("conv_grouped" for
+// convolutions with groups > 1).
+std::string op_rate_kind(const OpDef& op, const Attrs& attrs);
 
 // Parses and checks a profile; every missing or invalid field is an error naming it and `where`.
 DeviceProfile parse_profile(const std::string& json_text, const std::string& where);

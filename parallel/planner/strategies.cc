@@ -72,30 +72,7 @@ bool is_factory(const TracedOp& op) {
 
 // The profile's op kind (DeviceProfile::op_kinds) an op is priced with: the rate it declares
 // (OpDef::planner), else its kind's.
-std::string op_kind_of(const TracedOp& op) {
-  if (op.def->planner.rate) return op.def->planner.rate;
-  switch (op.def->kind) {
-    case OpKind::kGemm:
-      return "gemm";
-    case OpKind::kConv:
-      return op.attrs.get_or<int64_t>("groups", 1) > 1 ? "conv_grouped" : "conv";
-    case OpKind::kActivation:
-      return "activation";
-    case OpKind::kUnspecified:
-    case OpKind::kPointwise:
-    case OpKind::kReduction:
-    case OpKind::kNorm:
-    case OpKind::kPool:
-    case OpKind::kLoss:
-    case OpKind::kDataMovement:
-    case OpKind::kIndexing:
-    case OpKind::kFactory:
-    case OpKind::kOptimizer:
-    case OpKind::kCommunication:
-      break;
-  }
-  return "elementwise";
-}
+std::string op_kind_of(const TracedOp& op) { return op_rate_kind(*op.def, op.attrs); }
 
 bool is_loss_split(ParallelSplit split) {
   return split == ParallelSplit::kLossClasses || split == ParallelSplit::kSoftmaxLossClasses;

@@ -1,0 +1,215 @@
+// The memory simulator: training steps on the meta device against a modelled device take the
+// modelled time, run the memory layer's policies on virtual memory, give the same result every
+// time, and take the same decisions as a real CPU run given the same costs.
+#include "memory/sim/simulator.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "memory/memory.h"
+#include "nn/nn.h"
+#include "ops/ops.h"
+#include "optim/sgd.h"
+#include "tests/testing.h"
+
+namespace tessel::memory::sim {
+namespace {
+
+using testing::throws_error;
+
+constexpr size_t kMiB = 1024 * 1024;
+
+// A small device: slow enough that the MLP below takes milliseconds, with a host link that makes
+// swapping a 256 KiB activation cost about as much as recomputing it.
+planner::DeviceProfile small_device() {
+  planner::DeviceProfile profile;
+  profile.name = "test_device";
+  profile.gemm_flops = 1e11;
+  profile.conv_flops = 1e11;
+  profile.elementwise_flops = 1e10;
+  profile.memory_bandwidth = 1e10;
+  profile.op_overhead_s = 5e-6;
+  profile.host_link_bandwidth = 2e9;
+  return profile;
+}
+
+std::shared_ptr<nn::Module> make_mlp() {
+  auto net = std::make_shared<nn::Sequential>();
+  net->push_back(std::make_shared<nn::Linear>(64, 128));
+  for (int layer = 0; layer < 8; ++layer) {
+    net->push_back(std::make_shared<nn::ReLU>());
+    net->push_back(std::make_shared<nn::Linear>(128, 128));
+  }
+  net->push_back(std::make_shared<nn::ReLU>());
+  net->push_back(std::make_shared<nn::Linear>(128, 10));
+  return net;
+}
+
+struct Decision {
+  std::string kind;
+  size_t bytes;
+  bool operator==(const Decision& other) const {
+    return kind == other.kind && bytes == other.bytes;
+  }
+};
+void PrintTo(const Decision& decision, std::ostream* out) {
+  *out << decision.kind << " " << decision.bytes;
+}
+
+struct TrainingRun {
+  size_t peak = 0;
+  size_t fixed = 0;
+  PolicyCounters policy;
+  std::vector<Decision> decisions;  // evictions, recomputes, swaps, splits in order
+  std::vector<TimelineEvent> timeline;
+};
+
+// Three SGD steps of the MLP on `options.device()` under `options`; the model is made inside the
+// scope (its parameters count against the budget), on the CPU and moved to meta when simulating.
+TrainingRun train(const MemoryOptions& options) {
+  TrainingRun run;
+  MemoryScope scope(options);
+  const Device device = options.device();
+  manual_seed(7);
+  auto model = make_mlp();
+  if (device.is_meta()) model->to(device);
+  optim::SGD sgd(model->parameters(), optim::SGDOptions(0.05).momentum(0.9));
+  run.fixed = fixed_memory_bytes(model->parameters(), 1);
+  for (int step = 0; step < 3; ++step) {
+    manual_seed(100 + step);
+    Tensor input = randn({512, 64}, TensorOptions().device(device));
+    Tensor labels = randint(0, 10, {512}, TensorOptions(DType::kInt64).device(device));
+    sgd.zero_grad();
+    cross_entropy(model->forward(input), labels).backward();
+    sgd.step();
+  }
+  run.peak = static_cast<size_t>(scope.allocator().memory_stats().base.peak_allocated_bytes);
+  run.policy = scope.allocator().policy_counters();
+  run.timeline = scope.allocator().timeline();
+  for (const auto& event : run.timeline)
+    if (event.kind == "evict" || event.kind == "recompute" || event.kind == "swap_out" ||
+        event.kind == "swap_in" || event.kind == "split")
+      run.decisions.push_back({event.kind, event.bytes});
+  return run;
+}
+
+MemoryOptions on_meta(Policy policy, size_t budget) {
+  return MemoryOptions().device(Device::meta()).policy(policy).budget(budget);
+}
+
+TEST(MemorySimulation, AStepTakesTheModelledTimeOfItsOps) {
+  Simulation simulation(small_device());
+  TrainingRun run = train(on_meta(Policy::kNone, 0));
+  SimulationCounters counters = simulation.counters();
+  EXPECT_GT(counters.ops, 50);
+  EXPECT_GT(counters.compute_seconds, 1e-3);
+  EXPECT_EQ(counters.stall_seconds, 0.0);
+  // Nothing else moves the clock without a policy.
+  EXPECT_DOUBLE_EQ(simulation.now(), counters.compute_seconds + counters.device_copy_seconds);
+  EXPECT_GT(run.peak, 2 * kMiB);
+  EXPECT_TRUE(run.decisions.empty());
+}
+
+TEST(MemorySimulation, PeakEqualsTheCpuRunOfTheSameProgram) {
+  TrainingRun cpu = train(MemoryOptions().policy(Policy::kNone));
+  Simulation simulation(small_device());
+  TrainingRun meta = train(on_meta(Policy::kNone, 0));
+  EXPECT_EQ(meta.peak, cpu.peak);
+  EXPECT_EQ(meta.fixed, cpu.fixed);
+}
+
+TEST(MemorySimulation, TheSameProgramGivesTheSameResultEveryTime) {
+  auto simulate = [](Policy policy) {
+    Simulation simulation(small_device());
+    TrainingRun unconstrained = train(on_meta(Policy::kNone, 0));
+    const size_t budget = unconstrained.fixed + (unconstrained.peak - unconstrained.fixed) / 2;
+    const double start = simulation.now();
+    TrainingRun run = train(on_meta(policy, budget));
+    return std::make_pair(simulation.now() - start, run);
+  };
+  for (Policy policy : {Policy::kDtr, Policy::kSwap, Policy::kAuto}) {
+    SCOPED_TRACE(policy_name(policy));
+    auto [seconds, run] = simulate(policy);
+    auto [seconds_again, run_again] = simulate(policy);
+    EXPECT_FALSE(run.decisions.empty());
+    EXPECT_EQ(seconds, seconds_again);  // bit for bit
+    EXPECT_EQ(run.decisions, run_again.decisions);
+    ASSERT_EQ(run.timeline.size(), run_again.timeline.size());
+    for (size_t i = 0; i < run.timeline.size(); ++i) {
+      EXPECT_EQ(run.timeline[i].kind, run_again.timeline[i].kind) << "event " << i;
+      EXPECT_EQ(run.timeline[i].bytes, run_again.timeline[i].bytes) << "event " << i;
+      EXPECT_EQ(run.timeline[i].allocated_after, run_again.timeline[i].allocated_after);
+    }
+  }
+}
+
+TEST(MemorySimulation, SwapsOccupyTheHostLinkAndStallOnlyWhenTheyMust) {
+  Simulation simulation(small_device());
+  TrainingRun unconstrained = train(on_meta(Policy::kNone, 0));
+  const double unconstrained_seconds = simulation.now();
+  const size_t budget = unconstrained.fixed + (unconstrained.peak - unconstrained.fixed) / 2;
+  simulation.reset_counters();
+  const double start = simulation.now();
+  TrainingRun run =
+      train(on_meta(Policy::kSwap, budget).host_bandwidth(simulation.host_bandwidth()));
+  const SimulationCounters counters = simulation.counters();
+  ASSERT_GT(run.policy.swaps_out, 0);
+  EXPECT_GT(run.policy.swaps_in, 0);
+  EXPECT_LE(run.peak, budget);
+  // The compute stream's time is its ops plus the waits for copies, nothing more.
+  EXPECT_NEAR(simulation.now() - start,
+              counters.compute_seconds + counters.stall_seconds + counters.device_copy_seconds,
+              1e-12);
+  EXPECT_EQ(counters.compute_seconds, unconstrained_seconds);  // swaps recompute nothing
+  const double link_seconds =
+      static_cast<double>(run.policy.swapped_out_bytes + run.policy.swapped_in_bytes) /
+      simulation.host_bandwidth();
+  // Copies overlap compute: the step is slower by less than the link's whole busy time.
+  EXPECT_GT(counters.stall_seconds, 0.0);
+  EXPECT_LT(counters.stall_seconds, link_seconds);
+}
+
+TEST(MemorySimulation, DtrDecidesAsACpuRunGivenTheSameCosts) {
+  const planner::DeviceProfile profile = small_device();
+  TrainingRun unconstrained = train(MemoryOptions().policy(Policy::kNone));
+  const size_t budget = unconstrained.fixed + (unconstrained.peak - unconstrained.fixed) / 2;
+  MemoryOptions options = MemoryOptions().policy(Policy::kDtr).budget(budget);
+  options.residency().cost_model(device_cost_model(profile));
+  TrainingRun cpu = train(options);
+  Simulation simulation(profile, MemoryLayout::kArena);
+  TrainingRun meta = train(MemoryOptions(options).device(Device::meta()));
+  ASSERT_GT(cpu.policy.evictions, 0);
+  EXPECT_EQ(meta.decisions, cpu.decisions);
+  EXPECT_EQ(meta.peak, cpu.peak);
+  EXPECT_EQ(meta.policy.recomputes, cpu.policy.recomputes);
+}
+
+TEST(MemorySimulation, BadSetupsAreClearErrors) {
+  // A budget on meta needs the simulator.
+  EXPECT_TRUE(throws_error([] { MemoryScope scope(on_meta(Policy::kDtr, 64 * kMiB)); },
+                           "memory simulator"));
+  planner::DeviceProfile no_bandwidth = small_device();
+  no_bandwidth.memory_bandwidth = 0;
+  EXPECT_TRUE(throws_error([&] { Simulation bad(no_bandwidth); }, "memory_bandwidth"));
+  Simulation simulation(small_device());
+  EXPECT_TRUE(throws_error([] { Simulation second(small_device()); }, "already active"));
+}
+
+TEST(MemorySimulation, MetaTensorsOutsideASimulationHoldNoBytes) {
+  Tensor before = empty({1024, 1024}, TensorOptions().device(Device::meta()));
+  EXPECT_EQ(before.storage()->allocator(), nullptr);
+  Simulation simulation(small_device());
+  Tensor during = empty({1024, 1024}, TensorOptions().device(Device::meta()));
+  ASSERT_NE(during.storage()->allocator(), nullptr);
+  EXPECT_NE(during.storage()->data_unchecked(), nullptr);
+  // Tensors from before still take part (as inputs that hold no bytes).
+  Tensor sum = add(before, during);
+  EXPECT_EQ(sum.sizes(), (Shape{1024, 1024}));
+  EXPECT_EQ(simulation.counters().ops, 1);
+}
+
+}  // namespace
+}  // namespace tessel::memory::sim
