@@ -14,7 +14,8 @@
 // device, their memory virtual, step times the simulated device's (from the device profile),
 // the same for every run and machine, so each point needs one run and no reference per point.
 // --whole_peak_fractions=0.9,0.45 gives budgets as fractions of the whole peak (the DTR paper's
-// measure) instead of the activation memory.
+// measure) instead of the activation memory. --simulated_layout=arena lays the budget out as
+// one arena, as on the CPU, instead of segments taken on demand as on a GPU.
 //   memory_sweep --simulate=parallel/profiles/h200_cluster.json --model=resnet50 --batch=128
 #include <sys/resource.h>
 
@@ -75,7 +76,8 @@ struct Settings {
   memory::CostSource cost_source = memory::CostSource::kMeasured;
   bool prefetch = true;
   bool swap_ahead = true;
-  bool whole_peak_fractions = false;  // fractions of the whole peak, not of the activations
+  bool whole_peak_fractions = false;
+  bool full_errors = false;  // print every failed point's whole report (--full_errors)  // fractions of the whole peak, not of the activations
   // Set by --simulate: the device is meta and times are simulated.
   memory::sim::Simulation* simulation = nullptr;
 };
@@ -239,6 +241,7 @@ Point measure(const Settings& settings, int64_t batch, const MemoryOptions& opti
     point.ok = false;
     const std::string& message = error.message();
     point.error = message.substr(0, message.find('\n'));
+    if (settings.full_errors) std::cerr << message << std::endl;
   }
   const memory::MemoryStats stats = scope.allocator().memory_stats();
   point.peak = static_cast<size_t>(stats.base.peak_allocated_bytes);
@@ -408,6 +411,7 @@ int run(int argc, char** argv) {
   Settings settings;
   int threads = 2;
   std::string profile_path;
+  memory::sim::MemoryLayout layout = memory::sim::MemoryLayout::kSegments;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     auto value = [&](const char* flag) -> const char* {
@@ -449,6 +453,8 @@ int run(int argc, char** argv) {
       settings.swap_ahead = false;
     } else if (arg == "--estimated_costs") {
       settings.cost_source = memory::CostSource::kEstimated;  // from FLOPs and bytes, not timed
+    } else if (arg == "--full_errors") {
+      settings.full_errors = true;
     } else if (arg == "--largest_batch") {
       settings.largest_batch = true;
     } else if (const char* v = value("--whole_peak_fractions=")) {
@@ -457,6 +463,11 @@ int run(int argc, char** argv) {
       for (const auto& item : split_list(v)) settings.fractions.push_back(std::atof(item.c_str()));
     } else if (const char* v = value("--simulate=")) {
       profile_path = v;
+    } else if (const char* v = value("--simulated_layout=")) {
+      TESSEL_CHECK(std::string(v) == "arena" || std::string(v) == "segments",
+                   "memory_sweep: --simulated_layout is arena or segments, got '", v, "'");
+      layout = std::string(v) == "arena" ? memory::sim::MemoryLayout::kArena
+                                         : memory::sim::MemoryLayout::kSegments;
     } else {
       std::cerr << "memory_sweep: unknown argument '" << arg << "'\n";
       return 2;
@@ -465,7 +476,7 @@ int run(int argc, char** argv) {
   set_num_threads(threads);
   std::unique_ptr<memory::sim::Simulation> simulation;
   if (!profile_path.empty()) {
-    simulation = std::make_unique<memory::sim::Simulation>(planner::load_profile(profile_path));
+    simulation = std::make_unique<memory::sim::Simulation>(planner::load_profile(profile_path), layout);
     settings.simulation = simulation.get();
     settings.device = Device::meta();
   }

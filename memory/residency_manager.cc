@@ -108,6 +108,10 @@ struct ResidencyManager::Record {
   bool rematerializing = false;              // being recomputed: not a candidate
   bool producer_stale = false;  // an input of its op record was (or is being) written in place
   bool read_back_in_forward = false;  // swapped out, then read again while gradients recorded
+  // Made by a backward op: a gradient on its way to its consumers. Never recomputed: its op
+  // record reads upstream gradients that backward drops as soon as they are consumed, so a
+  // recompute that looks cheap when chosen turns into a replay of backward from the loss.
+  bool made_in_backward = false;
 };
 
 ResidencyManager::ResidencyManager(std::shared_ptr<CachingAllocator> allocator,
@@ -287,7 +291,8 @@ ResidencyManager::Candidate ResidencyManager::assess(StorageImpl& storage,
   if (spare_forward_reads && record->read_back_in_forward && GradMode::is_enabled()) return none;
   // Nothing has read it yet, so it is about to be read (a gradient waiting for the optimizer,
   // an output waiting for its consumer): recomputing it would redo its whole chain at once.
-  const bool recompute_ok = record->consumed && can_recompute(storage);
+  const bool recompute_ok =
+      record->consumed && !record->made_in_backward && can_recompute(storage);
   const bool swap_ok = swaps_for(options_.policy());
   if (!recompute_ok && !swap_ok) return none;
 
@@ -731,7 +736,7 @@ void ResidencyManager::on_op_recorded(const std::shared_ptr<OpCall>& call, doubl
   for (const auto& weak_output : call->output_storages) {
     auto output = weak_output.lock();
     if (!output) continue;
-    record_of(*output);
+    record_of(*output).made_in_backward = in_backward_pass();
     if (managed(*output)) largest_output_bytes_ = std::max(largest_output_bytes_, output->nbytes());
     if (keep) {
       output->producer = call;
