@@ -210,6 +210,15 @@ double HostLink::seconds_for(size_t bytes) const {
   return throttled(bandwidth) ? static_cast<double>(bytes) / bandwidth : 0.0;
 }
 
+double HostLink::backlog_seconds() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (clock_) return std::max(0.0, link_free_at_ - clock_->now());
+  if (!throttled(bandwidth_)) return 0.0;
+  size_t bytes = 0;
+  for (const auto& transfer : queue_) bytes += transfer->bytes_;
+  return static_cast<double>(bytes) / bandwidth_;
+}
+
 int64_t HostLink::bytes_copied() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return bytes_copied_;

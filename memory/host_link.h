@@ -126,6 +126,9 @@ class HostLink {
   double bandwidth() const;
   // Seconds a copy of `bytes` takes at the configured bandwidth (0 when unthrottled).
   double seconds_for(size_t bytes) const;
+  // Seconds until the copies queued now are done, at the configured bandwidth (0 when idle or
+  // unthrottled); a copy queued now starts after them.
+  double backlog_seconds() const;
 
   int64_t bytes_copied() const;
   double busy_seconds() const;  // time the copy thread spent copying (sleeps included)

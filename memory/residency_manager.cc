@@ -279,8 +279,7 @@ double ResidencyManager::recompute_cost(StorageImpl& storage) {
   return storage.producer->cost_seconds + evicted_neighbourhood_cost(storage);
 }
 
-ResidencyManager::Candidate ResidencyManager::assess(StorageImpl& storage,
-                                                     bool spare_forward_reads) {
+ResidencyManager::Candidate ResidencyManager::assess(StorageImpl& storage, Spare spare) {
   Candidate none{&storage, ResidencyAction::kNone, std::numeric_limits<double>::infinity()};
   if (!managed(storage) || storage.state() != Residency::kResident || storage.pins() > 0 ||
       storage.nbytes() < candidate_threshold_ || !storage.data_unchecked())
@@ -288,25 +287,32 @@ ResidencyManager::Candidate ResidencyManager::assess(StorageImpl& storage,
   Record* record = find_record(storage);
   if (!record || record->rematerializing) return none;
   // A tensor every forward reads (a parameter) comes right back when moved off during forward.
-  if (spare_forward_reads && record->read_back_in_forward && GradMode::is_enabled()) return none;
+  if (spare != Spare::kNothing && record->read_back_in_forward && GradMode::is_enabled())
+    return none;
+  // State comes back every step (and a gradient soon, for the optimizer), while activations are
+  // read once more at most; staleness alone, counted within a step, cannot tell them apart.
+  if (spare == Spare::kStateAndForwardReads && (!storage.producer || record->made_in_backward))
+    return none;
   // Nothing has read it yet, so it is about to be read (a gradient waiting for the optimizer,
   // an output waiting for its consumer): recomputing it would redo its whole chain at once.
-  const bool recompute_ok =
-      record->consumed && !record->made_in_backward && can_recompute(storage);
+  const bool recompute_ok = record->consumed && !record->made_in_backward && can_recompute(storage);
   const bool swap_ok = swaps_for(options_.policy());
   if (!recompute_ok && !swap_ok) return none;
 
-  const double swap_cost = link_.seconds_for(storage.nbytes());
-  // The op record's own time bounds the recompute cost from below: when it alone loses to the
-  // swap, the evicted neighbourhood need not be walked.
-  const bool recompute_may_win =
-      recompute_ok && (!swap_ok || storage.producer->cost_seconds <= swap_cost);
-  const double recompute =
-      recompute_may_win ? recompute_cost(storage) : std::numeric_limits<double>::infinity();
+  // A swap frees nothing until its copy is out, behind the copies queued before it, and the
+  // tensor comes back over the link again: both directions plus the backlog.
+  const double swap_cost = 2 * link_.seconds_for(storage.nbytes()) + link_backlog_seconds_;
+  // Swap or recompute by what each runs: the op record's own time against the copies. Its
+  // evicted neighbourhood, the union-find bound below, over-counts what a recompute runs (an
+  // evicted ancestor, once recomputed, serves all its evicted descendants) and would send most
+  // tensors over the host link, whose copies stall the step; it only ranks the candidates.
   Candidate result = none;
-  result.action = recompute_may_win && (!swap_ok || recompute <= swap_cost)
+  result.action = recompute_ok && (!swap_ok || storage.producer->cost_seconds <= swap_cost)
                       ? ResidencyAction::kRecompute
                       : ResidencyAction::kSwap;
+  const double recompute = result.action == ResidencyAction::kRecompute
+                               ? recompute_cost(storage)
+                               : std::numeric_limits<double>::infinity();
   const double cost = result.action == ResidencyAction::kRecompute ? recompute : swap_cost;
   // score = cost * 1.0001^recomputes / ((bytes + free neighbours) * staleness)
   const double bytes =
@@ -318,7 +324,7 @@ ResidencyManager::Candidate ResidencyManager::assess(StorageImpl& storage,
   return result;
 }
 
-void ResidencyManager::update_candidate_threshold() {
+void ResidencyManager::prepare_assessment() {
   size_t bytes = 0, count = 0;
   for (const auto& entry : storages_) {
     auto storage = entry.second.lock();
@@ -329,22 +335,25 @@ void ResidencyManager::update_candidate_threshold() {
   const double mean = count ? static_cast<double>(bytes) / static_cast<double>(count) : 0.0;
   candidate_threshold_ = std::max(options_.min_candidate_bytes(),
                                   static_cast<size_t>(options_.min_candidate_share() * mean));
+  link_backlog_seconds_ = link_.backlog_seconds();
 }
 
 size_t ResidencyManager::candidate_threshold() {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
-  update_candidate_threshold();
+  prepare_assessment();
   return candidate_threshold_;
 }
 
 ResidencyManager::Candidate ResidencyManager::choose_victim() {
-  update_candidate_threshold();
-  Candidate spared = choose_victim_among_candidates(/*spare_forward_reads=*/true);
-  return spared.action != ResidencyAction::kNone ? spared : choose_victim_among_candidates(false);
+  prepare_assessment();
+  for (Spare spare : {Spare::kStateAndForwardReads, Spare::kForwardReads}) {
+    Candidate spared = choose_victim_among_candidates(spare);
+    if (spared.action != ResidencyAction::kNone) return spared;
+  }
+  return choose_victim_among_candidates(Spare::kNothing);
 }
 
-ResidencyManager::Candidate ResidencyManager::choose_victim_among_candidates(
-    bool spare_forward_reads) {
+ResidencyManager::Candidate ResidencyManager::choose_victim_among_candidates(Spare spare) {
   // Strong references first: assessing must not destroy anything while the registry is walked.
   std::vector<std::shared_ptr<StorageImpl>> pool;
   pool.reserve(storages_.size());
@@ -366,7 +375,7 @@ ResidencyManager::Candidate ResidencyManager::choose_victim_among_candidates(
     // The sample may hold no candidate at all (all without op records, say): then score them all.
     Candidate best{nullptr, ResidencyAction::kNone, std::numeric_limits<double>::infinity()};
     for (size_t i = 0; i < sample; ++i) {
-      Candidate candidate = assess(*pool[i], spare_forward_reads);
+      Candidate candidate = assess(*pool[i], spare);
       if (candidate.action != ResidencyAction::kNone && candidate.score < best.score)
         best = candidate;
     }
@@ -374,7 +383,7 @@ ResidencyManager::Candidate ResidencyManager::choose_victim_among_candidates(
   }
   Candidate best{nullptr, ResidencyAction::kNone, std::numeric_limits<double>::infinity()};
   for (const auto& storage : pool) {
-    Candidate candidate = assess(*storage, spare_forward_reads);
+    Candidate candidate = assess(*storage, spare);
     if (candidate.action != ResidencyAction::kNone &&
         (best.action == ResidencyAction::kNone || candidate.score < best.score))
       best = candidate;
@@ -675,6 +684,9 @@ void ResidencyManager::rematerialize(StorageImpl& target) {
     // once would recompute shared ancestors again for every consumer (exponentially in diamonds).
     std::shared_ptr<OpCall> done = frame.record;
     replay(*done);
+    // The replay read its inputs: they are candidates again, as after their first reader.
+    for (const StorageAccess& input : frame.pinned_inputs)
+      record_of(*input.storage()).consumed = true;
     on_stack.erase(&storage);
     stack.pop_back();  // unpins the inputs
   }
@@ -732,22 +744,28 @@ void ResidencyManager::on_op_recorded(const std::shared_ptr<OpCall>& call, doubl
     }
   }
   call->cost_seconds = cost;
-  const bool keep = keeps_records();
+  // Backward's outputs are never recomputed (see Record::made_in_backward), so their op records
+  // are not kept: kept, they would hold every upstream gradient and saved activation they read
+  // as placeholders until the step ends, and join them all into one evicted component whose
+  // cost then weighs on every candidate next to it.
+  const bool in_backward = in_backward_pass();
+  const bool keep = keeps_records() && !in_backward;
   for (const auto& weak_output : call->output_storages) {
     auto output = weak_output.lock();
     if (!output) continue;
-    record_of(*output).made_in_backward = in_backward_pass();
+    record_of(*output).made_in_backward = in_backward;
     if (managed(*output)) largest_output_bytes_ = std::max(largest_output_bytes_, output->nbytes());
     if (keep) {
       output->producer = call;
       label(*output);
     }
   }
-  if (keep) {
+  if (keeps_records()) {
     for (const auto& input : call->inputs) {
       if (!input.storage) continue;
       Record& record = record_of(*input.storage);
       record.consumed = true;
+      if (!keep) continue;
       record.consumers.push_back(call);
       if (record.consumers.size() > record.consumers_pruned_at) {
         auto& consumers = record.consumers;
@@ -991,13 +1009,13 @@ bool ResidencyManager::evict_one() {
 
 ResidencyAction ResidencyManager::planned_action(const StorageImpl& storage) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
-  update_candidate_threshold();
+  prepare_assessment();
   return assess(const_cast<StorageImpl&>(storage)).action;
 }
 
 double ResidencyManager::score(const StorageImpl& storage) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
-  update_candidate_threshold();
+  prepare_assessment();
   return assess(const_cast<StorageImpl&>(storage)).score;
 }
 
@@ -1091,7 +1109,7 @@ std::string ResidencyManager::describe_holders() {
     std::shared_ptr<StorageImpl> storage;
     std::string why;
   };
-  update_candidate_threshold();
+  prepare_assessment();
   std::vector<Holder> holders;
   int64_t pinned = 0, without_record = 0, small = 0, candidates = 0;
   size_t pinned_bytes = 0, without_record_bytes = 0, small_bytes = 0, candidate_bytes = 0;

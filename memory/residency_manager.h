@@ -180,19 +180,27 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   bool keeps_records() const;
   bool managed(const StorageImpl& storage) const;
   bool can_recompute(StorageImpl& storage);
-  // Sets candidate_threshold_ from the resident tensors now (min_candidate_share of their mean
-  // size, at least min_candidate_bytes).
-  void update_candidate_threshold();
-  // Candidate action and score; action kNone for a non-candidate.
-  // Spares tensors forward has read back (while gradients are recorded) when asked to.
-  Candidate assess(StorageImpl& storage, bool spare_forward_reads = false);
+  // Before assessing candidates: sets candidate_threshold_ from the resident tensors now
+  // (min_candidate_share of their mean size, at least min_candidate_bytes) and
+  // link_backlog_seconds_ from the host link.
+  void prepare_assessment();
+  // Which tensors a round of victim choice leaves alone, from the first round to the last.
+  enum class Spare {
+    kStateAndForwardReads,  // state (no op record from forward: parameters, optimizer state,
+                            // inputs, gradients) and what kForwardReads spares
+    kForwardReads,          // tensors forward has read back (while gradients are recorded)
+    kNothing,
+  };
+  // Candidate action and score; action kNone for a non-candidate or one `spare` leaves alone.
+  Candidate assess(StorageImpl& storage, Spare spare = Spare::kNothing);
+  // DTR's cost of evicting it: its op plus its evicted neighbourhood (the union-find bound).
   double recompute_cost(StorageImpl& storage);
   double evicted_neighbourhood_cost(StorageImpl& storage);
   std::vector<StorageImpl*> evicted_neighbours(StorageImpl& storage);
   // The candidate with the smallest score, sparing (while gradients are recorded) tensors that
   // forward has read back before, unless nothing else is left.
   Candidate choose_victim();
-  Candidate choose_victim_among_candidates(bool spare_forward_reads);
+  Candidate choose_victim_among_candidates(Spare spare);
   void apply(const Candidate& victim);
   void evict_locked(StorageImpl& storage, bool count_as_eviction);
   void start_swap_out(StorageImpl& storage);
@@ -253,6 +261,7 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   size_t last_request_bytes_ = 0;    // the allocation relieve() was last asked to make room for
   size_t largest_output_bytes_ = 0;  // of the managed op outputs recorded
   size_t candidate_threshold_ = 0;   // tensors below it are no candidates (see the options)
+  double link_backlog_seconds_ = 0;  // until the copies queued on the host link are done
   std::mt19937_64 sampler_;
 };
 
