@@ -77,7 +77,8 @@ struct Settings {
   bool prefetch = true;
   bool swap_ahead = true;
   bool whole_peak_fractions = false;
-  bool full_errors = false;  // print every failed point's whole report (--full_errors)  // fractions of the whole peak, not of the activations
+  bool full_errors = false;  // print every failed point's whole report (--full_errors)  //
+                             // fractions of the whole peak, not of the activations
   // Set by --simulate: the device is meta and times are simulated.
   memory::sim::Simulation* simulation = nullptr;
 };
@@ -127,14 +128,22 @@ std::unique_ptr<Trainer> make_trainer(const Settings& settings, int64_t batch) {
       TESSEL_FAIL("memory_sweep: unknown --model '", settings.model,
                   "' (resnet18..resnet152, shufflenet_v2_x0_5..x2_0, bert_tiny..bert_large)");
     }
-    trainer->batch = {randn({batch, 3, settings.image, settings.image}), randint(0, 1000, {batch})};
+    const Shape images{batch, 3, settings.image, settings.image};
+    // On meta (simulating) the values do not matter: no CPU bytes for a batch of thousands.
+    trainer->batch =
+        settings.device.is_meta()
+            ? std::vector<Tensor>{empty(images, TensorOptions().device(Device::meta())),
+                                  empty({batch},
+                                        TensorOptions(DType::kInt64).device(Device::meta()))}
+            : std::vector<Tensor>{randn(images), randint(0, 1000, {batch})};
     trainer->loss = [raw]() {
       return cross_entropy(raw->model->forward(raw->batch[0]), raw->batch[1]);
     };
   }
   if (!settings.device.is_cpu()) {
     trainer->model->to(settings.device);
-    for (Tensor& tensor : trainer->batch) tensor = tensor.to(settings.device);
+    for (Tensor& tensor : trainer->batch)
+      if (tensor.device() != settings.device) tensor = tensor.to(settings.device);
   }
   trainer->model->train();
   trainer->optimizer = std::make_unique<optim::SGD>(
@@ -277,7 +286,7 @@ nlohmann::ordered_json point_json(const Settings& settings, int64_t batch, const
                                 {"prefetches", point.prefetches},
                                 {"prefetch_hits", point.prefetch_hits}};
   if (settings.simulation) {
-    out["simulated_profile"] = settings.simulation->profile().name;
+    out["simulated_profile"] = settings.simulation->device().name;
     out["compute_s"] = point.compute_seconds;
     out["stall_s"] = point.stall_seconds;
   }
@@ -476,7 +485,8 @@ int run(int argc, char** argv) {
   set_num_threads(threads);
   std::unique_ptr<memory::sim::Simulation> simulation;
   if (!profile_path.empty()) {
-    simulation = std::make_unique<memory::sim::Simulation>(planner::load_profile(profile_path), layout);
+    simulation = std::make_unique<memory::sim::Simulation>(
+        planner::simulated_device(planner::load_profile(profile_path)), layout);
     settings.simulation = simulation.get();
     settings.device = Device::meta();
   }

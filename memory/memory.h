@@ -126,7 +126,9 @@ struct MemoryStatus {
 // meaningful; 1 keeps the whole measured peak.
 //   memory::MemoryScope scope(memory::parse_budget("0.5"), memory::Policy::kAuto);
 //   ... build the model and optimizer; each step: train, then
-//   scope.end_step(optim::training_state(*model, optimizer));
+//   std::vector<Tensor> held = optimizer.held_tensors();  // parameters, gradients, state
+//   for (const Tensor& buffer : model->buffers()) held.push_back(buffer);
+//   scope.end_step(held);
 class MemoryScope {
  public:
   explicit MemoryScope(const MemoryOptions& options);

@@ -21,40 +21,7 @@ std::shared_ptr<CachingAllocator> make_meta_allocator(Device device,
   return std::make_shared<CachingAllocator>(device, laid_out, active_source);
 }
 
-bool is_16bit_float(DType dtype) { return dtype == DType::kBFloat16 || dtype == DType::kFloat16; }
-
-double tensor_bytes(const std::vector<Tensor>& tensors) {
-  double bytes = 0;
-  for (const auto& tensor : tensors)
-    if (tensor.defined())
-      bytes +=
-          static_cast<double>(tensor.numel()) * static_cast<double>(element_size(tensor.dtype()));
-  return bytes;
-}
-
 }  // namespace
-
-double op_seconds(const planner::DeviceProfile& profile, const OpDef& op,
-                  const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
-                  const Attrs& attrs) {
-  OpCost cost = op.cost ? op.cost(inputs, outputs, attrs)
-                        : OpCost{0, tensor_bytes(inputs) + tensor_bytes(outputs)};
-  const std::string kind = planner::op_rate_kind(op, attrs);
-  if (profile.op_kinds.count(kind))
-    return profile.op_overhead_s + profile.op_time(kind, cost.flops, cost.bytes, false);
-  bool low_precision = false;
-  for (const auto& input : inputs)
-    low_precision = low_precision || (input.defined() && is_16bit_float(input.dtype()));
-  const std::string roofline = kind == "conv_grouped" ? "conv" : kind;
-  return profile.op_overhead_s +
-         profile.compute_time(cost.flops, cost.bytes, roofline, low_precision);
-}
-
-OpCostModel device_cost_model(const planner::DeviceProfile& profile) {
-  return [profile](const OpDef& op, const std::vector<Tensor>& inputs,
-                   const std::vector<Tensor>& outputs,
-                   const Attrs& attrs) { return op_seconds(profile, op, inputs, outputs, attrs); };
-}
 
 void* VirtualSegmentSource::allocate_segment(size_t bytes) {
   // Page-aligned ranges with a gap, like real segments (never adjacent by accident).
@@ -70,12 +37,11 @@ void VirtualSegmentSource::free_segment(void* /*ptr*/, size_t bytes) { reserved_
 // Stands for every kernel on meta: advances the clock by the op's modelled time.
 class Simulation::Executor : public MetaExecutor {
  public:
-  Executor(const planner::DeviceProfile& profile, SimulatedClock& clock,
-           SimulationCounters& counters)
-      : profile_(profile), clock_(clock), counters_(counters) {}
+  Executor(const SimulatedDevice& device, SimulatedClock& clock, SimulationCounters& counters)
+      : device_(device), clock_(clock), counters_(counters) {}
   double seconds(const OpDef& op, const std::vector<Tensor>& inputs,
                  const std::vector<Tensor>& outputs, const Attrs& attrs) override {
-    return op_seconds(profile_, op, inputs, outputs, attrs);
+    return device_.op_seconds(op, inputs, outputs, attrs);
   }
   void run(const KernelContext& context) override {
     const double time = seconds(context.op, context.inputs, context.outputs, context.attrs);
@@ -85,7 +51,7 @@ class Simulation::Executor : public MetaExecutor {
   }
 
  private:
-  const planner::DeviceProfile& profile_;
+  const SimulatedDevice& device_;
   SimulatedClock& clock_;
   SimulationCounters& counters_;
 };
@@ -95,32 +61,36 @@ class Simulation::Executor : public MetaExecutor {
 // reading and writing the bytes at the memory bandwidth, on the compute stream.
 class Simulation::Engine : public CopyEngine {
  public:
-  Engine(const planner::DeviceProfile& profile, SimulatedClock& clock, SimulationCounters& counters)
-      : profile_(profile), clock_(clock), counters_(counters) {}
+  Engine(const SimulatedDevice& device, SimulatedClock& clock, SimulationCounters& counters)
+      : device_(device), clock_(clock), counters_(counters) {}
   std::shared_ptr<void> prepare(void*, const void*, size_t) override { return nullptr; }
   void copy(void*, const void*, size_t bytes, const std::shared_ptr<void>&) override {
-    const double time = 2.0 * static_cast<double>(bytes) / profile_.memory_bandwidth;
+    const double time = 2.0 * static_cast<double>(bytes) / device_.memory_bandwidth;
     clock_.advance(time);
     counters_.device_copy_seconds += time;
   }
   SimulatedClock* simulated_clock() override { return &clock_; }
 
  private:
-  const planner::DeviceProfile& profile_;
+  const SimulatedDevice& device_;
   SimulatedClock& clock_;
   SimulationCounters& counters_;
 };
 
-Simulation::Simulation(const planner::DeviceProfile& profile, MemoryLayout layout)
-    : profile_(profile),
+Simulation::Simulation(const SimulatedDevice& device, MemoryLayout layout)
+    : device_(device),
       clock_(std::make_shared<SimulatedClock>()),
       source_(std::make_shared<VirtualSegmentSource>()) {
   TESSEL_CHECK(active_source == nullptr, "a memory simulation is already active (one at a time)");
-  TESSEL_CHECK(profile_.memory_bandwidth > 0, "memory simulation: profile '", profile_.name,
-               "' has no memory_bandwidth");
+  TESSEL_CHECK(device_.op_seconds != nullptr, "memory simulation of '", device_.name,
+               "': no op time model");
+  TESSEL_CHECK(device_.memory_bandwidth > 0 && device_.host_link_bandwidth > 0,
+               "memory simulation of '", device_.name,
+               "': memory_bandwidth and host_link_bandwidth must be positive, got ",
+               device_.memory_bandwidth, " and ", device_.host_link_bandwidth, " bytes/s");
   active_source = source_;
   active_layout = layout;
-  executor_ = std::make_shared<Executor>(profile_, *clock_, counters_);
+  executor_ = std::make_shared<Executor>(device_, *clock_, counters_);
   previous_executor_ = set_meta_executor(executor_);
   set_caching_allocator_maker(DeviceType::kMeta, make_meta_allocator);
   previous_allocator_ = set_allocator(
@@ -129,7 +99,7 @@ Simulation::Simulation(const planner::DeviceProfile& profile, MemoryLayout layou
   host_allocator();  // the process-wide one exists, to be put back
   previous_host_allocator_ = set_host_allocator(std::make_shared<HostAllocator>(source_));
   previous_engine_ = copy_engine_for(DeviceType::kMeta);
-  set_copy_engine(DeviceType::kMeta, std::make_shared<Engine>(profile_, *clock_, counters_));
+  set_copy_engine(DeviceType::kMeta, std::make_shared<Engine>(device_, *clock_, counters_));
 }
 
 Simulation::~Simulation() {
@@ -150,10 +120,6 @@ SimulationCounters Simulation::counters() const {
 void Simulation::reset_counters() {
   counters_ = {};
   stall_base_ = clock_->stalled_seconds();
-}
-
-double Simulation::host_bandwidth() const {
-  return profile_.host_link_bandwidth > 0 ? profile_.host_link_bandwidth : 5e10;
 }
 
 }  // namespace tessel::memory::sim

@@ -1,15 +1,16 @@
 // The memory simulator: the real memory layer (caching allocator, residency manager, every
 // policy) run over ops on the meta device, against a modelled device. Storages on meta get
 // virtual addresses from the caching allocator (no bytes behind them), each op advances a
-// simulated clock by its modelled time (FLOPs and bytes on a device profile, plus a launch
-// overhead), and swaps occupy a modelled host link on their own stream. Evictions, recomputes
+// simulated clock by its modelled time (SimulatedDevice; a planner device profile gives FLOPs and
+// bytes over its rates plus a launch overhead), and swaps occupy a modelled host link on their
+// own stream. Evictions, recomputes
 // (re-dispatched on meta), swaps, splits, fragmentation and the peak come out exactly as the
 // memory layer decides them, deterministically: the same program gives the same result on any
 // machine at any load.
-//   memory::sim::Simulation
-//   simulation(planner::load_profile("parallel/profiles/h200_cluster.json")); auto net =
-//   models::resnet50();  net->to(Device::meta());   // parameters: virtual bytes
-//   memory::MemoryScope scope(memory::MemoryOptions().device(Device::meta()).budget(80e9)...);
+//   memory::sim::Simulation simulation(planner::simulated_device(profile));  //
+//   planner/cost_model.h auto net = models::resnet50();  net->to(Device::meta());   // parameters:
+//   virtual bytes memory::MemoryScope
+//   scope(memory::MemoryOptions().device(Device::meta()).budget(80e9)...);
 //   ... a training step on meta tensors ...;  double seconds = simulation.now();
 #pragma once
 
@@ -23,21 +24,17 @@
 #include "memory/host_allocator.h"
 #include "memory/host_link.h"
 #include "memory/residency_manager.h"
-#include "parallel/planner/cost_model.h"
 
 namespace tessel::memory::sim {
 
-// The time of one op on the modelled device: the profile's rate for the op's kind (measured
-// op_kinds, else the roofline of FLOPs and bytes; 16-bit operands at the 16-bit rates) plus
-// the profile's per-op overhead (a kernel launch). Ops without a cost function count the bytes
-// of their inputs and outputs.
-double op_seconds(const planner::DeviceProfile& profile, const OpDef& op,
-                  const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
-                  const Attrs& attrs);
-
-// op_seconds on `profile` as a residency cost model: a real (CPU) run given it takes the same
-// eviction decisions as the simulation of the same program.
-OpCostModel device_cost_model(const planner::DeviceProfile& profile);
+// What is simulated: an op's time on the device, and the bandwidths its copies take. A planner
+// device profile gives one (planner::simulated_device: roofline rates plus a launch overhead).
+struct SimulatedDevice {
+  std::string name = "simulated device";
+  OpCostModel op_seconds;          // the modelled time of one kernel
+  double memory_bandwidth = 0;     // bytes/s inside the device (copies read and write)
+  double host_link_bandwidth = 0;  // bytes/s each way between the device and host memory
+};
 
 // How budgeted allocators on meta lay out memory: segments taken on demand up to the budget, as
 // on a GPU (the default), or one arena of the budget's size, as on the CPU.
@@ -70,33 +67,31 @@ struct SimulationCounters {
 // Installs the simulated device for its lifetime (one at a time, on one thread): a caching
 // allocator for meta over virtual segments (unlimited; a MemoryScope on Device::meta() replaces
 // it with a budgeted one, as on a GPU), a host allocator over virtual segments for swapped
-// tensors, a copy engine for meta on the simulated clock (host link at the profile's
+// tensors, a copy engine for meta on the simulated clock (host link at the device's
 // host_link_bandwidth) and the executor that stands for every kernel on meta. The destructor
 // puts back what was there. Meta tensors made before it hold no bytes. While it lives the host
 // allocator is virtual too, so no memory policy may swap real tensors meanwhile.
 class Simulation {
  public:
-  explicit Simulation(const planner::DeviceProfile& profile,
-                      MemoryLayout layout = MemoryLayout::kSegments);
+  explicit Simulation(const SimulatedDevice& device, MemoryLayout layout = MemoryLayout::kSegments);
   ~Simulation();
   Simulation(const Simulation&) = delete;
   Simulation& operator=(const Simulation&) = delete;
 
-  const planner::DeviceProfile& profile() const { return profile_; }
+  const SimulatedDevice& device() const { return device_; }
   // Seconds of simulated time: the compute stream's clock.
   double now() const { return clock_->now(); }
   SimulatedClock& clock() { return *clock_; }
   SimulationCounters counters() const;
   void reset_counters();
-  // The host link bandwidth swaps run at (MemoryOptions::host_bandwidth for a scope on meta):
-  // the profile's host_link_bandwidth, else PCIe Gen5 x16 at about 78% (5e10 B/s).
-  double host_bandwidth() const;
+  // The host link bandwidth swaps run at (MemoryOptions::host_bandwidth for a scope on meta).
+  double host_bandwidth() const { return device_.host_link_bandwidth; }
 
  private:
   class Executor;
   class Engine;
 
-  planner::DeviceProfile profile_;
+  SimulatedDevice device_;
   std::shared_ptr<SimulatedClock> clock_;
   SimulationCounters counters_;  // stall_seconds filled in by counters()
   std::shared_ptr<VirtualSegmentSource> source_;

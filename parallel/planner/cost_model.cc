@@ -49,6 +49,43 @@ double DeviceProfile::compute_time(double flops, double bytes, const std::string
   return std::max(flops / throughput, bytes / memory_bandwidth);
 }
 
+double DeviceProfile::op_seconds(const OpDef& op, const std::vector<Tensor>& inputs,
+                                 const std::vector<Tensor>& outputs, const Attrs& attrs) const {
+  auto bytes_of = [](const std::vector<Tensor>& tensors) {
+    double bytes = 0;
+    for (const auto& tensor : tensors)
+      if (tensor.defined())
+        bytes +=
+            static_cast<double>(tensor.numel()) * static_cast<double>(element_size(tensor.dtype()));
+    return bytes;
+  };
+  const OpCost cost =
+      op.cost ? op.cost(inputs, outputs, attrs) : OpCost{0, bytes_of(inputs) + bytes_of(outputs)};
+  const std::string kind = op_rate_kind(op, attrs);
+  if (op_kinds.count(kind)) return op_overhead_s + op_time(kind, cost.flops, cost.bytes, false);
+  bool low_precision = false;
+  for (const auto& input : inputs)
+    low_precision = low_precision || (input.defined() && (input.dtype() == DType::kBFloat16 ||
+                                                          input.dtype() == DType::kFloat16));
+  const std::string roofline = kind == "conv_grouped" ? "conv" : kind;
+  return op_overhead_s + compute_time(cost.flops, cost.bytes, roofline, low_precision);
+}
+
+memory::sim::SimulatedDevice simulated_device(const DeviceProfile& profile) {
+  TESSEL_CHECK(profile.host_link_bandwidth > 0, "profile '", profile.name,
+               "' has no host_link_bandwidth (bytes/s each way between the device and host "
+               "memory), which the memory simulator needs for swaps");
+  memory::sim::SimulatedDevice device;
+  device.name = profile.name;
+  device.op_seconds = [profile](const OpDef& op, const std::vector<Tensor>& inputs,
+                                const std::vector<Tensor>& outputs, const Attrs& attrs) {
+    return profile.op_seconds(op, inputs, outputs, attrs);
+  };
+  device.memory_bandwidth = profile.memory_bandwidth;
+  device.host_link_bandwidth = profile.host_link_bandwidth;
+  return device;
+}
+
 std::string op_rate_kind(const OpDef& op, const Attrs& attrs) {
   if (op.planner.rate) return op.planner.rate;
   switch (op.kind) {

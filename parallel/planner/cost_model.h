@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/op.h"
+#include "memory/sim/simulator.h"
 
 namespace tessel::planner {
 
@@ -105,12 +106,21 @@ struct DeviceProfile {
   double optimizer_time(double parameters, int states) const;
   // "2 ranks x 1 thread at once" or "layout not recorded".
   std::string layout_description() const;
+  // Seconds of one call of `op` on this device: op_overhead_s plus the measured rate of its kind
+  // (op_rate_kind) where op_kinds has it, else the roofline of its FLOPs and bytes (OpDef::cost;
+  // the bytes of its inputs and outputs without one), 16-bit float operands at the 16-bit rates.
+  double op_seconds(const OpDef& op, const std::vector<Tensor>& inputs,
+                    const std::vector<Tensor>& outputs, const Attrs& attrs) const;
 };
 
 // The kind whose rate prices a call of `op` (op_kinds keys; the roofline's "gemm", "conv" or
 // else element-wise): the op's declared planner rate, else from its OpKind ("conv_grouped" for
 // convolutions with groups > 1).
 std::string op_rate_kind(const OpDef& op, const Attrs& attrs);
+
+// The memory simulator's device for `profile`: op_seconds, memory_bandwidth and
+// host_link_bandwidth (an error naming the profile when it has none).
+memory::sim::SimulatedDevice simulated_device(const DeviceProfile& profile);
 
 // Parses and checks a profile; every missing or invalid field is an error naming it and `where`.
 DeviceProfile parse_profile(const std::string& json_text, const std::string& where);

@@ -13,6 +13,7 @@
 #include "nn/nn.h"
 #include "ops/ops.h"
 #include "optim/sgd.h"
+#include "parallel/planner/cost_model.h"
 #include "tests/testing.h"
 
 namespace tessel::memory::sim {
@@ -24,7 +25,7 @@ constexpr size_t kMiB = 1024 * 1024;
 
 // A small device: slow enough that the MLP below takes milliseconds, with a host link that makes
 // swapping a 256 KiB activation cost about as much as recomputing it.
-planner::DeviceProfile small_device() {
+planner::DeviceProfile small_profile() {
   planner::DeviceProfile profile;
   profile.name = "test_device";
   profile.gemm_flops = 1e11;
@@ -35,6 +36,8 @@ planner::DeviceProfile small_device() {
   profile.host_link_bandwidth = 2e9;
   return profile;
 }
+
+SimulatedDevice small_device() { return planner::simulated_device(small_profile()); }
 
 std::shared_ptr<nn::Module> make_mlp() {
   auto net = std::make_shared<nn::Sequential>();
@@ -173,13 +176,13 @@ TEST(MemorySimulation, SwapsOccupyTheHostLinkAndStallOnlyWhenTheyMust) {
 }
 
 TEST(MemorySimulation, DtrDecidesAsACpuRunGivenTheSameCosts) {
-  const planner::DeviceProfile profile = small_device();
+  const SimulatedDevice device = small_device();
   TrainingRun unconstrained = train(MemoryOptions().policy(Policy::kNone));
   const size_t budget = unconstrained.fixed + (unconstrained.peak - unconstrained.fixed) / 2;
   MemoryOptions options = MemoryOptions().policy(Policy::kDtr).budget(budget);
-  options.residency().cost_model(device_cost_model(profile));
+  options.residency().cost_model(device.op_seconds);
   TrainingRun cpu = train(options);
-  Simulation simulation(profile, MemoryLayout::kArena);
+  Simulation simulation(device, MemoryLayout::kArena);
   TrainingRun meta = train(MemoryOptions(options).device(Device::meta()));
   ASSERT_GT(cpu.policy.evictions, 0);
   EXPECT_EQ(meta.decisions, cpu.decisions);
@@ -191,9 +194,12 @@ TEST(MemorySimulation, BadSetupsAreClearErrors) {
   // A budget on meta needs the simulator.
   EXPECT_TRUE(throws_error([] { MemoryScope scope(on_meta(Policy::kDtr, 64 * kMiB)); },
                            "memory simulator"));
-  planner::DeviceProfile no_bandwidth = small_device();
+  SimulatedDevice no_bandwidth = small_device();
   no_bandwidth.memory_bandwidth = 0;
   EXPECT_TRUE(throws_error([&] { Simulation bad(no_bandwidth); }, "memory_bandwidth"));
+  planner::DeviceProfile no_link = small_profile();
+  no_link.host_link_bandwidth = 0;
+  EXPECT_TRUE(throws_error([&] { planner::simulated_device(no_link); }, "host_link_bandwidth"));
   Simulation simulation(small_device());
   EXPECT_TRUE(throws_error([] { Simulation second(small_device()); }, "already active"));
 }
