@@ -346,11 +346,14 @@ size_t ResidencyManager::candidate_threshold() {
 
 ResidencyManager::Candidate ResidencyManager::choose_victim() {
   prepare_assessment();
-  for (Spare spare : {Spare::kStateAndForwardReads, Spare::kForwardReads}) {
-    Candidate spared = choose_victim_among_candidates(spare);
-    if (spared.action != ResidencyAction::kNone) return spared;
-  }
-  return choose_victim_among_candidates(Spare::kNothing);
+  // Where recomputing an activation is the cheapest way out, state stays (moving it costs a
+  // round trip over the link every step); where swapping is (a fast link, as on the CPU), state
+  // competes with the rest by score.
+  const Candidate activation = choose_victim_among_candidates(Spare::kStateAndForwardReads);
+  if (activation.action == ResidencyAction::kRecompute) return activation;
+  const Candidate spared = choose_victim_among_candidates(Spare::kForwardReads);
+  return spared.action != ResidencyAction::kNone ? spared
+                                                 : choose_victim_among_candidates(Spare::kNothing);
 }
 
 ResidencyManager::Candidate ResidencyManager::choose_victim_among_candidates(Spare spare) {

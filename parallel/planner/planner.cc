@@ -205,12 +205,20 @@ PlanResult plan_graph(const Graph& graph, const PlanOptions& options) {
       searches.push_back(
           all([tp](const Strategy& s) { return s.fully_replicated() || s.tp == tp; }));
   }
+  // The config a fraction is priced with: its measured recompute factor, where there is one.
+  auto config_for = [&options](double fraction) {
+    PlannerConfig config = options.config;
+    auto measured = options.remat_overhead_k.find(fraction);
+    if (measured != options.remat_overhead_k.end())
+      config.profile.remat_overhead_k = measured->second;
+    return config;
+  };
   for (const auto& subset : searches) {
     std::vector<std::vector<Strategy>> lists(subset.size());
     for (size_t op = 0; op < subset.size(); ++op)
       for (int s : subset[op]) lists[op].push_back(result.strategies[op][s]);
     for (double fraction : options.remat_fractions) {
-      CostGraph costs = build_cost_graph(graph, lists, options.config, fraction);
+      CostGraph costs = build_cost_graph(graph, lists, config_for(fraction), fraction);
       FrontierStats stats;
       for (auto& point : track_frontier(costs, options.frontier, &stats)) {
         for (size_t op = 0; op < subset.size(); ++op)
@@ -252,8 +260,8 @@ PlanResult plan_graph(const Graph& graph, const PlanOptions& options) {
       any_executable = true;
     }
     if (!on_frontier && !on_executable_frontier) continue;
-    PlannedPoint point = describe_choice(graph, result.strategies, options.config, candidate.choice,
-                                         candidate.fraction);
+    PlannedPoint point = describe_choice(graph, result.strategies, config_for(candidate.fraction),
+                                         candidate.choice, candidate.fraction);
     point.cost = candidate.cost;
     result.frontier.push_back(std::move(point));
   }

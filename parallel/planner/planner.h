@@ -6,6 +6,7 @@
 //   PlanResult result = plan_graph(models::trace_model(ModelSpec{"bert_base"}), options);
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,10 @@ struct PlanOptions {
   // Fractions of activation memory the memory layer may keep (1: no recomputation); each adds
   // the plans that fit by recomputing the rest.
   std::vector<double> remat_fractions = {1.0, 0.5, 0.25};
+  // Per remat fraction, the factor k that prices its recomputation, (1 - f) * forward time * k,
+  // as measured by the memory simulator (models::simulated_remat_overhead); fractions not
+  // listed use the profile's remat_overhead_k.
+  std::map<double, double> remat_overhead_k;
   FrontierOptions frontier{32};
   // false: every plan runs on one dp x tp grid (each op still picks its split: replicate,
   // column, row, heads, ...), one frontier per grid, united; this is what the runtime's process

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "models/simulate.h"
 #include "models/trace.h"
 #include "parallel/planner/plan_io.h"
 #include "parallel/planner/planner.h"
@@ -114,7 +115,7 @@ struct PlanCliOptions {
   int devices = 8, max_tp = 0;
   int64_t batch = 0, seq = 128, image_size = 224, num_classes = 1000;
   size_t max_points = 32, rows = 20;
-  bool per_op_degrees = false, show_ops = false, any_plan = false;
+  bool per_op_degrees = false, show_ops = false, any_plan = false, simulate_remat = false;
 };
 
 // The known models, comma-separated: for --model's help and the unknown-model error.
@@ -160,6 +161,11 @@ std::optional<int> parse_options(int argc, const char* const* argv, PlanCliOptio
                  "fractions of activation memory the memory layer may keep (auto policy); 1: no "
                  "recomputation")
       ->capture_default_str();
+  app.add_flag("--simulate_remat", cli.simulate_remat,
+               "price each --remat fraction below 1 by simulating the model's training step under "
+               "that budget with the auto policy on the profile's device (the memory simulator; "
+               "the whole batch on one device, seconds to minutes), instead of the profile's "
+               "constant remat_overhead_k; fractions that do not fit there are dropped");
   app.add_option("--max_points", cli.max_points,
                  "most points per partial frontier (0: exact, may be slow on large models)")
       ->capture_default_str();
@@ -219,6 +225,45 @@ ModelSpec model_spec(const PlanCliOptions& cli) {
   spec.image_size = cli.image_size;
   spec.num_classes = cli.num_classes;
   return spec;
+}
+
+// --simulate_remat: each fraction's factor from the memory simulator; fractions that do not
+// train there are dropped from the search.
+void simulate_remat(std::ostream& out, const ModelSpec& spec, PlanOptions& options) {
+  out << "simulating " << spec.name << " at batch " << spec.batch << " under the auto policy on "
+      << options.config.profile.name << "..." << std::endl;
+  const models::RematOverhead overhead =
+      models::simulate_remat_overhead(spec, options.config.profile, options.remat_fractions);
+  options.remat_overhead_k = overhead.k;
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "simulated step %s (forward %s); recomputation priced per fraction of the "
+                "activations kept:",
+                format_seconds(overhead.step_seconds).c_str(),
+                format_seconds(overhead.forward_seconds).c_str());
+  out << line << "\n";
+  std::vector<double> kept;
+  for (double fraction : options.remat_fractions) {
+    if (fraction >= 1) {
+      kept.push_back(fraction);
+      continue;
+    }
+    auto failed = overhead.failed.find(fraction);
+    if (failed != overhead.failed.end()) {
+      out << "  " << fraction << ": dropped, does not train there (" << failed->second << ")\n";
+      continue;
+    }
+    std::snprintf(line, sizeof line, "  %g: step %.2fx, remat_overhead_k %.2f (profile: %.2f)",
+                  fraction, overhead.slowdown.at(fraction), overhead.k.at(fraction),
+                  options.config.profile.remat_overhead_k);
+    out << line << "\n";
+    kept.push_back(fraction);
+  }
+  TESSEL_CHECK(!kept.empty(),
+               "--simulate_remat: no --remat fraction trains on the simulated "
+               "device; add 1 (no recomputation) or larger fractions");
+  options.remat_fractions = kept;
+  out << "\n";
 }
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
@@ -336,8 +381,9 @@ int run_plan_cli(int argc, const char* const* argv, std::ostream& out, std::ostr
   try {
     // The trace time includes checking the arguments and loading the profile.
     const auto start = std::chrono::steady_clock::now();
-    const PlanOptions options = plan_options(cli);
+    PlanOptions options = plan_options(cli);
     const ModelSpec spec = model_spec(cli);
+    if (cli.simulate_remat) simulate_remat(out, spec, options);
     const Graph graph = models::trace_model(spec);
     const double trace_seconds = seconds_since(start);
     const PlanResult result = plan_graph(graph, options);
