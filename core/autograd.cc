@@ -84,6 +84,15 @@ Tensor SavedTensor::unpack(const std::string& op_name, int index, bool is_output
   return tensor;
 }
 
+std::vector<Tensor> BackwardContext::reusable_grad(size_t k, const OutputSpec& output) const {
+  if (k >= reusable_grad_outputs.size() || !reusable_grad_outputs[k]) return {};
+  const Tensor& grad = grad_outputs[k];
+  if (grad.sizes() != output.sizes || grad.dtype() != output.dtype || !grad.is_contiguous() ||
+      grad.storage_offset() != 0 || grad.nbytes() != grad.storage()->nbytes())
+    return {};
+  return {grad};
+}
+
 std::vector<Tensor> OpNode::apply(std::vector<Tensor>&& grad_outputs) {
   bool saves_something = !op_.save_inputs.empty() || !op_.save_outputs.empty();
   TESSEL_CHECK(!(released_ && saves_something), "trying to backward through ", name(),
@@ -95,7 +104,18 @@ std::vector<Tensor> OpNode::apply(std::vector<Tensor>&& grad_outputs) {
     inputs[i] = saved_inputs[i].unpack(op_.name, static_cast<int>(i), false);
   for (size_t i = 0; i < saved_outputs.size(); ++i)
     outputs[i] = saved_outputs[i].unpack(op_.name, static_cast<int>(i), true);
-  BackwardContext context{grad_outputs, inputs, outputs, input_specs, needs_input_grad, attrs_};
+  // A gradient the engine handed over and nobody else holds may be overwritten by this backward
+  // (not while recording a graph of the backward itself).
+  std::vector<bool> reusable(grad_outputs.size(), false);
+  if (!GradMode::is_enabled()) {
+    for (size_t k = 0; k < grad_outputs.size(); ++k) {
+      const Tensor& grad = grad_outputs[k];
+      reusable[k] = grad.defined() && grad.impl_ptr().use_count() == 1 &&
+                    grad.storage()->user_refs() == 1 && !grad.requires_grad();
+    }
+  }
+  BackwardContext context{grad_outputs,     inputs, outputs, input_specs,
+                          needs_input_grad, attrs_, reusable};
   std::vector<Tensor> grads = op_.backward(context);
   TESSEL_CHECK(grads.size() == input_specs.size(), op_.name, " backward returned ", grads.size(),
                " gradients for ", input_specs.size(), " inputs");

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <mutex>
+#include <sstream>
 
 #include "core/autocast.h"
 #include "core/autograd.h"
@@ -381,11 +382,63 @@ void replay_op_call(const OpCall& call) {
 }
 
 namespace {
-// Adds what the memory layer knows (policy, candidates, top holders) to an out-of-memory report.
-[[noreturn]] void rethrow_explained(const OutOfMemory& error) {
+// A kernel that ran out of memory part-way can run again from the start: it writes every output
+// whole and changes nothing else.
+bool rerunnable(const OpDef& op) {
+  return op.flags.pure && !op.flags.side_effects && op.mutated_inputs.empty();
+}
+
+// The second try of an op that ran out of memory under a memory policy: outputs not yet written
+// hold nothing, so their room goes back; the memory layer makes one hole for the inputs that are
+// not resident and the outputs (ResidencyHooks::gather), the inputs come in first (pinned), and
+// the outputs are allocated after them. A swapped-in input and an empty output each stuck in the
+// middle of the free memory can otherwise leave no hole for the other.
+void run_kernel_inputs_first(const OpDef& op, const std::vector<Tensor>& inputs,
+                             std::vector<Tensor>& outputs, const Attrs& attrs) {
+  std::vector<StorageImpl*> released;
+  std::vector<size_t> output_bytes;
+  for (const Tensor& output : outputs) {
+    StorageImpl* storage = output.storage().get();
+    if (std::find(released.begin(), released.end(), storage) != released.end()) continue;
+    storage->release_bytes(Residency::kEvicted);
+    released.push_back(storage);
+    output_bytes.push_back(storage->nbytes());
+  }
+  std::vector<StorageImpl*> input_storages;
+  for (const Tensor& input : inputs)
+    if (input.defined()) input_storages.push_back(input.storage().get());
+  residency_hooks()->gather(input_storages, output_bytes);
+  std::vector<StorageAccess> resident_inputs;
+  resident_inputs.reserve(inputs.size());
+  for (const Tensor& input : inputs)
+    if (input.defined()) resident_inputs.emplace_back(*input.storage());
+  for (StorageImpl* storage : released) storage->allocate_bytes();
+  run_kernel(op, inputs, outputs, attrs, /*replay=*/false);
+}
+
+// Names the op that ran out of memory and its inputs, then adds what the memory layer knows
+// (policy, candidates, top holders) to the report. A report already explained by an op further in
+// (a recompute inside this one) is passed on as it is.
+[[noreturn]] void rethrow_explained(const OpDef& op, const std::vector<Tensor>& inputs,
+                                    const OutOfMemory& error) {
+  static const std::string kOpLine = "\n  while running: ";
+  if (error.message().find(kOpLine) != std::string::npos) throw error;
+  std::ostringstream message;
+  const std::string& text = error.message();
+  const size_t first_line = text.find('\n');
+  message << text.substr(0, first_line) << kOpLine << op.name
+          << (in_backward_pass() ? " (in backward)" : "") << ", inputs";
+  bool any = false;
+  for (const Tensor& input : inputs) {
+    if (!input.defined()) continue;
+    message << (any ? ", " : " ") << shape_str(input.sizes());
+    any = true;
+  }
+  if (!any) message << " none";
+  if (first_line != std::string::npos) message << text.substr(first_line);
   ResidencyHooks* hooks = residency_hooks();
-  if (!hooks) throw error;
-  throw OutOfMemory(hooks->explain_out_of_memory(error.message()), error.file(), error.line());
+  if (!hooks) throw OutOfMemory(message.str(), error.file(), error.line());
+  throw OutOfMemory(hooks->explain_out_of_memory(message.str()), error.file(), error.line());
 }
 
 Device common_device(const OpDef& op, const std::vector<Tensor>& inputs, const Attrs& attrs) {
@@ -494,7 +547,7 @@ std::vector<Tensor> dispatch(const OpDef& op, const std::vector<Tensor>& inputs,
         for (const auto& spec : specs)
           outputs.push_back(empty(spec.sizes, TensorOptions(spec.dtype).device(out_device)));
       } catch (const OutOfMemory& error) {
-        rethrow_explained(error);
+        rethrow_explained(op, inputs, error);
       }
     } else {
       TESSEL_CHECK(out.size() == specs.size(), op.name, ": expected ", specs.size(),
@@ -532,7 +585,12 @@ std::vector<Tensor> dispatch(const OpDef& op, const std::vector<Tensor>& inputs,
       try {
         run_kernel(op, inputs, outputs, attrs, /*replay=*/false);
       } catch (const OutOfMemory& error) {
-        rethrow_explained(error);
+        if (!hooks || !out.empty() || !rerunnable(op)) rethrow_explained(op, inputs, error);
+        try {
+          run_kernel_inputs_first(op, inputs, outputs, attrs);
+        } catch (const OutOfMemory& second) {
+          rethrow_explained(op, inputs, second);
+        }
       }
       double seconds =
           simulator

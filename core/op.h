@@ -54,6 +54,13 @@ struct BackwardContext {
   const std::vector<OutputSpec>& input_specs;  // shape and dtype of every input
   const std::vector<bool>& needs_input_grad;
   const Attrs& attrs;
+  // grad_outputs[k] is held by nothing else (not by the caller, a hook, a leaf's .grad or a saved
+  // tensor), so a backward may write its result into it: a gradient as large as the activation
+  // then needs no new memory.
+  const std::vector<bool>& reusable_grad_outputs;
+  // {grad_outputs[k]} as the out= tensors of an op whose one output has `output`'s shape, dtype
+  // and device when that gradient may be overwritten (dense, whole storage); {} otherwise.
+  std::vector<Tensor> reusable_grad(size_t k, const OutputSpec& output) const;
 };
 
 using ShapeRule =

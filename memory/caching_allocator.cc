@@ -77,12 +77,6 @@ bool env_requests_checks() {
   return value && std::string(value) == "1";
 }
 
-// "1.00 KiB (1024 bytes)": readable, and exact for tests and scripts.
-std::string describe_bytes(size_t bytes) {
-  if (bytes < 1024) return std::to_string(bytes) + " bytes";
-  return format_bytes(static_cast<double>(bytes)) + " (" + std::to_string(bytes) + " bytes)";
-}
-
 std::string hex_address(uintptr_t address) {
   char buffer[32];
   std::snprintf(buffer, sizeof(buffer), "0x%llx", static_cast<unsigned long long>(address));
@@ -101,6 +95,11 @@ class HostSegmentSource : public SegmentSource {
 };
 
 }  // namespace
+
+std::string describe_bytes(size_t bytes) {
+  if (bytes < 1024) return std::to_string(bytes) + " bytes";
+  return format_bytes(static_cast<double>(bytes)) + " (" + std::to_string(bytes) + " bytes)";
+}
 
 std::string format_bytes(double bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};

@@ -269,5 +269,7 @@ class ScopedAllocationOwner {
 
 // "1.50 MiB" style, for reports.
 std::string format_bytes(double bytes);
+// "1.00 KiB (1024 bytes)": readable, and exact for tests and scripts.
+std::string describe_bytes(size_t bytes);
 
 }  // namespace tessel::memory

@@ -521,7 +521,7 @@ void ResidencyManager::free_copied_host_copies(bool wait) {
 
 void ResidencyManager::prefetch_before(int64_t clock) {
   // Forward reads swapped tensors rarely and in no useful order; backward reads them in reverse.
-  if (!options_.prefetch() || GradMode::is_enabled() || detaching_) return;
+  if (!options_.prefetch() || GradMode::is_enabled() || detaching_ || gathering_) return;
   constexpr size_t kDepth = 2;                     // prefetches in flight or waiting to be read
   std::vector<std::shared_ptr<StorageImpl>> next;  // on host, last used before `clock`
   for (const auto& entry : storages_) {
@@ -999,6 +999,55 @@ bool ResidencyManager::defragment(size_t bytes_needed) {
   return true;
 }
 
+bool ResidencyManager::gather(const std::vector<StorageImpl*>& inputs,
+                              const std::vector<size_t>& output_bytes) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  if (options_.policy() == Policy::kNone || detaching_) return false;
+  std::vector<StorageImpl*> distinct;
+  for (StorageImpl* storage : inputs)
+    if (std::find(distinct.begin(), distinct.end(), storage) == distinct.end())
+      distinct.push_back(storage);
+  auto hole_needed = [&] {
+    size_t bytes = 0;
+    for (size_t output : output_bytes) bytes += CachingAllocator::round_size(output);
+    for (StorageImpl* storage : distinct)
+      if (storage->state() != Residency::kResident)
+        bytes += CachingAllocator::round_size(storage->nbytes());
+    return bytes;
+  };
+  // Moves tensors off the device (the policy's victims first, then defragmenting moves) until
+  // one free block holds what is still to come.
+  auto make_hole = [&] {
+    while (true) {
+      const size_t needed = hole_needed();
+      const size_t largest = allocator_->memory_stats().largest_free_block;
+      if (largest >= needed) return true;
+      if (!relieve(needed, largest)) return false;
+    }
+  };
+  gathering_ = true;
+  struct EndGathering {
+    bool& flag;
+    ~EndGathering() { flag = false; }
+  } end_gathering{gathering_};
+  // The op's resident inputs stay where they are if the hole can be made around them.
+  std::vector<StorageAccess> held;
+  held.reserve(distinct.size());
+  for (StorageImpl* storage : distinct)
+    if (storage->state() == Residency::kResident) held.emplace_back(*storage);
+  bool made = make_hole();
+  held.clear();
+  if (!made) made = make_hole();
+  if (!made) return false;
+  // Best fit places each input in the hole or in a smaller one, so the hole keeps room for the
+  // rest; each stays pinned until all are in.
+  std::vector<StorageAccess> brought_back;
+  brought_back.reserve(distinct.size());
+  for (StorageImpl* storage : distinct) brought_back.emplace_back(*storage);
+  ++gathers_;
+  return true;
+}
+
 // ---- direct control ----
 
 bool ResidencyManager::evict_one() {
@@ -1097,6 +1146,7 @@ ResidencyStats ResidencyManager::stats() const {
   result.placeholders = placeholders_;
   result.snapshots = snapshots_;
   result.defragment_moves = defragment_moves_;
+  result.gathers = gathers_;
   result.storages = static_cast<int64_t>(storages_.size());
   result.in_flight_swaps = static_cast<int64_t>(in_flight_.size());
   result.prefetches = prefetches_;
@@ -1175,10 +1225,10 @@ std::string ResidencyManager::describe_holders() {
   const auto allocated = static_cast<size_t>(allocator_->memory_stats().base.allocated_bytes);
   const size_t unmovable = allocated > candidate_bytes ? allocated - candidate_bytes : 0;
   out << "\n    least budget for this op under " << policy_name(options_.policy()) << ": "
-      << format_bytes(static_cast<double>(unmovable + last_request_bytes_))
-      << " (what the policy cannot move, " << format_bytes(static_cast<double>(unmovable))
-      << ", plus the request, " << format_bytes(static_cast<double>(last_request_bytes_))
-      << "); no smaller budget can run this step";
+      << describe_bytes(unmovable + last_request_bytes_) << ": what the policy cannot move, "
+      << format_bytes(static_cast<double>(unmovable)) << ", plus the request, "
+      << format_bytes(static_cast<double>(last_request_bytes_))
+      << "; no smaller budget can run this step";
   return out.str();
 }
 

@@ -108,6 +108,7 @@ struct ResidencyStats {
   int64_t placeholders = 0;      // dropped tensors kept as evicted placeholders for op records
   int64_t snapshots = 0;         // copies of overwritten bytes kept for op records (copy-on-write)
   int64_t defragment_moves = 0;  // tensors moved to host to join free blocks into one hole
+  int64_t gathers = 0;           // ops run again with one hole made for their inputs and outputs
   int64_t storages = 0;          // storages tracked now
   int64_t in_flight_swaps = 0;   // swap-outs whose copy has not been released yet
   int64_t prefetches = 0;        // swap-ins started ahead of need
@@ -134,6 +135,8 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   bool allow_split(const OpDef& op) override;
   void on_split(const OpDef& op, int64_t chunks) override;
   std::string explain_out_of_memory(const std::string& report) override;
+  bool gather(const std::vector<StorageImpl*>& inputs,
+              const std::vector<size_t>& output_bytes) override;
 
   // PressureHandler: frees room for one more try (evicts or swaps one candidate, or releases a
   // finished swap-out); false when nothing can be freed.
@@ -254,8 +257,10 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   bool detaching_ = false;  // restoring before uninstall: nothing new leaves the device
   int64_t snapshots_ = 0;
   int64_t defragment_moves_ = 0;
+  int64_t gathers_ = 0;
   int64_t prefetches_ = 0;
   int64_t prefetch_hits_ = 0;
+  bool gathering_ = false;           // gather() is making one hole: prefetches must not take it
   bool prefetching_ = false;         // a prefetch allocates: pressure must not evict for it
   bool pressure_seen_ = false;       // a request has not fitted since installation
   size_t last_request_bytes_ = 0;    // the allocation relieve() was last asked to make room for

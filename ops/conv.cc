@@ -87,13 +87,15 @@ void register_conv2d() {
     const Tensor& x = context.saved_inputs[0];
     const Tensor& weight = context.saved_inputs[1];
     Tensor grad_x, grad_weight, grad_bias;
-    if (context.needs_input_grad[0]) {
-      grad_x = dispatch(ops::conv2d_backward_input, {grad, weight},
-                        with_sizes(context.attrs, "input_size", x.sizes()))[0];
-    }
+    // The weight's gradient first: it is the last reader of x, which a memory policy may then
+    // evict or swap before grad_x (as large as x) is allocated.
     if (context.needs_input_grad[1]) {
       grad_weight = dispatch(ops::conv2d_backward_weight, {grad, x},
                              with_sizes(context.attrs, "weight_size", weight.sizes()))[0];
+    }
+    if (context.needs_input_grad[0]) {
+      grad_x = dispatch(ops::conv2d_backward_input, {grad, weight},
+                        with_sizes(context.attrs, "input_size", x.sizes()))[0];
     }
     if (context.needs_input_grad[2]) {
       // 16-bit gradients (autocast) are summed in f32.

@@ -319,9 +319,12 @@ void register_unary(const OpHandle& handle, Unary kind, double flops) {
       op.save_outputs = {0};
       op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
         if (!context.grad_outputs[0].defined()) return {Tensor()};
-        // One fused pass instead of a comparison into a bool tensor and a promoting product.
-        return {
-            dispatch(ops::relu_backward, {context.grad_outputs[0], context.saved_outputs[0]})[0]};
+        // One fused pass instead of a comparison into a bool tensor and a promoting product,
+        // into the incoming gradient when nothing else holds it.
+        const Tensor& grad = context.grad_outputs[0];
+        const Tensor& y = context.saved_outputs[0];
+        return {dispatch(ops::relu_backward, {grad, y}, {},
+                         context.reusable_grad(0, {y.sizes(), y.dtype()}))[0]};
       };
       break;
   }

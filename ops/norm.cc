@@ -50,6 +50,19 @@ OpCost batch_norm_cost(const std::vector<Tensor>& in, const std::vector<Tensor>&
   return OpCost{8 * numel, 3 * numel * static_cast<double>(in[0].element_size())};
 }
 
+// batch_norm_backward's out= tensors: grad_x written into the incoming gradient when nothing else
+// holds it (the kernel reads each channel's gradient whole before writing that channel), the
+// per-channel gradients new. {} when the gradient cannot be reused.
+std::vector<Tensor> batch_norm_backward_outputs(const BackwardContext& context, const Tensor& x) {
+  std::vector<Tensor> reused = context.reusable_grad(0, {x.sizes(), x.dtype()});
+  if (reused.empty()) return {};
+  const Shape channels{x.size(1)};
+  const TensorOptions options = TensorOptions(x.dtype()).device(x.device());
+  reused.push_back(empty(channels, options));
+  reused.push_back(empty(channels, options));
+  return reused;
+}
+
 // The gradients batch_norm_backward produced, kept only where an input needs one.
 std::vector<Tensor> batch_norm_input_grads(const BackwardContext& context,
                                            const std::vector<Tensor>& grads) {
@@ -101,11 +114,11 @@ void register_batch_norm() {
   op.save_outputs = {1, 2};
   op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
     if (!context.grad_outputs[0].defined()) return std::vector<Tensor>(5);
-    std::vector<Tensor> grads =
-        dispatch(ops::batch_norm_backward,
-                 {context.grad_outputs[0], context.saved_inputs[0], context.saved_inputs[1],
-                  context.saved_outputs[1], context.saved_outputs[2]},
-                 Attrs{{"training", true}});
+    std::vector<Tensor> grads = dispatch(
+        ops::batch_norm_backward,
+        {context.grad_outputs[0], context.saved_inputs[0], context.saved_inputs[1],
+         context.saved_outputs[1], context.saved_outputs[2]},
+        Attrs{{"training", true}}, batch_norm_backward_outputs(context, context.saved_inputs[0]));
     return batch_norm_input_grads(context, grads);
   };
   op.cost = batch_norm_cost;
@@ -133,7 +146,8 @@ void register_batch_norm_eval() {
         dispatch(ops::batch_norm_backward,
                  {context.grad_outputs[0], context.saved_inputs[0], context.saved_inputs[1],
                   context.saved_inputs[3], context.saved_inputs[4]},
-                 Attrs{{"training", false}, {"eps", context.attrs.get<double>("eps")}});
+                 Attrs{{"training", false}, {"eps", context.attrs.get<double>("eps")}},
+                 batch_norm_backward_outputs(context, context.saved_inputs[0]));
     return batch_norm_input_grads(context, grads);
   };
   op.cost = batch_norm_cost;

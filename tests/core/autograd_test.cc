@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "core/rng.h"
 #include "gtest/gtest.h"
 #include "ops/ops.h"
 #include "tests/testing.h"
@@ -184,6 +185,71 @@ TEST(Autograd, DeepChainsDoNotOverflowTheStack) {
   for (int i = 0; i < 20000; ++i) y = add(y, 0.0);
   y.backward();
   EXPECT_EQ(x.grad().item<float>(), 1.0f);
+}
+
+// The growth of the CPU allocator's peak while `loss` backpropagates.
+int64_t backward_peak_growth(const Tensor& loss) {
+  auto allocator = memory::allocator_for(Device::cpu());
+  const int64_t before = allocator->stats().allocated_bytes;
+  allocator->reset_peak();
+  loss.backward();
+  return allocator->stats().peak_allocated_bytes - before;
+}
+
+TEST(Autograd, ReluBackwardWritesIntoAGradientNobodyElseHolds) {
+  constexpr int64_t kRows = 256, kColumns = 1024;  // 1 MiB per tensor
+  constexpr int64_t kBytes = kRows * kColumns * 4;
+  manual_seed(3);
+  const Tensor x0 = randn({kRows, kColumns}), w = randn({kRows, kColumns});
+  const Tensor expected = mul(w, gt(x0, 0.0).to(DType::kFloat32));
+
+  // mul's backward makes y's gradient, which only the engine holds: relu_backward overwrites it.
+  Tensor x = x0.clone().set_requires_grad(true);
+  const int64_t reused_peak = backward_peak_growth(sum(mul(relu(x), w)));
+  EXPECT_TRUE(all_close(x.grad(), expected, 0, 0));
+
+  // Retained, the same gradient belongs to the user: relu_backward leaves it alone.
+  Tensor x2 = x0.clone().set_requires_grad(true);
+  Tensor y2 = relu(x2);
+  y2.retain_grad();
+  const int64_t kept_peak = backward_peak_growth(sum(mul(y2, w)));
+  EXPECT_TRUE(all_close(x2.grad(), expected, 0, 0));
+  EXPECT_TRUE(all_close(y2.grad(), w, 0, 0)) << "the retained gradient was overwritten";
+  EXPECT_GE(kept_peak - reused_peak, kBytes);
+
+  // Held by a hook: the same.
+  Tensor x3 = x0.clone().set_requires_grad(true);
+  Tensor y3 = relu(x3);
+  Tensor seen;
+  y3.register_hook([&seen](const Tensor& grad) {
+    seen = grad;
+    return grad;
+  });
+  sum(mul(y3, w)).backward();
+  EXPECT_TRUE(all_close(seen, w, 0, 0)) << "the hook's gradient was overwritten";
+  EXPECT_TRUE(all_close(x3.grad(), expected, 0, 0));
+}
+
+TEST(Autograd, BatchNormBackwardWritesIntoAGradientNobodyElseHolds) {
+  manual_seed(4);
+  const Tensor x0 = randn({16, 8, 32, 32}), w = randn({16, 8, 32, 32});
+  const int64_t bytes = x0.numel() * 4;
+  auto run = [&](bool retain, Tensor* x_grad, Tensor* y_grad) {
+    Tensor x = x0.clone().set_requires_grad(true);
+    Tensor weight = ones({8}).set_requires_grad(true), bias = zeros({8}).set_requires_grad(true);
+    Tensor y = batch_norm(x, weight, bias, Tensor(), Tensor(), /*training=*/true);
+    if (retain) y.retain_grad();
+    const int64_t peak = backward_peak_growth(sum(mul(y, w)));
+    *x_grad = x.grad();
+    if (retain) *y_grad = y.grad();
+    return peak;
+  };
+  Tensor reused_grad, kept_grad, retained, unused;
+  const int64_t reused_peak = run(false, &reused_grad, &unused);
+  const int64_t kept_peak = run(true, &kept_grad, &retained);
+  EXPECT_TRUE(all_close(reused_grad, kept_grad, 0, 0));
+  EXPECT_TRUE(all_close(retained, w, 0, 0)) << "the retained gradient was overwritten";
+  EXPECT_GE(kept_peak - reused_peak, bytes);
 }
 
 TEST(Autograd, NodesSaveOnlyWhatBackwardNeeds) {
