@@ -1,0 +1,134 @@
+// Sharded tensors: a tensor laid out over a mesh of ranks, one placement per mesh dimension, in
+// the manner of PyTorch's DTensor, on Tessel's own dispatcher and communicators.
+//   DeviceMesh mesh(grid);                                    // 2-D: dp x tp (or 1-D over a group)
+//   DTensor x = distribute_tensor(batch, mesh, {Placement::shard(0), Placement::replicate()});
+//   DTensor w = distribute_tensor(weight, mesh, {Placement::replicate(), Placement::shard(0)});
+//   DTensor y = dt::linear(x, w);        // Shard(0) over dp, Shard(-1) (columns) over tp
+//   Tensor full = y.full_tensor();       // every rank: the whole result
+//
+// A DTensor is this rank's local shard plus, per mesh dimension, a placement:
+//   Replicate   every rank of that dimension holds the same values;
+//   Shard(d)    the tensor's dim d is cut into equal parts in rank order (the size must divide);
+//   Partial     each rank holds a summand: the tensor is the sum over that dimension's ranks.
+// redistribute() moves between placements with the collectives of the tensor-parallel ops
+// (parallel/tensor_parallel.h), so autograd runs through every move and every rank must call the
+// same moves in the same order: Shard -> Replicate is an all-gather (backward: this rank's part of
+// the gradient), Replicate -> Shard a local slice (backward: all-gather), Partial -> Replicate an
+// all-reduce (backward: identity), Partial -> Shard an all-reduce and a local slice, Shard(i) ->
+// Shard(j) an all-gather along i and a slice along j. Replicate -> Partial is not offered.
+//
+// The ops of namespace dt propagate placements (linear and matmul by columns or rows, element-wise
+// ops, relu and softmax) and insert the cheapest redistribution where their inputs disagree; the
+// shard of a DTensor is an ordinary tensor to the rest of Tessel (memory policies included).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "parallel/communicator.h"
+#include "parallel/process_group.h"
+
+namespace tessel::parallel {
+
+struct Placement {
+  enum class Kind { kReplicate, kShard, kPartial };
+  Kind kind = Kind::kReplicate;
+  int64_t dim = 0;  // Shard only; negative counts from the end until normalised by a DTensor
+
+  static Placement replicate() { return {Kind::kReplicate, 0}; }
+  static Placement shard(int64_t dim) { return {Kind::kShard, dim}; }
+  static Placement partial() { return {Kind::kPartial, 0}; }
+  bool is_replicate() const { return kind == Kind::kReplicate; }
+  bool is_shard() const { return kind == Kind::kShard; }
+  bool is_shard(int64_t d) const { return kind == Kind::kShard && dim == d; }
+  bool is_partial() const { return kind == Kind::kPartial; }
+  std::string str() const;  // "Replicate", "Shard(1)", "Partial"
+  bool operator==(const Placement& other) const {
+    return kind == other.kind && (kind != Kind::kShard || dim == other.dim);
+  }
+  bool operator!=(const Placement& other) const { return !(*this == other); }
+};
+std::string placements_str(const std::vector<Placement>& placements);  // "[Shard(0), Replicate]"
+
+// Ranks laid out as a 1-D or 2-D grid. Each mesh dimension has the communicator of the ranks
+// that differ only in that coordinate, registered for the tensor-parallel ops.
+class DeviceMesh {
+ public:
+  // One dimension over every rank of `group`.
+  explicit DeviceMesh(std::shared_ptr<Communicator> group, std::string name = "tp");
+  // Two dimensions, dp x tp, over a process grid's groups (for tensors on its device).
+  explicit DeviceMesh(const ProcessGrid& grid);
+
+  int ndim() const { return static_cast<int>(groups_.size()); }
+  int size(int dim) const;        // ranks along `dim`
+  int coordinate(int dim) const;  // this rank's index along `dim`
+  int64_t group(int dim) const;   // the registered group id of `dim`'s communicator
+  const std::string& dim_name(int dim) const;
+  std::string str() const;  // "mesh (dp=2, tp=2)"
+
+ private:
+  std::vector<std::shared_ptr<Communicator>> groups_;
+  std::vector<int64_t> group_ids_;
+  std::vector<std::string> names_;
+};
+
+class DTensor {
+ public:
+  DTensor() = default;
+  // From a local shard laid out as `placements` say (one per mesh dimension); the global shape is
+  // derived. Errors for a placement count that differs from the mesh's, a shard dim out of range.
+  DTensor(Tensor local, std::shared_ptr<const DeviceMesh> mesh, std::vector<Placement> placements);
+
+  bool defined() const { return local_.defined(); }
+  const Tensor& local() const { return local_; }
+  const Shape& shape() const { return shape_; }  // the global shape
+  int64_t dim() const { return static_cast<int64_t>(shape_.size()); }
+  const std::vector<Placement>& placements() const { return placements_; }
+  const std::shared_ptr<const DeviceMesh>& mesh() const { return mesh_; }
+  bool requires_grad() const { return local_.requires_grad(); }
+
+  // The same tensor laid out as `placements` (differentiable; a collective on every rank).
+  DTensor redistribute(std::vector<Placement> placements) const;
+  // The whole tensor on every rank (redistributes to Replicate everywhere).
+  Tensor full_tensor() const;
+  std::string str() const;  // "DTensor(shape [8, 6], [Shard(0), Replicate], local [4, 6])"
+
+ private:
+  Tensor local_;
+  std::shared_ptr<const DeviceMesh> mesh_;
+  std::vector<Placement> placements_;
+  Shape shape_;
+};
+
+// `full`, the whole tensor with the same values on every rank, laid out as `placements` without
+// communication (each rank keeps its slices; Partial keeps the values on coordinate 0 and zeros
+// elsewhere). Differentiable: the gradient reaching `full` is the whole tensor's.
+DTensor distribute_tensor(const Tensor& full, std::shared_ptr<const DeviceMesh> mesh,
+                          std::vector<Placement> placements);
+
+namespace dt {
+// y = x W^T (+ b), x (..., in), weight (out, in), bias (out). Per mesh dimension: weight Shard(0)
+// with x Replicate gives y Shard(-1) (columns); weight Shard(1) with x Shard(-1) gives y Partial
+// (rows; a bias is then added once the sums are combined, as Replicate); weight Replicate keeps x's
+// Shard of a leading dim (batch). Other combinations redistribute x first.
+DTensor linear(const DTensor& x, const DTensor& weight, const DTensor& bias = DTensor());
+// a (..., n, k) @ b (k, m): b Shard(1) with a Replicate -> Shard(-1); b Shard(0) with a Shard(-1)
+// -> Partial; b Replicate keeps a's Shard of a leading dim.
+DTensor matmul(const DTensor& a, const DTensor& b);
+// Element-wise on equal global shapes: the second operand is laid out as the first (a local
+// slice where it is Replicate, a collective otherwise); Partial operands are combined first
+// except for add and sub of two Partial operands, which stay Partial.
+DTensor add(const DTensor& a, const DTensor& b);
+DTensor sub(const DTensor& a, const DTensor& b);
+DTensor mul(const DTensor& a, const DTensor& b);
+DTensor relu(const DTensor& x);  // Partial is combined first
+DTensor gelu(const DTensor& x);
+// Along `dim`: a mesh dimension sharding `dim` (or Partial) is gathered first.
+DTensor softmax(const DTensor& x, int64_t dim);
+// The sum of every element, Replicate on every mesh dimension (a scalar on every rank).
+DTensor sum(const DTensor& x);
+}  // namespace dt
+
+}  // namespace tessel::parallel

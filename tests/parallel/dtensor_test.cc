@@ -1,0 +1,221 @@
+// Sharded tensors against one process computing on the whole tensors: every placement round
+// trips, every redistribution gives the whole tensor's values and gradients, a Megatron MLP built
+// from DTensor ops (columns then rows) matches the unsharded one on a 1-D mesh over every rank
+// and, at 4 ranks, on a 2-D mesh (dp = 2 x tp = 2, the batch split over dp), and bad layouts are
+// clear errors on every rank.
+#include "parallel/dtensor.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/autograd.h"
+#include "core/rng.h"
+#include "ops/ops.h"
+#include "parallel/process_group.h"
+#include "tests/parallel/mpi_testing.h"
+#include "tests/testing.h"
+
+namespace tessel::parallel {
+namespace {
+
+using tessel::testing::all_close;
+using tessel::testing::bitwise_equal;
+using tessel::testing::throws_error;
+using testing::MpiTest;
+
+// The same values on every rank: integers, so sums in any order are exact.
+Tensor whole(const Shape& sizes, uint64_t seed) {
+  manual_seed(seed);
+  return randint(-4, 5, sizes).to(DType::kFloat32);
+}
+
+// This rank's part of `full` along `dim` on a mesh dim of `parts` ranks, at `index`.
+Tensor part(const Tensor& full, int64_t dim, int parts, int index) {
+  const int64_t length = full.size(dim) / parts;
+  return narrow(full, dim, index * length, length).contiguous();
+}
+
+class DTensorTest : public MpiTest {
+ protected:
+  // One mesh dimension over every rank.
+  static std::shared_ptr<const DeviceMesh> line() {
+    static auto mesh = std::make_shared<const DeviceMesh>(shared_world(), "world");
+    return mesh;
+  }
+  // dp x 2 (collectives: built once, by every rank).
+  static ProcessGrid& grid() {
+    static ProcessGrid grid(size() / 2, 2);
+    return grid;
+  }
+  static std::shared_ptr<const DeviceMesh> grid_mesh() {
+    static auto mesh = std::make_shared<const DeviceMesh>(grid());
+    return mesh;
+  }
+};
+
+TEST_F(DTensorTest, EveryPlacementRoundTrips) {
+  const Tensor full = whole({8, 12}, 1);
+  for (const Placement& placement :
+       {Placement::replicate(), Placement::shard(0), Placement::shard(1), Placement::shard(-1)}) {
+    SCOPED_TRACE(placement.str());
+    const DTensor x = distribute_tensor(full, line(), {placement});
+    EXPECT_EQ(x.shape(), full.sizes());
+    const Tensor expected_local =
+        placement.is_shard()
+            ? part(full, placement.dim < 0 ? placement.dim + 2 : placement.dim, size(), rank())
+            : full;
+    EXPECT_TRUE(bitwise_equal(x.local(), expected_local));
+    EXPECT_TRUE(bitwise_equal(x.full_tensor(), full));
+  }
+}
+
+TEST_F(DTensorTest, EveryRedistributionKeepsValuesAndGradients) {
+  const Tensor full = whole({8, 4}, 2), weight = whole({8, 4}, 3);
+  const std::vector<Placement> layouts = {Placement::replicate(), Placement::shard(0),
+                                          Placement::shard(1), Placement::partial()};
+  for (const Placement& from : layouts) {
+    for (const Placement& to : layouts) {
+      if (to.is_partial() && !from.is_partial()) continue;  // not offered (tested below)
+      SCOPED_TRACE(from.str() + " -> " + to.str());
+      // The source as a leaf: a Partial one holds the whole tensor on rank 0 and zeros elsewhere.
+      Tensor local = from.is_partial() ? (rank() == 0 ? full.clone() : zeros_like(full))
+                     : from.is_shard() ? part(full, from.dim, size(), rank())
+                                       : full.clone();
+      local.set_requires_grad(true);
+      const DTensor x(local, line(), {from});
+      const DTensor y = x.redistribute({to});
+      EXPECT_EQ(y.placements()[0], to);
+      const Tensor y_full = y.full_tensor();
+      EXPECT_TRUE(bitwise_equal(y_full, full));
+      // The same loss on every rank: the gradient of each summand or part is weight's.
+      sum(mul(y_full, weight)).backward();
+      const Tensor expected_grad =
+          from.is_shard() ? part(weight, from.dim, size(), rank()) : weight;
+      EXPECT_TRUE(bitwise_equal(local.grad(), expected_grad));
+    }
+  }
+}
+
+// y = W2 relu(W1 x + b1) + b2, loss = sum(y * target): the whole computation on every rank.
+struct Mlp {
+  Tensor x, w1, b1, w2, b2, target;
+  static Mlp make() {
+    Mlp mlp;
+    mlp.x = whole({8, 6}, 10);
+    mlp.w1 = mul(whole({8, 6}, 11), 0.25);
+    mlp.b1 = whole({8}, 12);
+    mlp.w2 = mul(whole({6, 8}, 13), 0.5);
+    mlp.b2 = whole({6}, 14);
+    mlp.target = whole({8, 6}, 15);
+    return mlp;
+  }
+  std::vector<Tensor> leaves() const { return {w1, b1, w2, b2}; }
+};
+
+TEST_F(DTensorTest, MegatronMlpMatchesOneProcessOnALine) {
+  const Mlp mlp = Mlp::make();
+  std::vector<Tensor> reference_leaves;
+  for (const Tensor& leaf : mlp.leaves())
+    reference_leaves.push_back(leaf.clone().set_requires_grad(true));
+  const Tensor reference_loss =
+      sum(mul(linear(relu(linear(mlp.x, reference_leaves[0], reference_leaves[1])),
+                     reference_leaves[2], reference_leaves[3]),
+              mlp.target));
+  reference_loss.backward();
+
+  // Columns of W1 (and b1) and rows of W2 per rank; x, b2 and the target replicated.
+  const std::vector<Placement> layouts = {Placement::shard(0), Placement::shard(0),
+                                          Placement::shard(1), Placement::replicate()};
+  std::vector<DTensor> params;
+  std::vector<Tensor> locals;
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    DTensor param = distribute_tensor(mlp.leaves()[i], line(), {layouts[i]});
+    Tensor local = param.local().detach().contiguous().set_requires_grad(true);
+    locals.push_back(local);
+    params.emplace_back(local, line(), param.placements());
+  }
+  const DTensor x = distribute_tensor(mlp.x, line(), {Placement::replicate()});
+  const DTensor hidden = dt::relu(dt::linear(x, params[0], params[1]));
+  EXPECT_EQ(hidden.placements()[0], Placement::shard(1)) << hidden.str();
+  const DTensor y = dt::linear(hidden, params[2], params[3]);
+  EXPECT_EQ(y.placements()[0], Placement::replicate()) << y.str();
+  const DTensor loss =
+      dt::sum(dt::mul(y, distribute_tensor(mlp.target, line(), {Placement::replicate()})));
+  EXPECT_TRUE(all_close(loss.local(), reference_loss, 1e-6, 1e-6));
+  loss.local().backward();
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    SCOPED_TRACE("parameter " + std::to_string(i));
+    const Tensor& full_grad = reference_leaves[i].grad();
+    const Tensor expected =
+        layouts[i].is_shard() ? part(full_grad, layouts[i].dim, size(), rank()) : full_grad;
+    EXPECT_TRUE(all_close(locals[i].grad(), expected, 1e-5, 1e-6));
+  }
+}
+
+TEST_F(DTensorTest, MegatronMlpMatchesOneProcessOnADataByTensorGrid) {
+  if (size() != 4) GTEST_SKIP() << "needs 4 ranks (dp = 2 x tp = 2)";
+  const Mlp mlp = Mlp::make();
+  std::vector<Tensor> reference_leaves;
+  for (const Tensor& leaf : mlp.leaves())
+    reference_leaves.push_back(leaf.clone().set_requires_grad(true));
+  const Tensor reference_loss =
+      sum(mul(linear(relu(linear(mlp.x, reference_leaves[0], reference_leaves[1])),
+                     reference_leaves[2], reference_leaves[3]),
+              mlp.target));
+  reference_loss.backward();
+
+  const auto mesh = grid_mesh();
+  const Placement r = Placement::replicate();
+  const std::vector<std::vector<Placement>> layouts = {
+      {r, Placement::shard(0)}, {r, Placement::shard(0)}, {r, Placement::shard(1)}, {r, r}};
+  std::vector<DTensor> params;
+  std::vector<Tensor> locals;
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    DTensor param = distribute_tensor(mlp.leaves()[i], mesh, layouts[i]);
+    Tensor local = param.local().detach().contiguous().set_requires_grad(true);
+    locals.push_back(local);
+    params.emplace_back(local, mesh, param.placements());
+  }
+  // The batch split over dp, replicated over tp.
+  const DTensor x = distribute_tensor(mlp.x, mesh, {Placement::shard(0), r});
+  const DTensor y = dt::linear(dt::relu(dt::linear(x, params[0], params[1])), params[2], params[3]);
+  EXPECT_EQ(y.placements(), (std::vector<Placement>{Placement::shard(0), r})) << y.str();
+  const DTensor loss =
+      dt::sum(dt::mul(y, distribute_tensor(mlp.target, mesh, {Placement::shard(0), r})));
+  EXPECT_TRUE(all_close(loss.local(), reference_loss, 1e-6, 1e-6));
+  loss.local().backward();
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    SCOPED_TRACE("parameter " + std::to_string(i));
+    // Each dp rank's gradient covers its rows of the batch: summed over dp, as DDP does.
+    Tensor grad = locals[i].grad().clone();
+    grid().data_parallel()->all_reduce(grad);
+    const Tensor& full_grad = reference_leaves[i].grad();
+    const Tensor expected = layouts[i][1].is_shard()
+                                ? part(full_grad, layouts[i][1].dim, 2, mesh->coordinate(1))
+                                : full_grad;
+    EXPECT_TRUE(all_close(grad, expected, 1e-5, 1e-6));
+  }
+}
+
+TEST_F(DTensorTest, BadLayoutsAreClearErrors) {
+  const Tensor full = whole({8, 6}, 20);
+  EXPECT_TRUE(throws_error([&] { distribute_tensor(full, line(), {}); }, "1 dims"));
+  EXPECT_TRUE(throws_error([&] { distribute_tensor(full, line(), {Placement::shard(2)}); },
+                           "out of range"));
+  EXPECT_TRUE(throws_error([&] { distribute_tensor(full, line(), {Placement::partial()}); },
+                           "Partial is not a layout of a whole tensor"));
+  EXPECT_TRUE(throws_error(
+      [&] {
+        distribute_tensor(whole({8, 5}, 21), line(), {Placement::shard(1)});
+      },
+      "equal parts"));
+  const DTensor x = distribute_tensor(full, line(), {Placement::shard(0)});
+  EXPECT_TRUE(throws_error([&] { x.redistribute({Placement::partial()}); }, "not offered"));
+  const DTensor other = distribute_tensor(whole({6, 8}, 22), line(), {Placement::replicate()});
+  EXPECT_TRUE(throws_error([&] { dt::add(x, other); }, "broadcasting is not offered"));
+  EXPECT_TRUE(throws_error([&] { dt::linear(x, other); }, "does not match the weight"));
+}
+
+}  // namespace
+}  // namespace tessel::parallel
