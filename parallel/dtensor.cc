@@ -1,5 +1,6 @@
 #include "parallel/dtensor.h"
 
+#include <functional>
 #include <numeric>
 #include <sstream>
 #include <utility>
@@ -47,8 +48,17 @@ Tensor with_dim_last(const Tensor& x, int64_t dim) {
 }
 
 // Every rank's part along `dim` of the group, in rank order (backward: this rank's part).
+// Integer tensors (ids, labels) carry no gradient and go through the communicator directly.
 Tensor all_gather_along(const Tensor& x, int64_t dim, int64_t group) {
-  return with_dim_last(gather_from_tp(with_dim_last(x, dim), group), dim);
+  if (is_floating(x.dtype()))
+    return with_dim_last(gather_from_tp(with_dim_last(x, dim), group), dim);
+  Communicator& comm = *tp_group(group);
+  Tensor send = transpose(x, 0, dim).contiguous();
+  Shape sizes = send.sizes();
+  sizes[0] *= comm.size();
+  Tensor receive = empty(sizes, TensorOptions(x.dtype()).device(x.device()));
+  comm.all_gather(send, receive);
+  return transpose(receive, 0, dim).contiguous();
 }
 
 // This rank's part along `dim` (backward: all-gather).
@@ -56,6 +66,10 @@ Tensor slice_along(const Tensor& x, int64_t dim, int64_t group, int parts) {
   TESSEL_CHECK(x.size(dim) % parts == 0, "DTensor: dim ", dim, " of size ", x.size(dim),
                " (local shape ", shape_str(x.sizes()), ") does not split into ", parts,
                " equal parts; shards must be equal");
+  if (!is_floating(x.dtype())) {
+    const int64_t length = x.size(dim) / parts;
+    return narrow(x, dim, length * tp_group(group)->rank(), length).contiguous();
+  }
   return with_dim_last(scatter_to_tp(with_dim_last(x, dim), group), dim);
 }
 
@@ -142,6 +156,8 @@ DTensor DTensor::redistribute(std::vector<Placement> target) const {
     if (current[i].is_shard()) {
       local = all_gather_along(local, current[i].dim, mesh_->group(i));
     } else if (current[i].is_partial()) {
+      TESSEL_CHECK(is_floating(local.dtype()), "DTensor::redistribute: a Partial ",
+                   dtype_name(local.dtype()), " tensor cannot be summed here");
       local = reduce_from_tp(local, mesh_->group(i));
     }
     current[i] = Placement::replicate();
@@ -200,50 +216,62 @@ DTensor combine_partials(const DTensor& x) {
   return target == x.placements() ? x : x.redistribute(target);
 }
 
-// y = x P (+ bias) where P is a weight whose dim `out` holds the output features and dim `in`
-// the input features (linear: weight (out, in); matmul: b (in, out)). Decides x's layout and y's
-// per mesh dim, moves x, and multiplies the shards.
-DTensor project(const DTensor& x, const DTensor& weight, int64_t out, int64_t in,
-                const DTensor& bias, const char* op) {
+// How a product contracts x with a weight: y = x P over x's dim `x_in` and the weight's dim
+// `w_in`; the weight's dim `w_out` becomes y's dim `y_out`; x's other dims pass to y (those for
+// which `keeps_rows` holds may stay sharded; convolutions' spatial dims would need halos).
+struct Contraction {
+  const char* op;
+  int64_t x_in, y_out, w_out, w_in;
+  bool (*keeps_rows)(int64_t dim, int64_t x_in);
+  std::function<Tensor(const Tensor& x, const Tensor& weight)> multiply;
+  std::function<Tensor(const Tensor& y, const Tensor& bias)> add_bias;
+};
+
+// Decides x's layout and y's per mesh dim, moves x, multiplies the shards and adds the bias once.
+DTensor contract(const DTensor& x, const DTensor& weight, const DTensor& bias,
+                 const Contraction& how) {
+  const char* op = how.op;
   check_same_mesh(x, weight, op);
-  TESSEL_CHECK(weight.dim() == 2, op, ": the weight must be 2-D, got ", weight.str());
-  TESSEL_CHECK(x.dim() >= 1 && x.shape().back() == weight.shape()[in], op, ": x ", x.str(),
-               " does not match the weight ", weight.str());
+  TESSEL_CHECK(how.x_in < x.dim() && x.shape()[how.x_in] == weight.shape()[how.w_in], op, ": x ",
+               x.str(), " does not match the weight ", weight.str());
   const DeviceMesh& mesh = *x.mesh();
-  const int64_t x_last = x.dim() - 1;
   std::vector<Placement> x_target = x.placements(), y_placements(mesh.ndim());
   for (int i = 0; i < mesh.ndim(); ++i) {
     const Placement w = weight.placements()[i], px = x.placements()[i];
-    TESSEL_CHECK(!w.is_partial(), op, ": the weight ", weight.str(), " is Partial over ",
-                 mesh.dim_name(i), "; weights must be Replicate or Shard");
+    TESSEL_CHECK(w.is_replicate() || w.is_shard(how.w_out) || w.is_shard(how.w_in), op,
+                 ": the weight ", weight.str(), " is ", w.str(), " over ", mesh.dim_name(i),
+                 "; weights are Replicate or split by output or input features");
     if (w.is_replicate()) {
-      // Rows of x (a leading dim) may stay split, and a Partial x gives a Partial y (linear).
-      if (px.is_shard(x_last)) x_target[i] = Placement::replicate();
+      // Rows of x may stay split, and a Partial x gives a Partial y (the product is linear).
+      if (px.is_shard() && !how.keeps_rows(px.dim, how.x_in)) x_target[i] = Placement::replicate();
       y_placements[i] = x_target[i];
-    } else if (w.is_shard(out)) {
-      x_target[i] = Placement::replicate();  // columns: every rank needs all of x
-      y_placements[i] = Placement::shard(x_last);
-    } else {  // w.is_shard(in): rows; each rank sums its part of the inner dim
-      x_target[i] = Placement::shard(x_last);
+    } else if (w.is_shard(how.w_out)) {
+      x_target[i] = Placement::replicate();  // output features: every rank needs all of x
+      y_placements[i] = Placement::shard(how.y_out);
+    } else {  // input features: each rank sums its part of the inner dim
+      x_target[i] = Placement::shard(how.x_in);
       y_placements[i] = Placement::partial();
     }
   }
   const DTensor moved = x_target == x.placements() ? x : x.redistribute(x_target);
-  const Tensor product = out == 0 ? tessel::linear(moved.local(), weight.local())
-                                  : tessel::matmul(moved.local(), weight.local());
-  DTensor y(product, x.mesh(), y_placements);
+  DTensor y(how.multiply(moved.local(), weight.local()), x.mesh(), y_placements);
   if (!bias.defined()) return y;
   check_same_mesh(y, bias, op);
-  TESSEL_CHECK(bias.dim() == 1 && bias.shape()[0] == weight.shape()[out], op, ": the bias ",
+  TESSEL_CHECK(bias.dim() == 1 && bias.shape()[0] == weight.shape()[how.w_out], op, ": the bias ",
                bias.str(), " does not match the weight ", weight.str());
-  // The bias is added once: Partial sums are combined first; it is split as y's columns are.
+  // The bias is added once: Partial sums are combined first; it is split as y's features are.
   y = combine_partials(y);
   std::vector<Placement> bias_target(mesh.ndim(), Placement::replicate());
   for (int i = 0; i < mesh.ndim(); ++i)
-    if (y.placements()[i].is_shard(x_last)) bias_target[i] = Placement::shard(0);
+    if (y.placements()[i].is_shard(how.y_out)) bias_target[i] = Placement::shard(0);
   const DTensor b = bias.placements() == bias_target ? bias : bias.redistribute(bias_target);
-  return DTensor(tessel::add(y.local(), b.local()), y.mesh(), y.placements());
+  return DTensor(how.add_bias(y.local(), b.local()), y.mesh(), y.placements());
 }
+
+bool any_other_dim(int64_t dim, int64_t x_in) { return dim != x_in; }
+bool batch_dim_only(int64_t dim, int64_t /*x_in*/) { return dim == 0; }
+
+Tensor add_last_dim_bias(const Tensor& y, const Tensor& bias) { return tessel::add(y, bias); }
 
 enum class Binary { kAdd, kSub, kMul };
 
@@ -279,11 +307,129 @@ DTensor binary(const DTensor& a_in, const DTensor& b_in, Binary kind, const char
 }  // namespace
 
 DTensor linear(const DTensor& x, const DTensor& weight, const DTensor& bias) {
-  return project(x, weight, /*out=*/0, /*in=*/1, bias, "dt::linear");
+  TESSEL_CHECK(x.defined() && weight.defined() && weight.dim() == 2 && x.dim() >= 1,
+               "dt::linear: x (..., in) and a 2-D weight (out, in) are needed, got ", x.str(),
+               " and ", weight.str());
+  const int64_t last = x.dim() - 1;
+  return contract(
+      x, weight, bias,
+      {"dt::linear", last, last, 0, 1, any_other_dim,
+       [](const Tensor& a, const Tensor& w) { return tessel::linear(a, w); }, add_last_dim_bias});
 }
 
 DTensor matmul(const DTensor& a, const DTensor& b) {
-  return project(a, b, /*out=*/1, /*in=*/0, DTensor(), "dt::matmul");
+  TESSEL_CHECK(a.defined() && b.defined() && b.dim() == 2 && a.dim() >= 1,
+               "dt::matmul: a (..., k) and a 2-D b (k, m) are needed, got ", a.str(), " and ",
+               b.str());
+  const int64_t last = a.dim() - 1;
+  return contract(
+      a, b, DTensor(),
+      {"dt::matmul", last, last, 1, 0, any_other_dim,
+       [](const Tensor& x, const Tensor& w) { return tessel::matmul(x, w); }, add_last_dim_bias});
+}
+
+DTensor conv2d(const DTensor& x, const DTensor& weight, const DTensor& bias,
+               std::vector<int64_t> stride, std::vector<int64_t> padding) {
+  TESSEL_CHECK(x.defined() && weight.defined() && x.dim() == 4 && weight.dim() == 4,
+               "dt::conv2d: x (N, C, H, W) and weight (O, C, kh, kw) are needed, got ", x.str(),
+               " and ", weight.str());
+  return contract(x, weight, bias,
+                  {"dt::conv2d", 1, 1, 0, 1, batch_dim_only,
+                   [stride, padding](const Tensor& a, const Tensor& w) {
+                     return tessel::conv2d(a, w, Tensor(), stride, padding);
+                   },
+                   [](const Tensor& y, const Tensor& b) {
+                     return tessel::add(y, reshape(b, {1, b.size(0), 1, 1}));
+                   }});
+}
+
+DTensor embedding(const DTensor& weight, const DTensor& ids) {
+  check_same_mesh(weight, ids, "dt::embedding");
+  TESSEL_CHECK(weight.dim() == 2 && !is_floating(ids.local().dtype()),
+               "dt::embedding: a 2-D weight (rows, features) and integer ids are needed, got ",
+               weight.str(), " and ", ids.str());
+  const DeviceMesh& mesh = *weight.mesh();
+  std::vector<Placement> ids_target = ids.placements(), out(mesh.ndim());
+  int vocab_dim = -1;
+  for (int i = 0; i < mesh.ndim(); ++i) {
+    const Placement w = weight.placements()[i];
+    TESSEL_CHECK(!ids.placements()[i].is_partial(), "dt::embedding: the ids ", ids.str(),
+                 " are Partial over ", mesh.dim_name(i));
+    TESSEL_CHECK(!w.is_partial(), "dt::embedding: the weight ", weight.str(), " is Partial");
+    if (w.is_replicate()) {
+      out[i] = ids.placements()[i];  // rows of ids stay split
+      continue;
+    }
+    ids_target[i] = Placement::replicate();
+    if (w.is_shard(1)) {
+      out[i] = Placement::shard(ids.dim());  // features
+    } else {
+      out[i] = Placement::partial();  // rows of the table: other ranks' ids give zeros
+      vocab_dim = i;
+    }
+  }
+  const DTensor moved = ids_target == ids.placements() ? ids : ids.redistribute(ids_target);
+  Tensor index = to_dtype(moved.local(), DType::kInt64);
+  Tensor rows;
+  if (vocab_dim < 0) {
+    rows = tessel::embedding(weight.local(), index);
+  } else {
+    const int64_t count = weight.local().size(0);
+    const int64_t start = count * mesh.coordinate(vocab_dim);
+    const DType dtype = weight.local().dtype();
+    const Tensor in_range =
+        tessel::mul(to_dtype(ge(index, static_cast<double>(start)), dtype),
+                    to_dtype(lt(index, static_cast<double>(start + count)), dtype));
+    const Tensor local_index =
+        where(gt(in_range, 0.5), tessel::sub(index, static_cast<double>(start)), zeros_like(index));
+    rows = tessel::mul(tessel::embedding(weight.local(), local_index), unsqueeze(in_range, -1));
+  }
+  return DTensor(rows, weight.mesh(), out);
+}
+
+DTensor cross_entropy(const DTensor& logits_in, const DTensor& target, int64_t ignore_index) {
+  check_same_mesh(logits_in, target, "dt::cross_entropy");
+  TESSEL_CHECK(
+      logits_in.dim() == 2 && target.dim() == 1 && target.shape()[0] == logits_in.shape()[0],
+      "dt::cross_entropy: logits (rows, classes) and a target (rows) are needed, got ",
+      logits_in.str(), " and ", target.str());
+  const DTensor logits = combine_partials(logits_in);
+  const DeviceMesh& mesh = *logits.mesh();
+  // The target's rows split as the logits' rows are; whole elsewhere.
+  std::vector<Placement> target_layout(mesh.ndim(), Placement::replicate());
+  std::vector<Placement> loss_sum_layout(mesh.ndim(), Placement::replicate());
+  int class_dim = -1;
+  for (int i = 0; i < mesh.ndim(); ++i) {
+    if (logits.placements()[i].is_shard(0)) {
+      target_layout[i] = Placement::shard(0);
+      loss_sum_layout[i] = Placement::partial();
+    } else if (logits.placements()[i].is_shard(1)) {
+      class_dim = i;
+    }
+  }
+  const DTensor rows =
+      target.placements() == target_layout ? target : target.redistribute(target_layout);
+  const Tensor labels = to_dtype(rows.local(), DType::kInt64);
+  const Tensor valid = ne(labels, static_cast<double>(ignore_index));
+  const double local_count = tessel::sum(to_dtype(valid, DType::kFloat64)).item<double>();
+  Tensor local_sum;
+  if (class_dim < 0) {
+    local_sum = tessel::cross_entropy(logits.local(), labels, ignore_index, 0.0, "sum");
+  } else if (local_count > 0) {
+    // The vocabulary-parallel loss gives the mean over this rank's rows, the same on every rank
+    // of the class dimension.
+    local_sum = tessel::mul(
+        vocab_parallel_cross_entropy(logits.local(), labels, mesh.group(class_dim), ignore_index),
+        local_count);
+  } else {
+    local_sum = tessel::mul(tessel::sum(logits.local()), 0.0);  // no rows here: zero, in the graph
+  }
+  Tensor count = full({}, local_count, TensorOptions(logits.local().dtype()));
+  for (int i = 0; i < mesh.ndim(); ++i)
+    if (loss_sum_layout[i].is_partial()) count = reduce_from_tp(count, mesh.group(i));
+  const DTensor total =
+      DTensor(local_sum, logits.mesh(), loss_sum_layout).redistribute(replicated(logits));
+  return DTensor(tessel::div(total.local(), count), logits.mesh(), replicated(logits));
 }
 
 DTensor add(const DTensor& a, const DTensor& b) { return binary(a, b, Binary::kAdd, "dt::add"); }

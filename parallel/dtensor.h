@@ -17,9 +17,10 @@
 // all-reduce (backward: identity), Partial -> Shard an all-reduce and a local slice, Shard(i) ->
 // Shard(j) an all-gather along i and a slice along j. Replicate -> Partial is not offered.
 //
-// The ops of namespace dt propagate placements (linear and matmul by columns or rows, element-wise
-// ops, relu and softmax) and insert the cheapest redistribution where their inputs disagree; the
-// shard of a DTensor is an ordinary tensor to the rest of Tessel (memory policies included).
+// The ops of namespace dt propagate placements (linear, matmul and conv2d by output or input
+// features, embedding by rows or features, cross_entropy by classes or rows, element-wise ops,
+// relu, gelu, softmax and sum) and insert the cheapest redistribution where their inputs disagree;
+// the shard of a DTensor is an ordinary tensor to the rest of Tessel (memory policies included).
 #pragma once
 
 #include <memory>
@@ -117,6 +118,19 @@ DTensor linear(const DTensor& x, const DTensor& weight, const DTensor& bias = DT
 // a (..., n, k) @ b (k, m): b Shard(1) with a Replicate -> Shard(-1); b Shard(0) with a Shard(-1)
 // -> Partial; b Replicate keeps a's Shard of a leading dim.
 DTensor matmul(const DTensor& a, const DTensor& b);
+// x (N, C, H, W) * weight (O, C, kh, kw): weight Shard(0) with x Replicate gives y Shard(1)
+// (output channels); weight Shard(1) with x Shard(1) gives y Partial (input channels); weight
+// Replicate keeps x's Shard(0) (batch). Spatial dims are gathered first.
+DTensor conv2d(const DTensor& x, const DTensor& weight, const DTensor& bias = DTensor(),
+               std::vector<int64_t> stride = {1, 1}, std::vector<int64_t> padding = {0, 0});
+// Rows of `weight` looked up by integer `ids`: weight Shard(0) (rows of the table) gives Partial
+// (ids of other ranks' rows give zeros), Shard(1) gives the output's features split, Replicate
+// keeps the ids' layout.
+DTensor embedding(const DTensor& weight, const DTensor& ids);
+// The mean cross-entropy of logits (rows, classes) against target (rows, integer classes), a
+// scalar replicated everywhere: classes may be split over one mesh dim (the vocabulary-parallel
+// loss), rows over others (sums and counts of the rows not equal to ignore_index combined).
+DTensor cross_entropy(const DTensor& logits, const DTensor& target, int64_t ignore_index = -100);
 // Element-wise on equal global shapes: the second operand is laid out as the first (a local
 // slice where it is Replicate, a collective otherwise); Partial operands are combined first
 // except for add and sub of two Partial operands, which stay Partial.

@@ -1,8 +1,9 @@
 // Sharded tensors against one process computing on the whole tensors: every placement round
 // trips, every redistribution gives the whole tensor's values and gradients, a Megatron MLP built
 // from DTensor ops (columns then rows) matches the unsharded one on a 1-D mesh over every rank
-// and, at 4 ranks, on a 2-D mesh (dp = 2 x tp = 2, the batch split over dp), and bad layouts are
-// clear errors on every rank.
+// and, at 4 ranks, on a 2-D mesh (dp = 2 x tp = 2, the batch split over dp); conv2d by batch,
+// output and input channels, embedding by rows and features, cross-entropy by classes and rows
+// match too; bad layouts are clear errors on every rank.
 #include "parallel/dtensor.h"
 
 #include <memory>
@@ -195,6 +196,115 @@ TEST_F(DTensorTest, MegatronMlpMatchesOneProcessOnADataByTensorGrid) {
                                 ? part(full_grad, layouts[i][1].dim, 2, mesh->coordinate(1))
                                 : full_grad;
     EXPECT_TRUE(all_close(grad, expected, 1e-5, 1e-6));
+  }
+}
+
+// The gradient a rank's local `leaf` should have: its part of the whole gradient.
+Tensor expected_part(const Tensor& full_grad, const Placement& placement, int parts, int index) {
+  return placement.is_shard() ? part(full_grad, placement.dim, parts, index) : full_grad;
+}
+
+// `full` laid out as `placement` on the line, its local part a leaf of its own.
+DTensor leaf_on(const std::shared_ptr<const DeviceMesh>& mesh, const Tensor& full,
+                std::vector<Placement> placements, Tensor* local) {
+  const DTensor laid_out = distribute_tensor(full, mesh, std::move(placements));
+  *local = laid_out.local().detach().contiguous().set_requires_grad(true);
+  return DTensor(*local, mesh, laid_out.placements());
+}
+
+TEST_F(DTensorTest, Conv2dByBatchOutputAndInputChannelsMatchesOneProcess) {
+  const Tensor x = whole({4, 4, 6, 6}, 30), weight = mul(whole({4, 4, 3, 3}, 31), 0.25),
+               bias = whole({4}, 32), target = whole({4, 4, 6, 6}, 33);
+  Tensor full_weight = weight.clone().set_requires_grad(true);
+  Tensor full_bias = bias.clone().set_requires_grad(true);
+  sum(mul(conv2d(x, full_weight, full_bias, {1, 1}, {1, 1}), target)).backward();
+  const Tensor expected_loss = sum(mul(conv2d(x, weight, bias, {1, 1}, {1, 1}), target));
+
+  struct Case {
+    Placement x, weight;
+    Placement output;  // before the bias combines Partial sums
+  };
+  const Placement r = Placement::replicate();
+  for (const Case& layout :
+       {Case{Placement::shard(0), r, Placement::shard(0)},
+        Case{r, Placement::shard(0), Placement::shard(1)},
+        Case{Placement::shard(1), Placement::shard(1), Placement::partial()}}) {
+    SCOPED_TRACE("x " + layout.x.str() + ", weight " + layout.weight.str());
+    Tensor weight_local, bias_local;
+    const DTensor w = leaf_on(line(), weight, {layout.weight}, &weight_local);
+    const DTensor b =
+        leaf_on(line(), bias, {layout.weight.is_shard(0) ? layout.weight : r}, &bias_local);
+    const DTensor input = distribute_tensor(x, line(), {layout.x});
+    EXPECT_EQ(dt::conv2d(input, w, DTensor(), {1, 1}, {1, 1}).placements()[0], layout.output);
+    const DTensor y = dt::conv2d(input, w, b, {1, 1}, {1, 1});
+    const DTensor loss = dt::sum(dt::mul(y, distribute_tensor(target, line(), {layout.x})));
+    EXPECT_TRUE(all_close(loss.local(), expected_loss, 1e-6, 1e-6));
+    loss.local().backward();
+    Tensor weight_grad = weight_local.grad().clone(), bias_grad = bias_local.grad().clone();
+    if (layout.x.is_shard(0)) {  // each rank's gradient covers its images: summed, as DDP does
+      world().all_reduce(weight_grad);
+      world().all_reduce(bias_grad);
+    }
+    EXPECT_TRUE(all_close(
+        weight_grad, expected_part(full_weight.grad(), layout.weight, size(), rank()), 1e-5, 1e-6));
+    EXPECT_TRUE(all_close(
+        bias_grad, expected_part(full_bias.grad(), b.placements()[0], size(), rank()), 1e-5, 1e-6));
+  }
+}
+
+TEST_F(DTensorTest, EmbeddingByRowsAndFeaturesMatchesOneProcess) {
+  const Tensor table = whole({8, 4}, 40), target = whole({3, 5, 4}, 41);
+  manual_seed(42);
+  const Tensor ids = randint(0, 8, {3, 5});
+  Tensor full_table = table.clone().set_requires_grad(true);
+  sum(mul(embedding(full_table, ids), target)).backward();
+  for (const Placement& layout : {Placement::shard(0), Placement::shard(1)}) {
+    SCOPED_TRACE(layout.str());
+    Tensor table_local;
+    const DTensor weight = leaf_on(line(), table, {layout}, &table_local);
+    const DTensor rows =
+        dt::embedding(weight, distribute_tensor(ids, line(), {Placement::replicate()}));
+    EXPECT_EQ(rows.placements()[0],
+              layout.is_shard(0) ? Placement::partial() : Placement::shard(2));
+    EXPECT_TRUE(bitwise_equal(rows.full_tensor(), embedding(table, ids)));
+    dt::sum(dt::mul(rows, distribute_tensor(target, line(), {Placement::replicate()})))
+        .local()
+        .backward();
+    EXPECT_TRUE(all_close(table_local.grad(),
+                          expected_part(full_table.grad(), layout, size(), rank()), 1e-6, 1e-6));
+  }
+}
+
+TEST_F(DTensorTest, CrossEntropyByClassesAndRowsMatchesOneProcess) {
+  const Tensor logits = mul(whole({8, 12}, 50), 0.5);
+  manual_seed(51);
+  Tensor labels = randint(0, 12, {8});
+  labels = where(eq(labels, 3.0), full({8}, -100, TensorOptions(DType::kInt64)), labels);
+  Tensor full_logits = logits.clone().set_requires_grad(true);
+  const Tensor expected = cross_entropy(full_logits, labels);
+  expected.backward();
+  for (const Placement& layout : {Placement::shard(1), Placement::shard(0)}) {
+    SCOPED_TRACE(layout.str());
+    Tensor local;
+    const DTensor input = leaf_on(line(), logits, {layout}, &local);
+    const DTensor loss =
+        dt::cross_entropy(input, distribute_tensor(labels, line(), {Placement::replicate()}));
+    EXPECT_TRUE(all_close(loss.local(), expected, 1e-5, 1e-6));
+    loss.local().backward();
+    EXPECT_TRUE(all_close(local.grad(), expected_part(full_logits.grad(), layout, size(), rank()),
+                          1e-5, 1e-6));
+  }
+  if (size() == 4) {  // rows over dp and classes over tp at once
+    Tensor local;
+    const DTensor input =
+        leaf_on(grid_mesh(), logits, {Placement::shard(0), Placement::shard(1)}, &local);
+    const DTensor loss = dt::cross_entropy(
+        input,
+        distribute_tensor(labels, grid_mesh(), {Placement::replicate(), Placement::replicate()}));
+    EXPECT_TRUE(all_close(loss.local(), expected, 1e-5, 1e-6));
+    loss.local().backward();
+    const Tensor rows = part(full_logits.grad(), 0, 2, grid_mesh()->coordinate(0));
+    EXPECT_TRUE(all_close(local.grad(), part(rows, 1, 2, grid_mesh()->coordinate(1)), 1e-5, 1e-6));
   }
 }
 
