@@ -58,8 +58,8 @@ struct BackwardContext {
   // tensor), so a backward may write its result into it: a gradient as large as the activation
   // then needs no new memory.
   const std::vector<bool>& reusable_grad_outputs;
-  // {grad_outputs[k]} as the out= tensors of an op whose one output has `output`'s shape, dtype
-  // and device when that gradient may be overwritten (dense, whole storage); {} otherwise.
+  // {grad_outputs[k]} as the out= tensors of an op whose one output has `output`'s shape and
+  // dtype, when that gradient may be overwritten (dense, whole storage); {} otherwise.
   std::vector<Tensor> reusable_grad(size_t k, const OutputSpec& output) const;
 };
 

@@ -53,11 +53,11 @@ class ResidencyHooks {
   // An OutOfMemory report on its way to the user; returns it with what the memory layer knows
   // (policy, candidates, top holders and the ops that made them).
   virtual std::string explain_out_of_memory(const std::string& report) { return report; }
-  // The last try of an op that ran out of memory while its inputs came back: make one free
-  // block that holds every input not resident and `output_bytes` (the outputs, each rounded
-  // as the allocator rounds it), moving other tensors off the device and, if that is not
-  // enough, the op's own resident inputs too; then bring the inputs back into it. False when
-  // no such block can be made; the dispatcher then runs the op anyway and reports what fails.
+  // The second try of an op that ran out of memory under a policy: make one free block that holds
+  // every input not resident and `output_bytes` (the outputs, each rounded as the allocator rounds
+  // it), moving other tensors off the device and, if that is not enough, the op's own resident
+  // inputs too; then bring the inputs back into it. False when no such block can be made; the
+  // dispatcher then runs the op anyway and reports what fails.
   virtual bool gather(const std::vector<StorageImpl*>& /*inputs*/,
                       const std::vector<size_t>& /*output_bytes*/) {
     return false;
