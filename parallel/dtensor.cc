@@ -254,7 +254,12 @@ DTensor contract(const DTensor& x, const DTensor& weight, const DTensor& bias,
     }
   }
   const DTensor moved = x_target == x.placements() ? x : x.redistribute(x_target);
-  DTensor y(how.multiply(moved.local(), weight.local()), x.mesh(), y_placements);
+  // A whole x meeting a weight split by output features: each rank's gradient for x covers its
+  // features only, so backward sums them over the mesh dim (identity forward).
+  Tensor x_local = moved.local();
+  for (int i = 0; i < mesh.ndim(); ++i)
+    if (weight.placements()[i].is_shard(how.w_out)) x_local = copy_to_tp(x_local, mesh.group(i));
+  DTensor y(how.multiply(x_local, weight.local()), x.mesh(), y_placements);
   if (!bias.defined()) return y;
   check_same_mesh(y, bias, op);
   TESSEL_CHECK(bias.dim() == 1 && bias.shape()[0] == weight.shape()[how.w_out], op, ": the bias ",

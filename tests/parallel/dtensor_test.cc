@@ -119,8 +119,9 @@ TEST_F(DTensorTest, MegatronMlpMatchesOneProcessOnALine) {
   std::vector<Tensor> reference_leaves;
   for (const Tensor& leaf : mlp.leaves())
     reference_leaves.push_back(leaf.clone().set_requires_grad(true));
+  Tensor reference_x = mlp.x.clone().set_requires_grad(true);
   const Tensor reference_loss =
-      sum(mul(linear(relu(linear(mlp.x, reference_leaves[0], reference_leaves[1])),
+      sum(mul(linear(relu(linear(reference_x, reference_leaves[0], reference_leaves[1])),
                      reference_leaves[2], reference_leaves[3]),
               mlp.target));
   reference_loss.backward();
@@ -136,7 +137,9 @@ TEST_F(DTensorTest, MegatronMlpMatchesOneProcessOnALine) {
     locals.push_back(local);
     params.emplace_back(local, line(), param.placements());
   }
-  const DTensor x = distribute_tensor(mlp.x, line(), {Placement::replicate()});
+  // x a leaf too: each rank's columns give part of its gradient, summed in backward.
+  Tensor x_local = mlp.x.clone().set_requires_grad(true);
+  const DTensor x(x_local, line(), {Placement::replicate()});
   const DTensor hidden = dt::relu(dt::linear(x, params[0], params[1]));
   EXPECT_EQ(hidden.placements()[0], Placement::shard(1)) << hidden.str();
   const DTensor y = dt::linear(hidden, params[2], params[3]);
@@ -152,6 +155,7 @@ TEST_F(DTensorTest, MegatronMlpMatchesOneProcessOnALine) {
         layouts[i].is_shard() ? part(full_grad, layouts[i].dim, size(), rank()) : full_grad;
     EXPECT_TRUE(all_close(locals[i].grad(), expected, 1e-5, 1e-6));
   }
+  EXPECT_TRUE(all_close(x_local.grad(), reference_x.grad(), 1e-5, 1e-6));
 }
 
 TEST_F(DTensorTest, MegatronMlpMatchesOneProcessOnADataByTensorGrid) {
