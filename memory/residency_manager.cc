@@ -112,6 +112,10 @@ struct ResidencyManager::Record {
   // record reads upstream gradients that backward drops as soon as they are consumed, so a
   // recompute that looks cheap when chosen turns into a replay of backward from the loss.
   bool made_in_backward = false;
+  // Inputs of recomputes waiting for another of their inputs to be recomputed (policies that
+  // swap): not pinned, so a long chain does not hold every level's inputs at once, but moved
+  // only by swapping, so they come back without recursing when their recompute resumes.
+  int held_for_replay = 0;
 };
 
 ResidencyManager::ResidencyManager(std::shared_ptr<CachingAllocator> allocator,
@@ -295,7 +299,8 @@ ResidencyManager::Candidate ResidencyManager::assess(StorageImpl& storage, Spare
     return none;
   // Nothing has read it yet, so it is about to be read (a gradient waiting for the optimizer,
   // an output waiting for its consumer): recomputing it would redo its whole chain at once.
-  const bool recompute_ok = record->consumed && !record->made_in_backward && can_recompute(storage);
+  const bool recompute_ok = record->consumed && !record->made_in_backward &&
+                            record->held_for_replay == 0 && can_recompute(storage);
   const bool swap_ok = swaps_for(options_.policy());
   if (!recompute_ok && !swap_ok) return none;
 
@@ -630,10 +635,22 @@ void ResidencyManager::rematerialize(StorageImpl& target) {
     std::shared_ptr<OpCall> record;
     size_t next_input = 0;
     std::vector<StorageAccess> pinned_inputs;
+    // Resident inputs left unpinned (held_for_replay) while another input is recomputed.
+    std::vector<std::shared_ptr<StorageImpl>> held;
+  };
+  // Whatever way the recompute ends, held inputs become ordinary candidates again.
+  struct ReleaseHeld {
+    ResidencyManager& manager;
+    std::vector<Frame>& stack;
+    ~ReleaseHeld() {
+      for (Frame& frame : stack) manager.release_held(frame.held);
+    }
   };
   std::vector<Frame> stack;
+  ReleaseHeld release_held_on_exit{*this, stack};
   std::unordered_set<StorageImpl*> on_stack;
-  stack.push_back(Frame{&target, nullptr, 0, {}});
+  const bool hold_unpinned = swaps_for(options_.policy());
+  stack.push_back(Frame{&target, nullptr, 0, {}, {}});
   on_stack.insert(&target);
   while (!stack.empty()) {
     Frame& frame = stack.back();
@@ -678,7 +695,17 @@ void ResidencyManager::rematerialize(StorageImpl& target) {
       }
       TESSEL_CHECK(on_stack.insert(&needed).second, "cannot recompute ", record.op->name,
                    ": its op record depends on its own output");
-      stack.push_back(Frame{&needed, nullptr, 0, {}});
+      if (hold_unpinned) {
+        // The inputs found so far wait unpinned (swap-only) and are looked at again on resume.
+        for (const StorageAccess& input : frame.pinned_inputs) {
+          std::shared_ptr<StorageImpl> held = input.storage()->shared_from_this();
+          ++record_of(*held).held_for_replay;
+          frame.held.push_back(std::move(held));
+        }
+        frame.pinned_inputs.clear();
+        frame.next_input = 0;
+      }
+      stack.push_back(Frame{&needed, nullptr, 0, {}, {}});
       waiting = true;
       break;
     }
@@ -690,9 +717,16 @@ void ResidencyManager::rematerialize(StorageImpl& target) {
     // The replay read its inputs: they are candidates again, as after their first reader.
     for (const StorageAccess& input : frame.pinned_inputs)
       record_of(*input.storage()).consumed = true;
+    release_held(frame.held);
     on_stack.erase(&storage);
     stack.pop_back();  // unpins the inputs
   }
+}
+
+void ResidencyManager::release_held(std::vector<std::shared_ptr<StorageImpl>>& held) {
+  for (const auto& storage : held)
+    if (Record* record = find_record(*storage)) --record->held_for_replay;
+  held.clear();
 }
 
 // ---- ResidencyHooks ----

@@ -228,6 +228,8 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   void replay(OpCall& record);
   void drop_if_unreferenced(StorageImpl& storage);
   bool defragment(size_t bytes_needed);
+  // Ends the hold rematerialize() put on inputs waiting for their recompute (held_for_replay).
+  void release_held(std::vector<std::shared_ptr<StorageImpl>>& held);
   void snapshot_for_readers(StorageImpl& storage,
                             const std::vector<std::shared_ptr<OpCall>>& readers);
   void join_component(StorageImpl& storage);
