@@ -1,6 +1,6 @@
 // Sharded tensors: a tensor laid out over a mesh of ranks, one placement per mesh dimension, in
 // the manner of PyTorch's DTensor, on Tessel's own dispatcher and communicators.
-//   DeviceMesh mesh(grid);                                    // 2-D: dp x tp (or 1-D over a group)
+//   auto mesh = std::make_shared<const DeviceMesh>(grid);     // 2-D: dp x tp (or 1-D: a group)
 //   DTensor x = distribute_tensor(batch, mesh, {Placement::shard(0), Placement::replicate()});
 //   DTensor w = distribute_tensor(weight, mesh, {Placement::replicate(), Placement::shard(0)});
 //   DTensor y = dt::linear(x, w);        // Shard(0) over dp, Shard(-1) (columns) over tp
@@ -20,7 +20,7 @@
 // The ops of namespace dt propagate placements (linear, matmul and conv2d by output or input
 // features, embedding by rows or features, cross_entropy by classes or rows, element-wise ops,
 // relu, gelu, softmax and sum) and insert the cheapest redistribution where their inputs disagree;
-// the shard of a DTensor is an ordinary tensor to the rest of Tessel (memory policies included).
+// the shard of a DTensor is an ordinary tensor to the rest of Tessel.
 #pragma once
 
 #include <memory>
