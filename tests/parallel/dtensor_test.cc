@@ -114,17 +114,21 @@ struct Mlp {
   std::vector<Tensor> leaves() const { return {w1, b1, w2, b2}; }
 };
 
+// The MLP on whole tensors, backpropagated: the loss and the gradients of x and of each leaf.
+struct MlpReference {
+  Tensor loss, x;
+  std::vector<Tensor> leaves;
+  explicit MlpReference(const Mlp& mlp) : x(mlp.x.clone().set_requires_grad(true)) {
+    for (const Tensor& leaf : mlp.leaves()) leaves.push_back(leaf.clone().set_requires_grad(true));
+    loss =
+        sum(mul(linear(relu(linear(x, leaves[0], leaves[1])), leaves[2], leaves[3]), mlp.target));
+    loss.backward();
+  }
+};
+
 TEST_F(DTensorTest, MegatronMlpMatchesOneProcessOnALine) {
   const Mlp mlp = Mlp::make();
-  std::vector<Tensor> reference_leaves;
-  for (const Tensor& leaf : mlp.leaves())
-    reference_leaves.push_back(leaf.clone().set_requires_grad(true));
-  Tensor reference_x = mlp.x.clone().set_requires_grad(true);
-  const Tensor reference_loss =
-      sum(mul(linear(relu(linear(reference_x, reference_leaves[0], reference_leaves[1])),
-                     reference_leaves[2], reference_leaves[3]),
-              mlp.target));
-  reference_loss.backward();
+  const MlpReference reference(mlp);
 
   // Columns of W1 (and b1) and rows of W2 per rank; x, b2 and the target replicated.
   const std::vector<Placement> layouts = {Placement::shard(0), Placement::shard(0),
@@ -146,29 +150,22 @@ TEST_F(DTensorTest, MegatronMlpMatchesOneProcessOnALine) {
   EXPECT_EQ(y.placements()[0], Placement::replicate()) << y.str();
   const DTensor loss =
       dt::sum(dt::mul(y, distribute_tensor(mlp.target, line(), {Placement::replicate()})));
-  EXPECT_TRUE(all_close(loss.local(), reference_loss, 1e-6, 1e-6));
+  EXPECT_TRUE(all_close(loss.local(), reference.loss, 1e-6, 1e-6));
   loss.local().backward();
   for (size_t i = 0; i < layouts.size(); ++i) {
     SCOPED_TRACE("parameter " + std::to_string(i));
-    const Tensor& full_grad = reference_leaves[i].grad();
+    const Tensor& full_grad = reference.leaves[i].grad();
     const Tensor expected =
         layouts[i].is_shard() ? part(full_grad, layouts[i].dim, size(), rank()) : full_grad;
     EXPECT_TRUE(all_close(locals[i].grad(), expected, 1e-5, 1e-6));
   }
-  EXPECT_TRUE(all_close(x_local.grad(), reference_x.grad(), 1e-5, 1e-6));
+  EXPECT_TRUE(all_close(x_local.grad(), reference.x.grad(), 1e-5, 1e-6));
 }
 
 TEST_F(DTensorTest, MegatronMlpMatchesOneProcessOnADataByTensorGrid) {
   if (size() != 4) GTEST_SKIP() << "needs 4 ranks (dp = 2 x tp = 2)";
   const Mlp mlp = Mlp::make();
-  std::vector<Tensor> reference_leaves;
-  for (const Tensor& leaf : mlp.leaves())
-    reference_leaves.push_back(leaf.clone().set_requires_grad(true));
-  const Tensor reference_loss =
-      sum(mul(linear(relu(linear(mlp.x, reference_leaves[0], reference_leaves[1])),
-                     reference_leaves[2], reference_leaves[3]),
-              mlp.target));
-  reference_loss.backward();
+  const MlpReference reference(mlp);
 
   const auto mesh = grid_mesh();
   const Placement r = Placement::replicate();
@@ -188,14 +185,14 @@ TEST_F(DTensorTest, MegatronMlpMatchesOneProcessOnADataByTensorGrid) {
   EXPECT_EQ(y.placements(), (std::vector<Placement>{Placement::shard(0), r})) << y.str();
   const DTensor loss =
       dt::sum(dt::mul(y, distribute_tensor(mlp.target, mesh, {Placement::shard(0), r})));
-  EXPECT_TRUE(all_close(loss.local(), reference_loss, 1e-6, 1e-6));
+  EXPECT_TRUE(all_close(loss.local(), reference.loss, 1e-6, 1e-6));
   loss.local().backward();
   for (size_t i = 0; i < layouts.size(); ++i) {
     SCOPED_TRACE("parameter " + std::to_string(i));
     // Each dp rank's gradient covers its rows of the batch: summed over dp, as DDP does.
     Tensor grad = locals[i].grad().clone();
     grid().data_parallel()->all_reduce(grad);
-    const Tensor& full_grad = reference_leaves[i].grad();
+    const Tensor& full_grad = reference.leaves[i].grad();
     const Tensor expected = layouts[i][1].is_shard()
                                 ? part(full_grad, layouts[i][1].dim, 2, mesh->coordinate(1))
                                 : full_grad;
