@@ -137,6 +137,7 @@ RecordedTensor describe(const Tensor& tensor, bool keep_storage) {
 }
 
 thread_local const KernelInProgress* current_kernel = nullptr;
+std::atomic<int> running_kernels{0};
 
 // Marks the kernel this thread runs, for the memory layer (nested replays restore the outer one).
 class KernelInProgressScope {
@@ -144,8 +145,12 @@ class KernelInProgressScope {
   explicit KernelInProgressScope(KernelInProgress state)
       : state_(state), previous_(current_kernel) {
     current_kernel = &state_;
+    running_kernels.fetch_add(1);
   }
-  ~KernelInProgressScope() { current_kernel = previous_; }
+  ~KernelInProgressScope() {
+    running_kernels.fetch_sub(1);
+    current_kernel = previous_;
+  }
   KernelInProgressScope(const KernelInProgressScope&) = delete;
   KernelInProgressScope& operator=(const KernelInProgressScope&) = delete;
 
@@ -328,6 +333,8 @@ std::shared_ptr<MetaExecutor> set_meta_executor(std::shared_ptr<MetaExecutor> ex
 MetaExecutor* meta_executor() { return current_meta_executor.load(std::memory_order_acquire); }
 
 const KernelInProgress* kernel_in_progress() { return current_kernel; }
+
+int kernels_running() { return running_kernels.load(); }
 
 TraceHook set_trace_hook(TraceHook hook) {
   std::swap(trace_hook(), hook);

@@ -106,6 +106,9 @@ class StorageImpl : public std::enable_shared_from_this<StorageImpl> {
   void release_bytes(Residency new_state);  // frees device bytes; state becomes new_state
   // Gets device bytes again; the state becomes `new_state` (kOnHost while a prefetch copies in).
   void allocate_bytes(Residency new_state = Residency::kResident);
+  // Points at bytes the memory layer moved within the allocator (defragmentation). Allowed while
+  // pinned: the caller checks that no kernel holds the old address.
+  void moved_bytes_to(void* data) { data_ = data; }
   void set_state(Residency state) { state_ = state; }
   std::recursive_mutex& mutex() { return mutex_; }
   // The allocator the bytes come from (and go back to); null on the meta device without one.

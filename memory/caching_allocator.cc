@@ -466,6 +466,55 @@ size_t CachingAllocator::free_bytes_adjacent(const void* ptr) const {
   return bytes;
 }
 
+size_t CachingAllocator::free_bytes_below(const void* ptr) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = allocated_blocks_.find(ptr);
+  TESSEL_CHECK(it != allocated_blocks_.end(), "CachingAllocator::free_bytes_below: ",
+               hex_address(reinterpret_cast<uintptr_t>(ptr)), " is not an allocated block");
+  const Block* prev = it->second->prev;
+  return prev && !prev->allocated ? prev->size : 0;
+}
+
+void* CachingAllocator::slide_down(const void* ptr) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = allocated_blocks_.find(ptr);
+  TESSEL_CHECK(it != allocated_blocks_.end(),
+               "CachingAllocator::slide_down: ", hex_address(reinterpret_cast<uintptr_t>(ptr)),
+               " is not an allocated block");
+  Block* block = it->second;
+  Block* below = block->prev;
+  TESSEL_CHECK(below && !below->allocated, "CachingAllocator::slide_down: no free block below ",
+               hex_address(block->address));
+  Pool& pool = *block->segment->pool;
+  pool.free_blocks.erase(below);
+  allocated_blocks_.erase(it);
+  push_event_locked("free", block->size, block->address);
+  // The lower node becomes the allocated block, the upper one the free bytes.
+  const size_t free_size = below->size;
+  below->allocated = true;
+  below->size = block->size;
+  below->requested = block->requested;
+  below->allocated_at = block->allocated_at;
+  below->owner = std::move(block->owner);
+  block->allocated = false;
+  block->address = below->address + below->size;
+  block->size = free_size;
+  block->requested = 0;
+  block->owner.clear();
+  if (Block* next = block->next; next && !next->allocated) {
+    pool.free_blocks.erase(next);
+    block->size += next->size;
+    block->next = next->next;
+    if (next->next) next->next->prev = block;
+    delete next;
+  }
+  pool.free_blocks.insert(block);
+  allocated_blocks_[reinterpret_cast<const void*>(below->address)] = below;
+  push_event_locked("alloc", below->size, below->address);
+  if (debug_checks_) check_invariants_locked();
+  return reinterpret_cast<void*>(below->address);
+}
+
 MemoryStats CachingAllocator::memory_stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
   MemoryStats result;

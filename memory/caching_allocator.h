@@ -159,6 +159,12 @@ class CachingAllocator : public Allocator {
   // Bytes of the free blocks directly left and right of the allocated block at `ptr` (what an
   // eviction of it would join into one hole).
   size_t free_bytes_adjacent(const void* ptr) const;
+  // Bytes of the free block directly below the allocated block at `ptr` (0 when none).
+  size_t free_bytes_below(const void* ptr) const;
+  // Moves the allocated block at `ptr` down to the start of the free block below it, so the free
+  // bytes join those above; returns the new address. The contents are the caller's to move (the
+  // two ranges may overlap).
+  void* slide_down(const void* ptr);
   MemoryStats memory_stats() const;
 
   // Policy events from the residency manager: counted ("evict", "recompute", "swap_out",

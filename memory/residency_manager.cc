@@ -1026,11 +1026,47 @@ bool ResidencyManager::defragment(size_t bytes_needed) {
       best_hole = hole;
     }
   }
-  if (!best) return false;
+  if (!best) return compact(bytes_needed);
   start_swap_out(*best);
   complete_swap_out(*best);
   ++defragment_moves_;
   return true;
+}
+
+// Every tensor left is pinned (inputs of ops waiting for their other inputs to come back), yet
+// the free bytes would fit: compact. In address order, each tensor with free bytes just below it
+// slides down (through host memory: the two ranges may overlap), so the free bytes gather above
+// the last one. Only while no kernel runs anywhere: a running kernel holds its tensors' addresses.
+bool ResidencyManager::compact(size_t bytes_needed) {
+  if (kernels_running() > 0) return false;
+  const MemoryStats before = allocator_->memory_stats();
+  if (before.free_bytes < bytes_needed) return false;
+  std::vector<std::shared_ptr<StorageImpl>> movable;
+  for (const auto& entry : storages_) {
+    auto storage = entry.second.lock();
+    if (!storage || !managed(*storage) || storage->state() != Residency::kResident ||
+        !storage->data_unchecked() || storage->host_data)
+      continue;
+    const Record* record = find_record(*storage);
+    if (record && (record->pending_out || record->pending_in)) continue;
+    movable.push_back(std::move(storage));
+  }
+  std::sort(movable.begin(), movable.end(), [](const auto& a, const auto& b) {
+    return std::less<const void*>()(a->data_unchecked(), b->data_unchecked());
+  });
+  for (const auto& storage : movable) {
+    if (allocator_->free_bytes_below(storage->data_unchecked()) == 0) continue;
+    const size_t bytes = storage->nbytes();
+    void* host = host_allocator()->allocate(bytes, Stream{});
+    link_.wait(link_.copy_async(host, storage->data_unchecked(), bytes));
+    storage->moved_bytes_to(allocator_->slide_down(storage->data_unchecked()));
+    link_.wait(link_.copy_to_device(storage->data_unchecked(), host, bytes));
+    host_allocator()->deallocate(host, bytes, Stream{});
+    count("swap_out", bytes);
+    count("swap_in", bytes);
+    ++defragment_moves_;
+  }
+  return allocator_->memory_stats().largest_free_block > before.largest_free_block;
 }
 
 bool ResidencyManager::gather(const std::vector<StorageImpl*>& inputs,

@@ -105,15 +105,16 @@ const char* action_name(ResidencyAction action);
 // splits as well; these add what only the manager sees).
 struct ResidencyStats {
   PolicyCounters policy;
-  int64_t placeholders = 0;      // dropped tensors kept as evicted placeholders for op records
-  int64_t snapshots = 0;         // copies of overwritten bytes kept for op records (copy-on-write)
-  int64_t defragment_moves = 0;  // tensors moved to host to join free blocks into one hole
-  int64_t gathers = 0;           // ops run again with one hole made for their inputs and outputs
-  int64_t storages = 0;          // storages tracked now
-  int64_t in_flight_swaps = 0;   // swap-outs whose copy has not been released yet
-  int64_t prefetches = 0;        // swap-ins started ahead of need
-  int64_t prefetch_hits = 0;     // prefetched tensors read before memory pressure dropped them
-  int64_t clock = 0;             // logical access clock
+  int64_t placeholders = 0;  // dropped tensors kept as evicted placeholders for op records
+  int64_t snapshots = 0;     // copies of overwritten bytes kept for op records (copy-on-write)
+  // Tensors moved to host, or through it to another block, to join free blocks into one hole.
+  int64_t defragment_moves = 0;
+  int64_t gathers = 0;          // ops run again with one hole made for their inputs and outputs
+  int64_t storages = 0;         // storages tracked now
+  int64_t in_flight_swaps = 0;  // swap-outs whose copy has not been released yet
+  int64_t prefetches = 0;       // swap-ins started ahead of need
+  int64_t prefetch_hits = 0;    // prefetched tensors read before memory pressure dropped them
+  int64_t clock = 0;            // logical access clock
 };
 
 class ResidencyManager : public ResidencyHooks, public PressureHandler {
@@ -228,6 +229,7 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   void replay(OpCall& record);
   void drop_if_unreferenced(StorageImpl& storage);
   bool defragment(size_t bytes_needed);
+  bool compact(size_t bytes_needed);
   // Ends the hold rematerialize() put on inputs waiting for their recompute (held_for_replay).
   void release_held(std::vector<std::shared_ptr<StorageImpl>>& held);
   void snapshot_for_readers(StorageImpl& storage,

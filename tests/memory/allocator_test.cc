@@ -184,6 +184,38 @@ TEST(CachingAllocator, FreeBytesAdjacentCountsTheHolesBesideABlock) {
   EXPECT_TRUE(throws_error([&] { allocator.free_bytes_adjacent(a); }, "not an allocated block"));
 }
 
+TEST(CachingAllocator, SlideDownMovesABlockOntoTheHoleBelowAndJoinsTheFreeBytesAbove) {
+  CachingAllocator allocator(Device::cpu(), arena(12 * KiB));
+  void* a = alloc(allocator, KiB);
+  void* b = alloc(allocator, 2 * KiB);
+  void* c = alloc(allocator, 3 * KiB);
+  void* d = alloc(allocator, 4 * KiB);
+  release(allocator, b);
+  release(allocator, d);  // free: 2 KiB between a and c, 6 KiB above c
+  EXPECT_EQ(allocator.largest_free_block(), 6 * KiB);
+  EXPECT_EQ(allocator.free_bytes_below(c), 2 * KiB);
+  EXPECT_EQ(allocator.free_bytes_below(a), 0u);  // the arena starts at a
+  EXPECT_TRUE(throws_error([&] { allocator.slide_down(a); }, "no free block below"));
+  EXPECT_TRUE(throws_error([&] { allocator.slide_down(b); }, "not an allocated block"));
+
+  const auto allocated = allocator.memory_stats().base.allocated_bytes;
+  void* moved = allocator.slide_down(c);
+  EXPECT_EQ(address(moved), address(a) + KiB);
+  std::vector<BlockInfo> blocks = allocator.snapshot();
+  ASSERT_EQ(blocks.size(), 3u);  // a, c, and one free block of 8 KiB
+  EXPECT_EQ(blocks[1].address, address(moved));
+  EXPECT_EQ(blocks[1].size, 3 * KiB);
+  EXPECT_TRUE(blocks[1].allocated);
+  EXPECT_EQ(blocks[2].size, 8 * KiB);
+  EXPECT_FALSE(blocks[2].allocated);
+  EXPECT_EQ(allocator.largest_free_block(), 8 * KiB);
+  EXPECT_EQ(allocator.memory_stats().base.allocated_bytes, allocated);
+  EXPECT_TRUE(throws_error([&] { release(allocator, c); }, "was not allocated"));
+  release(allocator, moved);
+  release(allocator, a);
+  EXPECT_EQ(allocator.largest_free_block(), 12 * KiB);
+}
+
 TEST(CachingAllocator, NeverExceedsItsBudgetUnderARandomWorkload) {
   const size_t budget = MiB + 300;  // the usable arena is the budget rounded down to 512
   CachingAllocator allocator(Device::cpu(), arena(budget));

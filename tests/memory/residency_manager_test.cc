@@ -923,6 +923,30 @@ TEST(OutOfMemory, AnAllocationOutsideAnOpIsExplainedByThePolicy) {
   }
 }
 
+TEST(Defragment, PinnedTensorsSlideDownSoThatAFragmentedRequestFits) {
+  MemoryScope scope(MemoryOptions().budget(16 * kMiB).policy(Policy::kDtr));
+  ResidencyManager& manager = *scope.manager();
+  manual_seed(16);
+  Tensor gap_below = empty({512 * 1024});  // 2 MiB
+  Tensor x = randn({1024 * 1024});         // 4 MiB
+  Tensor gap_between = empty({1024 * 1024});
+  Tensor y = randn({1024 * 1024});
+  const std::vector<float> x_values = x.to_vector<float>(), y_values = y.to_vector<float>();
+  gap_below = Tensor();
+  gap_between = Tensor();
+  // x and y held as an op waiting for its other inputs holds them: no policy may take them off,
+  // and the 8 MiB free lie in three holes of at most 4 MiB.
+  StorageAccess hold_x(*x.storage()), hold_y(*y.storage());
+  ASSERT_LT(scope.allocator().memory_stats().largest_free_block, 7 * kMiB);
+  const void* x_before = x.storage()->data_unchecked();
+  Tensor seven_mib = empty({7 * 256 * 1024});
+  EXPECT_TRUE(std::less<const void*>()(x.storage()->data_unchecked(), x_before));  // slid down
+  EXPECT_EQ(manager.stats().defragment_moves, 2);
+  EXPECT_EQ(manager.stats().policy.evictions, 0);
+  EXPECT_EQ(x.to_vector<float>(), x_values);
+  EXPECT_EQ(y.to_vector<float>(), y_values);
+}
+
 // ---- the user surface: budgets, policies, bad input ----
 
 TEST(ParseBudget, ReadsBytesWithUnitsAndFractions) {
