@@ -105,16 +105,15 @@ const char* action_name(ResidencyAction action);
 // splits as well; these add what only the manager sees).
 struct ResidencyStats {
   PolicyCounters policy;
-  int64_t placeholders = 0;  // dropped tensors kept as evicted placeholders for op records
-  int64_t snapshots = 0;     // copies of overwritten bytes kept for op records (copy-on-write)
-  // Tensors moved to host, or through it to another block, to join free blocks into one hole.
-  int64_t defragment_moves = 0;
-  int64_t gathers = 0;          // ops run again with one hole made for their inputs and outputs
-  int64_t storages = 0;         // storages tracked now
-  int64_t in_flight_swaps = 0;  // swap-outs whose copy has not been released yet
-  int64_t prefetches = 0;       // swap-ins started ahead of need
-  int64_t prefetch_hits = 0;    // prefetched tensors read before memory pressure dropped them
-  int64_t clock = 0;            // logical access clock
+  int64_t placeholders = 0;      // dropped tensors kept as evicted placeholders for op records
+  int64_t snapshots = 0;         // copies of overwritten bytes kept for op records (copy-on-write)
+  int64_t defragment_moves = 0;  // tensors moved to host or slid down to join free blocks
+  int64_t gathers = 0;           // ops run again with one hole made for their inputs and outputs
+  int64_t storages = 0;          // storages tracked now
+  int64_t in_flight_swaps = 0;   // swap-outs whose copy has not been released yet
+  int64_t prefetches = 0;        // swap-ins started ahead of need
+  int64_t prefetch_hits = 0;     // prefetched tensors read before memory pressure dropped them
+  int64_t clock = 0;             // logical access clock
 };
 
 class ResidencyManager : public ResidencyHooks, public PressureHandler {
