@@ -475,7 +475,8 @@ size_t CachingAllocator::free_bytes_below(const void* ptr) const {
   return prev && !prev->allocated ? prev->size : 0;
 }
 
-void* CachingAllocator::slide_down(const void* ptr) {
+void* CachingAllocator::slide_down(const void* ptr,
+                                   const std::function<void(void* to)>& move_bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = allocated_blocks_.find(ptr);
   TESSEL_CHECK(it != allocated_blocks_.end(),
@@ -485,6 +486,7 @@ void* CachingAllocator::slide_down(const void* ptr) {
   Block* below = block->prev;
   TESSEL_CHECK(below && !below->allocated, "CachingAllocator::slide_down: no free block below ",
                hex_address(block->address));
+  move_bytes(reinterpret_cast<void*>(below->address));
   Pool& pool = *block->segment->pool;
   pool.free_blocks.erase(below);
   allocated_blocks_.erase(it);

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -162,9 +163,10 @@ class CachingAllocator : public Allocator {
   // Bytes of the free block directly below the allocated block at `ptr` (0 when none).
   size_t free_bytes_below(const void* ptr) const;
   // Moves the allocated block at `ptr` down to the start of the free block below it, so the free
-  // bytes join those above; returns the new address. The contents are the caller's to move (the
-  // two ranges may overlap).
-  void* slide_down(const void* ptr);
+  // bytes join those above; returns the new address. `move_bytes(to)` moves the contents (the
+  // two ranges may overlap); it runs under the allocator's lock, so no other allocation takes
+  // either range meanwhile, and must not allocate from this allocator.
+  void* slide_down(const void* ptr, const std::function<void(void* to)>& move_bytes);
   MemoryStats memory_stats() const;
 
   // Policy events from the residency manager: counted ("evict", "recompute", "swap_out",

@@ -38,6 +38,34 @@ bool is_mutated_input(const OpDef& op, size_t index) {
          op.mutated_inputs.end();
 }
 
+// Moves `bytes` from `source` to the lower `destination` within `device`; the ranges may
+// overlap. Copies other than memmove must not overlap, so they go forward in pieces no longer than
+// the distance moved, or through host memory when that would take many pieces.
+void move_bytes_down(Device device, void* destination, const void* source, size_t bytes) {
+  if (device.is_cpu()) {
+    std::memmove(destination, source, bytes);
+    return;
+  }
+  if (device.is_meta()) {  // no bytes: the simulated device charges the time of one copy
+    copy_device_bytes(device, destination, source, bytes);
+    return;
+  }
+  constexpr size_t kMaxPieces = 16;
+  const size_t distance =
+      static_cast<size_t>(static_cast<const char*>(source) - static_cast<char*>(destination));
+  if (bytes <= distance * kMaxPieces) {
+    for (size_t offset = 0; offset < bytes; offset += distance)
+      copy_device_bytes(device, static_cast<char*>(destination) + offset,
+                        static_cast<const char*>(source) + offset,
+                        std::min(distance, bytes - offset));
+    return;
+  }
+  void* host = host_allocator()->allocate(bytes, Stream{});
+  copy_device_bytes(device, host, source, bytes);
+  copy_device_bytes(device, destination, host, bytes);
+  host_allocator()->deallocate(host, bytes, Stream{});
+}
+
 void free_host_copy(StorageImpl& storage) {
   if (!storage.host_data) return;
   host_allocator()->deallocate(storage.host_data, storage.nbytes(), Stream{});
@@ -1035,8 +1063,8 @@ bool ResidencyManager::defragment(size_t bytes_needed) {
 
 // Every tensor left is pinned (inputs of ops waiting for their other inputs to come back), yet
 // the free bytes would fit: compact. In address order, each tensor with free bytes just below it
-// slides down (through host memory: the two ranges may overlap), so the free bytes gather above
-// the last one. Only while no kernel runs anywhere: a running kernel holds its tensors' addresses.
+// slides down, so the free bytes gather above the last one. Only while no kernel runs anywhere: a
+// running kernel holds its tensors' addresses.
 bool ResidencyManager::compact(size_t bytes_needed) {
   if (kernels_running() > 0) return false;
   const MemoryStats before = allocator_->memory_stats();
@@ -1056,14 +1084,11 @@ bool ResidencyManager::compact(size_t bytes_needed) {
   });
   for (const auto& storage : movable) {
     if (allocator_->free_bytes_below(storage->data_unchecked()) == 0) continue;
+    const Device device = storage->device();
     const size_t bytes = storage->nbytes();
-    void* host = host_allocator()->allocate(bytes, Stream{});
-    link_.wait(link_.copy_async(host, storage->data_unchecked(), bytes));
-    storage->moved_bytes_to(allocator_->slide_down(storage->data_unchecked()));
-    link_.wait(link_.copy_to_device(storage->data_unchecked(), host, bytes));
-    host_allocator()->deallocate(host, bytes, Stream{});
-    count("swap_out", bytes);
-    count("swap_in", bytes);
+    const void* from = storage->data_unchecked();
+    storage->moved_bytes_to(
+        allocator_->slide_down(from, [&](void* to) { move_bytes_down(device, to, from, bytes); }));
     ++defragment_moves_;
   }
   return allocator_->memory_stats().largest_free_block > before.largest_free_block;

@@ -195,11 +195,16 @@ TEST(CachingAllocator, SlideDownMovesABlockOntoTheHoleBelowAndJoinsTheFreeBytesA
   EXPECT_EQ(allocator.largest_free_block(), 6 * KiB);
   EXPECT_EQ(allocator.free_bytes_below(c), 2 * KiB);
   EXPECT_EQ(allocator.free_bytes_below(a), 0u);  // the arena starts at a
-  EXPECT_TRUE(throws_error([&] { allocator.slide_down(a); }, "no free block below"));
-  EXPECT_TRUE(throws_error([&] { allocator.slide_down(b); }, "not an allocated block"));
+  const auto nothing_to_move = [](void*) {};
+  EXPECT_TRUE(
+      throws_error([&] { allocator.slide_down(a, nothing_to_move); }, "no free block below"));
+  EXPECT_TRUE(
+      throws_error([&] { allocator.slide_down(b, nothing_to_move); }, "not an allocated block"));
 
   const auto allocated = allocator.memory_stats().base.allocated_bytes;
-  void* moved = allocator.slide_down(c);
+  void* moved_to = nullptr;
+  void* moved = allocator.slide_down(c, [&](void* to) { moved_to = to; });
+  EXPECT_EQ(moved_to, moved);
   EXPECT_EQ(address(moved), address(a) + KiB);
   std::vector<BlockInfo> blocks = allocator.snapshot();
   ASSERT_EQ(blocks.size(), 3u);  // a, c, and one free block of 8 KiB
