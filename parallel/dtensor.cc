@@ -1,5 +1,6 @@
 #include "parallel/dtensor.h"
 
+#include <algorithm>
 #include <functional>
 #include <numeric>
 #include <sstream>
@@ -461,6 +462,108 @@ DTensor softmax(const DTensor& x, int64_t dim) {
     if (placement.is_partial() || placement.is_shard(dim)) placement = Placement::replicate();
   const DTensor moved = target == x.placements() ? x : x.redistribute(target);
   return DTensor(tessel::softmax(moved.local(), dim), moved.mesh(), moved.placements());
+}
+
+namespace {
+
+// x with the mesh dims that shard one of `dims` (or hold Partial sums, unless `keep_partial`)
+// moved to Replicate.
+DTensor gathered_along(const DTensor& x, const std::vector<int64_t>& dims, bool keep_partial) {
+  std::vector<Placement> target = x.placements();
+  for (Placement& placement : target) {
+    const bool sharded =
+        placement.is_shard() && std::find(dims.begin(), dims.end(), placement.dim) != dims.end();
+    if (sharded || (placement.is_partial() && !keep_partial)) placement = Placement::replicate();
+  }
+  return target == x.placements() ? x : x.redistribute(target);
+}
+
+DTensor pool(const DTensor& x, const char* op, bool linear,
+             const std::function<Tensor(const Tensor&)>& run) {
+  TESSEL_CHECK(x.defined() && x.dim() == 4, op, ": expected x (N, C, H, W), got ",
+               x.defined() ? x.str() : "an undefined operand");
+  const DTensor moved = gathered_along(x, {2, 3}, /*keep_partial=*/linear);
+  return DTensor(run(moved.local()), moved.mesh(), moved.placements());
+}
+
+// A per-channel tensor laid out as x's channel dim (1) is: moved there, or for running statistics
+// (written in place, so a moved copy would lose the update) checked to be there already.
+DTensor as_channels(const DTensor& per_channel, const DTensor& x, bool written_in_place) {
+  if (!per_channel.defined()) return per_channel;
+  check_same_mesh(x, per_channel, "dt::batch_norm");
+  std::vector<Placement> target(x.mesh()->ndim(), Placement::replicate());
+  for (int i = 0; i < x.mesh()->ndim(); ++i)
+    if (x.placements()[i].is_shard(1)) target[i] = Placement::shard(0);
+  if (target == per_channel.placements()) return per_channel;
+  TESSEL_CHECK(!written_in_place, "dt::batch_norm: running statistics ", per_channel.str(),
+               " must be laid out as x's channels, ", placements_str(target), ", for x ", x.str());
+  return per_channel.redistribute(target);
+}
+
+Tensor local_or_none(const DTensor& x) { return x.defined() ? x.local() : Tensor(); }
+
+}  // namespace
+
+DTensor max_pool2d(const DTensor& x, std::vector<int64_t> kernel_size, std::vector<int64_t> stride,
+                   std::vector<int64_t> padding) {
+  return pool(x, "dt::max_pool2d", /*linear=*/false, [&](const Tensor& local) {
+    return tessel::max_pool2d(local, kernel_size, stride, padding);
+  });
+}
+
+DTensor avg_pool2d(const DTensor& x, std::vector<int64_t> kernel_size, std::vector<int64_t> stride,
+                   std::vector<int64_t> padding) {
+  return pool(x, "dt::avg_pool2d", /*linear=*/true, [&](const Tensor& local) {
+    return tessel::avg_pool2d(local, kernel_size, stride, padding);
+  });
+}
+
+DTensor adaptive_avg_pool2d(const DTensor& x, std::vector<int64_t> output_size) {
+  return pool(x, "dt::adaptive_avg_pool2d", /*linear=*/true,
+              [&](const Tensor& local) { return tessel::adaptive_avg_pool2d(local, output_size); });
+}
+
+DTensor batch_norm(const DTensor& x, const DTensor& weight, const DTensor& bias,
+                   const DTensor& running_mean, const DTensor& running_var, bool training,
+                   double momentum, double eps) {
+  TESSEL_CHECK(x.defined() && x.dim() >= 2, "dt::batch_norm: expected x (N, C, ...), got ",
+               x.defined() ? x.str() : "an undefined operand");
+  std::vector<int64_t> statistics_dims;  // every dim but the channels
+  for (int64_t d = 0; d < x.dim(); ++d)
+    if (d != 1) statistics_dims.push_back(d);
+  const DTensor moved =
+      training ? gathered_along(x, statistics_dims, /*keep_partial=*/false) : combine_partials(x);
+  Tensor y = tessel::batch_norm(moved.local(), local_or_none(as_channels(weight, moved, false)),
+                                local_or_none(as_channels(bias, moved, false)),
+                                local_or_none(as_channels(running_mean, moved, true)),
+                                local_or_none(as_channels(running_var, moved, true)), training,
+                                momentum, eps);
+  const DTensor result(y, moved.mesh(), moved.placements());
+  const DTensor laid_out = combine_partials(x);  // x's layout, Partial combined
+  return result.placements() == laid_out.placements() ? result
+                                                      : result.redistribute(laid_out.placements());
+}
+
+DTensor layer_norm(const DTensor& x, const Shape& normalized_shape, const DTensor& weight,
+                   const DTensor& bias, double eps) {
+  TESSEL_CHECK(x.defined(), "dt::layer_norm: the operand is undefined");
+  const int64_t normalized = static_cast<int64_t>(normalized_shape.size());
+  TESSEL_CHECK(normalized >= 1 && normalized <= x.dim(), "dt::layer_norm: normalized_shape ",
+               shape_str(normalized_shape), " does not fit x ", x.str());
+  std::vector<int64_t> feature_dims;
+  for (int64_t d = x.dim() - normalized; d < x.dim(); ++d) feature_dims.push_back(d);
+  const DTensor moved = gathered_along(x, feature_dims, /*keep_partial=*/false);
+  auto whole = [&](const DTensor& parameter) {
+    if (!parameter.defined()) return Tensor();
+    check_same_mesh(x, parameter, "dt::layer_norm");
+    return parameter.full_tensor();
+  };
+  const DTensor result(
+      tessel::layer_norm(moved.local(), normalized_shape, whole(weight), whole(bias), eps),
+      moved.mesh(), moved.placements());
+  const DTensor laid_out = combine_partials(x);
+  return result.placements() == laid_out.placements() ? result
+                                                      : result.redistribute(laid_out.placements());
 }
 
 DTensor sum(const DTensor& x) {

@@ -19,7 +19,8 @@
 //
 // The ops of namespace dt propagate placements (linear, matmul and conv2d by output or input
 // features, embedding by rows or features, cross_entropy by classes or rows, element-wise ops,
-// relu, gelu, softmax and sum) and insert the cheapest redistribution where their inputs disagree;
+// relu, gelu, softmax, sum, pooling, batch and layer norm) and insert the cheapest redistribution
+// where their inputs disagree;
 // the shard of a DTensor is an ordinary tensor to the rest of Tessel.
 #pragma once
 
@@ -143,6 +144,28 @@ DTensor gelu(const DTensor& x);
 DTensor softmax(const DTensor& x, int64_t dim);
 // The sum of every element, Replicate on every mesh dimension (a scalar on every rank).
 DTensor sum(const DTensor& x);
+// Pooling of x (N, C, H, W) over H and W: shards of H or W are gathered first, batch and channel
+// shards stay. Max pooling combines Partial first; average pooling is linear, so Partial stays.
+DTensor max_pool2d(const DTensor& x, std::vector<int64_t> kernel_size,
+                   std::vector<int64_t> stride = {}, std::vector<int64_t> padding = {0, 0});
+DTensor avg_pool2d(const DTensor& x, std::vector<int64_t> kernel_size,
+                   std::vector<int64_t> stride = {}, std::vector<int64_t> padding = {0, 0});
+DTensor adaptive_avg_pool2d(const DTensor& x, std::vector<int64_t> output_size);
+// Batch norm of x (N, C, ...) with per-channel weight, bias and running statistics, laid out as
+// x's channels (Shard(0) where x is Shard(1), else Replicate; other layouts are moved there).
+// Channel shards normalise locally. In training the statistics need the whole batch: batch and
+// spatial shards are gathered, normalised on every rank and sliced back (no cross-rank statistics
+// yet: the gather costs the whole activation); in eval the op is per-channel affine and any shard
+// stays. Partial is combined first. Running statistics are updated in place on every rank.
+DTensor batch_norm(const DTensor& x, const DTensor& weight, const DTensor& bias,
+                   const DTensor& running_mean, const DTensor& running_var, bool training,
+                   double momentum = 0.1, double eps = 1e-5);
+// Layer norm over x's last normalized_shape.size() dims: shards of those dims (and Partial) are
+// gathered first and the output is laid out as x was; shards of the leading dims (rows) stay.
+// weight and bias (normalized_shape) are used whole (moved to Replicate).
+DTensor layer_norm(const DTensor& x, const Shape& normalized_shape,
+                   const DTensor& weight = DTensor(), const DTensor& bias = DTensor(),
+                   double eps = 1e-5);
 }  // namespace dt
 
 }  // namespace tessel::parallel

@@ -2,10 +2,13 @@
 // trips, every redistribution gives the whole tensor's values and gradients, a Megatron MLP built
 // from DTensor ops (columns then rows) matches the unsharded one on a 1-D mesh over every rank
 // and, at 4 ranks, on a 2-D mesh (dp = 2 x tp = 2, the batch split over dp); conv2d by batch,
-// output and input channels, embedding by rows and features, cross-entropy by classes and rows
-// match too; bad layouts are clear errors on every rank.
+// output and input channels, embedding by rows and features, cross-entropy by classes and rows,
+// pooling by batch, channels, rows of the image and Partial sums, batch norm (training and eval)
+// and layer norm by batch, channels or features match too; bad layouts are clear errors on every
+// rank.
 #include "parallel/dtensor.h"
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -307,6 +310,157 @@ TEST_F(DTensorTest, CrossEntropyByClassesAndRowsMatchesOneProcess) {
     const Tensor rows = part(full_logits.grad(), 0, 2, grid_mesh()->coordinate(0));
     EXPECT_TRUE(all_close(local.grad(), part(rows, 1, 2, grid_mesh()->coordinate(1)), 1e-5, 1e-6));
   }
+}
+
+// loss = sum(op(x) * target) on the whole tensors: the loss and x's gradient.
+struct Reference {
+  Tensor loss, x_grad;
+};
+Reference reference(const Tensor& x, const Tensor& target,
+                    const std::function<Tensor(const Tensor&)>& op) {
+  Tensor leaf = x.clone().set_requires_grad(true);
+  Tensor loss = sum(mul(op(leaf), target));
+  loss.backward();
+  return {loss.detach(), leaf.grad()};
+}
+
+TEST_F(DTensorTest, PoolingKeepsBatchAndChannelShardsAndGathersSpatialOnes) {
+  const Tensor x = whole({4, 4, 8, 8}, 60);
+  struct Pool {
+    const char* name;
+    bool linear;  // keeps Partial
+    std::function<Tensor(const Tensor&)> whole;
+    std::function<DTensor(const DTensor&)> sharded;
+  };
+  const std::vector<Pool> pools = {{"max_pool2d", false,
+                                    [](const Tensor& t) {
+                                      return max_pool2d(t, {2, 2});
+                                    },
+                                    [](const DTensor& t) {
+                                      return dt::max_pool2d(t, {2, 2});
+                                    }},
+                                   {"avg_pool2d", true,
+                                    [](const Tensor& t) {
+                                      return avg_pool2d(t, {2, 2});
+                                    },
+                                    [](const DTensor& t) {
+                                      return dt::avg_pool2d(t, {2, 2});
+                                    }},
+                                   {"adaptive_avg_pool2d", true,
+                                    [](const Tensor& t) {
+                                      return adaptive_avg_pool2d(t, {4, 4});
+                                    },
+                                    [](const DTensor& t) {
+                                      return dt::adaptive_avg_pool2d(t, {4, 4});
+                                    }}};
+  const Tensor target = whole({4, 4, 4, 4}, 61);
+  for (const Pool& pool : pools) {
+    const Reference expected = reference(x, target, pool.whole);
+    for (const Placement& layout :
+         {Placement::shard(0), Placement::shard(1), Placement::shard(2), Placement::partial()}) {
+      SCOPED_TRACE(std::string(pool.name) + " of x " + layout.str());
+      Tensor local;
+      DTensor input;
+      if (layout.is_partial()) {  // summands x / ranks
+        local = mul(x, 1.0 / size()).set_requires_grad(true);
+        input = DTensor(local, line(), {layout});
+      } else {
+        input = leaf_on(line(), x, {layout}, &local);
+      }
+      const DTensor y = pool.sharded(input);
+      const Placement kept = layout.is_shard(2) || (layout.is_partial() && !pool.linear)
+                                 ? Placement::replicate()
+                                 : layout;
+      EXPECT_EQ(y.placements()[0], kept);
+      const DTensor loss = dt::sum(dt::mul(
+          y,
+          distribute_tensor(target, line(), {kept.is_partial() ? Placement::replicate() : kept})));
+      EXPECT_TRUE(all_close(loss.local(), expected.loss, 1e-5, 1e-6));
+      loss.local().backward();
+      const Tensor grad = layout.is_partial()
+                              ? expected.x_grad
+                              : expected_part(expected.x_grad, layout, size(), rank());
+      EXPECT_TRUE(all_close(local.grad(), grad, 1e-5, 1e-6));
+    }
+  }
+}
+
+TEST_F(DTensorTest, BatchAndLayerNormMatchOneProcess) {
+  const Placement r = Placement::replicate();
+  {  // batch norm, training and eval, x split by batch, channels or rows of the image
+    const Tensor x = whole({4, 4, 4, 4}, 70), weight = whole({4}, 71), bias = whole({4}, 72),
+                 target = whole({4, 4, 4, 4}, 73);
+    for (bool training : {true, false}) {
+      Tensor mean = full({4}, 0.5), var = full({4}, 2.0);
+      Tensor full_weight = weight.clone().set_requires_grad(true);
+      Tensor full_bias = bias.clone().set_requires_grad(true);
+      const Reference expected = reference(x, target, [&](const Tensor& t) {
+        return batch_norm(t, full_weight, full_bias, mean, var, training);
+      });
+      for (const Placement& layout :
+           {Placement::shard(0), Placement::shard(1), Placement::shard(2)}) {
+        SCOPED_TRACE(std::string(training ? "training" : "eval") + ", x " + layout.str());
+        const Placement channels = layout.is_shard(1) ? Placement::shard(0) : r;
+        Tensor local, weight_local, bias_local;
+        const DTensor input = leaf_on(line(), x, {layout}, &local);
+        const DTensor w = leaf_on(line(), weight, {channels}, &weight_local);
+        const DTensor b = leaf_on(line(), bias, {channels}, &bias_local);
+        const DTensor running_mean = distribute_tensor(full({4}, 0.5), line(), {channels});
+        const DTensor running_var = distribute_tensor(full({4}, 2.0), line(), {channels});
+        const DTensor y = dt::batch_norm(input, w, b, running_mean, running_var, training);
+        EXPECT_EQ(y.placements()[0], layout);
+        const DTensor loss = dt::sum(dt::mul(y, distribute_tensor(target, line(), {layout})));
+        EXPECT_TRUE(all_close(loss.local(), expected.loss, 1e-4, 1e-5));
+        loss.local().backward();
+        EXPECT_TRUE(all_close(local.grad(), expected_part(expected.x_grad, layout, size(), rank()),
+                              1e-4, 1e-5));
+        Tensor weight_grad = weight_local.grad().clone(), bias_grad = bias_local.grad().clone();
+        // Eval normalises each rank's part alone, so a whole parameter's gradient covers that
+        // part: summed, as DDP does. Training gathers the batch and computes it whole.
+        if (!training && !layout.is_shard(1)) {
+          world().all_reduce(weight_grad);
+          world().all_reduce(bias_grad);
+        }
+        EXPECT_TRUE(all_close(
+            weight_grad, expected_part(full_weight.grad(), channels, size(), rank()), 1e-4, 1e-5));
+        EXPECT_TRUE(all_close(bias_grad, expected_part(full_bias.grad(), channels, size(), rank()),
+                              1e-4, 1e-5));
+        EXPECT_TRUE(all_close(running_mean.local(), expected_part(mean, channels, size(), rank()),
+                              1e-5, 1e-6));
+        EXPECT_TRUE(all_close(running_var.local(), expected_part(var, channels, size(), rank()),
+                              1e-5, 1e-6));
+      }
+    }
+  }
+  {  // layer norm over the last dim, x split by rows or by features
+    const Tensor x = whole({4, 4, 8}, 74), weight = whole({8}, 75), bias = whole({8}, 76),
+                 target = whole({4, 4, 8}, 77);
+    Tensor full_weight = weight.clone().set_requires_grad(true);
+    const Reference expected = reference(
+        x, target, [&](const Tensor& t) { return layer_norm(t, {8}, full_weight, bias); });
+    for (const Placement& layout :
+         {Placement::shard(0), Placement::shard(1), Placement::shard(2)}) {
+      SCOPED_TRACE("layer norm, x " + layout.str());
+      Tensor local, weight_local;
+      const DTensor input = leaf_on(line(), x, {layout}, &local);
+      const DTensor w = leaf_on(line(), weight, {r}, &weight_local);
+      const DTensor y =
+          dt::layer_norm(input, {8}, w, distribute_tensor(bias, line(), {Placement::shard(0)}));
+      EXPECT_EQ(y.placements()[0], layout);
+      const DTensor loss = dt::sum(dt::mul(y, distribute_tensor(target, line(), {layout})));
+      EXPECT_TRUE(all_close(loss.local(), expected.loss, 1e-4, 1e-5));
+      loss.local().backward();
+      EXPECT_TRUE(all_close(local.grad(), expected_part(expected.x_grad, layout, size(), rank()),
+                            1e-4, 1e-5));
+      Tensor weight_grad = weight_local.grad().clone();
+      if (!layout.is_shard(2)) world().all_reduce(weight_grad);  // each rank's rows
+      EXPECT_TRUE(all_close(weight_grad, full_weight.grad(), 1e-4, 1e-5));
+    }
+  }
+  const DTensor x = distribute_tensor(whole({4, 4, 4, 4}, 78), line(), {Placement::shard(1)});
+  const DTensor stats = distribute_tensor(full({4}, 1.0), line(), {r});
+  EXPECT_TRUE(throws_error([&] { dt::batch_norm(x, DTensor(), DTensor(), stats, stats, true); },
+                           "must be laid out as x's channels"));
 }
 
 TEST_F(DTensorTest, BadLayoutsAreClearErrors) {
