@@ -163,14 +163,64 @@ TESSEL_REGISTER_OPS(conv) {
   register_conv2d_backward_weight();
 }
 
+namespace {
+
+// The kernel taps along one axis that read the input for some output, when trimming the kernel to
+// them keeps every output where it is: the first, how many, and the padding that keeps the reads.
+struct LiveTaps {
+  int64_t first = 0, count = 0, padding = 0;
+};
+
+bool live_taps(int64_t input, int64_t kernel, int64_t stride, int64_t padding, int64_t dilation,
+               LiveTaps* taps) {
+  auto outputs = [&](int64_t taps_count, int64_t pad) -> int64_t {
+    const int64_t span = input + 2 * pad - dilation * (taps_count - 1) - 1;
+    return span < 0 ? 0 : span / stride + 1;
+  };
+  if (input <= 0 || kernel <= 0 || stride <= 0 || dilation <= 0 || padding < 0) return false;
+  const int64_t output = outputs(kernel, padding);
+  int64_t first = -1, last = -1;
+  for (int64_t tap = 0; tap < kernel; ++tap) {
+    bool live = false;
+    for (int64_t o = 0; o < output && !live; ++o) {
+      const int64_t at = o * stride - padding + tap * dilation;
+      live = at >= 0 && at < input;
+    }
+    if (!live) continue;
+    if (first >= 0 && last != tap - 1) return false;  // not one run of taps
+    if (first < 0) first = tap;
+    last = tap;
+  }
+  if (first < 0) return false;  // every read is padding: leave it to the op
+  const LiveTaps trimmed{first, last - first + 1, padding - first * dilation};
+  if (trimmed.padding < 0 || outputs(trimmed.count, trimmed.padding) != output) return false;
+  *taps = trimmed;
+  return true;
+}
+
+}  // namespace
+
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
               std::vector<int64_t> stride, std::vector<int64_t> padding,
               std::vector<int64_t> dilation, int64_t groups) {
-  Attrs attrs{{"stride", normalized_pair(std::move(stride), "stride")},
-              {"padding", normalized_pair(std::move(padding), "padding")},
-              {"dilation", normalized_pair(std::move(dilation), "dilation")},
-              {"groups", groups}};
-  return dispatch(ops::conv2d, {x, weight, bias}, std::move(attrs))[0];
+  stride = normalized_pair(std::move(stride), "stride");
+  padding = normalized_pair(std::move(padding), "padding");
+  dilation = normalized_pair(std::move(dilation), "dilation");
+  // Kernel taps that only ever read padding (a 3x3 kernel over a 1x1 plane uses its centre alone)
+  // multiply zeros: the same convolution with the kernel cut to the live taps skips that work.
+  // The cut weight is a view, so its gradient lands in the live taps and the rest stays zero.
+  Tensor used_weight = weight;
+  LiveTaps rows, cols;
+  if (x.defined() && weight.defined() && x.dim() == 4 && weight.dim() == 4 && groups > 0 &&
+      x.size(1) == weight.size(1) * groups &&
+      live_taps(x.size(2), weight.size(2), stride[0], padding[0], dilation[0], &rows) &&
+      live_taps(x.size(3), weight.size(3), stride[1], padding[1], dilation[1], &cols) &&
+      (rows.count < weight.size(2) || cols.count < weight.size(3))) {
+    used_weight = narrow(narrow(weight, 2, rows.first, rows.count), 3, cols.first, cols.count);
+    padding = {rows.padding, cols.padding};
+  }
+  Attrs attrs{{"stride", stride}, {"padding", padding}, {"dilation", dilation}, {"groups", groups}};
+  return dispatch(ops::conv2d, {x, used_weight, bias}, std::move(attrs))[0];
 }
 
 }  // namespace tessel

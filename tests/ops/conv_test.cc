@@ -154,6 +154,10 @@ TEST(Conv2d, EveryPathMatchesTheDirectDefinition) {
       {{4, 5, 9, 9}, {10, 1, 3, 3}, {{1, 1}, {1, 1}, {1, 1}, 5}, true},  // depthwise
       {{2, 4, 10, 9}, {4, 1, 5, 3}, {{2, 1}, {2, 1}, {1, 2}, 4}, false},
       {{1, 3, 8, 8}, {4, 3, 3, 3}, {{1, 1}, {1, 1}, {1, 1}, 1}, true},  // batch of one
+      // Taps that only read padding: the kernel is cut to the live ones.
+      {{3, 4, 1, 1}, {5, 4, 3, 3}, {{1, 1}, {1, 1}, {1, 1}, 1}, true},   // the centre alone
+      {{3, 4, 2, 2}, {5, 4, 3, 3}, {{2, 2}, {1, 1}, {1, 1}, 1}, false},  // the last 2x2
+      {{2, 6, 1, 5}, {4, 3, 3, 3}, {{1, 1}, {1, 1}, {1, 1}, 2}, true},   // rows only, grouped
   };
   for (const auto& c : cases) {
     Tensor x = randn(c.x);
@@ -163,6 +167,28 @@ TEST(Conv2d, EveryPathMatchesTheDirectDefinition) {
     EXPECT_TRUE(all_close(out, reference_conv2d(x, w, b, c.args), 1e-5, 1e-5))
         << "x " << shape_str(c.x) << " w " << shape_str(c.w);
   }
+}
+
+TEST(Conv2d, TapsThatOnlyReadPaddingAreSkippedAndGetZeroGradient) {
+  // A 3x3 kernel with padding 1 over a 1x1 plane reads the input with its centre alone: the op
+  // runs with that 1x1 kernel, and the other taps' gradients are zero.
+  Tensor x = randn({2, 4, 1, 1}).set_requires_grad(true);
+  Tensor w = randn({3, 4, 3, 3}).set_requires_grad(true);
+  std::vector<Shape> weights_run;
+  TraceHook previous = set_trace_hook([&](const OpDef& op, const std::vector<Tensor>& inputs,
+                                          const std::vector<Tensor>&, const Attrs&) {
+    if (op.name == "conv2d") weights_run.push_back(inputs[1].sizes());
+  });
+  Tensor y = conv2d(x, w, Tensor(), {1, 1}, {1, 1});
+  set_trace_hook(previous);
+  ASSERT_EQ(weights_run.size(), 1u);
+  EXPECT_EQ(weights_run[0], (Shape{3, 4, 1, 1}));
+  EXPECT_TRUE(
+      all_close(y, reference_conv2d(x, w, Tensor(), {{1, 1}, {1, 1}, {1, 1}, 1}), 1e-5, 1e-5));
+  sum(y).backward();
+  Tensor centre = narrow(narrow(w.grad(), 2, 1, 1), 3, 1, 1);
+  EXPECT_TRUE(all_close(sum(abs(w.grad())), sum(abs(centre)), 0, 0));
+  EXPECT_GT(sum(abs(centre)).item<double>(), 0.0);
 }
 
 TEST(Conv2d, NonContiguousInputsAndWeights) {
@@ -243,6 +269,8 @@ TEST(Conv2d, GradientsMatchFiniteDifferences) {
        {{1, 1}, {1, 0}, {1, 1}, 2},
        true},
       {"images side by side, 1x1", {5, 3, 3, 3}, {2, 3, 1, 1}, {}, false},
+      {"3x3 over a 1x1 plane", {2, 3, 1, 1}, {2, 3, 3, 3}, {{1, 1}, {1, 1}, {1, 1}, 1}, true},
+      {"3x3 stride 2 over 2x2", {2, 3, 2, 2}, {2, 3, 3, 3}, {{2, 2}, {1, 1}, {1, 1}, 1}, false},
   };
   for (const auto& c : cases) {
     Tensor x = randn(c.x, kF64).set_requires_grad(true);
