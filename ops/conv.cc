@@ -218,6 +218,14 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
       (rows.count < weight.size(2) || cols.count < weight.size(3))) {
     used_weight = narrow(narrow(weight, 2, rows.first, rows.count), 3, cols.first, cols.count);
     padding = {rows.padding, cols.padding};
+    // What is left over a 1x1 plane is a product of the channels: one GEMM over the whole batch
+    // instead of the convolution's blocks of images.
+    if (x.size(2) == 1 && x.size(3) == 1 && rows.count == 1 && cols.count == 1 && groups == 1) {
+      const int64_t batch = x.size(0), out_channels = weight.size(0);
+      return reshape(linear(reshape(x, {batch, x.size(1)}),
+                            reshape(used_weight, {out_channels, weight.size(1)}), bias),
+                     {batch, out_channels, 1, 1});
+    }
   }
   Attrs attrs{{"stride", stride}, {"padding", padding}, {"dilation", dilation}, {"groups", groups}};
   return dispatch(ops::conv2d, {x, used_weight, bias}, std::move(attrs))[0];

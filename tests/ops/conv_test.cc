@@ -2,6 +2,8 @@
 // (im2col + GEMM, 1x1, depthwise, grouped) forward and backward, and bad inputs.
 #include "ops/conv.h"
 
+#include <functional>
+
 #include "core/op.h"
 #include "core/threading.h"
 #include "ops/ops.h"
@@ -169,26 +171,46 @@ TEST(Conv2d, EveryPathMatchesTheDirectDefinition) {
   }
 }
 
-TEST(Conv2d, TapsThatOnlyReadPaddingAreSkippedAndGetZeroGradient) {
-  // A 3x3 kernel with padding 1 over a 1x1 plane reads the input with its centre alone: the op
-  // runs with that 1x1 kernel, and the other taps' gradients are zero.
-  Tensor x = randn({2, 4, 1, 1}).set_requires_grad(true);
-  Tensor w = randn({3, 4, 3, 3}).set_requires_grad(true);
-  std::vector<Shape> weights_run;
+// The weight each conv2d or linear op ran with while `run` ran.
+std::vector<Shape> weights_run(const std::function<Tensor()>& run) {
+  std::vector<Shape> weights;
   TraceHook previous = set_trace_hook([&](const OpDef& op, const std::vector<Tensor>& inputs,
                                           const std::vector<Tensor>&, const Attrs&) {
-    if (op.name == "conv2d") weights_run.push_back(inputs[1].sizes());
+    if (op.name == "conv2d" || op.name == "linear") weights.push_back(inputs[1].sizes());
   });
-  Tensor y = conv2d(x, w, Tensor(), {1, 1}, {1, 1});
+  run();
   set_trace_hook(previous);
-  ASSERT_EQ(weights_run.size(), 1u);
-  EXPECT_EQ(weights_run[0], (Shape{3, 4, 1, 1}));
+  return weights;
+}
+
+TEST(Conv2d, TapsThatOnlyReadPaddingAreSkippedAndGetZeroGradient) {
+  // A 3x3 kernel with padding 1 over a 1x1 plane reads the input with its centre alone: it runs
+  // as a product of the channels (one linear op), and the other taps' gradients are zero.
+  Tensor x = randn({2, 4, 1, 1}).set_requires_grad(true);
+  Tensor w = randn({3, 4, 3, 3}).set_requires_grad(true);
+  Tensor y;
+  EXPECT_EQ(weights_run([&] {
+              return y = conv2d(x, w, Tensor(), {1, 1}, {1, 1});
+            }),
+            (std::vector<Shape>{{3, 4}}));
+  EXPECT_EQ(y.sizes(), (Shape{2, 3, 1, 1}));
   EXPECT_TRUE(
       all_close(y, reference_conv2d(x, w, Tensor(), {{1, 1}, {1, 1}, {1, 1}, 1}), 1e-5, 1e-5));
   sum(y).backward();
   Tensor centre = narrow(narrow(w.grad(), 2, 1, 1), 3, 1, 1);
   EXPECT_TRUE(all_close(sum(abs(w.grad())), sum(abs(centre)), 0, 0));
   EXPECT_GT(sum(abs(centre)).item<double>(), 0.0);
+  // Stride 2 over a 2x2 plane: the one output reads rows and columns 0 and 1 with taps 1 and 2.
+  Tensor small = randn({2, 4, 2, 2});
+  EXPECT_EQ(weights_run([&] {
+              return conv2d(small, w, Tensor(), {2, 2}, {1, 1});
+            }),
+            (std::vector<Shape>{{3, 4, 2, 2}}));
+  // Every tap reads the input somewhere: the kernel stays whole.
+  EXPECT_EQ(weights_run([&] {
+              return conv2d(small, w, Tensor(), {1, 1}, {1, 1});
+            }),
+            (std::vector<Shape>{{3, 4, 3, 3}}));
 }
 
 TEST(Conv2d, NonContiguousInputsAndWeights) {
