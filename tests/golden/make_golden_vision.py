@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""Reference values for Tessel's ResNet and ShuffleNet v2, made with torchvision at test time.
+"""Reference values for Tessel's ResNet and ShuffleNet v2, made with torchvision at test time
+(and for the CIFAR-10 ResNets, cifar_resnet20..1202, defined here: torchvision has none).
 
 Three uses (run with Debian's /usr/bin/python3; the C++ tests in tests/zoo call it):
 
@@ -43,12 +44,60 @@ from golden_io import read_safetensors, write_safetensors  # noqa: E402
 
 RESNETS = ["resnet18", "resnet34", "resnet50", "resnet101", "resnet152"]
 SHUFFLENETS = ["shufflenet_v2_x0_5", "shufflenet_v2_x1_0", "shufflenet_v2_x1_5", "shufflenet_v2_x2_0"]
+# He et al.'s CIFAR-10 ResNets (depth 6n + 2): name -> n. torchvision has none; defined below.
+CIFAR_RESNETS = {"cifar_resnet20": 3, "cifar_resnet32": 5, "cifar_resnet44": 7,
+                 "cifar_resnet56": 9, "cifar_resnet110": 18, "cifar_resnet1202": 200}
+
+
+class CifarBasicBlock(nn.Module):
+    """Two 3x3 conv + batch norm; shortcut: identity, or option A (every other pixel, the added
+    channels zero, half on each side)."""
+
+    def __init__(self, in_planes, planes, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_planes, planes, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.stride, self.added = stride, planes - in_planes
+
+    def forward(self, x):
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        shortcut = x[:, :, ::self.stride, ::self.stride]
+        if self.added:
+            half = self.added // 2
+            shortcut = F.pad(shortcut, (0, 0, 0, 0, half, half))
+        return F.relu(out + shortcut)
+
+
+class CifarResNet(nn.Module):
+    def __init__(self, blocks, num_classes, in_channels):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, 16, 3, 1, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(16)
+        planes_in = 16
+        for index, (planes, stride) in enumerate([(16, 1), (32, 2), (64, 2)]):
+            stage = []
+            for block in range(blocks):
+                stage.append(CifarBasicBlock(planes_in, planes, stride if block == 0 else 1))
+                planes_in = planes
+            setattr(self, f"layer{index + 1}", nn.Sequential(*stage))
+        self.linear = nn.Linear(64, num_classes)
+
+    def forward(self, x):
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.layer3(self.layer2(self.layer1(out)))
+        return self.linear(out.mean(dim=(2, 3)))
 
 
 def build_model(name, num_classes, in_channels, small_image_stem):
     """The torchvision model, with the stem adapted the way Tessel's options adapt it."""
+    if name in CIFAR_RESNETS:
+        return CifarResNet(CIFAR_RESNETS[name], num_classes, in_channels)
     if name not in RESNETS + SHUFFLENETS:
-        raise SystemExit(f"unknown model {name!r} (known: {', '.join(RESNETS + SHUFFLENETS)})")
+        known = RESNETS + SHUFFLENETS + list(CIFAR_RESNETS)
+        raise SystemExit(f"unknown model {name!r} (known: {', '.join(known)})")
     model = getattr(torchvision.models, name)(num_classes=num_classes)
     if name in RESNETS:
         if small_image_stem or in_channels != 3:

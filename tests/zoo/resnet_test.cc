@@ -15,6 +15,7 @@
 
 #include "core/autograd.h"
 #include "core/safetensors.h"
+#include "models/cifar_resnet.h"
 #include "ops/ops.h"
 #include "tests/testing.h"
 #include "tests/zoo/vision_golden.h"
@@ -327,6 +328,101 @@ TEST(ResNet, BadOptionsAreRejected) {
         ResNet(ResNetBlock::kBasic, {2, 2, 2});
       },
       "expected 4 block counts (one per layer), got 3"));
+}
+
+// ---- The CIFAR-10 ResNets (He et al.; the DTR paper's ResNet-1202) ----
+
+// One reference step of a CIFAR ResNet from the script (its own PyTorch definition), then Tessel
+// in f64 and f32.
+void check_cifar_step(const std::string& name, const std::string& mode) {
+  const std::string path = temp_path(name + "_" + mode + ".safetensors");
+  ASSERT_EQ(
+      run_golden_script("--model " + name + " --mode " + mode +
+                        " --batch 3 --size 16 --num-classes 10 --in-channels 3 --out " + path),
+      "");
+  const auto golden = load_safetensors(path);
+  for (DType dtype : {DType::kFloat64, DType::kFloat32}) {
+    SCOPED_TRACE(name + " " + mode + " in " + dtype_name(dtype));
+    expect_step_matches(*make_cifar_resnet(name), golden, mode == "train", dtype,
+                        F32Gradients::kNorm);
+  }
+}
+
+TEST(CifarResNetParity, TrainStepMatchesPyTorch) {
+  SKIP_WITHOUT_TORCH();
+  // Both option A shortcuts (16 -> 32 -> 64 channels, stride 2) and identity shortcuts.
+  check_cifar_step("cifar_resnet20", "train");
+}
+
+TEST(CifarResNetParity, EvalStepMatchesPyTorch) {
+  SKIP_WITHOUT_TORCH();
+  check_cifar_step("cifar_resnet20", "eval");
+}
+
+TEST(CifarResNet, StateDictNamesAndShapesMatchTheReferenceForEveryDepth) {
+  SKIP_WITHOUT_TORCH();
+  std::string all_names;
+  for (const auto& name : cifar_resnet_names()) all_names += (all_names.empty() ? "" : ",") + name;
+  const auto listing = torchvision_listing(all_names, " --num-classes 10");
+  ASSERT_EQ(listing.size(), cifar_resnet_names().size());
+  for (const auto& name : cifar_resnet_names())
+    expect_same_listing(tessel_listing(*make_cifar_resnet(name)), listing.at(name), name);
+}
+
+TEST(CifarResNet, ParameterCountsAreThePapers) {
+  // He et al., table 6: 0.27M, 0.46M, 0.66M, 0.85M, 1.7M and 19.4M parameters.
+  const std::map<std::string, int64_t> expected = {
+      {"cifar_resnet20", 269722}, {"cifar_resnet32", 464154},   {"cifar_resnet44", 658586},
+      {"cifar_resnet56", 853018}, {"cifar_resnet110", 1727962}, {"cifar_resnet1202", 19421274}};
+  for (const auto& [name, count] : expected) {
+    int64_t parameters = 0;
+    for (const Tensor& parameter : make_cifar_resnet(name)->parameters())
+      parameters += parameter.numel();
+    EXPECT_EQ(parameters, count) << name;
+  }
+}
+
+TEST(CifarResNet, ShortcutsHalveThePlaneAndPadChannelsWithZeros) {
+  CifarBasicBlock block(16, 32, 2);
+  for (nn::Module* module : block.modules())
+    if (auto* conv = dynamic_cast<nn::Conv2d*>(module)) nn::init::zeros_(conv->weight);
+  block.eval();  // batch norm of a zero convolution: its bias, zero
+  NoGradGuard no_grad;
+  const Tensor x = relu(randn({2, 16, 6, 6}));
+  const Tensor y = block.forward(x);
+  ASSERT_EQ(y.sizes(), (Shape{2, 32, 3, 3}));
+  // With both convolutions zero the block is relu(shortcut): 8 zero channels each side.
+  const Tensor expected =
+      cat({zeros({2, 8, 3, 3}), x.slice(2, 0, 6, 2).slice(3, 0, 6, 2), zeros({2, 8, 3, 3})}, 1);
+  EXPECT_TRUE(all_close(y, expected, 0, 0));
+}
+
+TEST(CifarResNet, TrainsOneStepWithGradientsForEveryParameter) {
+  auto model = make_cifar_resnet("cifar_resnet20");
+  Tensor loss = cross_entropy(model->forward(randn({4, 3, 32, 32})), randint(0, 10, {4}));
+  loss.backward();
+  EXPECT_TRUE(std::isfinite(loss.item<double>()));
+  for (const auto& [name, parameter] : model->named_parameters()) {
+    ASSERT_TRUE(parameter.grad().defined()) << name;
+    EXPECT_GT(sum(abs(parameter.grad())).item<double>(), 0.0) << name;
+  }
+}
+
+TEST(CifarResNet, BadNamesOptionsAndInputsAreClearErrors) {
+  EXPECT_TRUE(throws_error([] { make_cifar_resnet("cifar_resnet19"); },
+                           "make_cifar_resnet: unknown model 'cifar_resnet19' (known models: "
+                           "cifar_resnet20, cifar_resnet32, cifar_resnet44, cifar_resnet56, "
+                           "cifar_resnet110, cifar_resnet1202)"));
+  EXPECT_TRUE(
+      throws_error([] { make_cifar_resnet("cifar_resnet20", CifarResNetOptions().num_classes(0)); },
+                   "num_classes must be positive, got 0"));
+  EXPECT_TRUE(throws_error([] { CifarBasicBlock(32, 16, 2); },
+                           "option A shortcuts keep or add an even number of channels"));
+  EXPECT_TRUE(throws_error(
+      [] {
+        make_cifar_resnet("cifar_resnet20")->forward(randn({1, 1, 32, 32}));
+      },
+      "CifarResNet: expected images (N, 3, H, W), got shape [1, 1, 32, 32]"));
 }
 
 }  // namespace
