@@ -25,6 +25,8 @@ POLICIES = "dtr,swap,auto"
 
 # id: (memory_sweep flags, whole-peak fractions)
 SWEEPS = {
+    # The DTR paper's ResNet-1202 (He et al.'s CIFAR-10 ResNet) at its batch and budgets.
+    "cifar_resnet1202": (["--model=cifar_resnet1202", "--batch=64", "--image=32"], "0.9,0.45,0.22"),
     "resnet50": (["--model=resnet50", "--batch=128"], "0.9,0.7,0.5,0.45,0.3,0.22"),
     "resnet152": (["--model=resnet152", "--batch=128"], "0.9,0.7,0.45,0.3,0.22"),
     "shufflenet_v2_x2_0": (["--model=shufflenet_v2_x2_0", "--batch=256"],
@@ -42,6 +44,8 @@ LARGEST = {
     "bert_base": (["--model=bert_base", "--seq=512", "--vocab=30522"], "80GB", 2048),
 }
 LARGEST_POLICIES = "none,dtr,swap,auto"
+# One step's memory timeline: (case, memory_sweep flags), drawn by tools/plot_memory.py.
+TIMELINE = ("resnet50", ["--model=resnet50", "--batch=128", "--policies=auto", "--fractions=0.2"])
 
 # The papers' points (fraction of the whole peak, slowdown), for the tables and the plot.
 PAPER_POINTS = {
@@ -113,7 +117,8 @@ def sweep_table(lines):
             "gradients, momentum) %s" %
             (reference["model"], reference["batch"],
              ", sequence %d, vocabulary %d" % (reference["seq"], reference["vocab"])
-             if reference["model"].startswith("bert") else ", 224x224",
+             if reference["model"].startswith("bert")
+             else ", %dx%d" % (reference["image"], reference["image"]),
              1e3 * reference["step_s"], fmt_bytes(reference["peak_bytes"]),
              fmt_bytes(reference["fixed_bytes"])))
     return head, out
@@ -203,6 +208,16 @@ def main():
                                           "--max_batch=%d" % max_batch,
                                           "--policies=" + LARGEST_POLICIES], log)
 
+    timeline = None
+    if TIMELINE[0] in cases:
+        print("memory_sim: one step's timeline (%s)" % " ".join(TIMELINE[1]), flush=True)
+        json_path = os.path.join(args.out, "memory_sim_timeline.json")
+        timeline = run_sweep(TIMELINE[1] + ["--memory_json=" + json_path], log)[0]
+        subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "tools", "plot_memory.py"),
+                        json_path, "-o", os.path.join(args.out, "memory_sim_timeline.png"),
+                        "--title", "ResNet-50 batch 128 under auto at f = 0.2 of its activations "
+                        "(simulated H200): one training step"], cwd=ROOT, check=True)
+
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
     commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT,
                             capture_output=True, text=True).stdout.strip()
@@ -231,7 +246,7 @@ def main():
           "for the host link (stalls).", ""]
     if plotted:
         md += ["![slowdown against the budget](memory_sim.png)", ""]
-    md += ["The DTR paper's points (its own GPU measurements, other models): " +
+    md += ["The DTR paper's points (its own GPU measurements): " +
            "; ".join("%s: %s" % (name, ", ".join("%.2fx at %d%%" % (s, round(100 * f))
                                                    for f, s in points))
                      for name, points in PAPER_POINTS.items()) + ".", ""]
@@ -242,6 +257,14 @@ def main():
             _, table = sweep_table(activation_sweeps[case])
             md += ["At fractions of the activation memory (the goals: auto at most 1.10x at "
                    "0.5 and 1.25x at 0.2):", ""] + table + [""]
+    if timeline:
+        md += ["## One step at f = 0.2", "",
+               "ResNet-50, batch 128, under auto at 0.2 of its activation memory (%s budget): "
+               "the allocated bytes of one training step (the second under the budget) with every "
+               "eviction, recompute and swap, and the blocks after it (%.2fx the unconstrained "
+               "step). Data: memory_sim_timeline.json (tools/plot_memory.py draws it)." %
+               (fmt_bytes(timeline["budget_bytes"]), timeline["slowdown"]), "",
+               "![one step under auto at f = 0.2](memory_sim_timeline.png)", ""]
     if largest:
         md += ["## Largest batch within a fixed budget", "",
                "The largest batch for which two training steps run within the budget "

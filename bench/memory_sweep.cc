@@ -1,8 +1,10 @@
 // Training steps under memory budgets, for bench/memory_bench (results in bench/results/memory.md).
 // Budget sweep: one unconstrained run measures the whole peak and the fixed memory (parameters,
 // gradients, momentum), then every policy trains at activation budgets
-// budget = fixed + f * (peak - fixed), each point timed against an unconstrained run made just
-// before it; each point prints one JSON line (host link busy and wait times, prefetches).
+// budget = fixed + f * (peak - fixed). Each point is --pairs (5) pairs of a budgeted and an
+// unconstrained run (each a fresh model, --warmup steps, then --steps timed ones), the first of
+// a pair alternating; it prints one JSON line: the median over the pairs of the ratio of the
+// median steps, the range and every pair's ratio, host link busy and wait times, prefetches.
 //   memory_sweep --model=resnet50 --batch=8 --fractions=1,0.5,0.3 --policies=dtr,auto
 // --no_prefetch / --no_swap_ahead turn off the residency manager's prefetch in backward and its
 // swap-ahead in forward (to measure what they bring).
@@ -16,6 +18,11 @@
 // --whole_peak_fractions=0.9,0.45 gives budgets as fractions of the whole peak (the DTR paper's
 // measure) instead of the activation memory. --simulated_layout=arena lays the budget out as
 // one arena, as on the CPU, instead of segments taken on demand as on a GPU.
+// --memory_json=PATH: each budgeted point of a sweep writes there (the last one stays) its
+// allocator's blocks after the last timed step and the timeline of that step, for
+// tools/plot_memory.py:
+//   memory_sweep --simulate=... --model=resnet50 --batch=128 --policies=auto --fractions=0.2 \
+//       --memory_json=step.json && tools/plot_memory.py step.json
 //   memory_sweep --simulate=parallel/profiles/h200_cluster.json --model=resnet50 --batch=128
 #include <sys/resource.h>
 
@@ -24,6 +31,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <memory>
@@ -37,8 +45,10 @@
 #include "core/run_main.h"
 #include "core/threading.h"
 #include "memory/memory.h"
+#include "memory/memory_json.h"
 #include "memory/sim/simulator.h"
 #include "models/bert.h"
+#include "models/cifar_resnet.h"
 #include "models/resnet.h"
 #include "models/shufflenet.h"
 #include "ops/ops.h"
@@ -67,6 +77,8 @@ struct Settings {
   int64_t vocab = 8000;
   int warmup = 1;
   int steps = 2;
+  // Sweep points on a real device: pairs of an unconstrained and a budgeted run (--pairs).
+  int pairs = 5;
   std::vector<double> fractions = {1.0, 0.7, 0.5, 0.4, 0.3, 0.2};
   std::vector<std::string> policies = {"dtr", "swap", "split", "auto"};
   bool largest_batch = false;
@@ -76,9 +88,11 @@ struct Settings {
   memory::CostSource cost_source = memory::CostSource::kMeasured;
   bool prefetch = true;
   bool swap_ahead = true;
-  bool whole_peak_fractions = false;
-  bool full_errors = false;  // print every failed point's whole report (--full_errors)  //
-                             // fractions of the whole peak, not of the activations
+  bool whole_peak_fractions = false;  // fractions of the whole peak, not of the activations
+  bool full_errors = false;           // print every failed point's whole report (--full_errors)
+  // --memory_json: where the budgeted points write their allocator's memory JSON (blocks after the
+  // last timed step, the timeline of that step only), for tools/plot_memory.py.
+  std::string memory_json;
   // Set by --simulate: the device is meta and times are simulated.
   memory::sim::Simulation* simulation = nullptr;
 };
@@ -115,8 +129,13 @@ std::unique_ptr<Trainer> make_trainer(const Settings& settings, int64_t batch) {
     };
   } else {
     const auto& resnets = models::resnet_names();
+    const auto& cifar_resnets = models::cifar_resnet_names();
     const auto& shufflenets = models::shufflenet_names();
-    if (std::count(resnets.begin(), resnets.end(), settings.model)) {
+    int64_t classes = 1000;
+    if (std::count(cifar_resnets.begin(), cifar_resnets.end(), settings.model)) {
+      classes = 10;
+      trainer->model = models::make_cifar_resnet(settings.model);
+    } else if (std::count(resnets.begin(), resnets.end(), settings.model)) {
       trainer->model =
           models::make_resnet(settings.model, models::ResNetOptions().num_classes(1000));
     } else if (settings.model == "shufflenet" ||
@@ -126,7 +145,8 @@ std::unique_ptr<Trainer> make_trainer(const Settings& settings, int64_t batch) {
           models::ShuffleNetV2Options().num_classes(1000));
     } else {
       TESSEL_FAIL("memory_sweep: unknown --model '", settings.model,
-                  "' (resnet18..resnet152, shufflenet_v2_x0_5..x2_0, bert_tiny..bert_large)");
+                  "' (resnet18..resnet152, cifar_resnet20..cifar_resnet1202, "
+                  "shufflenet_v2_x0_5..x2_0, bert_tiny..bert_large)");
     }
     const Shape images{batch, 3, settings.image, settings.image};
     // On meta (simulating) the values do not matter: no CPU bytes for a batch of thousands.
@@ -135,7 +155,7 @@ std::unique_ptr<Trainer> make_trainer(const Settings& settings, int64_t batch) {
             ? std::vector<Tensor>{empty(images, TensorOptions().device(Device::meta())),
                                   empty({batch},
                                         TensorOptions(DType::kInt64).device(Device::meta()))}
-            : std::vector<Tensor>{randn(images), randint(0, 1000, {batch})};
+            : std::vector<Tensor>{randn(images), randint(0, classes, {batch})};
     trainer->loss = [raw]() {
       return cross_entropy(raw->model->forward(raw->batch[0]), raw->batch[1]);
     };
@@ -149,6 +169,13 @@ std::unique_ptr<Trainer> make_trainer(const Settings& settings, int64_t batch) {
   trainer->optimizer = std::make_unique<optim::SGD>(
       trainer->model->parameters(), optim::SGDOptions(kLearningRate).momentum(kMomentum));
   return trainer;
+}
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t middle = values.size() / 2;
+  return values.size() % 2 ? values[middle] : 0.5 * (values[middle - 1] + values[middle]);
 }
 
 double process_cpu_seconds() {
@@ -175,10 +202,9 @@ double step_clock(const Settings& settings) {
 struct Point {
   bool ok = true;
   std::string error;
-  // The fastest timed step: on a shared machine other work only ever adds time.
-  double step_seconds = 0;
+  double step_seconds = 0;  // the median timed step (simulated: the fastest)
   std::vector<double> step_times;
-  double cpu_seconds = 0;  // process CPU time (user + system) of the fastest step
+  double cpu_seconds = 0;  // the median of the timed steps' process CPU time (user + system)
   size_t peak = 0;
   size_t fixed = 0;
   memory::PolicyCounters counters;  // per timed step (means)
@@ -194,7 +220,29 @@ struct Point {
   double stall_seconds = 0;
 };
 
-Point measure(const Settings& settings, int64_t batch, const MemoryOptions& options) {
+// Writes the memory JSON of `allocator` to `path`, its timeline cut to the events from
+// `first_clock` on (one step).
+void write_step_memory_json(const std::string& path, const memory::CachingAllocator& allocator,
+                            int64_t first_clock) {
+  nlohmann::json data = memory::memory_json(allocator);
+  nlohmann::json step = nlohmann::json::array();
+  int64_t earlier = data.value("timeline_dropped", int64_t{0});
+  for (const auto& event : data["timeline"]) {
+    if (event["clock"].get<int64_t>() >= first_clock) {
+      step.push_back(event);
+    } else {
+      ++earlier;
+    }
+  }
+  data["timeline"] = std::move(step);
+  data["timeline_dropped"] = earlier;
+  std::ofstream out(path);
+  out << data.dump() << "\n";
+  TESSEL_CHECK(out.good(), "memory_sweep: cannot write ", path);
+}
+
+Point measure(const Settings& settings, int64_t batch, const MemoryOptions& options,
+              bool write_memory_json = false) {
   Point point;
   memory::MemoryScope scope(options);
   try {
@@ -207,20 +255,27 @@ Point measure(const Settings& settings, int64_t batch, const MemoryOptions& opti
     const double wait_start = manager ? manager->host_link().wait_seconds() : 0;
     const memory::ResidencyStats residency_start =
         manager ? manager->stats() : memory::ResidencyStats{};
-    point.step_seconds = 1e30;
+    std::vector<double> cpu_times;
     if (settings.simulation) settings.simulation->reset_counters();
+    int64_t last_step_clock = 0;
     for (int i = 0; i < settings.steps; ++i) {
+      last_step_clock = scope.allocator().clock();
       const double cpu_start = process_cpu_seconds();
       const double start = step_clock(settings);
       point.loss = train_step(*trainer);
       const double seconds = step_clock(settings) - start;
       point.step_times.push_back(seconds);
-      if (seconds < point.step_seconds) {
-        point.step_seconds = seconds;
-        point.cpu_seconds = process_cpu_seconds() - cpu_start;
-      }
+      cpu_times.push_back(process_cpu_seconds() - cpu_start);
     }
+    // Real steps: the median. Simulated steps differ only by what earlier steps left behind:
+    // the fastest, as memory_sim.md has always reported.
+    point.step_seconds = settings.simulation
+                             ? *std::min_element(point.step_times.begin(), point.step_times.end())
+                             : median(point.step_times);
+    point.cpu_seconds = median(cpu_times);
     const memory::PolicyCounters total = memory::step_counters();
+    if (write_memory_json)
+      write_step_memory_json(settings.memory_json, scope.allocator(), last_step_clock);
     if (settings.simulation) {
       const memory::sim::SimulationCounters simulated = settings.simulation->counters();
       point.compute_seconds = simulated.compute_seconds / settings.steps;
@@ -317,19 +372,37 @@ void sweep(const Settings& settings) {
   for (const std::string& name : settings.policies) {
     const Policy policy = memory::parse_policy(name);
     for (double fraction : settings.fractions) {
-      // Every point against an unconstrained run made just before it: the speed of this shared
-      // machine drifts over minutes, which would scale every later ratio of a single reference.
-      // A simulation gives the same time every run: its reference serves every point.
-      const Point base = settings.simulation ? reference
-                                             : measure(settings, settings.batch,
-                                                       MemoryOptions().device(settings.device));
-      TESSEL_CHECK(base.ok, "memory_sweep: the unconstrained run failed: ", base.error);
-      reference_seconds.push_back(base.step_seconds);
       const size_t budget =
           settings.whole_peak_fractions
               ? static_cast<size_t>(fraction * static_cast<double>(reference.peak))
               : memory::activation_budget(reference.fixed, reference.peak, fraction);
-      const Point point = measure(settings, settings.batch, options_for(settings, budget, policy));
+      // Pairs of an unconstrained and a budgeted run, the first of each pair alternating: the
+      // speed of a shared machine drifts over minutes, which would scale every later ratio of a
+      // single reference. A simulation gives the same time every run: one budgeted run against
+      // its reference.
+      const int pairs = settings.simulation ? 1 : settings.pairs;
+      std::vector<double> ratios, cpu_ratios, base_seconds, base_cpu_seconds, point_seconds;
+      Point point;
+      for (int pair = 0; pair < pairs && point.ok; ++pair) {
+        Point base = reference;
+        auto run_base = [&] {
+          if (settings.simulation) return;
+          base = measure(settings, settings.batch, MemoryOptions().device(settings.device));
+          TESSEL_CHECK(base.ok, "memory_sweep: the unconstrained run failed: ", base.error);
+        };
+        if (pair % 2 == 0) run_base();
+        point = measure(settings, settings.batch, options_for(settings, budget, policy),
+                        !settings.memory_json.empty());
+        if (pair % 2 == 1) run_base();
+        reference_seconds.push_back(base.step_seconds);
+        base_seconds.push_back(base.step_seconds);
+        base_cpu_seconds.push_back(base.cpu_seconds);
+        if (!point.ok) break;
+        point_seconds.push_back(point.step_seconds);
+        ratios.push_back(point.step_seconds / base.step_seconds);
+        cpu_ratios.push_back(point.cpu_seconds / base.cpu_seconds);
+      }
+      if (point.ok) point.step_seconds = median(point_seconds);
       nlohmann::ordered_json line = point_json(settings, settings.batch, point);
       line["kind"] = "sweep";
       line["policy"] = name;
@@ -341,13 +414,22 @@ void sweep(const Settings& settings) {
       line["budget_bytes"] = budget;
       line["whole_peak_fraction"] =
           static_cast<double>(budget) / static_cast<double>(reference.peak);
-      line["reference_step_s"] = base.step_seconds;
-      line["reference_cpu_s"] = base.cpu_seconds;
-      line["slowdown"] = point.ok ? point.step_seconds / base.step_seconds : 0.0;
-      line["cpu_slowdown"] = point.ok ? point.cpu_seconds / base.cpu_seconds : 0.0;
+      // The cell: medians over the pairs, with the range of the per-pair ratios.
+      line["pairs"] = ratios.size();
+      line["reference_step_s"] = median(base_seconds);
+      line["reference_cpu_s"] = median(base_cpu_seconds);
+      line["slowdown"] = point.ok ? median(ratios) : 0.0;
+      line["cpu_slowdown"] = point.ok ? median(cpu_ratios) : 0.0;
+      line["pair_slowdowns"] = ratios;
+      line["pair_cpu_slowdowns"] = cpu_ratios;
+      if (point.ok) {
+        line["slowdown_min"] = *std::min_element(ratios.begin(), ratios.end());
+        line["slowdown_max"] = *std::max_element(ratios.begin(), ratios.end());
+      }
       std::cout << line.dump() << std::endl;
       std::cerr << "  " << name << " f=" << fraction << ": "
-                << (point.ok ? std::to_string(point.step_seconds / base.step_seconds) + "x"
+                << (point.ok ? std::to_string(median(ratios)) + "x (" +
+                                   std::to_string(ratios.size()) + " pairs)"
                              : "failed: " + point.error)
                 << "; " << memory::format_counters(point.counters) << "; host link busy "
                 << point.link_busy_seconds << " s, waited for " << point.link_wait_seconds << " s; "
@@ -359,11 +441,7 @@ void sweep(const Settings& settings) {
   nlohmann::ordered_json head = point_json(settings, settings.batch, reference);
   head["kind"] = "reference";
   head["step_s_runs"] = reference_seconds;
-  if (!reference_seconds.empty()) {
-    std::vector<double> sorted = reference_seconds;
-    std::sort(sorted.begin(), sorted.end());
-    head["step_s"] = sorted[sorted.size() / 2];
-  }
+  if (!reference_seconds.empty()) head["step_s"] = median(reference_seconds);
   std::cout << head.dump() << std::endl;
 }
 
@@ -443,6 +521,8 @@ int run(int argc, char** argv) {
       settings.warmup = std::atoi(v);
     } else if (const char* v = value("--steps=")) {
       settings.steps = std::atoi(v);
+    } else if (const char* v = value("--pairs=")) {
+      settings.pairs = std::atoi(v);
     } else if (const char* v = value("--threads=")) {
       threads = std::atoi(v);
     } else if (const char* v = value("--fractions=")) {
@@ -464,6 +544,8 @@ int run(int argc, char** argv) {
       settings.cost_source = memory::CostSource::kEstimated;  // from FLOPs and bytes, not timed
     } else if (arg == "--full_errors") {
       settings.full_errors = true;
+    } else if (const char* v = value("--memory_json=")) {
+      settings.memory_json = v;
     } else if (arg == "--largest_batch") {
       settings.largest_batch = true;
     } else if (const char* v = value("--whole_peak_fractions=")) {
@@ -482,6 +564,8 @@ int run(int argc, char** argv) {
       return 2;
     }
   }
+  TESSEL_CHECK(settings.steps >= 1 && settings.warmup >= 0 && settings.pairs >= 1,
+               "memory_sweep: --steps and --pairs must be at least 1, --warmup at least 0");
   set_num_threads(threads);
   std::unique_ptr<memory::sim::Simulation> simulation;
   if (!profile_path.empty()) {

@@ -4,7 +4,7 @@ and with torch.utils.checkpoint over their stages (PyTorch's manual way to save 
 
 One configuration per call, one JSON line on stdout. Two measurements, each in a process of its
 own so neither disturbs the other:
-  time    warm-up steps, then timed steps (seconds per step: the fastest)
+  time    warm-up steps, then timed steps (seconds per step: the median)
   memory  the first steps of a fresh process under MALLOC_MMAP_THRESHOLD_=131072 (every large
           tensor is its own mapping, returned to the system when freed, so the resident set
           follows live tensors); the peak is the resident set's high-water mark (VmHWM, reset
@@ -17,6 +17,7 @@ own so neither disturbs the other:
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -119,7 +120,7 @@ def measure(args):
             step()
             times.append(time.perf_counter() - start)
         result["step_times_s"] = times
-        result["step_s"] = min(times)  # the fastest: other work on the machine only adds
+        result["step_s"] = statistics.median(times)
     else:
         before = rss_bytes("VmRSS")
         with open("/proc/self/clear_refs", "w") as refs:

@@ -3,7 +3,7 @@
 
 Builds the same network as bench/train_step_bench.cc (torchvision definitions; BERT written out
 below with the module layout of the public checkpoints, as models/bert.cc), a fixed batch of
-random data of the same shapes, SGD with momentum 0.9, then serves the same protocol on stdin:
+random data of the same shapes, SGD with momentum 0.9 (AdamW for the user CNN), then serves the same protocol on stdin:
 "run N" answers "ms t1 ... tN" (milliseconds per step), "quit" ends. By hand:
   /usr/bin/python3 bench/torch_train_step.py --case resnet18_32 --threads 2
   python3 bench/torch_train_step.py --case bert_base_128 --device cuda --precision bf16
@@ -23,6 +23,7 @@ import torchvision
 
 LEARNING_RATE = 0.01
 MOMENTUM = 0.9
+ADAMW_LEARNING_RATE = 1e-3  # the user CNN's AdamW (weight decay 0.01, as in Tessel)
 
 
 class BertConfig:
@@ -149,11 +150,21 @@ def disable_tf32():
         torch.backends.cudnn.allow_tf32 = False
 
 
+def user_cnn():
+    """train_step_bench's user_cnn: three 3x3 conv-bn-relu blocks (32, 64 stride 2, 64 channels),
+    global average pooling, a linear classifier."""
+    def block(inputs, outputs, stride):
+        return [nn.Conv2d(inputs, outputs, 3, stride, 1, bias=False), nn.BatchNorm2d(outputs),
+                nn.ReLU()]
+    return nn.Sequential(*block(1, 32, 1), *block(32, 64, 2), *block(64, 64, 1),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
+
+
 def count_parameters(model):
     return sum(p.numel() for p in model.parameters())
 
 
-def classifier_case(model, batch, size, classes, options, channels=3):
+def classifier_case(model, batch, size, classes, options, channels=3, adamw=False):
     # Random data made on the CPU (the same draws on every device), then moved.
     images = torch.randn(batch, channels, size, size).to(options.device)
     targets = torch.randint(0, classes, (batch,)).to(options.device)
@@ -171,7 +182,10 @@ def classifier_case(model, batch, size, classes, options, channels=3):
 
         return batch, count_parameters(model), evaluate
     model.train()
-    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM)
+    if adamw:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=ADAMW_LEARNING_RATE)
+    else:
+        optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM)
 
     def step():
         with options.autocast():
@@ -248,6 +262,9 @@ def make_case(name, batch, options):
         model = torchvision.models.resnet18(num_classes=10)
         model.conv1 = nn.Conv2d(1, 64, kernel_size=7, stride=2, padding=3, bias=False)
         return classifier_case(model, batch_or(128), 28, 10, options, channels=1)
+    if name == "user_cnn_fashion":
+        return classifier_case(user_cnn(), batch_or(128), 28, 10, options, channels=1,
+                               adamw=True)
     if options.eval and not name.startswith(("resnet", "shufflenet")):
         raise SystemExit(f"torch_train_step: --mode eval takes a classifier case, not '{name}'")
     if name == "resnet50_224":

@@ -6,7 +6,8 @@
 //   --by-shape splitting it by input shapes.
 //   train_step_bench --case=resnet50_224 --device=cuda --precision=bf16 --batch=128
 // Cases: resnet18_32, resnet18_fashion (the Fashion-MNIST recipe's ResNet-18: 1x28x28, 10
-// classes, torchvision stem, batch 128), resnet50_224, shufflenet_224, bert_mini_128,
+// classes, torchvision stem, batch 128), user_cnn_fashion (a user's small CNN on 1x28x28, batch
+// 128, AdamW), resnet50_224, shufflenet_224, bert_mini_128,
 // bert_base_128, conv3x3_C_S (3x3 conv forward + backward, batch 32, C channels, SxS).
 // --batch=N overrides a case's batch. --mode=eval times what evaluation does instead of a
 // training step (classifier cases): eval mode, no autograd, forward, loss and argmax.
@@ -38,7 +39,9 @@
 #include "models/bert.h"
 #include "models/resnet.h"
 #include "models/shufflenet.h"
+#include "nn/nn.h"
 #include "ops/ops.h"
+#include "optim/adam.h"
 #include "optim/sgd.h"
 
 namespace tessel::bench {
@@ -48,6 +51,20 @@ using Clock = std::chrono::steady_clock;
 
 constexpr double kLearningRate = 0.01;
 constexpr double kMomentum = 0.9;
+constexpr double kAdamWLearningRate = 1e-3;  // the user CNN's AdamW (weight decay 0.01)
+
+// A small CNN as a user writes one for 28x28 grey images: three 3x3 conv-bn-relu blocks of 32,
+// 64 (stride 2) and 64 channels, global average pooling, a linear classifier.
+std::shared_ptr<nn::Sequential> user_cnn() {
+  auto block = [](int64_t in, int64_t out, int64_t stride) {
+    return std::make_shared<nn::Sequential>(
+        nn::Conv2d(nn::Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(false)),
+        nn::BatchNorm2d(out), nn::ReLU());
+  };
+  return std::make_shared<nn::Sequential>(block(1, 32, 1), block(32, 64, 2), block(64, 64, 1),
+                                          nn::AdaptiveAvgPool2d(nn::IntPair(1, 1)), nn::Flatten(),
+                                          nn::Linear(64, 10));
+}
 
 // Where and how a case runs: the device its model and batch live on, and bf16 autocast.
 struct StepOptions {
@@ -74,31 +91,40 @@ int64_t count_elements(const std::vector<Tensor>& tensors) {
 template <typename Model>
 struct Holder {
   std::shared_ptr<Model> model;
-  std::unique_ptr<optim::SGD> optimizer;
+  std::unique_ptr<optim::Optimizer> optimizer;
   std::vector<Tensor> batch;
 };
+
+enum class OptimizerKind { kSgdMomentum, kAdamW };
 
 // Puts the model on the device before the optimizer takes its parameters (its momentum buffers
 // are made where the parameters are), and moves the batch, made on the CPU, there too.
 template <typename Model>
 std::shared_ptr<Holder<Model>> make_holder(std::shared_ptr<Model> model, std::vector<Tensor> batch,
-                                           const StepOptions& options) {
+                                           const StepOptions& options,
+                                           OptimizerKind optimizer = OptimizerKind::kSgdMomentum) {
   auto holder = std::make_shared<Holder<Model>>();
   holder->model = std::move(model);
   holder->model->to(options.device);
   holder->model->train();
-  holder->optimizer = std::make_unique<optim::SGD>(
-      holder->model->parameters(), optim::SGDOptions(kLearningRate).momentum(kMomentum));
+  if (optimizer == OptimizerKind::kAdamW) {
+    holder->optimizer = std::make_unique<optim::AdamW>(holder->model->parameters(),
+                                                       optim::AdamWOptions(kAdamWLearningRate));
+  } else {
+    holder->optimizer = std::make_unique<optim::SGD>(
+        holder->model->parameters(), optim::SGDOptions(kLearningRate).momentum(kMomentum));
+  }
   for (Tensor& tensor : batch) holder->batch.push_back(tensor.to(options.device));
   return holder;
 }
 
 template <typename Model>
 TrainCase classifier_case(std::shared_ptr<Model> model, int64_t batch, int64_t size,
-                          int64_t classes, const StepOptions& options, int64_t channels = 3) {
-  auto holder =
-      make_holder(std::move(model),
-                  {randn({batch, channels, size, size}), randint(0, classes, {batch})}, options);
+                          int64_t classes, const StepOptions& options, int64_t channels = 3,
+                          OptimizerKind optimizer = OptimizerKind::kSgdMomentum) {
+  auto holder = make_holder(std::move(model),
+                            {randn({batch, channels, size, size}), randint(0, classes, {batch})},
+                            options, optimizer);
   const int64_t parameters = count_elements(holder->model->parameters());
   if (options.eval) {
     holder->model->eval();
@@ -189,6 +215,9 @@ TrainCase make_case(const std::string& name, int64_t batch, const StepOptions& o
   if (name == "resnet18_fashion")
     return classifier_case(models::resnet18(models::ResNetOptions().num_classes(10).in_channels(1)),
                            batch_or(128), 28, 10, options, /*channels=*/1);
+  if (name == "user_cnn_fashion")
+    return classifier_case(user_cnn(), batch_or(128), 28, 10, options, /*channels=*/1,
+                           OptimizerKind::kAdamW);
   if (name == "resnet50_224")
     return classifier_case(models::resnet50(), batch_or(8), 224, 1000, options);
   if (name == "shufflenet_224")
@@ -199,7 +228,7 @@ TrainCase make_case(const std::string& name, int64_t batch, const StepOptions& o
     return bert_case(models::BertConfig::base(), batch_or(32), 128, options);
   if (options.eval) {
     std::cerr << "train_step_bench: --mode=eval takes a classifier case (resnet18_32, "
-                 "resnet18_fashion, resnet50_224, shufflenet_224), not '"
+                 "resnet18_fashion, user_cnn_fashion, resnet50_224, shufflenet_224), not '"
               << name << "'\n";
     std::exit(2);
   }
@@ -207,7 +236,8 @@ TrainCase make_case(const std::string& name, int64_t batch, const StepOptions& o
   if (std::sscanf(name.c_str(), "conv3x3_%d_%d", &channels, &size) == 2)
     return conv_case(batch_or(32), channels, size, options);
   std::cerr << "train_step_bench: unknown case '" << name
-            << "' (resnet18_32, resnet18_fashion, resnet50_224, shufflenet_224, bert_mini_128, "
+            << "' (resnet18_32, resnet18_fashion, user_cnn_fashion, resnet50_224, shufflenet_224, "
+               "bert_mini_128, "
                "bert_base_128, conv3x3_C_S)\n";
   std::exit(2);
 }

@@ -68,7 +68,7 @@ def plot_timeline(axis, data):
                          [e["allocated_after"] / scale for e in points], marker=marker,
                          color=colour, s=28, zorder=3, label=f"{kind} ({len(points)})")
     dropped = data.get("timeline_dropped", 0)
-    note = f" (oldest {dropped} events dropped)" if dropped else ""
+    note = f" ({dropped} earlier events not shown)" if dropped else ""
     axis.set_xlabel("logical clock (events)" + note)
     axis.set_ylabel(unit)
     axis.set_title(f"{data.get('device', '?')}: allocated bytes over time "

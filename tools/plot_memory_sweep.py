@@ -63,11 +63,21 @@ def plot_sweep(models, sweep, outdir):
     for row, (key, what) in enumerate((("cpu_slowdown", "CPU time"), ("slowdown", "wall time"))):
         for axis, model in zip(axes[row], models):
             for policy in POLICIES:
-                points = sorted((p["fraction"], p[key]) for p in sweep
+                points = sorted((p["fraction"], p[key], p.get("slowdown_min"),
+                                 p.get("slowdown_max")) for p in sweep
                                 if p["model"] == model and p["policy"] == policy and p["ok"])
-                if points:
-                    axis.plot([f for f, _ in points], [s for _, s in points], marker="o",
-                              label=policy)
+                if not points:
+                    continue
+                fractions = [p[0] for p in points]
+                medians = [p[1] for p in points]
+                if key == "slowdown" and all(p[2] is not None for p in points):
+                    # The median with the range of the pairs' ratios.
+                    errors = [[m - p[2] for m, p in zip(medians, points)],
+                              [p[3] - m for m, p in zip(medians, points)]]
+                    axis.errorbar(fractions, medians, yerr=errors, marker="o", capsize=3,
+                                  label=policy)
+                else:
+                    axis.plot(fractions, medians, marker="o", label=policy)
             for fraction, target in TARGETS.items():
                 axis.plot([fraction], [target], marker="_", markersize=18, color="black")
             axis.set_title(f"{MODEL_TITLES.get(model, model)}: {what}")
@@ -76,7 +86,8 @@ def plot_sweep(models, sweep, outdir):
             axis.invert_xaxis()
             axis.grid(alpha=0.3)
             axis.legend()
-    fig.suptitle("Training under a memory budget (black bars: auto targets)")
+    fig.suptitle("Training under a memory budget: medians over pairs of runs, wall time with "
+                 "the range (black bars: auto targets)")
     fig.tight_layout()
     path = os.path.join(outdir, "memory_sweep.png")
     fig.savefig(path, dpi=110)
@@ -100,6 +111,20 @@ def plot_largest(largest, outdir):
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def pairs_text(sweep):
+    counts = sorted({p.get("pairs", 1) for p in sweep if p["ok"]})
+    return "-".join(str(c) for c in counts) or "no"
+
+
+def steps_text(models, sweep):
+    parts = []
+    for model in models:
+        steps = sorted({len(p["step_times_s"]) for p in sweep if p["model"] == model and p["ok"]})
+        if steps:
+            parts.append(f"{'-'.join(map(str, steps))} for {MODEL_TITLES.get(model, model)}")
+    return ", ".join(parts)
 
 
 def main():
@@ -129,21 +154,21 @@ def main():
                + (f" in {args.seconds / 60:.1f} minutes" if args.seconds else "")
                + ". CPU only (the simulated device: one arena of the budget's size; swaps over a "
                "copy thread throttled to 25 GB/s), 2 threads on both sides, SGD with momentum "
-               "0.9, random data. Each point: a fresh model, 1 warm-up step, then the fastest "
-               "of the timed steps (3 for ResNet-50, 10 for the others). The machine's 2 cores "
-               "are shared with other work, so single ratios carry noise of several percent (and "
-               "more at busy moments); read trends across rows rather than single cells.\n")
+               "0.9, random data. Each point: " + pairs_text(sweep) + " pairs of a budgeted and an "
+               "unconstrained run, the first of each pair alternating; each run a fresh model, 1 "
+               "warm-up step, then its timed steps (" + steps_text(models, sweep) + "), of which "
+               "it counts the median.\n")
     if args.machine:
         out.append(f"Machine at the start (bench/harness.py): {args.machine}.\n")
     out.append("Budgets are fractions f of the activation memory, `budget = fixed + f * (peak - "
                "fixed)` with fixed = parameters + gradients + momentum (as README.md, Training "
                "under a memory budget, defines it); the second column gives the same budget as a fraction of the whole peak (the form "
-               "of the DTR paper). Cells: `CPU / wall`: the fastest timed step relative to the "
-               "unconstrained run made just before it (same allocator, no budget; the header "
-               "gives the median of these runs), in process CPU time (every thread: compute, recomputes, "
-               "the copy thread's memcpy) and in wall time. Other work on this shared machine "
-               "inflates wall times at random, CPU times far less; a target is marked met when "
-               "the wall-time ratio meets it (`met in CPU time` when only the CPU-time ratio "
+               "of the DTR paper). Cells: `CPU / wall (range)`: the median over the pairs of the "
+               "budgeted run's step over the unconstrained run's (same allocator, no budget; the "
+               "header gives the median of the unconstrained runs), in process CPU time (every "
+               "thread: compute, recomputes, the copy thread's memcpy) and in wall time, and the "
+               "range of the wall-time ratios over the pairs. A target is judged on the wall-time "
+               "median (`met in CPU time` when only the CPU-time median meets it). "
                "does). CPU time leaves out waiting for the host link. `OOM`: the "
                "policy could not stay within the budget. Per step: ev evictions, rc recomputes, "
                "so/si swaps out/in, sp splits; the host link's busy time (its copy thread "
@@ -174,8 +199,11 @@ def main():
                     cells.append("")
                     continue
                 point = match[0]
-                text = (f"{point['cpu_slowdown']:.2f}x / {point['slowdown']:.2f}x" if point["ok"]
-                        else "OOM")
+                text = "OOM"
+                if point["ok"]:
+                    text = f"{point['cpu_slowdown']:.2f}x / {point['slowdown']:.2f}x"
+                    if "slowdown_min" in point:
+                        text += f" ({point['slowdown_min']:.2f}-{point['slowdown_max']:.2f})"
                 target = TARGETS.get(fraction)
                 if policy == "auto" and target and point["ok"]:
                     if point["slowdown"] <= target:
