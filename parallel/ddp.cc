@@ -313,6 +313,40 @@ struct DistributedDataParallel::Reducer {
   }
 };
 
+void check_same_module(Communicator& group, const nn::Module& module, const char* who) {
+  const Device device = group.device();
+  std::vector<Tensor> parameters = module.parameters();
+  std::vector<Tensor> buffers = module.buffers();
+  // Compare with rank 0's fingerprint first, so a mismatch is an error on every rank rather than
+  // a broadcast of the wrong sizes.
+  std::vector<int64_t> local = {static_cast<int64_t>(parameters.size()), numel_of(parameters),
+                                static_cast<int64_t>(buffers.size()), numel_of(buffers),
+                                module_fingerprint(module)};
+  Tensor reference =
+      to_device(from_vector<int64_t>(local, {static_cast<int64_t>(local.size())}), device);
+  group.broadcast(reference, 0);
+  auto expected = reference.to_vector<int64_t>();
+  Tensor mismatch = to_device(from_vector<int32_t>({expected == local ? 0 : 1}, {1}), device);
+  group.all_reduce(mismatch, ReduceOp::kMax);
+  if (mismatch.item<int32_t>() != 0) {
+    TESSEL_FAIL(
+        who, ": the module differs between ranks (rank 0: ", expected[0], " parameters with ",
+        expected[1], " elements, ", expected[2], " buffers with ", expected[3], " elements; rank ",
+        group.rank(), ": ", local[0], ", ", local[1], ", ", local[2], ", ", local[3],
+        expected == local ? ", the same as rank 0, so another rank differs"
+                          : (expected[4] != local[4] ? ", or shapes and dtypes differ" : ""),
+        "). Build the same model on every rank");
+  }
+}
+
+void start_from_rank0(Communicator& group, nn::Module& module, const char* who) {
+  check_same_module(group, module, who);
+  std::vector<Tensor> state = module.parameters();
+  std::vector<Tensor> buffers = module.buffers();
+  state.insert(state.end(), buffers.begin(), buffers.end());
+  broadcast_coalesced(group, state, 0);
+}
+
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> module,
                                                  std::shared_ptr<Communicator> process_group,
                                                  DDPOptions options)
@@ -349,36 +383,12 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
     reducer.trainable.push_back(parameter.requires_grad());
   }
 
-  // Every rank must hold the same module: compare with rank 0's fingerprint first, so a
-  // mismatch is an error on every rank rather than a broadcast of the wrong sizes.
-  std::vector<Tensor> buffers = module_->buffers();
   for (const auto& [name, buffer] : module_->named_buffers()) {
     TESSEL_CHECK(buffer.device() == device, "DistributedDataParallel: buffer ", name, " is on ",
                  buffer.device().str(), " but communicator '", group.name(), "' moves tensors on ",
                  device.str(), "; move the whole module there");
   }
-  std::vector<int64_t> local = {static_cast<int64_t>(reducer.parameters.size()),
-                                numel_of(reducer.parameters), static_cast<int64_t>(buffers.size()),
-                                numel_of(buffers), module_fingerprint(*module_)};
-  Tensor reference =
-      to_device(from_vector<int64_t>(local, {static_cast<int64_t>(local.size())}), device);
-  group.broadcast(reference, 0);
-  auto expected = reference.to_vector<int64_t>();
-  Tensor mismatch = to_device(from_vector<int32_t>({expected == local ? 0 : 1}, {1}), device);
-  group.all_reduce(mismatch, ReduceOp::kMax);
-  if (mismatch.item<int32_t>() != 0) {
-    TESSEL_FAIL("DistributedDataParallel: the module differs between ranks (rank 0: ", expected[0],
-                " parameters with ", expected[1], " elements, ", expected[2], " buffers with ",
-                expected[3], " elements; rank ", group.rank(), ": ", local[0], ", ", local[1], ", ",
-                local[2], ", ", local[3],
-                expected == local
-                    ? ", the same as rank 0, so another rank differs"
-                    : (expected[4] != local[4] ? ", or shapes and dtypes differ" : ""),
-                "). Build the same model on every rank");
-  }
-  std::vector<Tensor> state = reducer.parameters;
-  state.insert(state.end(), buffers.begin(), buffers.end());
-  broadcast_coalesced(group, state, 0);
+  start_from_rank0(group, *module_, "DistributedDataParallel");
 
   // Buckets: trainable parameters in reverse registration order (the order backward produces
   // their gradients), one open bucket per dtype, closed when the next gradient would overflow.

@@ -43,6 +43,13 @@ struct DDPOptions {
   TESSEL_ARG(bool, broadcast_buffers) = true;
 };
 
+// Checks that every rank holds the same module (parameter and buffer counts, shapes, dtypes),
+// otherwise an error on every rank naming `who`. A collective call over `group`.
+void check_same_module(Communicator& group, const nn::Module& module, const char* who);
+// check_same_module, then copies rank 0's parameters and buffers to every rank. The tensors must
+// be on group.device().
+void start_from_rank0(Communicator& group, nn::Module& module, const char* who);
+
 class DistributedDataParallel {
  public:
   // Checks that every rank's module has the same parameters (shapes and dtypes), then copies

@@ -281,6 +281,7 @@ std::string frontier_to_json(const PlanResult& result, const std::string& model,
     points.push_back({{"memory_bytes", point.cost.memory},
                       {"time_s", point.cost.time},
                       {"remat_fraction", point.remat_fraction},
+                      {"zero_stage", point.zero_stage},
                       {"executable", point.executable},
                       {"summary", point.summary}});
   root["points"] = points;

@@ -150,6 +150,16 @@ PlannedPoint describe_choice(const Graph& graph,
   // Ops that could be split but run whole on every device of their group.
   if (replicated)
     parts.push_back(std::to_string(replicated) + " splittable ops kept whole on every device");
+  point.zero_stage = config.zero_stage;
+  if (config.zero_stage > 0 && point.dp > 1) {
+    parts.push_back(config.zero_stage == 1 ? "ZeRO-1 (optimizer state in dp parts)"
+                                           : "ZeRO-2 (optimizer state and gradients in dp parts)");
+    if (point.executable) {
+      point.executable = false;
+      point.not_executable_reason =
+          "ZeRO runs through parallel::ZeroOptimizer; the recipes do not take it yet";
+    }
+  }
   if (remat_fraction < 1) {
     std::ostringstream text;
     text << "memory budget " << format_bytes(point.cost.memory) << " under auto (keeps "
@@ -164,6 +174,9 @@ PlanResult plan_graph(const Graph& graph, const PlanOptions& options) {
   TESSEL_CHECK(options.config.devices >= 1, "devices must be at least 1, got ",
                options.config.devices);
   TESSEL_CHECK(!options.remat_fractions.empty(), "at least one remat fraction is needed (1: none)");
+  TESSEL_CHECK(!options.zero_stages.empty(), "at least one ZeRO stage is needed (0: none)");
+  for (int stage : options.zero_stages)
+    TESSEL_CHECK(stage >= 0 && stage <= 2, "ZeRO stages are 0, 1 and 2, got ", stage);
   for (double f : options.remat_fractions)
     TESSEL_CHECK(f > 0 && f <= 1, "remat fractions must be in (0, 1], got ", f);
   const auto start = std::chrono::steady_clock::now();
@@ -171,11 +184,20 @@ PlanResult plan_graph(const Graph& graph, const PlanOptions& options) {
   result.memory_per_device = options.memory_per_device > 0
                                  ? options.memory_per_device
                                  : options.config.profile.memory_per_device;
-  result.strategies = enumerate_strategies(graph, options.config);
+  // The strategies are the same at every ZeRO stage (the same list in the same order), only
+  // their parameters' memory and communication differ.
+  std::map<int, std::vector<std::vector<Strategy>>> strategies_at;
+  for (int stage : options.zero_stages) {
+    PlannerConfig config = options.config;
+    config.zero_stage = stage;
+    strategies_at[stage] = enumerate_strategies(graph, config);
+  }
+  result.strategies = strategies_at.at(options.zero_stages.front());
 
   struct Candidate {
     Cost cost;
     double fraction;
+    int zero_stage;
     std::vector<int> choice;
     bool executable = true;
   };
@@ -205,42 +227,47 @@ PlanResult plan_graph(const Graph& graph, const PlanOptions& options) {
       searches.push_back(
           all([tp](const Strategy& s) { return s.fully_replicated() || s.tp == tp; }));
   }
-  // The config a fraction is priced with: its measured recompute factor, where there is one.
-  auto config_for = [&options](double fraction) {
+  // The config a fraction and stage are priced with: the fraction's measured recompute factor,
+  // where there is one.
+  auto config_for = [&options](double fraction, int zero_stage) {
     PlannerConfig config = options.config;
+    config.zero_stage = zero_stage;
     auto measured = options.remat_overhead_k.find(fraction);
     if (measured != options.remat_overhead_k.end())
       config.profile.remat_overhead_k = measured->second;
     return config;
   };
-  for (const auto& subset : searches) {
-    std::vector<std::vector<Strategy>> lists(subset.size());
-    for (size_t op = 0; op < subset.size(); ++op)
-      for (int s : subset[op]) lists[op].push_back(result.strategies[op][s]);
-    for (double fraction : options.remat_fractions) {
-      CostGraph costs = build_cost_graph(graph, lists, config_for(fraction), fraction);
-      FrontierStats stats;
-      for (auto& point : track_frontier(costs, options.frontier, &stats)) {
-        for (size_t op = 0; op < subset.size(); ++op)
-          point.choice[op] = subset[op][point.choice[op]];
-        const bool runs = executable(point.choice);
-        candidates.push_back({point.cost, fraction, std::move(point.choice), runs});
+  for (int stage : options.zero_stages)
+    for (const auto& subset : searches) {
+      std::vector<std::vector<Strategy>> lists(subset.size());
+      for (size_t op = 0; op < subset.size(); ++op)
+        for (int s : subset[op]) lists[op].push_back(strategies_at[stage][op][s]);
+      for (double fraction : options.remat_fractions) {
+        CostGraph costs = build_cost_graph(graph, lists, config_for(fraction, stage), fraction);
+        FrontierStats stats;
+        for (auto& point : track_frontier(costs, options.frontier, &stats)) {
+          for (size_t op = 0; op < subset.size(); ++op)
+            point.choice[op] = subset[op][point.choice[op]];
+          // The recipes do not run ZeRO yet (describe_choice says so on the point).
+          const bool runs = executable(point.choice) && stage == 0;
+          candidates.push_back({point.cost, fraction, stage, std::move(point.choice), runs});
+        }
+        result.stats.leaf_eliminations += stats.leaf_eliminations;
+        result.stats.series_eliminations += stats.series_eliminations;
+        result.stats.parallel_merges += stats.parallel_merges;
+        result.stats.conditioned_nodes += stats.conditioned_nodes;
+        result.stats.thinned += stats.thinned;
+        result.stats.largest_frontier =
+            std::max(result.stats.largest_frontier, stats.largest_frontier);
       }
-      result.stats.leaf_eliminations += stats.leaf_eliminations;
-      result.stats.series_eliminations += stats.series_eliminations;
-      result.stats.parallel_merges += stats.parallel_merges;
-      result.stats.conditioned_nodes += stats.conditioned_nodes;
-      result.stats.thinned += stats.thinned;
-      result.stats.largest_frontier =
-          std::max(result.stats.largest_frontier, stats.largest_frontier);
     }
-  }
   // One frontier over all fractions; of equal points the one recomputing least is kept.
   std::stable_sort(candidates.begin(), candidates.end(),
                    [](const Candidate& a, const Candidate& b) {
                      if (a.cost.memory != b.cost.memory) return a.cost.memory < b.cost.memory;
                      if (a.cost.time != b.cost.time) return a.cost.time < b.cost.time;
-                     return a.fraction > b.fraction;
+                     if (a.fraction != b.fraction) return a.fraction > b.fraction;
+                     return a.zero_stage < b.zero_stage;
                    });
   // The frontier of every candidate; with executable_only, also that of the executable ones (a
   // point dominated only by plans the runtime would not run as priced is kept).
@@ -260,7 +287,8 @@ PlanResult plan_graph(const Graph& graph, const PlanOptions& options) {
       any_executable = true;
     }
     if (!on_frontier && !on_executable_frontier) continue;
-    PlannedPoint point = describe_choice(graph, result.strategies, config_for(candidate.fraction),
+    PlannedPoint point = describe_choice(graph, strategies_at.at(candidate.zero_stage),
+                                         config_for(candidate.fraction, candidate.zero_stage),
                                          candidate.choice, candidate.fraction);
     point.cost = candidate.cost;
     result.frontier.push_back(std::move(point));

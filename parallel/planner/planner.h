@@ -43,6 +43,9 @@ struct PlanOptions {
   // column, row, heads, ...), one frontier per grid, united; this is what the runtime's process
   // groups build. true: each op may pick its own degrees too (TensorOpt's full space).
   bool per_op_degrees = false;
+  // ZeRO stages priced (PlannerConfig::zero_stage), each a set of frontier points: 0 none, 1
+  // optimizer state in data-parallel parts, 2 gradients too. The config's own stage is ignored.
+  std::vector<int> zero_stages = {0};
   // Choose only among points the runtime's recipes execute as priced (PlannedPoint::executable);
   // the frontier keeps every point either way.
   bool executable_only = false;
@@ -62,6 +65,7 @@ struct PlanBreakdown {
 struct PlannedPoint {
   Cost cost;                    // memory per device (bytes), time per iteration (seconds)
   double remat_fraction = 1.0;  // < 1: runs under the `auto` memory policy with budget cost.memory
+  int zero_stage = 0;           // PlannerConfig::zero_stage it was priced with
   std::vector<int> choice;      // strategy index per op
   int dp = 1, tp = 1;           // the degrees most of the work runs at
   std::string summary;          // "dp=4 tp=2, heads split in attention, vocab-parallel embedding"
@@ -72,8 +76,8 @@ struct PlannedPoint {
 };
 
 struct PlanResult {
-  std::vector<std::vector<Strategy>> strategies;
-  std::vector<PlannedPoint> frontier;  // by memory, ascending
+  std::vector<std::vector<Strategy>> strategies;  // priced at the first of the zero stages
+  std::vector<PlannedPoint> frontier;             // by memory, ascending
   // Fastest point within memory_per_device (and executable, with executable_only); -1: none.
   int chosen = -1;
   double memory_per_device = 0;

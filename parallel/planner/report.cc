@@ -89,9 +89,12 @@ void print_chosen(std::ostream& out, const Graph& graph, const PlanResult& resul
   // runtime and the allocator's rounding.
   out << "; training only, not the data sets a process holds";
   out << "\n  time: compute " << format_seconds(b.compute_s) << ", split collectives "
-      << format_seconds(b.comm_s) << ", gradient all-reduce " << format_seconds(b.gradient_sync_s)
-      << ", re-distribution " << format_seconds(b.redistribution_s) << ", recompute "
-      << format_seconds(b.recompute_s) << "\n";
+      << format_seconds(b.comm_s)
+      << (chosen.zero_stage > 0 ? ", ZeRO's gradient and parameter collectives "
+                                : ", gradient all-reduce ")
+      << format_seconds(b.gradient_sync_s) << ", re-distribution "
+      << format_seconds(b.redistribution_s) << ", recompute " << format_seconds(b.recompute_s)
+      << "\n";
   if (show_ops) print_chosen_ops(out, graph, result, chosen);
 }
 

@@ -359,8 +359,15 @@ Strategy make_strategy(const OpContext& c, int dp, int tp, SplitKind kind) {
   }
 
   // Owned parameters: values, gradients and optimizer state, sharded by the split; gradients
-  // all-reduced over the data-parallel group.
-  const double per_parameter_copies = 2.0 + c.config.optimizer_states;
+  // all-reduced over the data-parallel group. Under ZeRO the state (stage 1) and the gradients
+  // (stage 2) are held in dp parts: each parameter's gradient is reduce-scattered (stage 2) and
+  // the updated parts all-gathered, one collective per parameter (parallel/zero.h).
+  const bool data_parallel = c.batch_ok && s.dp > 1;
+  const int zero = data_parallel ? c.config.zero_stage : 0;
+  const double zero_parts = zero > 0 ? s.dp : 1;
+  const double per_parameter_copies =
+      1.0 + (zero >= 2 ? 1.0 / zero_parts : 1.0) + c.config.optimizer_states / zero_parts;
+  const LinkLevel dp_level = profile.level_for(static_cast<int64_t>(s.dp) * tp);
   for (size_t i = 0; i < c.parameter_slots.size(); ++i) {
     const int slot = c.parameter_slots[i];
     ParameterSplit split;
@@ -373,16 +380,20 @@ Strategy make_strategy(const OpContext& c, int dp, int tp, SplitKind kind) {
     const double bytes = static_cast<double>(c.graph.tensors[split.tensor].bytes) / split.parts;
     s.parameter_bytes += bytes * per_parameter_copies;
     s.optimizer_compute +=
-        skew *
-        profile.optimizer_time(
-            static_cast<double>(shape_numel(c.graph.tensors[split.tensor].sizes)) / split.parts,
-            c.config.optimizer_states);
-    if (c.batch_ok && s.dp > 1) {
+        skew * profile.optimizer_time(
+                   static_cast<double>(shape_numel(c.graph.tensors[split.tensor].sizes)) /
+                       (split.parts * zero_parts),
+                   c.config.optimizer_states);
+    if (zero >= 2) {
+      s.gradient_sync += profile.collective_time(Collective::kReduceScatter, s.dp, bytes, dp_level);
+    } else if (data_parallel) {
       s.gradient_sync += gradient_all_reduce(s, bytes, c.config);
       // DDP reduces gradients in flat bucket buffers that live beside .grad: one more copy
       // (measured: bench/results/parallel.md).
       s.parameter_bytes += bytes;
     }
+    if (zero >= 1)
+      s.gradient_sync += profile.collective_time(Collective::kAllGather, s.dp, bytes, dp_level);
   }
 
   // Activations kept for backward, at this strategy's share.

@@ -60,7 +60,8 @@ struct Strategy {
   double backward_compute = 0;
   double forward_comm = 0;   // collectives of the strategy itself (row: all-reduce of the output)
   double backward_comm = 0;  // (column: all-reduce of the input gradient)
-  double gradient_sync = 0;  // data-parallel all-reduce of the owned parameters' gradients
+  double gradient_sync = 0;  // data-parallel all-reduce of the owned parameters' gradients (ZeRO:
+                             // reduce-scatter and all-gather)
   double optimizer_compute = 0;  // the optimizer's update of the owned parameters (its shard)
   // Bytes per device.
   double parameter_bytes = 0;   // owned parameters, their gradients and optimizer state
@@ -83,6 +84,10 @@ struct PlannerConfig {
   int max_tp = 0;
   // Optimizer state tensors per parameter: Adam 2, SGD with momentum 1, plain SGD 0.
   int optimizer_states = 2;
+  // ZeRO over each op's data-parallel group (parallel::ZeroOptimizer): 0 none; 1 the optimizer
+  // state in dp parts, the updated parts all-gathered after the step; 2 the gradients too,
+  // reduce-scattered instead of all-reduced.
+  int zero_stage = 0;
   // Data-parallel gradients are all-reduced in buckets of this size (DDP's 25 MiB): a tensor
   // pays the bandwidth for its bytes and its share (bytes / bucket) of one bucket's latency.
   double gradient_bucket_bytes = 25.0 * 1024 * 1024;

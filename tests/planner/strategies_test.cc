@@ -12,6 +12,7 @@
 #include "ops/ops.h"
 #include "parallel/planner/cost_model.h"
 #include "parallel/planner/graph.h"
+#include "parallel/planner/planner.h"
 #include "tests/planner/round_number_profile.h"
 #include "tests/testing.h"
 #include "tools/plan/plan_cli.h"
@@ -111,6 +112,62 @@ TEST(Strategies, DataParallelSplitsTheBatchAndAllReducesGradients) {
   EXPECT_NEAR(dp.gradient_sync, expected, 1e-15);
   EXPECT_DOUBLE_EQ(whole.gradient_sync, 0);
   EXPECT_EQ(dp.input_layouts[0], (Layout{2, 1}));
+}
+
+// ZeRO (parallel/zero.h) on 4 data-parallel ranks: stage 1 keeps a quarter of the Adam moments
+// and all-gathers the updated parameters; stage 2 also keeps a quarter of the gradients, which
+// are reduce-scattered instead of all-reduced. Every collective is one per parameter tensor.
+TEST(Strategies, ZeroStagesKeepStateAndGradientsInDataParallelParts) {
+  OneLinear net;
+  const double weight = 128 * 64 * 4.0, bias = 128 * 4.0, bytes = weight + bias, p = 4;
+  auto ring = [&](double tensor_bytes) {  // all_gather or reduce_scatter over 4 ranks
+    return (p - 1) * 1e-6 + (p - 1) / p * tensor_bytes / 1e9;
+  };
+  std::vector<Strategy> at[3];
+  for (int stage = 0; stage < 3; ++stage) {
+    PlannerConfig config = config_for(4);
+    config.zero_stage = stage;
+    at[stage] = enumerate_strategies(net.graph, config)[0];
+  }
+  const Strategy& none = find(at[0], 4, 1, SplitKind::kReplicate);
+  const Strategy& one = find(at[1], 4, 1, SplitKind::kReplicate);
+  const Strategy& two = find(at[2], 4, 1, SplitKind::kReplicate);
+  // Values, gradients and DDP's bucket copy whole; the two moments in quarters.
+  EXPECT_DOUBLE_EQ(none.parameter_bytes, bytes * (1 + 1 + 2 + 1));
+  EXPECT_DOUBLE_EQ(one.parameter_bytes, bytes * (1 + 1 + 2 / p + 1));
+  // No DDP under stage 2: values whole, gradients and moments in quarters.
+  EXPECT_DOUBLE_EQ(two.parameter_bytes, bytes * (1 + 1 / p + 2 / p));
+  EXPECT_NEAR(one.gradient_sync, none.gradient_sync + ring(weight) + ring(bias), 1e-15);
+  EXPECT_NEAR(two.gradient_sync, 2 * (ring(weight) + ring(bias)), 1e-15);
+  EXPECT_DOUBLE_EQ(one.optimizer_compute, none.optimizer_compute / p);
+  EXPECT_DOUBLE_EQ(two.optimizer_compute, one.optimizer_compute);
+  // Without data parallelism there is nothing to shard.
+  EXPECT_DOUBLE_EQ(find(at[2], 1, 1, SplitKind::kReplicate).parameter_bytes,
+                   find(at[0], 1, 1, SplitKind::kReplicate).parameter_bytes);
+}
+
+// The ZeRO stages asked for join the frontier as their own points: with stage 2 the least memory
+// per device falls, such points say so in their summary, and the recipes do not run them yet.
+TEST(Strategies, ZeroStagesAreFrontierPointsOfTheirOwn) {
+  OneLinear net;
+  PlanOptions options;
+  options.config = config_for(4);
+  options.config.max_tp = 1;  // data parallel or whole: what ZeRO shards
+  options.remat_fractions = {1.0};
+  const PlanResult plain = plan_graph(net.graph, options);
+  options.zero_stages = {0, 1, 2};
+  const PlanResult zero = plan_graph(net.graph, options);
+  ASSERT_FALSE(plain.frontier.empty());
+  ASSERT_FALSE(zero.frontier.empty());
+  const PlannedPoint& least = zero.frontier.front();
+  EXPECT_LT(least.cost.memory, plain.frontier.front().cost.memory);
+  EXPECT_EQ(least.zero_stage, 2);
+  EXPECT_NE(least.summary.find("ZeRO-2"), std::string::npos) << least.summary;
+  EXPECT_FALSE(least.executable);
+  for (const PlannedPoint& point : plain.frontier) EXPECT_EQ(point.zero_stage, 0);
+  options.zero_stages = {3};
+  EXPECT_TRUE(tessel::testing::throws_error([&] { plan_graph(net.graph, options); },
+                                            "ZeRO stages are 0, 1 and 2"));
 }
 
 // Two batch norms (16 channels each) in a row, x (8, 16, 4, 4): four running-statistics buffers.

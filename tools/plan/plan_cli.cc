@@ -76,6 +76,19 @@ std::vector<double> parse_fractions(const std::string& text) {
   return fractions;
 }
 
+std::vector<int> parse_zero_stages(const std::string& text) {
+  std::vector<int> stages;
+  std::stringstream stream(text);
+  std::string item;
+  while (std::getline(stream, item, ',')) {
+    TESSEL_CHECK(item == "0" || item == "1" || item == "2",
+                 "--zero: expected ZeRO stages 0, 1 or 2 separated by commas, got '", text, "'");
+    stages.push_back(std::stoi(item));
+  }
+  TESSEL_CHECK(!stages.empty(), "--zero: give at least one stage (0: none)");
+  return stages;
+}
+
 int optimizer_states(const std::string& optimizer) {
   if (optimizer == "adam" || optimizer == "adamw") return 2;
   if (optimizer == "sgd_momentum") return 1;
@@ -111,7 +124,7 @@ namespace {
 struct PlanCliOptions {
   std::string model, memory_text, profile_name = "h200_cluster", optimizer = "adam";
   bool profile_given = false;  // --profile on the command line, else the default
-  std::string remat = "1,0.5,0.25", out_path, png_path, frontier_path;
+  std::string remat = "1,0.5,0.25", zero = "0", out_path, png_path, frontier_path;
   int devices = 8, max_tp = 0;
   int64_t batch = 0, seq = 128, image_size = 224, num_classes = 1000;
   size_t max_points = 32, rows = 20;
@@ -161,6 +174,10 @@ std::optional<int> parse_options(int argc, const char* const* argv, PlanCliOptio
                  "fractions of activation memory the memory layer may keep (auto policy); 1: no "
                  "recomputation")
       ->capture_default_str();
+  app.add_option("--zero", cli.zero,
+                 "ZeRO stages to price, e.g. 0,1,2: 1 keeps the optimizer state in data-parallel "
+                 "parts, 2 the gradients too (parallel/zero.h; not yet run by the recipes)")
+      ->capture_default_str();
   app.add_flag("--simulate_remat", cli.simulate_remat,
                "price each --remat fraction below 1 by simulating the model's training step under "
                "that budget with the auto policy on the profile's device (the memory simulator; "
@@ -204,6 +221,7 @@ PlanOptions plan_options(const PlanCliOptions& cli) {
   options.config.max_tp = cli.max_tp;
   options.config.optimizer_states = optimizer_states(cli.optimizer);
   options.remat_fractions = parse_fractions(cli.remat);
+  options.zero_stages = parse_zero_stages(cli.zero);
   options.frontier.max_points = cli.max_points;
   options.per_op_degrees = cli.per_op_degrees;
   options.executable_only = !cli.any_plan;

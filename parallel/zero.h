@@ -1,0 +1,93 @@
+// ZeroOptimizer: ZeRO-style sharding of the optimizer over a data-parallel group. Every
+// trainable parameter is cut into `group size` near-equal parts of its flattened elements (the
+// layout of Communicator::reduce_scatter); each rank updates its own part with an ordinary
+// optimizer (SGD, Adam, AdamW) that holds the optimizer state of that part only, then the parts
+// are all-gathered back into every rank's parameters.
+//
+// Stage 1 (optimizer state): gradients are averaged by DistributedDataParallel as usual.
+//   DistributedDataParallel ddp(net, group);
+//   ZeroOptimizer zero(net, group, [](const optim::NamedTensors& parts) {
+//     return std::make_unique<optim::AdamW>(parts, optim::AdamWOptions(1e-3)); });
+//   zero.zero_grad();  criterion(ddp.forward(x), y).backward();  zero.step();
+// Stage 2 (and gradients): no DDP. Each gradient is reduce-scattered as soon as backward has
+// summed it, and the rank keeps only its part: the whole gradient of a parameter is dropped
+// before backward moves on.
+//   ZeroOptimizer zero(net, group, make_adamw, ZeroStage::kGradients);
+//   zero.zero_grad();  criterion(net->forward(x), y).backward();  zero.step();
+//
+// Checkpoints see whole tensors: state_tensors() gathers every part and names the state as the
+// plain optimizer would ("fc.weight.exp_avg"), and load_state_tensors() takes such whole tensors,
+// so a checkpoint written under any group size (or without ZeRO) resumes under any other.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nn/module.h"
+#include "optim/optimizer.h"
+#include "parallel/communicator.h"
+
+namespace tessel::parallel {
+
+enum class ZeroStage {
+  kOptimizerState = 1,  // each rank keeps 1/N of the optimizer state; gradients whole (DDP)
+  kGradients = 2,       // and 1/N of the gradients, reduce-scattered during backward
+};
+
+// Builds the optimizer of this rank's parts, from exactly the tensors it is given (named as the
+// parameters they are parts of).
+using MakeShardOptimizer =
+    std::function<std::unique_ptr<optim::Optimizer>(const optim::NamedTensors& parts)>;
+
+class ZeroOptimizer {
+ public:
+  // A collective call over `group`. Every rank must hold the same module (checked); stage 2
+  // starts every rank from rank 0's parameters and buffers (stage 1 leaves that to DDP).
+  // Trainable parameters must be contiguous and on group->device().
+  ZeroOptimizer(std::shared_ptr<nn::Module> module, std::shared_ptr<Communicator> group,
+                const MakeShardOptimizer& make_optimizer,
+                ZeroStage stage = ZeroStage::kOptimizerState);
+  ~ZeroOptimizer();
+  ZeroOptimizer(const ZeroOptimizer&) = delete;
+  ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
+
+  // Updates this rank's part of every parameter that has a gradient, then all-gathers the parts
+  // (a collective). Stage 1 reads the parameters' averaged gradients; stage 2 the parts that
+  // backward reduce-scattered (gradients accumulate over several backward passes as usual).
+  void step();
+  // Drops the parameters' gradients and this rank's parts of them.
+  void zero_grad();
+
+  double lr() const;
+  void set_lr(double lr);
+  ZeroStage stage() const { return stage_; }
+  // The optimizer over this rank's parts.
+  const optim::Optimizer& shard_optimizer() const { return *optimizer_; }
+  // This rank's [begin, begin + count) of a parameter's flattened elements, by the parameter's
+  // position among the trainable ones.
+  int64_t part_begin(size_t parameter) const;
+  int64_t part_count(size_t parameter) const;
+
+  // Whole state tensors, gathered from every rank's parts (a collective), named
+  // "<parameter name>.<key>" with each parameter's shape: what the plain optimizer returns.
+  optim::NamedTensors state_tensors() const;
+  // Takes whole state tensors (from state_tensors() here, under another group size, or from a
+  // plain optimizer) and keeps this rank's parts. Checked first: nothing changes on an error.
+  void load_state_tensors(const optim::NamedTensors& state);
+  // "lr" and "<parameter name>.step", the same on every rank.
+  optim::NamedScalars state_scalars() const;
+  void load_state_scalars(const optim::NamedScalars& scalars);
+
+  struct Parts;  // the parameters, their parts and (stage 2) the gradient hooks' state
+
+ private:
+  std::shared_ptr<nn::Module> module_;
+  std::shared_ptr<Communicator> group_;
+  ZeroStage stage_;
+  std::shared_ptr<Parts> parts_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
+};
+
+}  // namespace tessel::parallel

@@ -1,0 +1,287 @@
+// ZeroOptimizer against plain data parallel training: stage 1 (optimizer state in parts, DDP's
+// gradients) and stage 2 (gradients reduce-scattered during backward, no DDP) train an MLP whose
+// last bias has fewer elements than 4 ranks, and a conv net with batch norm, like DDP with the
+// whole optimizer (SGD with momentum and weight decay, AdamW); each rank holds only its part of
+// the state and (stage 2) of the gradients; the gathered state is the plain optimizer's, and a
+// checkpoint resumes bitwise under ZeRO and as the plain optimizer's. Run with 2 and 4 ranks.
+#include "parallel/zero.h"
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/autograd.h"
+#include "core/rng.h"
+#include "nn/nn.h"
+#include "ops/ops.h"
+#include "optim/adam.h"
+#include "optim/sgd.h"
+#include "parallel/ddp.h"
+#include "tests/parallel/mpi_testing.h"
+#include "tests/testing.h"
+
+namespace tessel::parallel {
+namespace {
+
+using tessel::testing::all_close;
+using tessel::testing::bitwise_equal;
+using tessel::testing::throws_error;
+using testing::MpiTest;
+
+using MakeModel = std::function<std::shared_ptr<nn::Module>()>;
+using MakeOptimizer =
+    std::function<std::unique_ptr<optim::Optimizer>(const optim::NamedTensors& parameters)>;
+
+std::shared_ptr<nn::Module> mlp() {
+  return std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Linear>(6, 16), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::Linear>(16, 3)});
+}
+
+std::shared_ptr<nn::Module> conv_net() {
+  return std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Conv2d>(nn::Conv2dOptions(3, 4, 3).padding(1)),
+      std::make_shared<nn::BatchNorm2d>(nn::BatchNormOptions(4)), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::AdaptiveAvgPool2d>(nn::IntPair(1, 1)), std::make_shared<nn::Flatten>(),
+      std::make_shared<nn::Linear>(4, 5)});
+}
+
+MakeOptimizer sgd() {
+  return [](const optim::NamedTensors& parameters) -> std::unique_ptr<optim::Optimizer> {
+    return std::make_unique<optim::SGD>(parameters,
+                                        optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-3));
+  };
+}
+
+MakeOptimizer adamw() {
+  return [](const optim::NamedTensors& parameters) -> std::unique_ptr<optim::Optimizer> {
+    return std::make_unique<optim::AdamW>(parameters, optim::AdamWOptions(1e-2));
+  };
+}
+
+// This rank's loss at `step`: its own random batch (seeded by step and rank), mean over it;
+// through `ddp` when given.
+Tensor rank_loss(nn::Module& model, DistributedDataParallel* ddp, const Shape& input_shape,
+                 int64_t classes, int step, int rank) {
+  manual_seed(7919 * (step + 1) + 104729 * (rank + 1));
+  Tensor input = randn(input_shape);
+  Tensor target = randint(0, classes, {input_shape[0]});
+  return cross_entropy(ddp ? ddp->forward(input) : model.forward(input), target);
+}
+
+struct Case {
+  MakeModel make;
+  Shape input_shape;
+  int64_t classes;
+};
+
+Case mlp_case() { return {mlp, {5, 6}, 3}; }
+Case conv_case() { return {conv_net, {3, 3, 6, 6}, 5}; }
+
+class Zero : public MpiTest {
+ protected:
+  // Two copies of the same model: one trained with DDP and the whole optimizer, one with
+  // ZeroOptimizer at `stage` (and DDP under stage 1). Their parameters agree after every step.
+  void expect_matches_ddp(const Case& c, const MakeOptimizer& make, ZeroStage stage,
+                          double rtol = 1e-5) {
+    manual_seed(1000 + rank());  // different on every rank: both must start from rank 0's
+    std::shared_ptr<nn::Module> plain = c.make();
+    std::shared_ptr<nn::Module> sharded = c.make();
+    sharded->load_state_dict(plain->state_dict());
+    DistributedDataParallel plain_ddp(plain, shared_world());
+    std::unique_ptr<DistributedDataParallel> sharded_ddp;
+    if (stage == ZeroStage::kOptimizerState)
+      sharded_ddp = std::make_unique<DistributedDataParallel>(sharded, shared_world());
+    std::unique_ptr<optim::Optimizer> whole = make(plain->named_parameters());
+    ZeroOptimizer zero(sharded, shared_world(), make, stage);
+
+    for (int step = 0; step < 3; ++step) {
+      whole->zero_grad();
+      rank_loss(*plain, &plain_ddp, c.input_shape, c.classes, step, rank()).backward();
+      whole->step();
+
+      zero.zero_grad();
+      rank_loss(*sharded, sharded_ddp.get(), c.input_shape, c.classes, step, rank()).backward();
+      zero.step();
+
+      auto expected = plain->named_parameters();
+      auto actual = sharded->named_parameters();
+      ASSERT_EQ(actual.size(), expected.size());
+      for (size_t i = 0; i < actual.size(); ++i)
+        EXPECT_TRUE(all_close(actual[i].second, expected[i].second, rtol))
+            << actual[i].first << " after step " << step;
+    }
+  }
+};
+
+TEST_F(Zero, Stage1MatchesDdpWithSgdAndAdamW) {
+  for (const Case& c : {mlp_case(), conv_case()}) {
+    expect_matches_ddp(c, sgd(), ZeroStage::kOptimizerState);
+    expect_matches_ddp(c, adamw(), ZeroStage::kOptimizerState);
+  }
+}
+
+TEST_F(Zero, Stage2MatchesDdpWithSgdAndAdamW) {
+  for (const Case& c : {mlp_case(), conv_case()}) {
+    expect_matches_ddp(c, sgd(), ZeroStage::kGradients);
+    expect_matches_ddp(c, adamw(), ZeroStage::kGradients);
+  }
+}
+
+// Every rank holds its part of each parameter's state (and, under stage 2, of its gradient), and
+// the parts cover every element exactly once.
+TEST_F(Zero, EachRankHoldsOnlyItsPartsOfStateAndGradients) {
+  manual_seed(3);
+  std::shared_ptr<nn::Module> model = mlp();
+  ZeroOptimizer zero(model, shared_world(), adamw(), ZeroStage::kGradients);
+  zero.zero_grad();
+  rank_loss(*model, nullptr, {5, 6}, 3, 0, rank()).backward();
+  auto parameters = model->parameters();
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    EXPECT_FALSE(parameters[i].grad().defined()) << "parameter " << i << " kept its gradient";
+    const Tensor& part = zero.shard_optimizer().parameters()[i];
+    ASSERT_TRUE(part.grad().defined());
+    EXPECT_EQ(part.grad().numel(), zero.part_count(i));
+    EXPECT_EQ(zero.part_count(i), part_rows(parameters[i].numel(), size(), rank()));
+    Tensor covered = from_vector<int64_t>({zero.part_count(i)}, {1});
+    world().all_reduce(covered);
+    EXPECT_EQ(covered.item<int64_t>(), parameters[i].numel());
+  }
+  zero.step();
+  int64_t state = 0, whole = 0;
+  for (const auto& entry : zero.shard_optimizer().state_tensors()) state += entry.second.numel();
+  for (const Tensor& parameter : parameters) whole += 2 * parameter.numel();  // AdamW: 2 moments
+  Tensor total = from_vector<int64_t>({state}, {1});
+  world().all_reduce(total);
+  EXPECT_EQ(total.item<int64_t>(), whole);
+  EXPECT_LE(state, (whole + size() - 1) / size() + 2 * static_cast<int64_t>(parameters.size()));
+}
+
+// state_tensors() gathers the parts into what the whole optimizer holds, under the same names;
+// loading it resumes bitwise under ZeRO and, as the plain optimizer's state, like DDP.
+TEST_F(Zero, GatheredStateIsThePlainOptimizersAndResumesBitwise) {
+  const Case c = mlp_case();
+  for (ZeroStage stage : {ZeroStage::kOptimizerState, ZeroStage::kGradients}) {
+    auto train = [&](nn::Module& model, ZeroOptimizer& zero, DistributedDataParallel* ddp, int from,
+                     int to) {
+      for (int step = from; step < to; ++step) {
+        zero.zero_grad();
+        rank_loss(model, ddp, c.input_shape, c.classes, step, rank()).backward();
+        zero.step();
+      }
+    };
+    auto make_ddp = [&](const std::shared_ptr<nn::Module>& model) {
+      return stage == ZeroStage::kOptimizerState
+                 ? std::make_unique<DistributedDataParallel>(model, shared_world())
+                 : nullptr;
+    };
+    manual_seed(11);
+    std::shared_ptr<nn::Module> straight = c.make();
+    std::shared_ptr<nn::Module> resumed = c.make();
+    resumed->load_state_dict(straight->state_dict());
+    auto straight_ddp = make_ddp(straight);
+    ZeroOptimizer straight_zero(straight, shared_world(), adamw(), stage);
+    train(*straight, straight_zero, straight_ddp.get(), 0, 4);
+
+    // Two steps, a checkpoint in whole tensors, then a fresh model and optimizer from it.
+    auto first_ddp = make_ddp(resumed);
+    ZeroOptimizer first(resumed, shared_world(), adamw(), stage);
+    train(*resumed, first, first_ddp.get(), 0, 2);
+    auto model_state = resumed->state_dict();
+    optim::NamedTensors state = first.state_tensors();
+    optim::NamedScalars scalars = first.state_scalars();
+
+    // The plain optimizer after the same two steps holds the same state under the same names.
+    manual_seed(11);
+    std::shared_ptr<nn::Module> plain = c.make();
+    DistributedDataParallel plain_ddp(plain, shared_world());
+    std::unique_ptr<optim::Optimizer> whole = adamw()(plain->named_parameters());
+    for (int step = 0; step < 2; ++step) {
+      whole->zero_grad();
+      rank_loss(*plain, &plain_ddp, c.input_shape, c.classes, step, rank()).backward();
+      whole->step();
+    }
+    optim::NamedTensors plain_state = whole->state_tensors();
+    ASSERT_EQ(state.size(), plain_state.size());
+    for (size_t i = 0; i < state.size(); ++i) {
+      EXPECT_EQ(state[i].first, plain_state[i].first);
+      EXPECT_TRUE(all_close(state[i].second, plain_state[i].second)) << state[i].first;
+    }
+    EXPECT_EQ(scalars, whole->state_scalars());
+
+    manual_seed(500 + rank());
+    std::shared_ptr<nn::Module> restarted = c.make();
+    restarted->load_state_dict(model_state);
+    auto restarted_ddp = make_ddp(restarted);
+    ZeroOptimizer again(restarted, shared_world(), adamw(), stage);
+    again.load_state_tensors(state);
+    again.load_state_scalars(scalars);
+    train(*restarted, again, restarted_ddp.get(), 2, 4);
+    auto expected = straight->named_parameters();
+    auto actual = restarted->named_parameters();
+    for (size_t i = 0; i < actual.size(); ++i)
+      EXPECT_TRUE(bitwise_equal(actual[i].second, expected[i].second)) << actual[i].first;
+
+    // The same checkpoint as the plain optimizer's state continues like ZeRO.
+    std::shared_ptr<nn::Module> as_plain = c.make();
+    as_plain->load_state_dict(model_state);
+    DistributedDataParallel as_plain_ddp(as_plain, shared_world());
+    std::unique_ptr<optim::Optimizer> loaded = adamw()(as_plain->named_parameters());
+    loaded->load_state_tensors(state);
+    loaded->load_state_scalars(scalars);
+    for (int step = 2; step < 4; ++step) {
+      loaded->zero_grad();
+      rank_loss(*as_plain, &as_plain_ddp, c.input_shape, c.classes, step, rank()).backward();
+      loaded->step();
+    }
+    auto continued = as_plain->named_parameters();
+    for (size_t i = 0; i < continued.size(); ++i)
+      EXPECT_TRUE(all_close(continued[i].second, expected[i].second)) << continued[i].first;
+  }
+}
+
+TEST_F(Zero, BadUsesAreClearErrors) {
+  manual_seed(5);
+  std::shared_ptr<nn::Module> model = mlp();
+  EXPECT_TRUE(throws_error([&] { ZeroOptimizer unused(nullptr, shared_world(), adamw()); },
+                           "module is null"));
+  EXPECT_TRUE(throws_error(
+      [&] {
+        ZeroOptimizer unused(model, shared_world(), [](const optim::NamedTensors&) {
+          return std::unique_ptr<optim::Optimizer>();
+        });
+      },
+      "make_optimizer returned null"));
+  EXPECT_TRUE(throws_error(
+      [&] {
+        ZeroOptimizer unused(model, shared_world(), [&](const optim::NamedTensors&) {
+          return adamw()(model->named_parameters());  // the whole parameters, not the parts
+        });
+      },
+      "exactly the"));
+  // A model that differs on one rank is an error on every rank, before any update.
+  std::shared_ptr<nn::Module> uneven =
+      rank() == 0
+          ? mlp()
+          : std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
+                std::make_shared<nn::Linear>(6, 3)});
+  for (ZeroStage stage : {ZeroStage::kOptimizerState, ZeroStage::kGradients})
+    EXPECT_TRUE(throws_error([&] { ZeroOptimizer unused(uneven, shared_world(), adamw(), stage); },
+                             "differ"));
+  // A state tensor of the wrong shape changes nothing.
+  ZeroOptimizer zero(model, shared_world(), adamw(), ZeroStage::kGradients);
+  zero.zero_grad();
+  rank_loss(*model, nullptr, {5, 6}, 3, 0, rank()).backward();
+  zero.step();
+  optim::NamedTensors state = zero.state_tensors();
+  optim::NamedTensors broken = state;
+  broken[0].second = zeros({7});
+  EXPECT_TRUE(throws_error([&] { zero.load_state_tensors(broken); }, "has shape"));
+  optim::NamedTensors after = zero.state_tensors();
+  for (size_t i = 0; i < state.size(); ++i)
+    EXPECT_TRUE(bitwise_equal(after[i].second, state[i].second)) << state[i].first;
+}
+
+}  // namespace
+}  // namespace tessel::parallel
