@@ -22,32 +22,35 @@ class Optimizer {
 
   // Updates every parameter whose gradient is defined (others are skipped, their state kept),
   // without recording autograd.
-  void step();
+  virtual void step();
   // Sets every parameter's gradient to undefined.
-  void zero_grad();
+  virtual void zero_grad();
 
   double lr() const { return lr_; }
-  void set_lr(double lr);
+  virtual void set_lr(double lr);
 
   const std::vector<Tensor>& parameters() const { return parameters_; }
   // The names given, or "0", "1", ... for a plain list.
   const std::vector<std::string>& parameter_names() const { return names_; }
   virtual std::string name() const = 0;
+  // True when state_tensors() is a collective call that every rank of a group must make (an
+  // optimizer whose state is spread over ranks, parallel::ZeroOptimizer).
+  virtual bool collective_state() const { return false; }
 
   // Per-parameter state tensors named "<parameter name>.<key>" ("fc.weight.exp_avg"), in
   // parameter order; parameters not yet stepped have none.
-  NamedTensors state_tensors() const;
+  virtual NamedTensors state_tensors() const;
   // The parameters (their gradients come with them) and the state tensors: with the module's
   // buffers, what training holds from step to step (memory::MemoryScope::end_step).
-  std::vector<Tensor> held_tensors() const;
+  virtual std::vector<Tensor> held_tensors() const;
   // Replaces the whole tensor state with `state` (copied, converted to each parameter's dtype
   // and device). Everything is checked first: unknown names or keys and shape mismatches throw
   // one error and change nothing.
-  void load_state_tensors(const NamedTensors& state);
+  virtual void load_state_tensors(const NamedTensors& state);
   // "lr" and "<parameter name>.step" (the number of updates each parameter has had).
-  NamedScalars state_scalars() const;
+  virtual NamedScalars state_scalars() const;
   // Restores what state_scalars() returned; absent steps become 0. Checked first like tensors.
-  void load_state_scalars(const NamedScalars& scalars);
+  virtual void load_state_scalars(const NamedScalars& scalars);
 
   struct ParameterState {
     std::vector<Tensor> tensors;  // one per state key; undefined until the first update

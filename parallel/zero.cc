@@ -49,14 +49,27 @@ struct ZeroOptimizer::Parts {
   }
 };
 
+namespace {
+
+optim::NamedTensors trainable_parameters(const std::shared_ptr<nn::Module>& module) {
+  TESSEL_CHECK(module != nullptr, "ZeroOptimizer: module is null");
+  optim::NamedTensors trainable;
+  for (const auto& [name, parameter] : module->named_parameters())
+    if (parameter.requires_grad()) trainable.emplace_back(name, parameter);
+  TESSEL_CHECK(!trainable.empty(), "ZeroOptimizer: the module has no trainable parameters");
+  return trainable;
+}
+
+}  // namespace
+
 ZeroOptimizer::ZeroOptimizer(std::shared_ptr<nn::Module> module,
                              std::shared_ptr<Communicator> group,
                              const MakeShardOptimizer& make_optimizer, ZeroStage stage)
-    : module_(std::move(module)),
+    : Optimizer(trainable_parameters(module), 0.0, {}, "ZeroOptimizer"),
+      module_(std::move(module)),
       group_(std::move(group)),
       stage_(stage),
       parts_(std::make_shared<Parts>()) {
-  TESSEL_CHECK(module_ != nullptr, "ZeroOptimizer: module is null");
   TESSEL_CHECK(group_ != nullptr, "ZeroOptimizer: group is null");
   TESSEL_CHECK(make_optimizer != nullptr, "ZeroOptimizer: make_optimizer is empty");
   TESSEL_CHECK(stage == ZeroStage::kOptimizerState || stage == ZeroStage::kGradients,
@@ -65,8 +78,7 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<nn::Module> module,
   parts.group = group_;
   const Device device = group_->device();
   const int ranks = group_->size(), rank = group_->rank();
-  for (const auto& [name, parameter] : module_->named_parameters()) {
-    if (!parameter.requires_grad()) continue;
+  for (const auto& [name, parameter] : trainable_parameters(module_)) {
     TESSEL_CHECK(parameter.device() == device, "ZeroOptimizer: parameter ", name, " is on ",
                  parameter.device().str(), " but communicator '", group_->name(),
                  "' moves tensors on ", device.str());
@@ -79,7 +91,6 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<nn::Module> module,
     parts.begins.push_back(part_start(elements, ranks, rank));
     parts.counts.push_back(part_rows(elements, ranks, rank));
   }
-  TESSEL_CHECK(!parts.parameters.empty(), "ZeroOptimizer: the module has no trainable parameters");
   // Stage 1 leaves the parameters to DDP (which starts every rank from rank 0's); stage 2 has no
   // DDP, so it does that here. Either way a different module on some rank is an error everywhere.
   if (stage == ZeroStage::kGradients)
@@ -105,6 +116,7 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<nn::Module> module,
   TESSEL_CHECK(same, "ZeroOptimizer: make_optimizer must build the optimizer over exactly the ",
                parts.parts.size(), " part tensors it is given, in that order (got ", given.size(),
                " parameters)");
+  Optimizer::set_lr(optimizer_->lr());
 
   if (stage == ZeroStage::kGradients) {
     std::weak_ptr<Parts> weak = parts_;
@@ -121,6 +133,9 @@ ZeroOptimizer::~ZeroOptimizer() = default;
 void ZeroOptimizer::step() {
   Parts& parts = *parts_;
   NoGradGuard no_grad;
+  for (size_t i = 0; i < parts.parameters.size(); ++i)
+    parts.parts[i].copy_(
+        parts.parameters[i].detach().reshape({-1}).narrow(0, parts.begins[i], parts.counts[i]));
   if (stage_ == ZeroStage::kOptimizerState) {
     for (size_t i = 0; i < parts.parameters.size(); ++i) {
       Tensor grad = parts.parameters[i].grad();
@@ -145,9 +160,20 @@ void ZeroOptimizer::zero_grad() {
   for (const Tensor& parameter : parts_->parameters) parameter.set_grad(Tensor());
 }
 
-double ZeroOptimizer::lr() const { return optimizer_->lr(); }
+void ZeroOptimizer::set_lr(double lr) {
+  optimizer_->set_lr(lr);
+  Optimizer::set_lr(lr);
+}
 
-void ZeroOptimizer::set_lr(double lr) { optimizer_->set_lr(lr); }
+void ZeroOptimizer::update(const Tensor&, const Tensor&, ParameterState&) {
+  TESSEL_FAIL("ZeroOptimizer: update() is not used; step() updates this rank's parts");
+}
+
+std::vector<Tensor> ZeroOptimizer::held_tensors() const {
+  std::vector<Tensor> held = parameters();
+  for (const Tensor& tensor : optimizer_->held_tensors()) held.push_back(tensor);
+  return held;
+}
 
 int64_t ZeroOptimizer::part_begin(size_t parameter) const {
   TESSEL_CHECK(parameter < parts_->begins.size(), "ZeroOptimizer: no parameter ", parameter);
@@ -198,6 +224,7 @@ optim::NamedScalars ZeroOptimizer::state_scalars() const { return optimizer_->st
 
 void ZeroOptimizer::load_state_scalars(const optim::NamedScalars& scalars) {
   optimizer_->load_state_scalars(scalars);
+  Optimizer::set_lr(optimizer_->lr());
 }
 
 }  // namespace tessel::parallel

@@ -41,7 +41,7 @@ enum class ZeroStage {
 using MakeShardOptimizer =
     std::function<std::unique_ptr<optim::Optimizer>(const optim::NamedTensors& parts)>;
 
-class ZeroOptimizer {
+class ZeroOptimizer : public optim::Optimizer {
  public:
   // A collective call over `group`. Every rank must hold the same module (checked); stage 2
   // starts every rank from rank 0's parameters and buffers (stage 1 leaves that to DDP).
@@ -49,19 +49,32 @@ class ZeroOptimizer {
   ZeroOptimizer(std::shared_ptr<nn::Module> module, std::shared_ptr<Communicator> group,
                 const MakeShardOptimizer& make_optimizer,
                 ZeroStage stage = ZeroStage::kOptimizerState);
-  ~ZeroOptimizer();
-  ZeroOptimizer(const ZeroOptimizer&) = delete;
-  ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
+  ~ZeroOptimizer() override;
 
-  // Updates this rank's part of every parameter that has a gradient, then all-gathers the parts
-  // (a collective). Stage 1 reads the parameters' averaged gradients; stage 2 the parts that
-  // backward reduce-scattered (gradients accumulate over several backward passes as usual).
-  void step();
+  // Updates this rank's part of every parameter that has a gradient, starting from the
+  // parameter's current values (so loading a state dict between steps is seen), then
+  // all-gathers the parts (a collective). Stage 1 reads the parameters' averaged gradients;
+  // stage 2 the parts that backward reduce-scattered (they add up over several backward passes).
+  void step() override;
   // Drops the parameters' gradients and this rank's parts of them.
-  void zero_grad();
+  void zero_grad() override;
+  void set_lr(double lr) override;
+  // The shard optimizer's name, so that checkpoints move between ZeRO and plain runs.
+  std::string name() const override { return optimizer_->name(); }
+  bool collective_state() const override { return true; }
 
-  double lr() const;
-  void set_lr(double lr);
+  // Whole state tensors, gathered from every rank's parts (a collective), named
+  // "<parameter name>.<key>" with each parameter's shape: what the plain optimizer returns.
+  optim::NamedTensors state_tensors() const override;
+  // The parameters, and this rank's parts with their gradients and state.
+  std::vector<Tensor> held_tensors() const override;
+  // Takes whole state tensors (from state_tensors() here, under another group size, or from a
+  // plain optimizer) and keeps this rank's parts. Checked first: nothing changes on an error.
+  void load_state_tensors(const optim::NamedTensors& state) override;
+  // "lr" and "<parameter name>.step", the same on every rank.
+  optim::NamedScalars state_scalars() const override;
+  void load_state_scalars(const optim::NamedScalars& scalars) override;
+
   ZeroStage stage() const { return stage_; }
   // The optimizer over this rank's parts.
   const optim::Optimizer& shard_optimizer() const { return *optimizer_; }
@@ -70,17 +83,11 @@ class ZeroOptimizer {
   int64_t part_begin(size_t parameter) const;
   int64_t part_count(size_t parameter) const;
 
-  // Whole state tensors, gathered from every rank's parts (a collective), named
-  // "<parameter name>.<key>" with each parameter's shape: what the plain optimizer returns.
-  optim::NamedTensors state_tensors() const;
-  // Takes whole state tensors (from state_tensors() here, under another group size, or from a
-  // plain optimizer) and keeps this rank's parts. Checked first: nothing changes on an error.
-  void load_state_tensors(const optim::NamedTensors& state);
-  // "lr" and "<parameter name>.step", the same on every rank.
-  optim::NamedScalars state_scalars() const;
-  void load_state_scalars(const optim::NamedScalars& scalars);
-
   struct Parts;  // the parameters, their parts and (stage 2) the gradient hooks' state
+
+ protected:
+  // Never called: step() updates the parts through the shard optimizer.
+  void update(const Tensor& parameter, const Tensor& grad, ParameterState& state) override;
 
  private:
   std::shared_ptr<nn::Module> module_;

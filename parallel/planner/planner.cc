@@ -157,7 +157,7 @@ PlannedPoint describe_choice(const Graph& graph,
     if (point.executable) {
       point.executable = false;
       point.not_executable_reason =
-          "ZeRO runs through parallel::ZeroOptimizer; the recipes do not take it yet";
+          "ZeRO runs with the recipes' --zero flag, which plan files do not set yet";
     }
   }
   if (remat_fraction < 1) {
@@ -248,7 +248,7 @@ PlanResult plan_graph(const Graph& graph, const PlanOptions& options) {
         for (auto& point : track_frontier(costs, options.frontier, &stats)) {
           for (size_t op = 0; op < subset.size(); ++op)
             point.choice[op] = subset[op][point.choice[op]];
-          // The recipes do not run ZeRO yet (describe_choice says so on the point).
+          // Plan files do not carry a ZeRO stage yet (describe_choice says so on the point).
           const bool runs = executable(point.choice) && stage == 0;
           candidates.push_back({point.cost, fraction, stage, std::move(point.choice), runs});
         }

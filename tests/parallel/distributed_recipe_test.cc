@@ -226,6 +226,65 @@ TEST_F(DistributedRecipe, TensorParallelResNetMatchesDataParallel) {
         << dp.final_eval[i].first;
 }
 
+// --zero=1 and --zero=2 train what plain --dp=2 trains: ResNet-18 with its SGD (nesterov momentum,
+// weight decay; the parts of the momentum on their ranks) and the MLP with Adam.
+TEST_F(DistributedRecipe, ZeroStagesTrainLikeDataParallel) {
+  for (const auto& [recipe, model] :
+       {std::pair<std::string, std::string>{"resnet18_fashion_mnist", "resnet18"},
+        {"mlp_fashion_mnist", "mlp"}}) {
+    TrainConfig plain = config(recipe, model);
+    plain.dp = 2;
+    plain.steps = 2;
+    if (model == "mlp") plain.lr = 1e-4;  // see DataParallelMlpMatchesOneProcess
+    plain.checkpoint_dir = folder(model + "_zero0");
+    std::ostringstream log;
+    const RecipeResult expected = run_recipe(plain, log);
+    for (int stage : {1, 2}) {
+      TrainConfig zero = plain;
+      zero.zero = stage;
+      zero.checkpoint_dir = folder(model + "_zero" + std::to_string(stage));
+      std::ostringstream zero_log;
+      const RecipeResult actual = run_recipe(zero, zero_log);
+      if (rank() != 0) continue;
+      EXPECT_NE(zero_log.str().find("ZeRO stage " + std::to_string(stage)), std::string::npos)
+          << zero_log.str();
+      EXPECT_NEAR(actual.final_train_loss, expected.final_train_loss,
+                  1e-4 * std::abs(expected.final_train_loss))
+          << model << " --zero=" << stage;
+      expect_close_parameters(actual.last_checkpoint, expected.last_checkpoint);
+      // The checkpoint holds the whole optimizer state, as a plain run writes it.
+      const auto state = load_safetensors(actual.last_checkpoint + "/train_state.safetensors");
+      const auto plain_state =
+          load_safetensors(expected.last_checkpoint + "/train_state.safetensors");
+      ASSERT_EQ(state.size(), plain_state.size()) << model << " --zero=" << stage;
+      int optimizer_tensors = 0;
+      for (const auto& [name, tensor] : plain_state) {
+        ASSERT_TRUE(state.count(name)) << name;
+        if (name.rfind("optimizer.", 0) != 0) continue;
+        ++optimizer_tensors;
+        EXPECT_TRUE(all_close(state.at(name), tensor, 1e-4, 1e-6)) << name;
+      }
+      EXPECT_GT(optimizer_tensors, 0);
+    }
+  }
+}
+
+TEST_F(DistributedRecipe, ZeroNeedsDataParallelRanksWithoutTensorParallelism) {
+  std::ostringstream log;
+  TrainConfig wrong = config("resnet18_fashion_mnist", "resnet18");
+  wrong.tp = 2;
+  wrong.zero = 1;
+  EXPECT_TRUE(throws_error([&] { run_recipe(wrong, log); }, "it needs --dp > 1 and no --tp"));
+  wrong.tp = 0;
+  wrong.zero = 2;
+  if (rank() == 0) {  // one process: rank 0 alone, as its own training world
+    set_training_world(MPI_COMM_SELF);
+    EXPECT_TRUE(throws_error([&] { run_recipe(wrong, log); }, "run several under mpirun"));
+    set_training_world(MPI_COMM_WORLD);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 TEST_F(DistributedRecipe, GridThatDoesNotMatchTheRanksIsAnError) {
   std::ostringstream log;
   TrainConfig wrong = config("mlp_fashion_mnist", "mlp");
@@ -543,6 +602,25 @@ TEST_F(DistributedRecipe, TensorParallelShuffleNetResumesExactly) {
   EXPECT_EQ(saved.at("conv5.0.weight").size(0), 1024);
   EXPECT_EQ(saved.at("conv5.1.running_mean").sizes(), Shape({1024}));
   EXPECT_EQ(saved.at("fc.weight").sizes(), Shape({10, 1024}));
+}
+
+// Under --zero=2 a checkpoint resumes bit for bit, and it resumes a plain --dp=2 run too (the
+// optimizer state is written whole).
+TEST_F(DistributedRecipe, ZeroCheckpointsResumeExactlyAndInAPlainRun) {
+  TrainConfig zero = config("resnet18_fashion_mnist", "resnet18");
+  zero.dp = 2;
+  zero.zero = 2;
+  const std::string saved_at = expect_resume_exact(zero, "resnet_zero2");
+  TrainConfig plain = config("resnet18_fashion_mnist", "resnet18");
+  plain.dp = 2;
+  plain.steps = 4;
+  plain.checkpoint_dir = folder("resnet_zero2_then_plain");
+  plain.resume = test_folder("resnet_zero2_resumed") + "/step_2";
+  std::ostringstream log;
+  const RecipeResult resumed = run_recipe(plain, log);
+  EXPECT_EQ(resumed.resumed_from_step, 2);
+  if (rank() != 0) return;
+  expect_close_parameters(resumed.last_checkpoint, saved_at);
 }
 
 // A fortune file of `count` short entries between "%" lines, written by rank 0.

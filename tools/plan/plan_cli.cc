@@ -174,9 +174,11 @@ std::optional<int> parse_options(int argc, const char* const* argv, PlanCliOptio
                  "fractions of activation memory the memory layer may keep (auto policy); 1: no "
                  "recomputation")
       ->capture_default_str();
-  app.add_option("--zero", cli.zero,
-                 "ZeRO stages to price, e.g. 0,1,2: 1 keeps the optimizer state in data-parallel "
-                 "parts, 2 the gradients too (parallel/zero.h; not yet run by the recipes)")
+  app.add_option(
+         "--zero", cli.zero,
+         "ZeRO stages to price, e.g. 0,1,2: 1 keeps the optimizer state in data-parallel "
+         "parts, 2 the gradients too (parallel/zero.h; the recipes' --zero, not set by plan files "
+         "yet)")
       ->capture_default_str();
   app.add_flag("--simulate_remat", cli.simulate_remat,
                "price each --remat fraction below 1 by simulating the model's training step under "

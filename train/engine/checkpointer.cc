@@ -1,6 +1,7 @@
 #include "train/engine/checkpointer.h"
 
 #include <filesystem>
+#include <optional>
 #include <vector>
 
 #include "core/error.h"
@@ -78,6 +79,9 @@ void Checkpointer::save(int64_t step) {
   saved_step_ = step;
   // Every rank's RNG state goes to the checkpoint, so that each resumes its own stream.
   const std::vector<RngState> rank_rngs = layout_.gather_rng_states();
+  // An optimizer whose state is spread over the ranks (--zero) gathers it on every rank.
+  std::optional<optim::NamedTensors> gathered;
+  if (optimizer_.collective_state()) gathered = optimizer_.state_tensors();
   // The first data-parallel replica's tensor-parallel ranks gather the split tensors.
   if (!layout_.is_main() && !(sharding_ && layout_.dp_rank == 0)) {
     if (layout_.distributed()) layout_.world->barrier();
@@ -86,8 +90,9 @@ void Checkpointer::save(int64_t step) {
   const NamedScalars extra = {{"batches_per_epoch", static_cast<double>(plan_.batches_per_epoch)},
                               {"seed", static_cast<double>(config_.seed)},
                               {"planned_steps", static_cast<double>(plan_.total_steps)}};
-  CheckpointContents contents = capture_checkpoint(step, model_, optimizer_, scheduler_, extra,
-                                                   sharding_ ? &*sharding_ : nullptr);
+  CheckpointContents contents =
+      capture_checkpoint(step, model_, optimizer_, scheduler_, extra,
+                         sharding_ ? &*sharding_ : nullptr, gathered ? &*gathered : nullptr);
   contents.rank_rngs = rank_rngs;
   contents.rank_layout = layout_.layout();
   if (layout_.is_main()) {

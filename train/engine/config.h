@@ -33,6 +33,9 @@ struct TrainConfig {
   // //parallel:plan that sets both.
   int dp = 0;
   int tp = 0;
+  // ZeRO over the data-parallel group (parallel/zero.h): 0 none; 1 each rank keeps its part of
+  // the optimizer state; 2 of the gradients too. Needs dp > 1 and tp = 1.
+  int zero = 0;
   std::string plan;
   int64_t eval_every = 0;      // evaluate every N steps as well as after each epoch; 0: epochs only
   int64_t log_every = 100;     // steps between status lines

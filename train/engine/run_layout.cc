@@ -8,6 +8,7 @@
 #include "parallel/ddp.h"
 #include "parallel/process_group.h"
 #include "parallel/tensor_parallel.h"
+#include "parallel/zero.h"
 #include "train/engine/setup.h"
 
 namespace tessel::train {
@@ -113,6 +114,10 @@ ParallelLayout resolve_layout(const TrainConfig& config, int world_size) {
   TESSEL_CHECK(static_cast<int64_t>(layout.dp) * layout.tp == world_size, "--dp=", layout.dp,
                " x --tp=", layout.tp, " = ", static_cast<int64_t>(layout.dp) * layout.tp,
                " ranks, but ", ranks_text(world_size), "; choose dp x tp = the rank count");
+  TESSEL_CHECK(config.zero == 0 || (layout.dp > 1 && layout.tp == 1), "--zero=", config.zero,
+               " shards the optimizer over data-parallel ranks: it needs --dp > 1 and no --tp "
+               "(this run: dp ",
+               layout.dp, " x tp ", layout.tp, ")");
   return layout;
 }
 
@@ -183,6 +188,8 @@ RunLayout lay_out_ranks(const TrainConfig& config, std::ostream& log, TrainConfi
   }
   // One process: its device is checked (a missing GPU fails here, before any data is read).
   if (world_size == 1) {
+    TESSEL_CHECK(config.zero == 0, "--zero=", config.zero,
+                 " shards the optimizer over data-parallel ranks: run several under mpirun");
     if (asked) resolve_layout(config, world_size);  // --dp=1 --tp=1 or a one-device plan
     check_training_device(config);
     return RunLayout();
@@ -211,6 +218,7 @@ RunLayout lay_out_ranks(const TrainConfig& config, std::ostream& log, TrainConfi
   run.world_size = world_size;
   run.dp = layout.dp;
   run.tp = layout.tp;
+  run.zero = layout.dp > 1 ? config.zero : 0;
   run.plan = layout.plan;
   run.device = device;
   {
@@ -229,6 +237,9 @@ RunLayout lay_out_ranks(const TrainConfig& config, std::ostream& log, TrainConfi
 
   std::ostream& rank_log = run.log(log);
   rank_log << "parallel: " << world_size << " ranks as dp " << run.dp << " x tp " << run.tp;
+  if (run.zero > 0)
+    rank_log << ", ZeRO stage " << run.zero << " (each rank keeps its part of the optimizer state"
+             << (run.zero == 2 ? " and of the gradients" : "") << ")";
   if (run.plan) {
     char numbers[128];
     std::snprintf(numbers, sizeof(numbers), "; predicted %.1f MiB per rank, %.3f s per step",
@@ -249,9 +260,18 @@ RunLayout lay_out_ranks(const TrainConfig& config, std::ostream& log, TrainConfi
 
 std::unique_ptr<parallel::DistributedDataParallel> make_ddp(const RunLayout& run,
                                                             nn::Module& module) {
-  if (run.dp == 1) return nullptr;
+  if (run.dp == 1 || run.zero == 2) return nullptr;
   std::shared_ptr<nn::Module> alias(&module, [](nn::Module*) {});
   return std::make_unique<parallel::DistributedDataParallel>(alias, run.dp_device_group);
+}
+
+std::unique_ptr<optim::Optimizer> make_run_optimizer(
+    const RunLayout& layout, const std::shared_ptr<nn::Module>& module,
+    const std::function<std::unique_ptr<optim::Optimizer>(const optim::NamedTensors&)>& make) {
+  if (layout.zero == 0) return make(module->named_parameters());
+  return std::make_unique<parallel::ZeroOptimizer>(
+      module, layout.dp_device_group, make,
+      layout.zero == 1 ? parallel::ZeroStage::kOptimizerState : parallel::ZeroStage::kGradients);
 }
 
 std::vector<Tensor> weight_by_global_counts(const RunLayout& run,

@@ -23,6 +23,7 @@
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "nn/module.h"
+#include "optim/optimizer.h"
 #include "parallel/communicator.h"
 #include "parallel/planner/plan_io.h"
 #include "train/engine/config.h"
@@ -60,6 +61,7 @@ struct RunLayout {
   int world_size = 1;
   int dp = 1, tp = 1;
   int dp_rank = 0, tp_rank = 0;
+  int zero = 0;  // --zero: the ZeRO stage over the dp group (0 when dp == 1)
   // MPI communicators (CPU tensors): counts, evaluation sums, RNG states, checkpoints, barriers.
   std::shared_ptr<parallel::Communicator> world, dp_group, tp_group;
   // Where this rank trains (rank_training_device), and the dp and tp groups for tensors there:
@@ -101,10 +103,17 @@ RunLayout lay_out_ranks(const TrainConfig& config, std::ostream& log, TrainConfi
 // one-process reference inside an MPI job with MPI_COMM_SELF).
 void set_training_world(MPI_Comm world);
 
-// DDP over the dp group on the layout's device for `module` (null when dp == 1): NCCL when the
-// ranks train on GPUs. `module` must outlive it.
+// DDP over the dp group on the layout's device for `module` (null when dp == 1, and under ZeRO
+// stage 2, whose optimizer reduces the gradients itself): NCCL when the ranks train on GPUs.
+// `module` must outlive it.
 std::unique_ptr<parallel::DistributedDataParallel> make_ddp(const RunLayout& layout,
                                                             nn::Module& module);
+
+// The run's optimizer: `make` over the module's parameters, or under --zero a
+// parallel::ZeroOptimizer over the dp group whose parts `make` optimizes (a collective then).
+std::unique_ptr<optim::Optimizer> make_run_optimizer(
+    const RunLayout& layout, const std::shared_ptr<nn::Module>& module,
+    const std::function<std::unique_ptr<optim::Optimizer>(const optim::NamedTensors&)>& make);
 
 // Means over this rank's shard, each with its count (masked positions, sequences), scaled so
 // that averaging gradients over the dp group gives the gradient of the global batch's means:

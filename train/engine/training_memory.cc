@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <unordered_set>
 #include <vector>
 
 #include "core/error.h"
 #include "optim/adam.h"
 #include "optim/sgd.h"
+#include "parallel/zero.h"
 #include "train/engine/setup.h"
 
 namespace tessel::train {
@@ -41,6 +43,9 @@ int optimizer_states_per_parameter(const optim::Optimizer& optimizer) {
     return adam->options().amsgrad() ? 3 : 2;
   if (const auto* adamw = dynamic_cast<const optim::AdamW*>(&optimizer))
     return adamw->options().amsgrad() ? 3 : 2;
+  // --zero: the shard optimizer's states, counted whole (each rank holds about 1/dp of them).
+  if (const auto* zero = dynamic_cast<const parallel::ZeroOptimizer*>(&optimizer))
+    return optimizer_states_per_parameter(zero->shard_optimizer());
   return 2;  // an optimizer this file does not know: assume Adam's state
 }
 
@@ -55,7 +60,13 @@ size_t training_fixed_bytes(const nn::Module& model, const optim::Optimizer& opt
 void move_training_state(nn::Module& model, optim::Optimizer& optimizer) {
   std::vector<Tensor> held = model.parameters();
   for (const Tensor& buffer : model.buffers()) held.push_back(buffer);
-  for (const auto& entry : optimizer.state_tensors()) held.push_back(entry.second);
+  // held_tensors(), not state_tensors(): a ZeroOptimizer's state_tensors() gathers whole
+  // tensors from every rank, while its own parts are what this rank holds. Each tensor once:
+  // one moved twice would leave the tensors that share its bytes behind.
+  std::unordered_set<const TensorImpl*> listed;
+  for (const Tensor& tensor : held) listed.insert(tensor.impl());
+  for (const Tensor& tensor : optimizer.held_tensors())
+    if (listed.insert(tensor.impl()).second) held.push_back(tensor);
   memory::move_to_current_allocator(held);
 }
 

@@ -46,7 +46,10 @@ RecipeResult run_mlp_fashion_mnist(const TrainConfig& config, const RunLayout& l
   log << *model << std::endl;
   const Device device = training_device(config);
   model->to(device);  // --device, before the optimizer makes its state next to the parameters
-  const auto optimizer_holder = make_optimizer(config, model->named_parameters(), {});
+  const auto optimizer_holder =
+      make_run_optimizer(layout, model, [&](const optim::NamedTensors& parameters) {
+        return make_optimizer(config, parameters, {});
+      });
   optim::Optimizer& optimizer = *optimizer_holder;
   // Each data-parallel rank reads its rows of every batch.
   data::DataLoader train_loader(train_set, data::DataLoaderOptions()

@@ -101,10 +101,16 @@ RecipeResult run_image_recipe(const ImageRecipeSpec& spec, const TrainConfig& co
 
   double lr = *config.lr;
   if (spec.scale_lr_with_batch) lr *= static_cast<double>(*config.batch_size) / 256.0;
-  optim::SGD optimizer(model->named_parameters(), optim::SGDOptions(lr)
-                                                      .momentum(spec.momentum)
-                                                      .nesterov(spec.nesterov)
-                                                      .weight_decay(spec.weight_decay));
+  const auto sgd_options = optim::SGDOptions(lr)
+                               .momentum(spec.momentum)
+                               .nesterov(spec.nesterov)
+                               .weight_decay(spec.weight_decay);
+  // --zero: a ZeroOptimizer over the dp group, whose parts this SGD updates.
+  const auto optimizer_holder =
+      make_run_optimizer(layout, model, [&](const optim::NamedTensors& parameters) {
+        return std::make_unique<optim::SGD>(parameters, sgd_options);
+      });
+  optim::Optimizer& optimizer = *optimizer_holder;
   data::TransformList transforms = augmentation(spec, *train_set);
   // Each data-parallel rank reads its rows of every batch.
   data::DataLoader train_loader(train_set, data::DataLoaderOptions()

@@ -255,9 +255,13 @@ Tensor this_part(const CheckpointSharding& sharding, const std::string& name, co
 CheckpointContents capture_checkpoint(int64_t step, const nn::Module& module,
                                       const optim::Optimizer& optimizer,
                                       const optim::LRScheduler* scheduler,
-                                      const NamedScalars& extra,
-                                      const CheckpointSharding* sharding) {
+                                      const NamedScalars& extra, const CheckpointSharding* sharding,
+                                      const optim::NamedTensors* optimizer_state) {
   TESSEL_CHECK(step >= 0, "save_checkpoint: step must be >= 0, got ", step);
+  TESSEL_CHECK(optimizer_state != nullptr || !optimizer.collective_state(), "save_checkpoint: the ",
+               optimizer.name(),
+               " optimizer's state is spread over ranks: gather it on every rank "
+               "(state_tensors()) and pass it in");
   TESSEL_CHECK(scheduler == nullptr || &scheduler->optimizer() == &optimizer,
                "save_checkpoint: the scheduler (", scheduler ? scheduler->name() : "",
                ") drives another optimizer than the one given");
@@ -286,7 +290,7 @@ CheckpointContents capture_checkpoint(int64_t step, const nn::Module& module,
   for (const auto& [name, tensor] : module.state_dict())
     contents.model.emplace_back(name, whole(name, tensor));
   contents.optimizer_name = optimizer.name();
-  for (const auto& [name, tensor] : optimizer.state_tensors())
+  for (const auto& [name, tensor] : optimizer_state ? *optimizer_state : optimizer.state_tensors())
     contents.optimizer_tensors.emplace_back(name, whole(name.substr(0, name.rfind('.')), tensor));
   contents.optimizer_scalars = optimizer.state_scalars();
   if (scheduler) {

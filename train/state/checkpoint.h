@@ -86,12 +86,15 @@ struct CheckpointRank {
 
 // The state at training step `step` (>= 0), checked as save_checkpoint does. With `sharding`, a
 // collective: every rank that holds a part calls it; one of them then writes the result. Tensors
-// on a GPU are copied to the host, so the contents hold CPU tensors only.
+// on a GPU are copied to the host, so the contents hold CPU tensors only. `optimizer_state`:
+// optimizer.state_tensors() when already gathered, which an optimizer with collective_state()
+// needs (every rank gathers, one captures).
 CheckpointContents capture_checkpoint(int64_t step, const nn::Module& module,
                                       const optim::Optimizer& optimizer,
                                       const optim::LRScheduler* scheduler = nullptr,
                                       const NamedScalars& extra = {},
-                                      const CheckpointSharding* sharding = nullptr);
+                                      const CheckpointSharding* sharding = nullptr,
+                                      const optim::NamedTensors* optimizer_state = nullptr);
 
 // Writes `contents` as the checkpoint of its step and returns the folder ("<dir>/step_<N>").
 std::string write_checkpoint(const std::string& dir, const CheckpointContents& contents,
