@@ -1,10 +1,13 @@
 #include "parallel/zero.h"
 
+#include <cmath>
 #include <map>
 
 #include "core/autograd.h"
 #include "core/shape.h"
 #include "ops/ops.h"
+#include "ops/transfer.h"
+#include "optim/clip_grad.h"
 #include "parallel/ddp.h"
 
 namespace tessel::parallel {
@@ -153,6 +156,27 @@ void ZeroOptimizer::step() {
   }
   if (stage_ == ZeroStage::kOptimizerState)
     for (const Tensor& part : parts.parts) part.set_grad(Tensor());
+}
+
+double ZeroOptimizer::clip_grad_norm(double max_norm) {
+  if (stage_ == ZeroStage::kOptimizerState) return optim::clip_grad_norm(parameters(), max_norm);
+  TESSEL_CHECK(max_norm >= 0, "clip_grad_norm: max_norm must be >= 0, got ", max_norm);
+  NoGradGuard no_grad;
+  double squares = 0;
+  for (const Tensor& part : parts_->parts) {
+    const Tensor grad = part.grad();
+    if (!grad.defined() || grad.numel() == 0) continue;
+    const Tensor wide = to_dtype(grad, DType::kFloat64);
+    squares += sum(mul(wide, wide)).item<double>();
+  }
+  Tensor total = to_device(from_vector<double>({squares}, {1}), group_->device());
+  group_->all_reduce(total);
+  const double norm = std::sqrt(total.item<double>());
+  const double scale = max_norm / (norm + 1e-6);  // as optim::clip_grad_norm
+  if (scale < 1.0 || std::isnan(scale))
+    for (const Tensor& part : parts_->parts)
+      if (part.grad().defined()) part.grad().mul_(scale);
+  return norm;
 }
 
 void ZeroOptimizer::zero_grad() {

@@ -75,6 +75,11 @@ class ZeroOptimizer : public optim::Optimizer {
   optim::NamedScalars state_scalars() const override;
   void load_state_scalars(const optim::NamedScalars& scalars) override;
 
+  // optim::clip_grad_norm (2-norm) over the whole model's gradients: under stage 2 from every
+  // rank's parts (a collective: their squared norms are summed over the group), so every rank
+  // scales its parts alike. Returns the total norm before clipping.
+  double clip_grad_norm(double max_norm);
+
   ZeroStage stage() const { return stage_; }
   // The optimizer over this rank's parts.
   const optim::Optimizer& shard_optimizer() const { return *optimizer_; }

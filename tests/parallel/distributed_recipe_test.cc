@@ -698,6 +698,29 @@ TEST_F(DistributedRecipe, DataParallelBertWithoutDropoutMatchesOneProcess) {
   expect_close_parameters(actual.last_checkpoint, expected.last_checkpoint);
 }
 
+// BERT's recipe under --zero=2 (the tied word embeddings and MLM decoder in parts too) trains
+// what one process trains, as plain --dp=2 does above.
+TEST_F(DistributedRecipe, BertUnderZeroMatchesOneProcess) {
+  TrainConfig alone = bert_fortunes_config("bert_zero");
+  alone.optimizer = "sgd";
+  alone.lr = 0.1;
+  alone.dropout = 0;
+  alone.steps = 3;
+  alone.checkpoint_dir = test_folder("bert_zero_alone");
+  const RecipeResult expected = run_alone(alone);
+  TrainConfig zero = alone;
+  zero.dp = 2;
+  zero.zero = 2;
+  zero.checkpoint_dir = test_folder("bert_zero_dp2");
+  std::ostringstream log;
+  const RecipeResult actual = run_recipe(zero, log);
+  if (rank() != 0) return;
+  EXPECT_EQ(actual.steps, 3);
+  EXPECT_NEAR(actual.final_train_loss, expected.final_train_loss,
+              1e-4 * std::abs(expected.final_train_loss));
+  expect_close_parameters(actual.last_checkpoint, expected.last_checkpoint);
+}
+
 TEST_F(DistributedRecipe, BertCheckpointResumesInAnotherLayoutFromRankZerosRng) {
   // Saved by one process, resumed with --dp=2: rank 1 has no state of its own in the checkpoint,
   // so every rank continues from rank 0's, deterministically (two resumes give the same bits).

@@ -2,8 +2,9 @@
 // gradients) and stage 2 (gradients reduce-scattered during backward, no DDP) train an MLP whose
 // last bias has fewer elements than 4 ranks, and a conv net with batch norm, like DDP with the
 // whole optimizer (SGD with momentum and weight decay, AdamW); each rank holds only its part of
-// the state and (stage 2) of the gradients; the gathered state is the plain optimizer's, and a
-// checkpoint resumes bitwise under ZeRO and as the plain optimizer's. Run with 2 and 4 ranks.
+// the state and (stage 2) of the gradients, and clips by the whole gradient's norm; the gathered
+// state is the plain optimizer's, and a checkpoint resumes bitwise under ZeRO and as the plain
+// optimizer's. Run with 2 and 4 ranks.
 #include "parallel/zero.h"
 
 #include <functional>
@@ -16,6 +17,7 @@
 #include "nn/nn.h"
 #include "ops/ops.h"
 #include "optim/adam.h"
+#include "optim/clip_grad.h"
 #include "optim/sgd.h"
 #include "parallel/ddp.h"
 #include "tests/parallel/mpi_testing.h"
@@ -127,6 +129,30 @@ TEST_F(Zero, Stage2MatchesDdpWithSgdAndAdamW) {
     expect_matches_ddp(c, sgd(), ZeroStage::kGradients);
     expect_matches_ddp(c, adamw(), ZeroStage::kGradients);
   }
+}
+
+// Under stage 2 the whole gradient exists nowhere after backward: clipping takes the norm from
+// every rank's parts and scales them as clip_grad_norm scales DDP's averaged gradients.
+TEST_F(Zero, ClipsByTheNormOfTheWholeGradient) {
+  manual_seed(21 + rank());
+  std::shared_ptr<nn::Module> plain = mlp();
+  std::shared_ptr<nn::Module> sharded = mlp();
+  sharded->load_state_dict(plain->state_dict());
+  DistributedDataParallel plain_ddp(plain, shared_world());
+  std::unique_ptr<optim::Optimizer> whole = sgd()(plain->named_parameters());
+  ZeroOptimizer zero(sharded, shared_world(), sgd(), ZeroStage::kGradients);
+  rank_loss(*plain, &plain_ddp, {5, 6}, 3, 0, rank()).backward();
+  rank_loss(*sharded, nullptr, {5, 6}, 3, 0, rank()).backward();
+  const double expected = optim::clip_grad_norm(plain->parameters(), 0.01);
+  const double actual = zero.clip_grad_norm(0.01);
+  EXPECT_GT(expected, 0.01);  // so the gradients are scaled
+  EXPECT_NEAR(actual, expected, 1e-6 * expected);
+  whole->step();
+  zero.step();
+  auto want = plain->named_parameters();
+  auto got = sharded->named_parameters();
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_TRUE(all_close(got[i].second, want[i].second)) << got[i].first;
 }
 
 // Every rank holds its part of each parameter's state (and, under stage 2, of its gradient), and

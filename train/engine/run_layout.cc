@@ -266,11 +266,12 @@ std::unique_ptr<parallel::DistributedDataParallel> make_ddp(const RunLayout& run
 }
 
 std::unique_ptr<optim::Optimizer> make_run_optimizer(
-    const RunLayout& layout, const std::shared_ptr<nn::Module>& module,
+    const RunLayout& layout, nn::Module& module,
     const std::function<std::unique_ptr<optim::Optimizer>(const optim::NamedTensors&)>& make) {
-  if (layout.zero == 0) return make(module->named_parameters());
+  if (layout.zero == 0) return make(module.named_parameters());
+  std::shared_ptr<nn::Module> alias(&module, [](nn::Module*) {});
   return std::make_unique<parallel::ZeroOptimizer>(
-      module, layout.dp_device_group, make,
+      alias, layout.dp_device_group, make,
       layout.zero == 1 ? parallel::ZeroStage::kOptimizerState : parallel::ZeroStage::kGradients);
 }
 

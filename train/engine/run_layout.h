@@ -111,8 +111,9 @@ std::unique_ptr<parallel::DistributedDataParallel> make_ddp(const RunLayout& lay
 
 // The run's optimizer: `make` over the module's parameters, or under --zero a
 // parallel::ZeroOptimizer over the dp group whose parts `make` optimizes (a collective then).
+// `module` must outlive it.
 std::unique_ptr<optim::Optimizer> make_run_optimizer(
-    const RunLayout& layout, const std::shared_ptr<nn::Module>& module,
+    const RunLayout& layout, nn::Module& module,
     const std::function<std::unique_ptr<optim::Optimizer>(const optim::NamedTensors&)>& make);
 
 // Means over this rank's shard, each with its count (masked positions, sequences), scaled so

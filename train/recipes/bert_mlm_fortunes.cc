@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "models/bert.h"
 #include "optim/lr_scheduler.h"
+#include "parallel/zero.h"
 #include "text/corpus.h"
 #include "text/mlm.h"
 #include "train/engine/checkpointer.h"
@@ -96,9 +97,12 @@ RecipeResult run_bert_mlm_fortunes(const TrainConfig& config, const RunLayout& l
   model.to(device);
   ParallelBert parallel_bert(model, layout);  // the --tp split and DDP over --dp
   nn::Module& trained = parallel_bert.trained();
+  // --zero: a ZeroOptimizer over the dp group, whose parts this optimizer updates.
   const auto optimizer_holder =
-      make_optimizer(config, trained.named_parameters(),
-                     optim::AdamWOptions(*config.lr).weight_decay(kWeightDecay).eps(1e-6));
+      make_run_optimizer(layout, trained, [&](const optim::NamedTensors& parameters) {
+        return make_optimizer(config, parameters,
+                              optim::AdamWOptions(*config.lr).weight_decay(kWeightDecay).eps(1e-6));
+      });
   optim::Optimizer& optimizer = *optimizer_holder;
   const int64_t batch_size = *config.batch_size;
   const TrainingPlan plan(config, (train_data.size() + batch_size - 1) / batch_size);
@@ -137,7 +141,11 @@ RecipeResult run_bert_mlm_fortunes(const TrainConfig& config, const RunLayout& l
         }
         optimizer.zero_grad();
         loss.total.backward();  // with --dp, DDP's average over the ranks finishes inside
-        parallel_bert.clip_gradients(kMaxGradNorm);
+        // Under --zero=2 the gradients are this rank's parts: its optimizer clips them.
+        if (auto* zero = dynamic_cast<parallel::ZeroOptimizer*>(&optimizer))
+          zero->clip_grad_norm(kMaxGradNorm);
+        else
+          parallel_bert.clip_gradients(kMaxGradNorm);
         optimizer.step();
         loss_value = loss.value;
         mlm_loss = loss.mlm;

@@ -47,7 +47,7 @@ RecipeResult run_mlp_fashion_mnist(const TrainConfig& config, const RunLayout& l
   const Device device = training_device(config);
   model->to(device);  // --device, before the optimizer makes its state next to the parameters
   const auto optimizer_holder =
-      make_run_optimizer(layout, model, [&](const optim::NamedTensors& parameters) {
+      make_run_optimizer(layout, *model, [&](const optim::NamedTensors& parameters) {
         return make_optimizer(config, parameters, {});
       });
   optim::Optimizer& optimizer = *optimizer_holder;

@@ -107,7 +107,7 @@ RecipeResult run_image_recipe(const ImageRecipeSpec& spec, const TrainConfig& co
                                .weight_decay(spec.weight_decay);
   // --zero: a ZeroOptimizer over the dp group, whose parts this SGD updates.
   const auto optimizer_holder =
-      make_run_optimizer(layout, model, [&](const optim::NamedTensors& parameters) {
+      make_run_optimizer(layout, *model, [&](const optim::NamedTensors& parameters) {
         return std::make_unique<optim::SGD>(parameters, sgd_options);
       });
   optim::Optimizer& optimizer = *optimizer_holder;
