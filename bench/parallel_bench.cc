@@ -34,6 +34,7 @@
 #include "parallel/planner/plan_io.h"
 #include "parallel/process_group.h"
 #include "parallel/tensor_parallel.h"
+#include "parallel/zero.h"
 
 namespace tessel::bench {
 namespace {
@@ -96,7 +97,7 @@ int run(int argc, char** argv) {
   CLI::App app("Distributed training steps of a model-zoo network", "parallel_bench");
   std::string model_name = "resnet50", plan_path, label;
   int64_t batch = 0, batch_per_rank = 4, image_size = 128, seq = 128, classes = 1000;
-  int dp = 0, tp = 1, steps = 3, warmup = 1, threads = 0;
+  int dp = 0, tp = 1, zero = 0, steps = 3, warmup = 1, threads = 0;
   app.add_option("--model", model_name, "resnet18..152, shufflenet_v2_x*, bert_tiny..large");
   app.add_option("--batch", batch, "global batch (0: batch_per_rank x dp)");
   app.add_option("--batch_per_rank", batch_per_rank, "per data-parallel rank when --batch is 0");
@@ -106,6 +107,7 @@ int run(int argc, char** argv) {
   app.add_option("--dp", dp, "0: ranks / tp");
   app.add_option("--tp", tp);
   app.add_option("--plan", plan_path, "take dp and tp from a plan; report its predictions");
+  app.add_option("--zero", zero, "ZeRO stage over the dp group (parallel/zero.h): 0, 1 or 2");
   app.add_option("--steps", steps, "timed steps");
   app.add_option("--warmup", warmup, "untimed steps first");
   app.add_option("--threads", threads, "(read by run_ranks)");
@@ -157,15 +159,22 @@ int run(int argc, char** argv) {
     }
   }
   trained->train();
-  std::unique_ptr<optim::Optimizer> optimizer;
-  if (bert)
-    optimizer =
-        std::make_unique<optim::AdamW>(trained->named_parameters(), optim::AdamWOptions(1e-4));
-  else
-    optimizer = std::make_unique<optim::SGD>(trained->named_parameters(),
-                                             optim::SGDOptions(0.01).momentum(0.9));
+  TESSEL_CHECK(zero >= 0 && zero <= 2 && (zero == 0 || (dp > 1 && tp == 1)),
+               "--zero must be 0, 1 or 2, and 1 or 2 only with dp > 1 and tp = 1");
+  auto make_optimizer = [bert](const optim::NamedTensors& parameters) {
+    return bert ? std::unique_ptr<optim::Optimizer>(
+                      std::make_unique<optim::AdamW>(parameters, optim::AdamWOptions(1e-4)))
+                : std::make_unique<optim::SGD>(parameters, optim::SGDOptions(0.01).momentum(0.9));
+  };
+  std::unique_ptr<optim::Optimizer> optimizer =
+      zero == 0
+          ? make_optimizer(trained->named_parameters())
+          : std::make_unique<parallel::ZeroOptimizer>(
+                trained, dp_comm, make_optimizer,
+                zero == 1 ? parallel::ZeroStage::kOptimizerState : parallel::ZeroStage::kGradients);
   std::unique_ptr<parallel::DistributedDataParallel> ddp;
-  if (dp > 1) ddp = std::make_unique<parallel::DistributedDataParallel>(trained, dp_comm);
+  if (dp > 1 && zero < 2)
+    ddp = std::make_unique<parallel::DistributedDataParallel>(trained, dp_comm);
   int64_t parameter_bytes = 0;
   for (const Tensor& p : trained->parameters()) parameter_bytes += static_cast<int64_t>(p.nbytes());
 
@@ -217,6 +226,7 @@ int run(int argc, char** argv) {
                                   {"ranks", world},
                                   {"dp", dp},
                                   {"tp", tp},
+                                  {"zero", zero},
                                   {"threads_per_rank", get_num_threads()},
                                   {"global_batch", batch},
                                   {"image_size", bert ? 0 : image_size},

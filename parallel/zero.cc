@@ -105,9 +105,9 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<nn::Module> module,
   {
     NoGradGuard no_grad;
     for (size_t i = 0; i < parts.parameters.size(); ++i) {
-      Tensor part =
-          parts.parameters[i].detach().reshape({-1}).narrow(0, parts.begins[i], parts.counts[i]);
-      parts.parts.push_back(part.clone());
+      // A view of the parameter's own elements: updated in place, never a second copy.
+      parts.parts.push_back(
+          parts.parameters[i].detach().reshape({-1}).narrow(0, parts.begins[i], parts.counts[i]));
       named_parts.emplace_back(parts.names[i], parts.parts.back());
     }
   }
@@ -136,9 +136,6 @@ ZeroOptimizer::~ZeroOptimizer() = default;
 void ZeroOptimizer::step() {
   Parts& parts = *parts_;
   NoGradGuard no_grad;
-  for (size_t i = 0; i < parts.parameters.size(); ++i)
-    parts.parts[i].copy_(
-        parts.parameters[i].detach().reshape({-1}).narrow(0, parts.begins[i], parts.counts[i]));
   if (stage_ == ZeroStage::kOptimizerState) {
     for (size_t i = 0; i < parts.parameters.size(); ++i) {
       Tensor grad = parts.parameters[i].grad();
@@ -149,10 +146,11 @@ void ZeroOptimizer::step() {
   }
   optimizer_->step();
   // Every rank updated the same parameters (gradients are defined alike on every rank: averaged
-  // by DDP, or reduce-scattered by all): gather those.
+  // by DDP, or reduce-scattered by all): gather those. The part lies inside the gathered
+  // tensor, so it is sent from a copy.
   for (size_t i = 0; i < parts.parameters.size(); ++i) {
     if (!parts.parts[i].grad().defined()) continue;
-    group_->all_gather(parts.parts[i], parts.parameters[i].detach().reshape({-1}));
+    group_->all_gather(parts.parts[i].clone(), parts.parameters[i].detach().reshape({-1}));
   }
   if (stage_ == ZeroStage::kOptimizerState)
     for (const Tensor& part : parts.parts) part.set_grad(Tensor());

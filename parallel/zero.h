@@ -1,8 +1,8 @@
 // ZeroOptimizer: ZeRO-style sharding of the optimizer over a data-parallel group. Every
 // trainable parameter is cut into `group size` near-equal parts of its flattened elements (the
-// layout of Communicator::reduce_scatter); each rank updates its own part with an ordinary
-// optimizer (SGD, Adam, AdamW) that holds the optimizer state of that part only, then the parts
-// are all-gathered back into every rank's parameters.
+// layout of Communicator::reduce_scatter); each rank updates its own part, a view of the
+// parameter, with an ordinary optimizer (SGD, Adam, AdamW) that holds the optimizer state of that
+// part only, then the parts are all-gathered into every rank's parameters.
 //
 // Stage 1 (optimizer state): gradients are averaged by DistributedDataParallel as usual.
 //   DistributedDataParallel ddp(net, group);
@@ -51,9 +51,9 @@ class ZeroOptimizer : public optim::Optimizer {
                 ZeroStage stage = ZeroStage::kOptimizerState);
   ~ZeroOptimizer() override;
 
-  // Updates this rank's part of every parameter that has a gradient, starting from the
-  // parameter's current values (so loading a state dict between steps is seen), then
-  // all-gathers the parts (a collective). Stage 1 reads the parameters' averaged gradients;
+  // Updates this rank's part of every parameter that has a gradient (the parts are views of the
+  // parameters' elements, so a state dict loaded between steps is seen), then all-gathers the
+  // parts (a collective). Stage 1 reads the parameters' averaged gradients;
   // stage 2 the parts that backward reduce-scattered (they add up over several backward passes).
   void step() override;
   // Drops the parameters' gradients and this rank's parts of them.
