@@ -1,7 +1,6 @@
 #include "parallel/zero.h"
 
 #include <cmath>
-#include <map>
 
 #include "core/autograd.h"
 #include "core/shape.h"
@@ -18,8 +17,7 @@ struct ZeroOptimizer::Parts {
   std::vector<Tensor> parameters;  // the trainable parameters themselves
   std::vector<int64_t> begins;     // this rank's part of each flattened parameter
   std::vector<int64_t> counts;
-  std::vector<Tensor> parts;  // 1-D leaves the shard optimizer updates
-  std::map<std::string, size_t> by_name;
+  std::vector<Tensor> parts;  // views of this rank's ranges, which the shard optimizer updates
 
   // Stage 2: adds this rank's part of the group's mean of parameter i's gradient to the part's
   // gradient, and drops the parameter's whole gradient.
@@ -88,7 +86,6 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<nn::Module> module,
     TESSEL_CHECK(parameter.is_contiguous(), "ZeroOptimizer: parameter ", name,
                  " is not contiguous; its parts are ranges of its elements");
     const int64_t elements = parameter.numel();
-    parts.by_name[name] = parts.names.size();
     parts.names.push_back(name);
     parts.parameters.push_back(parameter);
     parts.begins.push_back(part_start(elements, ranks, rank));
