@@ -124,9 +124,9 @@ def main():
         "ZeRO points are priced as `parallel::ZeroOptimizer` runs them: one collective per "
         "parameter tensor (stage 1: an all-gather of the updated parameters after DDP's bucketed "
         "all-reduce; stage 2: a reduce-scatter of each gradient and the all-gather), so each "
-        "pays the ring latency of its group once per tensor. The recipes run ZeRO with `--zero`, "
-        "which plan files do not carry yet, so the planner does not choose these points "
-        "(`--any_plan` would).",
+        "pays the ring latency of its group once per tensor. The recipes run ZeRO (`--zero`, or a "
+        "plan file's `zero_stage`) over data-parallel ranks only: ZeRO points with a "
+        "tensor-parallel group are not chosen (`--any_plan` would).",
         "",
         "![frontiers](planner_frontiers.png)",
         "",

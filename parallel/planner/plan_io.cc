@@ -29,6 +29,7 @@ PlanFile make_plan_file(const Graph& graph, const PlanResult& result, int point,
   plan.mesh_dp = chosen.dp;
   plan.mesh_tp = chosen.tp;
   plan.remat_fraction = chosen.remat_fraction;
+  plan.zero_stage = chosen.zero_stage;
   if (chosen.remat_fraction < 1) {
     plan.memory_policy = "auto";
     plan.memory_budget = chosen.cost.memory;
@@ -79,6 +80,7 @@ std::string plan_to_json(const PlanFile& plan) {
   root["memory_policy"] = plan.memory_policy;
   root["memory_budget"] = plan.memory_budget;
   root["remat_fraction"] = plan.remat_fraction;
+  root["zero_stage"] = plan.zero_stage;
   root["predicted"] = {{"memory_bytes", plan.predicted_memory}, {"time_s", plan.predicted_time}};
   root["summary"] = plan.summary;
   json parameters = json::array();
@@ -203,6 +205,13 @@ PlanFile plan_from_json(const std::string& text, const std::string& where) {
   plan.remat_fraction = r.number(root, "remat_fraction", "", 0);
   TESSEL_CHECK(plan.remat_fraction > 0 && plan.remat_fraction <= 1, "plan ", where,
                ": field 'remat_fraction' must be in (0, 1], got ", plan.remat_fraction);
+  // Absent from plans written before ZeRO was priced: no ZeRO.
+  if (root.contains("zero_stage")) plan.zero_stage = r.small_integer(root, "zero_stage", "", 0);
+  TESSEL_CHECK(plan.zero_stage >= 0 && plan.zero_stage <= 2, "plan ", where,
+               ": field 'zero_stage' must be 0, 1 or 2, got ", plan.zero_stage);
+  TESSEL_CHECK(plan.zero_stage == 0 || (plan.mesh_dp > 1 && plan.mesh_tp == 1), "plan ", where,
+               ": ZeRO (zero_stage ", plan.zero_stage,
+               ") needs a mesh of dp > 1 and tp = 1, got dp=", plan.mesh_dp, " tp=", plan.mesh_tp);
   const json& predicted = r.get(root, "predicted", "");
   plan.predicted_memory = r.number(predicted, "memory_bytes", "predicted", 0);
   plan.predicted_time = r.number(predicted, "time_s", "predicted", 0);

@@ -154,10 +154,10 @@ PlannedPoint describe_choice(const Graph& graph,
   if (config.zero_stage > 0 && point.dp > 1) {
     parts.push_back(config.zero_stage == 1 ? "ZeRO-1 (optimizer state in dp parts)"
                                            : "ZeRO-2 (optimizer state and gradients in dp parts)");
-    if (point.executable) {
+    if (point.executable && uses_tensor_parallel) {
       point.executable = false;
       point.not_executable_reason =
-          "ZeRO runs with the recipes' --zero flag, which plan files do not set yet";
+          "the recipes run ZeRO over data-parallel ranks only (--zero needs tp = 1)";
     }
   }
   if (remat_fraction < 1) {
@@ -203,11 +203,13 @@ PlanResult plan_graph(const Graph& graph, const PlanOptions& options) {
   };
   // Plans with a tensor-parallel group that the runtime does not run as priced (describe_choice).
   const bool data_parallel_only = !tensor_parallel_not_run_reason(graph).empty();
-  auto executable = [&](const std::vector<int>& choice) {
-    if (!data_parallel_only) return true;
+  auto uses_tp = [&](const std::vector<int>& choice) {
     for (size_t op = 0; op < choice.size(); ++op)
-      if (result.strategies[op][choice[op]].tp > 1) return false;
-    return true;
+      if (result.strategies[op][choice[op]].tp > 1) return true;
+    return false;
+  };
+  auto executable = [&](const std::vector<int>& choice) {
+    return !data_parallel_only || !uses_tp(choice);
   };
   std::vector<Candidate> candidates;
   // The strategy lists searched together: all of them, or one dp x tp grid at a time (each keeps
@@ -248,8 +250,8 @@ PlanResult plan_graph(const Graph& graph, const PlanOptions& options) {
         for (auto& point : track_frontier(costs, options.frontier, &stats)) {
           for (size_t op = 0; op < subset.size(); ++op)
             point.choice[op] = subset[op][point.choice[op]];
-          // Plan files do not carry a ZeRO stage yet (describe_choice says so on the point).
-          const bool runs = executable(point.choice) && stage == 0;
+          // The recipes run ZeRO without tensor parallelism only (describe_choice says so).
+          const bool runs = executable(point.choice) && (stage == 0 || !uses_tp(point.choice));
           candidates.push_back({point.cost, fraction, stage, std::move(point.choice), runs});
         }
         result.stats.leaf_eliminations += stats.leaf_eliminations;

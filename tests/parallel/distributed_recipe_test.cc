@@ -285,6 +285,31 @@ TEST_F(DistributedRecipe, ZeroNeedsDataParallelRanksWithoutTensorParallelism) {
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
+// A plan file's ZeRO stage (plan --zero) runs as --zero does; --zero beside it must agree.
+TEST_F(DistributedRecipe, PlanWithAZeroStageRunsIt) {
+  planner::PlanFile plan;
+  plan.model = "resnet18";
+  plan.devices = 2;
+  plan.batch = 32;
+  plan.image_size = 28;
+  plan.profile = "cpu_2core_example";
+  plan.mesh_dp = 2;
+  plan.zero_stage = 2;
+  plan.summary = "dp=2, ZeRO-2 (optimizer state and gradients in dp parts)";
+  const std::string path = folder("zero_plan.json");
+  if (rank() == 0) planner::write_plan(plan, path);
+  MPI_Barrier(MPI_COMM_WORLD);
+  TrainConfig planned = config("resnet18_fashion_mnist", "resnet18");
+  planned.plan = path;
+  planned.steps = 1;
+  std::ostringstream log;
+  run_recipe(planned, log);
+  if (rank() == 0)
+    EXPECT_NE(log.str().find("dp 2 x tp 1, ZeRO stage 2"), std::string::npos) << log.str();
+  planned.zero = 1;
+  EXPECT_TRUE(throws_error([&] { run_recipe(planned, log); }, "sets ZeRO stage 2 itself"));
+}
+
 TEST_F(DistributedRecipe, GridThatDoesNotMatchTheRanksIsAnError) {
   std::ostringstream log;
   TrainConfig wrong = config("mlp_fashion_mnist", "mlp");

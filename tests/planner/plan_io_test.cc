@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "models/trace.h"
 #include "parallel/planner/planner.h"
@@ -135,6 +136,29 @@ TEST(PlanFile, RefusesMalformedFilesNamingTheField) {
         plan_from_json(replaced("\"index\": 0", "\"index\": 18446744073709551615"), "bad.json");
       },
       "field 'ops[0].index' must be at most 2147483647"));
+}
+
+// A plan's ZeRO stage (parallel/zero.h) travels with it; plans written before it read as none.
+TEST(PlanFile, CarriesItsZeroStage) {
+  PlanFile plan;
+  plan.model = "resnet18";
+  plan.devices = 2;
+  plan.batch = 8;
+  plan.mesh_dp = 2;
+  plan.zero_stage = 2;
+  const std::string text = plan_to_json(plan);
+  EXPECT_EQ(plan_from_json(text, "zero.json").zero_stage, 2);
+  nlohmann::json older = nlohmann::json::parse(text);
+  older.erase("zero_stage");
+  EXPECT_EQ(plan_from_json(older.dump(), "older.json").zero_stage, 0);
+  nlohmann::json bad = nlohmann::json::parse(text);
+  bad["zero_stage"] = 3;
+  EXPECT_TRUE(testing::throws_error([&] { plan_from_json(bad.dump(), "bad.json"); },
+                                    "field 'zero_stage' must be 0, 1 or 2, got 3"));
+  bad["zero_stage"] = 1;
+  bad["mesh"] = {{"dp", 1}, {"tp", 2}};
+  EXPECT_TRUE(testing::throws_error([&] { plan_from_json(bad.dump(), "bad.json"); },
+                                    "needs a mesh of dp > 1 and tp = 1"));
 }
 
 }  // namespace

@@ -95,6 +95,9 @@ ParallelLayout resolve_layout(const TrainConfig& config, int world_size) {
                  plan.devices, " devices but ", ranks_text(world_size));
     layout.dp = plan.mesh_dp;
     layout.tp = plan.mesh_tp;
+    TESSEL_CHECK(config.zero == 0 || config.zero == plan.zero_stage, "--plan: '", config.plan,
+                 "' sets ZeRO stage ", plan.zero_stage, " itself; pass either --plan or --zero");
+    layout.zero = plan.zero_stage;
   } else {
     layout.dp = config.dp;
     layout.tp = config.tp;
@@ -114,7 +117,8 @@ ParallelLayout resolve_layout(const TrainConfig& config, int world_size) {
   TESSEL_CHECK(static_cast<int64_t>(layout.dp) * layout.tp == world_size, "--dp=", layout.dp,
                " x --tp=", layout.tp, " = ", static_cast<int64_t>(layout.dp) * layout.tp,
                " ranks, but ", ranks_text(world_size), "; choose dp x tp = the rank count");
-  TESSEL_CHECK(config.zero == 0 || (layout.dp > 1 && layout.tp == 1), "--zero=", config.zero,
+  if (config.plan.empty()) layout.zero = config.zero;
+  TESSEL_CHECK(layout.zero == 0 || (layout.dp > 1 && layout.tp == 1), "--zero=", layout.zero,
                " shards the optimizer over data-parallel ranks: it needs --dp > 1 and no --tp "
                "(this run: dp ",
                layout.dp, " x tp ", layout.tp, ")");
@@ -218,7 +222,7 @@ RunLayout lay_out_ranks(const TrainConfig& config, std::ostream& log, TrainConfi
   run.world_size = world_size;
   run.dp = layout.dp;
   run.tp = layout.tp;
-  run.zero = layout.dp > 1 ? config.zero : 0;
+  run.zero = layout.zero;
   run.plan = layout.plan;
   run.device = device;
   {

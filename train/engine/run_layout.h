@@ -38,12 +38,14 @@ namespace tessel::train {
 struct ParallelLayout {
   int dp = 1;
   int tp = 1;
+  int zero = 0;                           // --zero, or the plan's ZeRO stage
   std::optional<planner::PlanFile> plan;  // with --plan
 };
 
 // dp x tp for `world_size` ranks: --plan's mesh, else --dp and --tp (one unset fills the other
-// ranks; both unset: dp = world_size, tp = 1). A tessel::Error when the product is not the
-// number of ranks, or the plan was made for another model or device count.
+// ranks; both unset: dp = world_size, tp = 1), and the ZeRO stage (--plan's or --zero). A
+// tessel::Error when the product is not the number of ranks, the plan was made for another model
+// or device count, or ZeRO is asked for without dp > 1 and tp = 1.
 ParallelLayout resolve_layout(const TrainConfig& config, int world_size);
 
 // This rank's training device in a run of `world_size` > 1 ranks laid out as `layout`:
