@@ -177,8 +177,7 @@ std::optional<int> parse_options(int argc, const char* const* argv, PlanCliOptio
   app.add_option(
          "--zero", cli.zero,
          "ZeRO stages to price, e.g. 0,1,2: 1 keeps the optimizer state in data-parallel "
-         "parts, 2 the gradients too (parallel/zero.h; the recipes' --zero, not set by plan files "
-         "yet)")
+         "parts, 2 the gradients too (parallel/zero.h; --out keeps the chosen point's stage)")
       ->capture_default_str();
   app.add_flag("--simulate_remat", cli.simulate_remat,
                "price each --remat fraction below 1 by simulating the model's training step under "
