@@ -29,6 +29,7 @@
 #include "ops/ops.h"
 #include "optim/adam.h"
 #include "optim/sgd.h"
+#include "parallel/counting_communicator.h"
 #include "parallel/ddp.h"
 #include "parallel/launch.h"
 #include "parallel/planner/plan_io.h"
@@ -40,52 +41,7 @@ namespace tessel::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using parallel::Communicator;
-using parallel::ReduceOp;
-using parallel::Work;
-
-// Forwards to another communicator and adds up the bytes of the tensors each call carries.
-class CountingCommunicator : public Communicator {
- public:
-  explicit CountingCommunicator(std::shared_ptr<Communicator> inner) : inner_(std::move(inner)) {}
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
-  const std::string& name() const override { return inner_->name(); }
-  Device device() const override { return inner_->device(); }
-  void all_reduce(const Tensor& t, ReduceOp op) override {
-    all_reduce_bytes += static_cast<int64_t>(t.nbytes());
-    inner_->all_reduce(t, op);
-  }
-  std::shared_ptr<Work> all_reduce_async(const Tensor& t, ReduceOp op) override {
-    all_reduce_bytes += static_cast<int64_t>(t.nbytes());
-    return inner_->all_reduce_async(t, op);
-  }
-  void reduce_scatter(const Tensor& input, const Tensor& output, ReduceOp op) override {
-    other_bytes += static_cast<int64_t>(input.nbytes());
-    inner_->reduce_scatter(input, output, op);
-  }
-  void all_gather(const Tensor& input, const Tensor& output) override {
-    other_bytes += static_cast<int64_t>(output.nbytes());
-    inner_->all_gather(input, output);
-  }
-  void broadcast(const Tensor& t, int root) override {
-    other_bytes += static_cast<int64_t>(t.nbytes());
-    inner_->broadcast(t, root);
-  }
-  void send(const Tensor& t, int destination, int tag) override {
-    other_bytes += static_cast<int64_t>(t.nbytes());
-    inner_->send(t, destination, tag);
-  }
-  void recv(const Tensor& t, int source, int tag) override { inner_->recv(t, source, tag); }
-  void barrier() override { inner_->barrier(); }
-  void reset() { all_reduce_bytes = other_bytes = 0; }
-
-  int64_t all_reduce_bytes = 0;
-  int64_t other_bytes = 0;
-
- private:
-  std::shared_ptr<Communicator> inner_;
-};
+using parallel::CountingCommunicator;
 
 double max_over_world(double value) {
   double result = value;

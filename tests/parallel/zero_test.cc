@@ -7,6 +7,7 @@
 // optimizer's. Run with 2 and 4 ranks.
 #include "parallel/zero.h"
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <string>
@@ -19,6 +20,7 @@
 #include "optim/adam.h"
 #include "optim/clip_grad.h"
 #include "optim/sgd.h"
+#include "parallel/counting_communicator.h"
 #include "parallel/ddp.h"
 #include "tests/parallel/mpi_testing.h"
 #include "tests/testing.h"
@@ -153,6 +155,39 @@ TEST_F(Zero, ClipsByTheNormOfTheWholeGradient) {
   auto got = sharded->named_parameters();
   for (size_t i = 0; i < got.size(); ++i)
     EXPECT_TRUE(all_close(got[i].second, want[i].second)) << got[i].first;
+}
+
+// A step sends what the planner prices for ZeRO (parallel/planner/strategies.cc): under stage 2
+// one reduce-scatter of each parameter's gradient and one all-gather of each parameter, nothing
+// else; under stage 1 the all-gathers (DDP's all-reduces go over DDP's own communicator).
+TEST_F(Zero, SendsOneReduceScatterAndOneAllGatherPerParameter) {
+  for (ZeroStage stage : {ZeroStage::kOptimizerState, ZeroStage::kGradients}) {
+    manual_seed(31);
+    std::shared_ptr<nn::Module> model = conv_net();
+    std::unique_ptr<DistributedDataParallel> ddp;
+    if (stage == ZeroStage::kOptimizerState)
+      ddp = std::make_unique<DistributedDataParallel>(model, shared_world());
+    auto counted = std::make_shared<CountingCommunicator>(shared_world());
+    ZeroOptimizer zero(model, counted, sgd(), stage);
+    counted->reset();
+    zero.zero_grad();
+    rank_loss(*model, ddp.get(), {3, 3, 6, 6}, 5, 0, rank()).backward();
+    zero.step();
+    // (kind, bytes) of each call; reduce-scatters come in backward's order, all-gathers after.
+    std::vector<std::pair<std::string, int64_t>> expected, sent;
+    for (const Tensor& parameter : model->parameters()) {
+      const auto bytes = static_cast<int64_t>(parameter.nbytes());
+      if (stage == ZeroStage::kGradients) expected.emplace_back("reduce_scatter", bytes);
+      expected.emplace_back("all_gather", bytes);
+    }
+    for (const auto& record : counted->records) sent.emplace_back(record.kind, record.bytes);
+    const size_t gradients = stage == ZeroStage::kGradients ? model->parameters().size() : 0;
+    for (size_t i = 0; i < sent.size(); ++i)
+      EXPECT_EQ(sent[i].first, i < gradients ? "reduce_scatter" : "all_gather") << i;
+    std::sort(expected.begin(), expected.end());
+    std::sort(sent.begin(), sent.end());
+    EXPECT_EQ(sent, expected);
+  }
 }
 
 // Every rank holds its part of each parameter's state (and, under stage 2, of its gradient), and
