@@ -304,8 +304,9 @@ TEST_F(DistributedRecipe, PlanWithAZeroStageRunsIt) {
   planned.steps = 1;
   std::ostringstream log;
   run_recipe(planned, log);
-  if (rank() == 0)
+  if (rank() == 0) {
     EXPECT_NE(log.str().find("dp 2 x tp 1, ZeRO stage 2"), std::string::npos) << log.str();
+  }
   planned.zero = 1;
   EXPECT_TRUE(throws_error([&] { run_recipe(planned, log); }, "sets ZeRO stage 2 itself"));
 }
