@@ -66,6 +66,11 @@ def main():
         subprocess.run(["bazel", "build", "//tools/plan"], cwd=ROOT, check=True)
     commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT,
                             capture_output=True, text=True).stdout.strip()
+    # The planning times are measured: on a quiet machine only (bench/harness.py).
+    quiet = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "harness.py"), "quiet",
+                            "--max-wait", "300"], cwd=ROOT, capture_output=True, text=True)
+    if quiet.returncode != 0:
+        sys.exit(f"plan_frontiers: {quiet.stderr.strip() or 'the machine is busy'}")
     runs = []
     with tempfile.TemporaryDirectory() as scratch:
         for model in MODELS:
@@ -119,7 +124,7 @@ def main():
         "nodes). Adam (two state tensors per parameter), default global batch (8 samples per "
         "device for BERT, sequence 128; 32 per device for ResNet, 224x224), recomputation "
         "fractions 1, 0.5 and 0.25. Raw points: planner_frontiers.jsonl (with each run's "
-        "command).",
+        f"command). Machine at the start: {quiet.stdout.strip()}.",
         "",
         "ZeRO points are priced as `parallel::ZeroOptimizer` runs them: one collective per "
         "parameter tensor (stage 1: an all-gather of the updated parameters after DDP's bucketed "
