@@ -6,8 +6,9 @@ node, NVLink inside a node, InfiniBand between nodes) for 8, 64 and 512 devices,
 ZeRO (--zero=0) and once with ZeRO stages 1 and 2 as frontier points of their own
 (--zero=0,1,2); Adam, the default global batch (8 samples per device for BERT, 32 for ResNet),
 recomputation fractions 1, 0.5 and 0.25. Writes bench/results/planner_frontiers.md (the
-frontiers' ends, the planning time of each run), planner_frontiers.jsonl (every point of every
-run) and planner_frontiers.png. Deterministic, except the planning times; about a minute.
+frontiers' ends, the planning time of each: the median of 5 runs with the range),
+planner_frontiers.jsonl (every point, every run's times) and planner_frontiers.png.
+Deterministic, except the planning times; about 2 minutes on a quiet machine.
 
 Usage: bench/plan_frontiers.py [--no-build] [--out bench/results]
 """
@@ -16,6 +17,7 @@ import datetime
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -30,24 +32,29 @@ MODELS = ["bert_large", "resnet152"]
 DEVICES = [8, 64, 512]
 ZERO = {"without ZeRO": "0", "with ZeRO 1 and 2": "0,1,2"}
 GIB = 1024.0 ** 3
+REPEATS = 5  # runs of each plan: its planning time is the median, with the range
 
 
 def plan(model, devices, zero, scratch):
     frontier_path = os.path.join(scratch, f"{model}_{devices}_{zero.replace(',', '')}.json")
     command = [os.path.join(ROOT, "bazel-bin", "tools", "plan", "plan"), "--model=" + model,
                f"--devices={devices}", "--zero=" + zero, "--frontier_json=" + frontier_path]
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
-    if result.returncode != 0:
-        sys.exit(f"plan_frontiers: {' '.join(command)} failed:\n{result.stderr}")
-    timing = re.search(r"traced in ([0-9.]+) s, frontier in ([0-9.]+) s, ([0-9.]+) s in all",
-                       result.stdout)
-    if not timing:
-        sys.exit("plan_frontiers: no timing line in the plan's output")
+    timings = []  # (trace, frontier, total) seconds of each run
+    for _ in range(REPEATS):
+        result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+        if result.returncode != 0:
+            sys.exit(f"plan_frontiers: {' '.join(command)} failed:\n{result.stderr}")
+        timing = re.search(r"traced in ([0-9.]+) s, frontier in ([0-9.]+) s, ([0-9.]+) s in all",
+                           result.stdout)
+        if not timing:
+            sys.exit("plan_frontiers: no timing line in the plan's output")
+        timings.append([float(group) for group in timing.groups()])
     with open(frontier_path, encoding="utf-8") as source:
-        frontier = json.load(source)
+        frontier = json.load(source)  # the same points every run: the planner is deterministic
     frontier["command"] = "plan " + " ".join(command[1:-1])
-    frontier["trace_s"], frontier["frontier_s"], frontier["total_s"] = (
-        float(group) for group in timing.groups())
+    for column, key in enumerate(("trace_s", "frontier_s", "total_s")):
+        frontier[key + "_runs"] = [run[column] for run in timings]
+        frontier[key] = statistics.median(frontier[key + "_runs"])
     frontier["zero"] = zero
     return frontier
 
@@ -135,8 +142,8 @@ def main():
         "",
         "![frontiers](planner_frontiers.png)",
         "",
-        "| model | devices | ZeRO | points | least memory per device | fastest | planning time "
-        "(trace + frontier) |",
+        f"| model | devices | ZeRO | points | least memory per device | fastest | planning time: "
+        f"median of {REPEATS} runs (range; trace + frontier medians) |",
         "| --- | ---: | --- | ---: | --- | --- | ---: |",
     ]
     for run in runs:
@@ -146,7 +153,8 @@ def main():
         label = [name for name, value in ZERO.items() if value == run["zero"]][0]
         lines.append(f"| {run['model']} | {run['devices']} | {label} | {len(points)} | "
                      f"{describe(least)} | {describe(fastest)} | {run['total_s']:.2f} s "
-                     f"({run['trace_s']:.2f} + {run['frontier_s']:.2f}) |")
+                     f"({min(run['total_s_runs']):.2f}-{max(run['total_s_runs']):.2f}; "
+                     f"{run['trace_s']:.2f} + {run['frontier_s']:.2f}) |")
     lines += ["", "What ZeRO adds at the low-memory end, per model and device count:", "",
               "| model | devices | least memory without ZeRO | with ZeRO | time at that point, "
               "without / with |", "| --- | ---: | ---: | ---: | --- |"]
