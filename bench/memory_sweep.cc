@@ -6,6 +6,8 @@
 // a pair alternating; it prints one JSON line: the median over the pairs of the ratio of the
 // median steps, the range and every pair's ratio, host link busy and wait times, prefetches.
 //   memory_sweep --model=resnet50 --batch=8 --fractions=1,0.5,0.3 --policies=dtr,auto
+// BERT's MLM head scores its input in chunks of rows (linear_cross_entropy); --mlm_logits makes the
+// whole logits instead, as the checkpoints' models do. --vocab sets BERT's vocabulary (8000).
 // --no_prefetch / --no_swap_ahead turn off the residency manager's prefetch in backward and its
 // swap-ahead in forward (to measure what they bring).
 // --device=cuda (a --config=cuda build) sweeps the GPU's memory instead of the simulated device's;
@@ -71,10 +73,13 @@ struct Settings {
   int64_t batch = 8;
   int64_t image = 224;  // vision models
   int64_t seq = 128;    // BERT
-  // BERT's vocabulary: 8000, the WordPiece vocabulary of the bert_mlm_fortunes recipe. (With
-  // 30522, an MLM head over every position makes logits and their gradient one op's working set
-  // of 2 x 119 MiB at batch 8: most of the activation memory in one op no policy can split.)
+  // BERT's vocabulary: 8000, the WordPiece vocabulary of the bert_mlm_fortunes recipe (--vocab).
   int64_t vocab = 8000;
+  // --mlm_logits: BERT's MLM head makes the whole (batch, seq, vocab) logits, as the checkpoints'
+  // models do, instead of scoring its input in chunks of rows (linear_cross_entropy). With 30522
+  // words at batch 8 those logits and their log-probabilities are one working set of
+  // 2 x 119 MiB, most of the activation memory in one op.
+  bool mlm_logits = false;
   int warmup = 1;
   int steps = 2;
   // Sweep points on a real device: pairs of an unconstrained and a budgeted run (--pairs).
@@ -122,9 +127,11 @@ std::unique_ptr<Trainer> make_trainer(const Settings& settings, int64_t batch) {
     Tensor mlm_labels = where(masked, targets, full({batch, seq}, -100, DType::kInt64));
     Tensor nsp_labels = randint(0, 2, {batch});
     trainer->batch = {input_ids, token_types, mlm_labels, nsp_labels};
-    trainer->loss = [raw, bert]() {
+    const models::MlmOutput mlm_output =
+        settings.mlm_logits ? models::MlmOutput::kLogits : models::MlmOutput::kHeadInput;
+    trainer->loss = [raw, bert, mlm_output]() {
       const auto& b = raw->batch;
-      models::BertPreTrainingOutput output = bert->forward(b[0], b[1]);
+      models::BertPreTrainingOutput output = bert->forward(b[0], b[1], Tensor(), mlm_output);
       return models::bert_pretraining_loss(output, b[2], b[3]).total;
     };
   } else {
@@ -536,6 +543,8 @@ int run(int argc, char** argv) {
       settings.max_batch = std::atoll(v);
     } else if (const char* v = value("--host_bandwidth=")) {
       settings.host_bandwidth = std::atof(v);
+    } else if (arg == "--mlm_logits") {
+      settings.mlm_logits = true;
     } else if (arg == "--no_prefetch") {
       settings.prefetch = false;
     } else if (arg == "--no_swap_ahead") {

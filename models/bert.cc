@@ -362,34 +362,52 @@ void BertForPreTraining::reset_parameters() {
 
 BertPreTrainingOutput BertForPreTraining::forward(const Tensor& input_ids,
                                                   const Tensor& token_type_ids,
-                                                  const Tensor& attention_mask) {
+                                                  const Tensor& attention_mask,
+                                                  MlmOutput mlm_output) {
   BertModelOutput encoded = bert->forward(input_ids, token_type_ids, attention_mask);
   Tensor transformed =
       activation(transform_dense->forward(encoded.sequence_output), config.hidden_act());
   transformed = transform_norm->forward(transformed);
   // Split over a group, this rank's vocabulary rows give this rank's logit columns.
   if (tp_group >= 0) transformed = parallel::copy_to_tp(transformed, tp_group);
-  Tensor mlm_logits = linear(transformed, decoder_weight(), decoder_bias);  // (N, T, vocab)
-  Tensor nsp_logits = seq_relationship->forward(encoded.pooled_output);     // (N, 2)
-  return {mlm_logits, nsp_logits, tp_group};
+  BertPreTrainingOutput output;
+  output.nsp_logits = seq_relationship->forward(encoded.pooled_output);  // (N, 2)
+  output.vocab_group = tp_group;
+  if (mlm_output == MlmOutput::kLogits || tp_group >= 0) {
+    output.mlm_logits = linear(transformed, decoder_weight(), decoder_bias);  // (N, T, vocab)
+  } else {
+    output.mlm_hidden = transformed;
+    output.decoder_weight = decoder_weight();
+    output.decoder_bias = decoder_bias;
+  }
+  return output;
 }
 
 BertPreTrainingLoss bert_pretraining_loss(const BertPreTrainingOutput& output,
                                           const Tensor& mlm_labels, const Tensor& nsp_labels) {
   const Tensor& logits = output.mlm_logits;
-  TESSEL_CHECK(logits.defined() && logits.dim() == 3,
-               "bert_pretraining_loss: mlm_logits must be (batch, seq_len, vocab_size)");
-  const Shape label_shape(logits.sizes().begin(), logits.sizes().end() - 1);
+  const Tensor& hidden = output.mlm_hidden;
+  const bool scored_in_chunks = !logits.defined() && hidden.defined();
+  const Tensor& head = scored_in_chunks ? hidden : logits;
+  TESSEL_CHECK(head.defined() && head.dim() == 3,
+               "bert_pretraining_loss: mlm_logits (or, from forward(..., MlmOutput::kHeadInput), "
+               "mlm_hidden) must be (batch, seq_len, vocab_size or hidden_size)");
+  const Shape label_shape(head.sizes().begin(), head.sizes().end() - 1);
   TESSEL_CHECK(mlm_labels.defined() && mlm_labels.sizes() == label_shape,
                "bert_pretraining_loss: mlm_labels must have shape ", shape_str(label_shape),
                " (batch, seq_len), got ",
                mlm_labels.defined() ? shape_str(mlm_labels.sizes()) : std::string("none"));
-  const Tensor flat_logits = logits.reshape({-1, logits.size(2)});
+  const Tensor flat_labels = mlm_labels.reshape({-1});
+  const Tensor flat_head = head.reshape({-1, head.size(2)});
   BertPreTrainingLoss loss;
-  loss.mlm = output.vocab_group < 0
-                 ? cross_entropy(flat_logits, mlm_labels.reshape({-1}), -100)
-                 : parallel::vocab_parallel_cross_entropy(flat_logits, mlm_labels.reshape({-1}),
-                                                          output.vocab_group, -100);
+  if (scored_in_chunks) {
+    loss.mlm = linear_cross_entropy(flat_head, output.decoder_weight, output.decoder_bias,
+                                    flat_labels, -100);
+  } else {
+    loss.mlm = output.vocab_group < 0 ? cross_entropy(flat_head, flat_labels, -100)
+                                      : parallel::vocab_parallel_cross_entropy(
+                                            flat_head, flat_labels, output.vocab_group, -100);
+  }
   loss.total = loss.mlm;
   if (nsp_labels.defined()) {
     const Tensor& nsp_logits = output.nsp_logits;

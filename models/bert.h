@@ -129,10 +129,23 @@ class BertModel : public nn::Module {
 };
 
 struct BertPreTrainingOutput {
-  Tensor mlm_logits;         // (N, T, vocab_size), or (N, T, vocab_size / tp): this rank's columns
+  // (N, T, vocab_size), or (N, T, vocab_size / tp): this rank's columns. Undefined when forward
+  // was asked for MlmOutput::kHeadInput.
+  Tensor mlm_logits;
   Tensor nsp_logits;         // (N, 2): is-next, not-next
   int64_t vocab_group = -1;  // the tensor-parallel group mlm_logits is split over, or -1
+  // The decoder's input (N, T, hidden) and the decoder itself: without mlm_logits,
+  // bert_pretraining_loss scores these by linear_cross_entropy.
+  Tensor mlm_hidden;
+  Tensor decoder_weight, decoder_bias;
 };
+
+// What BertForPreTraining::forward makes of the MLM head. kLogits: the (N, T, vocab) logits, as
+// the checkpoints' models do. kHeadInput: only the decoder's input, which bert_pretraining_loss
+// scores in chunks of rows (linear_cross_entropy) so the logits never exist whole: with BERT's
+// vocabulary of 30522 they and their log-probabilities are the largest tensors of a training
+// step. A tensor-parallel model, whose logits are split over its group, always makes logits.
+enum class MlmOutput { kLogits, kHeadInput };
 
 struct BertPreTrainingLoss {
   Tensor total;  // mlm + nsp (mlm alone without NSP labels)
@@ -149,7 +162,8 @@ class BertForPreTraining : public nn::Module {
  public:
   explicit BertForPreTraining(const BertConfig& config, int64_t tp_group = -1);
   BertPreTrainingOutput forward(const Tensor& input_ids, const Tensor& token_type_ids = Tensor(),
-                                const Tensor& attention_mask = Tensor());
+                                const Tensor& attention_mask = Tensor(),
+                                MlmOutput mlm_output = MlmOutput::kLogits);
   void reset_parameters();
   // The decoder's weight: the same tensor as bert->embeddings->word_embeddings->weight.
   const Tensor& decoder_weight() const { return bert->embeddings->word_embeddings->weight; }

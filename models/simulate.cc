@@ -46,7 +46,9 @@ MetaTrainer make_meta_trainer(const planner::ModelSpec& spec) {
     Tensor mlm_labels = meta_tensor({batch, spec.seq}, DType::kInt64);
     Tensor nsp_labels = meta_tensor({batch}, DType::kInt64);
     trainer.loss = [=] {
-      return bert_pretraining_loss(bert->forward(ids, types, mask), mlm_labels, nsp_labels).total;
+      return bert_pretraining_loss(bert->forward(ids, types, mask, MlmOutput::kHeadInput),
+                                   mlm_labels, nsp_labels)
+          .total;
     };
     return trainer;
   }

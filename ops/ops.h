@@ -189,5 +189,14 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, int64_t ignore_index = -100,
                 const std::string& reduction = "mean");
 Tensor mse_loss(const Tensor& input, const Tensor& target, const std::string& reduction = "mean");
+// cross_entropy(linear(x, weight, bias), target, ...) for x (rows, in) and weight (classes, in),
+// computed in chunks of `chunk_rows` rows so the (rows, classes) logits never exist whole: the
+// loss head of a large vocabulary without its largest tensors. Each chunk's gradients are taken
+// in the forward pass (no extra work: the backward only scales them), so reduction is "mean" or
+// "sum". chunk_rows 0: rows enough for about 16 MiB of logits per chunk (more when x is larger).
+Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                            const Tensor& target, int64_t ignore_index = -100,
+                            double label_smoothing = 0.0, const std::string& reduction = "mean",
+                            int64_t chunk_rows = 0);
 
 }  // namespace tessel

@@ -215,8 +215,9 @@ PolicyCase bert_case() {
     Tensor unmasked = ge(rand({kBatch, kSequence}), full({kBatch, kSequence}, 0.15));
     Tensor mlm_labels = masked_fill(input_ids, unmasked, -100);
     Tensor nsp_labels = randint(0, 2, {kBatch});
-    models::BertPreTrainingOutput output =
-        bert.forward(input_ids.to(device), token_types.to(device));
+    // The MLM head scored in chunks (linear_cross_entropy): the chunks' ops under every policy.
+    models::BertPreTrainingOutput output = bert.forward(
+        input_ids.to(device), token_types.to(device), Tensor(), models::MlmOutput::kHeadInput);
     return models::bert_pretraining_loss(output, mlm_labels.to(device), nsp_labels.to(device))
         .total;
   };
