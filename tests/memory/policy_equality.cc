@@ -31,6 +31,7 @@ constexpr double kModelAtol = 1e-6;
 constexpr double kLaterLossRtol = 1e-3;
 constexpr int kSteps = 3;
 constexpr size_t kMinCandidateBytes = 4 * 1024;
+constexpr int64_t kBertVocab = 30522;
 // Costs estimated from each op's FLOPs and bytes rather than timed: the same evictions on every
 // run, so a budget that works once works always (measured costs are the default elsewhere).
 
@@ -45,6 +46,10 @@ struct PolicyCase {
   // Convolutions take im2col workspaces that a split shrinks; BERT's ops need none, so under
   // the split policy every op fits once others are evicted and nothing is split.
   bool splits_expected = true;
+  // Activation fractions to train at: budget = fixed + f * (peak - fixed).
+  std::vector<double> fractions = {0.7, 0.5, 0.3};
+  // The batch must make activations at least this share of the peak, or budgets cut little.
+  double min_activation_share = 0.75;
 };
 
 // A tensor's values and shape, copied out without touching the budgeted allocator.
@@ -197,19 +202,25 @@ PolicyCase shufflenet_case() {
   return result;
 }
 
-PolicyCase bert_case() {
-  // A small vocabulary: with 30522 words the MLM logits alone would outweigh a whole layer.
-  constexpr int64_t kVocab = 256, kBatch = 8, kSequence = 128;
+// BERT tiny with dropout. With a small vocabulary at f = 0.7, 0.5, 0.3; with BERT's 30522 words
+// at f = 0.2 and 0.1, which only the MLM head scored in chunks lets any policy reach.
+PolicyCase bert_case(int64_t vocab) {
+  constexpr int64_t kBatch = 8, kSequence = 128;
   PolicyCase result;
-  result.name = "bert_tiny";
-  result.make_model = [] {
+  result.name = vocab == kBertVocab ? "bert_tiny_vocab30522" : "bert_tiny";
+  if (vocab == kBertVocab) {
+    result.fractions = {0.2, 0.1};
+    // The word table (30522 x 128, with its gradient and momentum) is most of the fixed memory.
+    result.min_activation_share = 0.55;
+  }
+  result.make_model = [vocab] {
     return std::make_shared<models::BertForPreTraining>(
-        models::BertConfig::tiny().vocab_size(kVocab).dropout(0.1));
+        models::BertConfig::tiny().vocab_size(vocab).dropout(0.1));
   };
-  result.loss = [](nn::Module& model, int step, Device device) {
+  result.loss = [vocab](nn::Module& model, int step, Device device) {
     auto& bert = static_cast<models::BertForPreTraining&>(model);
     manual_seed(300 + step);
-    Tensor input_ids = randint(0, kVocab, {kBatch, kSequence});
+    Tensor input_ids = randint(0, vocab, {kBatch, kSequence});
     Tensor token_types = randint(0, 2, {kBatch, kSequence});
     // Predict about 15% of the positions; -100 elsewhere.
     Tensor unmasked = ge(rand({kBatch, kSequence}), full({kBatch, kSequence}, 0.15));
@@ -228,7 +239,8 @@ PolicyCase bert_case() {
 PolicyCase make_case(const std::string& model) {
   if (model == "resnet18") return resnet18_case();
   if (model == "shufflenet_v2_x0_5") return shufflenet_case();
-  return bert_case();
+  if (model == "bert_tiny_vocab30522") return bert_case(kBertVocab);
+  return bert_case(256);
 }
 
 // The unbudgeted run of each model on each device, once per process.
@@ -253,6 +265,10 @@ std::vector<PolicyEqualityCase> policy_equality_cases() {
   for (const char* model : {"resnet18", "shufflenet_v2_x0_5", "bert_tiny"})
     for (Policy policy : {Policy::kDtr, Policy::kSwap, Policy::kSplit, Policy::kAuto})
       cases.push_back({model, policy});
+  // At f = 0.2 the activations' room (14 MiB) is less than the word table's gradient alone
+  // (15 MiB), which no recompute can shrink: only the policies that move state train it.
+  for (Policy policy : {Policy::kSwap, Policy::kAuto})
+    cases.push_back({"bert_tiny_vocab30522", policy});
   return cases;
 }
 
@@ -263,11 +279,13 @@ std::string policy_equality_case_name(const PolicyEqualityCase& test_case) {
 void check_policy_equality(const std::string& model, Policy policy, Device device, bool bitwise) {
   const PolicyCase policy_case = make_case(model);
   const TrainingRun& expected = reference(policy_case, device);
-  ASSERT_GE(1.0 - static_cast<double>(expected.fixed) / static_cast<double>(expected.peak), 0.75)
-      << "the batch is too small: activations must be at least 75% of the peak";
+  ASSERT_GE(1.0 - static_cast<double>(expected.fixed) / static_cast<double>(expected.peak),
+            policy_case.min_activation_share)
+      << "the batch is too small: activations must be at least "
+      << 100 * policy_case.min_activation_share << "% of the peak";
 
   PolicyCounters total;
-  for (double fraction : {0.7, 0.5, 0.3}) {
+  for (double fraction : policy_case.fractions) {
     const size_t budget = activation_budget(expected.fixed, expected.peak, fraction);
     SCOPED_TRACE(policy_case.name + " under " + policy_name(policy) +
                  " at f = " + std::to_string(fraction) + " (" + format_bytes(budget) + ")");

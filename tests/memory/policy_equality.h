@@ -1,7 +1,8 @@
 // The memory-policy equality check shared by the CPU test (tests/memory/policy_equality_test)
 // and the CUDA one (tests/cuda/policy_equality_test): ResNet-18 (small-image stem), ShuffleNet v2
 // x0.5 and BERT tiny (with dropout) train 3 SGD steps (lr 1e-3) on one device at activation
-// budgets f = 0.7, 0.5, 0.3 (budget = fixed + f * (peak - fixed)) and must match the unbudgeted
+// budgets f = 0.7, 0.5, 0.3 (budget = fixed + f * (peak - fixed)), and BERT tiny with a vocabulary
+// of 30522 (its MLM head scored in chunks) at f = 0.2 and 0.1, and must match the unbudgeted
 // run on that device: the first step's gradients and parameter changes and every loss (bitwise
 // for dtr and swap, which run the same kernels in the same order; the closeness rule for split
 // and auto), and for dtr and swap the final parameters and batch-norm statistics bitwise.
@@ -22,7 +23,8 @@ struct PolicyEqualityCase {
   std::string model;
   Policy policy;
 };
-// Every model under dtr, swap, split and auto; "resnet18_dtr" names a case in a test.
+// Every model under dtr, swap, split and auto (BERT with 30522 words: swap and auto);
+// "resnet18_dtr" names a case in a test.
 std::vector<PolicyEqualityCase> policy_equality_cases();
 std::string policy_equality_case_name(const PolicyEqualityCase& test_case);
 
