@@ -44,6 +44,10 @@ LARGEST = {
     "bert_base": (["--model=bert_base", "--seq=512", "--vocab=30522"], "80GB", 2048),
 }
 LARGEST_POLICIES = "none,dtr,swap,auto"
+# Steps differ by what earlier ones left behind, and auto runs each of its two ways (mixed,
+# recompute first) for two steps each from the second step under pressure: every sweep point is
+# the median of 5 steps after 5 warm-up steps.
+STEP_FLAGS = ["--warmup=5", "--steps=5"]
 # One step's memory timeline: (case, memory_sweep flags), drawn by tools/plot_memory.py.
 TIMELINE = ("resnet50", ["--model=resnet50", "--batch=128", "--policies=auto", "--fractions=0.2"])
 
@@ -60,6 +64,8 @@ def sweep_binary():
 
 def run_sweep(flags, log):
     command = [sweep_binary(), "--simulate=" + PROFILE] + flags
+    if "--largest_batch" not in flags:
+        command += STEP_FLAGS
     log.write("$ " + " ".join(command[1:]) + "\n")
     log.flush()
     started = time.time()
@@ -126,16 +132,18 @@ def sweep_table(lines):
 
 def largest_table(lines):
     out = ["| model | budget | policy | largest batch | first failing | simulated s per sample |"
-           " vs none |", "| --- | ---: | --- | ---: | ---: | ---: | ---: |"]
+           " vs none | fragmentation at the peak |",
+           "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
     base = {}
     for l in lines:
         if l["policy"] == "none":
             base[l["model"]] = l["batch"]
     for l in lines:
         ratio = l["batch"] / base[l["model"]] if base.get(l["model"]) else 0
-        out.append("| %s | %s | %s | %d | %d | %.4g | %.1fx |" %
+        out.append("| %s | %s | %s | %d | %d | %.4g | %.1fx | %s |" %
                    (l["model"], fmt_bytes(l["budget_bytes"]), l["policy"], l["batch"],
-                    l["first_failing_batch"], l["seconds_per_sample"], ratio))
+                    l["first_failing_batch"], l["seconds_per_sample"], ratio,
+                    fmt_bytes(l["reserved_bytes"] - l["peak_bytes"])))
     return out
 
 
@@ -238,8 +246,9 @@ def main():
           "50 GB/s each way). The same command gives the same figures on any machine at any "
           "load; raw lines (one per point, with the command): memory_sim.jsonl." %
           (stamp, commit, PROFILE), "",
-          "- Slowdown: the simulated time of a training step (SGD with momentum, the second "
-          "under the budget) over the unconstrained step. Fractions: budget over the whole "
+          "- Slowdown: the simulated time of a training step (SGD with momentum; the median of "
+          "5 steps after 5 warm-up steps under the budget, in which auto tries its two ways) "
+          "over the unconstrained step. Fractions: budget over the whole "
           "unconstrained peak (the DTR paper's measure), in brackets the part of the "
           "activation memory that fits above the fixed memory.",
           "- Per cell: what the policy moved per step, and how long the compute stream waited "
@@ -260,7 +269,8 @@ def main():
     if timeline:
         md += ["## One step at f = 0.2", "",
                "ResNet-50, batch 128, under auto at 0.2 of its activation memory (%s budget): "
-               "the allocated bytes of one training step (the second under the budget) with every "
+               "the allocated bytes of one training step (the last of 5 after 5 warm-up steps) "
+               "with every "
                "eviction, recompute and swap, and the blocks after it (%.2fx the unconstrained "
                "step). Data: memory_sim_timeline.json (tools/plot_memory.py draws it)." %
                (fmt_bytes(timeline["budget_bytes"]), timeline["slowdown"]), "",
@@ -268,7 +278,8 @@ def main():
     if largest:
         md += ["## Largest batch within a fixed budget", "",
                "The largest batch for which two training steps run within the budget "
-               "(doubling, then bisection to within 1/16).", ""] + largest_table(largest) + [""]
+               "(doubling, then bisection to within 1/16). Fragmentation: the bytes reserved "
+               "from the device beyond the peak of those allocated (MegEngine's measure).", ""] + largest_table(largest) + [""]
     with open(os.path.join(args.out, "memory_sim.md"), "w") as out:
         out.write("\n".join(md))
     print("memory_sim: wrote %s" % os.path.join(args.out, "memory_sim.md"))

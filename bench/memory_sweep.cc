@@ -209,7 +209,7 @@ double step_clock(const Settings& settings) {
 struct Point {
   bool ok = true;
   std::string error;
-  double step_seconds = 0;  // the median timed step (simulated: the fastest)
+  double step_seconds = 0;  // the median timed step
   std::vector<double> step_times;
   double cpu_seconds = 0;  // the median of the timed steps' process CPU time (user + system)
   size_t peak = 0;
@@ -274,11 +274,9 @@ Point measure(const Settings& settings, int64_t batch, const MemoryOptions& opti
       point.step_times.push_back(seconds);
       cpu_times.push_back(process_cpu_seconds() - cpu_start);
     }
-    // Real steps: the median. Simulated steps differ only by what earlier steps left behind:
-    // the fastest, as memory_sim.md has always reported.
-    point.step_seconds = settings.simulation
-                             ? *std::min_element(point.step_times.begin(), point.step_times.end())
-                             : median(point.step_times);
+    // The median: simulated steps differ too, by what earlier steps left behind (and auto's
+    // choice between its two ways).
+    point.step_seconds = median(point.step_times);
     point.cpu_seconds = median(cpu_times);
     const memory::PolicyCounters total = memory::step_counters();
     if (write_memory_json)

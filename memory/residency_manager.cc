@@ -19,6 +19,8 @@ namespace {
 
 std::atomic<uint64_t> next_manager_serial{1};
 
+// Training steps auto runs each of its two ways before keeping one.
+constexpr int kAutoTrialSteps = 2;
 // Seconds added to every cost, so zero-cost candidates still order by size and staleness.
 constexpr double kCostEpsilon = 1e-9;
 // Clock ticks added to staleness, so a tensor touched just now has a finite score.
@@ -379,6 +381,12 @@ size_t ResidencyManager::candidate_threshold() {
 
 ResidencyManager::Candidate ResidencyManager::choose_victim() {
   prepare_assessment();
+  if (auto_mode_ == AutoMode::kRecomputeFirst) {
+    for (Spare spare : {Spare::kStateAndForwardReads, Spare::kForwardReads, Spare::kNothing}) {
+      const Candidate victim = choose_victim_among_candidates(spare, /*recompute_only=*/true);
+      if (victim.action == ResidencyAction::kRecompute) return victim;
+    }
+  }
   // Where recomputing an activation is the cheapest way out, state stays (moving it costs a
   // round trip over the link every step); where swapping is (a fast link, as on the CPU), state
   // competes with the rest by score.
@@ -389,7 +397,8 @@ ResidencyManager::Candidate ResidencyManager::choose_victim() {
                                                  : choose_victim_among_candidates(Spare::kNothing);
 }
 
-ResidencyManager::Candidate ResidencyManager::choose_victim_among_candidates(Spare spare) {
+ResidencyManager::Candidate ResidencyManager::choose_victim_among_candidates(Spare spare,
+                                                                             bool recompute_only) {
   // Strong references first: assessing must not destroy anything while the registry is walked.
   std::vector<std::shared_ptr<StorageImpl>> pool;
   pool.reserve(storages_.size());
@@ -412,6 +421,7 @@ ResidencyManager::Candidate ResidencyManager::choose_victim_among_candidates(Spa
     Candidate best{nullptr, ResidencyAction::kNone, std::numeric_limits<double>::infinity()};
     for (size_t i = 0; i < sample; ++i) {
       Candidate candidate = assess(*pool[i], spare);
+      if (recompute_only && candidate.action != ResidencyAction::kRecompute) continue;
       if (candidate.action != ResidencyAction::kNone && candidate.score < best.score)
         best = candidate;
     }
@@ -420,6 +430,7 @@ ResidencyManager::Candidate ResidencyManager::choose_victim_among_candidates(Spa
   Candidate best{nullptr, ResidencyAction::kNone, std::numeric_limits<double>::infinity()};
   for (const auto& storage : pool) {
     Candidate candidate = assess(*storage, spare);
+    if (recompute_only && candidate.action != ResidencyAction::kRecompute) continue;
     if (candidate.action != ResidencyAction::kNone &&
         (best.action == ResidencyAction::kNone || candidate.score < best.score))
       best = candidate;
@@ -633,6 +644,7 @@ void ResidencyManager::replay(OpCall& record) {
   for (auto& output : evicted) record_of(*output).rematerializing = true;
 
   replay_op_call(record);
+  step_recompute_seconds_ += record.cost_seconds;
 
   for (auto& output : evicted) {
     Record& record = record_of(*output);
@@ -782,6 +794,13 @@ void ResidencyManager::on_access(StorageImpl& storage) {
 
 void ResidencyManager::on_op_recorded(const std::shared_ptr<OpCall>& call, double seconds) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
+  const bool in_backward = in_backward_pass();
+  if (in_backward) {
+    backward_seen_ = true;
+  } else if (backward_seen_ && GradMode::is_enabled()) {
+    backward_seen_ = false;
+    on_step_boundary();
+  }
   double cost = seconds;
   const bool modelled = options_.cost_source() == CostSource::kModel && options_.cost_model();
   if (modelled || (options_.cost_source() == CostSource::kEstimated && call->op->cost)) {
@@ -813,7 +832,6 @@ void ResidencyManager::on_op_recorded(const std::shared_ptr<OpCall>& call, doubl
   // are not kept: kept, they would hold every upstream gradient and saved activation they read
   // as placeholders until the step ends, and join them all into one evicted component whose
   // cost then weighs on every candidate next to it.
-  const bool in_backward = in_backward_pass();
   const bool keep = keeps_records() && !in_backward;
   for (const auto& weak_output : call->output_storages) {
     auto output = weak_output.lock();
@@ -844,12 +862,39 @@ void ResidencyManager::on_op_recorded(const std::shared_ptr<OpCall>& call, doubl
   swap_ahead();
 }
 
+void ResidencyManager::on_step_boundary() {
+  ++steps_;
+  const double overhead =
+      step_recompute_seconds_ + (link_.wait_seconds() - step_start_wait_seconds_);
+  const int64_t swaps = counters_.swaps_out - step_start_swaps_;
+  step_recompute_seconds_ = 0;
+  step_start_wait_seconds_ = link_.wait_seconds();
+  step_start_swaps_ = counters_.swaps_out;
+  if (options_.policy() != Policy::kAuto || auto_tuned_ || !pressure_seen_) return;
+  // The first step (warm-up: it makes the optimizer's state) is not compared. Then each way runs
+  // kAutoTrialSteps steps (the first of them also pays for what the other way left behind), and
+  // the one whose steps spent less is kept.
+  if (steps_ < 2) return;
+  tried_overhead_[static_cast<int>(auto_mode_)] += overhead;
+  tried_swaps_ += swaps;
+  if (++tried_steps_ < kAutoTrialSteps) return;
+  tried_steps_ = 0;
+  if (auto_mode_ == AutoMode::kMixed && tried_swaps_ > 0) {
+    auto_mode_ = AutoMode::kRecomputeFirst;
+    return;
+  }
+  // A mixed trial that swapped nothing chose as recompute first would have.
+  if (auto_mode_ == AutoMode::kRecomputeFirst && tried_overhead_[0] < tried_overhead_[1])
+    auto_mode_ = AutoMode::kMixed;
+  auto_tuned_ = true;
+}
+
 // Forward under pressure (once a request has had to wait for room): keeps room for the largest
 // output seen so far, free or on its way out, so the copies run while the next ops compute
 // instead of while an allocation waits for them.
 void ResidencyManager::swap_ahead() {
   if (!options_.swap_ahead() || !pressure_seen_ || !swaps_for(options_.policy()) ||
-      !GradMode::is_enabled() || detaching_)
+      auto_mode_ == AutoMode::kRecomputeFirst || !GradMode::is_enabled() || detaching_)
     return;
   const size_t room = allocator_->largest_allocatable();  // unlimited without a budget
   if (room >= largest_output_bytes_) return;
@@ -1247,6 +1292,10 @@ ResidencyStats ResidencyManager::stats() const {
   result.prefetches = prefetches_;
   result.prefetch_hits = prefetch_hits_;
   result.clock = clock_;
+  if (options_.policy() == Policy::kAuto) {
+    result.auto_mode = auto_mode_ == AutoMode::kMixed ? "mixed" : "recompute first";
+    result.auto_tuning = !auto_tuned_;
+  }
   return result;
 }
 

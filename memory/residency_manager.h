@@ -114,6 +114,11 @@ struct ResidencyStats {
   int64_t prefetches = 0;        // swap-ins started ahead of need
   int64_t prefetch_hits = 0;     // prefetched tensors read before memory pressure dropped them
   int64_t clock = 0;             // logical access clock
+  // auto only: how it chooses, "mixed" (recompute or swap, whichever the tensor's costs favour)
+  // or "recompute first" (swap only what cannot be recomputed), and whether it is still trying
+  // both; empty under the other policies.
+  const char* auto_mode = "";
+  bool auto_tuning = false;
 };
 
 class ResidencyManager : public ResidencyHooks, public PressureHandler {
@@ -203,7 +208,8 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   // The candidate with the smallest score, sparing (while gradients are recorded) tensors that
   // forward has read back before, unless nothing else is left.
   Candidate choose_victim();
-  Candidate choose_victim_among_candidates(Spare spare);
+  // The best-scored candidate; with `recompute_only`, the best of those to be recomputed.
+  Candidate choose_victim_among_candidates(Spare spare, bool recompute_only = false);
   void apply(const Candidate& victim);
   void evict_locked(StorageImpl& storage, bool count_as_eviction);
   void start_swap_out(StorageImpl& storage);
@@ -222,6 +228,8 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   // Under pressure: gives back the device bytes of the prefetched tensor needed last.
   bool drop_prefetch();
   void swap_ahead();
+  // A training step begins (the first forward op after a backward pass): auto's tuning.
+  void on_step_boundary();
   // Waits for a prefetch copy of `storage`, keeping its device bytes (true) or dropping them.
   void settle_prefetch(StorageImpl& storage, bool keep);
   void rematerialize(StorageImpl& storage);
@@ -270,6 +278,23 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   size_t largest_output_bytes_ = 0;  // of the managed op outputs recorded
   size_t candidate_threshold_ = 0;   // tensors below it are no candidates (see the options)
   double link_backlog_seconds_ = 0;  // until the copies queued on the host link are done
+  // auto's two ways of choosing. Mixed takes, per tensor, whichever of recompute and swap costs
+  // less, but a swap stalls the step when its copy cannot hide behind compute (a slow link, or a
+  // tensor needed soon), which per-tensor costs do not see; recompute first swaps only what
+  // cannot be recomputed. Each runs two training steps (from the second under pressure) and the
+  // one whose steps spent less on recomputes and host-link waits is kept.
+  enum class AutoMode { kMixed, kRecomputeFirst };
+  AutoMode auto_mode_ = AutoMode::kMixed;
+  bool auto_tuned_ = false;
+  int tried_steps_ = 0;                // steps of the current trial
+  int64_t tried_swaps_ = 0;            // swaps of the mixed trial
+  double tried_overhead_[2] = {0, 0};  // recomputes and waits of each way's trial
+  int64_t steps_ = 0;                  // training steps begun after the first
+  bool backward_seen_ = false;         // a backward pass ran since the step began
+  double step_recompute_seconds_ = 0;  // the op time of this step's recomputes
+  double step_start_wait_seconds_ = 0;
+  int64_t step_start_swaps_ = 0;
+
   std::mt19937_64 sampler_;
 };
 

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -173,6 +174,60 @@ TEST(MemorySimulation, SwapsOccupyTheHostLinkAndStallOnlyWhenTheyMust) {
   // Copies overlap compute: the step is slower by less than the link's whole busy time.
   EXPECT_GT(counters.stall_seconds, 0.0);
   EXPECT_LT(counters.stall_seconds, link_seconds);
+}
+
+// The simulated seconds of each of `steps` SGD steps of the MLP under `options` on meta, and
+// the residency manager's statistics after them.
+std::vector<double> step_seconds(const Simulation& simulation, const MemoryOptions& options,
+                                 int steps, ResidencyStats* stats) {
+  MemoryScope scope(options);
+  manual_seed(7);
+  auto model = make_mlp();
+  model->to(Device::meta());
+  optim::SGD sgd(model->parameters(), optim::SGDOptions(0.05).momentum(0.9));
+  std::vector<double> seconds;
+  for (int step = 0; step < steps; ++step) {
+    const double start = simulation.now();
+    Tensor input = randn({512, 64}, TensorOptions().device(Device::meta()));
+    Tensor labels = randint(0, 10, {512}, TensorOptions(DType::kInt64).device(Device::meta()));
+    sgd.zero_grad();
+    cross_entropy(model->forward(input), labels).backward();
+    sgd.step();
+    seconds.push_back(simulation.now() - start);
+  }
+  if (stats && scope.manager()) *stats = scope.manager()->stats();
+  return seconds;
+}
+
+TEST(MemorySimulation, AutoKeepsTheCheaperOfMixingInSwapsAndRecomputingFirst) {
+  // A link so slow that every swap stalls the step, and one so fast that swaps cost nothing.
+  for (double bandwidth : {2e7, 1e13}) {
+    SCOPED_TRACE("host link " + std::to_string(bandwidth) + " B/s");
+    planner::DeviceProfile profile = small_profile();
+    profile.host_link_bandwidth = bandwidth;
+    Simulation simulation(planner::simulated_device(profile));
+    const TrainingRun unconstrained = train(on_meta(Policy::kNone, 0));
+    const size_t budget = unconstrained.fixed + (unconstrained.peak - unconstrained.fixed) / 2;
+    std::map<Policy, double> last_step;
+    ResidencyStats auto_stats;
+    for (Policy policy : {Policy::kDtr, Policy::kSwap, Policy::kAuto}) {
+      SCOPED_TRACE(policy_name(policy));
+      const std::vector<double> seconds =
+          step_seconds(simulation, on_meta(policy, budget).host_bandwidth(bandwidth), 8,
+                       policy == Policy::kAuto ? &auto_stats : nullptr);
+      last_step[policy] = seconds.back();
+    }
+    EXPECT_FALSE(auto_stats.auto_tuning);
+    if (bandwidth < 1e9) {
+      EXPECT_STREQ(auto_stats.auto_mode, "recompute first");
+      EXPECT_GT(auto_stats.policy.recomputes, 0);
+    } else {  // every tensor is cheaper to swap: both ways swap
+      EXPECT_GT(auto_stats.policy.swaps_out, 0);
+    }
+    // Within 2% of the better single policy, after trying both ways.
+    EXPECT_LE(last_step[Policy::kAuto],
+              1.02 * std::min(last_step[Policy::kDtr], last_step[Policy::kSwap]));
+  }
 }
 
 TEST(MemorySimulation, DtrDecidesAsACpuRunGivenTheSameCosts) {
