@@ -1,8 +1,8 @@
-// What recomputation costs a zoo model, measured on the memory simulator: one training step
+// What recomputation costs a zoo model, measured on the memory simulator: a training step
 // (SGD with momentum) on the meta device against a device profile, unconstrained and then under
-// activation budgets with a memory policy. The planner prices its "memory budget under auto"
-// points with the factors this measures (PlanOptions::remat_overhead_k) instead of the
-// profile's one constant.
+// activation budgets with a memory policy (the median of three steps after five settling ones). The
+// planner prices its "memory budget under auto" points with the factors this measures
+// (PlanOptions::remat_overhead_k) instead of the profile's one constant.
 //   RematOverhead overhead = simulate_remat_overhead({"resnet50", 128}, profile, {0.5, 0.25});
 //   options.remat_overhead_k = overhead.k;
 #pragma once
