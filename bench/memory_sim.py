@@ -5,12 +5,13 @@ Runs //bench:memory_sweep --simulate (the memory layer over ops on the meta devi
 from a device profile, deterministic: the same figures on any machine at any load) for each
 model below: slowdown against the unconstrained step at fractions of the whole peak (the DTR
 paper's measure) and of the activation memory (the goals), and the largest batch that trains
-within a fixed budget, per policy. Prints progress; the whole run takes minutes.
+within a fixed budget, per policy. Prints progress; the whole run takes about an hour on two cores.
 
   bench/memory_sim.py                      # everything, into bench/results/
   bench/memory_sim.py --cases resnet50     # one model's sweep (ids below), no largest batch
 """
 import argparse
+import concurrent.futures
 import datetime
 import json
 import os
@@ -187,6 +188,8 @@ def main():
     parser.add_argument("--no-largest", action="store_true", help="skip the largest-batch runs")
     parser.add_argument("--no-build", action="store_true")
     parser.add_argument("--out", default=RESULTS)
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="sweeps run at once (default: one per core)")
     args = parser.parse_args()
     cases = [c for c in args.cases.split(",") if c]
     for case in cases:
@@ -196,31 +199,46 @@ def main():
         subprocess.run(["bazel", "build", "//bench:memory_sweep"], cwd=ROOT, check=True)
     os.makedirs(args.out, exist_ok=True)
     log = sys.stdout
-    sweeps, activation_sweeps, largest = {}, {}, []
+    # Every sweep is its own deterministic process: run them side by side, the longest first.
+    jobs = []
     for case in cases:
         flags, fractions = SWEEPS[case]
-        print("memory_sim: %s at %s of the whole peak" % (case, fractions), flush=True)
-        sweeps[case] = run_sweep(flags + ["--policies=" + POLICIES,
-                                          "--whole_peak_fractions=" + fractions], log)
+        jobs.append((("sweep", case), "%s at %s of the whole peak" % (case, fractions),
+                     flags + ["--policies=" + POLICIES, "--whole_peak_fractions=" + fractions]))
         if case in ACTIVATION_SWEEPS:
-            print("memory_sim: %s at %s of the activations" % (case, ACTIVATION_SWEEPS[case]),
-                  flush=True)
-            activation_sweeps[case] = run_sweep(
-                flags + ["--policies=" + POLICIES, "--fractions=" + ACTIVATION_SWEEPS[case]], log)
+            jobs.append((("activations", case),
+                         "%s at %s of the activations" % (case, ACTIVATION_SWEEPS[case]),
+                         flags + ["--policies=" + POLICIES,
+                                  "--fractions=" + ACTIVATION_SWEEPS[case]]))
     if not args.no_largest:
         for case, (flags, budget, max_batch) in LARGEST.items():
-            if case not in cases:
-                continue
-            print("memory_sim: largest %s batch within %s" % (case, budget), flush=True)
-            largest += run_sweep(flags + ["--largest_batch", "--budget=" + budget,
-                                          "--max_batch=%d" % max_batch,
-                                          "--policies=" + LARGEST_POLICIES], log)
-
-    timeline = None
+            if case in cases:
+                jobs.insert(0, (("largest", case), "largest %s batch within %s" % (case, budget),
+                             flags + ["--largest_batch", "--budget=" + budget,
+                                      "--max_batch=%d" % max_batch,
+                                      "--policies=" + LARGEST_POLICIES]))
+    json_path = os.path.join(args.out, "memory_sim_timeline.json")
     if TIMELINE[0] in cases:
-        print("memory_sim: one step's timeline (%s)" % " ".join(TIMELINE[1]), flush=True)
-        json_path = os.path.join(args.out, "memory_sim_timeline.json")
-        timeline = run_sweep(TIMELINE[1] + ["--memory_json=" + json_path], log)[0]
+        jobs.append((("timeline", TIMELINE[0]), "one step's timeline (%s)" % " ".join(TIMELINE[1]),
+                     TIMELINE[1] + ["--memory_json=" + json_path]))
+
+    def run_job(job):
+        key, title, flags = job
+        print("memory_sim: started %s" % title, flush=True)
+        lines = run_sweep(flags, log)
+        print("memory_sim: finished %s (%.0f s)" % (title, lines[0]["simulator_wall_s"]),
+              flush=True)
+        return key, lines
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        results = dict(pool.map(run_job, jobs))
+    sweeps = {case: results[("sweep", case)] for case in cases}
+    activation_sweeps = {case: results[("activations", case)] for case in cases
+                         if ("activations", case) in results}
+    largest = [line for case in LARGEST for line in results.get(("largest", case), [])]
+    timeline = None
+    if ("timeline", TIMELINE[0]) in results:
+        timeline = results[("timeline", TIMELINE[0])][0]
         subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "tools", "plot_memory.py"),
                         json_path, "-o", os.path.join(args.out, "memory_sim_timeline.png"),
                         "--title", "ResNet-50 batch 128 under auto at f = 0.2 of its activations "
