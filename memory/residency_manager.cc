@@ -359,18 +359,29 @@ ResidencyManager::Candidate ResidencyManager::assess(StorageImpl& storage, Spare
   return result;
 }
 
-void ResidencyManager::prepare_assessment() {
-  size_t bytes = 0, count = 0;
+ResidencyManager::CandidatePool ResidencyManager::prepare_assessment() {
+  // Strong references: assessing must not destroy anything while the pool is walked.
+  CandidatePool pool;
+  pool.reserve(storages_.size());
+  size_t bytes = 0;
   for (const auto& entry : storages_) {
     auto storage = entry.second.lock();
     if (!storage || !managed(*storage) || storage->state() != Residency::kResident) continue;
     bytes += storage->nbytes();
-    ++count;
+    pool.push_back(std::move(storage));
   }
-  const double mean = count ? static_cast<double>(bytes) / static_cast<double>(count) : 0.0;
+  const double mean =
+      pool.empty() ? 0.0 : static_cast<double>(bytes) / static_cast<double>(pool.size());
   candidate_threshold_ = std::max(options_.min_candidate_bytes(),
                                   static_cast<size_t>(options_.min_candidate_share() * mean));
   link_backlog_seconds_ = link_.backlog_seconds();
+  pool.erase(std::remove_if(pool.begin(), pool.end(),
+                            [this](const std::shared_ptr<StorageImpl>& storage) {
+                              return storage->pins() > 0 ||
+                                     storage->nbytes() < candidate_threshold_;
+                            }),
+             pool.end());
+  return pool;
 }
 
 size_t ResidencyManager::candidate_threshold() {
@@ -380,47 +391,39 @@ size_t ResidencyManager::candidate_threshold() {
 }
 
 ResidencyManager::Candidate ResidencyManager::choose_victim() {
-  prepare_assessment();
+  const CandidatePool pool = prepare_assessment();
   if (auto_mode_ == AutoMode::kRecomputeFirst) {
     for (Spare spare : {Spare::kStateAndForwardReads, Spare::kForwardReads, Spare::kNothing}) {
-      const Candidate victim = choose_victim_among_candidates(spare, /*recompute_only=*/true);
+      const Candidate victim = choose_victim_among_candidates(pool, spare, /*recompute_only=*/true);
       if (victim.action == ResidencyAction::kRecompute) return victim;
     }
   }
   // Where recomputing an activation is the cheapest way out, state stays (moving it costs a
   // round trip over the link every step); where swapping is (a fast link, as on the CPU), state
   // competes with the rest by score.
-  const Candidate activation = choose_victim_among_candidates(Spare::kStateAndForwardReads);
+  const Candidate activation = choose_victim_among_candidates(pool, Spare::kStateAndForwardReads);
   if (activation.action == ResidencyAction::kRecompute) return activation;
-  const Candidate spared = choose_victim_among_candidates(Spare::kForwardReads);
-  return spared.action != ResidencyAction::kNone ? spared
-                                                 : choose_victim_among_candidates(Spare::kNothing);
+  const Candidate spared = choose_victim_among_candidates(pool, Spare::kForwardReads);
+  return spared.action != ResidencyAction::kNone
+             ? spared
+             : choose_victim_among_candidates(pool, Spare::kNothing);
 }
 
-ResidencyManager::Candidate ResidencyManager::choose_victim_among_candidates(Spare spare,
-                                                                             bool recompute_only) {
-  // Strong references first: assessing must not destroy anything while the registry is walked.
-  std::vector<std::shared_ptr<StorageImpl>> pool;
-  pool.reserve(storages_.size());
-  for (const auto& entry : storages_) {
-    auto storage = entry.second.lock();
-    if (!storage || !managed(*storage) || storage->state() != Residency::kResident ||
-        storage->pins() > 0 || storage->nbytes() < candidate_threshold_)
-      continue;
-    pool.push_back(std::move(storage));
-  }
+ResidencyManager::Candidate ResidencyManager::choose_victim_among_candidates(
+    const CandidatePool& pool, Spare spare, bool recompute_only) {
   if (options_.sample_candidates() && pool.size() > 4) {
-    // Partial Fisher-Yates: the first ceil(sqrt(N)) entries become a uniform sample.
+    // Partial Fisher-Yates over a copy: the first ceil(sqrt(N)) entries become a uniform sample.
+    CandidatePool shuffled = pool;
     const size_t sample =
-        static_cast<size_t>(std::ceil(std::sqrt(static_cast<double>(pool.size()))));
+        static_cast<size_t>(std::ceil(std::sqrt(static_cast<double>(shuffled.size()))));
     for (size_t i = 0; i < sample; ++i) {
-      std::uniform_int_distribution<size_t> pick(i, pool.size() - 1);
-      std::swap(pool[i], pool[pick(sampler_)]);
+      std::uniform_int_distribution<size_t> pick(i, shuffled.size() - 1);
+      std::swap(shuffled[i], shuffled[pick(sampler_)]);
     }
     // The sample may hold no candidate at all (all without op records, say): then score them all.
     Candidate best{nullptr, ResidencyAction::kNone, std::numeric_limits<double>::infinity()};
     for (size_t i = 0; i < sample; ++i) {
-      Candidate candidate = assess(*pool[i], spare);
+      Candidate candidate = assess(*shuffled[i], spare);
       if (recompute_only && candidate.action != ResidencyAction::kRecompute) continue;
       if (candidate.action != ResidencyAction::kNone && candidate.score < best.score)
         best = candidate;

@@ -188,10 +188,12 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   bool keeps_records() const;
   bool managed(const StorageImpl& storage) const;
   bool can_recompute(StorageImpl& storage);
+  using CandidatePool = std::vector<std::shared_ptr<StorageImpl>>;
   // Before assessing candidates: sets candidate_threshold_ from the resident tensors now
   // (min_candidate_share of their mean size, at least min_candidate_bytes) and
-  // link_backlog_seconds_ from the host link.
-  void prepare_assessment();
+  // link_backlog_seconds_ from the host link. Returns, from the same walk over the registry, the
+  // resident unpinned tensors at or above the threshold (in id order), whom a victim choice ranks.
+  CandidatePool prepare_assessment();
   // Which tensors a round of victim choice leaves alone, from the first round to the last.
   enum class Spare {
     kStateAndForwardReads,  // state (no op record from forward: parameters, optimizer state,
@@ -209,7 +211,8 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   // forward has read back before, unless nothing else is left.
   Candidate choose_victim();
   // The best-scored candidate; with `recompute_only`, the best of those to be recomputed.
-  Candidate choose_victim_among_candidates(Spare spare, bool recompute_only = false);
+  Candidate choose_victim_among_candidates(const CandidatePool& pool, Spare spare,
+                                           bool recompute_only = false);
   void apply(const Candidate& victim);
   void evict_locked(StorageImpl& storage, bool count_as_eviction);
   void start_swap_out(StorageImpl& storage);
