@@ -181,10 +181,31 @@ ResidencyManager::Record& ResidencyManager::record_of(StorageImpl& storage) {
   auto record = std::make_shared<Record>();
   record->manager_serial = serial_;
   storage.residency_data = record;
-  storages_[storage.id()] = storage.weak_from_this();
+  register_storage(storage);
   storage.last_access = clock_;
   label(storage);
   return *record;
+}
+
+void ResidencyManager::register_storage(StorageImpl& storage) {
+  if (expired_storages_ > storages_.size() / 2) {
+    storages_.erase(std::remove_if(storages_.begin(), storages_.end(),
+                                   [](const auto& entry) { return entry.second.expired(); }),
+                    storages_.end());
+    expired_storages_ = 0;
+  }
+  const uint64_t id = storage.id();
+  if (storages_.empty() || storages_.back().first < id) {
+    storages_.emplace_back(id, storage.weak_from_this());  // the usual case: a new storage
+    return;
+  }
+  auto entry = std::lower_bound(storages_.begin(), storages_.end(), id,
+                                [](const auto& entry, uint64_t id) { return entry.first < id; });
+  if (entry != storages_.end() && entry->first == id) {
+    entry->second = storage.weak_from_this();
+  } else {
+    storages_.emplace(entry, id, storage.weak_from_this());
+  }
 }
 
 bool ResidencyManager::keeps_records() const { return keeps_records_for(options_.policy()); }
@@ -929,7 +950,7 @@ void ResidencyManager::on_destroy(StorageImpl& storage) {
   release_host_copy_after(storage, std::move(prefetch));
   if (!record) return;
   leave_component(storage);
-  storages_.erase(storage.id());
+  ++expired_storages_;  // its entry has expired with it
 }
 
 void ResidencyManager::before_write(StorageImpl& storage) {
@@ -1268,6 +1289,7 @@ void ResidencyManager::restore_and_detach() {
     storage->residency_data.reset();
   }
   storages_.clear();
+  expired_storages_ = 0;
   tracked.clear();
 }
 
@@ -1290,7 +1312,10 @@ ResidencyStats ResidencyManager::stats() const {
   result.snapshots = snapshots_;
   result.defragment_moves = defragment_moves_;
   result.gathers = gathers_;
-  result.storages = static_cast<int64_t>(storages_.size());
+  result.storages =
+      static_cast<int64_t>(std::count_if(storages_.begin(), storages_.end(), [](const auto& entry) {
+        return !entry.second.expired();
+      }));
   result.in_flight_swaps = static_cast<int64_t>(in_flight_.size());
   result.prefetches = prefetches_;
   result.prefetch_hits = prefetch_hits_;

@@ -8,7 +8,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -184,6 +183,7 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
 
   static std::shared_ptr<Component> find_root(std::shared_ptr<Component> component);
   Record& record_of(StorageImpl& storage);
+  void register_storage(StorageImpl& storage);
   Record* find_record(const StorageImpl& storage) const;
   bool keeps_records() const;
   bool managed(const StorageImpl& storage) const;
@@ -255,8 +255,12 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   ResidencyOptions options_;
   HostLink link_;
   mutable std::recursive_mutex mutex_;
-  std::map<uint64_t, std::weak_ptr<StorageImpl>> storages_;  // by id: a deterministic order
-  std::vector<StorageImpl*> in_flight_;                      // swap-outs in submission order
+  // Every storage with a record, by id (a deterministic order), walked at every victim choice:
+  // a vector, as walking a map cost more than the choice itself. The entries of destroyed
+  // storages expire and are dropped when a new entry comes (never during a walk).
+  std::vector<std::pair<uint64_t, std::weak_ptr<StorageImpl>>> storages_;
+  size_t expired_storages_ = 0;          // entries whose storage is gone, not yet dropped
+  std::vector<StorageImpl*> in_flight_;  // swap-outs in submission order
   // Host copies of swapped-in tensors, freed once the copies issued on the device have read them.
   struct HostRelease {
     std::shared_ptr<HostAllocator> allocator;
