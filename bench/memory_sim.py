@@ -5,7 +5,8 @@ Runs //bench:memory_sweep --simulate (the memory layer over ops on the meta devi
 from a device profile, deterministic: the same figures on any machine at any load) for each
 model below: slowdown against the unconstrained step at fractions of the whole peak (the DTR
 paper's measure) and of the activation memory (the goals), and the largest batch that trains
-within a fixed budget, per policy. Prints progress; the whole run takes about an hour on two cores.
+within a fixed budget, per policy. Prints progress. On two cores the sweeps take about half an
+hour; the largest-batch search for BERT base more than an hour and a half (--no-largest skips it).
 
   bench/memory_sim.py                      # everything, into bench/results/
   bench/memory_sim.py --cases resnet50     # one model's sweep (ids below), no largest batch
