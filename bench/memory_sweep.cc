@@ -14,6 +14,9 @@
 // swaps then go to pinned host memory over the copy stream.
 // Largest batch: the largest batch that trains (two steps) within --budget, per policy.
 //   memory_sweep --model=shufflenet --largest_batch --budget=512MiB --policies=none,auto
+// With --max_slowdown=X (simulated runs) a batch whose step takes more than X times the
+// unconstrained step at that batch does not count as training: the search skips thrashing runs
+// instead of simulating them to the end.
 // --simulate=PROFILE runs the same on the memory simulator (memory/sim): models on the meta
 // device, their memory virtual, step times the simulated device's (from the device profile),
 // the same for every run and machine, so each point needs one run and no reference per point.
@@ -23,9 +26,9 @@
 // --memory_json=PATH: each budgeted point of a sweep writes there (the last one stays) its
 // allocator's blocks after the last timed step and the timeline of that step, for
 // tools/plot_memory.py:
-//   memory_sweep --simulate=... --model=resnet50 --batch=128 --policies=auto --fractions=0.2 \
-//       --memory_json=step.json && tools/plot_memory.py step.json
 //   memory_sweep --simulate=parallel/profiles/h200_cluster.json --model=resnet50 --batch=128
+//       --policies=auto --fractions=0.2 --memory_json=step.json
+//   tools/plot_memory.py step.json
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -36,6 +39,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -89,6 +93,8 @@ struct Settings {
   bool largest_batch = false;
   size_t budget = 0;
   int64_t max_batch = 1024;
+  double max_slowdown = 0;  // largest batch: 0, or the slowdown beyond which a batch does not count
+  double step_deadline = 0;  // simulated: seconds a step may take (0: no limit)
   double host_bandwidth = memory::HostLink::kDefaultBandwidth;
   memory::CostSource cost_source = memory::CostSource::kMeasured;
   bool prefetch = true;
@@ -255,7 +261,14 @@ Point measure(const Settings& settings, int64_t batch, const MemoryOptions& opti
   try {
     auto trainer = make_trainer(settings, batch);
     point.fixed = memory::fixed_memory_bytes(trainer->model->parameters(), 1);
-    for (int i = 0; i < settings.warmup; ++i) train_step(*trainer);
+    auto limit_step = [&] {
+      if (settings.simulation && settings.step_deadline > 0)
+        settings.simulation->set_deadline(settings.simulation->now() + settings.step_deadline);
+    };
+    for (int i = 0; i < settings.warmup; ++i) {
+      limit_step();
+      train_step(*trainer);
+    }
     memory::step_counters();
     memory::ResidencyManager* manager = scope.manager();
     const double busy_start = manager ? manager->host_link().busy_seconds() : 0;
@@ -269,6 +282,7 @@ Point measure(const Settings& settings, int64_t batch, const MemoryOptions& opti
       last_step_clock = scope.allocator().clock();
       const double cpu_start = process_cpu_seconds();
       const double start = step_clock(settings);
+      limit_step();
       point.loss = train_step(*trainer);
       const double seconds = step_clock(settings) - start;
       point.step_times.push_back(seconds);
@@ -306,12 +320,17 @@ Point measure(const Settings& settings, int64_t batch, const MemoryOptions& opti
     point.counters.swaps_in = mean(total.swaps_in);
     point.counters.swapped_in_bytes = mean(total.swapped_in_bytes);
     point.counters.splits = mean(total.splits);
+  } catch (const memory::sim::DeadlinePassed&) {
+    point.ok = false;
+    point.error = "a step took more than " + std::to_string(settings.step_deadline) + " s";
   } catch (const Error& error) {
     point.ok = false;
     const std::string& message = error.message();
     point.error = message.substr(0, message.find('\n'));
     if (settings.full_errors) std::cerr << message << std::endl;
   }
+  if (settings.simulation)
+    settings.simulation->set_deadline(std::numeric_limits<double>::infinity());
   const memory::MemoryStats stats = scope.allocator().memory_stats();
   point.peak = static_cast<size_t>(stats.base.peak_allocated_bytes);
   point.reserved = static_cast<size_t>(stats.base.reserved_bytes);
@@ -461,18 +480,29 @@ void largest_batch(const Settings& settings) {
     probe_settings.steps = 1;
     int64_t good = 0, bad = settings.max_batch + 1;
     Point good_point;
+    std::string failure;  // why the first failing batch failed
     auto probe = [&](int64_t batch) {
+      if (settings.max_slowdown > 0) {
+        Settings unconstrained = probe_settings;
+        unconstrained.warmup = 0;
+        const Point reference =
+            measure(unconstrained, batch, MemoryOptions().device(settings.device));
+        TESSEL_CHECK(reference.ok, "memory_sweep: the unconstrained run at batch ", batch,
+                     " failed: ", reference.error);
+        probe_settings.step_deadline = settings.max_slowdown * reference.step_seconds;
+      }
       const Point point =
           measure(probe_settings, batch, options_for(settings, settings.budget, policy));
       std::cerr << "  " << name << " batch " << batch << ": "
                 << (point.ok ? "fits, " + std::to_string(point.step_seconds) + " s/step"
-                             : "does not fit")
+                             : "does not fit: " + point.error)
                 << std::endl;
       if (point.ok) {
         good = batch;
         good_point = point;
       } else {
         bad = batch;
+        failure = point.error;
       }
       return point.ok;
     };
@@ -484,6 +514,8 @@ void largest_batch(const Settings& settings) {
     line["policy"] = name;
     line["budget_bytes"] = settings.budget;
     line["first_failing_batch"] = bad;
+    if (bad <= settings.max_batch) line["first_failure"] = failure;
+    if (settings.max_slowdown > 0) line["max_slowdown"] = settings.max_slowdown;
     line["max_batch"] = settings.max_batch;
     line["seconds_per_sample"] = good > 0 ? good_point.step_seconds / good : 0.0;
     std::cout << line.dump() << std::endl;
@@ -539,6 +571,8 @@ int run(int argc, char** argv) {
       settings.budget = memory::parse_budget(v).bytes;
     } else if (const char* v = value("--max_batch=")) {
       settings.max_batch = std::atoll(v);
+    } else if (const char* v = value("--max_slowdown=")) {
+      settings.max_slowdown = std::atof(v);
     } else if (const char* v = value("--host_bandwidth=")) {
       settings.host_bandwidth = std::atof(v);
     } else if (arg == "--mlm_logits") {
@@ -581,6 +615,9 @@ int run(int argc, char** argv) {
     settings.simulation = simulation.get();
     settings.device = Device::meta();
   }
+  TESSEL_CHECK(settings.max_slowdown == 0 || (settings.simulation && settings.max_slowdown > 1),
+               "memory_sweep: --max_slowdown needs --simulate and a value above 1, got ",
+               settings.max_slowdown);
   if (settings.largest_batch) {
     largest_batch(settings);
   } else {

@@ -190,21 +190,22 @@ ResidencyManager::Record& ResidencyManager::record_of(StorageImpl& storage) {
 void ResidencyManager::register_storage(StorageImpl& storage) {
   if (expired_storages_ > storages_.size() / 2) {
     storages_.erase(std::remove_if(storages_.begin(), storages_.end(),
-                                   [](const auto& entry) { return entry.second.expired(); }),
+                                   [](const Registered& entry) { return entry.weak.expired(); }),
                     storages_.end());
     expired_storages_ = 0;
   }
   const uint64_t id = storage.id();
-  if (storages_.empty() || storages_.back().first < id) {
-    storages_.emplace_back(id, storage.weak_from_this());  // the usual case: a new storage
+  Registered registered{id, &storage, storage.weak_from_this()};
+  if (storages_.empty() || storages_.back().id < id) {
+    storages_.push_back(std::move(registered));  // the usual case: a new storage
     return;
   }
   auto entry = std::lower_bound(storages_.begin(), storages_.end(), id,
-                                [](const auto& entry, uint64_t id) { return entry.first < id; });
-  if (entry != storages_.end() && entry->first == id) {
-    entry->second = storage.weak_from_this();
+                                [](const Registered& entry, uint64_t id) { return entry.id < id; });
+  if (entry != storages_.end() && entry->id == id) {
+    *entry = std::move(registered);
   } else {
-    storages_.emplace(entry, id, storage.weak_from_this());
+    storages_.insert(entry, std::move(registered));
   }
 }
 
@@ -382,26 +383,24 @@ ResidencyManager::Candidate ResidencyManager::assess(StorageImpl& storage, Spare
 
 ResidencyManager::CandidatePool ResidencyManager::prepare_assessment() {
   // Strong references: assessing must not destroy anything while the pool is walked.
-  CandidatePool pool;
-  pool.reserve(storages_.size());
+  resident_.clear();
   size_t bytes = 0;
-  for (const auto& entry : storages_) {
-    auto storage = entry.second.lock();
+  for (const Registered& entry : storages_) {
+    StorageImpl* storage = entry.live();
     if (!storage || !managed(*storage) || storage->state() != Residency::kResident) continue;
     bytes += storage->nbytes();
-    pool.push_back(std::move(storage));
+    resident_.push_back(&entry);
   }
   const double mean =
-      pool.empty() ? 0.0 : static_cast<double>(bytes) / static_cast<double>(pool.size());
+      resident_.empty() ? 0.0 : static_cast<double>(bytes) / static_cast<double>(resident_.size());
   candidate_threshold_ = std::max(options_.min_candidate_bytes(),
                                   static_cast<size_t>(options_.min_candidate_share() * mean));
   link_backlog_seconds_ = link_.backlog_seconds();
-  pool.erase(std::remove_if(pool.begin(), pool.end(),
-                            [this](const std::shared_ptr<StorageImpl>& storage) {
-                              return storage->pins() > 0 ||
-                                     storage->nbytes() < candidate_threshold_;
-                            }),
-             pool.end());
+  CandidatePool pool;
+  for (const Registered* entry : resident_) {
+    if (entry->raw->pins() > 0 || entry->raw->nbytes() < candidate_threshold_) continue;
+    if (auto storage = entry->weak.lock()) pool.push_back(std::move(storage));
+  }
   return pool;
 }
 
@@ -592,13 +591,14 @@ void ResidencyManager::prefetch_before(int64_t clock) {
   if (!options_.prefetch() || GradMode::is_enabled() || detaching_ || gathering_) return;
   constexpr size_t kDepth = 2;                     // prefetches in flight or waiting to be read
   std::vector<std::shared_ptr<StorageImpl>> next;  // on host, last used before `clock`
-  for (const auto& entry : storages_) {
-    auto storage = entry.second.lock();
+  for (const Registered& entry : storages_) {
+    StorageImpl* storage = entry.live();
     if (!storage || storage->state() != Residency::kOnHost || !managed(*storage) ||
         storage->last_access >= clock || storage->user_refs() == 0)
       continue;
     Record* record = find_record(*storage);
-    if (record && !record->pending_out) next.push_back(std::move(storage));
+    if (!record || record->pending_out) continue;
+    if (auto strong = entry.weak.lock()) next.push_back(std::move(strong));
   }
   const auto depth = std::min(kDepth, next.size());
   std::partial_sort(next.begin(), next.begin() + depth, next.end(),
@@ -619,6 +619,7 @@ void ResidencyManager::prefetch_before(int64_t clock) {
     }
     prefetching_ = false;
     record.pending_in = link_.copy_to_device(storage->data_unchecked(), storage->host_data, bytes);
+    prefetched_[storage->id()] = storage.get();
     ++prefetches_;
   }
 }
@@ -628,6 +629,7 @@ void ResidencyManager::settle_prefetch(StorageImpl& storage, bool keep) {
   // The device bytes' next user (the reader, or the block's next owner) comes after the copy.
   link_.order_device_after(record.pending_in);
   record.pending_in.reset();
+  prefetched_.erase(storage.id());
   if (keep) {
     storage.set_state(Residency::kResident);
   } else {
@@ -636,13 +638,12 @@ void ResidencyManager::settle_prefetch(StorageImpl& storage, bool keep) {
 }
 
 bool ResidencyManager::drop_prefetch() {
-  std::shared_ptr<StorageImpl> last;
-  for (const auto& entry : storages_) {
-    auto storage = entry.second.lock();
-    if (!storage || storage->state() != Residency::kOnHost) continue;
-    Record* record = find_record(*storage);
-    if (record && record->pending_in && (!last || storage->last_access < last->last_access))
-      last = std::move(storage);
+  StorageImpl* last = nullptr;
+  for (const auto& entry : prefetched_) {
+    StorageImpl* storage = entry.second;
+    if (storage->state() == Residency::kOnHost &&
+        (!last || storage->last_access < last->last_access))
+      last = storage;
   }
   if (!last) return false;
   settle_prefetch(*last, /*keep=*/false);
@@ -1106,8 +1107,8 @@ bool ResidencyManager::defragment(size_t bytes_needed) {
   const MemoryStats stats = allocator_->memory_stats();
   if (stats.free_bytes < bytes_needed) return false;
   std::vector<std::shared_ptr<StorageImpl>> pool;
-  for (const auto& entry : storages_)
-    if (auto storage = entry.second.lock()) pool.push_back(std::move(storage));
+  for (const Registered& entry : storages_)
+    if (auto storage = entry.weak.lock()) pool.push_back(std::move(storage));
   StorageImpl* best = nullptr;
   size_t best_hole = 0;
   for (const auto& storage : pool) {
@@ -1139,8 +1140,8 @@ bool ResidencyManager::compact(size_t bytes_needed) {
   const MemoryStats before = allocator_->memory_stats();
   if (before.free_bytes < bytes_needed) return false;
   std::vector<std::shared_ptr<StorageImpl>> movable;
-  for (const auto& entry : storages_) {
-    auto storage = entry.second.lock();
+  for (const Registered& entry : storages_) {
+    auto storage = entry.weak.lock();
     if (!storage || !managed(*storage) || storage->state() != Residency::kResident ||
         !storage->data_unchecked() || storage->host_data)
       continue;
@@ -1263,8 +1264,8 @@ void ResidencyManager::restore_and_detach() {
   detaching_ = true;
   while (!in_flight_.empty()) cancel_swap_out(*in_flight_.front());
   std::vector<std::shared_ptr<StorageImpl>> tracked;
-  for (const auto& entry : storages_)
-    if (auto storage = entry.second.lock()) tracked.push_back(std::move(storage));
+  for (const Registered& entry : storages_)
+    if (auto storage = entry.weak.lock()) tracked.push_back(std::move(storage));
   for (const auto& storage : tracked) {
     Record* record = find_record(*storage);
     if (record && record->pending_in) settle_prefetch(*storage, /*keep=*/false);
@@ -1290,6 +1291,7 @@ void ResidencyManager::restore_and_detach() {
   }
   storages_.clear();
   expired_storages_ = 0;
+  prefetched_.clear();
   tracked.clear();
 }
 
@@ -1312,10 +1314,8 @@ ResidencyStats ResidencyManager::stats() const {
   result.snapshots = snapshots_;
   result.defragment_moves = defragment_moves_;
   result.gathers = gathers_;
-  result.storages =
-      static_cast<int64_t>(std::count_if(storages_.begin(), storages_.end(), [](const auto& entry) {
-        return !entry.second.expired();
-      }));
+  result.storages = static_cast<int64_t>(std::count_if(
+      storages_.begin(), storages_.end(), [](const auto& entry) { return !entry.weak.expired(); }));
   result.in_flight_swaps = static_cast<int64_t>(in_flight_.size());
   result.prefetches = prefetches_;
   result.prefetch_hits = prefetch_hits_;
@@ -1338,8 +1338,8 @@ std::string ResidencyManager::describe_holders() {
   std::vector<Holder> holders;
   int64_t pinned = 0, without_record = 0, small = 0, candidates = 0;
   size_t pinned_bytes = 0, without_record_bytes = 0, small_bytes = 0, candidate_bytes = 0;
-  for (const auto& entry : storages_) {
-    auto storage = entry.second.lock();
+  for (const Registered& entry : storages_) {
+    auto storage = entry.weak.lock();
     if (!storage || !managed(*storage) || storage->state() != Residency::kResident) continue;
     std::string why;
     if (storage->pins() > 0) {

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -257,10 +258,20 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   mutable std::recursive_mutex mutex_;
   // Every storage with a record, by id (a deterministic order), walked at every victim choice:
   // a vector, as walking a map cost more than the choice itself. The entries of destroyed
-  // storages expire and are dropped when a new entry comes (never during a walk).
-  std::vector<std::pair<uint64_t, std::weak_ptr<StorageImpl>>> storages_;
-  size_t expired_storages_ = 0;          // entries whose storage is gone, not yet dropped
-  std::vector<StorageImpl*> in_flight_;  // swap-outs in submission order
+  // storages expire and are dropped when a new entry comes (never during a walk). Walks read the
+  // storage through `raw` while `weak` has not expired and take a strong reference only for the
+  // few they keep: under the mutex a storage cannot finish its destructor (on_destroy waits).
+  struct Registered {
+    uint64_t id;
+    StorageImpl* raw;
+    std::weak_ptr<StorageImpl> weak;
+    StorageImpl* live() const { return weak.expired() ? nullptr : raw; }
+  };
+  std::vector<Registered> storages_;
+  size_t expired_storages_ = 0;                  // entries whose storage is gone, not yet dropped
+  std::map<uint64_t, StorageImpl*> prefetched_;  // by id: storages with a prefetch not yet read
+  std::vector<const Registered*> resident_;      // prepare_assessment's scratch
+  std::vector<StorageImpl*> in_flight_;          // swap-outs in submission order
   // Host copies of swapped-in tensors, freed once the copies issued on the device have read them.
   struct HostRelease {
     std::shared_ptr<HostAllocator> allocator;

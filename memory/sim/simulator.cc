@@ -1,6 +1,8 @@
 #include "memory/sim/simulator.h"
 
 #include <algorithm>
+#include <limits>
+#include <string>
 
 #include "core/error.h"
 
@@ -37,8 +39,9 @@ void VirtualSegmentSource::free_segment(void* /*ptr*/, size_t bytes) { reserved_
 // Stands for every kernel on meta: advances the clock by the op's modelled time.
 class Simulation::Executor : public MetaExecutor {
  public:
-  Executor(const SimulatedDevice& device, SimulatedClock& clock, SimulationCounters& counters)
-      : device_(device), clock_(clock), counters_(counters) {}
+  Executor(const SimulatedDevice& device, SimulatedClock& clock, SimulationCounters& counters,
+           const double& deadline)
+      : device_(device), clock_(clock), counters_(counters), deadline_(deadline) {}
   double seconds(const OpDef& op, const std::vector<Tensor>& inputs,
                  const std::vector<Tensor>& outputs, const Attrs& attrs) override {
     return device_.op_seconds(op, inputs, outputs, attrs);
@@ -48,12 +51,17 @@ class Simulation::Executor : public MetaExecutor {
     clock_.advance(time);
     ++counters_.ops;
     counters_.compute_seconds += time;
+    if (clock_.now() > deadline_)
+      throw DeadlinePassed("simulated time passed its deadline of " + std::to_string(deadline_) +
+                               " s in " + context.op.name,
+                           __FILE__, __LINE__);
   }
 
  private:
   const SimulatedDevice& device_;
   SimulatedClock& clock_;
   SimulationCounters& counters_;
+  const double& deadline_;
 };
 
 // The copy engine of meta: host-link copies run on the simulated clock (HostLink asks for it);
@@ -80,6 +88,7 @@ class Simulation::Engine : public CopyEngine {
 Simulation::Simulation(const SimulatedDevice& device, MemoryLayout layout)
     : device_(device),
       clock_(std::make_shared<SimulatedClock>()),
+      deadline_(std::numeric_limits<double>::infinity()),
       source_(std::make_shared<VirtualSegmentSource>()) {
   TESSEL_CHECK(active_source == nullptr, "a memory simulation is already active (one at a time)");
   TESSEL_CHECK(device_.op_seconds != nullptr, "memory simulation of '", device_.name,
@@ -90,7 +99,7 @@ Simulation::Simulation(const SimulatedDevice& device, MemoryLayout layout)
                device_.memory_bandwidth, " and ", device_.host_link_bandwidth, " bytes/s");
   active_source = source_;
   active_layout = layout;
-  executor_ = std::make_shared<Executor>(device_, *clock_, counters_);
+  executor_ = std::make_shared<Executor>(device_, *clock_, counters_, deadline_);
   previous_executor_ = set_meta_executor(executor_);
   set_caching_allocator_maker(DeviceType::kMeta, make_meta_allocator);
   previous_allocator_ = set_allocator(
@@ -121,5 +130,7 @@ void Simulation::reset_counters() {
   counters_ = {};
   stall_base_ = clock_->stalled_seconds();
 }
+
+void Simulation::set_deadline(double seconds) { deadline_ = seconds; }
 
 }  // namespace tessel::memory::sim

@@ -7,11 +7,12 @@
 // (re-dispatched on meta), swaps, splits, fragmentation and the peak come out exactly as the
 // memory layer decides them, deterministically: the same program gives the same result on any
 // machine at any load.
-//   memory::sim::Simulation simulation(planner::simulated_device(profile));  //
-//   planner/cost_model.h auto net = models::resnet50();  net->to(Device::meta());   // parameters:
-//   virtual bytes memory::MemoryScope
-//   scope(memory::MemoryOptions().device(Device::meta()).budget(80e9)...);
-//   ... a training step on meta tensors ...;  double seconds = simulation.now();
+//   memory::sim::Simulation simulation(planner::simulated_device(profile));
+//   auto net = models::resnet50();
+//   net->to(Device::meta());  // parameters: virtual bytes
+//   memory::MemoryScope scope(memory::MemoryOptions().device(Device::meta()).budget(80e9));
+//   ... a training step on meta tensors ...
+//   double seconds = simulation.now();
 #pragma once
 
 #include <cstddef>
@@ -64,6 +65,13 @@ struct SimulationCounters {
   double device_copy_seconds = 0;
 };
 
+// Thrown by the op that carries the simulated clock past Simulation::set_deadline.
+class DeadlinePassed : public Error {
+ public:
+  DeadlinePassed(std::string message, const char* file, int line)
+      : Error(std::move(message), file, line) {}
+};
+
 // Installs the simulated device for its lifetime (one at a time, on one thread): a caching
 // allocator for meta over virtual segments (unlimited; a MemoryScope on Device::meta() replaces
 // it with a budgeted one, as on a GPU), a host allocator over virtual segments for swapped
@@ -84,6 +92,9 @@ class Simulation {
   SimulatedClock& clock() { return *clock_; }
   SimulationCounters counters() const;
   void reset_counters();
+  // The op that carries the clock past `seconds` throws DeadlinePassed (infinity: never): a
+  // search over budgets or batches stops a run that thrashes instead of simulating all of it.
+  void set_deadline(double seconds);
   // The host link bandwidth swaps run at (MemoryOptions::host_bandwidth for a scope on meta).
   double host_bandwidth() const { return device_.host_link_bandwidth; }
 
@@ -94,6 +105,7 @@ class Simulation {
   SimulatedDevice device_;
   std::shared_ptr<SimulatedClock> clock_;
   SimulationCounters counters_;  // stall_seconds filled in by counters()
+  double deadline_;
   std::shared_ptr<VirtualSegmentSource> source_;
   std::shared_ptr<Executor> executor_;
   std::shared_ptr<MetaExecutor> previous_executor_;
