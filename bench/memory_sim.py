@@ -48,10 +48,10 @@ LARGEST = {
 }
 LARGEST_POLICIES = "none,dtr,swap,auto"
 LARGEST_MAX_SLOWDOWN = 10
-# Steps differ by what earlier ones left behind, and auto runs each of its two ways (mixed,
-# recompute first) for two steps each from the second step under pressure: every sweep point is
-# the median of 5 steps after 5 warm-up steps.
-STEP_FLAGS = ["--warmup=5", "--steps=5"]
+# Steps differ by what earlier ones left behind, and auto runs each of its three ways (mixed,
+# recompute first, recompute only) for two steps each from the second step under pressure: every
+# sweep point is the median of 5 steps after 8 warm-up steps.
+STEP_FLAGS = ["--warmup=8", "--steps=5"]
 # One step's memory timeline: (case, memory_sweep flags), drawn by tools/plot_memory.py.
 TIMELINE = ("resnet50", ["--model=resnet50", "--batch=128", "--policies=auto", "--fractions=0.2"])
 
@@ -153,7 +153,7 @@ def largest_table(lines):
         out.append("| %s | %s | %s | %d | %s | %.4g | %.1fx | %s |" %
                    (l["model"], fmt_bytes(l["budget_bytes"]), l["policy"], l["batch"], failing,
                     l["seconds_per_sample"], ratio,
-                    fmt_bytes(l["reserved_bytes"] - l["peak_bytes"])))
+                    fmt_bytes(l["reserved_at_peak_bytes"] - l["peak_bytes"])))
     return out
 
 
@@ -275,7 +275,7 @@ def main():
           "load; raw lines (one per point, with the command): memory_sim.jsonl." %
           (stamp, commit, PROFILE), "",
           "- Slowdown: the simulated time of a training step (SGD with momentum; the median of "
-          "5 steps after 5 warm-up steps under the budget, in which auto tries its two ways) "
+          "5 steps after 8 warm-up steps under the budget, in which auto tries its three ways) "
           "over the unconstrained step. Fractions: budget over the whole "
           "unconstrained peak (the DTR paper's measure), in brackets the part of the "
           "activation memory that fits above the fixed memory.",
@@ -297,7 +297,7 @@ def main():
     if timeline:
         md += ["## One step at f = 0.2", "",
                "ResNet-50, batch 128, under auto at 0.2 of its activation memory (%s budget): "
-               "the allocated bytes of one training step (the last of 5 after 5 warm-up steps) "
+               "the allocated bytes of one training step (the last of 5 after 8 warm-up steps) "
                "with every "
                "eviction, recompute and swap, and the blocks after it (%.2fx the unconstrained "
                "step). Data: memory_sim_timeline.json (tools/plot_memory.py draws it)." %

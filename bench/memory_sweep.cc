@@ -225,8 +225,11 @@ struct Point {
   double link_wait_seconds = 0;     // per timed step: compute blocked on the host link
   double prefetches = 0;            // per timed step: swap-ins started ahead of need
   double prefetch_hits = 0;         // per timed step: of them, read before being dropped
+  // Per timed step, by op: {"count", "bytes", "seconds"} of the recomputes (replays).
+  nlohmann::ordered_json replays_by_op = nlohmann::ordered_json::object();
   double loss = 0;
-  size_t reserved = 0;  // held from the segment source at the end (its peak: nothing is released)
+  size_t reserved = 0;          // held from the segment source at the end
+  size_t reserved_at_peak = 0;  // held when the allocated bytes reached their peak
   // Simulated runs, per timed step: modelled op time (recomputes included) and waits for the
   // host link.
   double compute_seconds = 0;
@@ -309,6 +312,16 @@ Point measure(const Settings& settings, int64_t batch, const MemoryOptions& opti
       point.prefetch_hits =
           static_cast<double>(residency.prefetch_hits - residency_start.prefetch_hits) /
           settings.steps;
+      for (const auto& [op, replays] : residency.replays_by_op) {
+        memory::ResidencyStats::Replays before;
+        auto start = residency_start.replays_by_op.find(op);
+        if (start != residency_start.replays_by_op.end()) before = start->second;
+        if (replays.count == before.count) continue;
+        point.replays_by_op[op] = {
+            {"count", static_cast<double>(replays.count - before.count) / settings.steps},
+            {"bytes", static_cast<double>(replays.bytes - before.bytes) / settings.steps},
+            {"seconds", (replays.seconds - before.seconds) / settings.steps}};
+      }
     }
     auto mean = [&](int64_t value) { return value / std::max(1, settings.steps); };
     point.counters.evictions = mean(total.evictions);
@@ -334,6 +347,7 @@ Point measure(const Settings& settings, int64_t batch, const MemoryOptions& opti
   const memory::MemoryStats stats = scope.allocator().memory_stats();
   point.peak = static_cast<size_t>(stats.base.peak_allocated_bytes);
   point.reserved = static_cast<size_t>(stats.base.reserved_bytes);
+  point.reserved_at_peak = static_cast<size_t>(stats.reserved_at_peak);
   return point;
 }
 
@@ -358,12 +372,14 @@ nlohmann::ordered_json point_json(const Settings& settings, int64_t batch, const
                                 {"cpu_s", point.cpu_seconds},
                                 {"peak_bytes", point.peak},
                                 {"reserved_bytes", point.reserved},
+                                {"reserved_at_peak_bytes", point.reserved_at_peak},
                                 {"fixed_bytes", point.fixed},
                                 {"per_step", counters_json(point.counters)},
                                 {"link_busy_s", point.link_busy_seconds},
                                 {"link_wait_s", point.link_wait_seconds},
                                 {"prefetches", point.prefetches},
-                                {"prefetch_hits", point.prefetch_hits}};
+                                {"prefetch_hits", point.prefetch_hits},
+                                {"replays_by_op", point.replays_by_op}};
   if (settings.simulation) {
     out["simulated_profile"] = settings.simulation->device().name;
     out["compute_s"] = point.compute_seconds;

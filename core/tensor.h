@@ -249,6 +249,7 @@ class Tensor {
   Tensor& mul_(double value);
   Tensor& div_(const Tensor& other);
   Tensor& div_(double value);
+  Tensor& addmm_(const Tensor& a, const Tensor& b);  // this += a b (2-D), one GEMM, no temporary
   Tensor& operator+=(const Tensor& other) { return add_(other); }
   Tensor& operator+=(double value) { return add_(value); }
   Tensor& operator-=(const Tensor& other) { return sub_(other); }

@@ -228,7 +228,10 @@ CachingAllocator::Block* CachingAllocator::try_allocate_locked(size_t size, size
   allocated_blocks_[reinterpret_cast<const void*>(block->address)] = block;
 
   stats_.allocated_bytes += static_cast<int64_t>(block->size);
-  stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
+  if (stats_.allocated_bytes > stats_.peak_allocated_bytes) {
+    stats_.peak_allocated_bytes = stats_.allocated_bytes;
+    reserved_at_peak_ = stats_.reserved_bytes;
+  }
   ++stats_.num_allocations;
   requested_bytes_ += static_cast<int64_t>(nbytes);
   push_event_locked("alloc", block->size, block->address);
@@ -373,6 +376,7 @@ AllocatorStats CachingAllocator::stats() const {
 void CachingAllocator::reset_peak() {
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.peak_allocated_bytes = stats_.allocated_bytes;
+  reserved_at_peak_ = stats_.reserved_bytes;
 }
 
 void CachingAllocator::set_pressure_handler(PressureHandler* handler) {
@@ -533,6 +537,7 @@ MemoryStats CachingAllocator::memory_stats() const {
                                          static_cast<double>(result.free_bytes);
   result.policy = policy_;
   result.requested_bytes = requested_bytes_;
+  result.reserved_at_peak = reserved_at_peak_;
   result.segments = static_cast<int64_t>(segments_.size());
   result.pressure_calls = pressure_calls_;
   result.ooms = ooms_;

@@ -97,6 +97,9 @@ struct MemoryStats {
   size_t free_bytes = 0;        // free blocks inside reserved memory
   int64_t free_blocks = 0;      // how many free blocks (holes)
   int64_t requested_bytes = 0;  // bytes asked for by live allocations, before rounding
+  // Reserved when the allocated bytes reached their peak: reserved_at_peak - peak is the
+  // fragmentation at the peak (what the device holds beyond what tensors use, MegEngine's measure).
+  int64_t reserved_at_peak = 0;
   int64_t segments = 0;         // segments held from the source (1 for a CPU arena)
   int64_t pressure_calls = 0;   // PressureHandler::relieve calls
   int64_t ooms = 0;             // OutOfMemory errors raised
@@ -234,6 +237,7 @@ class CachingAllocator : public Allocator {
   PressureHandler* pressure_handler_ = nullptr;
 
   AllocatorStats stats_;
+  int64_t reserved_at_peak_ = 0;
   PolicyCounters policy_;
   int64_t requested_bytes_ = 0;
   int64_t pressure_calls_ = 0;

@@ -234,6 +234,11 @@ double HostLink::wait_seconds() const {
   return wait_seconds_;
 }
 
+double HostLink::now() const {
+  if (clock_) return clock_->now();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
 void HostLink::run() {
   // Lowering a thread's own priority needs no privilege; should it fail, the default one works.
   setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), kLinkThreadNice);

@@ -133,6 +133,8 @@ class HostLink {
   int64_t bytes_copied() const;
   double busy_seconds() const;  // time the copy thread spent copying (sleeps included)
   double wait_seconds() const;  // time callers spent blocked in wait and wait_all (stalls)
+  // Seconds on the device's clock: the simulated one for a simulated device, else wall time.
+  double now() const;
 
  private:
   void enqueue(const std::shared_ptr<HostTransfer>& transfer);

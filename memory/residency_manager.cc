@@ -211,6 +211,11 @@ void ResidencyManager::register_storage(StorageImpl& storage) {
 
 bool ResidencyManager::keeps_records() const { return keeps_records_for(options_.policy()); }
 
+bool ResidencyManager::swaps_now() const {
+  return swaps_for(options_.policy()) &&
+         !(options_.policy() == Policy::kAuto && auto_mode_ == AutoMode::kRecomputeOnly);
+}
+
 bool ResidencyManager::managed(const StorageImpl& storage) const {
   return storage.allocator().get() == allocator_.get();
 }
@@ -335,7 +340,8 @@ double ResidencyManager::recompute_cost(StorageImpl& storage) {
   return storage.producer->cost_seconds + evicted_neighbourhood_cost(storage);
 }
 
-ResidencyManager::Candidate ResidencyManager::assess(StorageImpl& storage, Spare spare) {
+ResidencyManager::Candidate ResidencyManager::assess(StorageImpl& storage, Spare spare,
+                                                     bool recompute_only) {
   Candidate none{&storage, ResidencyAction::kNone, std::numeric_limits<double>::infinity()};
   if (!managed(storage) || storage.state() != Residency::kResident || storage.pins() > 0 ||
       storage.nbytes() < candidate_threshold_ || !storage.data_unchecked())
@@ -353,7 +359,7 @@ ResidencyManager::Candidate ResidencyManager::assess(StorageImpl& storage, Spare
   // an output waiting for its consumer): recomputing it would redo its whole chain at once.
   const bool recompute_ok = record->consumed && !record->made_in_backward &&
                             record->held_for_replay == 0 && can_recompute(storage);
-  const bool swap_ok = swaps_for(options_.policy());
+  const bool swap_ok = !recompute_only && swaps_now();
   if (!recompute_ok && !swap_ok) return none;
 
   // A swap frees nothing until its copy is out, behind the copies queued before it, and the
@@ -443,8 +449,7 @@ ResidencyManager::Candidate ResidencyManager::choose_victim_among_candidates(
     // The sample may hold no candidate at all (all without op records, say): then score them all.
     Candidate best{nullptr, ResidencyAction::kNone, std::numeric_limits<double>::infinity()};
     for (size_t i = 0; i < sample; ++i) {
-      Candidate candidate = assess(*shuffled[i], spare);
-      if (recompute_only && candidate.action != ResidencyAction::kRecompute) continue;
+      Candidate candidate = assess(*shuffled[i], spare, recompute_only);
       if (candidate.action != ResidencyAction::kNone && candidate.score < best.score)
         best = candidate;
     }
@@ -452,8 +457,7 @@ ResidencyManager::Candidate ResidencyManager::choose_victim_among_candidates(
   }
   Candidate best{nullptr, ResidencyAction::kNone, std::numeric_limits<double>::infinity()};
   for (const auto& storage : pool) {
-    Candidate candidate = assess(*storage, spare);
-    if (recompute_only && candidate.action != ResidencyAction::kRecompute) continue;
+    Candidate candidate = assess(*storage, spare, recompute_only);
     if (candidate.action != ResidencyAction::kNone &&
         (best.action == ResidencyAction::kNone || candidate.score < best.score))
       best = candidate;
@@ -669,7 +673,10 @@ void ResidencyManager::replay(OpCall& record) {
   for (auto& output : evicted) record_of(*output).rematerializing = true;
 
   replay_op_call(record);
-  step_recompute_seconds_ += record.cost_seconds;
+  ResidencyStats::Replays& replays = replays_by_op_[record.op->name];
+  ++replays.count;
+  replays.seconds += record.cost_seconds;
+  for (const auto& output : evicted) replays.bytes += static_cast<int64_t>(output->nbytes());
 
   for (auto& output : evicted) {
     Record& record = record_of(*output);
@@ -714,7 +721,7 @@ void ResidencyManager::rematerialize(StorageImpl& target) {
   std::vector<Frame> stack;
   ReleaseHeld release_held_on_exit{*this, stack};
   std::unordered_set<StorageImpl*> on_stack;
-  const bool hold_unpinned = swaps_for(options_.policy());
+  const bool hold_unpinned = swaps_now();
   stack.push_back(Frame{&target, nullptr, 0, {}, {}});
   on_stack.insert(&target);
   while (!stack.empty()) {
@@ -889,36 +896,42 @@ void ResidencyManager::on_op_recorded(const std::shared_ptr<OpCall>& call, doubl
 
 void ResidencyManager::on_step_boundary() {
   ++steps_;
-  const double overhead =
-      step_recompute_seconds_ + (link_.wait_seconds() - step_start_wait_seconds_);
-  const int64_t swaps = counters_.swaps_out - step_start_swaps_;
-  step_recompute_seconds_ = 0;
-  step_start_wait_seconds_ = link_.wait_seconds();
-  step_start_swaps_ = counters_.swaps_out;
-  if (options_.policy() != Policy::kAuto || auto_tuned_ || !pressure_seen_) return;
+  const double now = link_.now();
+  const double step_seconds = now - step_started_at_;
+  step_started_at_ = now;
+  if (options_.policy() != Policy::kAuto || !pressure_seen_) return;
   // The first step (warm-up: it makes the optimizer's state) is not compared. Then each way runs
   // kAutoTrialSteps steps (the first of them also pays for what the other way left behind), and
-  // the one whose steps spent less is kept.
+  // the one whose steps took least time is kept: the step's time counts what per-tensor costs
+  // miss (stalls, copies inside the device, recompute chains). Ways that swap nothing still
+  // differ: recompute only pins the inputs of a recompute chain where the others hold them
+  // swap-only, and it never swaps ahead.
   if (steps_ < 2) return;
-  tried_overhead_[static_cast<int>(auto_mode_)] += overhead;
-  tried_swaps_ += swaps;
-  if (++tried_steps_ < kAutoTrialSteps) return;
-  tried_steps_ = 0;
-  if (auto_mode_ == AutoMode::kMixed && tried_swaps_ > 0) {
-    auto_mode_ = AutoMode::kRecomputeFirst;
-    return;
+  const int mode = static_cast<int>(auto_mode_);
+  if (auto_tuned_) {
+    // Steps differ by what earlier ones left behind: the way kept follows its recent steps, and
+    // gives way to another once those take longer than that way's trial did.
+    way_seconds_[mode] = 0.5 * way_seconds_[mode] + 0.5 * step_seconds;
+  } else {
+    way_seconds_[mode] += step_seconds / kAutoTrialSteps;
+    if (++tried_steps_ < kAutoTrialSteps) return;
+    tried_steps_ = 0;
+    if (auto_mode_ != AutoMode::kRecomputeOnly) {
+      auto_mode_ = static_cast<AutoMode>(mode + 1);
+      return;
+    }
+    auto_tuned_ = true;
   }
-  // A mixed trial that swapped nothing chose as recompute first would have.
-  if (auto_mode_ == AutoMode::kRecomputeFirst && tried_overhead_[0] < tried_overhead_[1])
-    auto_mode_ = AutoMode::kMixed;
-  auto_tuned_ = true;
+  for (int way = 0; way < kAutoWays; ++way)
+    if (way_seconds_[way] < way_seconds_[static_cast<int>(auto_mode_)])
+      auto_mode_ = static_cast<AutoMode>(way);
 }
 
 // Forward under pressure (once a request has had to wait for room): keeps room for the largest
 // output seen so far, free or on its way out, so the copies run while the next ops compute
 // instead of while an allocation waits for them.
 void ResidencyManager::swap_ahead() {
-  if (!options_.swap_ahead() || !pressure_seen_ || !swaps_for(options_.policy()) ||
+  if (!options_.swap_ahead() || !pressure_seen_ || !swaps_now() ||
       auto_mode_ == AutoMode::kRecomputeFirst || !GradMode::is_enabled() || detaching_)
     return;
   const size_t room = allocator_->largest_allocatable();  // unlimited without a budget
@@ -1087,6 +1100,13 @@ bool ResidencyManager::relieve(size_t bytes_needed, size_t largest_free_block) {
   };
   if (wait_if_covered()) return true;
   Candidate victim = choose_victim();
+  if (victim.action == ResidencyAction::kNone && auto_mode_ == AutoMode::kRecomputeOnly) {
+    // auto recomputing only still swaps where nothing else frees room: it never fails where
+    // its other ways would not.
+    auto_mode_ = AutoMode::kRecomputeFirst;
+    victim = choose_victim();
+    auto_mode_ = AutoMode::kRecomputeOnly;
+  }
   if (victim.action != ResidencyAction::kNone) {
     apply(victim);
     // Copies run while the next victims are chosen; wait once they cover the request.
@@ -1319,9 +1339,11 @@ ResidencyStats ResidencyManager::stats() const {
   result.in_flight_swaps = static_cast<int64_t>(in_flight_.size());
   result.prefetches = prefetches_;
   result.prefetch_hits = prefetch_hits_;
+  result.replays_by_op = replays_by_op_;
   result.clock = clock_;
   if (options_.policy() == Policy::kAuto) {
-    result.auto_mode = auto_mode_ == AutoMode::kMixed ? "mixed" : "recompute first";
+    static const char* const kModeNames[] = {"mixed", "recompute first", "recompute only"};
+    result.auto_mode = kModeNames[static_cast<int>(auto_mode_)];
     result.auto_tuning = !auto_tuned_;
   }
   return result;

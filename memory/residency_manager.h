@@ -114,9 +114,17 @@ struct ResidencyStats {
   int64_t prefetches = 0;        // swap-ins started ahead of need
   int64_t prefetch_hits = 0;     // prefetched tensors read before memory pressure dropped them
   int64_t clock = 0;             // logical access clock
-  // auto only: how it chooses, "mixed" (recompute or swap, whichever the tensor's costs favour)
-  // or "recompute first" (swap only what cannot be recomputed), and whether it is still trying
-  // both; empty under the other policies.
+  // Replays since installation by op name: how often, the bytes they brought back and their
+  // cost (the op records' seconds): which ops a policy recomputes, and what that costs.
+  struct Replays {
+    int64_t count = 0;
+    int64_t bytes = 0;
+    double seconds = 0;
+  };
+  std::map<std::string, Replays> replays_by_op;
+  // auto only: how it chooses, "mixed" (recompute or swap, whichever the tensor's costs favour),
+  // "recompute first" (swap only what cannot be recomputed) or "recompute only" (never swap, as
+  // dtr), and whether it is still trying them; empty under the other policies.
   const char* auto_mode = "";
   bool auto_tuning = false;
 };
@@ -187,6 +195,7 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   void register_storage(StorageImpl& storage);
   Record* find_record(const StorageImpl& storage) const;
   bool keeps_records() const;
+  bool swaps_now() const;  // swap is among the ways out now (auto: not while recomputing only)
   bool managed(const StorageImpl& storage) const;
   bool can_recompute(StorageImpl& storage);
   using CandidatePool = std::vector<std::shared_ptr<StorageImpl>>;
@@ -203,7 +212,9 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
     kNothing,
   };
   // Candidate action and score; action kNone for a non-candidate or one `spare` leaves alone.
-  Candidate assess(StorageImpl& storage, Spare spare = Spare::kNothing);
+  // recompute_only: a tensor that can be recomputed is, even where swapping it costs less.
+  Candidate assess(StorageImpl& storage, Spare spare = Spare::kNothing,
+                   bool recompute_only = false);
   // DTR's cost of evicting it: its op plus its evicted neighbourhood (the union-find bound).
   double recompute_cost(StorageImpl& storage);
   double evicted_neighbourhood_cost(StorageImpl& storage);
@@ -289,6 +300,7 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   int64_t gathers_ = 0;
   int64_t prefetches_ = 0;
   int64_t prefetch_hits_ = 0;
+  std::map<std::string, ResidencyStats::Replays> replays_by_op_;
   bool gathering_ = false;           // gather() is making one hole: prefetches must not take it
   bool prefetching_ = false;         // a prefetch allocates: pressure must not evict for it
   bool pressure_seen_ = false;       // a request has not fitted since installation
@@ -296,22 +308,21 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   size_t largest_output_bytes_ = 0;  // of the managed op outputs recorded
   size_t candidate_threshold_ = 0;   // tensors below it are no candidates (see the options)
   double link_backlog_seconds_ = 0;  // until the copies queued on the host link are done
-  // auto's two ways of choosing. Mixed takes, per tensor, whichever of recompute and swap costs
+  // auto's three ways of choosing. Mixed takes, per tensor, whichever of recompute and swap costs
   // less, but a swap stalls the step when its copy cannot hide behind compute (a slow link, or a
   // tensor needed soon), which per-tensor costs do not see; recompute first swaps only what
-  // cannot be recomputed. Each runs two training steps (from the second under pressure) and the
-  // one whose steps spent less on recomputes and host-link waits is kept.
-  enum class AutoMode { kMixed, kRecomputeFirst };
+  // cannot be recomputed (state, when every activation is gone), and recompute only never swaps,
+  // as dtr. Each runs two training steps (from the second under pressure) in that order, and the
+  // one whose steps took least time is kept while its steps stay faster than the others' were.
+  enum class AutoMode { kMixed, kRecomputeFirst, kRecomputeOnly };
   AutoMode auto_mode_ = AutoMode::kMixed;
   bool auto_tuned_ = false;
-  int tried_steps_ = 0;                // steps of the current trial
-  int64_t tried_swaps_ = 0;            // swaps of the mixed trial
-  double tried_overhead_[2] = {0, 0};  // recomputes and waits of each way's trial
-  int64_t steps_ = 0;                  // training steps begun after the first
-  bool backward_seen_ = false;         // a backward pass ran since the step began
-  double step_recompute_seconds_ = 0;  // the op time of this step's recomputes
-  double step_start_wait_seconds_ = 0;
-  int64_t step_start_swaps_ = 0;
+  int tried_steps_ = 0;  // steps of the current trial
+  static constexpr int kAutoWays = 3;
+  double way_seconds_[kAutoWays] = {0, 0, 0};  // each way's step time: its trial, then recent
+  int64_t steps_ = 0;                          // training steps begun after the first
+  bool backward_seen_ = false;                 // a backward pass ran since the step began
+  double step_started_at_ = 0;                 // on the host link's clock (simulated, or wall time)
 
   std::mt19937_64 sampler_;
 };

@@ -1,5 +1,5 @@
-// Matrix products: matmul (2-D op; 1-D and batched forms composed from views and bmm), bmm and
-// linear: their definitions (shape rules, backward, cost, splits). The CPU kernels are in
+// Matrix products: matmul (2-D op; 1-D and batched forms composed from views and bmm), bmm,
+// linear and addmm: their definitions (shape rules, backward, cost, splits). The CPU kernels are in
 // ops/cpu/linalg.cc.
 #include "ops/linalg.h"
 
@@ -164,12 +164,53 @@ void register_linear() {
   op.splits = {{0, {0, -1, -1}}};
 }
 
+void register_addmm() {
+  // addmm: c (n, m) + a (n, k) x b (k, m) -> (n, m). With c as its out= tensor (Tensor::addmm_)
+  // the GEMM accumulates into c's storage directly.
+  OpDef& op = OpRegistry::get().define(ops::addmm);
+  op.kind = OpKind::kGemm;
+  // The sum keeps c's precision: autocast leaves the operands as they are.
+  op.autocast = AutocastPolicy::kKeep;
+  op.shape = [](const std::vector<Tensor>& in, const Attrs&) {
+    const Tensor& c = in.at(0);
+    const Tensor& a = in.at(1);
+    const Tensor& b = in.at(2);
+    TESSEL_CHECK(c.dim() == 2 && a.dim() == 2 && b.dim() == 2,
+                 "addmm: expected 2-D tensors c (n, m), a (n, k) and b (k, m), got shapes ",
+                 shape_str(c.sizes()), ", ", shape_str(a.sizes()), " and ", shape_str(b.sizes()));
+    check_float_pair("addmm", a, "a", b, "b");
+    check_float_pair("addmm", c, "c", a, "a");
+    TESSEL_CHECK(a.size(1) == b.size(0), "addmm: inner dimensions differ: a has shape ",
+                 shape_str(a.sizes()), " and b has shape ", shape_str(b.sizes()), " (", a.size(1),
+                 " vs ", b.size(0), ")");
+    TESSEL_CHECK(c.size(0) == a.size(0) && c.size(1) == b.size(1), "addmm: c has shape ",
+                 shape_str(c.sizes()), " but a b has shape [", a.size(0), ", ", b.size(1), "]");
+    return std::vector<OutputSpec>{{c.sizes(), c.dtype()}};
+  };
+  op.kernels[static_cast<int>(DeviceType::kCpu)] = cpu::with_f32_fallback(cpu::addmm_kernel);
+  op.save_inputs = {1, 2};
+  op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
+    const Tensor& grad = context.grad_outputs[0];
+    const Tensor& a = context.saved_inputs[1];
+    const Tensor& b = context.saved_inputs[2];
+    Tensor grad_a, grad_b;
+    if (context.needs_input_grad[1]) grad_a = matmul_2d(grad, transpose(b, 0, 1));
+    if (context.needs_input_grad[2]) grad_b = matmul_2d(transpose(a, 0, 1), grad);
+    return {context.needs_input_grad[0] ? grad : Tensor(), grad_a, grad_b};
+  };
+  op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out, const Attrs&) {
+    return product_cost(in[1].size(0), in[2].size(1), in[1].size(1), 1, in, out);
+  };
+  op.splits = {{0, {0, 0, -1}}};
+}
+
 }  // namespace
 
 TESSEL_REGISTER_OPS(linalg) {
   register_matmul();
   register_bmm();
   register_linear();
+  register_addmm();
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
@@ -223,6 +264,10 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor bmm(const Tensor& a, const Tensor& b) { return dispatch(ops::bmm, {a, b})[0]; }
+
+Tensor addmm(const Tensor& c, const Tensor& a, const Tensor& b) {
+  return dispatch(ops::addmm, {c, a, b})[0];
+}
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   TESSEL_CHECK(x.dim() >= 1, "linear: input must have at least 1 dimension, got shape ",

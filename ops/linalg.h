@@ -9,5 +9,6 @@ namespace tessel::ops {
 inline const OpHandle matmul{"matmul"};
 inline const OpHandle bmm{"bmm"};
 inline const OpHandle linear{"linear"};
+inline const OpHandle addmm{"addmm"};
 
 }  // namespace tessel::ops

@@ -6,7 +6,8 @@
 // The loss is a scalar at the end of the graph, so each chunk's gradients are taken in the
 // forward pass, while its logits exist, and summed; the backward node only scales them by the
 // loss's gradient. Every chunk runs through the ordinary ops (linear, cross_entropy and its
-// backward, matmul), so it works on every device and the memory layer sees each chunk's tensors.
+// backward, matmul; the weight gradient sums into one tensor through addmm), so it works on every
+// device and the memory layer sees each chunk's tensors.
 #include <algorithm>
 #include <memory>
 #include <string>
@@ -134,11 +135,13 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor&
       }
     }
     if (needs_weight) {
-      Tensor part = as_dtype_of(matmul(grad_logits.t(), x_chunk), weight);
-      if (grad_weight.defined()) {
-        grad_weight.add_(part);
+      if (!grad_weight.defined()) {
+        grad_weight = as_dtype_of(matmul(grad_logits.t(), x_chunk), weight);
+      } else if (grad_logits.dtype() == grad_weight.dtype() &&
+                 x_chunk.dtype() == grad_weight.dtype()) {
+        grad_weight.addmm_(grad_logits.t(), x_chunk);  // no temporary for the chunk's product
       } else {
-        grad_weight = part;
+        grad_weight.add_(as_dtype_of(matmul(grad_logits.t(), x_chunk), weight));  // autocast
       }
     }
     if (needs_bias) {

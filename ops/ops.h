@@ -152,12 +152,15 @@ std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim = 0);    
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);  // index: i64 or i32, 1-D
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
 
-// ---- linear algebra [matmul bmm linear] ----
+// ---- linear algebra [matmul bmm linear addmm] ----
 Tensor matmul(const Tensor& a,
               const Tensor& b);                // 1-D, 2-D and batched (broadcast) like torch.matmul
 Tensor bmm(const Tensor& a, const Tensor& b);  // (B,n,k) x (B,k,m)
 Tensor linear(const Tensor& x, const Tensor& weight,
               const Tensor& bias = Tensor());  // x W^T + b, W (out,in)
+// c + a b for c (n,m), a (n,k), b (k,m), one GEMM; c.addmm_(a, b) accumulates into c in place
+// without a temporary for the product (a sum of products over chunks, say).
+Tensor addmm(const Tensor& c, const Tensor& a, const Tensor& b);
 
 // ---- convolution and pooling, NCHW [conv2d max_pool2d avg_pool2d adaptive_avg_pool2d] ----
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),

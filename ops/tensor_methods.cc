@@ -11,6 +11,7 @@
 #include "core/op.h"
 #include "ops/elementwise.h"
 #include "ops/factory.h"
+#include "ops/linalg.h"
 #include "ops/ops.h"
 #include "ops/reduce.h"
 #include "ops/registry_helpers.h"
@@ -280,6 +281,10 @@ Tensor& Tensor::div_(const Tensor& other) {
 
 Tensor& Tensor::div_(double value) {
   return dispatch_in_place(*this, "div_", ops::div_scalar, {*this}, Attrs{{"value", value}});
+}
+
+Tensor& Tensor::addmm_(const Tensor& a, const Tensor& b) {
+  return dispatch_in_place(*this, "addmm_", ops::addmm, {*this, a, b});
 }
 
 // ---- printing ----

@@ -1,4 +1,4 @@
-// cuBLAS kernels for matmul, bmm and linear on CUDA tensors: f32, f64, and bf16/f16 with f32
+// cuBLAS kernels for matmul, bmm, linear and addmm on CUDA tensors: f32, f64, and bf16/f16 with f32
 // accumulation (cublasGemmEx / cublasGemmStridedBatchedEx). Row- or column-major operands are
 // read in place through cuBLAS's transposes; other layouts are copied dense first. TF32 for f32
 // products is off unless cuda::set_allow_tf32(true) or TESSEL_ALLOW_TF32=1.
@@ -202,6 +202,33 @@ void linear_kernel(KernelContext& context) {
   if (!direct) copy_convert(out, target);
 }
 
+// out (n, m) = c + a (n, k) b (k, m): out holds c first (it is c when called in place), then the
+// GEMM adds the product onto it (beta 1).
+void addmm_kernel(KernelContext& context) {
+  const Tensor& c = context.inputs[0];
+  const Tensor& a = context.inputs[1];
+  const Tensor& b = context.inputs[2];
+  const Tensor& out = context.outputs[0];
+  if (out.numel() == 0) return;
+  KernelDevice device(context);
+  const int64_t n = out.size(0), m = out.size(1), k = a.size(1);
+  // Written in place only when out overlaps no operand but c itself, exactly.
+  const bool out_is_c = c.storage() == out.storage() &&
+                        c.storage_offset() == out.storage_offset() && c.strides() == out.strides();
+  const bool overlaps = shares_storage(out, {a, b}) || (c.storage() == out.storage() && !out_is_c);
+  const MatrixLayout layout = result_layout(n, m, out.stride(0), out.stride(1), 1, 0, overlaps);
+  Tensor target = layout.in_place ? out : context.workspace(out.sizes(), out.dtype());
+  if (!(layout.in_place && out_is_c)) copy_convert(target, c);
+  if (k > 0) {
+    Matrix result;
+    result.data = target.raw_data();
+    result.ld = layout.ld;
+    gemm(ops::addmm.name(), device.index(), out.dtype(), 1, n, m, k, matrix_operand(context, a),
+         matrix_operand(context, b), 1.0, result);
+  }
+  if (!target.is_same(out)) copy_convert(out, target);
+}
+
 }  // namespace
 
 TESSEL_REGISTER_OPS(cuda_blas) {
@@ -212,6 +239,7 @@ TESSEL_REGISTER_OPS(cuda_blas) {
   ops::bmm.set_kernel(kCuda,
                       [](KernelContext& context) { product_kernel(context, ops::bmm.name()); });
   ops::linear.set_kernel(kCuda, linear_kernel);
+  ops::addmm.set_kernel(kCuda, addmm_kernel);
 }
 
 }  // namespace tessel::cuda

@@ -88,6 +88,7 @@ void embedding_backward_kernel(KernelContext& ctx);
 void matmul_kernel(KernelContext& context);
 void bmm_kernel(KernelContext& context);
 void linear_kernel(KernelContext& context);
+void addmm_kernel(KernelContext& context);
 
 // ---- loss ----
 // The CPU kernels of the losses and their gradients (ops/cpu/loss.cc), and what the losses'

@@ -1,6 +1,6 @@
-// The CPU kernels of matmul, bmm and linear: one (batched) GEMM through ops/cpu/gemm.h. Kernels
-// read strided operands in place when each matrix is row- or column-major (a transpose is then
-// free), and copy to a dense workspace only otherwise.
+// The CPU kernels of matmul, bmm, linear and addmm: one (batched) GEMM through ops/cpu/gemm.h.
+// Kernels read strided operands in place when each matrix is row- or column-major (a transpose is
+// then free), and copy to a dense workspace only otherwise.
 #include <algorithm>
 #include <vector>
 
@@ -142,7 +142,38 @@ void linear_product_kernel(KernelContext& context) {
   if (staged) cpu::copy_strided(target, out);
 }
 
+// out (n, m) = c + a (n, k) b (k, m): out holds c first (it is c when called in place), then the
+// GEMM adds the product onto it.
+template <typename T>
+void addmm_product_kernel(KernelContext& context) {
+  const Tensor& c = context.inputs[0];
+  const Tensor& a = context.inputs[1];
+  const Tensor& b = context.inputs[2];
+  const Tensor& out = context.outputs[0];
+  if (out.numel() == 0) return;
+  const int64_t n = out.size(0), m = out.size(1), k = a.size(1);
+  // Written in place only when out overlaps no operand but c itself, exactly.
+  const bool out_is_c = c.storage() == out.storage() &&
+                        c.storage_offset() == out.storage_offset() && c.strides() == out.strides();
+  const bool overlaps = shares_storage(out, {a, b}) || (c.storage() == out.storage() && !out_is_c);
+  const MatrixLayout layout = result_layout(n, m, out.stride(0), out.stride(1), 1, 0, overlaps);
+  Tensor target = layout.in_place ? out : context.workspace(out.sizes(), out.dtype());
+  if (!(layout.in_place && out_is_c)) cpu::copy_strided(c, target);
+  if (k > 0) {
+    GemmOperand<T> lhs = gemm_operand<T>(context, a);
+    GemmOperand<T> rhs = gemm_operand<T>(context, b);
+    cpu::gemm(lhs.transposed, rhs.transposed, n, m, k, T(1), lhs.data, lhs.ld, rhs.data, rhs.ld,
+              T(1), target.data_ptr<T>(), layout.ld);
+  }
+  if (!target.is_same(out)) cpu::copy_strided(target, out);
+}
+
 }  // namespace
+
+void addmm_kernel(KernelContext& context) {
+  visit_float_dtype(context.outputs[0].dtype(), "addmm",
+                    [&](auto tag) { addmm_product_kernel<decltype(tag)>(context); });
+}
 
 void matmul_kernel(KernelContext& context) {
   visit_float_dtype(context.outputs[0].dtype(), "matmul",

@@ -702,6 +702,24 @@ std::vector<OpCase> library_cases() {
                    false,
                    1e-4,
                    1e-5});
+  cases.push_back({"addmm",
+                   {"addmm"},
+                   [] {
+                     return Inputs{normal({4, 5}), normal({3, 4}), normal({3, 5})};
+                   },
+                   [](const Inputs& in, Device) {
+                     // out of place with a transposed operand, then in place into a copy of c
+                     Tensor sum = clone(in[0]);
+                     {
+                       NoGradGuard no_grad;
+                       sum.addmm_(in[1].t(), in[2]);
+                     }
+                     return Inputs{addmm(in[0], in[1].t(), in[2]), sum};
+                   },
+                   {0, 1, 2},
+                   false,
+                   1e-4,
+                   1e-5});
   cases.push_back({"conv2d",
                    {"conv2d", "conv2d_backward_input", "conv2d_backward_weight"},
                    [] {

@@ -199,7 +199,7 @@ std::vector<double> step_seconds(const Simulation& simulation, const MemoryOptio
   return seconds;
 }
 
-TEST(MemorySimulation, AutoKeepsTheCheaperOfMixingInSwapsAndRecomputingFirst) {
+TEST(MemorySimulation, AutoKeepsTheFastestOfItsWays) {
   // A link so slow that every swap stalls the step, and one so fast that swaps cost nothing.
   for (double bandwidth : {2e7, 1e13}) {
     SCOPED_TRACE("host link " + std::to_string(bandwidth) + " B/s");
@@ -213,18 +213,18 @@ TEST(MemorySimulation, AutoKeepsTheCheaperOfMixingInSwapsAndRecomputingFirst) {
     for (Policy policy : {Policy::kDtr, Policy::kSwap, Policy::kAuto}) {
       SCOPED_TRACE(policy_name(policy));
       const std::vector<double> seconds =
-          step_seconds(simulation, on_meta(policy, budget).host_bandwidth(bandwidth), 8,
+          step_seconds(simulation, on_meta(policy, budget).host_bandwidth(bandwidth), 10,
                        policy == Policy::kAuto ? &auto_stats : nullptr);
       last_step[policy] = seconds.back();
     }
     EXPECT_FALSE(auto_stats.auto_tuning);
     if (bandwidth < 1e9) {
-      EXPECT_STREQ(auto_stats.auto_mode, "recompute first");
+      EXPECT_STRNE(auto_stats.auto_mode, "mixed");  // recompute first, or recompute only
       EXPECT_GT(auto_stats.policy.recomputes, 0);
     } else {  // every tensor is cheaper to swap: both ways swap
       EXPECT_GT(auto_stats.policy.swaps_out, 0);
     }
-    // Within 2% of the better single policy, after trying both ways.
+    // Within 2% of the better single policy, after trying its three ways.
     EXPECT_LE(last_step[Policy::kAuto],
               1.02 * std::min(last_step[Policy::kDtr], last_step[Policy::kSwap]));
   }

@@ -276,6 +276,109 @@ TEST(Bmm, ShapeErrorsNameBothShapes) {
   EXPECT_EQ(op.splits.at(0).input_dims, (std::vector<int>{0, 0}));
 }
 
+TEST(Addmm, MatchesPyTorch) {
+  // torch.addmm(pat((3,4),5), pat((3,2)), pat((2,4),9))
+  Tensor out = addmm(pattern({3, 4}, 5), pattern({3, 2}), pattern({2, 4}, 9));
+  EXPECT_TRUE(all_close(out, expected({-0.1875, -0.421875, -0.65625, 1.234375, -1.09375, -0.765625,
+                                       -0.4375, 0.421875, 0.125, 1.015625, -0.21875, -0.390625},
+                                      {3, 4})));
+}
+
+TEST(Addmm, InPlaceAccumulatesIntoTheSameStorage) {
+  Tensor a = randn({6, 5}, kF64);
+  Tensor b = transpose(randn({4, 5}, kF64), 0, 1);  // (5, 4), read transposed
+  Tensor c = randn({6, 4}, kF64);
+  Tensor expected_sum = add(c, matmul(a, b));
+  const auto storage = c.storage();
+  c.addmm_(a, b);
+  EXPECT_EQ(c.storage(), storage);
+  EXPECT_TRUE(all_close(c, expected_sum, 1e-12, 1e-12));
+  // Into a window of a larger tensor: the columns around it keep their values.
+  Tensor big = zeros({6, 8}, kF64);
+  Tensor window = slice(big, 1, 2, 6);
+  window.addmm_(a, b);
+  EXPECT_TRUE(all_close(window, matmul(a, b), 1e-12, 1e-12));
+  EXPECT_TRUE(all_close(slice(big, 1, 0, 2), zeros({6, 2}, kF64)));
+  EXPECT_TRUE(all_close(slice(big, 1, 6, 8), zeros({6, 2}, kF64)));
+  // A column-major c is summed in scratch and copied back.
+  Tensor column_major = transpose(randn({4, 6}, kF64), 0, 1);
+  Tensor before = contiguous(column_major);
+  column_major.addmm_(a, b);
+  EXPECT_TRUE(all_close(column_major, add(before, matmul(a, b)), 1e-12, 1e-12));
+}
+
+TEST(Addmm, AnOperandThatIsAlsoTheAccumulatorIsReadBeforeItIsWritten) {
+  Tensor c = randn({4, 4}, kF64);
+  Tensor b = randn({4, 4}, kF64);
+  Tensor expected_sum = add(c, matmul(c, b));
+  c.addmm_(c, b);
+  EXPECT_TRUE(all_close(c, expected_sum, 1e-12, 1e-12));
+}
+
+TEST(Addmm, SumsChunkProductsLikeOneProduct) {
+  // The use it is made for: a sum of products over chunks of rows equals the whole product.
+  Tensor a = randn({48, 32});
+  Tensor x = randn({32, 24});
+  Tensor sum = zeros({48, 24});
+  for (int64_t begin = 0; begin < 32; begin += 8)
+    sum.addmm_(narrow(a, 1, begin, 8), x.narrow(0, begin, 8));
+  EXPECT_TRUE(all_close(sum, matmul(a, x), 1e-4, 1e-5));
+}
+
+TEST(Addmm, EmptyInnerDimensionGivesC) {
+  Tensor c = randn({3, 4}, kF64);
+  EXPECT_TRUE(all_close(addmm(c, zeros({3, 0}, kF64), zeros({0, 4}, kF64)), c));
+}
+
+TEST(Addmm, GradientsMatchFiniteDifferences) {
+  Tensor c = randn({3, 2}, kF64).set_requires_grad(true);
+  Tensor a = transpose(randn({4, 3}, kF64), 0, 1).set_requires_grad(true);
+  Tensor b = randn({4, 2}, kF64).set_requires_grad(true);
+  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) { return addmm(in[0], in[1], in[2]); },
+                        {c, a, b}));
+}
+
+TEST(Addmm, CostAndSplitsFollowTheRows) {
+  const OpDef& op = ops::addmm;
+  OpCost cost = op.cost({zeros({3, 5}), zeros({3, 4}), zeros({4, 5})}, {zeros({3, 5})}, {});
+  EXPECT_DOUBLE_EQ(cost.flops, 2.0 * 3 * 5 * 4);
+  EXPECT_EQ(op.splits.at(0).input_dims, (std::vector<int>{0, 0, -1}));
+}
+
+TEST(Addmm, BadInputsAreNamedAndLeaveCUnchanged) {
+  Tensor c = randn({2, 5}, kF64);
+  const Tensor before = contiguous(c).clone();
+  EXPECT_TRUE(throws_error(
+      [&] {
+        c.addmm_(zeros({2, 3}, kF64), zeros({4, 5}, kF64));
+      },
+      "addmm: inner dimensions differ: a has shape [2, 3] and b has shape "
+      "[4, 5] (3 vs 4)"));
+  EXPECT_TRUE(throws_error(
+      [&] {
+        c.addmm_(zeros({3, 3}, kF64), zeros({3, 5}, kF64));
+      },
+      "addmm: c has shape [2, 5] but a b has shape [3, 5]"));
+  EXPECT_TRUE(throws_error(
+      [&] {
+        c.addmm_(zeros({2, 3}), zeros({3, 5}));
+      },
+      "c is f64 but a is f32"));
+  EXPECT_TRUE(throws_error(
+      [&] {
+        addmm(zeros({5}, kF64), zeros({1, 3}, kF64), zeros({3, 5}, kF64));
+      },
+      "addmm: expected 2-D tensors"));
+  EXPECT_TRUE(all_close(c, before));
+  // A leaf that requires grad is not modified in place while gradients are recorded.
+  Tensor leaf = zeros({2, 5}, kF64).set_requires_grad(true);
+  EXPECT_TRUE(throws_error(
+      [&] {
+        leaf.addmm_(zeros({2, 3}, kF64), zeros({3, 5}, kF64));
+      },
+      "addmm_: a leaf tensor that requires grad"));
+}
+
 TEST(Linear, MatchesPyTorchWithBias) {
   // F.linear(pat((2,2,3)), pat((4,3), 4), pat((4,), 11))
   Tensor out = linear(pattern({2, 2, 3}), pattern({4, 3}, 4), pattern({4}, 11));
