@@ -100,9 +100,9 @@ struct MemoryStats {
   // Reserved when the allocated bytes reached their peak: reserved_at_peak - peak is the
   // fragmentation at the peak (what the device holds beyond what tensors use, MegEngine's measure).
   int64_t reserved_at_peak = 0;
-  int64_t segments = 0;         // segments held from the source (1 for a CPU arena)
-  int64_t pressure_calls = 0;   // PressureHandler::relieve calls
-  int64_t ooms = 0;             // OutOfMemory errors raised
+  int64_t segments = 0;        // segments held from the source (1 for a CPU arena)
+  int64_t pressure_calls = 0;  // PressureHandler::relieve calls
+  int64_t ooms = 0;            // OutOfMemory errors raised
 };
 
 struct BlockInfo {
