@@ -389,6 +389,9 @@ def linalg_cases():
              [randn(3, 5, 2), randn(3, 5, 4)])
     add_case("linear_with_bias_3d_input", F.linear, [randn(2, 3, 6), randn(4, 6), randn(4)])
     add_case("linear_no_bias", F.linear, [randn(5, 6), randn(4, 6)])
+    add_case("addmm", torch.addmm, [randn(3, 4), randn(3, 5), randn(5, 4)])
+    add_case("addmm_transposed_lhs", lambda c, a, b: torch.addmm(c, a.t(), b),
+             [randn(3, 4), randn(5, 3), randn(5, 4)])
 
 
 def conv_cases():

@@ -357,6 +357,8 @@ std::vector<GoldenCase> linalg_cases() {
       GOLDEN("bmm_transposed_lhs", bmm(transpose(in[0], 1, 2), in[1])),
       GOLDEN("linear_with_bias_3d_input", linear(in[0], in[1], in[2])),
       GOLDEN("linear_no_bias", linear(in[0], in[1])),
+      GOLDEN("addmm", addmm(in[0], in[1], in[2])),
+      GOLDEN("addmm_transposed_lhs", addmm(in[0], transpose(in[1], 0, 1), in[2])),
   };
 }
 
