@@ -721,7 +721,7 @@ void ResidencyManager::rematerialize(StorageImpl& target) {
   std::vector<Frame> stack;
   ReleaseHeld release_held_on_exit{*this, stack};
   std::unordered_set<StorageImpl*> on_stack;
-  const bool hold_unpinned = swaps_now();
+  const bool hold_unpinned = swaps_for(options_.policy());
   stack.push_back(Frame{&target, nullptr, 0, {}, {}});
   on_stack.insert(&target);
   while (!stack.empty()) {
