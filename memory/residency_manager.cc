@@ -903,9 +903,7 @@ void ResidencyManager::on_step_boundary() {
   // The first step (warm-up: it makes the optimizer's state) is not compared. Then each way runs
   // kAutoTrialSteps steps (the first of them also pays for what the other way left behind), and
   // the one whose steps took least time is kept: the step's time counts what per-tensor costs
-  // miss (stalls, copies inside the device, recompute chains). Ways that swap nothing still
-  // differ: recompute only pins the inputs of a recompute chain where the others hold them
-  // swap-only, and it never swaps ahead.
+  // miss (stalls, copies inside the device, recompute chains).
   if (steps_ < 2) return;
   const int mode = static_cast<int>(auto_mode_);
   if (auto_tuned_) {

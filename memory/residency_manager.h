@@ -123,8 +123,8 @@ struct ResidencyStats {
   };
   std::map<std::string, Replays> replays_by_op;
   // auto only: how it chooses, "mixed" (recompute or swap, whichever the tensor's costs favour),
-  // "recompute first" (swap only what cannot be recomputed) or "recompute only" (never swap, as
-  // dtr), and whether it is still trying them; empty under the other policies.
+  // "recompute first" (swap only what cannot be recomputed) or "recompute only" (swap only where
+  // nothing else frees room), and whether it is still trying them; empty under other policies.
   const char* auto_mode = "";
   bool auto_tuning = false;
 };
@@ -311,9 +311,10 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   // auto's three ways of choosing. Mixed takes, per tensor, whichever of recompute and swap costs
   // less, but a swap stalls the step when its copy cannot hide behind compute (a slow link, or a
   // tensor needed soon), which per-tensor costs do not see; recompute first swaps only what
-  // cannot be recomputed (state, when every activation is gone), and recompute only never swaps,
-  // as dtr. Each runs two training steps (from the second under pressure) in that order, and the
-  // one whose steps took least time is kept while its steps stay faster than the others' were.
+  // cannot be recomputed (state, when every activation is gone), and recompute only swaps only
+  // where nothing else frees room (it never swaps ahead). Each runs two training steps (from the
+  // second under pressure) in that order, and the one whose steps took least time is kept while its
+  // steps stay faster than the others' were.
   enum class AutoMode { kMixed, kRecomputeFirst, kRecomputeOnly };
   AutoMode auto_mode_ = AutoMode::kMixed;
   bool auto_tuned_ = false;
