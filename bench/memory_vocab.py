@@ -6,9 +6,9 @@ checkpoints' forward, memory_sweep --mlm_logits) they and their log-probabilitie
 set of 2 x 119 MiB; scored in chunks (linear_cross_entropy, the default) they never exist whole.
 Runs //bench:memory_sweep for both heads: the unconstrained peak and step, then every policy at
 activation budgets f = 0.5, 0.2 and 0.1 (5 pairs of a budgeted and an unconstrained run per
-cell, each after 5 warm-up steps, the median of 2 timed steps; the ratio is the median over the
-pairs). Waits for a quiet machine (bench/harness.py) and records it. Writes
-bench/results/memory_vocab.md and memory_vocab.jsonl. About 15 minutes.
+cell, each after 8 warm-up steps, in which auto tries its three ways, the median of 2 timed
+steps; the ratio is the median over the pairs). Waits for a quiet machine (bench/harness.py) and
+records it. Writes bench/results/memory_vocab.md and memory_vocab.jsonl. About 20 minutes.
 
 Usage: bench/memory_vocab.py [--no-build] [--force] [--threads=2]
 """
@@ -34,7 +34,7 @@ HEADS = [("scored in chunks (linear_cross_entropy)", []),
 def run(flags, threads):
     command = [os.path.join(ROOT, "bazel-bin", "bench", "memory_sweep")] + MODEL + flags + [
         "--threads=%d" % threads, "--policies=" + POLICIES, "--fractions=" + FRACTIONS,
-        "--pairs=5", "--warmup=5", "--steps=2"]
+        "--pairs=5", "--warmup=8", "--steps=2"]
     print("$ " + " ".join(command[1:]), flush=True)
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     if result.returncode != 0:
@@ -102,7 +102,7 @@ def main():
           "BERT mini, 8 sequences of 128 tokens, BERT's vocabulary of 30522 words, SGD with "
           "momentum, %d threads; the simulated device of the CPU (one arena of the budget's "
           "size, swaps over a copy thread throttled to 25 GB/s). Per cell: the median over 5 "
-          "pairs of a budgeted and an unconstrained run (each after 5 warm-up steps, the median "
+          "pairs of a budgeted and an unconstrained run (each after 8 warm-up steps, the median "
           "of 2 timed steps) of the ratio of their step times, the range over the pairs, and "
           "what the policy moved per step. f: the budget is fixed + f x (peak - fixed). "
           "Raw lines (with the commands): memory_vocab.jsonl." %
