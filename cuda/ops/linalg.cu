@@ -212,17 +212,13 @@ void addmm_kernel(KernelContext& context) {
   if (out.numel() == 0) return;
   KernelDevice device(context);
   const int64_t n = out.size(0), m = out.size(1), k = a.size(1);
-  // Written in place only when out overlaps no operand but c itself, exactly.
-  const bool out_is_c = c.storage() == out.storage() &&
-                        c.storage_offset() == out.storage_offset() && c.strides() == out.strides();
-  const bool overlaps = shares_storage(out, {a, b}) || (c.storage() == out.storage() && !out_is_c);
-  const MatrixLayout layout = result_layout(n, m, out.stride(0), out.stride(1), 1, 0, overlaps);
-  Tensor target = layout.in_place ? out : context.workspace(out.sizes(), out.dtype());
-  if (!(layout.in_place && out_is_c)) copy_convert(target, c);
+  const AccumulateLayout layout = accumulate_layout(out, c, a, b);
+  Tensor target = layout.result.in_place ? out : context.workspace(out.sizes(), out.dtype());
+  if (layout.copy_c) copy_convert(target, c);
   if (k > 0) {
     Matrix result;
     result.data = target.raw_data();
-    result.ld = layout.ld;
+    result.ld = layout.result.ld;
     gemm(ops::addmm.name(), device.index(), out.dtype(), 1, n, m, k, matrix_operand(context, a),
          matrix_operand(context, b), 1.0, result);
   }

@@ -152,18 +152,14 @@ void addmm_product_kernel(KernelContext& context) {
   const Tensor& out = context.outputs[0];
   if (out.numel() == 0) return;
   const int64_t n = out.size(0), m = out.size(1), k = a.size(1);
-  // Written in place only when out overlaps no operand but c itself, exactly.
-  const bool out_is_c = c.storage() == out.storage() &&
-                        c.storage_offset() == out.storage_offset() && c.strides() == out.strides();
-  const bool overlaps = shares_storage(out, {a, b}) || (c.storage() == out.storage() && !out_is_c);
-  const MatrixLayout layout = result_layout(n, m, out.stride(0), out.stride(1), 1, 0, overlaps);
-  Tensor target = layout.in_place ? out : context.workspace(out.sizes(), out.dtype());
-  if (!(layout.in_place && out_is_c)) cpu::copy_strided(c, target);
+  const AccumulateLayout layout = accumulate_layout(out, c, a, b);
+  Tensor target = layout.result.in_place ? out : context.workspace(out.sizes(), out.dtype());
+  if (layout.copy_c) cpu::copy_strided(c, target);
   if (k > 0) {
     GemmOperand<T> lhs = gemm_operand<T>(context, a);
     GemmOperand<T> rhs = gemm_operand<T>(context, b);
     cpu::gemm(lhs.transposed, rhs.transposed, n, m, k, T(1), lhs.data, lhs.ld, rhs.data, rhs.ld,
-              T(1), target.data_ptr<T>(), layout.ld);
+              T(1), target.data_ptr<T>(), layout.result.ld);
   }
   if (!target.is_same(out)) cpu::copy_strided(target, out);
 }

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "core/host_device.h"
+#include "core/tensor.h"
 
 namespace tessel {
 
@@ -69,6 +70,28 @@ inline MatrixLayout result_layout(int64_t rows, int64_t cols, int64_t row_stride
   layout.in_place = false;
   layout.ld = std::max<int64_t>(cols, 1);
   layout.batch_stride = rows * cols;
+  return layout;
+}
+
+// addmm's result, out (rows x cols) = c + a b by a GEMM that adds onto what out holds: written in
+// place when out is row-major and is c itself (the same view: nothing to copy first) or overlaps
+// none of c, a and b (c is copied in first); otherwise into a dense scratch that takes c first
+// and is copied back.
+struct AccumulateLayout {
+  MatrixLayout result;
+  bool copy_c = true;  // the result must be given c's values before the GEMM
+};
+
+inline AccumulateLayout accumulate_layout(const Tensor& out, const Tensor& c, const Tensor& a,
+                                          const Tensor& b) {
+  const bool out_is_c = c.storage() == out.storage() &&
+                        c.storage_offset() == out.storage_offset() && c.strides() == out.strides();
+  const bool overlaps = out.storage() == a.storage() || out.storage() == b.storage() ||
+                        (out.storage() == c.storage() && !out_is_c);
+  AccumulateLayout layout;
+  layout.result =
+      result_layout(out.size(0), out.size(1), out.stride(0), out.stride(1), 1, 0, overlaps);
+  layout.copy_c = !(layout.result.in_place && out_is_c);
   return layout;
 }
 
