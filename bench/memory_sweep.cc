@@ -501,6 +501,7 @@ void largest_batch(const Settings& settings) {
       if (settings.max_slowdown > 0) {
         Settings unconstrained = probe_settings;
         unconstrained.warmup = 0;
+        unconstrained.step_deadline = 0;  // the last probe's limit is not this batch's
         const Point reference =
             measure(unconstrained, batch, MemoryOptions().device(settings.device));
         TESSEL_CHECK(reference.ok, "memory_sweep: the unconstrained run at batch ", batch,
