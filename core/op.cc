@@ -137,6 +137,9 @@ RecordedTensor describe(const Tensor& tensor, bool keep_storage) {
 }
 
 thread_local const KernelInProgress* current_kernel = nullptr;
+// This thread's interceptor, and whether a call of it is under way (its own calls go through).
+thread_local DispatchInterceptor* current_interceptor = nullptr;
+thread_local bool intercepting = false;
 std::atomic<int> running_kernels{0};
 
 // Marks the kernel this thread runs, for the memory layer (nested replays restore the outer one).
@@ -336,6 +339,11 @@ const KernelInProgress* kernel_in_progress() { return current_kernel; }
 
 int kernels_running() { return running_kernels.load(); }
 
+DispatchInterceptor* set_dispatch_interceptor(DispatchInterceptor* interceptor) {
+  std::swap(current_interceptor, interceptor);
+  return interceptor;
+}
+
 TraceHook set_trace_hook(TraceHook hook) {
   std::swap(trace_hook(), hook);
   return hook;
@@ -528,6 +536,13 @@ std::vector<Tensor> dispatch(const OpDef& op, const std::vector<Tensor>& inputs,
                              const std::vector<Tensor>& out) {
   TESSEL_CHECK(op.registered, "op '", op.name,
                "' is not registered (is the library that registers it linked with alwayslink?)");
+  if (current_interceptor && !intercepting) {
+    intercepting = true;
+    struct Reset {
+      ~Reset() { intercepting = false; }
+    } reset;
+    return current_interceptor->dispatch(op, inputs, attrs, out);
+  }
   if (out.empty() && autocast_dtype()) {
     std::vector<Tensor> cast;
     if (autocast_inputs(op, inputs, cast)) return dispatch(op, cast, std::move(attrs), out);

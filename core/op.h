@@ -266,6 +266,18 @@ using TraceHook = std::function<void(const OpDef& op, const std::vector<Tensor>&
                                      const std::vector<Tensor>& outputs, const Attrs& attrs)>;
 TraceHook set_trace_hook(TraceHook hook);  // returns the previous hook
 
+// Takes over the op calls made on this thread while installed (parallel/parallelize.h runs a
+// model's ops on shards of its tensors this way). Calls it makes itself dispatch as usual.
+class DispatchInterceptor {
+ public:
+  virtual ~DispatchInterceptor() = default;
+  // Stands for dispatch(op, inputs, attrs, out): returns what that would.
+  virtual std::vector<Tensor> dispatch(const OpDef& op, const std::vector<Tensor>& inputs,
+                                       const Attrs& attrs, const std::vector<Tensor>& out) = 0;
+};
+// Installs `interceptor` for this thread (nullptr removes it); returns the previous one.
+DispatchInterceptor* set_dispatch_interceptor(DispatchInterceptor* interceptor);
+
 // Runs an op: checks devices, applies the shape rule, allocates outputs (or writes into `out`),
 // runs the kernel for the inputs' device, records autograd and the op record.
 std::vector<Tensor> dispatch(const OpDef& op, const std::vector<Tensor>& inputs, Attrs attrs = {},

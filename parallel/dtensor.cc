@@ -48,9 +48,9 @@ Tensor with_dim_last(const Tensor& x, int64_t dim) {
   return permute(x, order);
 }
 
-// Every rank's part along `dim` of the group, in rank order (backward: this rank's part).
-// Integer tensors (ids, labels) carry no gradient and go through the communicator directly.
-Tensor all_gather_along(const Tensor& x, int64_t dim, int64_t group) {
+}  // namespace
+
+Tensor gather_along(const Tensor& x, int64_t dim, int64_t group) {
   if (is_floating(x.dtype()))
     return with_dim_last(gather_from_tp(with_dim_last(x, dim), group), dim);
   Communicator& comm = *tp_group(group);
@@ -62,8 +62,8 @@ Tensor all_gather_along(const Tensor& x, int64_t dim, int64_t group) {
   return transpose(receive, 0, dim).contiguous();
 }
 
-// This rank's part along `dim` (backward: all-gather).
-Tensor slice_along(const Tensor& x, int64_t dim, int64_t group, int parts) {
+Tensor shard_along(const Tensor& x, int64_t dim, int64_t group) {
+  const int parts = tp_group(group)->size();
   TESSEL_CHECK(x.size(dim) % parts == 0, "DTensor: dim ", dim, " of size ", x.size(dim),
                " (local shape ", shape_str(x.sizes()), ") does not split into ", parts,
                " equal parts; shards must be equal");
@@ -73,8 +73,6 @@ Tensor slice_along(const Tensor& x, int64_t dim, int64_t group, int parts) {
   }
   return with_dim_last(scatter_to_tp(with_dim_last(x, dim), group), dim);
 }
-
-}  // namespace
 
 std::string Placement::str() const {
   switch (kind) {
@@ -155,7 +153,7 @@ DTensor DTensor::redistribute(std::vector<Placement> target) const {
   for (int i = 0; i < mesh_->ndim(); ++i) {
     if (current[i] == target[i]) continue;
     if (current[i].is_shard()) {
-      local = all_gather_along(local, current[i].dim, mesh_->group(i));
+      local = gather_along(local, current[i].dim, mesh_->group(i));
     } else if (current[i].is_partial()) {
       TESSEL_CHECK(is_floating(local.dtype()), "DTensor::redistribute: a Partial ",
                    dtype_name(local.dtype()), " tensor cannot be summed here");
@@ -165,7 +163,7 @@ DTensor DTensor::redistribute(std::vector<Placement> target) const {
   }
   for (int i = 0; i < mesh_->ndim(); ++i) {
     if (current[i] == target[i]) continue;
-    local = slice_along(local, target[i].dim, mesh_->group(i), mesh_->size(i));
+    local = shard_along(local, target[i].dim, mesh_->group(i));
     current[i] = target[i];
   }
   return DTensor(local, mesh_, current);

@@ -104,6 +104,14 @@ class DTensor {
   Shape shape_;
 };
 
+// Every rank's part along `dim` of tensor-parallel group `group` (register_tp_group), in rank
+// order; backward keeps this rank's part of the gradient. Integer tensors (ids, labels) carry no
+// gradient and go through the communicator directly.
+Tensor gather_along(const Tensor& x, int64_t dim, int64_t group);
+// This rank's part along `dim` (equal parts in rank order; an error when they are not equal);
+// backward all-gathers the gradient.
+Tensor shard_along(const Tensor& x, int64_t dim, int64_t group);
+
 // `full`, the whole tensor with the same values on every rank, laid out as `placements` without
 // communication (each rank keeps its slices; Partial keeps the values on coordinate 0 and zeros
 // elsewhere). Differentiable: the gradient reaching `full` is the whole tensor's.

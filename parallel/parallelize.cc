@@ -1,0 +1,469 @@
+#include "parallel/parallelize.h"
+
+#include <algorithm>
+#include <set>
+#include <tuple>
+#include <utility>
+
+#include "core/autograd.h"
+#include "core/error.h"
+#include "ops/ops.h"
+#include "parallel/dtensor.h"
+#include "parallel/tensor_parallel.h"
+
+namespace tessel::parallel {
+namespace {
+
+using planner::SplitKind;
+
+bool is_conv(const planner::TracedOp& op) {
+  return op.def->planner.split == ParallelSplit::kConvChannels;
+}
+bool is_class_loss(const planner::TracedOp& op) {
+  return op.def->planner.split == ParallelSplit::kSoftmaxLossClasses;
+}
+
+int64_t prefix_numel(const Shape& sizes, size_t end) {
+  int64_t numel = 1;
+  for (size_t d = 0; d < end; ++d) numel *= sizes[d];
+  return numel;
+}
+
+// Where dim `dim` of a tensor of shape `from`, cut into `parts`, lies after a reshape to `to`:
+// the output dim starting at the same offset that keeps it whole (merged with the dims after it)
+// or cuts it into an outer dim that `parts` divides; -1 when the cut does not survive.
+int64_t reshaped_dim(const Shape& from, const Shape& to, int64_t dim, int parts) {
+  const int64_t before = prefix_numel(from, static_cast<size_t>(dim));
+  for (size_t d = 0; d < to.size(); ++d) {
+    if (prefix_numel(to, d) != before) continue;
+    if (to[d] == 1 && from[dim] != 1) continue;  // a leading 1 inserted before the dim
+    const bool merged = to[d] % from[dim] == 0;
+    const bool cut = from[dim] % to[d] == 0 && to[d] % parts == 0;
+    return merged || cut ? static_cast<int64_t>(d) : -1;
+  }
+  return -1;
+}
+
+// Restores the thread's previous interceptor when the forward ends, even by an exception.
+class InterceptorScope {
+ public:
+  explicit InterceptorScope(DispatchInterceptor* interceptor)
+      : previous_(set_dispatch_interceptor(interceptor)) {}
+  ~InterceptorScope() { set_dispatch_interceptor(previous_); }
+  InterceptorScope(const InterceptorScope&) = delete;
+  InterceptorScope& operator=(const InterceptorScope&) = delete;
+
+ private:
+  DispatchInterceptor* previous_;
+};
+
+}  // namespace
+
+std::vector<planner::PlanFile::Op> planned_ops(const planner::Graph& graph,
+                                               const planner::PlanResult& result, int point) {
+  TESSEL_CHECK(point >= 0 && point < static_cast<int>(result.frontier.size()),
+               "planned_ops: point ", point, " is not on the frontier (", result.frontier.size(),
+               " points)");
+  const std::vector<int>& choice = result.frontier[point].choice;
+  std::vector<planner::PlanFile::Op> ops;
+  for (const planner::TracedOp& op : graph.ops) {
+    const planner::Strategy& s = result.strategies[op.id][choice[op.id]];
+    planner::PlanFile::Op entry;
+    entry.index = op.id;
+    entry.op = op.name;
+    entry.strategy = planner::split_kind_name(s.kind);
+    entry.dp = s.dp;
+    entry.tp = s.tp;
+    for (const planner::ParameterSplit& split : s.parameters)
+      entry.parameters.push_back(graph.tensors[split.tensor].parameter);
+    ops.push_back(std::move(entry));
+  }
+  return ops;
+}
+
+ParallelModule::ParallelModule(std::shared_ptr<nn::Module> model,
+                               const std::vector<planner::PlanFile::Op>& ops,
+                               const ProcessGrid& grid, const planner::ModuleTraceOptions& trace)
+    : model_(std::move(model)), trace_(trace) {
+  TESSEL_CHECK(model_ != nullptr, "parallelize: no model");
+  dp_ = grid.dp_size();
+  tp_ = grid.tp_size();
+  dp_index_ = grid.dp_index();
+  tp_index_ = grid.tp_index();
+  dp_group_ = register_tp_group(grid.data_parallel_on_device());
+  tp_group_ = register_tp_group(grid.tensor_parallel_on_device());
+  dp_comm_ = grid.data_parallel_on_device();
+  tp_comm_ = grid.tensor_parallel_on_device();
+
+  // The whole values, before the trace turns the model's tensors into meta ones.
+  std::map<std::string, Tensor> whole;
+  {
+    NoGradGuard no_grad;
+    for (const auto& [name, tensor] : model_->named_parameters()) whole[name] = tensor.clone();
+    for (const auto& [name, tensor] : model_->named_buffers()) whole[name] = tensor.clone();
+  }
+  graph_ = planner::trace_module(*model_, trace);
+  TESSEL_CHECK(ops.size() == graph_.ops.size(), "parallelize: the plan has ", ops.size(),
+               " ops but ", trace.name(), " on input ", shape_str(trace.input_shape()), " runs ",
+               graph_.ops.size(), ": the plan was made for another model or input shape");
+
+  planner::PlannerConfig config;
+  config.devices = dp_ * tp_;
+  config.max_tp = tp_;
+  config.profile.devices_per_node = config.devices;
+  const auto all = planner::enumerate_strategies(graph_, config);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const planner::PlanFile::Op& planned = ops[i];
+    const planner::TracedOp& traced = graph_.ops[i];
+    TESSEL_CHECK(planned.op == traced.name, "parallelize: op ", i, " of the plan is ", planned.op,
+                 " but ", trace.name(), " runs ", traced.name,
+                 " there: the plan was made for another model");
+    TESSEL_CHECK((planned.dp == 1 || planned.dp == dp_) && (planned.tp == 1 || planned.tp == tp_),
+                 "parallelize: op ", i, " (", traced.name, ") runs at dp=", planned.dp,
+                 " tp=", planned.tp, " but the grid is dp=", dp_, " x tp=", tp_,
+                 "; plans with per-op degrees are not run yet");
+    auto found = std::find_if(all[i].begin(), all[i].end(), [&](const planner::Strategy& s) {
+      return s.dp == planned.dp && s.tp == planned.tp &&
+             planner::split_kind_name(s.kind) == planned.strategy;
+    });
+    TESSEL_CHECK(found != all[i].end(), "parallelize: op ", i, " (", traced.name,
+                 ") has no strategy '", planned.strategy, "' at dp=", planned.dp,
+                 " tp=", planned.tp);
+    const SplitKind kind = found->kind;
+    TESSEL_CHECK(
+        kind != SplitKind::kHeads && !(kind == SplitKind::kVocab && !is_class_loss(traced)) &&
+            !(kind == SplitKind::kColumn &&
+              traced.def->planner.split == ParallelSplit::kEmbeddingTable),
+        "parallelize: op ", i, " (", traced.name, ") is split by ", planner::split_kind_name(kind),
+        ", which is not run yet (attention heads and embedding tables)");
+    strategies_.push_back(*found);
+    for (const planner::ParameterSplit& split : found->parameters) {
+      if (split.dim < 0) continue;
+      const std::string& name = graph_.tensors[split.tensor].parameter;
+      auto [entry, added] = split_dims_.emplace(name, split.dim);
+      TESSEL_CHECK(added || entry->second == split.dim, "parallelize: parameter ", name,
+                   " is cut along dim ", entry->second, " and dim ", split.dim,
+                   " by two of its ops; a tied parameter must be cut one way");
+    }
+  }
+
+  auto shard_of = [&](const Tensor& full, int64_t dim) {
+    if (dim < 0) return full;
+    const int64_t length = full.size(dim) / tp_;
+    return narrow(full, dim, length * tp_index_, length).contiguous();
+  };
+  for (const auto& [name, proxy] : model_->named_parameters()) {
+    auto split = split_dims_.find(name);
+    const int64_t dim = split == split_dims_.end() ? -1 : split->second;
+    Tensor local = shard_of(whole.at(name), dim).detach().set_requires_grad(true);
+    parameters_.emplace_back(name, local);
+    locals_[proxy.impl()] = Local{proxy.impl_ptr(), local, Layout{false, dim >= 0, dim}, true};
+  }
+  // Per-channel buffers (batch norm's running statistics) are cut as their module's weight.
+  for (const auto& [name, proxy] : model_->named_buffers()) {
+    const size_t dot = name.rfind('.');
+    const std::string weight = (dot == std::string::npos ? "" : name.substr(0, dot + 1)) + "weight";
+    auto split = split_dims_.find(weight);
+    const Tensor& full = whole.at(name);
+    const bool per_channel = split != split_dims_.end() && split->second == 0 && full.dim() == 1 &&
+                             full.size(0) == whole.at(weight).size(0);
+    if (per_channel) split_dims_[name] = 0;
+    Tensor local = shard_of(full, per_channel ? 0 : -1);
+    buffers_[name] = local;
+    locals_[proxy.impl()] =
+        Local{proxy.impl_ptr(), local, Layout{false, per_channel, per_channel ? 0 : -1}, true};
+  }
+}
+
+ParallelModule::~ParallelModule() = default;
+
+std::vector<Tensor> ParallelModule::parameters() const {
+  std::vector<Tensor> result;
+  for (const auto& entry : parameters_) result.push_back(entry.second);
+  return result;
+}
+
+nn::NamedTensors ParallelModule::named_parameters() const { return parameters_; }
+
+void ParallelModule::synchronize_gradients() {
+  if (dp_ == 1) return;
+  for (const auto& entry : parameters_) {
+    const Tensor grad = entry.second.grad();
+    if (grad.defined()) dp_comm_->all_reduce(grad, ReduceOp::kSum);
+  }
+}
+
+std::map<std::string, Tensor> ParallelModule::full_state_dict() const {
+  std::map<std::string, Tensor> result;
+  auto whole = [&](const std::string& name, const Tensor& local) {
+    auto split = split_dims_.find(name);
+    return split == split_dims_.end() ? local.detach().clone()
+                                      : gather_shards(local.detach(), split->second, *tp_comm_);
+  };
+  for (const auto& [name, local] : parameters_) result[name] = whole(name, local);
+  for (const auto& [name, local] : buffers_) result[name] = whole(name, local);
+  return result;
+}
+
+Tensor ParallelModule::loss(const Tensor& input, const Tensor& labels) {
+  const bool default_loss = !trace_.loss();
+  TESSEL_CHECK(input.defined() && input.dim() >= 1, "ParallelModule::loss: no input");
+  TESSEL_CHECK(!default_loss || labels.defined(),
+               "ParallelModule::loss: the model's loss is cross_entropy: give the labels");
+  Shape whole_input = input.sizes();
+  whole_input[0] *= dp_;
+  TESSEL_CHECK(whole_input == trace_.input_shape(), "ParallelModule::loss: this rank's input ",
+               shape_str(input.sizes()), " is not 1/", dp_, " of the batch the plan was made for, ",
+               shape_str(trace_.input_shape()));
+  const Layout rows{dp_ > 1, false, -1};
+  next_op_ = 0;
+  struct Clear {
+    ParallelModule& self;
+    ~Clear() {
+      for (auto it = self.locals_.begin(); it != self.locals_.end();)
+        it = it->second.persistent ? std::next(it) : self.locals_.erase(it);
+    }
+  } clear{*this};
+  auto meta = [](const Shape& sizes, DType dtype) {
+    return empty(sizes, TensorOptions(dtype).device(Device::meta()));
+  };
+  Tensor x = proxy_for(meta(whole_input, input.dtype()), input, rows);
+  Tensor loss_proxy;
+  {
+    InterceptorScope scope(this);
+    Tensor output = model_->forward(x);
+    if (default_loss) {
+      Shape whole_labels = labels.sizes();
+      whole_labels[0] *= dp_;
+      loss_proxy =
+          cross_entropy(output, proxy_for(meta(whole_labels, labels.dtype()), labels, rows));
+    } else {
+      loss_proxy = trace_.loss()(output);
+    }
+  }
+  TESSEL_CHECK(next_op_ == graph_.ops.size(), "parallelize: ", trace_.name(), " ran ", next_op_,
+               " ops but its trace has ", graph_.ops.size(),
+               ": the model runs other ops than when it was traced");
+  const Local& result = local_of(loss_proxy);
+  TESSEL_CHECK(!result.layout.batch && !result.layout.model,
+               "parallelize: the loss is left split over the grid");
+  return result.tensor;
+}
+
+Tensor ParallelModule::proxy_for(const Tensor& whole_shape, Tensor local, Layout layout) {
+  Shape expected = whole_shape.sizes();
+  if (layout.batch) expected.at(0) /= dp_;
+  if (layout.model) expected.at(static_cast<size_t>(layout.axis)) /= tp_;
+  TESSEL_CHECK(local.sizes() == expected, "parallelize: a local result of shape ",
+               shape_str(local.sizes()), " does not match the whole ",
+               shape_str(whole_shape.sizes()), " cut ", layout.batch ? "by rows " : "",
+               layout.model ? "along dim " : "",
+               layout.model ? std::to_string(layout.axis) : std::string(), " (op ", next_op_, ")");
+  locals_[whole_shape.impl()] = Local{whole_shape.impl_ptr(), std::move(local), layout, false};
+  return whole_shape;
+}
+
+ParallelModule::Local& ParallelModule::local_of(const Tensor& proxy) {
+  auto found = locals_.find(proxy.impl());
+  if (found != locals_.end() && found->second.proxy.lock() == proxy.impl_ptr())
+    return found->second;
+  TESSEL_CHECK(!proxy.device().is_meta(), "parallelize: a meta tensor of shape ",
+               shape_str(proxy.sizes()), " reached op ", next_op_,
+               " that no op of the plan made (made outside the model's forward?)");
+  // A real tensor made outside the plan (a constant of the model): the same on every rank.
+  scratch_ = Local{proxy.impl_ptr(), proxy, Layout{}, false};
+  return scratch_;
+}
+
+Tensor ParallelModule::move(const Tensor& local, const Layout& from, const Layout& to) {
+  Tensor x = local;
+  const bool other_axis = from.model && to.model && from.axis != to.axis;
+  if (from.model && (!to.model || other_axis)) x = gather_along(x, from.axis, tp_group_);
+  if (from.batch && !to.batch) x = gather_along(x, 0, dp_group_);
+  if (!from.batch && to.batch) x = shard_along(x, 0, dp_group_);
+  if (to.model && (!from.model || other_axis)) x = shard_along(x, to.axis, tp_group_);
+  return x;
+}
+
+std::vector<Tensor> ParallelModule::dispatch(const OpDef& op, const std::vector<Tensor>& inputs,
+                                             const Attrs& attrs, const std::vector<Tensor>& out) {
+  if (op.flags.view) return {run_view(op, inputs.at(0), attrs)};
+  return run_op(op, inputs, attrs, out);
+}
+
+Tensor ParallelModule::run_view(const OpDef& op, const Tensor& input, const Attrs& attrs) {
+  Local source = local_of(input);
+  const Tensor whole_out = tessel::dispatch(op, {input}, attrs)[0];
+  const Shape& from = input.sizes();
+  const Shape& to = whole_out.sizes();
+  Layout layout = source.layout;
+  bool kept = true;
+  if (op.name == "transpose" || op.name == "permute") {
+    std::vector<int64_t> order(to.size());
+    for (size_t d = 0; d < order.size(); ++d) order[d] = static_cast<int64_t>(d);
+    if (op.name == "transpose") {
+      const int64_t rank = static_cast<int64_t>(from.size());
+      int64_t a = attrs.get<int64_t>("dim0"), b = attrs.get<int64_t>("dim1");
+      std::swap(order[a < 0 ? a + rank : a], order[b < 0 ? b + rank : b]);
+    } else {
+      order = attrs.get<std::vector<int64_t>>("dims");
+      for (int64_t& d : order)
+        if (d < 0) d += static_cast<int64_t>(from.size());
+    }
+    auto position = [&](int64_t dim) {
+      return static_cast<int64_t>(std::find(order.begin(), order.end(), dim) - order.begin());
+    };
+    kept = !layout.batch || position(0) == 0;
+    if (layout.model) layout.axis = position(layout.axis);
+    if (kept) return proxy_for(whole_out, tessel::dispatch(op, {source.tensor}, attrs)[0], layout);
+  } else if (op.name == "view" || op.name == "reshape" || op.name == "squeeze" ||
+             op.name == "unsqueeze") {
+    Shape local_sizes = to;
+    if (layout.batch) {
+      kept = kept && reshaped_dim(from, to, 0, dp_) == 0;
+      if (kept) local_sizes[0] /= dp_;
+    }
+    if (layout.model) {
+      const int64_t axis = reshaped_dim(from, to, layout.axis, tp_);
+      kept = kept && axis >= 0;
+      if (kept) {
+        layout.axis = axis;
+        local_sizes[static_cast<size_t>(axis)] /= tp_;
+      }
+    }
+    if (kept) return proxy_for(whole_out, reshape(source.tensor, local_sizes), layout);
+  } else {
+    kept = !layout.batch && !layout.model;
+    if (kept) return proxy_for(whole_out, tessel::dispatch(op, {source.tensor}, attrs)[0], layout);
+  }
+  // The view cuts across a split: make the tensor whole first (not in the plan: counted).
+  ++unplanned_moves_;
+  Tensor whole_local = move(source.tensor, source.layout, Layout{});
+  return proxy_for(whole_out, tessel::dispatch(op, {whole_local}, attrs)[0], Layout{});
+}
+
+std::vector<Tensor> ParallelModule::run_op(const OpDef& op, const std::vector<Tensor>& inputs,
+                                           const Attrs& attrs, const std::vector<Tensor>& out) {
+  TESSEL_CHECK(next_op_ < graph_.ops.size(), "parallelize: ", trace_.name(),
+               " calls more ops than its trace has (", graph_.ops.size(), "; then ", op.name, ")");
+  const planner::TracedOp& traced = graph_.ops[next_op_];
+  TESSEL_CHECK(traced.name == op.name, "parallelize: op ", next_op_, " of ", trace_.name(), " is ",
+               op.name, " but was ", traced.name,
+               " when traced: the model runs other ops than it did then");
+  const planner::Strategy& s = strategies_[next_op_];
+  const SplitKind kind = s.kind;
+  const bool split_model = s.tp > 1 && kind != SplitKind::kReplicate;
+
+  // The axis the op splits over tp: channels for convolutions, normalisation and pooling, the
+  // features (last dim) for linear layers, else that of an input already split.
+  int64_t axis = -1;
+  if (split_model) {
+    for (size_t k = 0; k < inputs.size() && axis < 0; ++k) {
+      if (!inputs[k].defined()) continue;
+      const Local& input = local_of(inputs[k]);
+      if (input.layout.model && !graph_.tensors[traced.inputs[k]].is_parameter() &&
+          s.input_layouts[k].model > 1)
+        axis = input.layout.axis;
+    }
+    const ParallelSplit split = traced.def->planner.split;
+    const bool channels = split == ParallelSplit::kConvChannels ||
+                          split == ParallelSplit::kChannels ||
+                          split == ParallelSplit::kSpatialReduction ||
+                          split == ParallelSplit::kConcat || split == ParallelSplit::kSoftmaxHeads;
+    if (channels || kind == SplitKind::kVocab)
+      axis = 1;
+    else if (axis < 0 || kind == SplitKind::kColumn || kind == SplitKind::kRow)
+      axis = static_cast<int64_t>(traced.input_shapes.at(0).size()) - 1;
+    if (kind == SplitKind::kFeature && split == ParallelSplit::kPointwise && axis < 0) axis = 1;
+  }
+
+  std::vector<Tensor> local_in(inputs.size());
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    if (!inputs[k].defined()) continue;
+    const Local input = local_of(inputs[k]);
+    const bool parameter = traced.inputs[k] >= 0 && graph_.tensors[traced.inputs[k]].is_parameter();
+    if (parameter || input.persistent) {
+      local_in[k] = input.tensor;  // cut as the plan cuts it, once for all
+      continue;
+    }
+    const Layout want{s.input_layouts[k].batch > 1, s.input_layouts[k].model > 1,
+                      s.input_layouts[k].model > 1 ? axis : -1};
+    local_in[k] = move(input.tensor, input.layout, want);
+  }
+  std::vector<Tensor> local_out;
+  for (const Tensor& target : out) local_out.push_back(local_of(target).tensor);
+
+  Attrs local_attrs = attrs;
+  // A factory (ones_like of a meta tensor) makes its result where the shards live.
+  if (attrs.has("device") && Device::parse(attrs.get<std::string>("device")).is_meta())
+    local_attrs.set("device", tp_comm_->device().str());
+  const bool factory = std::none_of(inputs.begin(), inputs.end(),
+                                    [](const Tensor& input) { return input.defined(); });
+  std::vector<Tensor> results;
+  if (kind == SplitKind::kColumn && s.tp > 1 && local_in[0].requires_grad()) {
+    // Each rank uses the whole input: its gradient is the sum of every rank's part.
+    local_in[0] = copy_to_tp(local_in[0], tp_group_);
+    results = tessel::dispatch(op, local_in, local_attrs, local_out);
+  } else if (kind == SplitKind::kRow && s.tp > 1) {
+    // Partial products over the input features, summed, then the bias once.
+    Tensor bias = local_in.size() > 2 ? local_in[2] : Tensor();
+    if (bias.defined()) local_in[2] = Tensor();
+    Tensor y = reduce_from_tp(tessel::dispatch(op, local_in, local_attrs)[0], tp_group_);
+    if (bias.defined()) {
+      Shape sizes(static_cast<size_t>(y.dim()), 1);
+      sizes[is_conv(traced) ? 1 : sizes.size() - 1] = bias.size(0);
+      y = add(y, reshape(bias, sizes));
+    }
+    results = {y};
+  } else if (kind == SplitKind::kVocab && s.tp > 1) {
+    TESSEL_CHECK(attrs.get_or<std::string>("reduction", "mean") == "mean" &&
+                     attrs.get_or<double>("label_smoothing", 0.0) == 0.0,
+                 "parallelize: a class-split cross_entropy runs with the mean reduction and no "
+                 "label smoothing only");
+    results = {vocab_parallel_cross_entropy(local_in[0], local_in[1], tp_group_,
+                                            attrs.get_or<int64_t>("ignore_index", -100))};
+  } else {
+    if (kind == SplitKind::kFeature && is_conv(traced) && s.tp > 1)
+      local_attrs.set("groups", attrs.get<int64_t>("groups") / tp_);  // whole groups per rank
+    results = tessel::dispatch(op, local_in, local_attrs, local_out);
+  }
+  // A batch split whose result lost the batch (a loss): combine the rows' parts.
+  if (s.dp > 1 && !results.empty() && !graph_.tensors[traced.outputs[0]].has_batch) {
+    results[0] = reduce_from_tp(results[0], dp_group_);
+    if (op.kind == OpKind::kLoss || op.name == "mean") results[0] = mul(results[0], 1.0 / dp_);
+  }
+
+  std::vector<Tensor> proxies;
+  if (!out.empty()) {
+    proxies = out;
+  } else {
+    for (const OutputSpec& spec : op.shape(inputs, attrs))
+      proxies.push_back(empty(spec.sizes, TensorOptions(spec.dtype).device(Device::meta())));
+  }
+  // A split op run by its parallel form gives its first output only (cross_entropy's saved
+  // log-probabilities are its backward's business).
+  for (size_t k = 0; k < proxies.size() && k < results.size(); ++k) {
+    const planner::Layout& planned = s.output_layouts.at(k);
+    Layout layout{planned.batch > 1, planned.model > 1 && split_model, -1};
+    if (layout.model) {
+      // Further outputs of other ranks (batch norm's per-channel statistics) are cut along the
+      // dim as long as the first output's split one.
+      const Shape& first = proxies[0].sizes();
+      const Shape& sizes = proxies[k].sizes();
+      if (sizes.size() == first.size()) {
+        layout.axis = axis;
+      } else {
+        auto same = std::find(sizes.begin(), sizes.end(), first[static_cast<size_t>(axis)]);
+        layout.axis = same - sizes.begin();
+        layout.model = same != sizes.end();
+      }
+    }
+    if (out.empty())
+      proxy_for(proxies[k], factory ? move(results.at(k), Layout{}, layout) : results.at(k),
+                layout);
+  }
+  ++next_op_;
+  return proxies;
+}
+
+}  // namespace tessel::parallel

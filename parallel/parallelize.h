@@ -1,0 +1,116 @@
+// A model of the zoo or of one's own, unchanged, trained as a plan of the planner prices it: every
+// op runs on this rank's shards of its tensors with the split its plan chose (column, row,
+// feature, class-split loss, replicated, the batch over dp), and between ops exactly the moves
+// that the plan's layouts imply (all-gathers where a producer's split is not its consumer's,
+// local slices the other way), with autograd through all of them.
+//   planner::PlanFile plan = planner::read_plan("plan.json");  // or planned_ops(...) below
+//   ProcessGrid grid(plan.mesh_dp, plan.mesh_tp);
+//   ParallelModule parallel(model, plan.ops, grid, planner::ModuleTraceOptions({32, 3, 32, 32}));
+//   optim::SGD sgd(parallel.parameters(), options);          // this rank's shards
+//   Tensor loss = parallel.loss(local_images, local_labels); // the same scalar on every rank
+//   loss.backward();  parallel.synchronize_gradients();  sgd.step();
+//
+// How: the model is traced on the meta device as the planner traced it, so its parameters and
+// buffers become meta tensors of their whole shapes; each keeps a real local shard here. While
+// loss() runs, a dispatch interceptor (core/op.h) takes every op call of the model: its inputs
+// are those meta tensors (whole shapes, so the model's own shape checks and reshapes see what
+// they expect), each standing for a local tensor and its layout; the i-th op called is the plan's
+// op i. The interceptor moves the inputs' locals to the layouts the op's strategy needs, runs the
+// op on them, and hands back meta tensors of the whole outputs' shapes.
+//
+// Not run yet: attention split by heads, vocabulary-parallel embeddings, plans whose ops use
+// other dp x tp degrees than the grid's (--per_op_degrees), views other than reshapes, squeezes,
+// transposes and permutes of split dims (gathered first, and counted in unplanned_moves()).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/op.h"
+#include "core/tensor.h"
+#include "nn/module.h"
+#include "parallel/planner/plan_io.h"
+#include "parallel/planner/strategies.h"
+#include "parallel/planner/trace_module.h"
+#include "parallel/process_group.h"
+
+namespace tessel::parallel {
+
+// The ops of a plan as a plan file lists them: frontier point `point` of `result` for `graph`.
+std::vector<planner::PlanFile::Op> planned_ops(const planner::Graph& graph,
+                                               const planner::PlanResult& result, int point);
+
+class ParallelModule : private DispatchInterceptor {
+ public:
+  // `model` holds the whole parameters (the same on every rank); `ops` one entry per op of the
+  // model's trace under `trace` (plan files made for this model and input shape), each with the
+  // grid's degrees or 1. A collective call on every rank of `grid`. Errors name the first op
+  // that does not match the trace, a degree the grid does not have, or a split not run yet.
+  ParallelModule(std::shared_ptr<nn::Module> model, const std::vector<planner::PlanFile::Op>& ops,
+                 const ProcessGrid& grid, const planner::ModuleTraceOptions& trace);
+  ~ParallelModule() override;
+  ParallelModule(const ParallelModule&) = delete;
+  ParallelModule& operator=(const ParallelModule&) = delete;
+
+  // The trace's loss (by default cross_entropy of the output against labels) on this rank's part
+  // of the batch (rows [dp_index * B / dp, ...) of the global batch of B), through the plan: a
+  // scalar with the same value on every rank, differentiable into parameters().
+  Tensor loss(const Tensor& input, const Tensor& labels = Tensor());
+
+  // This rank's shard of every parameter, in named_parameters() order (the optimizer's).
+  std::vector<Tensor> parameters() const;
+  nn::NamedTensors named_parameters() const;
+  // Sums the gradients of parameters() over the data-parallel group (every op's dp part of the
+  // loss is already divided by dp).
+  void synchronize_gradients();
+  // Every parameter and buffer whole (gathered over tp), by name: checkpoints and tests.
+  std::map<std::string, Tensor> full_state_dict() const;
+
+  const planner::Graph& graph() const { return graph_; }
+  // Moves run by the interceptor that the plan's layouts did not imply (views of split dims).
+  int unplanned_moves() const { return unplanned_moves_; }
+
+  // How a local tensor lies on the grid: dim 0 split over dp, `axis` split over tp.
+  struct Layout {
+    bool batch = false;
+    bool model = false;
+    int64_t axis = -1;
+  };
+
+ private:
+  struct Local {
+    std::weak_ptr<TensorImpl> proxy;  // the meta tensor standing for it (stale when expired)
+    Tensor tensor;
+    Layout layout;
+    bool persistent = false;  // a parameter or buffer (kept across steps)
+  };
+  std::vector<Tensor> dispatch(const OpDef& op, const std::vector<Tensor>& inputs,
+                               const Attrs& attrs, const std::vector<Tensor>& out) override;
+  Tensor run_view(const OpDef& op, const Tensor& input, const Attrs& attrs);
+  std::vector<Tensor> run_op(const OpDef& op, const std::vector<Tensor>& inputs, const Attrs& attrs,
+                             const std::vector<Tensor>& out);
+  Local& local_of(const Tensor& proxy);
+  Tensor proxy_for(const Tensor& whole_shape, Tensor local, Layout layout);
+  Tensor move(const Tensor& local, const Layout& from, const Layout& to);
+
+  std::shared_ptr<nn::Module> model_;
+  planner::ModuleTraceOptions trace_;
+  planner::Graph graph_;
+  std::vector<planner::Strategy> strategies_;  // the plan's, per op
+  int dp_ = 1, tp_ = 1, dp_index_ = 0, tp_index_ = 0;
+  int64_t dp_group_ = -1, tp_group_ = -1;  // tensor-parallel op group ids
+  std::shared_ptr<Communicator> dp_comm_, tp_comm_;
+  nn::NamedTensors parameters_;  // local shards (leaves), named
+  // Whole tensors' split dims (-1: whole), by name, for full_state_dict.
+  std::map<std::string, int64_t> split_dims_;
+  std::map<std::string, Tensor> buffers_;  // local buffers, by name
+  std::unordered_map<const TensorImpl*, Local> locals_;
+  Local scratch_;  // local_of's answer for a real tensor
+  size_t next_op_ = 0;
+  int unplanned_moves_ = 0;
+};
+
+}  // namespace tessel::parallel

@@ -1,0 +1,266 @@
+// Unchanged models trained as the planner's plans (parallel/parallelize.h) against one process
+// training the whole model on the whole batch: a small residual CNN with batch norm (channel-split
+// convolutions, column and row, normalisation and pooling by channels, a class-split loss) on a
+// line of tensor-parallel ranks, and an MLP and a CNN without batch norm on a dp x tp grid at 4
+// ranks. For several points of each frontier: two SGD steps give the same losses and the same
+// parameters (so the same gradients) within the closeness rule; a plan made for another model,
+// or with degrees the grid does not have, is a clear error on every rank.
+#include "parallel/parallelize.h"
+
+#include <iostream>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/rng.h"
+#include "nn/nn.h"
+#include "ops/ops.h"
+#include "optim/sgd.h"
+#include "parallel/planner/planner.h"
+#include "parallel/process_group.h"
+#include "tests/parallel/mpi_testing.h"
+#include "tests/testing.h"
+
+namespace tessel::parallel {
+namespace {
+
+using tessel::testing::all_close;
+using tessel::testing::throws_error;
+using testing::MpiTest;
+
+constexpr int kSteps = 2;
+constexpr double kLearningRate = 0.5;
+
+class Block : public nn::Module {
+ public:
+  explicit Block(int64_t channels) : Module("Block") {
+    conv1 = register_module(
+        "conv1", std::make_shared<nn::Conv2d>(nn::Conv2dOptions(channels, channels, 3).padding(1)));
+    bn1 = register_module("bn1", std::make_shared<nn::BatchNorm2d>(channels));
+    conv2 = register_module(
+        "conv2", std::make_shared<nn::Conv2d>(nn::Conv2dOptions(channels, channels, 3).padding(1)));
+  }
+  Tensor forward(const Tensor& x) override {
+    return relu(add(conv2->forward(relu(bn1->forward(conv1->forward(x)))), x));
+  }
+  std::shared_ptr<nn::Conv2d> conv1, conv2;
+  std::shared_ptr<nn::BatchNorm2d> bn1;
+};
+
+// A user's residual CNN: conv-bn-relu, a residual block, a strided conv, pooling, a classifier.
+std::shared_ptr<nn::Module> residual_cnn(bool batch_norm) {
+  manual_seed(7);
+  auto model = std::make_shared<nn::Sequential>();
+  model->push_back(std::make_shared<nn::Conv2d>(nn::Conv2dOptions(3, 8, 3).padding(1)));
+  if (batch_norm) model->push_back(std::make_shared<nn::BatchNorm2d>(8));
+  model->push_back(std::make_shared<nn::ReLU>());
+  if (batch_norm) model->push_back(std::make_shared<Block>(8));
+  model->push_back(std::make_shared<nn::Conv2d>(nn::Conv2dOptions(8, 16, 3).stride(2).padding(1)));
+  model->push_back(std::make_shared<nn::ReLU>());
+  model->push_back(std::make_shared<nn::AdaptiveAvgPool2d>(nn::IntPair(1, 1)));
+  model->push_back(std::make_shared<nn::Flatten>());
+  model->push_back(std::make_shared<nn::Linear>(16, 8));
+  return model;
+}
+
+std::shared_ptr<nn::Module> mlp() {
+  manual_seed(11);
+  return std::make_shared<nn::Sequential>(nn::Linear(12, 16), nn::ReLU(), nn::Linear(16, 16),
+                                          nn::ReLU(), nn::Linear(16, 8));
+}
+
+struct Batch {
+  Tensor input, labels;
+};
+Batch batch_for(const Shape& input_shape, int step) {
+  manual_seed(100 + step);
+  return {randn(input_shape), randint(0, 8, {input_shape[0]})};
+}
+
+// The rows of `full` this dp index holds.
+Tensor rows(const Tensor& full, int dp, int index) {
+  const int64_t length = full.size(0) / dp;
+  return narrow(full, 0, index * length, length).contiguous();
+}
+
+// A profile where splitting pays: slow compute, fast links.
+planner::DeviceProfile test_profile(int devices) {
+  planner::DeviceProfile profile;
+  profile.name = "test";
+  profile.devices_per_node = devices;
+  profile.memory_per_device = 1e9;
+  profile.gemm_flops = profile.conv_flops = 1e8;
+  profile.elementwise_flops = 1e8;
+  profile.memory_bandwidth = 1e9;
+  profile.op_overhead_s = 1e-6;
+  for (auto& level : profile.collectives)
+    for (auto& link : level) link = {1e-6, 1e10};
+  return profile;
+}
+
+struct RunResult {
+  std::vector<float> losses;
+  std::map<std::string, Tensor> state;
+};
+
+RunResult whole_run(const std::function<std::shared_ptr<nn::Module>()>& make,
+                    const Shape& input_shape) {
+  auto model = make();
+  optim::SGD sgd(model->parameters(), optim::SGDOptions(kLearningRate));
+  RunResult run;
+  for (int step = 0; step < kSteps; ++step) {
+    Batch batch = batch_for(input_shape, step);
+    sgd.zero_grad();
+    Tensor loss = cross_entropy(model->forward(batch.input), batch.labels);
+    loss.backward();
+    sgd.step();
+    run.losses.push_back(loss.item<float>());
+  }
+  for (const auto& [name, tensor] : model->named_parameters()) run.state[name] = tensor;
+  for (const auto& [name, tensor] : model->named_buffers()) run.state[name] = tensor;
+  return run;
+}
+
+RunResult planned_run(const std::function<std::shared_ptr<nn::Module>()>& make,
+                      const Shape& input_shape, const std::vector<planner::PlanFile::Op>& ops,
+                      const ProcessGrid& grid) {
+  ParallelModule parallel(make(), ops, grid, planner::ModuleTraceOptions(input_shape));
+  optim::SGD sgd(parallel.parameters(), optim::SGDOptions(kLearningRate));
+  RunResult run;
+  for (int step = 0; step < kSteps; ++step) {
+    Batch batch = batch_for(input_shape, step);
+    sgd.zero_grad();
+    Tensor loss = parallel.loss(rows(batch.input, grid.dp_size(), grid.dp_index()),
+                                rows(batch.labels, grid.dp_size(), grid.dp_index()));
+    loss.backward();
+    parallel.synchronize_gradients();
+    sgd.step();
+    run.losses.push_back(loss.item<float>());
+  }
+  EXPECT_EQ(parallel.unplanned_moves(), 0);
+  run.state = parallel.full_state_dict();
+  return run;
+}
+
+// Frontier points of `make`'s model on dp x tp devices that run on that grid, with at least one
+// op split over tp when tp > 1: the fastest, the smallest and up to two between.
+std::vector<std::vector<planner::PlanFile::Op>> frontier_plans(
+    const std::function<std::shared_ptr<nn::Module>()>& make, const Shape& input_shape, int dp,
+    int tp, std::vector<std::string>* summaries) {
+  auto model = make();
+  const planner::Graph graph =
+      planner::trace_module(*model, planner::ModuleTraceOptions(input_shape));
+  planner::PlanOptions options;
+  options.config.devices = dp * tp;
+  options.config.max_tp = tp;
+  options.config.optimizer_states = 0;
+  options.config.profile = test_profile(dp * tp);
+  options.remat_fractions = {1.0};
+  const planner::PlanResult result = planner::plan_graph(graph, options);
+  std::vector<int> usable;
+  for (size_t p = 0; p < result.frontier.size(); ++p) {
+    const auto ops = planned_ops(graph, result, static_cast<int>(p));
+    bool on_grid = true, split = tp == 1;
+    for (const auto& op : ops) {
+      on_grid = on_grid && (op.dp == 1 || op.dp == dp) && (op.tp == 1 || op.tp == tp);
+      split = split || (op.tp > 1 && op.strategy != "replicate");
+    }
+    if (on_grid && split) usable.push_back(static_cast<int>(p));
+  }
+  std::set<int> picked;
+  if (!usable.empty()) {
+    picked.insert(usable.front());
+    picked.insert(usable.back());
+    picked.insert(usable[usable.size() / 3]);
+    picked.insert(usable[2 * usable.size() / 3]);
+  }
+  std::vector<std::vector<planner::PlanFile::Op>> plans;
+  for (int p : picked) {
+    plans.push_back(planned_ops(graph, result, p));
+    summaries->push_back(result.frontier[p].summary);
+  }
+  return plans;
+}
+
+void expect_same_run(const RunResult& planned, const RunResult& whole) {
+  ASSERT_EQ(planned.losses.size(), whole.losses.size());
+  for (size_t step = 0; step < whole.losses.size(); ++step)
+    EXPECT_NEAR(planned.losses[step], whole.losses[step], 1e-4 * std::abs(whole.losses[step]))
+        << "step " << step;
+  for (const auto& [name, tensor] : whole.state) {
+    auto found = planned.state.find(name);
+    ASSERT_TRUE(found != planned.state.end()) << name;
+    EXPECT_TRUE(all_close(found->second, tensor, 1e-4, 1e-5)) << name;
+  }
+}
+
+class ParallelizeTest : public MpiTest {
+ protected:
+  static void check_frontier(const std::function<std::shared_ptr<nn::Module>()>& make,
+                             const Shape& input_shape, int dp, int tp) {
+    ProcessGrid grid(dp, tp);
+    std::vector<std::string> summaries;
+    const auto plans = frontier_plans(make, input_shape, dp, tp, &summaries);
+    ASSERT_FALSE(plans.empty()) << "no frontier point splits over tp=" << tp;
+    const RunResult whole = whole_run(make, input_shape);
+    for (size_t p = 0; p < plans.size(); ++p) {
+      SCOPED_TRACE(summaries[p]);
+      if (rank() == 0) std::cout << "plan: " << summaries[p] << "\n";
+      expect_same_run(planned_run(make, input_shape, plans[p], grid), whole);
+    }
+  }
+};
+
+TEST_F(ParallelizeTest, ResidualCnnWithBatchNormAsPlannedOnATensorParallelLine) {
+  check_frontier([] { return residual_cnn(true); }, {8, 3, 8, 8}, 1, size());
+}
+
+TEST_F(ParallelizeTest, MlpAsPlannedOnADataTimesTensorParallelGrid) {
+  if (size() != 4) GTEST_SKIP() << "a 2 x 2 grid needs 4 ranks";
+  check_frontier(mlp, {8, 12}, 2, 2);
+}
+
+TEST_F(ParallelizeTest, CnnWithoutBatchNormAsPlannedOnADataTimesTensorParallelGrid) {
+  if (size() != 4) GTEST_SKIP() << "a 2 x 2 grid needs 4 ranks";
+  check_frontier([] { return residual_cnn(false); }, {8, 3, 8, 8}, 2, 2);
+}
+
+TEST_F(ParallelizeTest, APlanForAnotherModelOrGridIsAClearError) {
+  ProcessGrid grid(1, size());
+  std::vector<std::string> summaries;
+  const auto cnn_plans =
+      frontier_plans([] { return residual_cnn(true); }, {8, 3, 8, 8}, 1, size(), &summaries);
+  ASSERT_FALSE(cnn_plans.empty());
+  EXPECT_TRUE(throws_error(
+      [&] {
+        ParallelModule(mlp(), cnn_plans[0], grid, planner::ModuleTraceOptions({8, 12}));
+      },
+      "the plan has"));
+  auto renamed = cnn_plans[0];
+  renamed[0].op = "linear";
+  EXPECT_TRUE(throws_error(
+      [&] {
+        ParallelModule(residual_cnn(true), renamed, grid,
+                       planner::ModuleTraceOptions({8, 3, 8, 8}));
+      },
+      "the plan was made for another model"));
+  auto other_degree = cnn_plans[0];
+  other_degree[0].tp = 2 * size();
+  EXPECT_TRUE(throws_error(
+      [&] {
+        ParallelModule(residual_cnn(true), other_degree, grid,
+                       planner::ModuleTraceOptions({8, 3, 8, 8}));
+      },
+      "per-op degrees"));
+  ParallelModule parallel(residual_cnn(true), cnn_plans[0], grid,
+                          planner::ModuleTraceOptions({8, 3, 8, 8}));
+  EXPECT_TRUE(throws_error(
+      [&] {
+        parallel.loss(randn({4, 3, 8, 8}), randint(0, 8, {4}));
+      },
+      "is not 1/1 of the batch"));
+}
+
+}  // namespace
+}  // namespace tessel::parallel
