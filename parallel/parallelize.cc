@@ -84,16 +84,25 @@ std::vector<planner::PlanFile::Op> planned_ops(const planner::Graph& graph,
 ParallelModule::ParallelModule(std::shared_ptr<nn::Module> model,
                                const std::vector<planner::PlanFile::Op>& ops,
                                const ProcessGrid& grid, const planner::ModuleTraceOptions& trace)
+    : ParallelModule(std::move(model), ops, grid.data_parallel_on_device(),
+                     grid.tensor_parallel_on_device(), trace) {}
+
+ParallelModule::ParallelModule(std::shared_ptr<nn::Module> model,
+                               const std::vector<planner::PlanFile::Op>& ops,
+                               std::shared_ptr<Communicator> dp_group,
+                               std::shared_ptr<Communicator> tp_group,
+                               const planner::ModuleTraceOptions& trace)
     : model_(std::move(model)), trace_(trace) {
   TESSEL_CHECK(model_ != nullptr, "parallelize: no model");
-  dp_ = grid.dp_size();
-  tp_ = grid.tp_size();
-  dp_index_ = grid.dp_index();
-  tp_index_ = grid.tp_index();
-  dp_group_ = register_tp_group(grid.data_parallel_on_device());
-  tp_group_ = register_tp_group(grid.tensor_parallel_on_device());
-  dp_comm_ = grid.data_parallel_on_device();
-  tp_comm_ = grid.tensor_parallel_on_device();
+  TESSEL_CHECK(dp_group && tp_group, "parallelize: no dp or tp group");
+  dp_comm_ = std::move(dp_group);
+  tp_comm_ = std::move(tp_group);
+  dp_ = dp_comm_->size();
+  tp_ = tp_comm_->size();
+  dp_index_ = dp_comm_->rank();
+  tp_index_ = tp_comm_->rank();
+  dp_group_ = register_tp_group(dp_comm_);
+  tp_group_ = register_tp_group(tp_comm_);
 
   // The whole values, before the trace turns the model's tensors into meta ones.
   std::map<std::string, Tensor> whole;
@@ -250,6 +259,56 @@ Tensor ParallelModule::loss(const Tensor& input, const Tensor& labels) {
   return result.tensor;
 }
 
+std::vector<StepCollective> ParallelModule::planned_collectives() const {
+  std::vector<StepCollective> planned;
+  auto group_of = [&](const planner::Layout& a, const planner::Layout& b) {
+    std::string group;
+    if (a.batch != b.batch) group = "dp";
+    if (a.model != b.model) group += group.empty() ? "tp" : "+tp";
+    return group;
+  };
+  // The planner's move: an all-gather of what `need` lacks from `have` (redistribution_time).
+  auto gather = [&](const planner::Layout& have, const planner::Layout& need, int64_t bytes) {
+    const double needed = 1.0 / (static_cast<double>(need.batch) * need.model);
+    const double overlap =
+        std::min(1.0 / have.batch, 1.0 / need.batch) * std::min(1.0 / have.model, 1.0 / need.model);
+    if (overlap >= needed * (1 - 1e-9)) return;
+    planned.push_back({"all_gather", group_of(have, need),
+                       static_cast<int64_t>(std::llround(needed * static_cast<double>(bytes)))});
+  };
+  std::set<int> column_inputs;  // tensors whose gradient one all-reduce sums
+  for (const planner::TracedOp& op : graph_.ops) {
+    const planner::Strategy& s = strategies_[op.id];
+    const auto bytes_of = [&](const Shape& sizes) {
+      return shape_numel(sizes) * static_cast<int64_t>(sizeof(float));
+    };
+    if (s.tp > 1 && s.kind == SplitKind::kColumn && op.inputs[0] >= 0 &&
+        graph_.tensors[op.inputs[0]].requires_grad && column_inputs.insert(op.inputs[0]).second)
+      planned.push_back({"all_reduce", "tp", bytes_of(op.input_shapes[0]) / s.dp});
+    if (s.tp > 1 && s.kind == SplitKind::kRow)
+      planned.push_back({"all_reduce", "tp", bytes_of(op.output_shapes[0]) / s.dp});
+    if (s.tp > 1 && s.kind == SplitKind::kVocab) {
+      const int64_t rows = op.input_shapes[0][0] / s.dp;
+      for (int k = 0; k < 3; ++k) planned.push_back({"all_reduce", "tp", rows * 4});
+    }
+    if (s.dp > 1 && !op.outputs.empty() && !graph_.tensors[op.outputs[0]].has_batch)
+      planned.push_back({"all_reduce", "dp", bytes_of(op.output_shapes[0])});
+    for (size_t slot = 0; slot < op.inputs.size(); ++slot) {
+      const int id = op.inputs[slot];
+      if (id < 0 || graph_.tensors[id].producer < 0) continue;
+      const planner::TracedTensor& tensor = graph_.tensors[id];
+      const planner::Layout& from =
+          strategies_[tensor.producer].output_layouts[tensor.producer_slot];
+      const planner::Layout& to = s.input_layouts[slot];
+      const int64_t bytes = bytes_of(op.input_shapes[slot]);
+      gather(from, to, bytes);
+      if (tensor.requires_grad && op.differentiable) gather(to, from, bytes);
+    }
+  }
+  std::sort(planned.begin(), planned.end());
+  return planned;
+}
+
 Tensor ParallelModule::proxy_for(const Tensor& whole_shape, Tensor local, Layout layout) {
   Shape expected = whole_shape.sizes();
   if (layout.batch) expected.at(0) /= dp_;
@@ -370,11 +429,15 @@ std::vector<Tensor> ParallelModule::run_op(const OpDef& op, const std::vector<Te
                           split == ParallelSplit::kChannels ||
                           split == ParallelSplit::kSpatialReduction ||
                           split == ParallelSplit::kConcat || split == ParallelSplit::kSoftmaxHeads;
-    if (channels || kind == SplitKind::kVocab)
+    const int64_t rank = static_cast<int64_t>(traced.input_shapes.at(0).size());
+    if (channels || kind == SplitKind::kVocab) {
       axis = 1;
-    else if (axis < 0 || kind == SplitKind::kColumn || kind == SplitKind::kRow)
-      axis = static_cast<int64_t>(traced.input_shapes.at(0).size()) - 1;
-    if (kind == SplitKind::kFeature && split == ParallelSplit::kPointwise && axis < 0) axis = 1;
+    } else if (kind == SplitKind::kColumn || kind == SplitKind::kRow) {
+      axis = rank - 1;
+    } else if (axis < 0) {
+      // An element-wise op starting a split: along the channels of images, else the features.
+      axis = rank >= 4 ? 1 : rank - 1;
+    }
   }
 
   std::vector<Tensor> local_in(inputs.size());
@@ -401,8 +464,11 @@ std::vector<Tensor> ParallelModule::run_op(const OpDef& op, const std::vector<Te
                                     [](const Tensor& input) { return input.defined(); });
   std::vector<Tensor> results;
   if (kind == SplitKind::kColumn && s.tp > 1 && local_in[0].requires_grad()) {
-    // Each rank uses the whole input: its gradient is the sum of every rank's part.
-    local_in[0] = copy_to_tp(local_in[0], tp_group_);
+    // Each rank uses the whole input: its gradient is the sum of every rank's part, one
+    // all-reduce for every column split reading it.
+    Local& source = local_of(inputs[0]);
+    if (!source.column_input.defined()) source.column_input = copy_to_tp(local_in[0], tp_group_);
+    local_in[0] = source.column_input;
     results = tessel::dispatch(op, local_in, local_attrs, local_out);
   } else if (kind == SplitKind::kRow && s.tp > 1) {
     // Partial products over the input features, summed, then the bias once.

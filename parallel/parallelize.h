@@ -26,6 +26,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -43,6 +44,20 @@ namespace tessel::parallel {
 std::vector<planner::PlanFile::Op> planned_ops(const planner::Graph& graph,
                                                const planner::PlanResult& result, int point);
 
+// One collective of a training step, forward or backward: "all_reduce" or "all_gather" over
+// "dp" or "tp", with the bytes each rank sends or receives (all_gather: the gathered result).
+struct StepCollective {
+  std::string kind;
+  std::string group;
+  int64_t bytes = 0;
+  bool operator<(const StepCollective& other) const {
+    return std::tie(kind, group, bytes) < std::tie(other.kind, other.group, other.bytes);
+  }
+  bool operator==(const StepCollective& other) const {
+    return kind == other.kind && group == other.group && bytes == other.bytes;
+  }
+};
+
 class ParallelModule : private DispatchInterceptor {
  public:
   // `model` holds the whole parameters (the same on every rank); `ops` one entry per op of the
@@ -51,6 +66,11 @@ class ParallelModule : private DispatchInterceptor {
   // that does not match the trace, a degree the grid does not have, or a split not run yet.
   ParallelModule(std::shared_ptr<nn::Module> model, const std::vector<planner::PlanFile::Op>& ops,
                  const ProcessGrid& grid, const planner::ModuleTraceOptions& trace);
+  // The same over the groups of a grid given directly: `dp_group` the ranks that hold the same
+  // shards, `tp_group` those that split them (rank order = shard order).
+  ParallelModule(std::shared_ptr<nn::Module> model, const std::vector<planner::PlanFile::Op>& ops,
+                 std::shared_ptr<Communicator> dp_group, std::shared_ptr<Communicator> tp_group,
+                 const planner::ModuleTraceOptions& trace);
   ~ParallelModule() override;
   ParallelModule(const ParallelModule&) = delete;
   ParallelModule& operator=(const ParallelModule&) = delete;
@@ -70,6 +90,13 @@ class ParallelModule : private DispatchInterceptor {
   std::map<std::string, Tensor> full_state_dict() const;
 
   const planner::Graph& graph() const { return graph_; }
+  // What the planner prices for this plan's step (f32 tensors), sorted: each column split's input
+  // gradient all-reduce (one per tensor, however many column splits read it), each row split's
+  // output all-reduce, a class-split loss's three all-reduces (row maxima, sums of exponentials,
+  // target logits), the dp all-reduce of a batch-split loss, and an all-gather for every move
+  // between a producer's layout and a consumer's, forward or, for its gradient, backward. The
+  // data-parallel gradient all-reduce (synchronize_gradients) is not in it.
+  std::vector<StepCollective> planned_collectives() const;
   // Moves run by the interceptor that the plan's layouts did not imply (views of split dims).
   int unplanned_moves() const { return unplanned_moves_; }
 
@@ -86,6 +113,8 @@ class ParallelModule : private DispatchInterceptor {
     Tensor tensor;
     Layout layout;
     bool persistent = false;  // a parameter or buffer (kept across steps)
+    // Its whole copy entering column splits: their input gradients summed by one all-reduce.
+    Tensor column_input;
   };
   std::vector<Tensor> dispatch(const OpDef& op, const std::vector<Tensor>& inputs,
                                const Attrs& attrs, const std::vector<Tensor>& out) override;

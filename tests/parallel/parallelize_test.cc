@@ -7,6 +7,7 @@
 // or with degrees the grid does not have, is a clear error on every rank.
 #include "parallel/parallelize.h"
 
+#include <algorithm>
 #include <iostream>
 #include <memory>
 #include <set>
@@ -17,6 +18,7 @@
 #include "nn/nn.h"
 #include "ops/ops.h"
 #include "optim/sgd.h"
+#include "parallel/counting_communicator.h"
 #include "parallel/planner/planner.h"
 #include "parallel/process_group.h"
 #include "tests/parallel/mpi_testing.h"
@@ -122,10 +124,30 @@ RunResult whole_run(const std::function<std::shared_ptr<nn::Module>()>& make,
   return run;
 }
 
+// Every call both groups recorded, sorted, as StepCollectives.
+std::vector<StepCollective> issued(CountingCommunicator& dp, CountingCommunicator& tp) {
+  std::vector<StepCollective> calls;
+  for (const auto& record : dp.records) calls.push_back({record.kind, "dp", record.bytes});
+  for (const auto& record : tp.records) calls.push_back({record.kind, "tp", record.bytes});
+  std::sort(calls.begin(), calls.end());
+  dp.records.clear();
+  tp.records.clear();
+  return calls;
+}
+
+std::string listed(const std::vector<StepCollective>& calls) {
+  std::string text;
+  for (const auto& call : calls)
+    text += call.kind + " " + call.group + " " + std::to_string(call.bytes) + "\n";
+  return text;
+}
+
 RunResult planned_run(const std::function<std::shared_ptr<nn::Module>()>& make,
                       const Shape& input_shape, const std::vector<planner::PlanFile::Op>& ops,
                       const ProcessGrid& grid) {
-  ParallelModule parallel(make(), ops, grid, planner::ModuleTraceOptions(input_shape));
+  auto dp = std::make_shared<CountingCommunicator>(grid.data_parallel_on_device());
+  auto tp = std::make_shared<CountingCommunicator>(grid.tensor_parallel_on_device());
+  ParallelModule parallel(make(), ops, dp, tp, planner::ModuleTraceOptions(input_shape));
   optim::SGD sgd(parallel.parameters(), optim::SGDOptions(kLearningRate));
   RunResult run;
   for (int step = 0; step < kSteps; ++step) {
@@ -134,7 +156,19 @@ RunResult planned_run(const std::function<std::shared_ptr<nn::Module>()>& make,
     Tensor loss = parallel.loss(rows(batch.input, grid.dp_size(), grid.dp_index()),
                                 rows(batch.labels, grid.dp_size(), grid.dp_index()));
     loss.backward();
+    // The step sends what the planner priced for it, no more and no less.
+    const auto planned = parallel.planned_collectives();
+    const auto calls = issued(*dp, *tp);
+    std::string plan_text;
+    for (const auto& op : ops)
+      plan_text += std::to_string(op.index) + " " + op.op + " " + op.strategy +
+                   " dp=" + std::to_string(op.dp) + " tp=" + std::to_string(op.tp) + "\n";
+    EXPECT_TRUE(calls == planned) << "issued:\n"
+                                  << listed(calls) << "planned:\n"
+                                  << listed(planned) << "plan:\n"
+                                  << plan_text;
     parallel.synchronize_gradients();
+    issued(*dp, *tp);  // the gradient all-reduce: not the plan's business
     sgd.step();
     run.losses.push_back(loss.item<float>());
   }
