@@ -202,15 +202,23 @@ void ParallelModule::synchronize_gradients() {
   }
 }
 
+Tensor ParallelModule::whole(const std::string& name, const Tensor& local) const {
+  auto split = split_dims_.find(name);
+  return split == split_dims_.end() ? local.detach().clone()
+                                    : gather_shards(local.detach(), split->second, *tp_comm_);
+}
+
 std::map<std::string, Tensor> ParallelModule::full_state_dict() const {
   std::map<std::string, Tensor> result;
-  auto whole = [&](const std::string& name, const Tensor& local) {
-    auto split = split_dims_.find(name);
-    return split == split_dims_.end() ? local.detach().clone()
-                                      : gather_shards(local.detach(), split->second, *tp_comm_);
-  };
   for (const auto& [name, local] : parameters_) result[name] = whole(name, local);
   for (const auto& [name, local] : buffers_) result[name] = whole(name, local);
+  return result;
+}
+
+std::map<std::string, Tensor> ParallelModule::full_gradients() const {
+  std::map<std::string, Tensor> result;
+  for (const auto& [name, local] : parameters_)
+    if (local.grad().defined()) result[name] = whole(name, local.grad());
   return result;
 }
 
@@ -391,6 +399,29 @@ Tensor ParallelModule::run_view(const OpDef& op, const Tensor& input, const Attr
       }
     }
     if (kept) return proxy_for(whole_out, reshape(source.tensor, local_sizes), layout);
+  } else if (op.name == "slice" || op.name == "select") {
+    // Along a dim no split cuts: the same view of the local tensor.
+    const int64_t rank = static_cast<int64_t>(from.size());
+    int64_t dim = attrs.get<int64_t>("dim");
+    if (dim < 0) dim += rank;
+    kept = !(layout.batch && dim == 0) && !(layout.model && dim == layout.axis);
+    if (kept && op.name == "select" && layout.model && layout.axis > dim) --layout.axis;
+    if (kept) return proxy_for(whole_out, tessel::dispatch(op, {source.tensor}, attrs)[0], layout);
+  } else if (op.name == "expand") {
+    Shape local_sizes = attrs.get<Shape>("shape");
+    const size_t lead = local_sizes.size() - from.size();  // dims expand puts in front
+    if (layout.batch) local_sizes[lead] = source.tensor.size(0);
+    if (layout.model) {
+      local_sizes[lead + static_cast<size_t>(layout.axis)] = source.tensor.size(layout.axis);
+      layout.axis += static_cast<int64_t>(lead);
+    }
+    kept = !(layout.batch && lead > 0);
+    if (kept) {
+      Attrs local_attrs = attrs;
+      local_attrs.set("shape", local_sizes);
+      return proxy_for(whole_out, tessel::dispatch(op, {source.tensor}, local_attrs)[0], layout);
+    }
+    layout = source.layout;
   } else {
     kept = !layout.batch && !layout.model;
     if (kept) return proxy_for(whole_out, tessel::dispatch(op, {source.tensor}, attrs)[0], layout);

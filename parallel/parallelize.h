@@ -88,6 +88,8 @@ class ParallelModule : private DispatchInterceptor {
   void synchronize_gradients();
   // Every parameter and buffer whole (gathered over tp), by name: checkpoints and tests.
   std::map<std::string, Tensor> full_state_dict() const;
+  // Every parameter's gradient whole (gathered over tp; undefined ones left out), by name.
+  std::map<std::string, Tensor> full_gradients() const;
 
   const planner::Graph& graph() const { return graph_; }
   // What the planner prices for this plan's step (f32 tensors), sorted: each column split's input
@@ -124,6 +126,8 @@ class ParallelModule : private DispatchInterceptor {
   Local& local_of(const Tensor& proxy);
   Tensor proxy_for(const Tensor& whole_shape, Tensor local, Layout layout);
   Tensor move(const Tensor& local, const Layout& from, const Layout& to);
+  // `local` (of the parameter or buffer `name`) whole: gathered along its split dim.
+  Tensor whole(const std::string& name, const Tensor& local) const;
 
   std::shared_ptr<nn::Module> model_;
   planner::ModuleTraceOptions trace_;

@@ -1,10 +1,13 @@
 // Unchanged models trained as the planner's plans (parallel/parallelize.h) against one process
-// training the whole model on the whole batch: a small residual CNN with batch norm (channel-split
-// convolutions, column and row, normalisation and pooling by channels, a class-split loss) on a
-// line of tensor-parallel ranks, and an MLP and a CNN without batch norm on a dp x tp grid at 4
-// ranks. For several points of each frontier: two SGD steps give the same losses and the same
-// parameters (so the same gradients) within the closeness rule; a plan made for another model,
-// or with degrees the grid does not have, is a clear error on every rank.
+// training the whole model on the whole batch: a small residual CNN with batch norm and the zoo's
+// ResNet-18 (channel-split convolutions, column and row, normalisation and pooling by channels,
+// row- and column-split classifiers) on a line of tensor-parallel ranks, and an MLP and a CNN
+// without batch norm on a dp x tp grid at 4 ranks. For several points of each frontier: two SGD
+// steps give the same losses, first gradients and final parameters within the closeness rule,
+// and each step issues exactly the collectives the planner priced (kind, group, bytes).
+// ShuffleNet v2 trains the same, but its channel split and shuffle cut across channel-split
+// tensors, which the runtime gathers beyond the plan (unplanned_moves). A plan made for another
+// model, or with degrees the grid does not have, is a clear error on every rank.
 #include "parallel/parallelize.h"
 
 #include <algorithm>
@@ -15,6 +18,8 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "models/resnet.h"
+#include "models/shufflenet.h"
 #include "nn/nn.h"
 #include "ops/ops.h"
 #include "optim/sgd.h"
@@ -32,7 +37,7 @@ using tessel::testing::throws_error;
 using testing::MpiTest;
 
 constexpr int kSteps = 2;
-constexpr double kLearningRate = 0.5;
+constexpr double kLearningRate = 1e-3;  // small: steps of random data stay well conditioned
 
 class Block : public nn::Module {
  public:
@@ -103,7 +108,8 @@ planner::DeviceProfile test_profile(int devices) {
 
 struct RunResult {
   std::vector<float> losses;
-  std::map<std::string, Tensor> state;
+  std::vector<std::map<std::string, Tensor>> gradients;  // per step, whole
+  std::map<std::string, Tensor> state;                   // after the last step
 };
 
 RunResult whole_run(const std::function<std::shared_ptr<nn::Module>()>& make,
@@ -116,6 +122,9 @@ RunResult whole_run(const std::function<std::shared_ptr<nn::Module>()>& make,
     sgd.zero_grad();
     Tensor loss = cross_entropy(model->forward(batch.input), batch.labels);
     loss.backward();
+    run.gradients.emplace_back();
+    for (const auto& [name, tensor] : model->named_parameters())
+      run.gradients.back()[name] = tensor.grad().clone();
     sgd.step();
     run.losses.push_back(loss.item<float>());
   }
@@ -144,7 +153,7 @@ std::string listed(const std::vector<StepCollective>& calls) {
 
 RunResult planned_run(const std::function<std::shared_ptr<nn::Module>()>& make,
                       const Shape& input_shape, const std::vector<planner::PlanFile::Op>& ops,
-                      const ProcessGrid& grid) {
+                      const ProcessGrid& grid, bool as_priced) {
   auto dp = std::make_shared<CountingCommunicator>(grid.data_parallel_on_device());
   auto tp = std::make_shared<CountingCommunicator>(grid.tensor_parallel_on_device());
   ParallelModule parallel(make(), ops, dp, tp, planner::ModuleTraceOptions(input_shape));
@@ -159,20 +168,27 @@ RunResult planned_run(const std::function<std::shared_ptr<nn::Module>()>& make,
     // The step sends what the planner priced for it, no more and no less.
     const auto planned = parallel.planned_collectives();
     const auto calls = issued(*dp, *tp);
-    std::string plan_text;
-    for (const auto& op : ops)
-      plan_text += std::to_string(op.index) + " " + op.op + " " + op.strategy +
-                   " dp=" + std::to_string(op.dp) + " tp=" + std::to_string(op.tp) + "\n";
-    EXPECT_TRUE(calls == planned) << "issued:\n"
-                                  << listed(calls) << "planned:\n"
-                                  << listed(planned) << "plan:\n"
-                                  << plan_text;
+    if (as_priced) {
+      std::string plan_text;
+      for (const auto& op : ops)
+        plan_text += std::to_string(op.index) + " " + op.op + " " + op.strategy +
+                     " dp=" + std::to_string(op.dp) + " tp=" + std::to_string(op.tp) + "\n";
+      EXPECT_TRUE(calls == planned) << "issued:\n"
+                                    << listed(calls) << "planned:\n"
+                                    << listed(planned) << "plan:\n"
+                                    << plan_text;
+    }
     parallel.synchronize_gradients();
     issued(*dp, *tp);  // the gradient all-reduce: not the plan's business
+    run.gradients.push_back(parallel.full_gradients());
+    issued(*dp, *tp);
     sgd.step();
     run.losses.push_back(loss.item<float>());
   }
-  EXPECT_EQ(parallel.unplanned_moves(), 0);
+  if (as_priced)
+    EXPECT_EQ(parallel.unplanned_moves(), 0);
+  else
+    EXPECT_GT(parallel.unplanned_moves(), 0);
   run.state = parallel.full_state_dict();
   return run;
 }
@@ -222,17 +238,27 @@ void expect_same_run(const RunResult& planned, const RunResult& whole) {
   for (size_t step = 0; step < whole.losses.size(); ++step)
     EXPECT_NEAR(planned.losses[step], whole.losses[step], 1e-4 * std::abs(whole.losses[step]))
         << "step " << step;
+  // The first step's gradients; later steps start from parameters that differ by rounding,
+  // which a batch-norm channel of almost no variance amplifies: their losses are held, and the
+  // state at the end more loosely.
+  for (const auto& [name, tensor] : whole.gradients.at(0)) {
+    auto found = planned.gradients.at(0).find(name);
+    ASSERT_TRUE(found != planned.gradients.at(0).end()) << name;
+    EXPECT_TRUE(all_close(found->second, tensor, 1e-4, 1e-5)) << name;
+  }
   for (const auto& [name, tensor] : whole.state) {
     auto found = planned.state.find(name);
     ASSERT_TRUE(found != planned.state.end()) << name;
-    EXPECT_TRUE(all_close(found->second, tensor, 1e-4, 1e-5)) << name;
+    EXPECT_TRUE(all_close(found->second, tensor, 1e-3, 1e-4)) << name;
   }
 }
 
 class ParallelizeTest : public MpiTest {
  protected:
+  // as_priced: each step issues the planner's collectives and nothing else; otherwise views that
+  // cut across a split make the model gather more than priced (and results still agree).
   static void check_frontier(const std::function<std::shared_ptr<nn::Module>()>& make,
-                             const Shape& input_shape, int dp, int tp) {
+                             const Shape& input_shape, int dp, int tp, bool as_priced = true) {
     ProcessGrid grid(dp, tp);
     std::vector<std::string> summaries;
     const auto plans = frontier_plans(make, input_shape, dp, tp, &summaries);
@@ -241,13 +267,33 @@ class ParallelizeTest : public MpiTest {
     for (size_t p = 0; p < plans.size(); ++p) {
       SCOPED_TRACE(summaries[p]);
       if (rank() == 0) std::cout << "plan: " << summaries[p] << "\n";
-      expect_same_run(planned_run(make, input_shape, plans[p], grid), whole);
+      expect_same_run(planned_run(make, input_shape, plans[p], grid, as_priced), whole);
     }
   }
 };
 
 TEST_F(ParallelizeTest, ResidualCnnWithBatchNormAsPlannedOnATensorParallelLine) {
   check_frontier([] { return residual_cnn(true); }, {8, 3, 8, 8}, 1, size());
+}
+
+TEST_F(ParallelizeTest, ResNet18OfTheZooAsPlannedOnATensorParallelLine) {
+  check_frontier(
+      [] {
+        manual_seed(3);
+        return std::shared_ptr<nn::Module>(
+            models::resnet18(models::ResNetOptions().num_classes(8)));
+      },
+      {8, 3, 64, 64}, 1, size());
+}
+
+TEST_F(ParallelizeTest, ShuffleNetOfTheZooAsPlannedOnATensorParallelLine) {
+  check_frontier(
+      [] {
+        manual_seed(5);
+        return std::shared_ptr<nn::Module>(models::make_shufflenet(
+            "shufflenet_v2_x0_5", models::ShuffleNetV2Options().num_classes(8)));
+      },
+      {8, 3, 64, 64}, 1, size(), /*as_priced=*/false);
 }
 
 TEST_F(ParallelizeTest, MlpAsPlannedOnADataTimesTensorParallelGrid) {
