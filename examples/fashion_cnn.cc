@@ -6,8 +6,11 @@
 //   --budget=64MiB  train inside a memory budget (the auto policy evicts, recomputes and swaps);
 //                   --budget=0.5 keeps half of the activation memory measured on the first step
 //   under mpirun    data parallel: each rank trains on its rows of every batch through DDP
-//   --plan=8        trains nothing: prices every way of training it on 8 devices of a profile
-//                   (--profile=PATH, by default the CPU example profile) and names the fastest
+//   --plan=8        prices every way of training it on 8 devices of a profile (--profile=PATH,
+//                   by default the CPU example profile) and names the fastest that fits; under
+//                   mpirun -np 8 with --steps=N it then trains that plan as it is priced, or
+//                   frontier point K with --point=K (points under a memory budget train without
+//                   the budget)
 //   bazel run //examples:fashion_cnn -- --epochs=1
 //   bazel build //examples:fashion_cnn && mpirun -np 2 bazel-bin/examples/fashion_cnn --steps=200
 #include <algorithm>
@@ -20,6 +23,7 @@
 #include "parallel/ddp.h"
 #include "parallel/launch.h"
 #include "parallel/mpi_communicator.h"
+#include "parallel/parallelize.h"
 #include "parallel/planner/cost_model.h"
 #include "parallel/planner/report.h"
 #include "parallel/planner/trace_module.h"
@@ -89,28 +93,80 @@ std::string flag(int argc, char** argv, const std::string& name, const std::stri
 }
 
 // The planner's (memory, time) frontier for training this model on `devices` devices of the
-// profile, and the fastest plan that fits; nothing is trained.
-int plan_fashion_cnn(int devices, int64_t batch_size, const std::string& profile_path) {
+// profile, and the fastest plan that fits (printed by rank 0): each op's split, or none when no
+// plan fits.
+std::vector<planner::PlanFile::Op> plan_fashion_cnn(int devices, int64_t batch_size,
+                                                    const std::string& profile_path, int point,
+                                                    bool print) {
   std::shared_ptr<nn::Sequential> net = make_net();  // fresh: tracing moves it to the meta device
   planner::ModuleTraceOptions trace({batch_size, 1, 28, 28});
   const planner::Graph graph = planner::trace_module(*net, trace.name("fashion_cnn"));
   planner::PlanOptions options;
   options.config.devices = devices;
   options.config.profile = planner::load_profile(profile_path);
-  options.executable_only = true;  // choose among plans that run as priced (data parallel)
+  options.executable_only = true;  // choose among plans that run as priced
   const planner::PlanResult result = planner::plan_graph(graph, options);
-  std::printf("fashion_cnn: %.3fM parameters, %zu ops, batch %lld on %d devices of profile %s\n\n",
-              graph.parameter_count() / 1e6, graph.ops.size(), static_cast<long long>(batch_size),
-              devices, options.config.profile.name.c_str());
-  planner::print_frontier(std::cout, result, batch_size, /*rows=*/10);
-  if (result.chosen < 0) {
-    std::printf("no plan fits in %s per device\n",
-                planner::format_bytes(result.memory_per_device).c_str());
-    return 2;
+  if (print) {
+    std::printf(
+        "fashion_cnn: %.3fM parameters, %zu ops, batch %lld on %d devices of profile %s\n\n",
+        graph.parameter_count() / 1e6, graph.ops.size(), static_cast<long long>(batch_size),
+        devices, options.config.profile.name.c_str());
+    planner::print_frontier(std::cout, result, batch_size, /*rows=*/10);
+    if (result.chosen < 0)
+      std::printf("no plan fits in %s per device\n",
+                  planner::format_bytes(result.memory_per_device).c_str());
+    else
+      planner::print_chosen(std::cout << "\n", graph, result);
   }
-  std::cout << "\n";
-  planner::print_chosen(std::cout, graph, result);
-  return 0;
+  if (point >= 0) {
+    TESSEL_CHECK(point < static_cast<int>(result.frontier.size()), "--point=", point,
+                 ": the frontier has points 0 to ", result.frontier.size() - 1);
+    if (print)
+      std::printf("\ntraining point %d: %s\n", point, result.frontier[point].summary.c_str());
+    return parallel::planned_ops(graph, result, point);
+  }
+  if (result.chosen < 0) return {};
+  return parallel::planned_ops(graph, result, result.chosen);
+}
+
+// Trains the model as `ops` split it over this job's ranks (parallel::ParallelModule): every op on
+// its shards, the collectives the plan priced between them. Returns the whole trained model.
+std::shared_ptr<nn::Sequential> train_as_planned(
+    const std::vector<planner::PlanFile::Op>& ops,
+    const std::shared_ptr<data::ImageDataset>& train_set, int64_t batch_size, int64_t steps) {
+  int tp = 1;
+  for (const auto& op : ops) tp = std::max(tp, op.tp);
+  parallel::ProcessGrid grid(parallel::world_size() / tp, tp);
+  parallel::ParallelModule model(make_net(), ops, grid,
+                                 planner::ModuleTraceOptions({batch_size, 1, 28, 28}));
+  optim::AdamW optimizer(model.parameters(), optim::AdamWOptions(1e-3));
+  optim::CosineWithWarmup schedule(optimizer, /*warmup_steps=*/steps / 20, steps);
+  data::DataLoader loader(train_set, data::DataLoaderOptions()
+                                         .batch_size(batch_size)
+                                         .shuffle(true)
+                                         .seed(1)
+                                         .drop_last(true));  // the plan's batch, every step
+  int64_t step = 0;
+  for (int epoch = 0; step < steps; ++epoch) {
+    for (data::Batch& batch : loader.epoch(epoch)) {
+      // Every rank draws the same batch and keeps the rows of its dp index.
+      const int64_t rows = batch_size / grid.dp_size(), first = rows * grid.dp_index();
+      Tensor loss =
+          model.loss(batch.inputs.narrow(0, first, rows), batch.targets.narrow(0, first, rows));
+      optimizer.zero_grad();
+      loss.backward();
+      model.synchronize_gradients();  // sums over the dp group
+      optimizer.step();
+      schedule.step();
+      ++step;
+      if (parallel::world_rank() == 0 && step % 50 == 0)
+        std::printf("step %lld loss %.4f\n", static_cast<long long>(step), loss.item<double>());
+      if (step >= steps) break;
+    }
+  }
+  auto whole = make_net();
+  whole->load_state_dict(model.full_state_dict());
+  return whole;
 }
 
 int train_fashion_cnn(int argc, char** argv) {
@@ -122,14 +178,25 @@ int train_fashion_cnn(int argc, char** argv) {
   const std::string save_path = flag(argc, argv, "save", "");
   const int rank = parallel::world_rank(), ranks = parallel::world_size();
   const int plan_devices = std::stoi(flag(argc, argv, "plan", "0"));
-  if (plan_devices > 0)
-    return rank == 0 ? plan_fashion_cnn(plan_devices, batch_size,
-                                        flag(argc, argv, "profile", kCpuProfile))
-                     : 0;
+  std::vector<planner::PlanFile::Op> plan;
+  if (plan_devices > 0) {
+    plan = plan_fashion_cnn(plan_devices, batch_size, flag(argc, argv, "profile", kCpuProfile),
+                            std::stoi(flag(argc, argv, "point", "-1")), rank == 0);
+    // Planned for this job's ranks: train as the plan says; else the plan was all to show.
+    if (plan.empty() || plan_devices != ranks || max_steps == 0) return plan.empty() ? 2 : 0;
+  }
 
   manual_seed(0);  // the same initial model on every rank
   auto train_set = data::load_fashion_mnist(data_dir, data::Split::kTrain);
   auto test_set = data::load_fashion_mnist(data_dir, data::Split::kTest);
+  if (!plan.empty()) {
+    auto trained = train_as_planned(plan, train_set, batch_size, max_steps);
+    const double test_accuracy = accuracy(*trained, test_set, batch_size);
+    if (rank == 0)
+      std::printf("%lld steps as planned, test accuracy %.4f\n", static_cast<long long>(max_steps),
+                  test_accuracy);
+    return 0;
+  }
   // Tensors made inside the scope (the model, its gradients and the optimizer state too) count
   // against the budget; the data sets, loaded before it, do not. Without --budget nothing is
   // limited.

@@ -57,8 +57,7 @@ struct Graph {
   std::vector<TracedOp> ops;  // in call order (a topological order)
   int64_t batch_size = 1;
   std::string model;  // the model-zoo name (trace_model) or the module's (trace_module), else empty
-  // Traced by trace_module: a module of one's own, which runs tensor parallel only as its own
-  // code splits it.
+  // Traced by trace_module: a module of one's own (parallel::ParallelModule runs its plans).
   bool user_module = false;
 
   // For each tensor: the (op, input slot) pairs that read it.

@@ -21,18 +21,16 @@ namespace {
 // Why the runtime does not run `graph`'s plans with a tensor-parallel group as priced; empty when
 // it does (BERT, and graphs built by hand).
 std::string tensor_parallel_not_run_reason(const Graph& graph) {
-  if (graph.user_module)
-    return graph.model +
-           " is a module of one's own: it runs tensor parallel only as its code splits it "
-           "(parallel::make_linear), while data-parallel plans run as priced with "
-           "DistributedDataParallel";
+  // A module of one's own runs any plan of its grid through parallel::ParallelModule.
+  if (graph.user_module) return "";
   // The runtime's --tp for ResNet and ShuffleNet (models/vision_parallel.h) splits the batch in
   // the convolutions and the classes in the classifier; a vision plan using a tensor-parallel
   // group prices its ops replicated or split by channels instead.
   if (!graph.model.empty() && !is_bert(graph.model))
     return "tensor parallel for " + graph.model +
-           " is priced with replicated or channel-split convolutions; the runtime's --tp splits "
-           "the batch in the convolutions (models/vision_parallel.h)";
+           " is priced with replicated or channel-split convolutions; the recipes' --tp splits "
+           "the batch in the convolutions (models/vision_parallel.h), while "
+           "parallel::ParallelModule runs the plan as priced";
   return "";
 }
 

@@ -2,7 +2,7 @@
 # examples/fashion_cnn on a tiny synthetic Fashion-MNIST (class k lights up row block k): alone
 # (saved as safetensors and reloaded into a new model with the same accuracy), inside a memory
 # budget, and on two ranks through DDP; each run reports a test accuracy. Then the planner's
-# prices for it (--plan).
+# prices for it (--plan), and a tensor-parallel point of them trained as planned on two ranks.
 # Usage: fashion_cnn_test.sh FASHION_CNN
 set -euo pipefail
 example="$PWD/$1"
@@ -51,4 +51,13 @@ grep -q '^2 steps, test accuracy' "$dir/ranks.txt"
 grep -q '^fashion_cnn: .* batch 128 on 4 devices of profile ' "$dir/plan.txt"
 grep -q '<- chosen' "$dir/plan.txt"
 grep -q '^chosen: point .*dp=' "$dir/plan.txt"
+# A tensor-parallel point of the 2-device frontier, trained as planned on two ranks
+# (parallel::ParallelModule).
+"$example" --plan=2 | tee "$dir/plan2.txt"
+point=$(sed -n 's/^[ *]*\([0-9][0-9]*\) .* tp=2, .*/\1/p' "$dir/plan2.txt" | head -n 1)
+test -n "$point"
+mpirun --allow-run-as-root --oversubscribe -np 2 "$example" --data="$dir" --plan=2 \
+  --point="$point" --steps=2 --threads=1 | tee "$dir/planned.txt"
+grep -q "^training point $point: tp=2, " "$dir/planned.txt"
+grep -q '^2 steps as planned, test accuracy' "$dir/planned.txt"
 echo "fashion_cnn_test: PASS"
