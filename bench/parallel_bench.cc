@@ -32,6 +32,7 @@
 #include "parallel/counting_communicator.h"
 #include "parallel/ddp.h"
 #include "parallel/launch.h"
+#include "parallel/parallelize.h"
 #include "parallel/planner/plan_io.h"
 #include "parallel/process_group.h"
 #include "parallel/tensor_parallel.h"
@@ -54,6 +55,7 @@ int run(int argc, char** argv) {
   std::string model_name = "resnet50", plan_path, label;
   int64_t batch = 0, batch_per_rank = 4, image_size = 128, seq = 128, classes = 1000;
   int dp = 0, tp = 1, zero = 0, steps = 3, warmup = 1, threads = 0;
+  bool planned = false;
   app.add_option("--model", model_name, "resnet18..152, shufflenet_v2_x*, bert_tiny..large");
   app.add_option("--batch", batch, "global batch (0: batch_per_rank x dp)");
   app.add_option("--batch_per_rank", batch_per_rank, "per data-parallel rank when --batch is 0");
@@ -63,6 +65,9 @@ int run(int argc, char** argv) {
   app.add_option("--dp", dp, "0: ranks / tp");
   app.add_option("--tp", tp);
   app.add_option("--plan", plan_path, "take dp and tp from a plan; report its predictions");
+  app.add_flag(
+      "--planned", planned,
+      "run the --plan file's ops as priced (parallel::ParallelModule; ResNet, ShuffleNet)");
   app.add_option("--zero", zero, "ZeRO stage over the dp group (parallel/zero.h): 0, 1 or 2");
   app.add_option("--steps", steps, "timed steps");
   app.add_option("--warmup", warmup, "untimed steps first");
@@ -91,6 +96,7 @@ int run(int argc, char** argv) {
   std::shared_ptr<nn::Module> trained;
   std::shared_ptr<models::BertForPreTraining> bert_model;  // the whole model, or this rank's shard
   std::shared_ptr<models::TensorParallelClassifier> tp_vision;
+  std::shared_ptr<parallel::ParallelModule> planned_model;  // --planned
   models::BertConfig bert_config;
   if (bert) {
     bert_config = models::BertConfig::by_name(model_name.substr(5)).dropout(0.0);
@@ -105,7 +111,15 @@ int run(int argc, char** argv) {
                   models::make_resnet(model_name, models::ResNetOptions().num_classes(classes)))
             : std::shared_ptr<nn::Module>(models::make_shufflenet(
                   model_name, models::ShuffleNetV2Options().num_classes(classes)));
-    if (tp > 1) {
+    if (planned) {
+      TESSEL_CHECK(plan && plan->batch == batch && plan->image_size == image_size,
+                   "--planned needs --plan with this --batch and --image_size (the plan's: ",
+                   plan ? plan->batch : 0, ", ", plan ? plan->image_size : 0, ")");
+      planned_model = std::make_shared<parallel::ParallelModule>(
+          full, plan->ops, dp_comm, tp_comm,
+          planner::ModuleTraceOptions({batch, 3, image_size, image_size}));
+      trained = full;  // now meta: its shards live in planned_model
+    } else if (tp > 1) {
       // As the recipes: ShuffleNet's conv5 split by channels, ResNet's classifier by classes.
       const bool shufflenet = model_name.rfind("shufflenet", 0) == 0;
       tp_vision = std::make_shared<models::TensorParallelClassifier>(full, group, shufflenet);
@@ -123,16 +137,18 @@ int run(int argc, char** argv) {
                 : std::make_unique<optim::SGD>(parameters, optim::SGDOptions(0.01).momentum(0.9));
   };
   std::unique_ptr<optim::Optimizer> optimizer =
-      zero == 0
+      planned_model ? make_optimizer(planned_model->named_parameters())
+      : zero == 0
           ? make_optimizer(trained->named_parameters())
           : std::make_unique<parallel::ZeroOptimizer>(
                 trained, dp_comm, make_optimizer,
                 zero == 1 ? parallel::ZeroStage::kOptimizerState : parallel::ZeroStage::kGradients);
   std::unique_ptr<parallel::DistributedDataParallel> ddp;
-  if (dp > 1 && zero < 2)
+  if (dp > 1 && zero < 2 && !planned_model)
     ddp = std::make_unique<parallel::DistributedDataParallel>(trained, dp_comm);
   int64_t parameter_bytes = 0;
-  for (const Tensor& p : trained->parameters()) parameter_bytes += static_cast<int64_t>(p.nbytes());
+  for (const Tensor& p : planned_model ? planned_model->parameters() : trained->parameters())
+    parameter_bytes += static_cast<int64_t>(p.nbytes());
 
   // This data-parallel rank's rows of a fixed random batch.
   manual_seed(100 + grid.dp_index());
@@ -146,6 +162,8 @@ int run(int argc, char** argv) {
       loss = models::bert_pretraining_loss(bert_model->forward(data.ids, data.types, data.mask),
                                            data.mlm_labels, data.nsp_labels)
                  .total;
+    } else if (planned_model) {
+      loss = planned_model->loss(data.images, data.labels);
     } else if (tp_vision) {
       loss = tp_vision->loss(tp_vision->forward(data.images), data.labels);
     } else {
@@ -155,6 +173,7 @@ int run(int argc, char** argv) {
     loss.backward();
     if (ddp) ddp->finalize();
     if (tp_vision) tp_vision->reduce_trunk_gradients();
+    if (planned_model) planned_model->synchronize_gradients();
     optimizer->step();
   };
 
@@ -195,6 +214,7 @@ int run(int argc, char** argv) {
                                   {"dp_other_bytes_per_step", dp_other},
                                   {"tp_bytes_per_step", tp_bytes}};
     if (!label.empty()) out["label"] = label;
+    if (planned_model) out["planned"] = true;
     if (plan) {
       out["plan"] = plan_path;
       out["plan_profile"] = plan->profile;

@@ -555,6 +555,13 @@ std::vector<Tensor> ParallelModule::run_op(const OpDef& op, const std::vector<Te
         layout.model = same != sizes.end();
       }
     }
+    if (k > 0 && proxies[k].dim() != proxies[0].dim() && proxies[k].dim() > 0) {
+      // Further outputs of another rank (batch norm's statistics, cross_entropy's
+      // log-probabilities): rows of the batch where the local tensor has fewer than the whole
+      // and they are not the split channels, whatever the trace guessed from their sizes.
+      layout.batch =
+          results.at(k).size(0) != proxies[k].size(0) && !(layout.model && layout.axis == 0);
+    }
     if (out.empty())
       proxy_for(proxies[k], factory ? move(results.at(k), Layout{}, layout) : results.at(k),
                 layout);

@@ -68,6 +68,29 @@ TEST(PlanCommand, Resnet18OnFourDevices) {
 }
 
 // Without --profile the plan is for H200s: the output says so, and names the CPU profile.
+TEST(PlanCommand, PointWritesThatFrontierPointInsteadOfTheChosenOne) {
+  const std::string chosen_path = temp_path("chosen.json"), first_path = temp_path("first.json");
+  const std::vector<std::string> common = {"--model=resnet18", "--devices=2", "--batch=8",
+                                           "--image_size=64", "--profile=cpu_2core_example",
+                                           "--any_plan", "--remat=1"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), common.begin(), common.end());
+    return run(more);
+  };
+  CliRun chosen = with({"--out=" + chosen_path});
+  ASSERT_EQ(chosen.code, 0) << chosen.err;
+  CliRun first = with({"--out=" + first_path, "--point=0"});
+  ASSERT_EQ(first.code, 0) << first.err;
+  EXPECT_NE(first.out.find("(point 0)"), std::string::npos) << first.out;
+  // Point 0 is the frontier's smallest: no more memory than the chosen (fastest) point.
+  EXPECT_LE(read_plan(first_path).predicted_memory, read_plan(chosen_path).predicted_memory);
+  EXPECT_GE(read_plan(first_path).predicted_time, read_plan(chosen_path).predicted_time);
+  CliRun beyond = with({"--out=" + first_path, "--point=1000"});
+  EXPECT_EQ(beyond.code, 1);
+  EXPECT_NE(beyond.err.find("--point=1000: the frontier has points 0 to"), std::string::npos)
+      << beyond.err;
+}
+
 TEST(PlanCommand, TheDefaultProfileIsNamedAsSuch) {
   CliRun defaulted = run({"--model=bert_tiny", "--devices=2", "--batch=8", "--seq=32"});
   ASSERT_EQ(defaulted.code, 0) << defaulted.err;

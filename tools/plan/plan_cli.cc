@@ -128,6 +128,7 @@ struct PlanCliOptions {
   int devices = 8, max_tp = 0;
   int64_t batch = 0, seq = 128, image_size = 224, num_classes = 1000;
   size_t max_points = 32, rows = 20;
+  int point = -1;  // --point: the frontier point --out writes (-1: the chosen one)
   bool per_op_degrees = false, show_ops = false, any_plan = false, simulate_remat = false;
 };
 
@@ -200,6 +201,9 @@ std::optional<int> parse_options(int argc, const char* const* argv, PlanCliOptio
       ->capture_default_str();
   app.add_flag("--show_ops", cli.show_ops, "also list every op of the chosen plan with its split");
   app.add_option("--out", cli.out_path, "write the chosen plan here (JSON, for --plan=FILE)");
+  app.add_option("--point", cli.point,
+                 "with --out: write frontier point K (as the table numbers it) instead of the "
+                 "chosen one");
   app.add_option("--png", cli.png_path, "draw the frontier here (tools/plot_frontier.py)");
   app.add_option("--frontier_json", cli.frontier_path, "write the frontier points here (JSON)");
   try {
@@ -419,9 +423,13 @@ int run_plan_cli(int argc, const char* const* argv, std::ostream& out, std::ostr
     }
     print_chosen(out, graph, result, cli.show_ops);
     if (!cli.out_path.empty()) {
-      write_plan(make_plan_file(graph, result, result.chosen, spec, options),
-                 user_path(cli.out_path));
-      out << "wrote " << cli.out_path << "\n";
+      TESSEL_CHECK(cli.point < static_cast<int>(result.frontier.size()), "--point=", cli.point,
+                   ": the frontier has points 0 to ", result.frontier.size() - 1);
+      const int written = cli.point >= 0 ? cli.point : result.chosen;
+      write_plan(make_plan_file(graph, result, written, spec, options), user_path(cli.out_path));
+      out << "wrote " << cli.out_path;
+      if (written != result.chosen) out << " (point " << written << ")";
+      out << "\n";
     }
     return 0;
   } catch (const Error& error) {

@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""Frontier points of the planner run as priced (parallel::ParallelModule), measured against the
+planner's prediction: step time and peak memory per rank.
+
+For each rank count, three points of ResNet-18's frontier on the CPU example profile (the
+smallest, the middle one and the fastest) are written as plan files (`plan --point=K`) and
+trained by `parallel_bench --planned` under mpirun, the points interleaved round by round on a
+quiet machine (bench/harness.py). Each run times the median of its steps after warm-up; a cell
+is the median over the rounds with the interquartile range. Writes bench/results/planned_points.md
+and the raw lines beside it.
+
+  bazel build //bench:parallel_bench //tools/plan
+  /usr/bin/python3 bench/planned_points.py [--rounds 5] [--force]
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODEL = dict(model="resnet18", batch=8, image_size=64, num_classes=100)
+PROFILE = "cpu_2core_example"
+
+
+def plan_command(ranks, point, out):
+    return [os.path.join(ROOT, "bazel-bin/tools/plan/plan"), f"--model={MODEL['model']}",
+            f"--devices={ranks}", f"--batch={MODEL['batch']}",
+            f"--image_size={MODEL['image_size']}", f"--num_classes={MODEL['num_classes']}",
+            f"--profile={PROFILE}", "--optimizer=sgd_momentum", "--any_plan", "--remat=1",
+            f"--point={point}", f"--out={out}", f"--frontier_json={out}.frontier"]
+
+
+def bench_command(ranks, plan_path, steps, warmup):
+    return ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(ranks),
+            os.path.join(ROOT, "bazel-bin/bench/parallel_bench"), f"--model={MODEL['model']}",
+            f"--batch={MODEL['batch']}", f"--image_size={MODEL['image_size']}",
+            f"--num_classes={MODEL['num_classes']}", f"--plan={plan_path}", "--planned",
+            f"--steps={steps}", f"--warmup={warmup}", "--threads=1"]
+
+
+def run_json(argv):
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"failed ({done.returncode}): {' '.join(argv)}\n{done.stderr[-2000:]}")
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    return json.loads(lines[-1]) if lines else None
+
+
+def pick_points(ranks, workdir):
+    """The smallest, the middle and the fastest point of the frontier, as plan files."""
+    probe = os.path.join(workdir, f"probe{ranks}.json")
+    subprocess.run(plan_command(ranks, 0, probe), cwd=ROOT, check=True, capture_output=True)
+    with open(probe + ".frontier") as handle:
+        frontier = json.load(handle)["points"]
+    chosen = sorted({0, len(frontier) // 2, len(frontier) - 1})
+    plans = []
+    for point in chosen:
+        path = os.path.join(workdir, f"ranks{ranks}_point{point}.json")
+        subprocess.run(plan_command(ranks, point, path), cwd=ROOT, check=True,
+                       capture_output=True)
+        plans.append((point, path, frontier[point]["summary"]))
+    return plans
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--ranks", default="2,4")
+    parser.add_argument("--force", action="store_true")
+    parser.add_argument("--out", default=os.path.join(ROOT, "bench/results/planned_points.md"))
+    args = parser.parse_args()
+    workdir = os.path.join(os.environ.get("TMPDIR", "/tmp"), "planned_points")
+    os.makedirs(workdir, exist_ok=True)
+    raw_path = os.path.splitext(args.out)[0] + ".jsonl"
+    began = time.time()
+    quiet = harness.wait_for_quiet(max_wait=300, force=args.force, log=print)
+    watch = harness.OtherProcesses()
+    start_load = harness.load_average()
+    sides = []
+    for ranks in [int(r) for r in args.ranks.split(",")]:
+        for point, path, summary in pick_points(ranks, workdir):
+            sides.append(dict(ranks=ranks, point=point, path=path, summary=summary))
+    results = {id(side): [] for side in sides}
+    with harness.RawLog(raw_path) as raw:
+        raw.write(kind="run", environment=harness.environment(ROOT, 1), quiet=quiet.__dict__,
+                  model=MODEL, profile=PROFILE, rounds=args.rounds, steps=args.steps,
+                  warmup=args.warmup)
+        for round_index in range(args.rounds):
+            for side in harness.round_order(sides, round_index):
+                argv = bench_command(side["ranks"], side["path"], args.steps, args.warmup)
+                line = run_json(argv)
+                results[id(side)].append(line)
+                raw.write(kind="step_median", round=round_index, ranks=side["ranks"],
+                          point=side["point"], command=" ".join(argv), result=line)
+                print(f"round {round_index} ranks {side['ranks']} point {side['point']}: "
+                      f"{line['step_s'] * 1e3:.1f} ms (predicted "
+                      f"{line['predicted_step_s'] * 1e3:.1f}), peak "
+                      f"{line['peak_bytes'] / 2**20:.1f} MiB (predicted "
+                      f"{line['predicted_memory_bytes'] / 2**20:.1f})", flush=True)
+    busy = watch.cores()
+    end_load = harness.load_average()
+    lines = [
+        "# Frontier points run as priced: measured against the planner",
+        "",
+        f"Made by `bench/planned_points.py` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(began))} "
+        f"in {(time.time() - began) / 60:.1f} minutes, Tessel at commit "
+        f"{harness.git_commit(ROOT)}. {MODEL['model']}, global batch {MODEL['batch']}, "
+        f"{MODEL['image_size']}x{MODEL['image_size']} images, {MODEL['num_classes']} classes, SGD "
+        f"with momentum, f32, 1 thread per rank, ranks under `mpirun --oversubscribe` on the "
+        f"2-core machine; plans from `plan --profile={PROFILE} --any_plan --remat=1 --point=K` "
+        "(the smallest, the middle and the fastest point of each frontier), trained by "
+        "`parallel_bench --planned` (parallel::ParallelModule: every op with its planned split). "
+        f"Per cell: the median over {args.rounds} interleaved rounds (each the median of "
+        f"{args.steps} steps after {args.warmup} warm-up steps; a step is the slowest rank's) "
+        "with the interquartile range; peak: the largest rank's allocator peak over the timed "
+        "steps (parameters, gradients, momentum, activations and the moves' buffers), the median "
+        "over the rounds. Raw lines (with the commands): planned_points.jsonl.",
+        "",
+        f"- Machine: {'quiet' if not quiet.forced else 'NOT quiet (--force)'}; load average "
+        f"{start_load:.2f} at the start, {end_load:.2f} at the end; other processes used "
+        f"{busy:.2f} cores during the run. With 4 ranks on 2 cores every rank waits for "
+        "another's core: those times measure sharing as much as the plan.",
+        "",
+        "| ranks | point | plan | step (measured) | predicted | measured / predicted | "
+        "peak per rank | predicted | measured / predicted |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for side in sides:
+        runs = results[id(side)]
+        step = harness.summarize([r["step_s"] * 1e3 for r in runs])
+        peak = harness.summarize([r["peak_bytes"] / 2**20 for r in runs])
+        predicted_step = runs[0]["predicted_step_s"] * 1e3
+        predicted_peak = runs[0]["predicted_memory_bytes"] / 2**20
+        lines.append(
+            f"| {side['ranks']} | {side['point']} | {side['summary']} | {step.median:.1f} ms "
+            f"({step.spread()}) | {predicted_step:.1f} ms | {step.median / predicted_step:.2f} | "
+            f"{peak.median:.1f} MiB | {predicted_peak:.1f} MiB | "
+            f"{peak.median / predicted_peak:.2f} |")
+    with open(args.out, "w") as handle:
+        handle.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
