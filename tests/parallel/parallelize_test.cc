@@ -11,6 +11,7 @@
 #include "parallel/parallelize.h"
 
 #include <algorithm>
+#include <cmath>
 #include <iostream>
 #include <memory>
 #include <set>
@@ -304,6 +305,23 @@ TEST_F(ParallelizeTest, MlpAsPlannedOnADataTimesTensorParallelGrid) {
 TEST_F(ParallelizeTest, CnnWithoutBatchNormAsPlannedOnADataTimesTensorParallelGrid) {
   if (size() != 4) GTEST_SKIP() << "a 2 x 2 grid needs 4 ranks";
   check_frontier([] { return residual_cnn(false); }, {8, 3, 8, 8}, 2, 2);
+}
+
+// Batch norm over a dp split normalises each rank's rows by their own statistics (as DDP does),
+// so one process is no reference: the step runs as priced and learns.
+TEST_F(ParallelizeTest, ResidualCnnWithBatchNormRunsAsPlannedOnAGrid) {
+  if (size() != 4) GTEST_SKIP() << "a 2 x 2 grid needs 4 ranks";
+  ProcessGrid grid(2, 2);
+  std::vector<std::string> summaries;
+  const auto make = [] { return residual_cnn(true); };
+  const auto plans = frontier_plans(make, {8, 3, 8, 8}, 2, 2, &summaries);
+  ASSERT_FALSE(plans.empty());
+  for (size_t p = 0; p < plans.size(); ++p) {
+    SCOPED_TRACE(summaries[p]);
+    const RunResult run = planned_run(make, {8, 3, 8, 8}, plans[p], grid, /*as_priced=*/true);
+    for (float loss : run.losses) EXPECT_TRUE(std::isfinite(loss));
+    EXPECT_FALSE(run.gradients.at(0).empty());
+  }
 }
 
 TEST_F(ParallelizeTest, APlanForAnotherModelOrGridIsAClearError) {
