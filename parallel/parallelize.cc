@@ -147,8 +147,10 @@ ParallelModule::ParallelModule(std::shared_ptr<nn::Module> model,
         ", which is not run yet (attention heads and embedding tables)");
     strategies_.push_back(*found);
     for (const planner::ParameterSplit& split : found->parameters) {
-      if (split.dim < 0) continue;
       const std::string& name = graph_.tensors[split.tensor].parameter;
+      // An op over the whole batch gives every dp rank the whole gradient already.
+      if (found->dp > 1) batch_split_parameters_.insert(name);
+      if (split.dim < 0) continue;
       auto [entry, added] = split_dims_.emplace(name, split.dim);
       TESSEL_CHECK(added || entry->second == split.dim, "parallelize: parameter ", name,
                    " is cut along dim ", entry->second, " and dim ", split.dim,
@@ -196,9 +198,10 @@ nn::NamedTensors ParallelModule::named_parameters() const { return parameters_; 
 
 void ParallelModule::synchronize_gradients() {
   if (dp_ == 1) return;
-  for (const auto& entry : parameters_) {
-    const Tensor grad = entry.second.grad();
-    if (grad.defined()) dp_comm_->all_reduce(grad, ReduceOp::kSum);
+  for (const auto& [name, parameter] : parameters_) {
+    const Tensor grad = parameter.grad();
+    if (grad.defined() && batch_split_parameters_.count(name))
+      dp_comm_->all_reduce(grad, ReduceOp::kSum);
   }
 }
 
@@ -303,8 +306,15 @@ std::vector<StepCollective> ParallelModule::planned_collectives() const {
       planned.push_back({"all_reduce", "dp", bytes_of(op.output_shapes[0])});
     for (size_t slot = 0; slot < op.inputs.size(); ++slot) {
       const int id = op.inputs[slot];
-      if (id < 0 || graph_.tensors[id].producer < 0) continue;
+      if (id < 0) continue;
       const planner::TracedTensor& tensor = graph_.tensors[id];
+      if (tensor.is_input() && tensor.has_batch) {
+        // Not priced by the planner: the data arrive as this rank's rows (loss()), and an op over
+        // the whole batch gathers them.
+        gather(planner::Layout{dp_, 1}, s.input_layouts[slot], bytes_of(op.input_shapes[slot]));
+        continue;
+      }
+      if (tensor.producer < 0) continue;
       const planner::Layout& from =
           strategies_[tensor.producer].output_layouts[tensor.producer_slot];
       const planner::Layout& to = s.input_layouts[slot];

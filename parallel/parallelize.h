@@ -25,6 +25,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <tuple>
 #include <unordered_map>
@@ -83,8 +84,9 @@ class ParallelModule : private DispatchInterceptor {
   // This rank's shard of every parameter, in named_parameters() order (the optimizer's).
   std::vector<Tensor> parameters() const;
   nn::NamedTensors named_parameters() const;
-  // Sums the gradients of parameters() over the data-parallel group (every op's dp part of the
-  // loss is already divided by dp).
+  // Sums over the data-parallel group the gradients of the parameters whose ops split the batch
+  // (each dp rank's part of the loss is already divided by dp); an op over the whole batch
+  // leaves the whole gradient on every rank.
   void synchronize_gradients();
   // Every parameter and buffer whole (gathered over tp), by name: checkpoints and tests.
   std::map<std::string, Tensor> full_state_dict() const;
@@ -96,7 +98,8 @@ class ParallelModule : private DispatchInterceptor {
   // gradient all-reduce (one per tensor, however many column splits read it), each row split's
   // output all-reduce, a class-split loss's three all-reduces (row maxima, sums of exponentials,
   // target logits), the dp all-reduce of a batch-split loss, and an all-gather for every move
-  // between a producer's layout and a consumer's, forward or, for its gradient, backward. The
+  // between a producer's layout and a consumer's, forward or, for its gradient, backward. Beyond
+  // the planner's prices: the gather of the data's rows for an op over the whole batch. The
   // data-parallel gradient all-reduce (synchronize_gradients) is not in it.
   std::vector<StepCollective> planned_collectives() const;
   // Moves run by the interceptor that the plan's layouts did not imply (views of split dims).
@@ -139,7 +142,8 @@ class ParallelModule : private DispatchInterceptor {
   nn::NamedTensors parameters_;  // local shards (leaves), named
   // Whole tensors' split dims (-1: whole), by name, for full_state_dict.
   std::map<std::string, int64_t> split_dims_;
-  std::map<std::string, Tensor> buffers_;  // local buffers, by name
+  std::map<std::string, Tensor> buffers_;         // local buffers, by name
+  std::set<std::string> batch_split_parameters_;  // read by an op that splits the batch
   std::unordered_map<const TensorImpl*, Local> locals_;
   Local scratch_;  // local_of's answer for a real tensor
   size_t next_op_ = 0;

@@ -302,6 +302,20 @@ TEST_F(ParallelizeTest, MlpAsPlannedOnADataTimesTensorParallelGrid) {
   check_frontier(mlp, {8, 12}, 2, 2);
 }
 
+// Ops over the whole batch inside a data-parallel plan: their inputs' rows are gathered, and
+// their parameters' gradients are whole on every rank already (not summed over dp).
+TEST_F(ParallelizeTest, OpsOverTheWholeBatchInADataParallelPlan) {
+  if (size() != 4) GTEST_SKIP() << "a 2 x 2 grid needs 4 ranks";
+  ProcessGrid grid(2, 2);
+  std::vector<std::string> summaries;
+  auto plans = frontier_plans(mlp, {8, 12}, 2, 2, &summaries);
+  ASSERT_FALSE(plans.empty());
+  auto plan = plans.back();
+  for (size_t op = 0; op < 2; ++op) plan[op] = {plan[op].index, plan[op].op, "replicate", 1, 1, {}};
+  expect_same_run(planned_run(mlp, {8, 12}, plan, grid, /*as_priced=*/true),
+                  whole_run(mlp, {8, 12}));
+}
+
 TEST_F(ParallelizeTest, CnnWithoutBatchNormAsPlannedOnADataTimesTensorParallelGrid) {
   if (size() != 4) GTEST_SKIP() << "a 2 x 2 grid needs 4 ranks";
   check_frontier([] { return residual_cnn(false); }, {8, 3, 8, 8}, 2, 2);
