@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <set>
-#include <tuple>
 #include <utility>
 
 #include "core/autograd.h"
@@ -287,12 +286,12 @@ std::vector<StepCollective> ParallelModule::planned_collectives() const {
     planned.push_back({"all_gather", group_of(have, need),
                        static_cast<int64_t>(std::llround(needed * static_cast<double>(bytes)))});
   };
+  const auto bytes_of = [](const Shape& sizes) {
+    return shape_numel(sizes) * static_cast<int64_t>(sizeof(float));
+  };
   std::set<int> column_inputs;  // tensors whose gradient one all-reduce sums
   for (const planner::TracedOp& op : graph_.ops) {
     const planner::Strategy& s = strategies_[op.id];
-    const auto bytes_of = [&](const Shape& sizes) {
-      return shape_numel(sizes) * static_cast<int64_t>(sizeof(float));
-    };
     if (s.tp > 1 && s.kind == SplitKind::kColumn && op.inputs[0] >= 0 &&
         graph_.tensors[op.inputs[0]].requires_grad && column_inputs.insert(op.inputs[0]).second)
       planned.push_back({"all_reduce", "tp", bytes_of(op.input_shapes[0]) / s.dp});
