@@ -116,7 +116,10 @@ ParallelModule::ParallelModule(std::shared_ptr<nn::Module> model,
                graph_.ops.size(), ": the plan was made for another model or input shape");
 
   planner::PlannerConfig config;
-  config.devices = dp_ * tp_;
+  // One group for both (per-op degrees on a line of ranks): ops split the batch or the model
+  // over all of it.
+  one_group_ = dp_comm_ == tp_comm_;
+  config.devices = one_group_ ? dp_ : dp_ * tp_;
   config.max_tp = tp_;
   config.profile.devices_per_node = config.devices;
   const auto all = planner::enumerate_strategies(graph_, config);
@@ -271,20 +274,25 @@ Tensor ParallelModule::loss(const Tensor& input, const Tensor& labels) {
 
 std::vector<StepCollective> ParallelModule::planned_collectives() const {
   std::vector<StepCollective> planned;
+  auto label = [&](const char* group) { return std::string(one_group_ ? "world" : group); };
   auto group_of = [&](const planner::Layout& a, const planner::Layout& b) {
     std::string group;
     if (a.batch != b.batch) group = "dp";
     if (a.model != b.model) group += group.empty() ? "tp" : "+tp";
-    return group;
+    return one_group_ ? std::string("world") : group;
   };
   // The planner's move: an all-gather of what `need` lacks from `have` (redistribution_time).
+  // Over one group, a move from the batch's split to the model's (or back) gathers the whole
+  // tensor and slices it, where the planner prices the part it needs (an all-to-all).
   auto gather = [&](const planner::Layout& have, const planner::Layout& need, int64_t bytes) {
     const double needed = 1.0 / (static_cast<double>(need.batch) * need.model);
     const double overlap =
         std::min(1.0 / have.batch, 1.0 / need.batch) * std::min(1.0 / have.model, 1.0 / need.model);
     if (overlap >= needed * (1 - 1e-9)) return;
+    const bool switches = one_group_ && need.batch * need.model > 1;
     planned.push_back({"all_gather", group_of(have, need),
-                       static_cast<int64_t>(std::llround(needed * static_cast<double>(bytes)))});
+                       static_cast<int64_t>(
+                           std::llround((switches ? 1.0 : needed) * static_cast<double>(bytes)))});
   };
   const auto bytes_of = [](const Shape& sizes) {
     return shape_numel(sizes) * static_cast<int64_t>(sizeof(float));
@@ -294,15 +302,15 @@ std::vector<StepCollective> ParallelModule::planned_collectives() const {
     const planner::Strategy& s = strategies_[op.id];
     if (s.tp > 1 && s.kind == SplitKind::kColumn && op.inputs[0] >= 0 &&
         graph_.tensors[op.inputs[0]].requires_grad && column_inputs.insert(op.inputs[0]).second)
-      planned.push_back({"all_reduce", "tp", bytes_of(op.input_shapes[0]) / s.dp});
+      planned.push_back({"all_reduce", label("tp"), bytes_of(op.input_shapes[0]) / s.dp});
     if (s.tp > 1 && s.kind == SplitKind::kRow)
-      planned.push_back({"all_reduce", "tp", bytes_of(op.output_shapes[0]) / s.dp});
+      planned.push_back({"all_reduce", label("tp"), bytes_of(op.output_shapes[0]) / s.dp});
     if (s.tp > 1 && s.kind == SplitKind::kVocab) {
       const int64_t rows = op.input_shapes[0][0] / s.dp;
-      for (int k = 0; k < 3; ++k) planned.push_back({"all_reduce", "tp", rows * 4});
+      for (int k = 0; k < 3; ++k) planned.push_back({"all_reduce", label("tp"), rows * 4});
     }
     if (s.dp > 1 && !op.outputs.empty() && !graph_.tensors[op.outputs[0]].has_batch)
-      planned.push_back({"all_reduce", "dp", bytes_of(op.output_shapes[0])});
+      planned.push_back({"all_reduce", label("dp"), bytes_of(op.output_shapes[0])});
     for (size_t slot = 0; slot < op.inputs.size(); ++slot) {
       const int id = op.inputs[slot];
       if (id < 0) continue;

@@ -18,9 +18,12 @@
 // op i. The interceptor moves the inputs' locals to the layouts the op's strategy needs, runs the
 // op on them, and hands back meta tensors of the whole outputs' shapes.
 //
-// Not run yet: attention split by heads, vocabulary-parallel embeddings, plans whose ops use
-// other dp x tp degrees than the grid's (--per_op_degrees), views other than reshapes, squeezes,
-// transposes and permutes of split dims (gathered first, and counted in unplanned_moves()).
+// Plans with per-op degrees (--per_op_degrees) run over one group for dp and tp: each op splits
+// the batch or the model over every rank, or runs whole (every such plan on two ranks).
+//
+// Not run yet: attention split by heads, vocabulary-parallel embeddings, per-op degrees that use
+// part of the ranks; views that cut across a split (other than reshapes, transposes, permutes,
+// slices, selects and expands keeping it) gather it first, counted in unplanned_moves().
 #pragma once
 
 #include <map>
@@ -68,7 +71,9 @@ class ParallelModule : private DispatchInterceptor {
   ParallelModule(std::shared_ptr<nn::Module> model, const std::vector<planner::PlanFile::Op>& ops,
                  const ProcessGrid& grid, const planner::ModuleTraceOptions& trace);
   // The same over the groups of a grid given directly: `dp_group` the ranks that hold the same
-  // shards, `tp_group` those that split them (rank order = shard order).
+  // shards, `tp_group` those that split them (rank order = shard order). One communicator for
+  // both runs a plan with per-op degrees (--per_op_degrees) over it: each op splits the batch or
+  // the model over every rank, or runs whole.
   ParallelModule(std::shared_ptr<nn::Module> model, const std::vector<planner::PlanFile::Op>& ops,
                  std::shared_ptr<Communicator> dp_group, std::shared_ptr<Communicator> tp_group,
                  const planner::ModuleTraceOptions& trace);
@@ -137,6 +142,7 @@ class ParallelModule : private DispatchInterceptor {
   planner::Graph graph_;
   std::vector<planner::Strategy> strategies_;  // the plan's, per op
   int dp_ = 1, tp_ = 1, dp_index_ = 0, tp_index_ = 0;
+  bool one_group_ = false;  // the dp and tp groups are one (per-op degrees over a line)
   int64_t dp_group_ = -1, tp_group_ = -1;  // tensor-parallel op group ids
   std::shared_ptr<Communicator> dp_comm_, tp_comm_;
   nn::NamedTensors parameters_;  // local shards (leaves), named

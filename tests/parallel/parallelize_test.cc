@@ -2,7 +2,8 @@
 // training the whole model on the whole batch: a small residual CNN with batch norm and the zoo's
 // ResNet-18 (channel-split convolutions, column and row, normalisation and pooling by channels,
 // row- and column-split classifiers) on a line of tensor-parallel ranks, and an MLP and a CNN
-// without batch norm on a dp x tp grid at 4 ranks. For several points of each frontier: two SGD
+// without batch norm on a dp x tp grid at 4 ranks, and plans with per-op degrees (ops splitting
+// the batch or the model over both of two ranks). For several points of each frontier: two SGD
 // steps give the same losses, first gradients and final parameters within the closeness rule,
 // and each step issues exactly the collectives the planner priced (kind, group, bytes).
 // ShuffleNet v2 trains the same, but its channel split and shuffle cut across channel-split
@@ -16,6 +17,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/rng.h"
@@ -134,11 +136,14 @@ RunResult whole_run(const std::function<std::shared_ptr<nn::Module>()>& make,
   return run;
 }
 
-// Every call both groups recorded, sorted, as StepCollectives.
+// Every call both groups recorded, sorted ("world" when they are one).
 std::vector<StepCollective> issued(CountingCommunicator& dp, CountingCommunicator& tp) {
   std::vector<StepCollective> calls;
-  for (const auto& record : dp.records) calls.push_back({record.kind, "dp", record.bytes});
-  for (const auto& record : tp.records) calls.push_back({record.kind, "tp", record.bytes});
+  const bool one = &dp == &tp;
+  for (const auto& record : dp.records)
+    calls.push_back({record.kind, one ? "world" : "dp", record.bytes});
+  if (!one)
+    for (const auto& record : tp.records) calls.push_back({record.kind, "tp", record.bytes});
   std::sort(calls.begin(), calls.end());
   dp.records.clear();
   tp.records.clear();
@@ -154,9 +159,10 @@ std::string listed(const std::vector<StepCollective>& calls) {
 
 RunResult planned_run(const std::function<std::shared_ptr<nn::Module>()>& make,
                       const Shape& input_shape, const std::vector<planner::PlanFile::Op>& ops,
-                      const ProcessGrid& grid, bool as_priced) {
+                      const ProcessGrid& grid, bool as_priced, bool one_group = false) {
   auto dp = std::make_shared<CountingCommunicator>(grid.data_parallel_on_device());
-  auto tp = std::make_shared<CountingCommunicator>(grid.tensor_parallel_on_device());
+  auto tp =
+      one_group ? dp : std::make_shared<CountingCommunicator>(grid.tensor_parallel_on_device());
   ParallelModule parallel(make(), ops, dp, tp, planner::ModuleTraceOptions(input_shape));
   optim::SGD sgd(parallel.parameters(), optim::SGDOptions(kLearningRate));
   RunResult run;
@@ -198,26 +204,31 @@ RunResult planned_run(const std::function<std::shared_ptr<nn::Module>()>& make,
 // op split over tp when tp > 1: the fastest, the smallest and up to two between.
 std::vector<std::vector<planner::PlanFile::Op>> frontier_plans(
     const std::function<std::shared_ptr<nn::Module>()>& make, const Shape& input_shape, int dp,
-    int tp, std::vector<std::string>* summaries) {
+    int tp, std::vector<std::string>* summaries, bool per_op_degrees = false) {
   auto model = make();
   const planner::Graph graph =
       planner::trace_module(*model, planner::ModuleTraceOptions(input_shape));
+  // Per-op degrees run over one group: dp and tp are then each op's choice on those devices.
+  const int devices = per_op_degrees ? std::max(dp, tp) : dp * tp;
   planner::PlanOptions options;
-  options.config.devices = dp * tp;
+  options.config.devices = devices;
   options.config.max_tp = tp;
   options.config.optimizer_states = 0;
-  options.config.profile = test_profile(dp * tp);
+  options.config.profile = test_profile(devices);
   options.remat_fractions = {1.0};
+  options.per_op_degrees = per_op_degrees;
   const planner::PlanResult result = planner::plan_graph(graph, options);
   std::vector<int> usable;
   for (size_t p = 0; p < result.frontier.size(); ++p) {
     const auto ops = planned_ops(graph, result, static_cast<int>(p));
-    bool on_grid = true, split = tp == 1;
+    bool on_grid = true, split = tp == 1, batch_split = false;
     for (const auto& op : ops) {
       on_grid = on_grid && (op.dp == 1 || op.dp == dp) && (op.tp == 1 || op.tp == tp);
       split = split || (op.tp > 1 && op.strategy != "replicate");
+      batch_split = batch_split || op.dp > 1;
     }
-    if (on_grid && split) usable.push_back(static_cast<int>(p));
+    // Per-op degrees: points that split the batch in some ops and the model in others.
+    if (on_grid && split && (!per_op_degrees || batch_split)) usable.push_back(static_cast<int>(p));
   }
   std::set<int> picked;
   if (!usable.empty()) {
@@ -314,6 +325,29 @@ TEST_F(ParallelizeTest, OpsOverTheWholeBatchInADataParallelPlan) {
   for (size_t op = 0; op < 2; ++op) plan[op] = {plan[op].index, plan[op].op, "replicate", 1, 1, {}};
   expect_same_run(planned_run(mlp, {8, 12}, plan, grid, /*as_priced=*/true),
                   whole_run(mlp, {8, 12}));
+}
+
+// TensorOpt's whole space on a line of two ranks: each op splits the batch or the model over
+// both ranks, or runs whole, so tensors move between the two splits.
+TEST_F(ParallelizeTest, PerOpDegreesOnALineOfTwoRanks) {
+  if (size() != 2) GTEST_SKIP() << "per-op degrees run over one group of two ranks";
+  ProcessGrid grid(2, 1);
+  for (const auto& [name, make, shape] :
+       std::vector<std::tuple<std::string, std::function<std::shared_ptr<nn::Module>()>, Shape>>{
+           {"mlp", mlp, {8, 12}}, {"cnn", [] { return residual_cnn(false); }, {8, 3, 8, 8}}}) {
+    SCOPED_TRACE(name);
+    std::vector<std::string> summaries;
+    const auto plans = frontier_plans(make, shape, 2, 2, &summaries, /*per_op_degrees=*/true);
+    ASSERT_FALSE(plans.empty()) << "no per-op point mixes batch and model splits";
+    const RunResult whole = whole_run(make, shape);
+    for (size_t p = 0; p < plans.size(); ++p) {
+      SCOPED_TRACE(summaries[p]);
+      if (rank() == 0) std::cout << "per-op plan: " << summaries[p] << "\n";
+      expect_same_run(planned_run(make, shape, plans[p], grid, /*as_priced=*/true,
+                                  /*one_group=*/true),
+                      whole);
+    }
+  }
 }
 
 TEST_F(ParallelizeTest, CnnWithoutBatchNormAsPlannedOnADataTimesTensorParallelGrid) {
