@@ -334,6 +334,30 @@ std::vector<StepCollective> ParallelModule::planned_collectives() const {
   return planned;
 }
 
+void ParallelModule::load_state_dict(const std::map<std::string, Tensor>& whole) {
+  std::vector<std::pair<Tensor, Tensor>> copies;  // (local, its slice of the whole tensor)
+  auto plan_copy = [&](const std::string& name, const Tensor& local) {
+    auto found = whole.find(name);
+    TESSEL_CHECK(found != whole.end(), "ParallelModule::load_state_dict: no tensor named ", name);
+    auto split = split_dims_.find(name);
+    Shape expected = local.sizes();
+    if (split != split_dims_.end()) expected[static_cast<size_t>(split->second)] *= tp_;
+    TESSEL_CHECK(found->second.sizes() == expected, "ParallelModule::load_state_dict: ", name,
+                 " has shape ", shape_str(found->second.sizes()), " but the model's is ",
+                 shape_str(expected));
+    Tensor source = found->second;
+    if (split != split_dims_.end()) {
+      const int64_t length = local.size(split->second);
+      source = narrow(source, split->second, length * tp_index_, length);
+    }
+    copies.emplace_back(local, source);
+  };
+  for (const auto& [name, local] : parameters_) plan_copy(name, local);
+  for (const auto& [name, local] : buffers_) plan_copy(name, local);
+  NoGradGuard no_grad;
+  for (auto& [local, source] : copies) local.copy_(source);
+}
+
 Tensor ParallelModule::proxy_for(const Tensor& whole_shape, Tensor local, Layout layout) {
   Shape expected = whole_shape.sizes();
   if (layout.batch) expected.at(0) /= dp_;

@@ -97,6 +97,10 @@ class ParallelModule : private DispatchInterceptor {
   std::map<std::string, Tensor> full_state_dict() const;
   // Every parameter's gradient whole (gathered over tp; undefined ones left out), by name.
   std::map<std::string, Tensor> full_gradients() const;
+  // Sets every parameter and buffer from whole tensors by name (full_state_dict() of a run under
+  // any plan, or a state_dict() of the unsplit model): this rank's slice of each, in place. An
+  // error names the first tensor missing or of another shape; nothing is changed then.
+  void load_state_dict(const std::map<std::string, Tensor>& whole);
 
   const planner::Graph& graph() const { return graph_; }
   // What the planner prices for this plan's step (f32 tensors), sorted: each column split's input

@@ -372,6 +372,42 @@ TEST_F(ParallelizeTest, ResidualCnnWithBatchNormRunsAsPlannedOnAGrid) {
   }
 }
 
+// A state gathered under one plan loads into a run under another, and into the unsplit model.
+TEST_F(ParallelizeTest, StateMovesBetweenPlans) {
+  ProcessGrid grid(1, size());
+  std::vector<std::string> summaries;
+  const auto make = [] { return residual_cnn(true); };
+  const Shape shape{8, 3, 8, 8};
+  const auto plans = frontier_plans(make, shape, 1, size(), &summaries);
+  ASSERT_GE(plans.size(), 2u);
+  ParallelModule first(make(), plans.front(), grid, planner::ModuleTraceOptions(shape));
+  optim::SGD sgd(first.parameters(), optim::SGDOptions(kLearningRate));
+  const Batch batch = batch_for(shape, 0);
+  first.loss(batch.input, batch.labels).backward();
+  sgd.step();  // one step away from the initial state
+  const auto state = first.full_state_dict();
+
+  ParallelModule second(make(), plans.back(), grid, planner::ModuleTraceOptions(shape));
+  second.load_state_dict(state);
+  for (const auto& [name, tensor] : second.full_state_dict())
+    EXPECT_TRUE(tessel::testing::bitwise_equal(tensor, state.at(name))) << name;
+  auto whole = make();
+  whole->load_state_dict(state);
+  const Batch next = batch_for(shape, 1);
+  EXPECT_NEAR(second.loss(next.input, next.labels).item<float>(),
+              cross_entropy(whole->forward(next.input), next.labels).item<float>(), 1e-4);
+
+  const auto before = second.full_state_dict();  // the step above updated the running statistics
+  auto missing = state;
+  missing.erase(missing.begin());
+  EXPECT_TRUE(throws_error([&] { second.load_state_dict(missing); }, "no tensor named"));
+  auto reshaped = state;
+  reshaped.begin()->second = zeros({3});
+  EXPECT_TRUE(throws_error([&] { second.load_state_dict(reshaped); }, "has shape [3]"));
+  for (const auto& [name, tensor] : second.full_state_dict())  // nothing changed
+    EXPECT_TRUE(tessel::testing::bitwise_equal(tensor, before.at(name))) << name;
+}
+
 TEST_F(ParallelizeTest, APlanForAnotherModelOrGridIsAClearError) {
   ProcessGrid grid(1, size());
   std::vector<std::string> summaries;
