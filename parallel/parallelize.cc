@@ -584,7 +584,7 @@ std::vector<Tensor> ParallelModule::run_op(const OpDef& op, const std::vector<Te
     const planner::Layout& planned = s.output_layouts.at(k);
     Layout layout{planned.batch > 1, planned.model > 1 && split_model, -1};
     if (layout.model) {
-      // Further outputs of other ranks (batch norm's per-channel statistics) are cut along the
+      // Further outputs of fewer dims (batch norm's per-channel statistics) are cut along the
       // dim as long as the first output's split one.
       const Shape& first = proxies[0].sizes();
       const Shape& sizes = proxies[k].sizes();
@@ -597,7 +597,7 @@ std::vector<Tensor> ParallelModule::run_op(const OpDef& op, const std::vector<Te
       }
     }
     if (k > 0 && proxies[k].dim() != proxies[0].dim() && proxies[k].dim() > 0) {
-      // Further outputs of another rank (batch norm's statistics, cross_entropy's
+      // Further outputs of other dims (batch norm's statistics, cross_entropy's
       // log-probabilities): rows of the batch where the local tensor has fewer than the whole
       // and they are not the split channels, whatever the trace guessed from their sizes.
       layout.batch =
