@@ -89,7 +89,15 @@ int run(int argc, char** argv) {
   auto dp_comm = std::make_shared<CountingCommunicator>(grid.data_parallel());
   auto tp_comm = std::make_shared<CountingCommunicator>(grid.tensor_parallel());
   const int64_t group = tp > 1 ? parallel::register_tp_group(tp_comm) : -1;
-  const int64_t rows = parallel::part_rows(batch, dp, grid.dp_index());
+  // A plan with per-op degrees (ops at other degrees than its mesh's) runs over one group of every
+  // rank for both dp and tp: the data then arrive as this rank's rows of the world.
+  bool per_op = false;
+  if (planned && plan)
+    for (const auto& op : plan->ops)
+      per_op = per_op || (op.dp != 1 && op.dp != dp) || (op.tp != 1 && op.tp != tp);
+  const int data_parts = per_op ? world : dp;
+  const int data_index = per_op ? parallel::world_rank() : grid.dp_index();
+  const int64_t rows = parallel::part_rows(batch, data_parts, data_index);
   const bool bert = model_name.rfind("bert_", 0) == 0;
 
   manual_seed(0);
@@ -115,8 +123,9 @@ int run(int argc, char** argv) {
       TESSEL_CHECK(plan && plan->batch == batch && plan->image_size == image_size,
                    "--planned needs --plan with this --batch and --image_size (the plan's: ",
                    plan ? plan->batch : 0, ", ", plan ? plan->image_size : 0, ")");
+      auto line = tp > 1 ? tp_comm : dp_comm;  // every rank, for a plan with per-op degrees
       planned_model = std::make_shared<parallel::ParallelModule>(
-          full, plan->ops, dp_comm, tp_comm,
+          full, plan->ops, per_op ? line : dp_comm, per_op ? line : tp_comm,
           planner::ModuleTraceOptions({batch, 3, image_size, image_size}));
       trained = full;  // now meta: its shards live in planned_model
     } else if (tp > 1) {
@@ -151,7 +160,7 @@ int run(int argc, char** argv) {
     parameter_bytes += static_cast<int64_t>(p.nbytes());
 
   // This data-parallel rank's rows of a fixed random batch.
-  manual_seed(100 + grid.dp_index());
+  manual_seed(100 + data_index);
   const RandomBatch data =
       random_batch(bert ? &bert_config : nullptr, rows, seq, image_size, classes);
 
@@ -214,7 +223,7 @@ int run(int argc, char** argv) {
                                   {"dp_other_bytes_per_step", dp_other},
                                   {"tp_bytes_per_step", tp_bytes}};
     if (!label.empty()) out["label"] = label;
-    if (planned_model) out["planned"] = true;
+    if (planned_model) out["planned"] = per_op ? "per-op degrees" : "grid";
     if (plan) {
       out["plan"] = plan_path;
       out["plan_profile"] = plan->profile;

@@ -3,7 +3,9 @@
 planner's prediction: step time and peak memory per rank.
 
 For each rank count, three points of ResNet-18's frontier on the CPU example profile (the
-smallest, the middle one and the fastest) are written as plan files (`plan --point=K`) and
+smallest, the middle one and the fastest; on 2 ranks also three of the per-op-degree frontier,
+`plan --per_op_degrees`, among points whose ops run at other degrees than the rest) are written
+as plan files (`plan --point=K`) and
 trained by `parallel_bench --planned` under mpirun, the points interleaved round by round on a
 quiet machine (bench/harness.py). Each run times the median of its steps after warm-up; a cell
 is the median over the rounds with the interquartile range. Writes bench/results/planned_points.md
@@ -28,12 +30,13 @@ MODEL = dict(model="resnet18", batch=8, image_size=64, num_classes=100)
 PROFILE = "cpu_2core_example"
 
 
-def plan_command(ranks, point, out):
+def plan_command(ranks, point, out, per_op=False):
     return [os.path.join(ROOT, "bazel-bin/tools/plan/plan"), f"--model={MODEL['model']}",
             f"--devices={ranks}", f"--batch={MODEL['batch']}",
             f"--image_size={MODEL['image_size']}", f"--num_classes={MODEL['num_classes']}",
             f"--profile={PROFILE}", "--optimizer=sgd_momentum", "--any_plan", "--remat=1",
-            f"--point={point}", f"--out={out}", f"--frontier_json={out}.frontier"]
+            f"--point={point}", f"--out={out}", f"--frontier_json={out}.frontier"] + (
+                ["--per_op_degrees"] if per_op else [])
 
 
 def bench_command(ranks, plan_path, steps, warmup):
@@ -52,17 +55,22 @@ def run_json(argv):
     return json.loads(lines[-1]) if lines else None
 
 
-def pick_points(ranks, workdir):
-    """The smallest, the middle and the fastest point of the frontier, as plan files."""
-    probe = os.path.join(workdir, f"probe{ranks}.json")
-    subprocess.run(plan_command(ranks, 0, probe), cwd=ROOT, check=True, capture_output=True)
+def pick_points(ranks, workdir, per_op=False):
+    """The smallest, the middle and the fastest point of the frontier, as plan files; with
+    per_op, of the points whose ops run at other degrees than the rest (per-op degrees)."""
+    kind = "per_op" if per_op else "grid"
+    probe = os.path.join(workdir, f"probe{ranks}_{kind}.json")
+    subprocess.run(plan_command(ranks, 0, probe, per_op), cwd=ROOT, check=True,
+                   capture_output=True)
     with open(probe + ".frontier") as handle:
         frontier = json.load(handle)["points"]
-    chosen = sorted({0, len(frontier) // 2, len(frontier) - 1})
+    candidates = [index for index, point in enumerate(frontier)
+                  if not per_op or "at other degrees" in point["summary"]]
+    chosen = sorted({candidates[0], candidates[len(candidates) // 2], candidates[-1]})
     plans = []
     for point in chosen:
-        path = os.path.join(workdir, f"ranks{ranks}_point{point}.json")
-        subprocess.run(plan_command(ranks, point, path), cwd=ROOT, check=True,
+        path = os.path.join(workdir, f"ranks{ranks}_{kind}_point{point}.json")
+        subprocess.run(plan_command(ranks, point, path, per_op), cwd=ROOT, check=True,
                        capture_output=True)
         plans.append((point, path, frontier[point]["summary"]))
     return plans
@@ -86,8 +94,10 @@ def main():
     start_load = harness.load_average()
     sides = []
     for ranks in [int(r) for r in args.ranks.split(",")]:
-        for point, path, summary in pick_points(ranks, workdir):
-            sides.append(dict(ranks=ranks, point=point, path=path, summary=summary))
+        for per_op in ([False, True] if ranks == 2 else [False]):
+            for point, path, summary in pick_points(ranks, workdir, per_op):
+                sides.append(dict(ranks=ranks, point=point, path=path, summary=summary,
+                                  frontier="per-op degrees" if per_op else "dp x tp grid"))
     results = {id(side): [] for side in sides}
     with harness.RawLog(raw_path) as raw:
         raw.write(kind="run", environment=harness.environment(ROOT, 1), quiet=quiet.__dict__,
@@ -99,8 +109,10 @@ def main():
                 line = run_json(argv)
                 results[id(side)].append(line)
                 raw.write(kind="step_median", round=round_index, ranks=side["ranks"],
-                          point=side["point"], command=" ".join(argv), result=line)
-                print(f"round {round_index} ranks {side['ranks']} point {side['point']}: "
+                          frontier=side["frontier"], point=side["point"], command=" ".join(argv),
+                          result=line)
+                print(f"round {round_index} ranks {side['ranks']} {side['frontier']} point "
+                      f"{side['point']}: "
                       f"{line['step_s'] * 1e3:.1f} ms (predicted "
                       f"{line['predicted_step_s'] * 1e3:.1f}), peak "
                       f"{line['peak_bytes'] / 2**20:.1f} MiB (predicted "
@@ -116,7 +128,8 @@ def main():
         f"{MODEL['image_size']}x{MODEL['image_size']} images, {MODEL['num_classes']} classes, SGD "
         f"with momentum, f32, 1 thread per rank, ranks under `mpirun --oversubscribe` on the "
         f"2-core machine; plans from `plan --profile={PROFILE} --any_plan --remat=1 --point=K` "
-        "(the smallest, the middle and the fastest point of each frontier), trained by "
+        "(the smallest, the middle and the fastest point of each frontier; on 2 ranks also of "
+        "`--per_op_degrees` among points with ops at other degrees), trained by "
         "`parallel_bench --planned` (parallel::ParallelModule: every op with its planned split). "
         f"Per cell: the median over {args.rounds} interleaved rounds (each the median of "
         f"{args.steps} steps after {args.warmup} warm-up steps; a step is the slowest rank's) "
@@ -129,9 +142,9 @@ def main():
         f"{busy:.2f} cores during the run. With 4 ranks on 2 cores every rank waits for "
         "another's core: those times measure sharing as much as the plan.",
         "",
-        "| ranks | point | plan | step (measured) | predicted | measured / predicted | "
+        "| ranks | frontier | point | plan | step (measured) | predicted | measured / predicted | "
         "peak per rank | predicted | measured / predicted |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for side in sides:
         runs = results[id(side)]
@@ -140,7 +153,8 @@ def main():
         predicted_step = runs[0]["predicted_step_s"] * 1e3
         predicted_peak = runs[0]["predicted_memory_bytes"] / 2**20
         lines.append(
-            f"| {side['ranks']} | {side['point']} | {side['summary']} | {step.median:.1f} ms "
+            f"| {side['ranks']} | {side['frontier']} | {side['point']} | {side['summary']} | "
+            f"{step.median:.1f} ms "
             f"({step.spread()}) | {predicted_step:.1f} ms | {step.median / predicted_step:.2f} | "
             f"{peak.median:.1f} MiB | {predicted_peak:.1f} MiB | "
             f"{peak.median / predicted_peak:.2f} |")
