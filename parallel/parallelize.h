@@ -1,5 +1,5 @@
-// A model of the zoo or of one's own, unchanged, trained as a plan of the planner prices it: every
-// op runs on this rank's shards of its tensors with the split its plan chose (column, row,
+// A model of the zoo or of one's own, unchanged, trained as the planner priced one of its plans:
+// every op runs on this rank's shards of its tensors with the split its plan chose (column, row,
 // feature, class-split loss, replicated, the batch over dp), and between ops exactly the moves
 // that the plan's layouts imply (all-gathers where a producer's split is not its consumer's,
 // local slices the other way), with autograd through all of them.
