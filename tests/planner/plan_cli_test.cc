@@ -70,9 +70,13 @@ TEST(PlanCommand, Resnet18OnFourDevices) {
 // Without --profile the plan is for H200s: the output says so, and names the CPU profile.
 TEST(PlanCommand, PointWritesThatFrontierPointInsteadOfTheChosenOne) {
   const std::string chosen_path = temp_path("chosen.json"), first_path = temp_path("first.json");
-  const std::vector<std::string> common = {"--model=resnet18", "--devices=2", "--batch=8",
-                                           "--image_size=64", "--profile=cpu_2core_example",
-                                           "--any_plan", "--remat=1"};
+  const std::vector<std::string> common = {"--model=resnet18",
+                                           "--devices=2",
+                                           "--batch=8",
+                                           "--image_size=64",
+                                           "--profile=cpu_2core_example",
+                                           "--any_plan",
+                                           "--remat=1"};
   auto with = [&](std::vector<std::string> more) {
     more.insert(more.begin(), common.begin(), common.end());
     return run(more);
