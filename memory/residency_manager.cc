@@ -697,31 +697,51 @@ void ResidencyManager::drop_if_unreferenced(StorageImpl& storage) {
   ++placeholders_;
 }
 
+struct ResidencyManager::RecomputeFrame {
+  StorageImpl* storage;
+  std::shared_ptr<OpCall> record;
+  size_t next_input = 0;
+  std::vector<StorageAccess> pinned_inputs;
+  // Resident inputs left unpinned (held_for_replay) while another input is recomputed.
+  std::vector<std::shared_ptr<StorageImpl>> held;
+
+  // Waiting for another input: the inputs found so far are held instead of pinned, and looked
+  // at again (from the first) on resume.
+  void hold_pinned(ResidencyManager& manager) {
+    for (const StorageAccess& input : pinned_inputs) {
+      std::shared_ptr<StorageImpl> storage = input.storage()->shared_from_this();
+      ++manager.record_of(*storage).held_for_replay;
+      held.push_back(std::move(storage));
+    }
+    pinned_inputs.clear();
+    next_input = 0;
+  }
+};
+
 // Makes `target` resident with an explicit stack (chains of evicted tensors can be thousands
 // long): look at the top; while an input of its op record is not resident, push that input; once
 // all are resident, replay the op record and pop. As in DTR, each input is pinned as soon as it is
 // resident, until its consumer has replayed, so computing one input never evicts another.
 void ResidencyManager::rematerialize(StorageImpl& target) {
-  struct Frame {
-    StorageImpl* storage;
-    std::shared_ptr<OpCall> record;
-    size_t next_input = 0;
-    std::vector<StorageAccess> pinned_inputs;
-    // Resident inputs left unpinned (held_for_replay) while another input is recomputed.
-    std::vector<std::shared_ptr<StorageImpl>> held;
-  };
+  using Frame = RecomputeFrame;
+  std::vector<Frame> stack;
   // Whatever way the recompute ends, held inputs become ordinary candidates again.
-  struct ReleaseHeld {
+  struct Unregister {
     ResidencyManager& manager;
     std::vector<Frame>& stack;
-    ~ReleaseHeld() {
+    ~Unregister() {
+      manager.recompute_stacks_.pop_back();
       for (Frame& frame : stack) manager.release_held(frame.held);
     }
   };
-  std::vector<Frame> stack;
-  ReleaseHeld release_held_on_exit{*this, stack};
+  recompute_stacks_.push_back(&stack);
+  Unregister unregister_on_exit{*this, stack};
   std::unordered_set<StorageImpl*> on_stack;
-  const bool hold_unpinned = swaps_for(options_.policy());
+  // Swapping policies hold the inputs of a waiting recompute (they may be swapped meanwhile, so a
+  // recompute chain through a residual stage does not pin one tensor per level); recomputing only
+  // (dtr, and auto's third way) pins them as DTR does, and auto lets go of them only where
+  // nothing else frees room (hold_waiting_inputs).
+  const bool hold_unpinned = swaps_now();
   stack.push_back(Frame{&target, nullptr, 0, {}, {}});
   on_stack.insert(&target);
   while (!stack.empty()) {
@@ -767,16 +787,7 @@ void ResidencyManager::rematerialize(StorageImpl& target) {
       }
       TESSEL_CHECK(on_stack.insert(&needed).second, "cannot recompute ", record.op->name,
                    ": its op record depends on its own output");
-      if (hold_unpinned) {
-        // The inputs found so far wait unpinned (swap-only) and are looked at again on resume.
-        for (const StorageAccess& input : frame.pinned_inputs) {
-          std::shared_ptr<StorageImpl> held = input.storage()->shared_from_this();
-          ++record_of(*held).held_for_replay;
-          frame.held.push_back(std::move(held));
-        }
-        frame.pinned_inputs.clear();
-        frame.next_input = 0;
-      }
+      if (hold_unpinned) frame.hold_pinned(*this);
       stack.push_back(Frame{&needed, nullptr, 0, {}, {}});
       waiting = true;
       break;
@@ -792,6 +803,13 @@ void ResidencyManager::rematerialize(StorageImpl& target) {
     release_held(frame.held);
     on_stack.erase(&storage);
     stack.pop_back();  // unpins the inputs
+  }
+}
+
+void ResidencyManager::hold_waiting_inputs() {
+  for (std::vector<RecomputeFrame>* stack : recompute_stacks_) {
+    // The top frame's inputs may be read by its replay right now.
+    for (size_t i = 0; i + 1 < stack->size(); ++i) (*stack)[i].hold_pinned(*this);
   }
 }
 
@@ -1099,8 +1117,15 @@ bool ResidencyManager::relieve(size_t bytes_needed, size_t largest_free_block) {
   if (wait_if_covered()) return true;
   Candidate victim = choose_victim();
   if (victim.action == ResidencyAction::kNone && auto_mode_ == AutoMode::kRecomputeOnly) {
-    // auto recomputing only still swaps where nothing else frees room: it never fails where
+    // Where dtr would defragment, so does auto recomputing only; where dtr would fail, it still
+    // swaps (after letting go of the pinned inputs of waiting recomputes): it never fails where
     // its other ways would not.
+    if (!in_flight_.empty()) {
+      complete_swap_out(*in_flight_.front());
+      return true;
+    }
+    if (defragment(bytes_needed)) return true;
+    hold_waiting_inputs();
     auto_mode_ = AutoMode::kRecomputeFirst;
     victim = choose_victim();
     auto_mode_ = AutoMode::kRecomputeOnly;

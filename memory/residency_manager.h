@@ -248,6 +248,9 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   // Waits for a prefetch copy of `storage`, keeping its device bytes (true) or dropping them.
   void settle_prefetch(StorageImpl& storage, bool keep);
   void rematerialize(StorageImpl& storage);
+  // Lets go of the pinned inputs of recomputes waiting for another input (held_for_replay
+  // instead): they may then be swapped.
+  void hold_waiting_inputs();
   void replay(OpCall& record);
   void drop_if_unreferenced(StorageImpl& storage);
   bool defragment(size_t bytes_needed);
@@ -283,6 +286,8 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   std::map<uint64_t, StorageImpl*> prefetched_;  // by id: storages with a prefetch not yet read
   std::vector<const Registered*> resident_;      // prepare_assessment's scratch
   std::vector<StorageImpl*> in_flight_;          // swap-outs in submission order
+  struct RecomputeFrame;
+  std::vector<std::vector<RecomputeFrame>*> recompute_stacks_;  // rematerialize()s under way
   // Host copies of swapped-in tensors, freed once the copies issued on the device have read them.
   struct HostRelease {
     std::shared_ptr<HostAllocator> allocator;
