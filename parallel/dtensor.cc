@@ -148,7 +148,23 @@ DTensor DTensor::redistribute(std::vector<Placement> target) const {
   }
   Tensor local = local_;
   std::vector<Placement> current = placements_;
-  // First everything that leaves a Shard or a Partial becomes Replicate, then the new shards are
+  // Shard(a) -> Shard(b) over one mesh dim, where no other mesh dim cuts a or b: an all-to-all.
+  auto cut_elsewhere = [&](int mesh_dim, int64_t tensor_dim) {
+    for (int k = 0; k < mesh_->ndim(); ++k)
+      if (k != mesh_dim && ((current[k].is_shard() && current[k].dim == tensor_dim) ||
+                            (target[k].is_shard() && target[k].dim == tensor_dim)))
+        return true;
+    return false;
+  };
+  for (int i = 0; i < mesh_->ndim(); ++i) {
+    if (!current[i].is_shard() || !target[i].is_shard() || current[i] == target[i] ||
+        !is_floating(local.dtype()) || cut_elsewhere(i, current[i].dim) ||
+        cut_elsewhere(i, target[i].dim) || local.size(target[i].dim) % mesh_->size(i) != 0)
+      continue;
+    local = all_to_all_tp(local, target[i].dim, current[i].dim, mesh_->group(i));
+    current[i] = target[i];
+  }
+  // Then everything that leaves a Shard or a Partial becomes Replicate, then the new shards are
   // sliced: no tensor dim is ever sharded over two mesh dims on the way.
   for (int i = 0; i < mesh_->ndim(); ++i) {
     if (current[i] == target[i]) continue;

@@ -15,7 +15,8 @@
 // same moves in the same order: Shard -> Replicate is an all-gather (backward: this rank's part of
 // the gradient), Replicate -> Shard a local slice (backward: all-gather), Partial -> Replicate an
 // all-reduce (backward: identity), Partial -> Shard an all-reduce and a local slice, Shard(i) ->
-// Shard(j) an all-gather along i and a slice along j. Replicate -> Partial is not offered.
+// Shard(j) an all-to-all (all_to_all_tp; an all-gather along i and a slice along j where another
+// mesh dim cuts i or j). Replicate -> Partial is not offered.
 //
 // The ops of namespace dt propagate placements (linear, matmul and conv2d by output or input
 // features, embedding by rows or features, cross_entropy by classes or rows, element-wise ops,

@@ -282,17 +282,20 @@ std::vector<StepCollective> ParallelModule::planned_collectives() const {
     return one_group_ ? std::string("world") : group;
   };
   // The planner's move: an all-gather of what `need` lacks from `have` (redistribution_time).
-  // Over one group, a move from the batch's split to the model's (or back) gathers the whole
-  // tensor and slices it, where the planner prices the part it needs (an all-to-all).
+  // Over one group, a move from the batch's split to the model's (or back) is an all-to-all:
+  // a send of a size-th of its part to every other rank.
   auto gather = [&](const planner::Layout& have, const planner::Layout& need, int64_t bytes) {
     const double needed = 1.0 / (static_cast<double>(need.batch) * need.model);
     const double overlap =
         std::min(1.0 / have.batch, 1.0 / need.batch) * std::min(1.0 / have.model, 1.0 / need.model);
     if (overlap >= needed * (1 - 1e-9)) return;
-    const bool switches = one_group_ && need.batch * need.model > 1;
+    if (one_group_ && need.batch * need.model > 1) {
+      for (int peer = 1; peer < dp_; ++peer)
+        planned.push_back({"send", "world", bytes / dp_ / dp_});
+      return;
+    }
     planned.push_back({"all_gather", group_of(have, need),
-                       static_cast<int64_t>(
-                           std::llround((switches ? 1.0 : needed) * static_cast<double>(bytes)))});
+                       static_cast<int64_t>(std::llround(needed * static_cast<double>(bytes)))});
   };
   const auto bytes_of = [](const Shape& sizes) {
     return shape_numel(sizes) * static_cast<int64_t>(sizeof(float));
@@ -386,6 +389,16 @@ ParallelModule::Local& ParallelModule::local_of(const Tensor& proxy) {
 Tensor ParallelModule::move(const Tensor& local, const Layout& from, const Layout& to) {
   Tensor x = local;
   const bool other_axis = from.model && to.model && from.axis != to.axis;
+  // A split that moves to another dim of the same group: each rank sends the others their parts
+  // of what it holds (an all-to-all), a group's size-th of gathering the whole tensor.
+  if (is_floating(x.dtype())) {
+    if (other_axis && from.batch == to.batch)
+      return all_to_all_tp(x, to.axis, from.axis, tp_group_);
+    if (one_group_ && from.batch && !from.model && to.model && !to.batch)
+      return all_to_all_tp(x, to.axis, 0, tp_group_);
+    if (one_group_ && from.model && !from.batch && to.batch && !to.model)
+      return all_to_all_tp(x, 0, from.axis, tp_group_);
+  }
   if (from.model && (!to.model || other_axis)) x = gather_along(x, from.axis, tp_group_);
   if (from.batch && !to.batch) x = gather_along(x, 0, dp_group_);
   if (!from.batch && to.batch) x = shard_along(x, 0, dp_group_);

@@ -2,7 +2,8 @@
 // every op runs on this rank's shards of its tensors with the split its plan chose (column, row,
 // feature, class-split loss, replicated, the batch over dp), and between ops exactly the moves
 // that the plan's layouts imply (all-gathers where a producer's split is not its consumer's,
-// local slices the other way), with autograd through all of them.
+// local slices the other way, an all-to-all where a split moves to another dim of the same
+// group), with autograd through all of them.
 //   planner::PlanFile plan = planner::read_plan("plan.json");  // or planned_ops(...) below
 //   ProcessGrid grid(plan.mesh_dp, plan.mesh_tp);
 //   ParallelModule parallel(model, plan.ops, grid, planner::ModuleTraceOptions({32, 3, 32, 32}));

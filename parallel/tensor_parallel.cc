@@ -89,6 +89,16 @@ const std::shared_ptr<Communicator>& group_of(const Attrs& attrs) {
 
 Attrs group_attrs(int64_t group) { return Attrs{{"group", group}}; }
 
+Attrs all_to_all_attrs(int64_t group, int64_t split_dim, int64_t concat_dim) {
+  return Attrs{{"group", group}, {"split_dim", split_dim}, {"concat_dim", concat_dim}};
+}
+
+// A view of `t` with `sizes` and `strides` at `offset` elements past its own first element.
+Tensor strided_view(const Tensor& t, Shape sizes, Shape strides, int64_t offset) {
+  return Tensor(std::make_shared<TensorImpl>(t.storage(), std::move(sizes), std::move(strides),
+                                             t.storage_offset() + offset, t.dtype()));
+}
+
 OpCost copy_cost(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
                  const Attrs&) {
   return OpCost{0, static_cast<double>(inputs[0].nbytes() + outputs[0].nbytes())};
@@ -197,6 +207,91 @@ TESSEL_REGISTER_OPS(tensor_parallel) {
     };
     op.cost = copy_cost;
   }
+  {
+    OpDef& op = OpRegistry::get().define(ops::tp_all_to_all);
+    op.kind = OpKind::kCommunication;
+    op.autocast = AutocastPolicy::kWiden;
+    op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
+      check_tp_input("all_to_all_tp", in, attrs, true);
+      const Shape& sizes = in[0].sizes();
+      const auto rank = static_cast<int64_t>(sizes.size());
+      const int64_t split = attrs.get<int64_t>("split_dim");
+      const int64_t concat = attrs.get<int64_t>("concat_dim");
+      TESSEL_CHECK(split >= 0 && split < rank && concat >= 0 && concat < rank && split != concat,
+                   "all_to_all_tp: split_dim ", split, " and concat_dim ", concat,
+                   " must be two different dims of the input of shape ", shape_str(sizes));
+      const int parts = group_of(attrs)->size();
+      TESSEL_CHECK(sizes[split] % parts == 0, "all_to_all_tp: dim ", split, " (", sizes[split],
+                   ", input shape ", shape_str(sizes), ") is not divisible by the group size ",
+                   parts);
+      Shape out = sizes;
+      out[split] /= parts;
+      out[concat] *= parts;
+      return std::vector<OutputSpec>{{out, in[0].dtype()}};
+    };
+    op.kernels[static_cast<int>(DeviceType::kCpu)] = [](KernelContext& ctx) {
+      const Tensor& input = ctx.inputs[0];
+      Communicator& group = *group_of(ctx.attrs);
+      const AllToAllGeometry g = all_to_all_geometry(input, group.size(), ctx.attrs);
+      const Shape piece_strides = contiguous_strides(g.piece_sizes);
+      const int64_t piece_numel = shape_numel(g.piece_sizes);
+      Tensor received = ctx.workspace({group.size() * piece_numel}, input.dtype());
+      Tensor piece = ctx.workspace(g.piece_sizes, input.dtype());
+      for (const AllToAllStep& step : all_to_all_schedule(group.rank(), group.size())) {
+        Tensor slot = strided_view(received, g.piece_sizes, piece_strides, step.peer * piece_numel);
+        Tensor mine =
+            strided_view(input, g.piece_sizes, input.strides(), step.peer * g.piece_offset);
+        if (step.peer == group.rank()) {
+          cpu::copy_strided(mine, slot);
+          continue;
+        }
+        cpu::copy_strided(mine, piece);
+        if (step.send_first) group.send(piece, step.peer);
+        group.recv(slot, step.peer);
+        if (!step.send_first) group.send(piece, step.peer);
+      }
+      cpu::copy_strided(
+          strided_view(received, g.received_sizes, g.received_strides, 0),
+          strided_view(ctx.outputs[0], g.received_sizes, contiguous_strides(g.received_sizes), 0));
+    };
+    op.backward = [](const BackwardContext& ctx) -> std::vector<Tensor> {
+      if (!ctx.grad_outputs[0].defined()) return {Tensor()};
+      return {all_to_all_tp(ctx.grad_outputs[0], ctx.attrs.get<int64_t>("concat_dim"),
+                            ctx.attrs.get<int64_t>("split_dim"), ctx.attrs.get<int64_t>("group"))};
+    };
+    op.cost = copy_cost;
+    op.flags.pure = false;
+  }
+}
+
+std::vector<AllToAllStep> all_to_all_schedule(int rank, int size) {
+  std::vector<AllToAllStep> steps;
+  for (int round = 0; round < size; ++round) {
+    const int peer = ((round - rank) % size + size) % size;
+    steps.push_back({peer, rank < peer});
+  }
+  return steps;
+}
+
+AllToAllGeometry all_to_all_geometry(const Tensor& input, int parts, const Attrs& attrs) {
+  const int64_t split_dim = attrs.get<int64_t>("split_dim");
+  const int64_t concat_dim = attrs.get<int64_t>("concat_dim");
+  AllToAllGeometry g;
+  g.piece_sizes = input.sizes();
+  g.piece_sizes[split_dim] /= parts;
+  g.piece_offset = g.piece_sizes[split_dim] * input.stride(split_dim);
+  // The output read as (..., parts, rows, ...) at concat_dim from the dense buffer of every
+  // received piece in rank order.
+  const Shape dense = contiguous_strides(g.piece_sizes);
+  for (int64_t d = 0; d < input.dim(); ++d) {
+    if (d == concat_dim) {
+      g.received_sizes.push_back(parts);
+      g.received_strides.push_back(shape_numel(g.piece_sizes));
+    }
+    g.received_sizes.push_back(g.piece_sizes[d]);
+    g.received_strides.push_back(dense[d]);
+  }
+  return g;
 }
 
 Tensor copy_to_tp(const Tensor& x, int64_t group) {
@@ -210,6 +305,9 @@ Tensor gather_from_tp(const Tensor& x, int64_t group) {
 }
 Tensor scatter_to_tp(const Tensor& x, int64_t group) {
   return dispatch(ops::tp_scatter, {x}, group_attrs(group))[0];
+}
+Tensor all_to_all_tp(const Tensor& x, int64_t split_dim, int64_t concat_dim, int64_t group) {
+  return dispatch(ops::tp_all_to_all, {x}, all_to_all_attrs(group, split_dim, concat_dim))[0];
 }
 Tensor max_from_tp(const Tensor& x, int64_t group) {
   NoGradGuard no_grad;

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/attrs.h"
 #include "core/op.h"
@@ -23,6 +24,7 @@ inline const OpHandle tp_copy{"tp_copy"};
 inline const OpHandle tp_reduce{"tp_reduce"};
 inline const OpHandle tp_gather{"tp_gather"};
 inline const OpHandle tp_scatter{"tp_scatter"};
+inline const OpHandle tp_all_to_all{"tp_all_to_all"};
 }  // namespace tessel::ops
 
 namespace tessel::parallel {
@@ -37,10 +39,10 @@ const std::shared_ptr<Communicator>& tp_group(int64_t id);
 ReduceOp tp_reduce_op(const Attrs& attrs);
 
 // ---- collectives with backward; each op's backward is its dual [tp_copy tp_reduce tp_gather
-// tp_scatter]. f32 and f64 tensors of any strides. Every rank of the group must call them in the
-// same order, also in backward (autograd runs the duals in reverse order on every rank alike).
-// Identity forward, all-reduce (sum) of the gradient backward: where a replicated input enters
-// rank-local computation.
+// tp_scatter tp_all_to_all]. f32 and f64 tensors of any strides. Every rank of the group must call
+// them in the same order, also in backward (autograd runs the duals in reverse order on every rank
+// alike). Identity forward, all-reduce (sum) of the gradient backward: where a replicated input
+// enters rank-local computation.
 Tensor copy_to_tp(const Tensor& x, int64_t group);
 // All-reduce (sum) forward, identity backward: where partial results are combined.
 Tensor reduce_from_tp(const Tensor& x, int64_t group);
@@ -49,6 +51,27 @@ Tensor reduce_from_tp(const Tensor& x, int64_t group);
 Tensor gather_from_tp(const Tensor& x, int64_t group);
 // (..., n) -> this rank's columns (..., n / tp) (n divisible by tp); backward all-gathers.
 Tensor scatter_to_tp(const Tensor& x, int64_t group);
+// A tensor cut along `concat_dim` over the group (rank r holds part r) -> cut along `split_dim`
+// instead: each rank sends every other rank that rank's part of `split_dim` (divisible by the
+// group's size) and keeps the parts it receives, in rank order along `concat_dim`. It moves
+// 1 / size of what gathering the whole tensor would; backward moves the gradient back.
+Tensor all_to_all_tp(const Tensor& x, int64_t split_dim, int64_t concat_dim, int64_t group);
+// The pieces of an all-to-all's exchange in an order that needs no buffering: in round s, rank r
+// pairs with (s - r) mod size (itself when equal: its own piece); the lower rank sends first.
+struct AllToAllStep {
+  int peer;
+  bool send_first;
+};
+std::vector<AllToAllStep> all_to_all_schedule(int rank, int size);
+// For the kernels of a tp_all_to_all: the piece of the input sent to rank q (piece_sizes with the
+// input's strides, q * piece_offset elements past its start), and the output (dense) as
+// received_sizes read with received_strides from the dense buffer of the pieces received.
+struct AllToAllGeometry {
+  Shape piece_sizes;
+  int64_t piece_offset = 0;
+  Shape received_sizes, received_strides;
+};
+AllToAllGeometry all_to_all_geometry(const Tensor& input, int parts, const Attrs& attrs);
 // All-reduce max over the group, no gradient (the max-subtraction of the parallel softmax).
 Tensor max_from_tp(const Tensor& x, int64_t group);
 

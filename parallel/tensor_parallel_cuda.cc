@@ -1,7 +1,8 @@
-// The CUDA kernels of the tensor-parallel collectives (tp_copy, tp_reduce, tp_gather, tp_scatter;
-// defined with their CPU kernels in tensor_parallel.cc). The same steps as on the CPU: strided
-// copies into dense buffers, the group's collective (NCCL on a GPU), a strided copy back. NCCL
-// queues on the device's compute stream like the copies, so the host never waits in between.
+// The CUDA kernels of the tensor-parallel collectives (tp_copy, tp_reduce, tp_gather, tp_scatter,
+// tp_all_to_all; defined with their CPU kernels in tensor_parallel.cc). The same steps as on the
+// CPU: strided copies into dense buffers, the group's collective (NCCL on a GPU), a strided copy
+// back. NCCL queues on the device's compute stream like the copies, so the host never waits in
+// between.
 #include <cuda_runtime.h>
 
 #include "core/op.h"
@@ -112,6 +113,43 @@ void tp_scatter_kernel(KernelContext& ctx) {
   gather_into(output, first, output.sizes(), input.strides(), cuda::compute_stream(device));
 }
 
+void tp_all_to_all_kernel(KernelContext& ctx) {
+  const auto& group = device_group_of("all_to_all_tp", ctx);
+  const Tensor& input = ctx.inputs[0];
+  const int device = input.device().index;
+  cuda::DeviceGuard guard(device);
+  cudaStream_t stream = cuda::compute_stream(device);
+  const AllToAllGeometry g = all_to_all_geometry(input, group->size(), ctx.attrs);
+  const int64_t piece_numel = shape_numel(g.piece_sizes);
+  const auto element = static_cast<int64_t>(input.element_size());
+  // Every piece, sent or kept, goes densely into its slot of one buffer; received ones replace
+  // the sent ones in their slots (this rank's stays).
+  Shape buffer_sizes = g.piece_sizes;
+  buffer_sizes.insert(buffer_sizes.begin(), group->size());
+  Tensor buffer = ctx.workspace(buffer_sizes, input.dtype());
+  const Shape piece_strides = contiguous_strides(g.piece_sizes);
+  auto slot_of = [&](int q) {
+    return Tensor(std::make_shared<TensorImpl>(buffer.storage(), g.piece_sizes, piece_strides,
+                                               buffer.storage_offset() + q * piece_numel,
+                                               buffer.dtype()));
+  };
+  for (int q = 0; q < group->size(); ++q)
+    gather_into(slot_of(q),
+                static_cast<const char*>(input.raw_data()) + q * g.piece_offset * element,
+                g.piece_sizes, input.strides(), stream);
+  Tensor piece = ctx.workspace(g.piece_sizes, input.dtype());
+  for (const AllToAllStep& step : all_to_all_schedule(group->rank(), group->size())) {
+    if (step.peer == group->rank()) continue;
+    Tensor slot = slot_of(step.peer);
+    gather_into(piece, slot, stream);
+    if (step.send_first) group->send(piece, step.peer);
+    group->recv(slot, step.peer);
+    if (!step.send_first) group->send(piece, step.peer);
+  }
+  TESSEL_CHECK(ctx.outputs[0].is_contiguous(), "all_to_all_tp (cuda): the output must be dense");
+  gather_into(ctx.outputs[0], buffer.raw_data(), g.received_sizes, g.received_strides, stream);
+}
+
 }  // namespace
 
 TESSEL_REGISTER_OPS(tensor_parallel_cuda) {
@@ -119,6 +157,7 @@ TESSEL_REGISTER_OPS(tensor_parallel_cuda) {
   ops::tp_reduce.set_kernel(DeviceType::kCuda, tp_reduce_kernel);
   ops::tp_gather.set_kernel(DeviceType::kCuda, tp_gather_kernel);
   ops::tp_scatter.set_kernel(DeviceType::kCuda, tp_scatter_kernel);
+  ops::tp_all_to_all.set_kernel(DeviceType::kCuda, tp_all_to_all_kernel);
 }
 
 }  // namespace tessel::parallel

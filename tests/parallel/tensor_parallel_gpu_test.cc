@@ -95,6 +95,8 @@ TEST_F(TensorParallelGpu, EveryOpForwardAndBackwardMatchesTheCpuBitForBit) {
       {"reduce_from_tp", reduce_from_tp},
       {"gather_from_tp", gather_from_tp},
       {"scatter_to_tp", scatter_to_tp},
+      {"all_to_all_tp (last dim to first)",
+       [](const Tensor& x, int64_t group) { return all_to_all_tp(x, x.dim() - 1, 0, group); }},
   };
   for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kBFloat16}) {
     for (const Case& c : cases()) {

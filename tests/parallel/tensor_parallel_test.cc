@@ -1,7 +1,8 @@
 // Tensor parallelism against one process running the unsharded layers: the collectives with
 // their backward, column and row parallel linear, vocabulary-parallel embedding and
-// cross-entropy, and BERT tiny (tp = 2, with dp = 2 at 4 ranks: gradients all-reduced over the
-// data-parallel group) whose losses and gathered gradients match the full model's.
+// cross-entropy, the all-to-all, and BERT tiny (tp = 2, with dp = 2 at 4 ranks: gradients
+// all-reduced over the data-parallel group) whose losses and gathered gradients match the full
+// model's.
 #include "parallel/tensor_parallel.h"
 
 #include <algorithm>
@@ -279,6 +280,58 @@ TEST_F(TensorParallel, BertTinyLossesAndGradientsMatchTheUnshardedModel) {
     auto split = split_dims.find(name);
     if (split != split_dims.end()) grad = gather_shards(grad, split->second, tp_comm());
     EXPECT_TRUE(close_overall(grad, expected_grads[name], name + " grad"));
+  }
+}
+
+TEST_F(TensorParallel, AllToAllMovesASplitToAnotherDimAndBack) {
+  // Over every rank: a tensor cut along one dim comes out cut along another, bitwise, and the
+  // gradient goes back to the first cut.
+  const int64_t world_group = register_tp_group(shared_world());
+  const int parts = size();
+  manual_seed(3);  // the same whole tensors on every rank
+  Tensor whole = randn({2 * parts, 3, 5 * parts}, DType::kFloat64);
+  Tensor upstream = randn({2 * parts, 3, 5 * parts}, DType::kFloat64);
+  Tensor x = narrow(whole, 0, 2 * rank(), 2).contiguous().set_requires_grad(true);
+  Tensor y = all_to_all_tp(x, /*split_dim=*/2, /*concat_dim=*/0, world_group);
+  EXPECT_TRUE(bitwise_equal(y, narrow(whole, 2, 5 * rank(), 5)));
+  sum(mul(y, narrow(upstream, 2, 5 * rank(), 5))).backward();
+  EXPECT_TRUE(bitwise_equal(x.grad(), narrow(upstream, 0, 2 * rank(), 2)));
+
+  // A strided input (a transposed view), moved from dim 2 to dim 1 (f32).
+  Tensor whole_f = randn({4, 3 * parts, 2 * parts});
+  Tensor shard = narrow(whole_f, 2, 2 * rank(), 2);  // not contiguous
+  EXPECT_TRUE(bitwise_equal(all_to_all_tp(transpose(shard, 0, 2), 1, 0, world_group),
+                            transpose(narrow(whole_f, 1, 3 * rank(), 3), 0, 2).contiguous()));
+
+  EXPECT_TRUE(throws_error(
+      [&] {
+        all_to_all_tp(zeros({parts, 3}), 1, 0, world_group);
+      },
+      "is not divisible by the group size"));
+  EXPECT_TRUE(throws_error(
+      [&] {
+        all_to_all_tp(zeros({parts, parts}), 1, 1, world_group);
+      },
+      "must be two different dims"));
+}
+
+TEST(AllToAllSchedule, EveryPairMeetsOnceWithOneSenderFirst) {
+  for (int size : {1, 2, 3, 4, 5, 8}) {
+    std::vector<std::vector<AllToAllStep>> schedules;
+    for (int rank = 0; rank < size; ++rank) schedules.push_back(all_to_all_schedule(rank, size));
+    for (int rank = 0; rank < size; ++rank) {
+      std::vector<int> peers;
+      for (size_t round = 0; round < schedules[rank].size(); ++round) {
+        const AllToAllStep step = schedules[rank][round];
+        peers.push_back(step.peer);
+        // In the same round the peer pairs back with this rank, and exactly one sends first.
+        const AllToAllStep back = schedules[step.peer][round];
+        EXPECT_EQ(back.peer, rank) << "size " << size << " round " << round;
+        if (step.peer != rank) EXPECT_NE(step.send_first, back.send_first);
+      }
+      std::sort(peers.begin(), peers.end());
+      for (int peer = 0; peer < size; ++peer) EXPECT_EQ(peers[peer], peer);
+    }
   }
 }
 
