@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "memory/memory.h"
+#include "models/resnet.h"
 #include "nn/nn.h"
 #include "ops/ops.h"
 #include "optim/sgd.h"
@@ -228,6 +229,35 @@ TEST(MemorySimulation, AutoKeepsTheFastestOfItsWays) {
     EXPECT_LE(last_step[Policy::kAuto],
               1.02 * std::min(last_step[Policy::kDtr], last_step[Policy::kSwap]));
   }
+}
+
+TEST(MemorySimulation, AutoTrainsWhereDtrRunsOutOfMemory) {
+  // ResNet-152 at batch 128 within 22% of its peak on the H200 profile: dtr runs out of memory
+  // (recomputing a tensor deep in a residual stage pins the inputs it finds until their consumer
+  // has run), and auto, whose third way recomputes as dtr does, swaps where nothing else frees
+  // room: it trains through the trial of its three ways and stays within the budget.
+  Simulation simulation(
+      planner::simulated_device(planner::load_profile("parallel/profiles/h200_cluster.json")));
+  auto run_steps = [](const MemoryOptions& options, int steps) {
+    MemoryScope scope(options);
+    manual_seed(1);
+    auto model = models::make_resnet("resnet152", models::ResNetOptions().num_classes(1000));
+    model->to(Device::meta());
+    optim::SGD sgd(model->parameters(), optim::SGDOptions(0.1).momentum(0.9));
+    const TensorOptions on_meta = TensorOptions().device(Device::meta());
+    for (int step = 0; step < steps; ++step) {
+      sgd.zero_grad();
+      cross_entropy(model->forward(empty({128, 3, 224, 224}, on_meta)),
+                    empty({128}, TensorOptions(on_meta).dtype(DType::kInt64)))
+          .backward();
+      sgd.step();
+    }
+    return static_cast<size_t>(scope.allocator().memory_stats().base.peak_allocated_bytes);
+  };
+  const size_t peak = run_steps(MemoryOptions().device(Device::meta()), 2);
+  const size_t budget = peak * 22 / 100;
+  EXPECT_THROW(run_steps(on_meta(Policy::kDtr, budget), 8), OutOfMemory);
+  EXPECT_LE(run_steps(on_meta(Policy::kAuto, budget), 8), budget);
 }
 
 TEST(MemorySimulation, DtrDecidesAsACpuRunGivenTheSameCosts) {
