@@ -69,7 +69,8 @@ Tensor shard_along(const Tensor& x, int64_t dim, int64_t group) {
                " equal parts; shards must be equal");
   if (!is_floating(x.dtype())) {
     const int64_t length = x.size(dim) / parts;
-    return narrow(x, dim, length * tp_group(group)->rank(), length).contiguous();
+    return narrow(x, dim, length * tp_group(group)->rank(), length)
+        .clone();  // not a view that keeps x whole
   }
   return with_dim_last(scatter_to_tp(with_dim_last(x, dim), group), dim);
 }

@@ -163,7 +163,8 @@ ParallelModule::ParallelModule(std::shared_ptr<nn::Module> model,
   auto shard_of = [&](const Tensor& full, int64_t dim) {
     if (dim < 0) return full;
     const int64_t length = full.size(dim) / tp_;
-    return narrow(full, dim, length * tp_index_, length).contiguous();
+    // A copy of its own: a narrow view (contiguous along dim 0) would keep the whole alive.
+    return narrow(full, dim, length * tp_index_, length).clone();
   };
   for (const auto& [name, proxy] : model_->named_parameters()) {
     auto split = split_dims_.find(name);
@@ -200,10 +201,35 @@ nn::NamedTensors ParallelModule::named_parameters() const { return parameters_; 
 
 void ParallelModule::synchronize_gradients() {
   if (dp_ == 1) return;
+  std::vector<Tensor> grads;
+  int64_t numel = 0;
   for (const auto& [name, parameter] : parameters_) {
     const Tensor grad = parameter.grad();
-    if (grad.defined() && batch_split_parameters_.count(name))
-      dp_comm_->all_reduce(grad, ReduceOp::kSum);
+    if (!grad.defined() || !batch_split_parameters_.count(name)) continue;
+    if (!grads.empty() && grad.dtype() != grads[0].dtype()) {
+      dp_comm_->all_reduce(grad, ReduceOp::kSum);  // another dtype than the bucket's
+      continue;
+    }
+    grads.push_back(grad);
+    numel += grad.numel();
+  }
+  if (grads.empty()) return;
+  // One all-reduce over a flat bucket, as DDP does (the planner prices the bucket's memory).
+  NoGradGuard no_grad;
+  if (!gradient_bucket_.defined() || gradient_bucket_.numel() != numel ||
+      gradient_bucket_.dtype() != grads[0].dtype())
+    gradient_bucket_ = empty({numel}, TensorOptions(grads[0].dtype()).device(grads[0].device()));
+  int64_t offset = 0;
+  for (const Tensor& grad : grads) {
+    narrow(gradient_bucket_, 0, offset, grad.numel()).copy_(grad.reshape({grad.numel()}));
+    offset += grad.numel();
+  }
+  dp_comm_->all_reduce(gradient_bucket_, ReduceOp::kSum);
+  offset = 0;
+  for (const Tensor& grad : grads) {
+    Tensor target = grad;
+    target.copy_(narrow(gradient_bucket_, 0, offset, grad.numel()).reshape(grad.sizes()));
+    offset += grad.numel();
   }
 }
 

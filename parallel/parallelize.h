@@ -92,7 +92,8 @@ class ParallelModule : private DispatchInterceptor {
   nn::NamedTensors named_parameters() const;
   // Sums over the data-parallel group the gradients of the parameters whose ops split the batch
   // (each dp rank's part of the loss is already divided by dp); an op over the whole batch
-  // leaves the whole gradient on every rank.
+  // leaves the whole gradient on every rank. One all-reduce over a flat bucket of them, kept
+  // between steps as DDP's buckets are.
   void synchronize_gradients();
   // Every parameter and buffer whole (gathered over tp), by name: checkpoints and tests.
   std::map<std::string, Tensor> full_state_dict() const;
@@ -155,6 +156,7 @@ class ParallelModule : private DispatchInterceptor {
   std::map<std::string, int64_t> split_dims_;
   std::map<std::string, Tensor> buffers_;         // local buffers, by name
   std::set<std::string> batch_split_parameters_;  // read by an op that splits the batch
+  Tensor gradient_bucket_;  // their gradients, flat, for one all-reduce over dp (kept, as DDP's)
   std::unordered_map<const TensorImpl*, Local> locals_;
   Local scratch_;  // local_of's answer for a real tensor
   size_t next_op_ = 0;
