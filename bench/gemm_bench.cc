@@ -1,5 +1,5 @@
 // GEMM f32 throughput: the raw strided GEMM (ops/cpu/gemm.h) into a preallocated C, and the
-// matmul op through the dispatcher (allocation included). Square n x n x n.
+// matmul, linear and bmm ops through the dispatcher (allocation included). Square n x n x n.
 //   bazel run //bench:gemm_bench -- --threads=2 --benchmark_format=json
 #include <vector>
 
@@ -41,9 +41,38 @@ void BM_MatmulF32(benchmark::State& state) {
   set_gflops(state, n);
 }
 
+// x (n, n) W^T + b: the linear op (a transposed operand read in place, the bias added).
+void BM_LinearF32(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  tessel::Tensor x = tessel::randn({n, n});
+  tessel::Tensor weight = tessel::randn({n, n});
+  tessel::Tensor bias = tessel::randn({n});
+  for (auto _ : state) {
+    tessel::Tensor y = tessel::linear(x, weight, bias);
+    benchmark::DoNotOptimize(y);
+  }
+  set_gflops(state, n);
+}
+
+// Eight n x n x n products in one batched op.
+void BM_BmmF32(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  constexpr int64_t kBatch = 8;
+  tessel::Tensor a = tessel::randn({kBatch, n, n});
+  tessel::Tensor b = tessel::randn({kBatch, n, n});
+  for (auto _ : state) {
+    tessel::Tensor c = tessel::bmm(a, b);
+    benchmark::DoNotOptimize(c);
+  }
+  state.counters["flops"] = benchmark::Counter(2.0 * kBatch * static_cast<double>(n) * n * n,
+                                               benchmark::Counter::kIsIterationInvariantRate);
+}
+
 }  // namespace
 
 BENCHMARK(BM_GemmF32)
+    ->Arg(64)
+    ->Arg(128)
     ->Arg(256)
     ->Arg(512)
     ->Arg(1024)
@@ -51,11 +80,24 @@ BENCHMARK(BM_GemmF32)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_MatmulF32)
+    ->Arg(64)
+    ->Arg(128)
     ->Arg(256)
     ->Arg(512)
     ->Arg(1024)
     ->Arg(2048)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_LinearF32)
+    ->Arg(64)
+    ->Arg(128)
+    ->Arg(256)
+    ->Arg(512)
+    ->Arg(1024)
+    ->Arg(2048)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_BmmF32)->Arg(64)->Arg(128)->Arg(256)->Arg(512)->UseRealTime()->Unit(
+    benchmark::kMillisecond);
 
 TESSEL_BENCHMARK_MAIN()

@@ -82,6 +82,14 @@ def torch_case(name):
         (n,) = args
         a, b = pattern(n, n), pattern(n, n)
         return f"matmul op f32 {n}^3", 2.0 * n**3, lambda: torch.matmul(a, b)
+    if kind == "BM_LinearF32":
+        (n,) = args
+        x, w, b = pattern(n, n), pattern(n, n), pattern(n)
+        return f"linear op f32 {n}^3 (+ bias)", 2.0 * n**3, lambda: F.linear(x, w, b)
+    if kind == "BM_BmmF32":
+        (n,) = args
+        a, b = pattern(8, n, n), pattern(8, n, n)
+        return f"bmm op f32 8 x {n}^3", 2.0 * 8 * n**3, lambda: torch.bmm(a, b)
     if kind in ("BM_Conv2dForward", "BM_Conv2dBackward"):
         batch, channels, size = args
         x = pattern(batch, channels, size, size)

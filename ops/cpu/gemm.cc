@@ -63,8 +63,10 @@ void gemm_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, do
   }
 }
 
-// Below this many multiply-adds a GEMM runs on one thread: starting threads costs more.
-constexpr double kThreadedGemmWork = 64.0 * 64.0 * 64.0;
+// Below this many multiply-adds a GEMM runs on one thread: waking sleeping threads (a passive
+// OpenMP wait policy) costs about 50 us on the 2-core development machine, where one thread
+// multiplies 128^3 in about 40 us and 256^3 in about 440 us.
+constexpr double kThreadedGemmWork = 4.0 * 1024 * 1024;
 // Slices of C start at multiples of this many rows or columns (whole SIMD registers).
 constexpr int64_t kSliceAlign = 16;
 
@@ -117,10 +119,14 @@ void gemm_batched_impl(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t
     return;
   }
   const int64_t threads = get_num_threads();
-  // Whole matrices per thread when the batch keeps every thread about equally busy; otherwise
-  // one matrix at a time, each split across the threads.
+  // Whole matrices per thread when the batch keeps every thread about equally busy and is work
+  // enough to wake them; otherwise one matrix at a time, each split across the threads (or not,
+  // when small).
   const bool across_batch = threads > 1 && !omp_in_parallel() && batch >= threads &&
-                            (batch % threads == 0 || batch >= 4 * threads);
+                            (batch % threads == 0 || batch >= 4 * threads) &&
+                            static_cast<double>(batch) * static_cast<double>(m) *
+                                    static_cast<double>(n) * static_cast<double>(k) >=
+                                kThreadedGemmWork;
   if (!across_batch) {
     for (int64_t i = 0; i < batch; ++i)
       gemm_threaded(trans_a, trans_b, m, n, k, alpha, a + i * batch_stride_a, lda,
