@@ -68,36 +68,19 @@ void BM_BmmF32(benchmark::State& state) {
                                                benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// Square sizes from 64 up to `largest`, timed in milliseconds of wall time.
+void sizes_up_to(benchmark::internal::Benchmark* registered, int64_t largest) {
+  for (int64_t n = 64; n <= largest; n *= 2) registered->Arg(n);
+  registered->UseRealTime()->Unit(benchmark::kMillisecond);
+}
+void up_to_2048(benchmark::internal::Benchmark* registered) { sizes_up_to(registered, 2048); }
+void up_to_512(benchmark::internal::Benchmark* registered) { sizes_up_to(registered, 512); }
+
 }  // namespace
 
-BENCHMARK(BM_GemmF32)
-    ->Arg(64)
-    ->Arg(128)
-    ->Arg(256)
-    ->Arg(512)
-    ->Arg(1024)
-    ->Arg(2048)
-    ->UseRealTime()
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_MatmulF32)
-    ->Arg(64)
-    ->Arg(128)
-    ->Arg(256)
-    ->Arg(512)
-    ->Arg(1024)
-    ->Arg(2048)
-    ->UseRealTime()
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_LinearF32)
-    ->Arg(64)
-    ->Arg(128)
-    ->Arg(256)
-    ->Arg(512)
-    ->Arg(1024)
-    ->Arg(2048)
-    ->UseRealTime()
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_BmmF32)->Arg(64)->Arg(128)->Arg(256)->Arg(512)->UseRealTime()->Unit(
-    benchmark::kMillisecond);
+BENCHMARK(BM_GemmF32)->Apply(up_to_2048);
+BENCHMARK(BM_MatmulF32)->Apply(up_to_2048);
+BENCHMARK(BM_LinearF32)->Apply(up_to_2048);
+BENCHMARK(BM_BmmF32)->Apply(up_to_512);
 
 TESSEL_BENCHMARK_MAIN()
