@@ -39,6 +39,23 @@ std::vector<std::string> known_models() {
   return names;
 }
 
+planner::ModuleTraceOptions bert_pretraining_step(int64_t batch, int64_t seq) {
+  const Shape tokens{batch, seq};
+  std::vector<planner::StepInput> inputs = {{"input_ids", tokens},
+                                            {"token_type_ids", tokens},
+                                            {"attention_mask", tokens},
+                                            {"mlm_labels", tokens},
+                                            {"nsp_labels", {batch}}};
+  auto step = [](nn::Module& module, const std::vector<Tensor>& in) {
+    auto* model = dynamic_cast<BertForPreTraining*>(&module);
+    TESSEL_CHECK(model != nullptr, "bert_pretraining_step: the module is a ", module.name(),
+                 ", not a BertForPreTraining");
+    return bert_pretraining_loss(model->forward(in.at(0), in.at(1), in.at(2)), in.at(3), in.at(4))
+        .total;
+  };
+  return planner::ModuleTraceOptions(std::move(inputs), step).name("bert_pretraining");
+}
+
 Graph trace_model(const ModelSpec& spec) {
   const std::vector<std::string> names = known_models();
   TESSEL_CHECK(contains(names, spec.name), "unknown model '", spec.name, "' (known: ", join(names),

@@ -8,6 +8,7 @@
 
 #include "parallel/planner/graph.h"
 #include "parallel/planner/planner.h"
+#include "parallel/planner/trace_module.h"
 
 namespace tessel::models {
 
@@ -16,5 +17,10 @@ namespace tessel::models {
 std::vector<std::string> known_models();
 // An unknown name is an error listing the known ones.
 planner::Graph trace_model(const planner::ModelSpec& spec);
+
+// BERT pre-training as a step of five int64 inputs, for planner::trace_module and
+// parallel::ParallelModule over a BertForPreTraining: input_ids, token_type_ids, attention_mask
+// and mlm_labels (batch, seq), nsp_labels (batch); the loss is bert_pretraining_loss's total.
+planner::ModuleTraceOptions bert_pretraining_step(int64_t batch, int64_t seq);
 
 }  // namespace tessel::models

@@ -6,6 +6,7 @@
 
 #include "core/autograd.h"
 #include "core/error.h"
+#include "ops/factory.h"
 #include "ops/ops.h"
 #include "parallel/dtensor.h"
 #include "parallel/tensor_parallel.h"
@@ -22,25 +23,53 @@ bool is_class_loss(const planner::TracedOp& op) {
   return op.def->planner.split == ParallelSplit::kSoftmaxLossClasses;
 }
 
-int64_t prefix_numel(const Shape& sizes, size_t end) {
+int64_t suffix_numel(const Shape& sizes, size_t begin) {
   int64_t numel = 1;
-  for (size_t d = 0; d < end; ++d) numel *= sizes[d];
+  for (size_t d = begin; d < sizes.size(); ++d) numel *= sizes[d];
   return numel;
 }
 
-// Where dim `dim` of a tensor of shape `from`, cut into `parts`, lies after a reshape to `to`:
-// the output dim starting at the same offset that keeps it whole (merged with the dims after it)
-// or cuts it into an outer dim that `parts` divides; -1 when the cut does not survive.
-int64_t reshaped_dim(const Shape& from, const Shape& to, int64_t dim, int parts) {
-  const int64_t before = prefix_numel(from, static_cast<size_t>(dim));
+// Where a model split of dim `axis` of a tensor of shape `from` (blocks of `period` elements cut
+// in `parts`, 0: the whole dim) lies after a reshape to `to`. A reshape keeps the order of the
+// elements, so the split is a run of blocks of the flat elements, each cut in `parts`: the dim of
+// `to` that holds one block and cuts it between elements of the dims after it. Returns that dim
+// and its period there (0: the whole dim), or dim -1 when no dim holds it so.
+std::pair<int64_t, int64_t> reshaped_split(const Shape& from, const Shape& to, int64_t axis,
+                                           int64_t period, int parts) {
+  const size_t a = static_cast<size_t>(axis);
+  const int64_t block = (period > 0 ? period : from[a]) * suffix_numel(from, a + 1);
   for (size_t d = 0; d < to.size(); ++d) {
-    if (prefix_numel(to, d) != before) continue;
-    if (to[d] == 1 && from[dim] != 1) continue;  // a leading 1 inserted before the dim
-    const bool merged = to[d] % from[dim] == 0;
-    const bool cut = from[dim] % to[d] == 0 && to[d] % parts == 0;
-    return merged || cut ? static_cast<int64_t>(d) : -1;
+    const int64_t inner = suffix_numel(to, d + 1);
+    const int64_t span = inner * to[d];
+    if (!(inner < block && block <= span)) continue;
+    if (block % inner != 0 || (block / parts) % inner != 0 || span % block != 0) return {-1, 0};
+    const int64_t new_period = block / inner;
+    return {static_cast<int64_t>(d), new_period == to[d] ? 0 : new_period};
   }
-  return -1;
+  return {-1, 0};
+}
+
+// `x` with dim `axis` seen as (blocks, block): the dim after `axis` then holds one block.
+Tensor blocks_of(const Tensor& x, int64_t axis, int64_t block) {
+  Shape sizes = x.sizes();
+  sizes[static_cast<size_t>(axis)] /= block;
+  sizes.insert(sizes.begin() + axis + 1, block);
+  return reshape(x, sizes);
+}
+
+// The inverse of blocks_of: dims `axis` and `axis` + 1 merged.
+Tensor merge_blocks(const Tensor& x, int64_t axis) {
+  Shape sizes = x.sizes();
+  sizes[static_cast<size_t>(axis)] *= sizes[static_cast<size_t>(axis) + 1];
+  sizes.erase(sizes.begin() + axis + 1);
+  return reshape(x, sizes);
+}
+
+// A loss whose mean is over the rows its targets count (cross_entropy and nll_loss skip
+// ignore_index): under a batch split, the ranks' sums and counts give the whole batch's mean.
+bool counted_mean_loss(const OpDef& op, const Attrs& attrs) {
+  return (op.name == "cross_entropy" || op.name == "nll_loss") &&
+         attrs.get_or<std::string>("reduction", "mean") == "mean";
 }
 
 // Restores the thread's previous interceptor when the forward ends, even by an exception.
@@ -140,23 +169,23 @@ ParallelModule::ParallelModule(std::shared_ptr<nn::Module> model,
     TESSEL_CHECK(found != all[i].end(), "parallelize: op ", i, " (", traced.name,
                  ") has no strategy '", planned.strategy, "' at dp=", planned.dp,
                  " tp=", planned.tp);
-    const SplitKind kind = found->kind;
-    TESSEL_CHECK(
-        kind != SplitKind::kHeads && !(kind == SplitKind::kVocab && !is_class_loss(traced)) &&
-            !(kind == SplitKind::kColumn &&
-              traced.def->planner.split == ParallelSplit::kEmbeddingTable),
-        "parallelize: op ", i, " (", traced.name, ") is split by ", planner::split_kind_name(kind),
-        ", which is not run yet (attention heads and embedding tables)");
+    TESSEL_CHECK(found->kind != SplitKind::kVocab ||
+                     traced.def->planner.split != ParallelSplit::kLossClasses,
+                 "parallelize: op ", i, " (", traced.name,
+                 ") is split by classes, which is not run yet for nll_loss");
+    TESSEL_CHECK(traced.def->planner.split != ParallelSplit::kEmbeddingTable ||
+                     found->kind == SplitKind::kReplicate ||
+                     traced.attrs.get_or<int64_t>("padding_idx", -1) < 0,
+                 "parallelize: op ", i, " (", traced.name,
+                 ") is a table with a padding row, which is not run split yet");
     strategies_.push_back(*found);
     for (const planner::ParameterSplit& split : found->parameters) {
       const std::string& name = graph_.tensors[split.tensor].parameter;
       // An op over the whole batch gives every dp rank the whole gradient already.
       if (found->dp > 1) batch_split_parameters_.insert(name);
-      if (split.dim < 0) continue;
-      auto [entry, added] = split_dims_.emplace(name, split.dim);
-      TESSEL_CHECK(added || entry->second == split.dim, "parallelize: parameter ", name,
-                   " is cut along dim ", entry->second, " and dim ", split.dim,
-                   " by two of its ops; a tied parameter must be cut one way");
+      // Kept as its first user cuts it (the planner's owner); a tied parameter's other users
+      // move it to their cut (parameter_as_cut).
+      if (split.owned && split.dim >= 0) split_dims_[name] = split.dim;
     }
   }
 
@@ -254,15 +283,18 @@ std::map<std::string, Tensor> ParallelModule::full_gradients() const {
 }
 
 Tensor ParallelModule::loss(const Tensor& input, const Tensor& labels) {
-  const bool default_loss = !trace_.loss();
-  TESSEL_CHECK(input.defined() && input.dim() >= 1, "ParallelModule::loss: no input");
-  TESSEL_CHECK(!default_loss || labels.defined(),
+  TESSEL_CHECK(trace_.step_inputs().size() <= 2,
+               "ParallelModule::loss: the step takes several inputs: give them as a list");
+  TESSEL_CHECK(trace_.loss() || labels.defined(),
                "ParallelModule::loss: the model's loss is cross_entropy: give the labels");
-  Shape whole_input = input.sizes();
-  whole_input[0] *= dp_;
-  TESSEL_CHECK(whole_input == trace_.input_shape(), "ParallelModule::loss: this rank's input ",
-               shape_str(input.sizes()), " is not 1/", dp_, " of the batch the plan was made for, ",
-               shape_str(trace_.input_shape()));
+  return labels.defined() ? loss(std::vector<Tensor>{input, labels})
+                          : loss(std::vector<Tensor>{input});
+}
+
+Tensor ParallelModule::loss(const std::vector<Tensor>& inputs) {
+  const std::vector<planner::StepInput> specs = trace_.step_inputs();
+  TESSEL_CHECK(inputs.size() == specs.size(), "ParallelModule::loss: the step takes ", specs.size(),
+               " inputs, got ", inputs.size());
   const Layout rows{dp_ > 1, false, -1};
   next_op_ = 0;
   struct Clear {
@@ -272,22 +304,22 @@ Tensor ParallelModule::loss(const Tensor& input, const Tensor& labels) {
         it = it->second.persistent ? std::next(it) : self.locals_.erase(it);
     }
   } clear{*this};
-  auto meta = [](const Shape& sizes, DType dtype) {
-    return empty(sizes, TensorOptions(dtype).device(Device::meta()));
-  };
-  Tensor x = proxy_for(meta(whole_input, input.dtype()), input, rows);
+  std::vector<Tensor> proxies;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    TESSEL_CHECK(inputs[i].defined() && inputs[i].dim() >= 1, "ParallelModule::loss: input ",
+                 specs[i].name, " is missing or has no batch dim");
+    Shape whole = inputs[i].sizes();
+    whole[0] *= dp_;
+    TESSEL_CHECK(whole == specs[i].shape, "ParallelModule::loss: this rank's ", specs[i].name, " ",
+                 shape_str(inputs[i].sizes()), " is not 1/", dp_,
+                 " of the batch the plan was made for, ", shape_str(specs[i].shape));
+    proxies.push_back(proxy_for(
+        empty(whole, TensorOptions(inputs[i].dtype()).device(Device::meta())), inputs[i], rows));
+  }
   Tensor loss_proxy;
   {
     InterceptorScope scope(this);
-    Tensor output = model_->forward(x);
-    if (default_loss) {
-      Shape whole_labels = labels.sizes();
-      whole_labels[0] *= dp_;
-      loss_proxy =
-          cross_entropy(output, proxy_for(meta(whole_labels, labels.dtype()), labels, rows));
-    } else {
-      loss_proxy = trace_.loss()(output);
-    }
+    loss_proxy = trace_.step()(*model_, proxies);
   }
   TESSEL_CHECK(next_op_ == graph_.ops.size(), "parallelize: ", trace_.name(), " ran ", next_op_,
                " ops but its trace has ", graph_.ops.size(),
@@ -326,28 +358,55 @@ std::vector<StepCollective> ParallelModule::planned_collectives() const {
   const auto bytes_of = [](const Shape& sizes) {
     return shape_numel(sizes) * static_cast<int64_t>(sizeof(float));
   };
-  std::set<int> column_inputs;  // tensors whose gradient one all-reduce sums
+  // Tensors (read as one shape) whose gradient one all-reduce sums.
+  std::set<std::pair<int, Shape>> column_inputs;
   for (const planner::TracedOp& op : graph_.ops) {
     const planner::Strategy& s = strategies_[op.id];
-    if (s.tp > 1 && s.kind == SplitKind::kColumn && op.inputs[0] >= 0 &&
-        graph_.tensors[op.inputs[0]].requires_grad && column_inputs.insert(op.inputs[0]).second)
+    const bool table = op.def->planner.split == ParallelSplit::kEmbeddingTable;
+    if (s.tp > 1 && s.kind == SplitKind::kColumn && !table && op.inputs[0] >= 0 &&
+        graph_.tensors[op.inputs[0]].requires_grad &&
+        column_inputs.insert({op.inputs[0], op.input_shapes[0]}).second)
       planned.push_back({"all_reduce", label("tp"), bytes_of(op.input_shapes[0]) / s.dp});
-    if (s.tp > 1 && s.kind == SplitKind::kRow)
+    if (s.tp > 1 && (s.kind == SplitKind::kRow || (s.kind == SplitKind::kVocab && table)))
       planned.push_back({"all_reduce", label("tp"), bytes_of(op.output_shapes[0]) / s.dp});
-    if (s.tp > 1 && s.kind == SplitKind::kVocab) {
+    if (s.tp > 1 && s.kind == SplitKind::kVocab && !table) {
       const int64_t rows = op.input_shapes[0][0] / s.dp;
       for (int k = 0; k < 3; ++k) planned.push_back({"all_reduce", label("tp"), rows * 4});
     }
-    if (s.dp > 1 && !op.outputs.empty() && !graph_.tensors[op.outputs[0]].has_batch)
-      planned.push_back({"all_reduce", label("dp"), bytes_of(op.output_shapes[0])});
+    if (s.dp > 1 && !op.outputs.empty() && !graph_.tensors[op.outputs[0]].has_batch) {
+      // A mean over counted rows: their sum and count (mean_over_dp).
+      const int64_t values = counted_mean_loss(*op.def, op.attrs) ? 2 : 1;
+      planned.push_back({"all_reduce", label("dp"), values * bytes_of(op.output_shapes[0])});
+    }
+    // A broadcast operand of an element-wise split, cut to this rank's part: its gradient's
+    // parts gathered.
+    for (size_t slot = 0; slot < op.inputs.size(); ++slot)
+      if (planner::cuts_broadcast_operand(graph_, op, s, slot))
+        planned.push_back({"all_gather", label("tp"), bytes_of(op.input_shapes[slot])});
+    // A tied parameter's user that cuts it otherwise than its owner (parameter_as_cut): the
+    // planner's shared-parameter move, forward and for the gradient.
+    for (const planner::ParameterSplit& cut : s.parameters) {
+      auto stored = split_dims_.find(graph_.tensors[cut.tensor].parameter);
+      const int64_t owner_dim = stored == split_dims_.end() ? -1 : stored->second;
+      if (cut.owned || owner_dim == cut.dim) continue;
+      const int64_t bytes = graph_.tensors[cut.tensor].bytes;
+      if (owner_dim >= 0 && cut.dim >= 0) {
+        for (int pass = 0; pass < 2; ++pass)
+          for (int peer = 1; peer < tp_; ++peer)
+            planned.push_back({"send", label("tp"), bytes / tp_ / tp_});
+      } else {
+        planned.push_back({"all_gather", label("tp"), bytes});
+      }
+    }
     for (size_t slot = 0; slot < op.inputs.size(); ++slot) {
       const int id = op.inputs[slot];
       if (id < 0) continue;
       const planner::TracedTensor& tensor = graph_.tensors[id];
       if (tensor.is_input() && tensor.has_batch) {
         // Not priced by the planner: the data arrive as this rank's rows (loss()), and an op over
-        // the whole batch gathers them.
-        gather(planner::Layout{dp_, 1}, s.input_layouts[slot], bytes_of(op.input_shapes[slot]));
+        // the whole batch gathers them (labels as they are, 64-bit ids).
+        gather(planner::Layout{dp_, 1}, s.input_layouts[slot],
+               shape_numel(op.input_shapes[slot]) * element_size(tensor.dtype));
         continue;
       }
       if (tensor.producer < 0) continue;
@@ -414,10 +473,11 @@ ParallelModule::Local& ParallelModule::local_of(const Tensor& proxy) {
 
 Tensor ParallelModule::move(const Tensor& local, const Layout& from, const Layout& to) {
   Tensor x = local;
-  const bool other_axis = from.model && to.model && from.axis != to.axis;
+  const bool other_axis =
+      from.model && to.model && (from.axis != to.axis || from.period != to.period);
   // A split that moves to another dim of the same group: each rank sends the others their parts
   // of what it holds (an all-to-all), a group's size-th of gathering the whole tensor.
-  if (is_floating(x.dtype())) {
+  if (is_floating(x.dtype()) && from.period == 0 && to.period == 0) {
     if (other_axis && from.batch == to.batch)
       return all_to_all_tp(x, to.axis, from.axis, tp_group_);
     if (one_group_ && from.batch && !from.model && to.model && !to.batch)
@@ -425,15 +485,54 @@ Tensor ParallelModule::move(const Tensor& local, const Layout& from, const Layou
     if (one_group_ && from.model && !from.batch && to.batch && !to.model)
       return all_to_all_tp(x, 0, from.axis, tp_group_);
   }
-  if (from.model && (!to.model || other_axis)) x = gather_along(x, from.axis, tp_group_);
+  if (from.model && (!to.model || other_axis)) {
+    // A period: each block's parts gathered (a dim of (blocks, part)).
+    x = from.period > 0 ? merge_blocks(gather_along(blocks_of(x, from.axis, from.period / tp_),
+                                                    from.axis + 1, tp_group_),
+                                       from.axis)
+                        : gather_along(x, from.axis, tp_group_);
+  }
   if (from.batch && !to.batch) x = gather_along(x, 0, dp_group_);
   if (!from.batch && to.batch) x = shard_along(x, 0, dp_group_);
-  if (to.model && (!from.model || other_axis)) x = shard_along(x, to.axis, tp_group_);
+  if (to.model && (!from.model || other_axis)) {
+    x = to.period > 0
+            ? merge_blocks(shard_along(blocks_of(x, to.axis, to.period), to.axis + 1, tp_group_),
+                           to.axis)
+            : shard_along(x, to.axis, tp_group_);
+  }
   return x;
+}
+
+Tensor ParallelModule::parameter_as_cut(const Local& parameter, int64_t dim) {
+  const Layout& have = parameter.layout;
+  if (have.model == (dim >= 0) && (dim < 0 || have.axis == dim)) return parameter.tensor;
+  return move(parameter.tensor, have, Layout{false, dim >= 0, dim, 0});
+}
+
+Tensor ParallelModule::mean_over_dp(const Tensor& local_sum, const Tensor& target,
+                                    const Attrs& attrs) {
+  const DType dtype = local_sum.dtype();
+  // Class probabilities as targets count every row; class ids all but ignore_index.
+  Tensor count =
+      is_floating(target.dtype())
+          ? full({}, static_cast<double>(target.size(0)),
+                 TensorOptions(dtype).device(local_sum.device()))
+          : sum(to_dtype(
+                ne(target, static_cast<double>(attrs.get_or<int64_t>("ignore_index", -100))),
+                dtype));
+  Tensor both = reduce_from_tp(stack({local_sum, count}), dp_group_);
+  return div(select(both, 0, 0), select(both, 0, 1));
 }
 
 std::vector<Tensor> ParallelModule::dispatch(const OpDef& op, const std::vector<Tensor>& inputs,
                                              const Attrs& attrs, const std::vector<Tensor>& out) {
+  if (op.flags.view && op.name == "reshape") {
+    // A reshape that no view of its input gives (permuted dims merged) copies it first: an op of
+    // the trace (contiguous), run as the plan says, before the view.
+    const Tensor whole_out = tessel::dispatch(op, inputs, attrs)[0];
+    if (whole_out.storage() != inputs.at(0).storage())
+      return {run_view(op, run_op(ops::contiguous.def(), {inputs[0]}, Attrs{}, {})[0], attrs)};
+  }
   if (op.flags.view) return {run_view(op, inputs.at(0), attrs)};
   return run_op(op, inputs, attrs, out);
 }
@@ -467,14 +566,16 @@ Tensor ParallelModule::run_view(const OpDef& op, const Tensor& input, const Attr
              op.name == "unsqueeze") {
     Shape local_sizes = to;
     if (layout.batch) {
-      kept = kept && reshaped_dim(from, to, 0, dp_) == 0;
+      // Dim 0 keeps the batch's rows whole (a block of the flat elements, cut in dp parts).
+      kept = kept && reshaped_split(from, to, 0, 0, dp_) == std::pair<int64_t, int64_t>{0, 0};
       if (kept) local_sizes[0] /= dp_;
     }
     if (layout.model) {
-      const int64_t axis = reshaped_dim(from, to, layout.axis, tp_);
+      const auto [axis, period] = reshaped_split(from, to, layout.axis, layout.period, tp_);
       kept = kept && axis >= 0;
       if (kept) {
         layout.axis = axis;
+        layout.period = period;
         local_sizes[static_cast<size_t>(axis)] /= tp_;
       }
     }
@@ -525,44 +626,93 @@ std::vector<Tensor> ParallelModule::run_op(const OpDef& op, const std::vector<Te
   const bool split_model = s.tp > 1 && kind != SplitKind::kReplicate;
 
   // The axis the op splits over tp: channels for convolutions, normalisation and pooling, the
-  // features (last dim) for linear layers, else that of an input already split.
-  int64_t axis = -1;
+  // features (last dim) for linear layers and column-split tables, else that of an input already
+  // split (with its period: heads inside batch * heads), for attention's softmax any dim but the
+  // normalised one, for its products the batch of heads.
+  const ParallelSplit split = traced.def->planner.split;
+  const bool embedding_table = split == ParallelSplit::kEmbeddingTable;
+  int64_t axis = -1, period = 0, axis_size = 0;
   if (split_model) {
     for (size_t k = 0; k < inputs.size() && axis < 0; ++k) {
       if (!inputs[k].defined()) continue;
       const Local& input = local_of(inputs[k]);
       if (input.layout.model && !graph_.tensors[traced.inputs[k]].is_parameter() &&
-          s.input_layouts[k].model > 1)
+          s.input_layouts[k].model > 1) {
         axis = input.layout.axis;
+        period = input.layout.period;
+        axis_size = inputs[k].size(axis);
+      }
     }
-    const ParallelSplit split = traced.def->planner.split;
-    const bool channels = split == ParallelSplit::kConvChannels ||
-                          split == ParallelSplit::kChannels ||
-                          split == ParallelSplit::kSpatialReduction ||
-                          split == ParallelSplit::kConcat || split == ParallelSplit::kSoftmaxHeads;
+    const bool channels =
+        split == ParallelSplit::kConvChannels || split == ParallelSplit::kChannels ||
+        split == ParallelSplit::kSpatialReduction || split == ParallelSplit::kConcat;
     const int64_t rank = static_cast<int64_t>(traced.input_shapes.at(0).size());
+    const int64_t out_rank = static_cast<int64_t>(traced.output_shapes.at(0).size());
+    int64_t forced = -1;
     if (channels || kind == SplitKind::kVocab) {
-      axis = 1;
-    } else if (kind == SplitKind::kColumn || kind == SplitKind::kRow) {
-      axis = rank - 1;
+      forced = 1;
+    } else if (kind == SplitKind::kColumn) {
+      forced = out_rank - 1;
+    } else if (kind == SplitKind::kRow) {
+      forced = rank - 1;
+    } else if (split == ParallelSplit::kSoftmaxHeads) {
+      int64_t normalised = attrs.get_or<int64_t>("dim", -1);
+      if (normalised < 0) normalised += rank;
+      if (axis < 0 || axis == normalised) forced = normalised == 1 ? rank - 1 : 1;
+    } else if (kind == SplitKind::kHeads) {
+      if (axis < 0) forced = 0;
     } else if (axis < 0) {
       // An element-wise op starting a split: along the channels of images, else the features.
-      axis = rank >= 4 ? 1 : rank - 1;
+      forced = rank >= 4 ? 1 : rank - 1;
+    }
+    if (forced >= 0) {
+      axis = forced;
+      period = 0;
     }
   }
+  // An input or output cut along the op's axis: with its period where it is as long there as the
+  // tensor that gave the axis.
+  auto cut_of = [&](const Tensor& whole, bool batch, bool model) {
+    Layout layout{batch, model, model ? axis : -1, 0};
+    if (model && whole.size(axis) == axis_size) layout.period = period;
+    return layout;
+  };
 
   std::vector<Tensor> local_in(inputs.size());
   for (size_t k = 0; k < inputs.size(); ++k) {
     if (!inputs[k].defined()) continue;
     const Local input = local_of(inputs[k]);
     const bool parameter = traced.inputs[k] >= 0 && graph_.tensors[traced.inputs[k]].is_parameter();
-    if (parameter || input.persistent) {
-      local_in[k] = input.tensor;  // cut as the plan cuts it, once for all
+    if (parameter) {
+      int64_t dim = -1;  // as this op's strategy cuts it
+      for (const planner::ParameterSplit& cut : s.parameters)
+        if (cut.tensor == traced.inputs[k]) dim = cut.dim;
+      local_in[k] = parameter_as_cut(input, dim);
       continue;
     }
-    const Layout want{s.input_layouts[k].batch > 1, s.input_layouts[k].model > 1,
-                      s.input_layouts[k].model > 1 ? axis : -1};
-    local_in[k] = move(input.tensor, input.layout, want);
+    if (input.persistent) {
+      local_in[k] = input.tensor;  // a buffer, cut as its module's weight once for all
+      continue;
+    }
+    local_in[k] =
+        move(input.tensor, input.layout,
+             cut_of(inputs[k], s.input_layouts[k].batch > 1, s.input_layouts[k].model > 1));
+  }
+  // An element-wise split reads a broadcast operand that spans the split dim (a position table
+  // added to split features) in this rank's part; its gradient's parts are all-gathered.
+  if (split_model && split == ParallelSplit::kPointwise) {
+    const int64_t rank = static_cast<int64_t>(traced.output_shapes.at(0).size());
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      if (!inputs[k].defined() || s.input_layouts[k].model > 1) continue;
+      const int64_t dim = axis - (rank - inputs[k].dim());
+      if (dim < 0 || inputs[k].size(dim) == 1) continue;
+      const Layout whole{s.input_layouts[k].batch > 1, false, -1, 0};
+      Layout part = whole;
+      part.model = true;
+      part.axis = dim;
+      part.period = inputs[k].size(dim) == axis_size ? period : 0;
+      local_in[k] = move(local_in[k], whole, part);
+    }
   }
   std::vector<Tensor> local_out;
   for (const Tensor& target : out) local_out.push_back(local_of(target).tensor);
@@ -573,8 +723,11 @@ std::vector<Tensor> ParallelModule::run_op(const OpDef& op, const std::vector<Te
     local_attrs.set("device", tp_comm_->device().str());
   const bool factory = std::none_of(inputs.begin(), inputs.end(),
                                     [](const Tensor& input) { return input.defined(); });
+  // A mean loss over a batch split: each rank sums its rows, then sums and counts are combined.
+  const bool counted_over_dp = s.dp > 1 && counted_mean_loss(op, attrs);
+  if (counted_over_dp) local_attrs.set("reduction", std::string("sum"));
   std::vector<Tensor> results;
-  if (kind == SplitKind::kColumn && s.tp > 1 && local_in[0].requires_grad()) {
+  if (kind == SplitKind::kColumn && s.tp > 1 && !embedding_table && local_in[0].requires_grad()) {
     // Each rank uses the whole input: its gradient is the sum of every rank's part, one
     // all-reduce for every column split reading it.
     Local& source = local_of(inputs[0]);
@@ -592,13 +745,17 @@ std::vector<Tensor> ParallelModule::run_op(const OpDef& op, const std::vector<Te
       y = add(y, reshape(bias, sizes));
     }
     results = {y};
+  } else if (kind == SplitKind::kVocab && s.tp > 1 && embedding_table) {
+    // This rank's rows of the table look up its ids, the others' are summed in.
+    results = {vocab_parallel_embedding(local_in[0], local_in[1], tp_group_)};
   } else if (kind == SplitKind::kVocab && s.tp > 1) {
     TESSEL_CHECK(attrs.get_or<std::string>("reduction", "mean") == "mean" &&
                      attrs.get_or<double>("label_smoothing", 0.0) == 0.0,
                  "parallelize: a class-split cross_entropy runs with the mean reduction and no "
                  "label smoothing only");
     results = {vocab_parallel_cross_entropy(local_in[0], local_in[1], tp_group_,
-                                            attrs.get_or<int64_t>("ignore_index", -100))};
+                                            attrs.get_or<int64_t>("ignore_index", -100),
+                                            /*sum_rows=*/counted_over_dp)};
   } else {
     if (kind == SplitKind::kFeature && is_conv(traced) && s.tp > 1)
       local_attrs.set("groups", attrs.get<int64_t>("groups") / tp_);  // whole groups per rank
@@ -606,8 +763,12 @@ std::vector<Tensor> ParallelModule::run_op(const OpDef& op, const std::vector<Te
   }
   // A batch split whose result lost the batch (a loss): combine the rows' parts.
   if (s.dp > 1 && !results.empty() && !graph_.tensors[traced.outputs[0]].has_batch) {
-    results[0] = reduce_from_tp(results[0], dp_group_);
-    if (op.kind == OpKind::kLoss || op.name == "mean") results[0] = mul(results[0], 1.0 / dp_);
+    if (counted_over_dp) {
+      results[0] = mean_over_dp(results[0], local_in.at(1), attrs);
+    } else {
+      results[0] = reduce_from_tp(results[0], dp_group_);
+      if (op.kind == OpKind::kLoss || op.name == "mean") results[0] = mul(results[0], 1.0 / dp_);
+    }
   }
 
   std::vector<Tensor> proxies;
@@ -628,7 +789,7 @@ std::vector<Tensor> ParallelModule::run_op(const OpDef& op, const std::vector<Te
       const Shape& first = proxies[0].sizes();
       const Shape& sizes = proxies[k].sizes();
       if (sizes.size() == first.size()) {
-        layout.axis = axis;
+        layout = cut_of(proxies[k], layout.batch, true);
       } else {
         auto same = std::find(sizes.begin(), sizes.end(), first[static_cast<size_t>(axis)]);
         layout.axis = same - sizes.begin();

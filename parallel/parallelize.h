@@ -22,9 +22,16 @@
 // Plans with per-op degrees (--per_op_degrees) run over one group for dp and tp: each op splits
 // the batch or the model over every rank, or runs whole (every such plan on two ranks).
 //
-// Not run yet: attention split by heads, vocabulary-parallel embeddings, per-op degrees that use
-// part of the ranks; views that cut across a split (other than reshapes, transposes, permutes,
-// slices, selects and expands keeping it) gather it first, counted in unplanned_moves().
+// A model whose step takes several inputs (BERT: ids, token types, mask, labels) is traced and run
+// with the step form of ModuleTraceOptions (models::bert_pretraining_step) and loss(inputs).
+// Attention splits by heads: the heads cut in (batch * heads, ...) after a reshape are a split
+// with a period (each block of `heads` rows cut in tp parts). Embedding tables split by
+// vocabulary rows (a partial sum, all-reduced) or by columns, and a table tied to a decoder is
+// moved between the two users' cuts as the planner prices it.
+//
+// Not run yet: per-op degrees that use part of the ranks; nll_loss split by classes; views that
+// cut across a split (other than reshapes, transposes, permutes, slices, selects and expands
+// keeping it) gather it first, counted in unplanned_moves().
 #pragma once
 
 #include <map>
@@ -86,6 +93,9 @@ class ParallelModule : private DispatchInterceptor {
   // of the batch (rows [dp_index * B / dp, ...) of the global batch of B), through the plan: a
   // scalar with the same value on every rank, differentiable into parameters().
   Tensor loss(const Tensor& input, const Tensor& labels = Tensor());
+  // The same for a step of several inputs (ModuleTraceOptions(inputs, step)): this rank's rows of
+  // each, in the step's order.
+  Tensor loss(const std::vector<Tensor>& inputs);
 
   // This rank's shard of every parameter, in named_parameters() order (the optimizer's).
   std::vector<Tensor> parameters() const;
@@ -116,11 +126,14 @@ class ParallelModule : private DispatchInterceptor {
   // Moves run by the interceptor that the plan's layouts did not imply (views of split dims).
   int unplanned_moves() const { return unplanned_moves_; }
 
-  // How a local tensor lies on the grid: dim 0 split over dp, `axis` split over tp.
+  // How a local tensor lies on the grid: dim 0 split over dp, `axis` split over tp: the whole dim
+  // cut in tp equal parts, or with a period, a run of blocks of `period` elements each cut in tp
+  // parts (heads inside a dim of batch * heads).
   struct Layout {
     bool batch = false;
     bool model = false;
     int64_t axis = -1;
+    int64_t period = 0;  // 0: the whole dim
   };
 
  private:
@@ -140,6 +153,13 @@ class ParallelModule : private DispatchInterceptor {
   Local& local_of(const Tensor& proxy);
   Tensor proxy_for(const Tensor& whole_shape, Tensor local, Layout layout);
   Tensor move(const Tensor& local, const Layout& from, const Layout& to);
+  // A parameter's local as an op's strategy cuts it (dim -1: whole), from its stored cut (its
+  // first user's): the same tensor, or moved for a tied parameter that another op cuts otherwise.
+  Tensor parameter_as_cut(const Local& parameter, int64_t dim);
+  // A mean loss over rows of a batch split over dp (rows whose target is ignore_index do not
+  // count): from this rank's sum over its rows, the mean over every rank's counted rows, one
+  // all-reduce of (sum, count).
+  Tensor mean_over_dp(const Tensor& local_sum, const Tensor& target, const Attrs& attrs);
   // `local` (of the parameter or buffer `name`) whole: gathered along its split dim.
   Tensor whole(const std::string& name, const Tensor& local) const;
 

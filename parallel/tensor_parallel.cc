@@ -433,19 +433,26 @@ VocabParallelEmbedding::VocabParallelEmbedding(int64_t num_embeddings_in, int64_
 }
 
 Tensor VocabParallelEmbedding::forward(const Tensor& indices) {
+  return vocab_parallel_embedding(weight, indices, group);
+}
+
+Tensor vocab_parallel_embedding(const Tensor& local_table, const Tensor& indices, int64_t group) {
   TESSEL_CHECK(indices.dtype() == DType::kInt64 || indices.dtype() == DType::kInt32,
                "VocabParallelEmbedding: indices must be integers, got ",
                dtype_name(indices.dtype()));
+  TESSEL_CHECK(local_table.dim() == 2, "VocabParallelEmbedding: the table must be 2-D, got ",
+               shape_str(local_table.sizes()));
+  const int64_t vocab_start = local_table.size(0) * tp_group(group)->rank();
+  const int64_t vocab_end = vocab_start + local_table.size(0);
+  const DType dtype = local_table.dtype();
   Tensor ids = to_dtype(indices, DType::kInt64);
   Tensor in_range =
-      mul(to_dtype(ge(ids, scalar_on(ids, static_cast<double>(vocab_start), DType::kInt64)),
-                   weight.dtype()),
-          to_dtype(lt(ids, scalar_on(ids, static_cast<double>(vocab_end), DType::kInt64)),
-                   weight.dtype()));
+      mul(to_dtype(ge(ids, scalar_on(ids, static_cast<double>(vocab_start), DType::kInt64)), dtype),
+          to_dtype(lt(ids, scalar_on(ids, static_cast<double>(vocab_end), DType::kInt64)), dtype));
   // Ids of other ranks look up row 0, then are zeroed.
-  Tensor local_ids = where(gt(in_range, scalar_on(in_range, 0.5, weight.dtype())),
+  Tensor local_ids = where(gt(in_range, scalar_on(in_range, 0.5, dtype)),
                            sub(ids, static_cast<double>(vocab_start)), zeros_like(ids));
-  Tensor rows = mul(embedding(weight, local_ids), unsqueeze(in_range, -1));
+  Tensor rows = mul(embedding(local_table, local_ids), unsqueeze(in_range, -1));
   return reduce_from_tp(rows, group);
 }
 
@@ -455,7 +462,7 @@ void VocabParallelEmbedding::load_from(const nn::Embedding& full) {
 }
 
 Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& target, int64_t group,
-                                    int64_t ignore_index) {
+                                    int64_t ignore_index, bool sum_rows) {
   TESSEL_CHECK(
       logits.defined() && logits.dim() == 2 && is_floating(logits.dtype()),
       "vocab_parallel_cross_entropy: logits must be floating point (rows, vocab / tp), got ",
@@ -486,7 +493,8 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& target, 
   Tensor losses = sub(log(sum_exp), target_logit);
   Tensor valid = to_dtype(
       ne(target, scalar_on(target, static_cast<double>(ignore_index), DType::kInt64)), dtype);
-  return div(sum(mul(losses, valid)), sum(valid));
+  Tensor total = sum(mul(losses, valid));
+  return sum_rows ? total : div(total, sum(valid));
 }
 
 // ---- whole models ----

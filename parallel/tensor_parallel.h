@@ -145,12 +145,17 @@ class VocabParallelEmbedding : public nn::Embedding, public SplitParameters {
   int64_t vocab_start, vocab_end;  // this rank's ids; weight is (num_embeddings / tp, dim)
 };
 
+// The lookup of VocabParallelEmbedding as a function: `local_table` is this rank's rows
+// [r V/tp, (r+1) V/tp) of a (V, dim) table; ids of other ranks give zero rows before the
+// all-reduce.
+Tensor vocab_parallel_embedding(const Tensor& local_table, const Tensor& indices, int64_t group);
+
 // cross_entropy over logits whose last dim (the vocabulary) is split over the group: logits
 // (M, V / tp) are this rank's columns [r V/tp, (r+1) V/tp), target (M) i64 full ids. The max,
 // the sum of exponentials and the target logit are all-reduced; the mean over targets that are
-// not ignore_index is the same on every rank.
+// not ignore_index is the same on every rank (with sum_rows, their sum instead).
 Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& target, int64_t group,
-                                    int64_t ignore_index = -100);
+                                    int64_t ignore_index = -100, bool sum_rows = false);
 
 // ---- whole models
 // The size of `group` (an id of register_tp_group) that `what` of `layer`, of `size`, is split

@@ -326,6 +326,10 @@ Strategy make_strategy(const OpContext& c, int dp, int tp, SplitKind kind) {
 
   // Collectives the split itself needs.
   const int64_t tp_group = tp;
+  for (size_t slot = 0; slot < op.inputs.size(); ++slot)
+    if (cuts_broadcast_operand(c.graph, op, s, slot))
+      s.backward_comm += profile.collective_time(Collective::kAllGather, tp_group,
+                                                 c.input_bytes(static_cast<int>(slot)));
   if (kind == SplitKind::kColumn && c.split != ParallelSplit::kEmbeddingTable) {
     const TracedTensor* x = c.input(0);
     if (x && x->requires_grad)
@@ -414,6 +418,15 @@ Strategy make_strategy(const OpContext& c, int dp, int tp, SplitKind kind) {
 
 std::string op_kind(const TracedOp& op) { return op_kind_of(op); }
 
+bool cuts_broadcast_operand(const Graph& graph, const TracedOp& op, const Strategy& s,
+                            size_t slot) {
+  if (s.tp < 2 || s.kind != SplitKind::kFeature ||
+      op.def->planner.split != ParallelSplit::kPointwise || slot >= op.inputs.size() ||
+      op.inputs[slot] < 0 || s.input_layouts.at(slot).model > 1)
+    return false;
+  return graph.tensors[op.inputs[slot]].requires_grad && shape_numel(op.input_shapes[slot]) > 1;
+}
+
 std::vector<std::vector<Strategy>> enumerate_strategies(const Graph& graph,
                                                         const PlannerConfig& config) {
   const std::vector<int> degrees = tensor_parallel_degrees(config);
@@ -475,10 +488,12 @@ std::vector<std::vector<Strategy>> enumerate_strategies(const Graph& graph,
                         c.split == ParallelSplit::kConvChannels;
     if (op.differentiable && any_grad) c.backward_factor = matrix ? matrix_grads : 1.0;
     if (!op.inputs.empty() && op.inputs[0] >= 0) {
+      // Products reading the same tensor as it is (views of other shapes are other tensors to
+      // the runtime) share one all-reduce of their input gradients.
       int matrix_consumers = 0;
       for (const auto& [consumer, slot] : consumers[op.inputs[0]]) {
         const ParallelSplit split = graph.ops[consumer].def->planner.split;
-        if (slot == 0 &&
+        if (slot == 0 && graph.ops[consumer].input_shapes[0] == op.input_shapes[0] &&
             (split == ParallelSplit::kLinearWeight || split == ParallelSplit::kConvChannels))
           ++matrix_consumers;
       }

@@ -100,6 +100,11 @@ struct PlannerConfig {
 // "activation" (gelu, tanh, exp, ...) or "elementwise".
 std::string op_kind(const TracedOp& op);
 
+// Whether strategy `s` of an element-wise op split along the model axis reads input `slot` as a
+// broadcast operand with a gradient (a bias, a position table): each device reads its part along
+// the split, and the parts of the gradient are all-gathered in backward.
+bool cuts_broadcast_operand(const Graph& graph, const TracedOp& op, const Strategy& s, size_t slot);
+
 // The tensor-parallel degrees tried: divisors of `devices` up to the max_tp limit.
 std::vector<int> tensor_parallel_degrees(const PlannerConfig& config);
 

@@ -7,8 +7,11 @@
 // steps give the same losses, first gradients and final parameters within the closeness rule,
 // and each step issues exactly the collectives the planner priced (kind, group, bytes).
 // ShuffleNet v2 trains the same, but its channel split and shuffle cut across channel-split
-// tensors, which the runtime gathers beyond the plan (unplanned_moves). A plan made for another
-// model, or with degrees the grid does not have, is a clear error on every rank.
+// tensors, which the runtime gathers beyond the plan (unplanned_moves). BERT pre-training (a step
+// of five inputs) runs its frontier points with attention split by heads, embedding tables split
+// by vocabulary or by columns (the word table tied to the decoder), the loss split by classes,
+// on a line and on a dp x tp grid (masked-LM rows ignored unevenly over dp). A plan made for
+// another model, or with degrees the grid does not have, is a clear error on every rank.
 #include "parallel/parallelize.h"
 
 #include <algorithm>
@@ -21,8 +24,10 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "models/bert.h"
 #include "models/resnet.h"
 #include "models/shufflenet.h"
+#include "models/trace.h"
 #include "nn/nn.h"
 #include "ops/ops.h"
 #include "optim/sgd.h"
@@ -80,12 +85,22 @@ std::shared_ptr<nn::Module> mlp() {
                                           nn::ReLU(), nn::Linear(16, 8));
 }
 
-struct Batch {
-  Tensor input, labels;
+// A model and its training step as the tests run it, whole or through a plan: a fresh model
+// (the same initial values each time), the step's trace (its inputs and loss) and the whole
+// batch of each step.
+struct Case {
+  std::function<std::shared_ptr<nn::Module>()> make;
+  planner::ModuleTraceOptions trace;
+  std::function<std::vector<Tensor>(int step)> batch;
 };
-Batch batch_for(const Shape& input_shape, int step) {
-  manual_seed(100 + step);
-  return {randn(input_shape), randint(0, 8, {input_shape[0]})};
+
+// Images (or features) of `input_shape` and labels of 8 classes.
+Case labelled(std::function<std::shared_ptr<nn::Module>()> make, const Shape& input_shape) {
+  return {std::move(make), planner::ModuleTraceOptions(input_shape), [input_shape](int step) {
+            manual_seed(100 + step);
+            Tensor input = randn(input_shape);
+            return std::vector<Tensor>{input, randint(0, 8, {input_shape[0]})};
+          }};
 }
 
 // The rows of `full` this dp index holds.
@@ -115,15 +130,13 @@ struct RunResult {
   std::map<std::string, Tensor> state;                   // after the last step
 };
 
-RunResult whole_run(const std::function<std::shared_ptr<nn::Module>()>& make,
-                    const Shape& input_shape) {
-  auto model = make();
+RunResult whole_run(const Case& c) {
+  auto model = c.make();
   optim::SGD sgd(model->parameters(), optim::SGDOptions(kLearningRate));
   RunResult run;
   for (int step = 0; step < kSteps; ++step) {
-    Batch batch = batch_for(input_shape, step);
     sgd.zero_grad();
-    Tensor loss = cross_entropy(model->forward(batch.input), batch.labels);
+    Tensor loss = c.trace.step()(*model, c.batch(step));
     loss.backward();
     run.gradients.emplace_back();
     for (const auto& [name, tensor] : model->named_parameters())
@@ -157,20 +170,20 @@ std::string listed(const std::vector<StepCollective>& calls) {
   return text;
 }
 
-RunResult planned_run(const std::function<std::shared_ptr<nn::Module>()>& make,
-                      const Shape& input_shape, const std::vector<planner::PlanFile::Op>& ops,
+RunResult planned_run(const Case& c, const std::vector<planner::PlanFile::Op>& ops,
                       const ProcessGrid& grid, bool as_priced, bool one_group = false) {
   auto dp = std::make_shared<CountingCommunicator>(grid.data_parallel_on_device());
   auto tp =
       one_group ? dp : std::make_shared<CountingCommunicator>(grid.tensor_parallel_on_device());
-  ParallelModule parallel(make(), ops, dp, tp, planner::ModuleTraceOptions(input_shape));
+  ParallelModule parallel(c.make(), ops, dp, tp, c.trace);
   optim::SGD sgd(parallel.parameters(), optim::SGDOptions(kLearningRate));
   RunResult run;
   for (int step = 0; step < kSteps; ++step) {
-    Batch batch = batch_for(input_shape, step);
+    std::vector<Tensor> local;
+    for (const Tensor& whole : c.batch(step))
+      local.push_back(rows(whole, grid.dp_size(), grid.dp_index()));
     sgd.zero_grad();
-    Tensor loss = parallel.loss(rows(batch.input, grid.dp_size(), grid.dp_index()),
-                                rows(batch.labels, grid.dp_size(), grid.dp_index()));
+    Tensor loss = parallel.loss(local);
     loss.backward();
     // The step sends what the planner priced for it, no more and no less.
     const auto planned = parallel.planned_collectives();
@@ -203,11 +216,10 @@ RunResult planned_run(const std::function<std::shared_ptr<nn::Module>()>& make,
 // Frontier points of `make`'s model on dp x tp devices that run on that grid, with at least one
 // op split over tp when tp > 1: the fastest, the smallest and up to two between.
 std::vector<std::vector<planner::PlanFile::Op>> frontier_plans(
-    const std::function<std::shared_ptr<nn::Module>()>& make, const Shape& input_shape, int dp,
-    int tp, std::vector<std::string>* summaries, bool per_op_degrees = false) {
-  auto model = make();
-  const planner::Graph graph =
-      planner::trace_module(*model, planner::ModuleTraceOptions(input_shape));
+    const Case& c, int dp, int tp, std::vector<std::string>* summaries, bool per_op_degrees = false,
+    const std::vector<std::function<bool(const planner::PlanFile::Op&)>>& wanted = {}) {
+  auto model = c.make();
+  const planner::Graph graph = planner::trace_module(*model, c.trace);
   // Per-op degrees run over one group: dp and tp are then each op's choice on those devices.
   const int devices = per_op_degrees ? std::max(dp, tp) : dp * tp;
   planner::PlanOptions options;
@@ -237,6 +249,14 @@ std::vector<std::vector<planner::PlanFile::Op>> frontier_plans(
     picked.insert(usable[usable.size() / 3]);
     picked.insert(usable[2 * usable.size() / 3]);
   }
+  // And the first point with an op of each wanted kind.
+  for (const auto& want : wanted)
+    for (int p : usable) {
+      const auto ops = planned_ops(graph, result, p);
+      if (std::none_of(ops.begin(), ops.end(), want)) continue;
+      picked.insert(p);
+      break;
+    }
   std::vector<std::vector<planner::PlanFile::Op>> plans;
   for (int p : picked) {
     plans.push_back(planned_ops(graph, result, p));
@@ -269,48 +289,56 @@ class ParallelizeTest : public MpiTest {
  protected:
   // as_priced: each step issues the planner's collectives and nothing else; otherwise views that
   // cut across a split make the model gather more than priced (and results still agree).
-  static void check_frontier(const std::function<std::shared_ptr<nn::Module>()>& make,
-                             const Shape& input_shape, int dp, int tp, bool as_priced = true) {
+  static void check_frontier(
+      const Case& c, int dp, int tp, bool as_priced = true,
+      const std::vector<std::function<bool(const planner::PlanFile::Op&)>>& wanted = {}) {
     ProcessGrid grid(dp, tp);
     std::vector<std::string> summaries;
-    const auto plans = frontier_plans(make, input_shape, dp, tp, &summaries);
+    const auto plans = frontier_plans(c, dp, tp, &summaries, false, wanted);
     ASSERT_FALSE(plans.empty()) << "no frontier point splits over tp=" << tp;
-    const RunResult whole = whole_run(make, input_shape);
+    for (size_t k = 0; k < wanted.size(); ++k)
+      ASSERT_TRUE(std::any_of(
+          plans.begin(), plans.end(),
+          [&](const auto& plan) { return std::any_of(plan.begin(), plan.end(), wanted[k]); }))
+          << "no frontier point has an op of wanted kind " << k;
+    const RunResult whole = whole_run(c);
     for (size_t p = 0; p < plans.size(); ++p) {
       SCOPED_TRACE(summaries[p]);
       if (rank() == 0) std::cout << "plan: " << summaries[p] << "\n";
-      expect_same_run(planned_run(make, input_shape, plans[p], grid, as_priced), whole);
+      expect_same_run(planned_run(c, plans[p], grid, as_priced), whole);
     }
   }
 };
 
 TEST_F(ParallelizeTest, ResidualCnnWithBatchNormAsPlannedOnATensorParallelLine) {
-  check_frontier([] { return residual_cnn(true); }, {8, 3, 8, 8}, 1, size());
+  check_frontier(labelled([] { return residual_cnn(true); }, {8, 3, 8, 8}), 1, size());
 }
 
 TEST_F(ParallelizeTest, ResNet18OfTheZooAsPlannedOnATensorParallelLine) {
-  check_frontier(
-      [] {
-        manual_seed(3);
-        return std::shared_ptr<nn::Module>(
-            models::resnet18(models::ResNetOptions().num_classes(8)));
-      },
-      {8, 3, 64, 64}, 1, size());
+  check_frontier(labelled(
+                     [] {
+                       manual_seed(3);
+                       return std::shared_ptr<nn::Module>(
+                           models::resnet18(models::ResNetOptions().num_classes(8)));
+                     },
+                     {8, 3, 64, 64}),
+                 1, size());
 }
 
 TEST_F(ParallelizeTest, ShuffleNetOfTheZooAsPlannedOnATensorParallelLine) {
-  check_frontier(
-      [] {
-        manual_seed(5);
-        return std::shared_ptr<nn::Module>(models::make_shufflenet(
-            "shufflenet_v2_x0_5", models::ShuffleNetV2Options().num_classes(8)));
-      },
-      {8, 3, 64, 64}, 1, size(), /*as_priced=*/false);
+  check_frontier(labelled(
+                     [] {
+                       manual_seed(5);
+                       return std::shared_ptr<nn::Module>(models::make_shufflenet(
+                           "shufflenet_v2_x0_5", models::ShuffleNetV2Options().num_classes(8)));
+                     },
+                     {8, 3, 64, 64}),
+                 1, size(), /*as_priced=*/false);
 }
 
 TEST_F(ParallelizeTest, MlpAsPlannedOnADataTimesTensorParallelGrid) {
   if (size() != 4) GTEST_SKIP() << "a 2 x 2 grid needs 4 ranks";
-  check_frontier(mlp, {8, 12}, 2, 2);
+  check_frontier(labelled(mlp, {8, 12}), 2, 2);
 }
 
 // Ops over the whole batch inside a data-parallel plan: their inputs' rows are gathered, and
@@ -319,12 +347,12 @@ TEST_F(ParallelizeTest, OpsOverTheWholeBatchInADataParallelPlan) {
   if (size() != 4) GTEST_SKIP() << "a 2 x 2 grid needs 4 ranks";
   ProcessGrid grid(2, 2);
   std::vector<std::string> summaries;
-  auto plans = frontier_plans(mlp, {8, 12}, 2, 2, &summaries);
+  const Case c = labelled(mlp, {8, 12});
+  auto plans = frontier_plans(c, 2, 2, &summaries);
   ASSERT_FALSE(plans.empty());
   auto plan = plans.back();
   for (size_t op = 0; op < 2; ++op) plan[op] = {plan[op].index, plan[op].op, "replicate", 1, 1, {}};
-  expect_same_run(planned_run(mlp, {8, 12}, plan, grid, /*as_priced=*/true),
-                  whole_run(mlp, {8, 12}));
+  expect_same_run(planned_run(c, plan, grid, /*as_priced=*/true), whole_run(c));
 }
 
 // TensorOpt's whole space on a line of two ranks: each op splits the batch or the model over
@@ -336,15 +364,15 @@ TEST_F(ParallelizeTest, PerOpDegreesOnALineOfTwoRanks) {
        std::vector<std::tuple<std::string, std::function<std::shared_ptr<nn::Module>()>, Shape>>{
            {"mlp", mlp, {8, 12}}, {"cnn", [] { return residual_cnn(false); }, {8, 3, 8, 8}}}) {
     SCOPED_TRACE(name);
+    const Case c = labelled(make, shape);
     std::vector<std::string> summaries;
-    const auto plans = frontier_plans(make, shape, 2, 2, &summaries, /*per_op_degrees=*/true);
+    const auto plans = frontier_plans(c, 2, 2, &summaries, /*per_op_degrees=*/true);
     ASSERT_FALSE(plans.empty()) << "no per-op point mixes batch and model splits";
-    const RunResult whole = whole_run(make, shape);
+    const RunResult whole = whole_run(c);
     for (size_t p = 0; p < plans.size(); ++p) {
       SCOPED_TRACE(summaries[p]);
       if (rank() == 0) std::cout << "per-op plan: " << summaries[p] << "\n";
-      expect_same_run(planned_run(make, shape, plans[p], grid, /*as_priced=*/true,
-                                  /*one_group=*/true),
+      expect_same_run(planned_run(c, plans[p], grid, /*as_priced=*/true, /*one_group=*/true),
                       whole);
     }
   }
@@ -352,7 +380,7 @@ TEST_F(ParallelizeTest, PerOpDegreesOnALineOfTwoRanks) {
 
 TEST_F(ParallelizeTest, CnnWithoutBatchNormAsPlannedOnADataTimesTensorParallelGrid) {
   if (size() != 4) GTEST_SKIP() << "a 2 x 2 grid needs 4 ranks";
-  check_frontier([] { return residual_cnn(false); }, {8, 3, 8, 8}, 2, 2);
+  check_frontier(labelled([] { return residual_cnn(false); }, {8, 3, 8, 8}), 2, 2);
 }
 
 // Batch norm over a dp split normalises each rank's rows by their own statistics (as DDP does),
@@ -361,15 +389,87 @@ TEST_F(ParallelizeTest, ResidualCnnWithBatchNormRunsAsPlannedOnAGrid) {
   if (size() != 4) GTEST_SKIP() << "a 2 x 2 grid needs 4 ranks";
   ProcessGrid grid(2, 2);
   std::vector<std::string> summaries;
-  const auto make = [] { return residual_cnn(true); };
-  const auto plans = frontier_plans(make, {8, 3, 8, 8}, 2, 2, &summaries);
+  const Case c = labelled([] { return residual_cnn(true); }, {8, 3, 8, 8});
+  const auto plans = frontier_plans(c, 2, 2, &summaries);
   ASSERT_FALSE(plans.empty());
   for (size_t p = 0; p < plans.size(); ++p) {
     SCOPED_TRACE(summaries[p]);
-    const RunResult run = planned_run(make, {8, 3, 8, 8}, plans[p], grid, /*as_priced=*/true);
+    const RunResult run = planned_run(c, plans[p], grid, /*as_priced=*/true);
     for (float loss : run.losses) EXPECT_TRUE(std::isfinite(loss));
     EXPECT_FALSE(run.gradients.at(0).empty());
   }
+}
+
+// BERT pre-training: ids, token types, a mask with padding, masked-LM labels that ignore most
+// positions (more on some rows than others) and next-sentence labels. Dropout off: the split and
+// the whole model then compute the same thing.
+Case bert_case() {
+  constexpr int64_t kBatch = 4, kSeq = 8, kVocab = 64;
+  auto make = [] {
+    manual_seed(13);
+    return std::shared_ptr<nn::Module>(
+        std::make_shared<models::BertForPreTraining>(models::BertConfig()
+                                                         .vocab_size(kVocab)
+                                                         .hidden_size(32)
+                                                         .num_attention_heads(4)
+                                                         .intermediate_size(64)
+                                                         .num_hidden_layers(2)
+                                                         .max_position_embeddings(kSeq)
+                                                         .hidden_dropout_prob(0)
+                                                         .attention_probs_dropout_prob(0)));
+  };
+  auto batch = [](int step) {
+    manual_seed(200 + step);
+    Tensor ids = randint(0, kVocab, {kBatch, kSeq});
+    Tensor types = randint(0, 2, {kBatch, kSeq});
+    Tensor mask = ones({kBatch, kSeq}, TensorOptions(DType::kInt64));
+    narrow(narrow(mask, 0, 1, 1), 1, kSeq - 3, 3).fill_(0);  // row 1 padded
+    // Row r predicts r + 1 of its tokens; the others are ignored.
+    Tensor labels = full({kBatch, kSeq}, -100, TensorOptions(DType::kInt64));
+    for (int64_t r = 0; r < kBatch; ++r)
+      narrow(narrow(labels, 0, r, 1), 1, 0, r + 1).copy_(narrow(narrow(ids, 0, r, 1), 1, 0, r + 1));
+    return std::vector<Tensor>{ids, types, mask, labels, randint(0, 2, {kBatch})};
+  };
+  return {make, models::bert_pretraining_step(kBatch, kSeq), batch};
+}
+
+// Ops split as BERT's tensor-parallel plans split them: the frontier's points with each.
+bool heads_split(const planner::PlanFile::Op& op) {
+  return op.op == "bmm" && op.strategy == "heads";
+}
+bool table_by_vocabulary(const planner::PlanFile::Op& op) {
+  return op.op == "embedding" && op.strategy == "vocab";
+}
+bool table_by_columns(const planner::PlanFile::Op& op) {
+  return op.op == "embedding" && op.strategy == "column";
+}
+bool loss_by_classes(const planner::PlanFile::Op& op) {
+  return op.op == "cross_entropy" && op.strategy == "vocab";
+}
+
+TEST_F(ParallelizeTest, BertAsPlannedOnATensorParallelLine) {
+  check_frontier(bert_case(), 1, size(), /*as_priced=*/true,
+                 {heads_split, table_by_columns, loss_by_classes});
+}
+
+TEST_F(ParallelizeTest, BertAsPlannedOnADataTimesTensorParallelGrid) {
+  if (size() != 4) GTEST_SKIP() << "a 2 x 2 grid needs 4 ranks";
+  check_frontier(bert_case(), 2, 2, /*as_priced=*/true, {heads_split, table_by_columns});
+}
+
+// The word table split by vocabulary rows (Megatron-LM's split; on the test profile's fast links
+// no frontier point has it): each rank looks up its rows, the lookups are summed, and the tied
+// decoder uses the same rows without a move.
+TEST_F(ParallelizeTest, BertWithTheWordTableSplitByVocabulary) {
+  const int dp = size() == 4 ? 2 : 1, tp = size() / dp;
+  const Case c = bert_case();
+  std::vector<std::string> summaries;
+  auto plans = frontier_plans(c, dp, tp, &summaries, false, {table_by_columns});
+  auto plan = std::find_if(plans.begin(), plans.end(),
+                           [](const auto& ops) { return table_by_columns(ops[0]); });
+  ASSERT_TRUE(plan != plans.end()) << "no frontier point splits the word table by columns";
+  (*plan)[0].strategy = "vocab";
+  expect_same_run(planned_run(c, *plan, ProcessGrid(dp, tp), /*as_priced=*/true), whole_run(c));
 }
 
 // A state gathered under one plan loads into a run under another, and into the unsplit model.
@@ -378,12 +478,13 @@ TEST_F(ParallelizeTest, StateMovesBetweenPlans) {
   std::vector<std::string> summaries;
   const auto make = [] { return residual_cnn(true); };
   const Shape shape{8, 3, 8, 8};
-  const auto plans = frontier_plans(make, shape, 1, size(), &summaries);
+  const Case c = labelled(make, shape);
+  const auto plans = frontier_plans(c, 1, size(), &summaries);
   ASSERT_GE(plans.size(), 2u);
   ParallelModule first(make(), plans.front(), grid, planner::ModuleTraceOptions(shape));
   optim::SGD sgd(first.parameters(), optim::SGDOptions(kLearningRate));
-  const Batch batch = batch_for(shape, 0);
-  first.loss(batch.input, batch.labels).backward();
+  const auto batch = c.batch(0);
+  first.loss(batch[0], batch[1]).backward();
   sgd.step();  // one step away from the initial state
   const auto state = first.full_state_dict();
 
@@ -393,9 +494,9 @@ TEST_F(ParallelizeTest, StateMovesBetweenPlans) {
     EXPECT_TRUE(tessel::testing::bitwise_equal(tensor, state.at(name))) << name;
   auto whole = make();
   whole->load_state_dict(state);
-  const Batch next = batch_for(shape, 1);
-  EXPECT_NEAR(second.loss(next.input, next.labels).item<float>(),
-              cross_entropy(whole->forward(next.input), next.labels).item<float>(), 1e-4);
+  const auto next = c.batch(1);
+  EXPECT_NEAR(second.loss(next[0], next[1]).item<float>(),
+              cross_entropy(whole->forward(next[0]), next[1]).item<float>(), 1e-4);
 
   const auto before = second.full_state_dict();  // the step above updated the running statistics
   auto missing = state;
@@ -411,8 +512,8 @@ TEST_F(ParallelizeTest, StateMovesBetweenPlans) {
 TEST_F(ParallelizeTest, APlanForAnotherModelOrGridIsAClearError) {
   ProcessGrid grid(1, size());
   std::vector<std::string> summaries;
-  const auto cnn_plans =
-      frontier_plans([] { return residual_cnn(true); }, {8, 3, 8, 8}, 1, size(), &summaries);
+  const auto cnn_plans = frontier_plans(labelled([] { return residual_cnn(true); }, {8, 3, 8, 8}),
+                                        1, size(), &summaries);
   ASSERT_FALSE(cnn_plans.empty());
   EXPECT_TRUE(throws_error(
       [&] {
