@@ -188,6 +188,10 @@ ParallelModule::ParallelModule(std::shared_ptr<nn::Module> model,
       if (split.owned && split.dim >= 0) split_dims_[name] = split.dim;
     }
   }
+  // Over one group, a parameter cut over the ranks sums its batch-split users' gradients as they
+  // read it (run_op), not in synchronize_gradients.
+  if (one_group_)
+    for (const auto& [name, dim] : split_dims_) batch_split_parameters_.erase(name);
 
   auto shard_of = [&](const Tensor& full, int64_t dim) {
     if (dim < 0) return full;
@@ -390,6 +394,8 @@ std::vector<StepCollective> ParallelModule::planned_collectives() const {
       const int64_t owner_dim = stored == split_dims_.end() ? -1 : stored->second;
       if (cut.owned || owner_dim == cut.dim) continue;
       const int64_t bytes = graph_.tensors[cut.tensor].bytes;
+      if (one_group_ && s.dp > 1 && owner_dim >= 0)  // its rows' gradient summed (run_op)
+        planned.push_back({"all_reduce", label("dp"), bytes});
       if (owner_dim >= 0 && cut.dim >= 0) {
         for (int pass = 0; pass < 2; ++pass)
           for (int peer = 1; peer < tp_; ++peer)
@@ -687,7 +693,20 @@ std::vector<Tensor> ParallelModule::run_op(const OpDef& op, const std::vector<Te
       int64_t dim = -1;  // as this op's strategy cuts it
       for (const planner::ParameterSplit& cut : s.parameters)
         if (cut.tensor == traced.inputs[k]) dim = cut.dim;
-      local_in[k] = parameter_as_cut(input, dim);
+      Local read = input;
+      if (s.dp == 1 && dp_ > 1 &&
+          batch_split_parameters_.count(graph_.tensors[traced.inputs[k]].parameter)) {
+        // Another user splits the batch, so the gradient is summed over dp: this op's part, over
+        // the whole batch and the same on every dp rank, enters the sum as 1/dp from each.
+        read.tensor = mul(input.tensor, 1.0);
+        read.tensor.register_hook([dp = dp_](const Tensor& grad) { return mul(grad, 1.0 / dp); });
+      }
+      local_in[k] = parameter_as_cut(read, dim);
+      // Over one group, an op splitting the batch reads a parameter that another op cuts over the
+      // same ranks whole: its gradient, this rank's rows' part, is summed here (not in
+      // synchronize_gradients, which cannot sum cut parameters over the group that cuts them).
+      if (one_group_ && s.dp > 1 && input.layout.model)
+        local_in[k] = copy_to_tp(local_in[k], tp_group_);
       continue;
     }
     if (input.persistent) {

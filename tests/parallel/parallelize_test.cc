@@ -103,6 +103,53 @@ Case labelled(std::function<std::shared_ptr<nn::Module>()> make, const Shape& in
           }};
 }
 
+// BERT pre-training: ids, token types, a mask with padding, masked-LM labels that ignore most
+// positions (more on some rows than others) and next-sentence labels. Dropout off: the split and
+// the whole model then compute the same thing.
+Case bert_case() {
+  constexpr int64_t kBatch = 4, kSeq = 8, kVocab = 64;
+  auto make = [] {
+    manual_seed(13);
+    return std::shared_ptr<nn::Module>(
+        std::make_shared<models::BertForPreTraining>(models::BertConfig()
+                                                         .vocab_size(kVocab)
+                                                         .hidden_size(32)
+                                                         .num_attention_heads(4)
+                                                         .intermediate_size(64)
+                                                         .num_hidden_layers(2)
+                                                         .max_position_embeddings(kSeq)
+                                                         .hidden_dropout_prob(0)
+                                                         .attention_probs_dropout_prob(0)));
+  };
+  auto batch = [](int step) {
+    manual_seed(200 + step);
+    Tensor ids = randint(0, kVocab, {kBatch, kSeq});
+    Tensor types = randint(0, 2, {kBatch, kSeq});
+    Tensor mask = ones({kBatch, kSeq}, TensorOptions(DType::kInt64));
+    narrow(narrow(mask, 0, 1, 1), 1, kSeq - 3, 3).fill_(0);  // row 1 padded
+    // Row r predicts r + 1 of its tokens; the others are ignored.
+    Tensor labels = full({kBatch, kSeq}, -100, TensorOptions(DType::kInt64));
+    for (int64_t r = 0; r < kBatch; ++r)
+      narrow(narrow(labels, 0, r, 1), 1, 0, r + 1).copy_(narrow(narrow(ids, 0, r, 1), 1, 0, r + 1));
+    return std::vector<Tensor>{ids, types, mask, labels, randint(0, 2, {kBatch})};
+  };
+  return {make, models::bert_pretraining_step(kBatch, kSeq), batch};
+}
+
+// Ops split as BERT's tensor-parallel plans split them: the frontier's points with each.
+bool heads_split(const planner::PlanFile::Op& op) {
+  return op.op == "bmm" && op.strategy == "heads";
+}
+bool table_by_vocabulary(const planner::PlanFile::Op& op) {
+  return op.op == "embedding" && op.strategy == "vocab";
+}
+bool table_by_columns(const planner::PlanFile::Op& op) {
+  return op.op == "embedding" && op.strategy == "column";
+}
+bool loss_by_classes(const planner::PlanFile::Op& op) {
+  return op.op == "cross_entropy" && op.strategy == "vocab";
+}
+
 // The rows of `full` this dp index holds.
 Tensor rows(const Tensor& full, int dp, int index) {
   const int64_t length = full.size(0) / dp;
@@ -360,11 +407,11 @@ TEST_F(ParallelizeTest, OpsOverTheWholeBatchInADataParallelPlan) {
 TEST_F(ParallelizeTest, PerOpDegreesOnALineOfTwoRanks) {
   if (size() != 2) GTEST_SKIP() << "per-op degrees run over one group of two ranks";
   ProcessGrid grid(2, 1);
-  for (const auto& [name, make, shape] :
-       std::vector<std::tuple<std::string, std::function<std::shared_ptr<nn::Module>()>, Shape>>{
-           {"mlp", mlp, {8, 12}}, {"cnn", [] { return residual_cnn(false); }, {8, 3, 8, 8}}}) {
+  for (const auto& [name, c] : std::vector<std::pair<std::string, Case>>{
+           {"mlp", labelled(mlp, {8, 12})},
+           {"cnn", labelled([] { return residual_cnn(false); }, {8, 3, 8, 8})},
+           {"bert", bert_case()}}) {
     SCOPED_TRACE(name);
-    const Case c = labelled(make, shape);
     std::vector<std::string> summaries;
     const auto plans = frontier_plans(c, 2, 2, &summaries, /*per_op_degrees=*/true);
     ASSERT_FALSE(plans.empty()) << "no per-op point mixes batch and model splits";
@@ -398,53 +445,6 @@ TEST_F(ParallelizeTest, ResidualCnnWithBatchNormRunsAsPlannedOnAGrid) {
     for (float loss : run.losses) EXPECT_TRUE(std::isfinite(loss));
     EXPECT_FALSE(run.gradients.at(0).empty());
   }
-}
-
-// BERT pre-training: ids, token types, a mask with padding, masked-LM labels that ignore most
-// positions (more on some rows than others) and next-sentence labels. Dropout off: the split and
-// the whole model then compute the same thing.
-Case bert_case() {
-  constexpr int64_t kBatch = 4, kSeq = 8, kVocab = 64;
-  auto make = [] {
-    manual_seed(13);
-    return std::shared_ptr<nn::Module>(
-        std::make_shared<models::BertForPreTraining>(models::BertConfig()
-                                                         .vocab_size(kVocab)
-                                                         .hidden_size(32)
-                                                         .num_attention_heads(4)
-                                                         .intermediate_size(64)
-                                                         .num_hidden_layers(2)
-                                                         .max_position_embeddings(kSeq)
-                                                         .hidden_dropout_prob(0)
-                                                         .attention_probs_dropout_prob(0)));
-  };
-  auto batch = [](int step) {
-    manual_seed(200 + step);
-    Tensor ids = randint(0, kVocab, {kBatch, kSeq});
-    Tensor types = randint(0, 2, {kBatch, kSeq});
-    Tensor mask = ones({kBatch, kSeq}, TensorOptions(DType::kInt64));
-    narrow(narrow(mask, 0, 1, 1), 1, kSeq - 3, 3).fill_(0);  // row 1 padded
-    // Row r predicts r + 1 of its tokens; the others are ignored.
-    Tensor labels = full({kBatch, kSeq}, -100, TensorOptions(DType::kInt64));
-    for (int64_t r = 0; r < kBatch; ++r)
-      narrow(narrow(labels, 0, r, 1), 1, 0, r + 1).copy_(narrow(narrow(ids, 0, r, 1), 1, 0, r + 1));
-    return std::vector<Tensor>{ids, types, mask, labels, randint(0, 2, {kBatch})};
-  };
-  return {make, models::bert_pretraining_step(kBatch, kSeq), batch};
-}
-
-// Ops split as BERT's tensor-parallel plans split them: the frontier's points with each.
-bool heads_split(const planner::PlanFile::Op& op) {
-  return op.op == "bmm" && op.strategy == "heads";
-}
-bool table_by_vocabulary(const planner::PlanFile::Op& op) {
-  return op.op == "embedding" && op.strategy == "vocab";
-}
-bool table_by_columns(const planner::PlanFile::Op& op) {
-  return op.op == "embedding" && op.strategy == "column";
-}
-bool loss_by_classes(const planner::PlanFile::Op& op) {
-  return op.op == "cross_entropy" && op.strategy == "vocab";
 }
 
 TEST_F(ParallelizeTest, BertAsPlannedOnATensorParallelLine) {
