@@ -116,12 +116,15 @@ class ParallelModule : private DispatchInterceptor {
 
   const planner::Graph& graph() const { return graph_; }
   // What the planner prices for this plan's step (f32 tensors), sorted: each column split's input
-  // gradient all-reduce (one per tensor, however many column splits read it), each row split's
-  // output all-reduce, a class-split loss's three all-reduces (row maxima, sums of exponentials,
-  // target logits), the dp all-reduce of a batch-split loss, and an all-gather for every move
-  // between a producer's layout and a consumer's, forward or, for its gradient, backward. Beyond
-  // the planner's prices: the gather of the data's rows for an op over the whole batch. The
-  // data-parallel gradient all-reduce (synchronize_gradients) is not in it.
+  // gradient all-reduce (one per tensor as read, however many column splits read it), each row
+  // split's and vocabulary-split table's output all-reduce, a class-split loss's three
+  // all-reduces (row maxima, sums of exponentials, target logits), the dp all-reduce of a
+  // batch-split loss (its sum and count for a mean over counted rows), the gradient all-gather of
+  // a broadcast operand cut along an element-wise split, a tied parameter's moves to its other
+  // users' cuts, and an all-gather for every move between a producer's layout and a consumer's,
+  // forward or, for its gradient, backward. Beyond the planner's prices: the gather of the data's
+  // rows for an op over the whole batch. The data-parallel gradient all-reduce
+  // (synchronize_gradients) is not in it.
   std::vector<StepCollective> planned_collectives() const;
   // Moves run by the interceptor that the plan's layouts did not imply (views of split dims).
   int unplanned_moves() const { return unplanned_moves_; }
