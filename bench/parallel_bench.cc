@@ -25,6 +25,7 @@
 #include "models/bert.h"
 #include "models/resnet.h"
 #include "models/shufflenet.h"
+#include "models/trace.h"
 #include "models/vision_parallel.h"
 #include "ops/ops.h"
 #include "optim/adam.h"
@@ -67,7 +68,7 @@ int run(int argc, char** argv) {
   app.add_option("--plan", plan_path, "take dp and tp from a plan; report its predictions");
   app.add_flag(
       "--planned", planned,
-      "run the --plan file's ops as priced (parallel::ParallelModule; ResNet, ShuffleNet)");
+      "run the --plan file's ops as priced (parallel::ParallelModule; ResNet, ShuffleNet, BERT)");
   app.add_option("--zero", zero, "ZeRO stage over the dp group (parallel/zero.h): 0, 1 or 2");
   app.add_option("--steps", steps, "timed steps");
   app.add_option("--warmup", warmup, "untimed steps first");
@@ -106,12 +107,28 @@ int run(int argc, char** argv) {
   std::shared_ptr<models::TensorParallelClassifier> tp_vision;
   std::shared_ptr<parallel::ParallelModule> planned_model;  // --planned
   models::BertConfig bert_config;
+  auto line = tp > 1 ? tp_comm : dp_comm;  // every rank, for a plan with per-op degrees
+  auto run_as_planned = [&](std::shared_ptr<nn::Module> full,
+                            const planner::ModuleTraceOptions& trace) {
+    planned_model = std::make_shared<parallel::ParallelModule>(
+        full, plan->ops, per_op ? line : dp_comm, per_op ? line : tp_comm, trace);
+    trained = full;  // now meta: its shards live in planned_model
+  };
   if (bert) {
-    bert_config = models::BertConfig::by_name(model_name.substr(5)).dropout(0.0);
+    // As planned, dropout stays: the plan's trace has its ops.
+    bert_config = models::BertConfig::by_name(model_name.substr(5));
+    if (!planned) bert_config.dropout(0.0);
     bert_model = std::make_shared<models::BertForPreTraining>(bert_config);
-    // The shard replaces the whole model: only the shards stay in memory.
-    if (tp > 1) bert_model = models::shard_bert(*bert_model, group);
-    trained = bert_model;
+    if (planned) {
+      TESSEL_CHECK(plan && plan->batch == batch && plan->seq == seq,
+                   "--planned needs --plan with this --batch and --seq (the plan's: ",
+                   plan ? plan->batch : 0, ", ", plan ? plan->seq : 0, ")");
+      run_as_planned(bert_model, models::bert_pretraining_step(batch, seq));
+    } else {
+      // The shard replaces the whole model: only the shards stay in memory.
+      if (tp > 1) bert_model = models::shard_bert(*bert_model, group);
+      trained = bert_model;
+    }
   } else {
     std::shared_ptr<nn::Module> full =
         model_name.rfind("resnet", 0) == 0
@@ -123,11 +140,7 @@ int run(int argc, char** argv) {
       TESSEL_CHECK(plan && plan->batch == batch && plan->image_size == image_size,
                    "--planned needs --plan with this --batch and --image_size (the plan's: ",
                    plan ? plan->batch : 0, ", ", plan ? plan->image_size : 0, ")");
-      auto line = tp > 1 ? tp_comm : dp_comm;  // every rank, for a plan with per-op degrees
-      planned_model = std::make_shared<parallel::ParallelModule>(
-          full, plan->ops, per_op ? line : dp_comm, per_op ? line : tp_comm,
-          planner::ModuleTraceOptions({batch, 3, image_size, image_size}));
-      trained = full;  // now meta: its shards live in planned_model
+      run_as_planned(full, planner::ModuleTraceOptions({batch, 3, image_size, image_size}));
     } else if (tp > 1) {
       // As the recipes: ShuffleNet's conv5 split by channels, ResNet's classifier by classes.
       const bool shufflenet = model_name.rfind("shufflenet", 0) == 0;
@@ -167,7 +180,10 @@ int run(int argc, char** argv) {
   auto step = [&]() {
     if (ddp) ddp->prepare_forward();
     Tensor loss;
-    if (bert) {
+    if (bert && planned_model) {
+      loss =
+          planned_model->loss({data.ids, data.types, data.mask, data.mlm_labels, data.nsp_labels});
+    } else if (bert) {
       loss = models::bert_pretraining_loss(bert_model->forward(data.ids, data.types, data.mask),
                                            data.mlm_labels, data.nsp_labels)
                  .total;

@@ -461,6 +461,13 @@ Tensor ParallelModule::proxy_for(const Tensor& whole_shape, Tensor local, Layout
                shape_str(whole_shape.sizes()), " cut ", layout.batch ? "by rows " : "",
                layout.model ? "along dim " : "",
                layout.model ? std::to_string(layout.axis) : std::string(), " (op ", next_op_, ")");
+  if (locals_.size() >= purge_at_) {
+    // Locals whose meta tensors the model no longer holds are gone for it: let their tensors go
+    // (autograd keeps what backward needs), so a step holds no more than the unsplit model would.
+    for (auto it = locals_.begin(); it != locals_.end();)
+      it = !it->second.persistent && it->second.proxy.expired() ? locals_.erase(it) : std::next(it);
+    purge_at_ = std::max<size_t>(64, 2 * locals_.size());
+  }
   locals_[whole_shape.impl()] = Local{whole_shape.impl_ptr(), std::move(local), layout, false};
   return whole_shape;
 }
