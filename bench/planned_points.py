@@ -2,17 +2,17 @@
 """Frontier points of the planner run as priced (parallel::ParallelModule), measured against the
 planner's prediction: step time and peak memory per rank.
 
-For each rank count, three points of ResNet-18's frontier on the CPU example profile (the
-smallest, the middle one and the fastest; on 2 ranks also three of the per-op-degree frontier,
-`plan --per_op_degrees`, among points whose ops run at other degrees than the rest) are written
-as plan files (`plan --point=K`) and
-trained by `parallel_bench --planned` under mpirun, the points interleaved round by round on a
-quiet machine (bench/harness.py). Each run times the median of its steps after warm-up; a cell
-is the median over the rounds with the interquartile range. Writes bench/results/planned_points.md
-and the raw lines beside it.
+For each model (ResNet-18 and BERT mini) and rank count, three points of the frontier on the
+quiet 2-core CPU profile (the smallest, the middle one and the fastest; on 2 ranks also three of
+the per-op-degree frontier, `plan --per_op_degrees`, among points whose ops run at other degrees
+than the rest) are written as plan files (`plan --point=K`) and trained by `parallel_bench
+--planned` under mpirun, the points interleaved round by round on a quiet machine
+(bench/harness.py). Each run times the median of its steps after warm-up; a cell is the median
+over the rounds with the interquartile range. Writes bench/results/planned_points.md and the raw
+lines beside it.
 
   bazel build //bench:parallel_bench //tools/plan
-  /usr/bin/python3 bench/planned_points.py [--rounds 5] [--force]
+  /usr/bin/python3 bench/planned_points.py [--rounds 5] [--models resnet18,bert_mini] [--force]
 """
 
 import argparse
@@ -26,25 +26,31 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODEL = dict(model="resnet18", batch=8, image_size=64, num_classes=100)
-PROFILE = "cpu_2core_example"
+# Each model's sizes, as `plan` and `parallel_bench` take them, and its optimizer.
+MODELS = {
+    "resnet18": dict(flags=["--batch=8", "--image_size=64", "--num_classes=100"],
+                     optimizer="sgd_momentum",
+                     text="global batch 8, 64x64 images, 100 classes, SGD with momentum"),
+    "bert_mini": dict(flags=["--batch=8", "--seq=64"], optimizer="adamw",
+                      text="global batch 8, sequence 64, pre-training (masked-LM and "
+                           "next-sentence), dropout 0.1, AdamW"),
+}
+PROFILE = "cpu_2core_quiet"
 
 
-def plan_command(ranks, point, out, per_op=False):
-    return [os.path.join(ROOT, "bazel-bin/tools/plan/plan"), f"--model={MODEL['model']}",
-            f"--devices={ranks}", f"--batch={MODEL['batch']}",
-            f"--image_size={MODEL['image_size']}", f"--num_classes={MODEL['num_classes']}",
-            f"--profile={PROFILE}", "--optimizer=sgd_momentum", "--any_plan", "--remat=1",
-            f"--point={point}", f"--out={out}", f"--frontier_json={out}.frontier"] + (
-                ["--per_op_degrees"] if per_op else [])
+def plan_command(model, ranks, point, out, per_op=False):
+    return [os.path.join(ROOT, "bazel-bin/tools/plan/plan"), f"--model={model}",
+            f"--devices={ranks}"] + MODELS[model]["flags"] + [
+                f"--profile={PROFILE}", f"--optimizer={MODELS[model]['optimizer']}",
+                "--any_plan", "--remat=1", f"--point={point}", f"--out={out}",
+                f"--frontier_json={out}.frontier"] + (["--per_op_degrees"] if per_op else [])
 
 
-def bench_command(ranks, plan_path, steps, warmup):
+def bench_command(model, ranks, plan_path, steps, warmup):
     return ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(ranks),
-            os.path.join(ROOT, "bazel-bin/bench/parallel_bench"), f"--model={MODEL['model']}",
-            f"--batch={MODEL['batch']}", f"--image_size={MODEL['image_size']}",
-            f"--num_classes={MODEL['num_classes']}", f"--plan={plan_path}", "--planned",
-            f"--steps={steps}", f"--warmup={warmup}", "--threads=1"]
+            os.path.join(ROOT, "bazel-bin/bench/parallel_bench"), f"--model={model}"] + \
+        MODELS[model]["flags"] + [f"--plan={plan_path}", "--planned", f"--steps={steps}",
+                                  f"--warmup={warmup}", "--threads=1"]
 
 
 def run_json(argv):
@@ -55,12 +61,12 @@ def run_json(argv):
     return json.loads(lines[-1]) if lines else None
 
 
-def pick_points(ranks, workdir, per_op=False):
+def pick_points(model, ranks, workdir, per_op=False):
     """The smallest, the middle and the fastest point of the frontier, as plan files; with
     per_op, of the points whose ops run at other degrees than the rest (per-op degrees)."""
     kind = "per_op" if per_op else "grid"
-    probe = os.path.join(workdir, f"probe{ranks}_{kind}.json")
-    subprocess.run(plan_command(ranks, 0, probe, per_op), cwd=ROOT, check=True,
+    probe = os.path.join(workdir, f"{model}_probe{ranks}_{kind}.json")
+    subprocess.run(plan_command(model, ranks, 0, probe, per_op), cwd=ROOT, check=True,
                    capture_output=True)
     with open(probe + ".frontier") as handle:
         frontier = json.load(handle)["points"]
@@ -69,8 +75,8 @@ def pick_points(ranks, workdir, per_op=False):
     chosen = sorted({candidates[0], candidates[len(candidates) // 2], candidates[-1]})
     plans = []
     for point in chosen:
-        path = os.path.join(workdir, f"ranks{ranks}_{kind}_point{point}.json")
-        subprocess.run(plan_command(ranks, point, path, per_op), cwd=ROOT, check=True,
+        path = os.path.join(workdir, f"{model}_ranks{ranks}_{kind}_point{point}.json")
+        subprocess.run(plan_command(model, ranks, point, path, per_op), cwd=ROOT, check=True,
                        capture_output=True)
         plans.append((point, path, frontier[point]["summary"]))
     return plans
@@ -82,6 +88,7 @@ def main():
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--ranks", default="2,4")
+    parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--force", action="store_true")
     parser.add_argument("--out", default=os.path.join(ROOT, "bench/results/planned_points.md"))
     args = parser.parse_args()
@@ -93,25 +100,32 @@ def main():
     watch = harness.OtherProcesses()
     start_load = harness.load_average()
     sides = []
-    for ranks in [int(r) for r in args.ranks.split(",")]:
-        for per_op in ([False, True] if ranks == 2 else [False]):
-            for point, path, summary in pick_points(ranks, workdir, per_op):
-                sides.append(dict(ranks=ranks, point=point, path=path, summary=summary,
-                                  frontier="per-op degrees" if per_op else "dp x tp grid"))
+    models = args.models.split(",")
+    for model in models:
+        for ranks in [int(r) for r in args.ranks.split(",")]:
+            for per_op in ([False, True] if ranks == 2 else [False]):
+                for point, path, summary in pick_points(model, ranks, workdir, per_op):
+                    sides.append(dict(model=model, ranks=ranks, point=point, path=path,
+                                      summary=summary,
+                                      frontier="per-op degrees" if per_op else "dp x tp grid"))
     results = {id(side): [] for side in sides}
     with harness.RawLog(raw_path) as raw:
         raw.write(kind="run", environment=harness.environment(ROOT, 1), quiet=quiet.__dict__,
-                  model=MODEL, profile=PROFILE, rounds=args.rounds, steps=args.steps,
+                  models={m: MODELS[m] for m in models}, profile=PROFILE, rounds=args.rounds,
+                  steps=args.steps,
                   warmup=args.warmup)
         for round_index in range(args.rounds):
             for side in harness.round_order(sides, round_index):
-                argv = bench_command(side["ranks"], side["path"], args.steps, args.warmup)
+                argv = bench_command(side["model"], side["ranks"], side["path"], args.steps,
+                                     args.warmup)
                 line = run_json(argv)
                 results[id(side)].append(line)
-                raw.write(kind="step_median", round=round_index, ranks=side["ranks"],
+                raw.write(kind="step_median", round=round_index, model=side["model"],
+                          ranks=side["ranks"],
                           frontier=side["frontier"], point=side["point"], command=" ".join(argv),
                           result=line)
-                print(f"round {round_index} ranks {side['ranks']} {side['frontier']} point "
+                print(f"round {round_index} {side['model']} ranks {side['ranks']} "
+                      f"{side['frontier']} point "
                       f"{side['point']}: "
                       f"{line['step_s'] * 1e3:.1f} ms (predicted "
                       f"{line['predicted_step_s'] * 1e3:.1f}), peak "
@@ -124,17 +138,17 @@ def main():
         "",
         f"Made by `bench/planned_points.py` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(began))} "
         f"in {(time.time() - began) / 60:.1f} minutes, Tessel at commit "
-        f"{harness.git_commit(ROOT)}. {MODEL['model']}, global batch {MODEL['batch']}, "
-        f"{MODEL['image_size']}x{MODEL['image_size']} images, {MODEL['num_classes']} classes, SGD "
-        f"with momentum, f32, 1 thread per rank, ranks under `mpirun --oversubscribe` on the "
-        f"2-core machine; plans from `plan --profile={PROFILE} --any_plan --remat=1 --point=K` "
+        f"{harness.git_commit(ROOT)}. "
+        + "; ".join(f"{m}: {MODELS[m]['text']}" for m in models) +
+        "; f32, 1 thread per rank, ranks under `mpirun --oversubscribe` on the 2-core machine; "
+        f"plans from `plan --profile={PROFILE} --any_plan --remat=1 --point=K` "
         "(the smallest, the middle and the fastest point of each frontier; on 2 ranks also of "
         "`--per_op_degrees` among points with ops at other degrees), trained by "
         "`parallel_bench --planned` (parallel::ParallelModule: every op with its planned split). "
         f"Per cell: the median over {args.rounds} interleaved rounds (each the median of "
         f"{args.steps} steps after {args.warmup} warm-up steps; a step is the slowest rank's) "
         "with the interquartile range; peak: the largest rank's allocator peak over the timed "
-        "steps (parameters, gradients, momentum, activations and the moves' buffers), the median "
+        "steps (parameters, gradients, optimizer state, activations and the moves' buffers), the median "
         "over the rounds. Raw lines (with the commands): planned_points.jsonl.",
         "",
         f"- Machine: {'quiet' if not quiet.forced else 'NOT quiet (--force)'}; load average "
@@ -142,9 +156,9 @@ def main():
         f"{busy:.2f} cores during the run. With 4 ranks on 2 cores every rank waits for "
         "another's core: those times measure sharing as much as the plan.",
         "",
-        "| ranks | frontier | point | plan | step (measured) | predicted | measured / predicted | "
-        "peak per rank | predicted | measured / predicted |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| model | ranks | frontier | point | plan | step (measured) | predicted | "
+        "measured / predicted | peak per rank | predicted | measured / predicted |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for side in sides:
         runs = results[id(side)]
@@ -153,7 +167,8 @@ def main():
         predicted_step = runs[0]["predicted_step_s"] * 1e3
         predicted_peak = runs[0]["predicted_memory_bytes"] / 2**20
         lines.append(
-            f"| {side['ranks']} | {side['frontier']} | {side['point']} | {side['summary']} | "
+            f"| {side['model']} | {side['ranks']} | {side['frontier']} | {side['point']} | "
+            f"{side['summary']} | "
             f"{step.median:.1f} ms "
             f"({step.spread()}) | {predicted_step:.1f} ms | {step.median / predicted_step:.2f} | "
             f"{peak.median:.1f} MiB | {predicted_peak:.1f} MiB | "

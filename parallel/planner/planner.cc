@@ -54,6 +54,7 @@ PlannedPoint describe_choice(const Graph& graph,
     const Strategy& s = strategies[op.id].at(choice.at(op.id));
     b.parameter_bytes += s.parameter_bytes;
     b.activation_bytes += s.activation_bytes;
+    b.backward_working_bytes = std::max(b.backward_working_bytes, s.backward_working_bytes);
     b.compute_s += s.forward_compute + s.backward_compute + s.optimizer_compute;
     b.comm_s += s.forward_comm + s.backward_comm;
     b.gradient_sync_s += s.gradient_sync;
@@ -77,16 +78,19 @@ PlannedPoint describe_choice(const Graph& graph,
                               bytes, tensor.requires_grad && op.differentiable, config.profile);
     }
   }
-  for (const SharedParameter& shared : shared_parameters(graph))
-    b.gradient_sync_s +=
-        shared_parameter_time(graph, shared, strategies[shared.owner][choice[shared.owner]],
-                              strategies[shared.user][choice[shared.user]], config);
+  for (const SharedParameter& shared : shared_parameters(graph)) {
+    const Strategy& owner = strategies[shared.owner][choice[shared.owner]];
+    const Strategy& user = strategies[shared.user][choice[shared.user]];
+    b.gradient_sync_s += shared_parameter_time(graph, shared, owner, user, config);
+    b.parameter_bytes += shared_parameter_bytes(graph, shared, owner, user);
+  }
   const std::string not_run = tensor_parallel_not_run_reason(graph);
   if (uses_tensor_parallel && !not_run.empty()) {
     point.executable = false;
     point.not_executable_reason = not_run;
   }
-  point.cost.memory = b.parameter_bytes + remat_fraction * b.activation_bytes;
+  point.cost.memory =
+      b.parameter_bytes + remat_fraction * b.activation_bytes + b.backward_working_bytes;
   point.cost.time = b.compute_s + b.comm_s + b.gradient_sync_s + b.redistribution_s + b.recompute_s;
 
   std::vector<std::string> parts;
@@ -250,6 +254,13 @@ PlanResult plan_graph(const Graph& graph, const PlanOptions& options) {
             point.choice[op] = subset[op][point.choice[op]];
           // The recipes run ZeRO without tensor parallelism only (describe_choice says so).
           const bool runs = executable(point.choice) && (stage == 0 || !uses_tp(point.choice));
+          // The frontier adds up what each op keeps; the peak also holds the largest op's
+          // gradients in backward.
+          double working = 0;
+          for (size_t op = 0; op < point.choice.size(); ++op)
+            working = std::max(working,
+                               strategies_at[stage][op][point.choice[op]].backward_working_bytes);
+          point.cost.memory += working;
           candidates.push_back({point.cost, fraction, stage, std::move(point.choice), runs});
         }
         result.stats.leaf_eliminations += stats.leaf_eliminations;

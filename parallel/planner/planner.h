@@ -53,13 +53,14 @@ struct PlanOptions {
 
 // Where one plan's memory and time go, per device.
 struct PlanBreakdown {
-  double parameter_bytes = 0;   // parameters, gradients, optimizer state
-  double activation_bytes = 0;  // kept for backward (before recomputation)
-  double compute_s = 0;         // forward and backward kernels, and the optimizer update
-  double comm_s = 0;            // collectives of the splits (row, column, vocabulary, loss)
-  double gradient_sync_s = 0;   // data-parallel gradient all-reduce
-  double redistribution_s = 0;  // moving tensors between layouts of consecutive ops
-  double recompute_s = 0;       // extra forward work under the memory budget
+  double parameter_bytes = 0;         // parameters, gradients, optimizer state
+  double activation_bytes = 0;        // kept for backward (before recomputation)
+  double backward_working_bytes = 0;  // the largest op's gradients alive at once in backward
+  double compute_s = 0;               // forward and backward kernels, and the optimizer update
+  double comm_s = 0;                  // collectives of the splits (row, column, vocabulary, loss)
+  double gradient_sync_s = 0;         // data-parallel gradient all-reduce
+  double redistribution_s = 0;        // moving tensors between layouts of consecutive ops
+  double recompute_s = 0;             // extra forward work under the memory budget
 };
 
 struct PlannedPoint {

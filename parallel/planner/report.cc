@@ -85,6 +85,7 @@ void print_chosen(std::ostream& out, const Graph& graph, const PlanResult& resul
       << ", activations " << format_bytes(b.activation_bytes);
   if (chosen.remat_fraction < 1)
     out << " (" << static_cast<int>(chosen.remat_fraction * 100 + 0.5) << "% kept)";
+  out << ", backward's largest gradients at once " << format_bytes(b.backward_working_bytes);
   // What a status line's memory shows besides: the data sets a process loads, buffers of the
   // runtime and the allocator's rounding.
   out << "; training only, not the data sets a process holds";

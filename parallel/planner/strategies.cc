@@ -411,6 +411,20 @@ Strategy make_strategy(const OpContext& c, int dp, int tp, SplitKind kind) {
     s.activation_bytes +=
         static_cast<double>(c.graph.tensors[op.inputs[slot]].bytes) / (layout.batch * layout.model);
   }
+  if (c.backward_factor > 0) {
+    // The first output's gradient (further outputs, saved statistics or log-probabilities, get
+    // none), and those of the inputs.
+    if (!op.outputs.empty())
+      s.backward_working_bytes +=
+          c.output_bytes(0) / (s.output_layouts[0].batch * s.output_layouts[0].model);
+    for (size_t slot = 0; slot < op.inputs.size(); ++slot) {
+      const TracedTensor* input = c.input(static_cast<int>(slot));
+      if (!input || !input->requires_grad || input->is_parameter()) continue;
+      const Layout& layout = s.input_layouts[slot];
+      s.backward_working_bytes +=
+          c.input_bytes(static_cast<int>(slot)) / (layout.batch * layout.model);
+    }
+  }
   return s;
 }
 
@@ -550,15 +564,25 @@ std::vector<SharedParameter> shared_parameters(const Graph& graph) {
   return shared;
 }
 
+namespace {
+ParameterSplit split_of(const Strategy& s, int tensor) {
+  for (const ParameterSplit& split : s.parameters)
+    if (split.tensor == tensor) return split;
+  return ParameterSplit{tensor, -1, 1, false};
+}
+}  // namespace
+
+double shared_parameter_bytes(const Graph& graph, const SharedParameter& shared,
+                              const Strategy& owner, const Strategy& user) {
+  const ParameterSplit owned = split_of(owner, shared.tensor), used = split_of(user, shared.tensor);
+  if (owned.dim == used.dim && owned.parts == used.parts) return 0;
+  return static_cast<double>(graph.tensors[shared.tensor].bytes) / used.parts;
+}
+
 double shared_parameter_time(const Graph& graph, const SharedParameter& shared,
                              const Strategy& owner, const Strategy& user,
                              const PlannerConfig& config) {
-  auto split_of = [&](const Strategy& s) {
-    for (const ParameterSplit& split : s.parameters)
-      if (split.tensor == shared.tensor) return split;
-    return ParameterSplit{shared.tensor, -1, 1, false};
-  };
-  const ParameterSplit owned = split_of(owner), used = split_of(user);
+  const ParameterSplit owned = split_of(owner, shared.tensor), used = split_of(user, shared.tensor);
   const double bytes = static_cast<double>(graph.tensors[shared.tensor].bytes);
   double time = 0;
   if (user.dp > 1 && owner.dp == 1) time += gradient_all_reduce(user, bytes / used.parts, config);
@@ -616,9 +640,10 @@ CostGraph build_cost_graph(const Graph& graph, const std::vector<std::vector<Str
     bool any = false;
     for (size_t a = 0; a < from.size(); ++a)
       for (size_t b = 0; b < to.size(); ++b) {
-        const double time = shared_parameter_time(graph, shared, from[a], to[b], config);
-        table[a * to.size() + b].time = time;
-        any = any || time > 0;
+        Cost& cost = table[a * to.size() + b];
+        cost.time = shared_parameter_time(graph, shared, from[a], to[b], config);
+        cost.memory = shared_parameter_bytes(graph, shared, from[a], to[b]);
+        any = any || cost.time > 0 || cost.memory > 0;
       }
     if (any) costs.add_edge(shared.owner, shared.user, std::move(table));
   }

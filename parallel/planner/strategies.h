@@ -66,6 +66,10 @@ struct Strategy {
   // Bytes per device.
   double parameter_bytes = 0;   // owned parameters, their gradients and optimizer state
   double activation_bytes = 0;  // tensors kept for backward (charged to their producer)
+  // The gradients alive at once in this op's backward, beside what is kept for it: its first
+  // output's and those of its inputs that need one (the largest over a plan's ops adds to a
+  // plan's peak).
+  double backward_working_bytes = 0;
 
   // "dp=4 tp=2 column"; "replicate" when every device runs the whole op.
   std::string label() const;
@@ -134,6 +138,10 @@ std::vector<SharedParameter> shared_parameters(const Graph& graph);
 double shared_parameter_time(const Graph& graph, const SharedParameter& shared,
                              const Strategy& owner, const Strategy& user,
                              const PlannerConfig& config);
+// The user's own copy of the parameter as it cuts it, when the owner cuts it otherwise: the user
+// keeps it for backward (a product needs its weight), bytes per device.
+double shared_parameter_bytes(const Graph& graph, const SharedParameter& shared,
+                              const Strategy& owner, const Strategy& user);
 
 // Nodes are the graph's ops (same indices), strategy costs at `remat_fraction`; edges carry the
 // re-distribution time between a producer's output layout and each consumer's input layout, and

@@ -77,6 +77,29 @@ TEST(Strategies, ColumnParallelLinearHalvesComputeAndSplitsTheWeightByRows) {
   EXPECT_DOUBLE_EQ(column.backward_comm, 2 * 1e-6 + 1.0 * (8 * 64 * 4) / 1e9);
 }
 
+// Backward holds the output's gradient and the input's at once, at the strategy's shares; a plan's
+// peak adds the largest of them to what its ops keep.
+TEST(Strategies, BackwardHoldsTheOutputAndInputGradientsAtOnce) {
+  OneLinear net;
+  const auto strategies = enumerate_strategies(net.graph, config_for(2));
+  const Strategy& whole = find(strategies[0], 1, 1, SplitKind::kReplicate);
+  const Strategy& column = find(strategies[0], 1, 2, SplitKind::kColumn);
+  const Strategy& batch = find(strategies[0], 2, 1, SplitKind::kReplicate);
+  EXPECT_DOUBLE_EQ(whole.backward_working_bytes, (8 * 128 + 8 * 64) * 4.0);
+  EXPECT_DOUBLE_EQ(column.backward_working_bytes, (8 * 128 / 2 + 8 * 64) * 4.0);
+  EXPECT_DOUBLE_EQ(batch.backward_working_bytes, whole.backward_working_bytes / 2);
+  PlanOptions options;
+  options.config = config_for(1);
+  options.remat_fractions = {1.0};
+  const PlanResult result = plan_graph(net.graph, options);
+  ASSERT_EQ(result.frontier.size(), 1u);
+  const PlannedPoint& point = result.frontier[0];
+  EXPECT_DOUBLE_EQ(point.breakdown.backward_working_bytes, whole.backward_working_bytes);
+  EXPECT_DOUBLE_EQ(point.cost.memory, point.breakdown.parameter_bytes +
+                                          point.breakdown.activation_bytes +
+                                          point.breakdown.backward_working_bytes);
+}
+
 TEST(Strategies, RowParallelLinearAddsOneRingAllReduceOfTheOutput) {
   OneLinear net;
   const auto strategies = enumerate_strategies(net.graph, config_for(4));
@@ -291,6 +314,9 @@ TEST(DeviceProfile, ShippedProfilesParseAndCiteSources) {
   EXPECT_NE(h200.sources_json.find("nvidia.com"), std::string::npos);
   const DeviceProfile cpu = load_profile(find_profile("cpu_2core_example"));
   EXPECT_GT(cpu.gemm_flops, 0);
+  const DeviceProfile quiet = load_profile(find_profile("cpu_2core_quiet"));
+  EXPECT_GT(quiet.gemm_flops, 0);
+  EXPECT_FALSE(quiet.op_kinds.empty());
   // A round trip through JSON keeps every number.
   const DeviceProfile again = parse_profile(profile_to_json(h200), "round trip");
   EXPECT_EQ(profile_to_json(again), profile_to_json(h200));
