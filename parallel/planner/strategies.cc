@@ -57,7 +57,8 @@ std::vector<int> tensor_parallel_degrees(const PlannerConfig& config) {
   const int limit = config.max_tp > 0 ? config.max_tp : config.profile.devices_per_node;
   std::vector<int> degrees;
   for (int tp = 1; tp <= config.devices; ++tp)
-    if (config.devices % tp == 0 && (tp == 1 || tp <= limit)) degrees.push_back(tp);
+    if (config.devices % tp == 0 && (tp == 1 || tp <= limit) && tp >= config.min_tp)
+      degrees.push_back(tp);
   return degrees;
 }
 

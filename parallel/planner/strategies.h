@@ -86,6 +86,9 @@ struct PlannerConfig {
   // Largest tensor-parallel group; 0: the profile's devices_per_node (tensor parallelism inside
   // a node, data parallelism across nodes, as Megatron-LM does).
   int max_tp = 0;
+  // Smallest tensor-parallel group searched (1: every degree; a larger one keeps the frontier to
+  // plans whose grids split the model at least that much).
+  int min_tp = 1;
   // Optimizer state tensors per parameter: Adam 2, SGD with momentum 1, plain SGD 0.
   int optimizer_states = 2;
   // ZeRO over each op's data-parallel group (parallel::ZeroOptimizer): 0 none; 1 the optimizer
@@ -109,7 +112,7 @@ std::string op_kind(const TracedOp& op);
 // the split, and the parts of the gradient are all-gathered in backward.
 bool cuts_broadcast_operand(const Graph& graph, const TracedOp& op, const Strategy& s, size_t slot);
 
-// The tensor-parallel degrees tried: divisors of `devices` up to the max_tp limit.
+// The tensor-parallel degrees tried: divisors of `devices` from min_tp up to the max_tp limit.
 std::vector<int> tensor_parallel_degrees(const PlannerConfig& config);
 
 // Every applicable strategy of every op, with costs. Ops without a batch dimension never split
