@@ -15,6 +15,8 @@ const char* residency_name(Residency residency) {
       return "evicted";
     case Residency::kOnHost:
       return "on host";
+    case Residency::kSharded:
+      return "sharded over ranks";
   }
   return "?";
 }
@@ -69,6 +71,14 @@ void StorageImpl::allocate_bytes(Residency new_state) {
 
 StorageAccess::StorageAccess(StorageImpl& storage) : storage_(&storage) {
   storage.pin();
+  if (storage.state_ == Residency::kSharded && storage.sharded) {
+    try {
+      storage.sharded->gather(storage);
+    } catch (...) {
+      storage.unpin();
+      throw;
+    }
+  }
   ResidencyHooks* hooks = residency_hooks();
   if (storage.state_ != Residency::kResident) {
     if (!hooks) {
@@ -87,7 +97,10 @@ StorageAccess::StorageAccess(StorageImpl& storage) : storage_(&storage) {
 }
 
 StorageAccess::~StorageAccess() {
-  if (storage_) storage_->unpin();
+  if (!storage_) return;
+  storage_->unpin();
+  if (storage_->sharded && storage_->pins() == 0 && storage_->state_ == Residency::kResident)
+    storage_->sharded->on_unpinned(*storage_);
 }
 
 }  // namespace tessel

@@ -24,6 +24,7 @@ enum class Residency : uint8_t {
   kResident,  // bytes on the device
   kEvicted,   // no bytes; recompute from the producer op record
   kOnHost,    // bytes swapped to host memory
+  kSharded,   // no bytes here: parts of them on a group's ranks, gathered on access (ZeRO stage 3)
 };
 
 const char* residency_name(Residency residency);
@@ -64,6 +65,19 @@ class ResidencyHooks {
   }
 };
 
+// The owner of bytes kept in parts over a group of ranks (parallel::ZeroOptimizer's stage 3). An
+// access scope on a kSharded storage gathers the whole bytes (a collective: every rank touches
+// such storages in the same order), and once the last scope ends the owner may drop them again.
+class ShardedBytes {
+ public:
+  virtual ~ShardedBytes() = default;
+  // `storage` is kSharded and pinned by the access asking for it: leave it kResident with the
+  // whole bytes.
+  virtual void gather(StorageImpl& storage) = 0;
+  // The last access scope of a resident `storage` ended (no pins left).
+  virtual void on_unpinned(StorageImpl& storage) = 0;
+};
+
 // Installs hooks process-wide (nullptr removes them); returns the previous ones.
 std::shared_ptr<ResidencyHooks> set_residency_hooks(std::shared_ptr<ResidencyHooks> hooks);
 ResidencyHooks* residency_hooks();
@@ -98,6 +112,8 @@ class StorageImpl : public std::enable_shared_from_this<StorageImpl> {
   // The op record that produced these bytes (set by the memory layer's hook), and its own state.
   std::shared_ptr<OpCall> producer;
   std::shared_ptr<void> residency_data;
+  // Set while the bytes are kept in parts over several ranks (kSharded); see ShardedBytes.
+  std::shared_ptr<ShardedBytes> sharded;
   int64_t last_access = 0;  // logical clock, maintained by the memory layer
 
   // For the memory layer only: the raw pointer regardless of pins, and moving bytes.

@@ -97,6 +97,9 @@ class Communicator {
   // input is this rank's part (part_rows(rows, size(), rank()), ...); output (rows, ...) receives
   // every rank's part in rank order.
   virtual void all_gather(const Tensor& input, const Tensor& output) = 0;
+  // The same, started now and finished by Work::wait() (checks as all_gather's, at once). This
+  // default gathers at once and returns finished work; MPI overlaps it with what follows.
+  virtual std::shared_ptr<Work> all_gather_async(const Tensor& input, const Tensor& output);
   // Every rank ends with root's values.
   virtual void broadcast(const Tensor& tensor, int root) = 0;
   // Point to point: blocks until the tensor can be reused / has arrived. recv's tensor must have

@@ -44,6 +44,10 @@ class CountingCommunicator : public Communicator {
     add("all_gather", output);
     inner_->all_gather(input, output);
   }
+  std::shared_ptr<Work> all_gather_async(const Tensor& input, const Tensor& output) override {
+    add("all_gather", output);
+    return inner_->all_gather_async(input, output);
+  }
   void broadcast(const Tensor& t, int root) override {
     add("broadcast", t);
     inner_->broadcast(t, root);

@@ -622,6 +622,10 @@ void MpiCommunicator::reduce_scatter(const Tensor& input, const Tensor& output, 
 }
 
 void MpiCommunicator::all_gather(const Tensor& input, const Tensor& output) {
+  all_gather_async(input, output)->wait();
+}
+
+std::shared_ptr<Work> MpiCommunicator::all_gather_async(const Tensor& input, const Tensor& output) {
   const char* what = "all_gather";
   check_cpu_tensor(input, what, "input");
   check_cpu_tensor(output, what, "output");
@@ -658,7 +662,7 @@ void MpiCommunicator::all_gather(const Tensor& input, const Tensor& output) {
                                  state_->comm, &work->request),
                  "MPI_Iallgatherv");
   work->finish = [receive, output] { deliver(receive, output); };
-  work->wait();
+  return work;
 }
 
 void MpiCommunicator::broadcast(const Tensor& tensor, int root) {

@@ -1,6 +1,7 @@
 #include "parallel/zero.h"
 
 #include <cmath>
+#include <iostream>
 
 #include "core/autograd.h"
 #include "core/shape.h"
@@ -50,7 +51,174 @@ struct ZeroOptimizer::Parts {
   }
 };
 
+// Stage 3. Each parameter's storage is kSharded between uses: its ShardedBytes (GatheredOnUse)
+// gathers the whole bytes from every rank's part when an access scope asks for them, and drops
+// them when the last scope ends, first copying this rank's elements back into its part (the bytes
+// may have been written meanwhile: load_state_dict). The storages own this state, so the parameters
+// keep working after the optimizer is gone.
+struct ZeroOptimizer::Stage3 {
+  std::shared_ptr<Communicator> group;
+  std::vector<Tensor> parts;  // this rank's elements of each parameter, in storages of their own
+  std::vector<int64_t> begins, counts;
+  std::vector<std::weak_ptr<StorageImpl>> storages;  // the parameters'
+  std::vector<std::shared_ptr<Work>> in_flight;      // prefetches started, not yet waited for
+  // Prefetched while still whole from the use before (the forward op's weight, next needed by
+  // the backward op that follows at once): kept whole, kSharded, until that use.
+  std::vector<char> kept;
+  // The parameters gathered in the last step, in order, and so far in this one: while this step
+  // follows the last one, each gather starts the next one's.
+  std::vector<size_t> last_order, order;
+  bool following = true;
+  int64_t starting = -1;      // the prefetch being started (its all-gather's pins end early)
+  bool hold = false;          // gather_parameters(): keep every gathered parameter whole
+  bool writing_back = false;  // release() is copying into a part (through an access scope)
+  int64_t gathers = 0, prefetched = 0;
+
+  // The flattened whole parameter `i` over `storage`'s bytes.
+  Tensor whole(StorageImpl& storage, size_t i) const {
+    const int64_t elements = static_cast<int64_t>(storage.nbytes() / parts[i].element_size());
+    return Tensor(std::make_shared<TensorImpl>(storage.shared_from_this(), Shape{elements},
+                                               Shape{1}, 0, parts[i].dtype()));
+  }
+
+  void gather(size_t i, StorageImpl& storage) {
+    NoGradGuard no_grad;
+    if (kept[i]) {
+      kept[i] = 0;
+      ++prefetched;
+    } else if (in_flight[i]) {
+      std::shared_ptr<Work> work = std::move(in_flight[i]);
+      try {
+        work->wait();
+      } catch (...) {
+        storage.set_state(Residency::kSharded);
+        throw;
+      }
+      ++prefetched;
+    } else {
+      storage.allocate_bytes(Residency::kResident);
+      try {
+        group->all_gather(parts[i], whole(storage, i));
+      } catch (...) {
+        storage.set_state(Residency::kSharded);
+        throw;
+      }
+    }
+    storage.set_state(Residency::kResident);
+    ++gathers;
+    if (hold) return;
+    const size_t position = order.size();
+    order.push_back(i);
+    following = following && position < last_order.size() && last_order[position] == i;
+    if (following && position + 1 < last_order.size()) prefetch(last_order[position + 1]);
+  }
+
+  // Starts gathering parameter `j` into its bytes; they stay kSharded (an access waits for the
+  // all-gather) until used.
+  void prefetch(size_t j) {
+    std::shared_ptr<StorageImpl> storage = storages[j].lock();
+    if (!storage || in_flight[j] || kept[j]) return;
+    if (storage->state() == Residency::kResident) {
+      kept[j] = 1;
+      return;
+    }
+    if (storage->state() != Residency::kSharded || storage->pins() > 0) return;
+    storage->allocate_bytes(Residency::kResident);
+    starting = static_cast<int64_t>(j);
+    try {
+      in_flight[j] = group->all_gather_async(parts[j], whole(*storage, j));
+    } catch (...) {
+      starting = -1;
+      storage->release_bytes(Residency::kSharded);
+      throw;
+    }
+    starting = -1;
+    storage->set_state(Residency::kSharded);
+  }
+
+  void on_unpinned(size_t i, StorageImpl& storage) {
+    if (hold || writing_back || starting == static_cast<int64_t>(i) || in_flight[i]) return;
+    if (kept[i]) {
+      write_back(i, storage);
+      storage.set_state(Residency::kSharded);
+      return;
+    }
+    release(i, storage);
+  }
+
+  // Drops parameter i's whole bytes (resident, unpinned), keeping what was written into them.
+  void release(size_t i, StorageImpl& storage) {
+    write_back(i, storage);
+    storage.release_bytes(Residency::kSharded);
+  }
+
+  // Parameter i's whole bytes may have been written (load_state_dict): this rank's elements go
+  // to its part. (Versions cannot tell: a write counts once the kernel's access scope ended.)
+  void write_back(size_t i, StorageImpl& storage) {
+    NoGradGuard no_grad;
+    writing_back = true;
+    try {
+      parts[i].copy_(whole(storage, i).narrow(0, begins[i], counts[i]));
+    } catch (...) {
+      writing_back = false;
+      throw;
+    }
+    writing_back = false;
+  }
+
+  // Gathers every parameter whole and keeps them so until drop_all().
+  void hold_whole() {
+    drop_all();
+    hold = true;
+    for (const auto& weak : storages)
+      if (std::shared_ptr<StorageImpl> storage = weak.lock()) StorageAccess whole(*storage);
+  }
+
+  // Ends every prefetch and drops every whole parameter (before the parts change, and before
+  // each step's forward).
+  void drop_all() {
+    hold = false;
+    if (!order.empty()) last_order = std::move(order);
+    order.clear();
+    following = true;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      std::shared_ptr<StorageImpl> storage = storages[i].lock();
+      if (in_flight[i]) {
+        std::shared_ptr<Work> work = std::move(in_flight[i]);
+        work->wait();
+        if (storage && storage->pins() == 0) storage->release_bytes(Residency::kSharded);
+      } else if (kept[i]) {
+        if (storage && storage->state() == Residency::kSharded && storage->pins() == 0)
+          storage->release_bytes(Residency::kSharded);
+      } else if (storage && storage->state() == Residency::kResident && storage->pins() == 0) {
+        release(i, *storage);
+      }
+      kept[i] = 0;
+    }
+  }
+};
+
 namespace {
+
+class GatheredOnUse : public ShardedBytes {
+ public:
+  GatheredOnUse(std::shared_ptr<ZeroOptimizer::Stage3> stage3, size_t index)
+      : stage3_(std::move(stage3)), index_(index) {}
+  void gather(StorageImpl& storage) override { stage3_->gather(index_, storage); }
+  void on_unpinned(StorageImpl& storage) override {
+    try {
+      stage3_->on_unpinned(index_, storage);
+    } catch (const std::exception& error) {
+      // Called from an access scope's end, which cannot throw: the bytes stay whole.
+      std::cerr << "ZeroOptimizer: could not drop a gathered parameter: " << error.what()
+                << std::endl;
+    }
+  }
+
+ private:
+  std::shared_ptr<ZeroOptimizer::Stage3> stage3_;
+  size_t index_;
+};
 
 optim::NamedTensors trainable_parameters(const std::shared_ptr<nn::Module>& module) {
   TESSEL_CHECK(module != nullptr, "ZeroOptimizer: module is null");
@@ -73,8 +241,13 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<nn::Module> module,
       parts_(std::make_shared<Parts>()) {
   TESSEL_CHECK(group_ != nullptr, "ZeroOptimizer: group is null");
   TESSEL_CHECK(make_optimizer != nullptr, "ZeroOptimizer: make_optimizer is empty");
-  TESSEL_CHECK(stage == ZeroStage::kOptimizerState || stage == ZeroStage::kGradients,
-               "ZeroOptimizer: unknown stage ", static_cast<int>(stage), " (1 or 2)");
+  TESSEL_CHECK(stage == ZeroStage::kOptimizerState || stage == ZeroStage::kGradients ||
+                   stage == ZeroStage::kParameters,
+               "ZeroOptimizer: unknown stage ", static_cast<int>(stage), " (1, 2 or 3)");
+  TESSEL_CHECK(stage != ZeroStage::kParameters || residency_hooks() == nullptr,
+               "ZeroOptimizer: stage 3 gathers parameters when ops touch them, in the same order "
+               "on every rank, which a memory policy's recomputation does not keep: use stage 2 "
+               "under a memory policy");
   Parts& parts = *parts_;
   parts.group = group_;
   const Device device = group_->device();
@@ -85,6 +258,14 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<nn::Module> module,
                  "' moves tensors on ", device.str());
     TESSEL_CHECK(parameter.is_contiguous(), "ZeroOptimizer: parameter ", name,
                  " is not contiguous; its parts are ranges of its elements");
+    TESSEL_CHECK(
+        stage != ZeroStage::kParameters ||
+            (parameter.storage_offset() == 0 &&
+             parameter.storage()->nbytes() == parameter.nbytes() &&
+             parameter.storage()->state() == Residency::kResident && !parameter.storage()->sharded),
+        "ZeroOptimizer: stage 3 drops the bytes of parameter ", name,
+        " between uses, so it must own its storage (not be a view of a larger tensor, "
+        "nor held by another ZeroOptimizer)");
     const int64_t elements = parameter.numel();
     parts.names.push_back(name);
     parts.parameters.push_back(parameter);
@@ -93,7 +274,7 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<nn::Module> module,
   }
   // Stage 1 leaves the parameters to DDP (which starts every rank from rank 0's); stage 2 has no
   // DDP, so it does that here. Either way a different module on some rank is an error everywhere.
-  if (stage == ZeroStage::kGradients)
+  if (stage != ZeroStage::kOptimizerState)
     start_from_rank0(*group_, *module_, "ZeroOptimizer");
   else
     check_same_module(*group_, *module_, "ZeroOptimizer");
@@ -102,9 +283,11 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<nn::Module> module,
   {
     NoGradGuard no_grad;
     for (size_t i = 0; i < parts.parameters.size(); ++i) {
-      // A view of the parameter's own elements: updated in place, never a second copy.
-      parts.parts.push_back(
-          parts.parameters[i].detach().reshape({-1}).narrow(0, parts.begins[i], parts.counts[i]));
+      // A view of the parameter's own elements: updated in place, never a second copy. Stage 3
+      // keeps the part in a storage of its own: the parameter's bytes go.
+      Tensor part =
+          parts.parameters[i].detach().reshape({-1}).narrow(0, parts.begins[i], parts.counts[i]);
+      parts.parts.push_back(stage == ZeroStage::kParameters ? part.clone() : part);
       named_parts.emplace_back(parts.names[i], parts.parts.back());
     }
   }
@@ -118,7 +301,7 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<nn::Module> module,
                " parameters)");
   Optimizer::set_lr(optimizer_->lr());
 
-  if (stage == ZeroStage::kGradients) {
+  if (stage != ZeroStage::kOptimizerState) {
     std::weak_ptr<Parts> weak = parts_;
     for (size_t i = 0; i < parts.parameters.size(); ++i) {
       parts.parameters[i].register_post_accumulate_grad_hook([weak, i](const Tensor&) {
@@ -126,13 +309,46 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<nn::Module> module,
       });
     }
   }
+
+  if (stage == ZeroStage::kParameters) {
+    stage3_ = std::make_shared<Stage3>();
+    Stage3& sharded = *stage3_;
+    sharded.group = group_;
+    sharded.parts = parts.parts;
+    sharded.begins = parts.begins;
+    sharded.counts = parts.counts;
+    const size_t count = parts.parameters.size();
+    sharded.in_flight.resize(count);
+    sharded.kept.assign(count, 0);
+    for (size_t i = 0; i < count; ++i) {
+      const std::shared_ptr<StorageImpl>& storage = parts.parameters[i].storage();
+      sharded.storages.push_back(storage);
+      storage->sharded = std::make_shared<GatheredOnUse>(stage3_, i);
+      storage->release_bytes(Residency::kSharded);
+    }
+  }
 }
 
 ZeroOptimizer::~ZeroOptimizer() = default;
 
+void ZeroOptimizer::gather_parameters() {
+  if (stage3_) stage3_->hold_whole();
+}
+
+int64_t ZeroOptimizer::gathers() const { return stage3_ ? stage3_->gathers : 0; }
+int64_t ZeroOptimizer::prefetched_gathers() const { return stage3_ ? stage3_->prefetched : 0; }
+
 void ZeroOptimizer::step() {
   Parts& parts = *parts_;
   NoGradGuard no_grad;
+  if (stage3_) {
+    // The parts change: whole copies (and gathers in flight) would be stale. The next forward
+    // gathers the updated parts.
+    stage3_->drop_all();
+    optimizer_->step();
+    for (const Tensor& parameter : parts.parameters) parameter.storage()->bump_version();
+    return;
+  }
   if (stage_ == ZeroStage::kOptimizerState) {
     for (size_t i = 0; i < parts.parameters.size(); ++i) {
       Tensor grad = parts.parameters[i].grad();
@@ -175,6 +391,7 @@ double ZeroOptimizer::clip_grad_norm(double max_norm) {
 }
 
 void ZeroOptimizer::zero_grad() {
+  if (stage3_) stage3_->drop_all();
   optimizer_->zero_grad();
   for (const Tensor& parameter : parts_->parameters) parameter.set_grad(Tensor());
 }
@@ -206,6 +423,8 @@ int64_t ZeroOptimizer::part_count(size_t parameter) const {
 
 optim::NamedTensors ZeroOptimizer::state_tensors() const {
   const Parts& parts = *parts_;
+  // Stage 3: the module is read next, perhaps on one rank only.
+  if (stage3_) stage3_->hold_whole();
   optim::NamedTensors whole;
   // The same entries on every rank, in the same order: every rank's optimizer stepped the same
   // parameters.

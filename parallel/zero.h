@@ -14,6 +14,16 @@
 // before backward moves on.
 //   ZeroOptimizer zero(net, group, make_adamw, ZeroStage::kGradients);
 //   zero.zero_grad();  criterion(net->forward(x), y).backward();  zero.step();
+// Stage 3 (and parameters, FSDP-like): no DDP either. Each rank keeps only its part of every
+// parameter; a parameter's bytes are gathered whole when an op first touches them (an all-gather
+// per use: the forward op, and the backward op that reads the weight) and dropped when the op
+// is done. After the first step every gather also starts the all-gather of the parameter that
+// came next last time, so it arrives while the current op computes. Every rank must touch
+// parameters in the same order (the same model and batch shapes), so no memory policy may run
+// under stage 3 (recomputation differs between ranks); reading parameters on one rank only
+// (a checkpoint) needs gather_parameters() on every rank first.
+//   ZeroOptimizer zero(net, group, make_adamw, ZeroStage::kParameters);
+//   zero.zero_grad();  criterion(net->forward(x), y).backward();  zero.step();
 //
 // Checkpoints see whole tensors: state_tensors() gathers every part and names the state as the
 // plain optimizer would ("fc.weight.exp_avg"), and load_state_tensors() takes such whole tensors,
@@ -34,6 +44,7 @@ namespace tessel::parallel {
 enum class ZeroStage {
   kOptimizerState = 1,  // each rank keeps 1/N of the optimizer state; gradients whole (DDP)
   kGradients = 2,       // and 1/N of the gradients, reduce-scattered during backward
+  kParameters = 3,      // and 1/N of the parameters, gathered on use and dropped after
 };
 
 // Builds the optimizer of this rank's parts, from exactly the tensors it is given (named as the
@@ -44,8 +55,9 @@ using MakeShardOptimizer =
 class ZeroOptimizer : public optim::Optimizer {
  public:
   // A collective call over `group`. Every rank must hold the same module (checked); stage 2
-  // starts every rank from rank 0's parameters and buffers (stage 1 leaves that to DDP).
-  // Trainable parameters must be contiguous and on group->device().
+  // and 3 start every rank from rank 0's parameters and buffers (stage 1 leaves that to DDP).
+  // Trainable parameters must be contiguous and on group->device(); under stage 3 each must own
+  // its storage, and no memory policy may be installed.
   ZeroOptimizer(std::shared_ptr<nn::Module> module, std::shared_ptr<Communicator> group,
                 const MakeShardOptimizer& make_optimizer,
                 ZeroStage stage = ZeroStage::kOptimizerState);
@@ -62,6 +74,11 @@ class ZeroOptimizer : public optim::Optimizer {
   // The shard optimizer's name, so that checkpoints move between ZeRO and plain runs.
   std::string name() const override { return optimizer_->name(); }
   bool collective_state() const override { return true; }
+
+  // Stage 3: gathers every parameter whole and keeps it so (a collective) until the next
+  // zero_grad() or step(), so that one rank alone may read the module (a checkpoint).
+  // state_tensors() does it too. Nothing under stages 1 and 2.
+  void gather_parameters();
 
   // Whole state tensors, gathered from every rank's parts (a collective), named
   // "<parameter name>.<key>" with each parameter's shape: what the plain optimizer returns.
@@ -88,7 +105,12 @@ class ZeroOptimizer : public optim::Optimizer {
   int64_t part_begin(size_t parameter) const;
   int64_t part_count(size_t parameter) const;
 
-  struct Parts;  // the parameters, their parts and (stage 2) the gradient hooks' state
+  // Stage 3: parameter gathers so far, and how many of them a prefetch had started.
+  int64_t gathers() const;
+  int64_t prefetched_gathers() const;
+
+  struct Parts;   // the parameters, their parts and (stage 2) the gradient hooks' state
+  struct Stage3;  // stage 3: the parts the parameters' bytes are gathered from
 
  protected:
   // Never called: step() updates the parts through the shard optimizer.
@@ -99,6 +121,7 @@ class ZeroOptimizer : public optim::Optimizer {
   std::shared_ptr<Communicator> group_;
   ZeroStage stage_;
   std::shared_ptr<Parts> parts_;
+  std::shared_ptr<Stage3> stage3_;
   std::unique_ptr<optim::Optimizer> optimizer_;
 };
 

@@ -2,12 +2,14 @@
 // gradients) and stage 2 (gradients reduce-scattered during backward, no DDP) train an MLP whose
 // last bias has fewer elements than 4 ranks, and a conv net with batch norm, like DDP with the
 // whole optimizer (SGD with momentum and weight decay, AdamW); each rank holds only its part of
-// the state and (stage 2) of the gradients, and clips by the whole gradient's norm; the gathered
-// state is the plain optimizer's, and a checkpoint resumes bitwise under ZeRO and as the plain
-// optimizer's. Run with 2 and 4 ranks.
+// the state and (stage 2) of the gradients, and clips by the whole gradient's norm; stage 3
+// (parameters gathered on use) trains like DDP too, sends what the planner prices and keeps only
+// parts of the parameters between uses; the gathered state is the plain optimizer's, and a
+// checkpoint resumes bitwise under ZeRO and as the plain optimizer's. Run with 2 and 4 ranks.
 #include "parallel/zero.h"
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <memory>
 #include <string>
@@ -15,6 +17,7 @@
 
 #include "core/autograd.h"
 #include "core/rng.h"
+#include "memory/memory.h"
 #include "nn/nn.h"
 #include "ops/ops.h"
 #include "optim/adam.h"
@@ -133,6 +136,13 @@ TEST_F(Zero, Stage2MatchesDdpWithSgdAndAdamW) {
   }
 }
 
+TEST_F(Zero, Stage3MatchesDdpWithSgdAndAdamW) {
+  for (const Case& c : {mlp_case(), conv_case()}) {
+    expect_matches_ddp(c, sgd(), ZeroStage::kParameters);
+    expect_matches_ddp(c, adamw(), ZeroStage::kParameters);
+  }
+}
+
 // Under stage 2 the whole gradient exists nowhere after backward: clipping takes the norm from
 // every rank's parts and scales them as clip_grad_norm scales DDP's averaged gradients.
 TEST_F(Zero, ClipsByTheNormOfTheWholeGradient) {
@@ -190,6 +200,91 @@ TEST_F(Zero, SendsOneReduceScatterAndOneAllGatherPerParameter) {
   }
 }
 
+// Stage 3 sends, per step, one reduce-scatter of each gradient, one all-gather of each parameter
+// for its forward op, and one more for a parameter its op reads again in backward to make the
+// gradient of its input: the batch norm's weight, not the first convolution's (its input needs
+// no gradient) nor any bias. That is what the planner prices, but for the last layer's weight:
+// from the second step on its backward op, which runs right after the forward, finds it still
+// whole. Then each gather but the first of a step was started by the one before.
+TEST_F(Zero, Stage3GathersEachParameterForItsForwardAndBackwardOps) {
+  manual_seed(37);
+  std::shared_ptr<nn::Module> model = conv_net();
+  auto counted = std::make_shared<CountingCommunicator>(shared_world());
+  ZeroOptimizer zero(model, counted, sgd(), ZeroStage::kParameters);
+  std::vector<std::pair<std::string, int64_t>> expected;
+  for (const auto& [name, parameter] : model->named_parameters()) {
+    const auto bytes = static_cast<int64_t>(parameter.nbytes());
+    expected.emplace_back("reduce_scatter", bytes);
+    expected.emplace_back("all_gather", bytes);
+    if (name == "1.weight" || name == "5.weight") expected.emplace_back("all_gather", bytes);
+  }
+  std::sort(expected.begin(), expected.end());
+  for (int step = 0; step < 3; ++step) {
+    if (step == 1)
+      expected.erase(std::find(expected.begin(), expected.end(),
+                               std::make_pair(std::string("all_gather"), int64_t{80})));
+    counted->reset();
+    const int64_t gathers = zero.gathers(), prefetched = zero.prefetched_gathers();
+    zero.zero_grad();
+    rank_loss(*model, nullptr, {3, 3, 6, 6}, 5, step, rank()).backward();
+    zero.step();
+    std::vector<std::pair<std::string, int64_t>> sent;
+    for (const auto& record : counted->records) sent.emplace_back(record.kind, record.bytes);
+    std::sort(sent.begin(), sent.end());
+    EXPECT_EQ(sent, expected) << "step " << step;
+    EXPECT_EQ(zero.gathers() - gathers, 8);
+    EXPECT_EQ(zero.prefetched_gathers() - prefetched, step == 0 ? 0 : 7) << "step " << step;
+  }
+}
+
+// Under stage 3 no parameter's bytes stay whole outside the ops that use them: after backward and
+// after the step each rank holds its parts only; gather_parameters() keeps them whole until the
+// next zero_grad().
+TEST_F(Zero, Stage3HoldsOnlyPartsOfTheParameters) {
+  manual_seed(41);
+  std::shared_ptr<nn::Module> model = mlp();
+  const std::vector<Tensor> parameters = model->parameters();
+  ZeroOptimizer zero(model, shared_world(), adamw(), ZeroStage::kParameters);
+  auto sharded = [&] {
+    for (const Tensor& parameter : parameters)
+      if (parameter.storage()->state() != Residency::kSharded) return false;
+    return true;
+  };
+  EXPECT_TRUE(sharded());
+  zero.zero_grad();
+  Tensor loss = rank_loss(*model, nullptr, {5, 6}, 3, 0, rank());
+  EXPECT_TRUE(sharded());
+  loss.backward();
+  EXPECT_TRUE(sharded());
+  zero.step();
+  EXPECT_TRUE(sharded());
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    EXPECT_FALSE(parameters[i].grad().defined());
+    EXPECT_EQ(zero.shard_optimizer().parameters()[i].numel(), zero.part_count(i));
+  }
+  // Whole on every rank while held: one rank alone may read them.
+  zero.gather_parameters();
+  for (const Tensor& parameter : parameters)
+    EXPECT_EQ(parameter.storage()->state(), Residency::kResident);
+  const int64_t gathers = zero.gathers();
+  if (rank() == 0)
+    for (const Tensor& parameter : parameters)
+      EXPECT_TRUE(std::isfinite(sum(parameter).item<float>()));
+  EXPECT_EQ(zero.gathers(), gathers);
+  zero.zero_grad();
+  EXPECT_TRUE(sharded());
+  // A value written into a parameter (load_state_dict, the same on every rank) reaches this
+  // rank's part.
+  manual_seed(43);
+  std::shared_ptr<nn::Module> other = mlp();
+  model->load_state_dict(other->state_dict());
+  EXPECT_TRUE(sharded());
+  auto now = model->named_parameters();
+  auto want = other->named_parameters();
+  for (size_t i = 0; i < now.size(); ++i)
+    EXPECT_TRUE(bitwise_equal(now[i].second, want[i].second)) << now[i].first;
+}
+
 // Every rank holds its part of each parameter's state (and, under stage 2, of its gradient), and
 // the parts cover every element exactly once.
 TEST_F(Zero, EachRankHoldsOnlyItsPartsOfStateAndGradients) {
@@ -223,7 +318,8 @@ TEST_F(Zero, EachRankHoldsOnlyItsPartsOfStateAndGradients) {
 // loading it resumes bitwise under ZeRO and, as the plain optimizer's state, like DDP.
 TEST_F(Zero, GatheredStateIsThePlainOptimizersAndResumesBitwise) {
   const Case c = mlp_case();
-  for (ZeroStage stage : {ZeroStage::kOptimizerState, ZeroStage::kGradients}) {
+  for (ZeroStage stage :
+       {ZeroStage::kOptimizerState, ZeroStage::kGradients, ZeroStage::kParameters}) {
     auto train = [&](nn::Module& model, ZeroOptimizer& zero, DistributedDataParallel* ddp, int from,
                      int to) {
       for (int step = from; step < to; ++step) {
@@ -330,6 +426,24 @@ TEST_F(Zero, BadUsesAreClearErrors) {
   for (ZeroStage stage : {ZeroStage::kOptimizerState, ZeroStage::kGradients})
     EXPECT_TRUE(throws_error([&] { ZeroOptimizer unused(uneven, shared_world(), adamw(), stage); },
                              "differ"));
+  // Stage 3 drops a parameter's bytes: it must own them.
+  struct ViewParameter : nn::Module {
+    ViewParameter() { register_parameter("w", zeros({40}).narrow(0, 0, 18).view({3, 6})); }
+  };
+  EXPECT_TRUE(throws_error(
+      [&] {
+        ZeroOptimizer unused(std::make_shared<ViewParameter>(), shared_world(), adamw(),
+                             ZeroStage::kParameters);
+      },
+      "must own its storage"));
+  // Nor may a memory policy recompute ops (and gather parameters) differently on each rank.
+  {
+    memory::MemoryScope scope(size_t{64} << 20, memory::Policy::kDtr);
+    std::shared_ptr<nn::Module> scoped = mlp();
+    EXPECT_TRUE(throws_error(
+        [&] { ZeroOptimizer unused(scoped, shared_world(), adamw(), ZeroStage::kParameters); },
+        "use stage 2 under a memory policy"));
+  }
   // A state tensor of the wrong shape changes nothing.
   ZeroOptimizer zero(model, shared_world(), adamw(), ZeroStage::kGradients);
   zero.zero_grad();
