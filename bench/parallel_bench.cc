@@ -69,7 +69,7 @@ int run(int argc, char** argv) {
   app.add_flag(
       "--planned", planned,
       "run the --plan file's ops as priced (parallel::ParallelModule; ResNet, ShuffleNet, BERT)");
-  app.add_option("--zero", zero, "ZeRO stage over the dp group (parallel/zero.h): 0, 1 or 2");
+  app.add_option("--zero", zero, "ZeRO stage over the dp group (parallel/zero.h): 0, 1, 2 or 3");
   app.add_option("--steps", steps, "timed steps");
   app.add_option("--warmup", warmup, "untimed steps first");
   app.add_option("--threads", threads, "(read by run_ranks)");
@@ -151,8 +151,8 @@ int run(int argc, char** argv) {
     }
   }
   trained->train();
-  TESSEL_CHECK(zero >= 0 && zero <= 2 && (zero == 0 || (dp > 1 && tp == 1)),
-               "--zero must be 0, 1 or 2, and 1 or 2 only with dp > 1 and tp = 1");
+  TESSEL_CHECK(zero >= 0 && zero <= 3 && (zero == 0 || (dp > 1 && tp == 1)),
+               "--zero must be 0, 1, 2 or 3, and above 0 only with dp > 1 and tp = 1");
   auto make_optimizer = [bert](const optim::NamedTensors& parameters) {
     return bert ? std::unique_ptr<optim::Optimizer>(
                       std::make_unique<optim::AdamW>(parameters, optim::AdamWOptions(1e-4)))
@@ -160,11 +160,9 @@ int run(int argc, char** argv) {
   };
   std::unique_ptr<optim::Optimizer> optimizer =
       planned_model ? make_optimizer(planned_model->named_parameters())
-      : zero == 0
-          ? make_optimizer(trained->named_parameters())
-          : std::make_unique<parallel::ZeroOptimizer>(
-                trained, dp_comm, make_optimizer,
-                zero == 1 ? parallel::ZeroStage::kOptimizerState : parallel::ZeroStage::kGradients);
+      : zero == 0   ? make_optimizer(trained->named_parameters())
+                    : std::make_unique<parallel::ZeroOptimizer>(
+                        trained, dp_comm, make_optimizer, static_cast<parallel::ZeroStage>(zero));
   std::unique_ptr<parallel::DistributedDataParallel> ddp;
   if (dp > 1 && zero < 2 && !planned_model)
     ddp = std::make_unique<parallel::DistributedDataParallel>(trained, dp_comm);

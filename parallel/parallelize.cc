@@ -19,9 +19,6 @@ using planner::SplitKind;
 bool is_conv(const planner::TracedOp& op) {
   return op.def->planner.split == ParallelSplit::kConvChannels;
 }
-bool is_class_loss(const planner::TracedOp& op) {
-  return op.def->planner.split == ParallelSplit::kSoftmaxLossClasses;
-}
 
 int64_t suffix_numel(const Shape& sizes, size_t begin) {
   int64_t numel = 1;

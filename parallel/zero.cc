@@ -391,7 +391,9 @@ double ZeroOptimizer::clip_grad_norm(double max_norm) {
 }
 
 void ZeroOptimizer::zero_grad() {
-  if (stage3_) stage3_->drop_all();
+  // Ends gather_parameters()'s hold; gathers in flight stay (zero_grad may come between forward
+  // and backward).
+  if (stage3_ && stage3_->hold) stage3_->drop_all();
   optimizer_->zero_grad();
   for (const Tensor& parameter : parts_->parameters) parameter.set_grad(Tensor());
 }

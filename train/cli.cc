@@ -179,8 +179,9 @@ int parse_train_flags(int argc, const char* const* argv, TrainConfig* config, st
       ->check(kNonNegativeInteger);
   app.add_option("--zero", flags.zero,
                  "ZeRO over the data-parallel ranks: 1 keeps each rank's part of the optimizer "
-                 "state, 2 of the gradients too (with --dp > 1 and no --tp)")
-      ->check(CLI::Range(0, 2));
+                 "state, 2 of the gradients too, 3 of the parameters too, gathered when used "
+                 "(with --dp > 1 and no --tp; 3 without a memory policy)")
+      ->check(CLI::Range(0, 3));
   app.add_option("--plan", flags.plan,
                  "a plan file from `bazel run //parallel:plan -- --out=FILE` that sets dp and tp")
       ->check(CLI::ExistingFile);

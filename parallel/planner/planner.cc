@@ -154,8 +154,10 @@ PlannedPoint describe_choice(const Graph& graph,
     parts.push_back(std::to_string(replicated) + " splittable ops kept whole on every device");
   point.zero_stage = config.zero_stage;
   if (config.zero_stage > 0 && point.dp > 1) {
-    parts.push_back(config.zero_stage == 1 ? "ZeRO-1 (optimizer state in dp parts)"
-                                           : "ZeRO-2 (optimizer state and gradients in dp parts)");
+    parts.push_back(config.zero_stage == 1   ? "ZeRO-1 (optimizer state in dp parts)"
+                    : config.zero_stage == 2 ? "ZeRO-2 (optimizer state and gradients in dp parts)"
+                                             : "ZeRO-3 (optimizer state, gradients and parameters "
+                                               "in dp parts, parameters gathered on use)");
     if (point.executable && uses_tensor_parallel) {
       point.executable = false;
       point.not_executable_reason =
@@ -178,7 +180,7 @@ PlanResult plan_graph(const Graph& graph, const PlanOptions& options) {
   TESSEL_CHECK(!options.remat_fractions.empty(), "at least one remat fraction is needed (1: none)");
   TESSEL_CHECK(!options.zero_stages.empty(), "at least one ZeRO stage is needed (0: none)");
   for (int stage : options.zero_stages)
-    TESSEL_CHECK(stage >= 0 && stage <= 2, "ZeRO stages are 0, 1 and 2, got ", stage);
+    TESSEL_CHECK(stage >= 0 && stage <= 3, "ZeRO stages are 0, 1, 2 and 3, got ", stage);
   for (double f : options.remat_fractions)
     TESSEL_CHECK(f > 0 && f <= 1, "remat fractions must be in (0, 1], got ", f);
   const auto start = std::chrono::steady_clock::now();

@@ -44,7 +44,8 @@ struct PlanOptions {
   // groups build. true: each op may pick its own degrees too (TensorOpt's full space).
   bool per_op_degrees = false;
   // ZeRO stages priced (PlannerConfig::zero_stage), each a set of frontier points: 0 none, 1
-  // optimizer state in data-parallel parts, 2 gradients too. The config's own stage is ignored.
+  // optimizer state in data-parallel parts, 2 gradients too, 3 parameters too. The config's own
+  // stage is ignored.
   std::vector<int> zero_stages = {0};
   // Choose only among points the runtime's recipes execute as priced (PlannedPoint::executable);
   // the frontier keeps every point either way.

@@ -364,14 +364,25 @@ Strategy make_strategy(const OpContext& c, int dp, int tp, SplitKind kind) {
   }
 
   // Owned parameters: values, gradients and optimizer state, sharded by the split; gradients
-  // all-reduced over the data-parallel group. Under ZeRO the state (stage 1) and the gradients
-  // (stage 2) are held in dp parts: each parameter's gradient is reduce-scattered (stage 2) and
-  // the updated parts all-gathered, one collective per parameter (parallel/zero.h).
+  // all-reduced over the data-parallel group. Under ZeRO the state (stage 1), the gradients
+  // (stage 2) and the values (stage 3) are held in dp parts: each parameter's gradient is
+  // reduce-scattered (stages 2, 3) and the updated parts all-gathered, one collective per
+  // parameter (parallel/zero.h); stage 3 instead gathers a parameter for its op in forward, and
+  // again in backward when the op reads it to make its input's gradient, holding it and its
+  // whole gradient at that moment.
   const bool data_parallel = c.batch_ok && s.dp > 1;
   const int zero = data_parallel ? c.config.zero_stage : 0;
   const double zero_parts = zero > 0 ? s.dp : 1;
-  const double per_parameter_copies =
-      1.0 + (zero >= 2 ? 1.0 / zero_parts : 1.0) + c.config.optimizer_states / zero_parts;
+  const double per_parameter_copies = (zero >= 3 ? 1.0 / zero_parts : 1.0) +
+                                      (zero >= 2 ? 1.0 / zero_parts : 1.0) +
+                                      c.config.optimizer_states / zero_parts;
+  // Stage 3: whether the op's backward reads its parameters (saved, and an input needs a
+  // gradient), so gathers them again.
+  bool input_gradient = false;
+  for (size_t slot = 0; slot < op.inputs.size(); ++slot) {
+    const TracedTensor* input = c.input(static_cast<int>(slot));
+    input_gradient = input_gradient || (input && input->requires_grad && !input->is_parameter());
+  }
   const LinkLevel dp_level = profile.level_for(static_cast<int64_t>(s.dp) * tp);
   for (size_t i = 0; i < c.parameter_slots.size(); ++i) {
     const int slot = c.parameter_slots[i];
@@ -397,8 +408,15 @@ Strategy make_strategy(const OpContext& c, int dp, int tp, SplitKind kind) {
       // (measured: bench/results/parallel.md).
       s.parameter_bytes += bytes;
     }
-    if (zero >= 1)
-      s.gradient_sync += profile.collective_time(Collective::kAllGather, s.dp, bytes, dp_level);
+    const double gather = profile.collective_time(Collective::kAllGather, s.dp, bytes, dp_level);
+    if (zero >= 3) {
+      const bool saved =
+          std::find(op.saved_inputs.begin(), op.saved_inputs.end(), slot) != op.saved_inputs.end();
+      s.gradient_sync += gather * (saved && input_gradient ? 2 : 1);
+      s.backward_working_bytes += 2 * bytes;
+    } else if (zero >= 1) {
+      s.gradient_sync += gather;
+    }
   }
 
   // Activations kept for backward, at this strategy's share.

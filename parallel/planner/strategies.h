@@ -61,7 +61,7 @@ struct Strategy {
   double forward_comm = 0;   // collectives of the strategy itself (row: all-reduce of the output)
   double backward_comm = 0;  // (column: all-reduce of the input gradient)
   double gradient_sync = 0;  // data-parallel all-reduce of the owned parameters' gradients (ZeRO:
-                             // reduce-scatter and all-gather)
+                             // reduce-scatter and all-gathers of the parameters)
   double optimizer_compute = 0;  // the optimizer's update of the owned parameters (its shard)
   // Bytes per device.
   double parameter_bytes = 0;   // owned parameters, their gradients and optimizer state
@@ -93,7 +93,8 @@ struct PlannerConfig {
   int optimizer_states = 2;
   // ZeRO over each op's data-parallel group (parallel::ZeroOptimizer): 0 none; 1 the optimizer
   // state in dp parts, the updated parts all-gathered after the step; 2 the gradients too,
-  // reduce-scattered instead of all-reduced.
+  // reduce-scattered instead of all-reduced; 3 the parameters too, all-gathered for each op that
+  // uses them (forward, and backward when it reads them) instead of after the step.
   int zero_stage = 0;
   // Data-parallel gradients are all-reduced in buckets of this size (DDP's 25 MiB): a tensor
   // pays the bandwidth for its bytes and its share (bytes / bucket) of one bucket's latency.

@@ -226,8 +226,9 @@ TEST_F(DistributedRecipe, TensorParallelResNetMatchesDataParallel) {
         << dp.final_eval[i].first;
 }
 
-// --zero=1 and --zero=2 train what plain --dp=2 trains: ResNet-18 with its SGD (nesterov momentum,
-// weight decay; the parts of the momentum on their ranks) and the MLP with Adam.
+// --zero=1, 2 and 3 train what plain --dp=2 trains: ResNet-18 with its SGD (nesterov momentum,
+// weight decay; the parts of the momentum on their ranks) and the MLP with Adam. Under stage 3
+// the parameters are gathered for each op, and for the checkpoint that rank 0 writes.
 TEST_F(DistributedRecipe, ZeroStagesTrainLikeDataParallel) {
   for (const auto& [recipe, model] :
        {std::pair<std::string, std::string>{"resnet18_fashion_mnist", "resnet18"},
@@ -239,7 +240,7 @@ TEST_F(DistributedRecipe, ZeroStagesTrainLikeDataParallel) {
     plain.checkpoint_dir = folder(model + "_zero0");
     std::ostringstream log;
     const RecipeResult expected = run_recipe(plain, log);
-    for (int stage : {1, 2}) {
+    for (int stage : {1, 2, 3}) {
       TrainConfig zero = plain;
       zero.zero = stage;
       zero.checkpoint_dir = folder(model + "_zero" + std::to_string(stage));
@@ -276,6 +277,10 @@ TEST_F(DistributedRecipe, ZeroNeedsDataParallelRanksWithoutTensorParallelism) {
   wrong.zero = 1;
   EXPECT_TRUE(throws_error([&] { run_recipe(wrong, log); }, "it needs --dp > 1 and no --tp"));
   wrong.tp = 0;
+  wrong.zero = 3;
+  wrong.memory_policy = "dtr";
+  EXPECT_TRUE(throws_error([&] { run_recipe(wrong, log); }, "use --zero=2 with a memory policy"));
+  wrong.memory_policy = "";
   wrong.zero = 2;
   if (rank() == 0) {  // one process: rank 0 alone, as its own training world
     set_training_world(MPI_COMM_SELF);
@@ -630,23 +635,25 @@ TEST_F(DistributedRecipe, TensorParallelShuffleNetResumesExactly) {
   EXPECT_EQ(saved.at("fc.weight").sizes(), Shape({10, 1024}));
 }
 
-// Under --zero=2 a checkpoint resumes bit for bit, and it resumes a plain --dp=2 run too (the
-// optimizer state is written whole).
+// Under --zero=2 and 3 a checkpoint resumes bit for bit, and it resumes a plain --dp=2 run too
+// (the optimizer state and the parameters are written whole).
 TEST_F(DistributedRecipe, ZeroCheckpointsResumeExactlyAndInAPlainRun) {
-  TrainConfig zero = config("resnet18_fashion_mnist", "resnet18");
-  zero.dp = 2;
-  zero.zero = 2;
-  const std::string saved_at = expect_resume_exact(zero, "resnet_zero2");
-  TrainConfig plain = config("resnet18_fashion_mnist", "resnet18");
-  plain.dp = 2;
-  plain.steps = 4;
-  plain.checkpoint_dir = folder("resnet_zero2_then_plain");
-  plain.resume = test_folder("resnet_zero2_resumed") + "/step_2";
-  std::ostringstream log;
-  const RecipeResult resumed = run_recipe(plain, log);
-  EXPECT_EQ(resumed.resumed_from_step, 2);
-  if (rank() != 0) return;
-  expect_close_parameters(resumed.last_checkpoint, saved_at);
+  for (int stage : {2, 3}) {
+    const std::string name = "resnet_zero" + std::to_string(stage);
+    TrainConfig zero = config("resnet18_fashion_mnist", "resnet18");
+    zero.dp = 2;
+    zero.zero = stage;
+    const std::string saved_at = expect_resume_exact(zero, name);
+    TrainConfig plain = config("resnet18_fashion_mnist", "resnet18");
+    plain.dp = 2;
+    plain.steps = 4;
+    plain.checkpoint_dir = folder(name + "_then_plain");
+    plain.resume = test_folder(name + "_resumed") + "/step_2";
+    std::ostringstream log;
+    const RecipeResult resumed = run_recipe(plain, log);
+    EXPECT_EQ(resumed.resumed_from_step, 2);
+    if (rank() == 0) expect_close_parameters(resumed.last_checkpoint, saved_at);
+  }
 }
 
 // A fortune file of `count` short entries between "%" lines, written by rank 0.

@@ -152,9 +152,9 @@ TEST(PlanFile, CarriesItsZeroStage) {
   older.erase("zero_stage");
   EXPECT_EQ(plan_from_json(older.dump(), "older.json").zero_stage, 0);
   nlohmann::json bad = nlohmann::json::parse(text);
-  bad["zero_stage"] = 3;
+  bad["zero_stage"] = 4;
   EXPECT_TRUE(testing::throws_error([&] { plan_from_json(bad.dump(), "bad.json"); },
-                                    "field 'zero_stage' must be 0, 1 or 2, got 3"));
+                                    "field 'zero_stage' must be 0, 1, 2 or 3, got 4"));
   bad["zero_stage"] = 1;
   bad["mesh"] = {{"dp", 1}, {"tp", 2}};
   EXPECT_TRUE(testing::throws_error([&] { plan_from_json(bad.dump(), "bad.json"); },

@@ -36,6 +36,20 @@ struct OneLinear {
   }
 };
 
+// Four linear layers (256 -> 256) on x (8, 256).
+struct LinearStack {
+  std::shared_ptr<nn::Sequential> net =
+      std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
+          std::make_shared<nn::Linear>(256, 256), std::make_shared<nn::Linear>(256, 256),
+          std::make_shared<nn::Linear>(256, 256), std::make_shared<nn::Linear>(256, 256)});
+  Graph graph;
+  LinearStack() {
+    net->to(Device::meta());
+    Tensor x = meta({8, 256});
+    graph = trace_graph([&] { net->forward(x); }, net->named_parameters(), {{"x", x}}, 8);
+  }
+};
+
 const Strategy& find(const std::vector<Strategy>& list, int dp, int tp, SplitKind kind) {
   for (const Strategy& s : list)
     if (s.dp == dp && s.tp == tp && s.kind == kind) return s;
@@ -139,15 +153,18 @@ TEST(Strategies, DataParallelSplitsTheBatchAndAllReducesGradients) {
 
 // ZeRO (parallel/zero.h) on 4 data-parallel ranks: stage 1 keeps a quarter of the Adam moments
 // and all-gathers the updated parameters; stage 2 also keeps a quarter of the gradients, which
-// are reduce-scattered instead of all-reduced. Every collective is one per parameter tensor.
+// are reduce-scattered instead of all-reduced; stage 3 also keeps a quarter of the values and
+// gathers each parameter for the forward op, and the weight again for the backward op (it makes
+// x's gradient from it), holding the whole weight and bias and their gradients there. Every
+// collective is one per parameter tensor and use.
 TEST(Strategies, ZeroStagesKeepStateAndGradientsInDataParallelParts) {
   OneLinear net;
   const double weight = 128 * 64 * 4.0, bias = 128 * 4.0, bytes = weight + bias, p = 4;
   auto ring = [&](double tensor_bytes) {  // all_gather or reduce_scatter over 4 ranks
     return (p - 1) * 1e-6 + (p - 1) / p * tensor_bytes / 1e9;
   };
-  std::vector<Strategy> at[3];
-  for (int stage = 0; stage < 3; ++stage) {
+  std::vector<Strategy> at[4];
+  for (int stage = 0; stage < 4; ++stage) {
     PlannerConfig config = config_for(4);
     config.zero_stage = stage;
     at[stage] = enumerate_strategies(net.graph, config)[0];
@@ -155,13 +172,18 @@ TEST(Strategies, ZeroStagesKeepStateAndGradientsInDataParallelParts) {
   const Strategy& none = find(at[0], 4, 1, SplitKind::kReplicate);
   const Strategy& one = find(at[1], 4, 1, SplitKind::kReplicate);
   const Strategy& two = find(at[2], 4, 1, SplitKind::kReplicate);
+  const Strategy& three = find(at[3], 4, 1, SplitKind::kReplicate);
   // Values, gradients and DDP's bucket copy whole; the two moments in quarters.
   EXPECT_DOUBLE_EQ(none.parameter_bytes, bytes * (1 + 1 + 2 + 1));
   EXPECT_DOUBLE_EQ(one.parameter_bytes, bytes * (1 + 1 + 2 / p + 1));
   // No DDP under stage 2: values whole, gradients and moments in quarters.
   EXPECT_DOUBLE_EQ(two.parameter_bytes, bytes * (1 + 1 / p + 2 / p));
+  EXPECT_DOUBLE_EQ(three.parameter_bytes, bytes * (1 / p + 1 / p + 2 / p));
+  EXPECT_DOUBLE_EQ(three.backward_working_bytes, two.backward_working_bytes + 2 * bytes);
   EXPECT_NEAR(one.gradient_sync, none.gradient_sync + ring(weight) + ring(bias), 1e-15);
   EXPECT_NEAR(two.gradient_sync, 2 * (ring(weight) + ring(bias)), 1e-15);
+  EXPECT_NEAR(three.gradient_sync, two.gradient_sync + ring(weight), 1e-15);
+  EXPECT_DOUBLE_EQ(three.optimizer_compute, two.optimizer_compute);
   EXPECT_DOUBLE_EQ(one.optimizer_compute, none.optimizer_compute / p);
   EXPECT_DOUBLE_EQ(two.optimizer_compute, one.optimizer_compute);
   // Without data parallelism there is nothing to shard.
@@ -169,29 +191,30 @@ TEST(Strategies, ZeroStagesKeepStateAndGradientsInDataParallelParts) {
                    find(at[0], 1, 1, SplitKind::kReplicate).parameter_bytes);
 }
 
-// The ZeRO stages asked for join the frontier as their own points: with stage 2 the least memory
-// per device falls, and such points say so in their summary; without a tensor-parallel group the
-// recipes run them (--zero, or the plan file's zero_stage).
+// The ZeRO stages asked for join the frontier as their own points: with stage 3 the least memory
+// per device falls (on four layers: one layer gathered whole at a time), and such points say so in
+// their summary; without a tensor-parallel group the recipes run them (--zero, or the plan file's
+// zero_stage).
 TEST(Strategies, ZeroStagesAreFrontierPointsOfTheirOwn) {
-  OneLinear net;
+  LinearStack net;
   PlanOptions options;
   options.config = config_for(4);
   options.config.max_tp = 1;  // data parallel or whole: what ZeRO shards
   options.remat_fractions = {1.0};
   const PlanResult plain = plan_graph(net.graph, options);
-  options.zero_stages = {0, 1, 2};
+  options.zero_stages = {0, 1, 2, 3};
   const PlanResult zero = plan_graph(net.graph, options);
   ASSERT_FALSE(plain.frontier.empty());
   ASSERT_FALSE(zero.frontier.empty());
   const PlannedPoint& least = zero.frontier.front();
   EXPECT_LT(least.cost.memory, plain.frontier.front().cost.memory);
-  EXPECT_EQ(least.zero_stage, 2);
-  EXPECT_NE(least.summary.find("ZeRO-2"), std::string::npos) << least.summary;
+  EXPECT_EQ(least.zero_stage, 3);
+  EXPECT_NE(least.summary.find("ZeRO-3"), std::string::npos) << least.summary;
   EXPECT_TRUE(least.executable) << least.not_executable_reason;
   for (const PlannedPoint& point : plain.frontier) EXPECT_EQ(point.zero_stage, 0);
-  options.zero_stages = {3};
+  options.zero_stages = {4};
   EXPECT_TRUE(tessel::testing::throws_error([&] { plan_graph(net.graph, options); },
-                                            "ZeRO stages are 0, 1 and 2"));
+                                            "ZeRO stages are 0, 1, 2 and 3"));
 }
 
 // Two batch norms (16 channels each) in a row, x (8, 16, 4, 4): four running-statistics buffers.

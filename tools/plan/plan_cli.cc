@@ -81,8 +81,8 @@ std::vector<int> parse_zero_stages(const std::string& text) {
   std::stringstream stream(text);
   std::string item;
   while (std::getline(stream, item, ',')) {
-    TESSEL_CHECK(item == "0" || item == "1" || item == "2",
-                 "--zero: expected ZeRO stages 0, 1 or 2 separated by commas, got '", text, "'");
+    TESSEL_CHECK(item == "0" || item == "1" || item == "2" || item == "3",
+                 "--zero: expected ZeRO stages 0, 1, 2 or 3 separated by commas, got '", text, "'");
     stages.push_back(std::stoi(item));
   }
   TESSEL_CHECK(!stages.empty(), "--zero: give at least one stage (0: none)");
@@ -177,8 +177,9 @@ std::optional<int> parse_options(int argc, const char* const* argv, PlanCliOptio
       ->capture_default_str();
   app.add_option(
          "--zero", cli.zero,
-         "ZeRO stages to price, e.g. 0,1,2: 1 keeps the optimizer state in data-parallel "
-         "parts, 2 the gradients too (parallel/zero.h; --out keeps the chosen point's stage)")
+         "ZeRO stages to price, e.g. 0,1,2,3: 1 keeps the optimizer state in data-parallel "
+         "parts, 2 the gradients too, 3 the parameters too (parallel/zero.h; --out keeps the "
+         "chosen point's stage)")
       ->capture_default_str();
   app.add_flag("--simulate_remat", cli.simulate_remat,
                "price each --remat fraction below 1 by simulating the model's training step under "

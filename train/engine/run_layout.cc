@@ -122,6 +122,11 @@ ParallelLayout resolve_layout(const TrainConfig& config, int world_size) {
                " shards the optimizer over data-parallel ranks: it needs --dp > 1 and no --tp "
                "(this run: dp ",
                layout.dp, " x tp ", layout.tp, ")");
+  TESSEL_CHECK(layout.zero < 3 || config.memory_policy.empty() || config.memory_policy == "none",
+               "--zero=3 gathers parameters when ops use them, in the same order on every rank, "
+               "which --memory_policy=",
+               config.memory_policy,
+               "'s recomputation does not keep: use --zero=2 with a memory policy");
   return layout;
 }
 
@@ -243,7 +248,10 @@ RunLayout lay_out_ranks(const TrainConfig& config, std::ostream& log, TrainConfi
   rank_log << "parallel: " << world_size << " ranks as dp " << run.dp << " x tp " << run.tp;
   if (run.zero > 0)
     rank_log << ", ZeRO stage " << run.zero << " (each rank keeps its part of the optimizer state"
-             << (run.zero == 2 ? " and of the gradients" : "") << ")";
+             << (run.zero == 2   ? " and of the gradients"
+                 : run.zero == 3 ? ", the gradients and the parameters, gathered when used"
+                                 : "")
+             << ")";
   if (run.plan) {
     char numbers[128];
     std::snprintf(numbers, sizeof(numbers), "; predicted %.1f MiB per rank, %.3f s per step",
@@ -264,7 +272,7 @@ RunLayout lay_out_ranks(const TrainConfig& config, std::ostream& log, TrainConfi
 
 std::unique_ptr<parallel::DistributedDataParallel> make_ddp(const RunLayout& run,
                                                             nn::Module& module) {
-  if (run.dp == 1 || run.zero == 2) return nullptr;
+  if (run.dp == 1 || run.zero >= 2) return nullptr;
   std::shared_ptr<nn::Module> alias(&module, [](nn::Module*) {});
   return std::make_unique<parallel::DistributedDataParallel>(alias, run.dp_device_group);
 }
@@ -274,9 +282,8 @@ std::unique_ptr<optim::Optimizer> make_run_optimizer(
     const std::function<std::unique_ptr<optim::Optimizer>(const optim::NamedTensors&)>& make) {
   if (layout.zero == 0) return make(module.named_parameters());
   std::shared_ptr<nn::Module> alias(&module, [](nn::Module*) {});
-  return std::make_unique<parallel::ZeroOptimizer>(
-      alias, layout.dp_device_group, make,
-      layout.zero == 1 ? parallel::ZeroStage::kOptimizerState : parallel::ZeroStage::kGradients);
+  return std::make_unique<parallel::ZeroOptimizer>(alias, layout.dp_device_group, make,
+                                                   static_cast<parallel::ZeroStage>(layout.zero));
 }
 
 std::vector<Tensor> weight_by_global_counts(const RunLayout& run,

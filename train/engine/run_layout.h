@@ -106,7 +106,7 @@ RunLayout lay_out_ranks(const TrainConfig& config, std::ostream& log, TrainConfi
 void set_training_world(MPI_Comm world);
 
 // DDP over the dp group on the layout's device for `module` (null when dp == 1, and under ZeRO
-// stage 2, whose optimizer reduces the gradients itself): NCCL when the ranks train on GPUs.
+// stages 2 and 3, whose optimizer reduces the gradients itself): NCCL when the ranks train on GPUs.
 // `module` must outlive it.
 std::unique_ptr<parallel::DistributedDataParallel> make_ddp(const RunLayout& layout,
                                                             nn::Module& module);
