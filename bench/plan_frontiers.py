@@ -3,8 +3,8 @@
 
 Plans BERT large (sequence 128) and ResNet-152 (224x224) on the h200_cluster profile (8 H200 per
 node, NVLink inside a node, InfiniBand between nodes) for 8, 64 and 512 devices, once with no
-ZeRO (--zero=0) and once with ZeRO stages 1 and 2 as frontier points of their own
-(--zero=0,1,2); Adam, the default global batch (8 samples per device for BERT, 32 for ResNet),
+ZeRO (--zero=0) and once with ZeRO stages 1, 2 and 3 as frontier points of their own
+(--zero=0,1,2,3); Adam, the default global batch (8 samples per device for BERT, 32 for ResNet),
 recomputation fractions 1, 0.5 and 0.25. Writes bench/results/planner_frontiers.md (the
 frontiers' ends, the planning time of each: the median of 5 runs with the range),
 planner_frontiers.jsonl (every point, every run's times) and planner_frontiers.png.
@@ -30,7 +30,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = ["bert_large", "resnet152"]
 DEVICES = [8, 64, 512]
-ZERO = {"without ZeRO": "0", "with ZeRO 1 and 2": "0,1,2"}
+ZERO = {"without ZeRO": "0", "with ZeRO 1, 2 and 3": "0,1,2,3"}
 GIB = 1024.0 ** 3
 REPEATS = 5  # runs of each plan: its planning time is the median, with the range
 
@@ -102,7 +102,7 @@ def main():
                     axis.plot([p["memory_bytes"] / GIB for p in points],
                               [p["time_s"] * 1e3 for p in points], "k.-", label="without ZeRO")
                     continue
-                for stage, style in ((0, "C0o"), (1, "C1s"), (2, "C3^")):
+                for stage, style in ((0, "C0o"), (1, "C1s"), (2, "C3^"), (3, "C2v")):
                     chosen = [p for p in points if p.get("zero_stage", 0) == stage]
                     if chosen:
                         axis.plot([p["memory_bytes"] / GIB for p in chosen],
@@ -135,7 +135,9 @@ def main():
         "",
         "ZeRO points are priced as `parallel::ZeroOptimizer` runs them: one collective per "
         "parameter tensor (stage 1: an all-gather of the updated parameters after DDP's bucketed "
-        "all-reduce; stage 2: a reduce-scatter of each gradient and the all-gather), so each "
+        "all-reduce; stage 2: a reduce-scatter of each gradient and the all-gather; stage 3: the "
+        "reduce-scatter, an all-gather of each parameter for its forward op and another for the "
+        "backward op that reads it, the whole parameter and its gradient held at that op), so each "
         "pays the ring latency of its group once per tensor. The recipes run ZeRO (`--zero`, or a "
         "plan file's `zero_stage`) over data-parallel ranks only: ZeRO points with a "
         "tensor-parallel group are not chosen (`--any_plan` would).",
@@ -164,7 +166,7 @@ def main():
                     if run["model"] == model and run["devices"] == devices}
             least = {zero: min(run["points"], key=lambda p: (p["memory_bytes"], p["time_s"]))
                      for zero, run in pair.items()}
-            plain, zero = least["0"], least["0,1,2"]
+            plain, zero = least["0"], least["0,1,2,3"]
             lines.append(f"| {model} | {devices} | {plain['memory_bytes'] / GIB:.2f} GiB | "
                          f"{zero['memory_bytes'] / GIB:.2f} GiB (stage "
                          f"{zero.get('zero_stage', 0)}) | {plain['time_s'] * 1e3:.1f} ms / "

@@ -2,9 +2,9 @@
 """ZeRO on 2 ranks: the memory each stage saves, measured against the planner's price.
 
 Runs bench/parallel_bench under `mpirun -np 2` (dp = 2) for BERT mini (AdamW, 8 sequences of 128
-tokens per rank) and ResNet-50 (SGD with momentum, 4 images of 128x128 per rank) with --zero=0, 1
-and 2, and plans the same runs with //tools/plan (--zero=Z --max_tp=1 --remat=1 --any_plan on
-the cpu_2core_example profile). Writes bench/results/zero.md and zero.jsonl. Peak memory is
+tokens per rank) and ResNet-50 (SGD with momentum, 4 images of 128x128 per rank) with --zero=0, 1,
+2 and 3, and plans the same runs with //tools/plan (--zero=Z --max_tp=1 --remat=1 --any_plan on
+the cpu_2core_quiet profile). Writes bench/results/zero.md and zero.jsonl. Peak memory is
 deterministic; the step times are medians of 3 steps of one run each (not a comparison: ZeRO's
 price in time on 2 cores is what the planner prices, shown beside it). About 3 minutes.
 
@@ -43,7 +43,7 @@ def measure(flags, zero):
 
 def predict(flags, zero):
     command = [os.path.join(ROOT, "bazel-bin", "tools", "plan", "plan"), "--devices=2",
-               "--profile=cpu_2core_example", f"--zero={zero}", "--max_tp=1", "--remat=1",
+               "--profile=cpu_2core_quiet", f"--zero={zero}", "--max_tp=1", "--remat=1",
                "--any_plan"] + flags
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     if result.returncode != 0:
@@ -80,7 +80,7 @@ def main():
     start = datetime.datetime.now(datetime.timezone.utc)
     rows = []
     for model, bench_flags, plan_flags in CASES:
-        for zero in (0, 1, 2):
+        for zero in (0, 1, 2, 3):
             print(f"zero_memory: {model} --zero={zero}", file=sys.stderr)
             rows.append({"model": model, "zero": zero, "measured": measure(bench_flags, zero),
                          "predicted": predict(plan_flags, zero)})
@@ -93,11 +93,11 @@ def main():
         "",
         f"Made by `bench/zero_memory.py` on {start:%Y-%m-%d %H:%M} (UTC), Tessel at commit "
         f"{commit}; machine at the start: {quiet.stdout.strip()}. Each row: `mpirun -np 2 "
-        "bench/parallel_bench` (dp = 2, one thread per rank) with `--zero=0`, `1` or `2`: peak "
+        "bench/parallel_bench` (dp = 2, one thread per rank) with `--zero=0`, `1`, `2` or `3`: peak "
         "memory allocated per rank (the larger of the two ranks, over 3 timed steps after a "
         "warm-up step; deterministic), and the median step time of those 3 steps (one run, not "
         "interleaved: an indication only). Predicted: `plan --devices=2 --profile="
-        "cpu_2core_example --zero=Z --max_tp=1 --remat=1 --any_plan` for the same model, batch and "
+        "cpu_2core_quiet --zero=Z --max_tp=1 --remat=1 --any_plan` for the same model, batch and "
         "optimizer; its memory is parameters, gradients and optimizer state plus the activations "
         "kept for backward. Commands and every figure: zero.jsonl.",
         "",
