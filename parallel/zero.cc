@@ -371,22 +371,48 @@ void ZeroOptimizer::step() {
 
 double ZeroOptimizer::clip_grad_norm(double max_norm) {
   if (stage_ == ZeroStage::kOptimizerState) return optim::clip_grad_norm(parameters(), max_norm);
+  return clip_grad_norm_over(max_norm, nullptr, nullptr);
+}
+
+double ZeroOptimizer::clip_grad_norm(double max_norm, Communicator& tp_group,
+                                     const std::set<std::string>& split) {
+  return clip_grad_norm_over(max_norm, &tp_group, &split);
+}
+
+double ZeroOptimizer::clip_grad_norm_over(double max_norm, Communicator* tp_group,
+                                          const std::set<std::string>* split) {
   TESSEL_CHECK(max_norm >= 0, "clip_grad_norm: max_norm must be >= 0, got ", max_norm);
   NoGradGuard no_grad;
-  double squares = 0;
-  for (const Tensor& part : parts_->parts) {
-    const Tensor grad = part.grad();
-    if (!grad.defined() || grad.numel() == 0) continue;
+  const Parts& parts = *parts_;
+  // Stage 1: the whole gradients (averaged by DDP); stages 2 and 3: this rank's parts.
+  const bool in_parts = stage_ != ZeroStage::kOptimizerState;
+  std::vector<Tensor> grads;
+  double split_squares = 0, other_squares = 0;
+  for (size_t i = 0; i < parts.parameters.size(); ++i) {
+    const Tensor grad = in_parts ? parts.parts[i].grad() : parts.parameters[i].grad();
+    if (!grad.defined()) continue;
+    grads.push_back(grad);
+    if (grad.numel() == 0) continue;
     const Tensor wide = to_dtype(grad, DType::kFloat64);
-    squares += sum(mul(wide, wide)).item<double>();
+    (split && split->count(parts.names[i]) ? split_squares : other_squares) +=
+        sum(mul(wide, wide)).item<double>();
   }
-  Tensor total = to_device(from_vector<double>({squares}, {1}), group_->device());
-  group_->all_reduce(total);
-  const double norm = std::sqrt(total.item<double>());
+  auto sum_over = [](Communicator& group, std::vector<double> values) {
+    Tensor total = to_device(from_vector<double>(values, {static_cast<int64_t>(values.size())}),
+                             group.device());
+    group.all_reduce(total);
+    return to_device(total, Device::cpu()).to_vector<double>();
+  };
+  if (in_parts) {
+    const std::vector<double> over_dp = sum_over(*group_, {split_squares, other_squares});
+    split_squares = over_dp[0];
+    other_squares = over_dp[1];
+  }
+  if (tp_group) split_squares = sum_over(*tp_group, {split_squares})[0];
+  const double norm = std::sqrt(split_squares + other_squares);
   const double scale = max_norm / (norm + 1e-6);  // as optim::clip_grad_norm
   if (scale < 1.0 || std::isnan(scale))
-    for (const Tensor& part : parts_->parts)
-      if (part.grad().defined()) part.grad().mul_(scale);
+    for (Tensor& grad : grads) grad.mul_(scale);
   return norm;
 }
 

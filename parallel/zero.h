@@ -32,6 +32,7 @@
 
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -96,6 +97,12 @@ class ZeroOptimizer : public optim::Optimizer {
   // rank's parts (a collective: their squared norms are summed over the group), so every rank
   // scales its parts alike. Returns the total norm before clipping.
   double clip_grad_norm(double max_norm);
+  // The same for a module split over a tensor-parallel group as well (Megatron-LM layers; ZeRO
+  // over each dp group of a dp x tp grid): the parameters named in `split` are cut over
+  // `tp_group` (parallel::tensor_parallel_split_dims), so their squares add over it too; the
+  // others are the same on every rank of it.
+  double clip_grad_norm(double max_norm, Communicator& tp_group,
+                        const std::set<std::string>& split);
 
   ZeroStage stage() const { return stage_; }
   // The optimizer over this rank's parts.
@@ -117,6 +124,9 @@ class ZeroOptimizer : public optim::Optimizer {
   void update(const Tensor& parameter, const Tensor& grad, ParameterState& state) override;
 
  private:
+  double clip_grad_norm_over(double max_norm, Communicator* tp_group,
+                             const std::set<std::string>* split);
+
   std::shared_ptr<nn::Module> module_;
   std::shared_ptr<Communicator> group_;
   ZeroStage stage_;

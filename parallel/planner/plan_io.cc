@@ -209,9 +209,9 @@ PlanFile plan_from_json(const std::string& text, const std::string& where) {
   if (root.contains("zero_stage")) plan.zero_stage = r.small_integer(root, "zero_stage", "", 0);
   TESSEL_CHECK(plan.zero_stage >= 0 && plan.zero_stage <= 3, "plan ", where,
                ": field 'zero_stage' must be 0, 1, 2 or 3, got ", plan.zero_stage);
-  TESSEL_CHECK(plan.zero_stage == 0 || (plan.mesh_dp > 1 && plan.mesh_tp == 1), "plan ", where,
-               ": ZeRO (zero_stage ", plan.zero_stage,
-               ") needs a mesh of dp > 1 and tp = 1, got dp=", plan.mesh_dp, " tp=", plan.mesh_tp);
+  TESSEL_CHECK(plan.zero_stage == 0 || plan.mesh_dp > 1, "plan ", where, ": ZeRO (zero_stage ",
+               plan.zero_stage, ") needs a mesh of dp > 1, got dp=", plan.mesh_dp,
+               " tp=", plan.mesh_tp);
   const json& predicted = r.get(root, "predicted", "");
   plan.predicted_memory = r.number(predicted, "memory_bytes", "predicted", 0);
   plan.predicted_time = r.number(predicted, "time_s", "predicted", 0);

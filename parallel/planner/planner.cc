@@ -158,10 +158,12 @@ PlannedPoint describe_choice(const Graph& graph,
                     : config.zero_stage == 2 ? "ZeRO-2 (optimizer state and gradients in dp parts)"
                                              : "ZeRO-3 (optimizer state, gradients and parameters "
                                                "in dp parts, parameters gathered on use)");
-    if (point.executable && uses_tensor_parallel) {
+    // BERT's recipe runs ZeRO beside its tensor-parallel split; ParallelModule (a module of
+    // one's own) does not yet.
+    if (point.executable && uses_tensor_parallel && graph.user_module) {
       point.executable = false;
       point.not_executable_reason =
-          "the recipes run ZeRO over data-parallel ranks only (--zero needs tp = 1)";
+          "parallel::ParallelModule does not run ZeRO beside a tensor-parallel group yet";
     }
   }
   if (remat_fraction < 1) {

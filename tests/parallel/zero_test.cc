@@ -12,6 +12,7 @@
 #include <cmath>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,8 @@
 #include "optim/sgd.h"
 #include "parallel/counting_communicator.h"
 #include "parallel/ddp.h"
+#include "parallel/process_group.h"
+#include "parallel/tensor_parallel.h"
 #include "tests/parallel/mpi_testing.h"
 #include "tests/testing.h"
 
@@ -267,9 +270,10 @@ TEST_F(Zero, Stage3HoldsOnlyPartsOfTheParameters) {
   for (const Tensor& parameter : parameters)
     EXPECT_EQ(parameter.storage()->state(), Residency::kResident);
   const int64_t gathers = zero.gathers();
-  if (rank() == 0)
+  if (rank() == 0) {
     for (const Tensor& parameter : parameters)
       EXPECT_TRUE(std::isfinite(sum(parameter).item<float>()));
+  }
   EXPECT_EQ(zero.gathers(), gathers);
   zero.zero_grad();
   EXPECT_TRUE(sharded());
@@ -283,6 +287,73 @@ TEST_F(Zero, Stage3HoldsOnlyPartsOfTheParameters) {
   auto want = other->named_parameters();
   for (size_t i = 0; i < now.size(); ++i)
     EXPECT_TRUE(bitwise_equal(now[i].second, want[i].second)) << now[i].first;
+}
+
+// On a 2 x 2 grid (4 ranks), ZeRO over each data-parallel group of a Megatron-LM MLP split over
+// the tensor-parallel group (column-parallel, then row-parallel linear) trains like DDP over the
+// same groups, at every stage, and clips by the norm of the whole model's gradient: the split
+// parameters' squares add over tp, the replicated bias counts once.
+TEST_F(Zero, EveryStageBesideTensorParallelism) {
+  if (size() != 4) GTEST_SKIP() << "a 2 x 2 grid needs 4 ranks";
+  ProcessGrid grid(2, 2);
+  const int64_t tp = register_tp_group(grid.tensor_parallel());
+  auto split_mlp = [&] {
+    manual_seed(71);  // the same whole layers everywhere; each rank keeps its part
+    nn::Linear first(6, 16), second(16, 3);
+    auto column = std::make_shared<ColumnParallelLinear>(6, 16, tp);
+    auto row = std::make_shared<RowParallelLinear>(16, 3, tp);
+    column->load_from(first);
+    row->load_from(second);
+    return std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
+        column, std::make_shared<nn::ReLU>(), row});
+  };
+  const auto split_dims = tensor_parallel_split_dims(*split_mlp());
+  std::set<std::string> split;
+  for (const auto& entry : split_dims) split.insert(entry.first);
+  ASSERT_EQ(split.size(), 3u);  // the column layer's weight and bias, the row layer's weight
+  // The whole gradient's norm from DDP-averaged gradients of the split model.
+  auto whole_norm = [&](nn::Module& model) {
+    double split_squares = 0, replicated = 0;
+    for (const auto& [name, parameter] : model.named_parameters()) {
+      const double squares = sum(mul(parameter.grad(), parameter.grad())).item<float>();
+      (split.count(name) ? split_squares : replicated) += squares;
+    }
+    Tensor total = from_vector<double>({split_squares}, {1});
+    grid.tensor_parallel()->all_reduce(total);
+    return std::sqrt(total.item<double>() + replicated);
+  };
+  for (ZeroStage stage :
+       {ZeroStage::kOptimizerState, ZeroStage::kGradients, ZeroStage::kParameters}) {
+    for (const MakeOptimizer& make : {sgd(), adamw()}) {
+      std::shared_ptr<nn::Module> plain = split_mlp(), sharded = split_mlp();
+      DistributedDataParallel plain_ddp(plain, grid.data_parallel());
+      std::unique_ptr<DistributedDataParallel> sharded_ddp;
+      if (stage == ZeroStage::kOptimizerState)
+        sharded_ddp = std::make_unique<DistributedDataParallel>(sharded, grid.data_parallel());
+      std::unique_ptr<optim::Optimizer> whole = make(plain->named_parameters());
+      ZeroOptimizer zero(sharded, grid.data_parallel(), make, stage);
+      for (int step = 0; step < 3; ++step) {
+        // Each data-parallel replica's batch, the same on its tensor-parallel ranks.
+        whole->zero_grad();
+        rank_loss(*plain, &plain_ddp, {5, 6}, 3, step, grid.dp_index()).backward();
+        const double expected = whole_norm(*plain);
+        const double scale = 0.05 * expected / (expected + 1e-6);  // as clip_grad_norm scales
+        for (const Tensor& parameter : plain->parameters()) parameter.grad().mul_(scale);
+        whole->step();
+        zero.zero_grad();
+        rank_loss(*sharded, sharded_ddp.get(), {5, 6}, 3, step, grid.dp_index()).backward();
+        EXPECT_NEAR(zero.clip_grad_norm(0.05 * expected, *grid.tensor_parallel(), split), expected,
+                    1e-5 * expected)
+            << "stage " << static_cast<int>(stage) << " step " << step;
+        zero.step();
+        auto want = plain->named_parameters();
+        auto got = sharded->named_parameters();
+        for (size_t i = 0; i < got.size(); ++i)
+          EXPECT_TRUE(all_close(got[i].second, want[i].second, 1e-5))
+              << got[i].first << " stage " << static_cast<int>(stage) << " step " << step;
+      }
+    }
+  }
 }
 
 // Every rank holds its part of each parameter's state (and, under stage 2, of its gradient), and

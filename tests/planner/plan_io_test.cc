@@ -158,7 +158,7 @@ TEST(PlanFile, CarriesItsZeroStage) {
   bad["zero_stage"] = 1;
   bad["mesh"] = {{"dp", 1}, {"tp", 2}};
   EXPECT_TRUE(testing::throws_error([&] { plan_from_json(bad.dump(), "bad.json"); },
-                                    "needs a mesh of dp > 1 and tp = 1"));
+                                    "needs a mesh of dp > 1, got dp=1 tp=2"));
 }
 
 }  // namespace

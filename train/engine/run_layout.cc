@@ -118,9 +118,8 @@ ParallelLayout resolve_layout(const TrainConfig& config, int world_size) {
                " x --tp=", layout.tp, " = ", static_cast<int64_t>(layout.dp) * layout.tp,
                " ranks, but ", ranks_text(world_size), "; choose dp x tp = the rank count");
   if (config.plan.empty()) layout.zero = config.zero;
-  TESSEL_CHECK(layout.zero == 0 || (layout.dp > 1 && layout.tp == 1), "--zero=", layout.zero,
-               " shards the optimizer over data-parallel ranks: it needs --dp > 1 and no --tp "
-               "(this run: dp ",
+  TESSEL_CHECK(layout.zero == 0 || layout.dp > 1, "--zero=", layout.zero,
+               " shards the optimizer over data-parallel ranks: it needs --dp > 1 (this run: dp ",
                layout.dp, " x tp ", layout.tp, ")");
   TESSEL_CHECK(layout.zero < 3 || config.memory_policy.empty() || config.memory_policy == "none",
                "--zero=3 gathers parameters when ops use them, in the same order on every rank, "

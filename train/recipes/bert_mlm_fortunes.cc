@@ -141,11 +141,7 @@ RecipeResult run_bert_mlm_fortunes(const TrainConfig& config, const RunLayout& l
         }
         optimizer.zero_grad();
         loss.total.backward();  // with --dp, DDP's average over the ranks finishes inside
-        // Under --zero=2 and 3 the gradients are this rank's parts: its optimizer clips them.
-        if (auto* zero = dynamic_cast<parallel::ZeroOptimizer*>(&optimizer))
-          zero->clip_grad_norm(kMaxGradNorm);
-        else
-          parallel_bert.clip_gradients(kMaxGradNorm);
+        parallel_bert.clip_gradients(kMaxGradNorm, optimizer);
         optimizer.step();
         loss_value = loss.value;
         mlm_loss = loss.mlm;

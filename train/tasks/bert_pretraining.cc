@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <set>
 
 #include "core/autograd.h"
 #include "core/error.h"
@@ -17,6 +18,7 @@
 #include "ops/ops.h"
 #include "optim/clip_grad.h"
 #include "parallel/ddp.h"
+#include "parallel/zero.h"
 #include "text/vocab_builder.h"
 #include "train/engine/setup.h"
 
@@ -339,7 +341,15 @@ PretrainingLoss ParallelBert::loss(const text::MlmBatch& batch) {
   return loss;
 }
 
-double ParallelBert::clip_gradients(double max_norm) {
+double ParallelBert::clip_gradients(double max_norm, optim::Optimizer& optimizer) {
+  auto* zero = dynamic_cast<parallel::ZeroOptimizer*>(&optimizer);
+  if (zero && zero->stage() != parallel::ZeroStage::kOptimizerState) {
+    if (!tp_model_) return zero->clip_grad_norm(max_norm);
+    std::set<std::string> split;
+    for (const auto& entry : parallel::tensor_parallel_split_dims(*tp_model_))
+      split.insert(entry.first);
+    return zero->clip_grad_norm(max_norm, *parallel::tp_group(layout_.tp_group_id), split);
+  }
   if (tp_model_) return clip_grad_norm_tensor_parallel(*tp_model_, max_norm, layout_.tp_group_id);
   return optim::clip_grad_norm(model_.parameters(), max_norm);
 }

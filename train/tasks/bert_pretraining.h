@@ -5,7 +5,8 @@
 // inside backward. A training step then reads as on one process:
 //   ParallelBert bert(model, layout);
 //   PretrainingLoss loss = bert.loss(batch);
-//   optimizer.zero_grad();  loss.total.backward();  bert.clip_gradients(1.0);  optimizer.step();
+//   optimizer.zero_grad();  loss.total.backward();  bert.clip_gradients(1.0, optimizer);
+//   optimizer.step();
 #pragma once
 
 #include <cstdint>
@@ -16,6 +17,7 @@
 
 #include "models/bert.h"
 #include "nn/module.h"
+#include "optim/optimizer.h"
 #include "parallel/tensor_parallel.h"
 #include "text/corpus.h"
 #include "text/mlm.h"
@@ -82,8 +84,9 @@ class ParallelBert {
   // over the global batch's masked positions or sequences.
   PretrainingLoss loss(const text::MlmBatch& batch);
   // Scales the gradients to a total norm of at most `max_norm` (over the tp group's split
-  // parameters too); returns the norm before.
-  double clip_gradients(double max_norm);
+  // parameters too); returns the norm before. Under ZeRO stages 2 and 3 (`optimizer` a
+  // parallel::ZeroOptimizer) the gradients are the optimizer's parts, over the dp group too.
+  double clip_gradients(double max_norm, optim::Optimizer& optimizer);
   Evaluation evaluate(const text::MlmDataset& held_out, double baseline, int64_t batch_size);
 
  private:
