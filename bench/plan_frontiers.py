@@ -139,8 +139,8 @@ def main():
         "reduce-scatter, an all-gather of each parameter for its forward op and another for the "
         "backward op that reads it, the whole parameter and its gradient held at that op), so each "
         "pays the ring latency of its group once per tensor. The recipes run ZeRO (`--zero`, or a "
-        "plan file's `zero_stage`) over data-parallel ranks only: ZeRO points with a "
-        "tensor-parallel group are not chosen (`--any_plan` would).",
+        "plan file's `zero_stage`) over each data-parallel group, beside BERT's tensor-parallel "
+        "split too.",
         "",
         "![frontiers](planner_frontiers.png)",
         "",
