@@ -52,14 +52,10 @@ MetaTrainer make_meta_trainer(const planner::ModelSpec& spec) {
     };
     return trainer;
   }
-  const auto& resnets = resnet_names();
-  trainer.model = std::find(resnets.begin(), resnets.end(), spec.name) != resnets.end()
-                      ? std::shared_ptr<nn::Module>(
-                            make_resnet(spec.name, ResNetOptions().num_classes(spec.num_classes)))
-                      : std::shared_ptr<nn::Module>(make_shufflenet(
-                            spec.name, ShuffleNetV2Options().num_classes(spec.num_classes)));
+  trainer.model = make_vision_model(spec);
   trainer.model->to(Device::meta());
-  Tensor images = meta_tensor({batch, 3, spec.image_size, spec.image_size}, DType::kFloat32);
+  Tensor images =
+      meta_tensor({batch, spec.in_channels, spec.image_size, spec.image_size}, DType::kFloat32);
   Tensor labels = meta_tensor({batch}, DType::kInt64);
   auto model = trainer.model;
   trainer.loss = [=] { return cross_entropy(model->forward(images), labels); };

@@ -97,19 +97,29 @@ Graph trace_model(const ModelSpec& spec) {
   }
   TESSEL_CHECK(spec.image_size >= 1, "image_size must be at least 1, got ", spec.image_size);
   TESSEL_CHECK(spec.num_classes >= 1, "num_classes must be at least 1, got ", spec.num_classes);
-  std::shared_ptr<nn::Module> net;
-  if (contains(resnet_names(), spec.name))
-    net = make_resnet(spec.name, ResNetOptions().num_classes(spec.num_classes));
-  else
-    net = make_shufflenet(spec.name, ShuffleNetV2Options().num_classes(spec.num_classes));
+  std::shared_ptr<nn::Module> net = make_vision_model(spec);
   net->to(Device::meta());
-  Tensor images = meta_tensor({batch, 3, spec.image_size, spec.image_size}, DType::kFloat32);
+  Tensor images =
+      meta_tensor({batch, spec.in_channels, spec.image_size, spec.image_size}, DType::kFloat32);
   Tensor labels = meta_tensor({batch}, DType::kInt64);
   Graph graph = planner::trace_graph([&] { cross_entropy(net->forward(images), labels); },
                                      net->named_parameters(),
                                      {{"images", images}, {"labels", labels}}, batch);
   graph.model = spec.name;
   return graph;
+}
+
+std::shared_ptr<nn::Module> make_vision_model(const planner::ModelSpec& spec) {
+  TESSEL_CHECK(spec.in_channels >= 1, "in_channels must be at least 1, got ", spec.in_channels);
+  if (contains(resnet_names(), spec.name))
+    return make_resnet(spec.name, ResNetOptions()
+                                      .num_classes(spec.num_classes)
+                                      .in_channels(spec.in_channels)
+                                      .small_image_stem(spec.small_image_stem));
+  return make_shufflenet(spec.name, ShuffleNetV2Options()
+                                        .num_classes(spec.num_classes)
+                                        .in_channels(spec.in_channels)
+                                        .small_image_stem(spec.small_image_stem));
 }
 
 }  // namespace tessel::models

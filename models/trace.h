@@ -3,9 +3,11 @@
 //   planner::PlanResult result = planner::plan_graph(trace_model({"bert_base"}), options);
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "nn/module.h"
 #include "parallel/planner/graph.h"
 #include "parallel/planner/planner.h"
 #include "parallel/planner/trace_module.h"
@@ -17,6 +19,8 @@ namespace tessel::models {
 std::vector<std::string> known_models();
 // An unknown name is an error listing the known ones.
 planner::Graph trace_model(const planner::ModelSpec& spec);
+// The ResNet or ShuffleNet of `spec` (classes, channels, stem), on the CPU.
+std::shared_ptr<nn::Module> make_vision_model(const planner::ModelSpec& spec);
 
 // BERT pre-training as a step of five int64 inputs, for planner::trace_module and
 // parallel::ParallelModule over a BertForPreTraining: input_ids, token_type_ids, attention_mask

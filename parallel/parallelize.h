@@ -100,6 +100,11 @@ class ParallelModule : private DispatchInterceptor {
   // This rank's shard of every parameter, in named_parameters() order (the optimizer's).
   std::vector<Tensor> parameters() const;
   nn::NamedTensors named_parameters() const;
+  // This rank's part of every buffer (running statistics), by name.
+  const std::map<std::string, Tensor>& buffers() const { return buffers_; }
+  // The parameters and buffers kept cut over the tensor-parallel group: name -> the dim cut in
+  // equal parts in rank order.
+  const std::map<std::string, int64_t>& split_dims() const { return split_dims_; }
   // Sums over the data-parallel group the gradients of the parameters whose ops split the batch
   // (each dp rank's part of the loss is already divided by dp); an op over the whole batch
   // leaves the whole gradient on every rank. One all-reduce over a flat bucket of them, kept

@@ -23,6 +23,8 @@ PlanFile make_plan_file(const Graph& graph, const PlanResult& result, int point,
   plan.batch = spec.batch;
   plan.seq = is_bert(spec.name) ? spec.seq : 0;
   plan.image_size = is_bert(spec.name) ? 0 : spec.image_size;
+  plan.in_channels = is_bert(spec.name) ? 0 : spec.in_channels;
+  plan.small_image_stem = !is_bert(spec.name) && spec.small_image_stem;
   plan.profile = options.config.profile.name;
   plan.profile_layout = options.config.profile.layout_description();
   plan.memory_per_device = result.memory_per_device;
@@ -73,6 +75,8 @@ std::string plan_to_json(const PlanFile& plan) {
   root["batch"] = plan.batch;
   root["seq"] = plan.seq;
   root["image_size"] = plan.image_size;
+  root["in_channels"] = plan.in_channels;
+  root["small_image_stem"] = plan.small_image_stem;
   root["profile"] = plan.profile;
   root["profile_layout"] = plan.profile_layout;
   root["memory_per_device"] = plan.memory_per_device;
@@ -187,6 +191,14 @@ PlanFile plan_from_json(const std::string& text, const std::string& where) {
   plan.batch = r.integer(root, "batch", "", 1);
   plan.seq = r.integer(root, "seq", "", 0);
   plan.image_size = r.integer(root, "image_size", "", 0);
+  // Absent from plans written before they were recorded: ImageNet's three channels and stem.
+  plan.in_channels = root.contains("in_channels") ? r.integer(root, "in_channels", "", 0)
+                                                  : (plan.image_size > 0 ? 3 : 0);
+  if (root.contains("small_image_stem")) {
+    TESSEL_CHECK(root["small_image_stem"].is_boolean(), "plan ", where,
+                 ": field 'small_image_stem' must be true or false");
+    plan.small_image_stem = root["small_image_stem"].get<bool>();
+  }
   plan.profile = r.text(root, "profile", "");
   if (root.contains("profile_layout") && root["profile_layout"].is_string())
     plan.profile_layout = root["profile_layout"].get<std::string>();

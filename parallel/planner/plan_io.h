@@ -17,12 +17,14 @@ struct PlanFile {
   std::string model;
   int devices = 1;
   int64_t batch = 0;
-  int64_t seq = 0;               // BERT only (0 otherwise)
-  int64_t image_size = 0;        // vision models only (0 otherwise)
-  std::string profile;           // the device profile's name
-  std::string profile_layout;    // the thread layout it was measured under ("" if not recorded)
-  double memory_per_device = 0;  // the limit the plan was chosen under, bytes
-  int mesh_dp = 1, mesh_tp = 1;  // the degrees most of the work runs at
+  int64_t seq = 0;                // BERT only (0 otherwise)
+  int64_t image_size = 0;         // vision models only (0 otherwise)
+  int64_t in_channels = 0;        // vision models only: image channels (0 otherwise)
+  bool small_image_stem = false;  // vision models only: the stem for small images
+  std::string profile;            // the device profile's name
+  std::string profile_layout;     // the thread layout it was measured under ("" if not recorded)
+  double memory_per_device = 0;   // the limit the plan was chosen under, bytes
+  int mesh_dp = 1, mesh_tp = 1;   // the degrees most of the work runs at
   // "none", or "auto" with memory_budget bytes: the memory layer recomputes what does not fit.
   std::string memory_policy = "none";
   double memory_budget = 0;

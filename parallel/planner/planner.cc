@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "core/error.h"
@@ -18,19 +19,24 @@ bool is_bert(const std::string& model) { return model.rfind(kBertPrefix, 0) == 0
 
 namespace {
 
-// Why the runtime does not run `graph`'s plans with a tensor-parallel group as priced; empty when
-// it does (BERT, and graphs built by hand).
-std::string tensor_parallel_not_run_reason(const Graph& graph) {
-  // A module of one's own runs any plan of its grid through parallel::ParallelModule.
-  if (graph.user_module) return "";
-  // The runtime's --tp for ResNet and ShuffleNet (models/vision_parallel.h) splits the batch in
-  // the convolutions and the classes in the classifier; a vision plan using a tensor-parallel
-  // group prices its ops replicated or split by channels instead.
-  if (!graph.model.empty() && !is_bert(graph.model))
-    return "tensor parallel for " + graph.model +
-           " is priced with replicated or channel-split convolutions; the recipes' --tp splits "
-           "the batch in the convolutions (models/vision_parallel.h), while "
-           "parallel::ParallelModule runs the plan as priced";
+// Why the recipes (or, for a module of one's own, parallel::ParallelModule) would not run
+// `choice` as priced; empty when they do. The recipes run a zoo model's plan on one dp x tp grid
+// (the vision models through ParallelModule, BERT in its own tensor-parallel form), ZeRO beside
+// a tensor-parallel group for BERT only.
+std::string not_run_reason(const Graph& graph, const std::vector<std::vector<Strategy>>& strategies,
+                           const std::vector<int>& choice, int zero_stage) {
+  std::set<std::pair<int, int>> degrees;
+  bool tensor_parallel = false;
+  for (const TracedOp& op : graph.ops) {
+    const Strategy& s = strategies[op.id][choice[op.id]];
+    if (!s.fully_replicated()) degrees.insert({s.dp, s.tp});
+    tensor_parallel = tensor_parallel || s.tp > 1;
+  }
+  if (degrees.size() > 1 && !graph.user_module && !graph.model.empty())
+    return "the recipes run a plan's ops on its dp x tp grid; ops at other degrees run through "
+           "parallel::ParallelModule";
+  if (zero_stage > 0 && tensor_parallel && !is_bert(graph.model))
+    return "parallel::ParallelModule does not run ZeRO beside a tensor-parallel group yet";
   return "";
 }
 
@@ -49,7 +55,6 @@ PlannedPoint describe_choice(const Graph& graph,
   int replicated = 0;
   // How each way of cutting ops (OpDef::planner) was used: split -> kind -> count.
   std::map<ParallelSplit, std::map<SplitKind, int>> kinds;
-  bool uses_tensor_parallel = false;
   for (const TracedOp& op : graph.ops) {
     const Strategy& s = strategies[op.id].at(choice.at(op.id));
     b.parameter_bytes += s.parameter_bytes;
@@ -65,7 +70,6 @@ PlannedPoint describe_choice(const Graph& graph,
       work_at[{s.dp, s.tp}] += std::max(op.flops, 1.0);
     }
     ++kinds[op.def->planner.split][s.kind];
-    uses_tensor_parallel = uses_tensor_parallel || s.tp > 1;
     for (size_t slot = 0; slot < op.inputs.size(); ++slot) {
       const int id = op.inputs[slot];
       if (id < 0 || graph.tensors[id].producer < 0) continue;
@@ -84,11 +88,8 @@ PlannedPoint describe_choice(const Graph& graph,
     b.gradient_sync_s += shared_parameter_time(graph, shared, owner, user, config);
     b.parameter_bytes += shared_parameter_bytes(graph, shared, owner, user);
   }
-  const std::string not_run = tensor_parallel_not_run_reason(graph);
-  if (uses_tensor_parallel && !not_run.empty()) {
-    point.executable = false;
-    point.not_executable_reason = not_run;
-  }
+  point.not_executable_reason = not_run_reason(graph, strategies, choice, config.zero_stage);
+  point.executable = point.not_executable_reason.empty();
   point.cost.memory =
       b.parameter_bytes + remat_fraction * b.activation_bytes + b.backward_working_bytes;
   point.cost.time = b.compute_s + b.comm_s + b.gradient_sync_s + b.redistribution_s + b.recompute_s;
@@ -158,13 +159,6 @@ PlannedPoint describe_choice(const Graph& graph,
                     : config.zero_stage == 2 ? "ZeRO-2 (optimizer state and gradients in dp parts)"
                                              : "ZeRO-3 (optimizer state, gradients and parameters "
                                                "in dp parts, parameters gathered on use)");
-    // BERT's recipe runs ZeRO beside its tensor-parallel split; ParallelModule (a module of
-    // one's own) does not yet.
-    if (point.executable && uses_tensor_parallel && graph.user_module) {
-      point.executable = false;
-      point.not_executable_reason =
-          "parallel::ParallelModule does not run ZeRO beside a tensor-parallel group yet";
-    }
   }
   if (remat_fraction < 1) {
     std::ostringstream text;
@@ -207,16 +201,6 @@ PlanResult plan_graph(const Graph& graph, const PlanOptions& options) {
     std::vector<int> choice;
     bool executable = true;
   };
-  // Plans with a tensor-parallel group that the runtime does not run as priced (describe_choice).
-  const bool data_parallel_only = !tensor_parallel_not_run_reason(graph).empty();
-  auto uses_tp = [&](const std::vector<int>& choice) {
-    for (size_t op = 0; op < choice.size(); ++op)
-      if (result.strategies[op][choice[op]].tp > 1) return true;
-    return false;
-  };
-  auto executable = [&](const std::vector<int>& choice) {
-    return !data_parallel_only || !uses_tp(choice);
-  };
   std::vector<Candidate> candidates;
   // The strategy lists searched together: all of them, or one dp x tp grid at a time (each keeps
   // the strategies of its tp, and running an op whole on every device).
@@ -256,8 +240,8 @@ PlanResult plan_graph(const Graph& graph, const PlanOptions& options) {
         for (auto& point : track_frontier(costs, options.frontier, &stats)) {
           for (size_t op = 0; op < subset.size(); ++op)
             point.choice[op] = subset[op][point.choice[op]];
-          // The recipes run ZeRO without tensor parallelism only (describe_choice says so).
-          const bool runs = executable(point.choice) && (stage == 0 || !uses_tp(point.choice));
+          const bool runs =
+              not_run_reason(graph, strategies_at[stage], point.choice, stage).empty();
           // The frontier adds up what each op keeps; the peak also holds the largest op's
           // gradients in backward.
           double working = 0;

@@ -18,11 +18,13 @@ namespace tessel::planner {
 
 // A zoo model by name and the sizes it is planned at (traced by models::trace_model).
 struct ModelSpec {
-  std::string name;            // resnet18..152, shufflenet_v2_x0_5..x2_0, bert_tiny..bert_large
-  int64_t batch = 32;          // global batch (samples per iteration over all devices)
-  int64_t seq = 128;           // BERT sequence length
-  int64_t image_size = 224;    // ResNet / ShuffleNet input height and width
-  int64_t num_classes = 1000;  // ResNet / ShuffleNet classes
+  std::string name;               // resnet18..152, shufflenet_v2_x0_5..x2_0, bert_tiny..bert_large
+  int64_t batch = 32;             // global batch (samples per iteration over all devices)
+  int64_t seq = 128;              // BERT sequence length
+  int64_t image_size = 224;       // ResNet / ShuffleNet input height and width
+  int64_t num_classes = 1000;     // ResNet / ShuffleNet classes
+  int64_t in_channels = 3;        // ResNet / ShuffleNet image channels (1: Fashion-MNIST)
+  bool small_image_stem = false;  // ResNet / ShuffleNet stem for small images (the options')
 };
 
 // Names starting with "bert_" are sequence models (seq matters, image_size does not).

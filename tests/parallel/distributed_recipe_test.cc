@@ -9,6 +9,7 @@
 #include <fstream>
 #include <functional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/rng.h"
@@ -16,12 +17,15 @@
 #include "gtest/gtest.h"
 #include "models/bert.h"
 #include "models/resnet.h"
+#include "models/trace.h"
 #include "nn/nn.h"
 #include "ops/ops.h"
 #include "optim/adam.h"
 #include "optim/clip_grad.h"
 #include "optim/lr_scheduler.h"
 #include "optim/sgd.h"
+#include "parallel/planner/plan_io.h"
+#include "parallel/planner/planner.h"
 #include "parallel/tensor_parallel.h"
 #include "tests/parallel/mpi_testing.h"
 #include "tests/testing.h"
@@ -324,6 +328,55 @@ TEST_F(DistributedRecipe, PlanWithAZeroStageRunsIt) {
   }
   planned.zero = 1;
   EXPECT_TRUE(throws_error([&] { run_recipe(planned, log); }, "sets ZeRO stage 2 itself"));
+}
+
+// A plan with a tensor-parallel group runs its own ops as the planner priced them (channel-split
+// convolutions and linears, through parallel::ParallelModule): ResNet-18 and ShuffleNet v2 train
+// like one process, and the checkpoint holds whole tensors, as a one-process run writes them.
+TEST_F(DistributedRecipe, PlanWithATensorParallelGroupRunsItsOwnOps) {
+  for (const auto& [recipe, model, small_stem] :
+       {std::tuple<std::string, std::string, bool>{"resnet18_fashion_mnist", "resnet18", false},
+        {"shufflenet_v2_fashion_mnist", "shufflenet_v2_x0_5", true}}) {
+    planner::ModelSpec spec{model, 16, 0, 28, 10, 1, small_stem};
+    const planner::Graph graph = models::trace_model(spec);
+    planner::PlanOptions options;
+    options.config.devices = 2;
+    options.config.min_tp = 2;                                 // the model split over both ranks
+    planner::DeviceProfile& profile = options.config.profile;  // about this machine's cores
+    profile.name = "test";
+    profile.devices_per_node = 2;
+    profile.memory_per_device = 1e10;
+    profile.gemm_flops = profile.conv_flops = 1e10;
+    profile.elementwise_flops = 1e9;
+    profile.memory_bandwidth = 1e10;
+    for (auto& level : profile.collectives)
+      for (auto& link : level) link = {1e-5, 1e9};
+    options.remat_fractions = {1.0};
+    const planner::PlanResult result = planner::plan_graph(graph, options);
+    const planner::PlanFile plan =
+        planner::make_plan_file(graph, result, result.chosen, spec, options);
+    ASSERT_EQ(plan.mesh_tp, 2) << plan.summary;
+    const std::string path = folder(model + "_tp_plan.json");
+    if (rank() == 0) planner::write_plan(plan, path);
+    MPI_Barrier(MPI_COMM_WORLD);
+
+    TrainConfig alone = config(recipe, model);
+    alone.batch_size = 16;
+    alone.steps = 2;
+    alone.checkpoint_dir = folder(model + "_planned_alone");
+    const RecipeResult expected = run_alone(alone);
+    TrainConfig planned = alone;
+    planned.plan = path;
+    planned.checkpoint_dir = folder(model + "_planned_tp2");
+    std::ostringstream log;
+    const RecipeResult actual = run_recipe(planned, log);
+    if (rank() != 0) continue;
+    EXPECT_NE(log.str().find("run the plan's ops as priced"), std::string::npos) << log.str();
+    EXPECT_NEAR(actual.final_train_loss, expected.final_train_loss,
+                1e-4 * std::abs(expected.final_train_loss))
+        << model << ": " << plan.summary;
+    expect_close_parameters(actual.last_checkpoint, expected.last_checkpoint);
+  }
 }
 
 TEST_F(DistributedRecipe, GridThatDoesNotMatchTheRanksIsAnError) {

@@ -140,9 +140,6 @@ Case bert_case() {
 bool heads_split(const planner::PlanFile::Op& op) {
   return op.op == "bmm" && op.strategy == "heads";
 }
-bool table_by_vocabulary(const planner::PlanFile::Op& op) {
-  return op.op == "embedding" && op.strategy == "vocab";
-}
 bool table_by_columns(const planner::PlanFile::Op& op) {
   return op.op == "embedding" && op.strategy == "column";
 }

@@ -175,7 +175,7 @@ TEST(DeviceProfile, ShippedCpuProfileSaysWhichLayoutItWasMeasuredUnder) {
     EXPECT_EQ(cpu.op_kinds.count(kind), 1u) << kind;
 }
 
-TEST(Executable, VisionPlansWithATensorParallelGroupAreMarkedAndNotChosen) {
+TEST(Executable, VisionPlansRunOnTheirGridAndTheRestIsMarked) {
   ModelSpec spec;
   spec.name = "resnet18";
   spec.batch = 4;
@@ -188,18 +188,37 @@ TEST(Executable, VisionPlansWithATensorParallelGroupAreMarkedAndNotChosen) {
   const Graph graph = models::trace_model(spec);
   EXPECT_EQ(graph.model, "resnet18");
 
+  // On one dp x tp grid every point runs as priced (the recipes run a tensor-parallel group's
+  // plan through parallel::ParallelModule).
+  const PlanResult grid = plan_graph(graph, options);
+  bool tensor_parallel = false;
+  for (const PlannedPoint& point : grid.frontier) {
+    EXPECT_TRUE(point.executable) << point.summary << ": " << point.not_executable_reason;
+    tensor_parallel = tensor_parallel || point.tp > 1;
+  }
+  EXPECT_TRUE(tensor_parallel) << "expected some tensor-parallel point on the frontier";
+
+  // ZeRO beside a tensor-parallel group is not run for the vision models.
+  options.zero_stages = {0, 2};
+  for (const PlannedPoint& point : plan_graph(graph, options).frontier)
+    if (point.zero_stage == 2 && point.tp > 1) {
+      EXPECT_FALSE(point.executable) << point.summary;
+      EXPECT_NE(point.not_executable_reason.find("does not run ZeRO beside"), std::string::npos);
+    }
+  options.zero_stages = {0};
+
+  // Ops at other degrees than the plan's grid: the recipes do not run them.
+  options.per_op_degrees = true;
   const PlanResult any = plan_graph(graph, options);
   bool marked = false;
   for (const PlannedPoint& point : any.frontier) {
-    if (point.tp > 1) {
-      EXPECT_FALSE(point.executable) << point.summary;
-    }
-    if (!point.executable) {
-      marked = true;
-      EXPECT_NE(point.not_executable_reason.find("splits the batch"), std::string::npos);
-    }
+    if (point.executable) continue;
+    marked = true;
+    EXPECT_NE(point.summary.find("ops at other degrees"), std::string::npos) << point.summary;
+    EXPECT_NE(point.not_executable_reason.find("ops at other degrees run through"),
+              std::string::npos);
   }
-  EXPECT_TRUE(marked) << "expected some tensor-parallel point on the frontier";
+  EXPECT_TRUE(marked) << "expected some point with per-op degrees on the frontier";
 
   options.executable_only = true;
   const PlanResult runnable = plan_graph(graph, options);

@@ -126,7 +126,8 @@ struct PlanCliOptions {
   bool profile_given = false;  // --profile on the command line, else the default
   std::string remat = "1,0.5,0.25", zero = "0", out_path, png_path, frontier_path;
   int devices = 8, max_tp = 0;
-  int64_t batch = 0, seq = 128, image_size = 224, num_classes = 1000;
+  int64_t batch = 0, seq = 128, image_size = 224, num_classes = 1000, in_channels = 3;
+  bool small_image_stem = false;
   size_t max_points = 32, rows = 20;
   int point = -1;  // --point: the frontier point --out writes (-1: the chosen one)
   bool per_op_degrees = false, show_ops = false, any_plan = false, simulate_remat = false;
@@ -164,6 +165,12 @@ std::optional<int> parse_options(int argc, const char* const* argv, PlanCliOptio
       ->capture_default_str();
   app.add_option("--num_classes", cli.num_classes, "ResNet / ShuffleNet classes")
       ->capture_default_str();
+  app.add_option("--in_channels", cli.in_channels,
+                 "ResNet / ShuffleNet image channels (1 for the Fashion-MNIST recipes)")
+      ->capture_default_str();
+  app.add_flag("--small_image_stem", cli.small_image_stem,
+               "ResNet / ShuffleNet with the stem for small images (the Fashion-MNIST recipes' "
+               "ShuffleNet)");
   app.add_option("--optimizer", cli.optimizer,
                  "optimizer whose state is counted: adam, adamw (2 states per parameter), "
                  "sgd_momentum (1), sgd (0)")
@@ -194,8 +201,9 @@ std::optional<int> parse_options(int argc, const char* const* argv, PlanCliOptio
                "keeps one dp x tp grid per plan, each op choosing its split on it)");
   app.add_flag("--any_plan", cli.any_plan,
                "choose among every frontier point, also those the runtime's recipes do not run as "
-               "priced (by default: ResNet / ShuffleNet plans with a tensor-parallel group are "
-               "listed but not chosen)");
+               "priced (by default: a zoo model's plans with ops at other degrees than their "
+               "grid, and ZeRO beside a ResNet / ShuffleNet tensor-parallel group, are listed but "
+               "not chosen)");
   app.add_option("--rows", cli.rows,
                  "frontier points printed, spread over the frontier with the chosen one "
                  "(0: all)")
@@ -248,6 +256,8 @@ ModelSpec model_spec(const PlanCliOptions& cli) {
   spec.seq = cli.seq;
   spec.image_size = cli.image_size;
   spec.num_classes = cli.num_classes;
+  spec.in_channels = cli.in_channels;
+  spec.small_image_stem = cli.small_image_stem;
   return spec;
 }
 

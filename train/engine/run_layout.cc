@@ -255,9 +255,11 @@ RunLayout lay_out_ranks(const TrainConfig& config, std::ostream& log, TrainConfi
     char numbers[128];
     std::snprintf(numbers, sizeof(numbers), "; predicted %.1f MiB per rank, %.3f s per step",
                   run.plan->predicted_memory / (1024.0 * 1024.0), run.plan->predicted_time);
-    rank_log << " from plan " << config.plan << " (" << run.plan->summary << numbers
-             << "; the grid is applied with this runtime's splits: BERT by heads, MLP and "
-                "vocabulary, ResNet/ShuffleNet by batch with a class-split classifier)";
+    rank_log << " from plan " << config.plan << " (" << run.plan->summary << numbers;
+    if (run.tp > 1)
+      rank_log << "; ResNet and ShuffleNet run the plan's ops as priced, BERT its grid with its "
+                  "own split by heads, MLP and vocabulary";
+    rank_log << ")";
     if (run.plan->memory_policy != "none")
       rank_log << "; the plan expects memory policy " << run.plan->memory_policy
                << " with a budget of " << run.plan->memory_budget / (1024.0 * 1024.0) << " MiB";

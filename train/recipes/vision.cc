@@ -96,8 +96,27 @@ RecipeResult run_image_recipe(const ImageRecipeSpec& spec, const TrainConfig& co
   // --device: parameters and buffers move before the optimizer makes its state next to them.
   const Device device = training_device(config);
   full_model->to(device);
-  // With --tp > 1, the tensor-parallel form (batch-split trunk, class-split classifier).
-  auto model = parallel_classifier_model(layout, full_model);
+  // With --tp > 1, the tensor-parallel form (batch-split trunk, class-split classifier); with a
+  // --plan that has a tensor-parallel group, the plan's own ops as priced (its global batch of
+  // images: the last, partial batch of an epoch is dropped).
+  const bool planned = runs_planned_ops(layout);
+  std::shared_ptr<nn::Module> model;
+  if (planned) {
+    const bool small_stem =
+        spec.family == Family::kResNet ? spec.resnet_small_stem : spec.shufflenet_small_stem;
+    auto stem = [](bool small) { return small ? "the stem for small images" : "ImageNet's stem"; };
+    TESSEL_CHECK(layout.plan->small_image_stem == small_stem, "--plan: the plan was made for ",
+                 *config.model, " with ", stem(layout.plan->small_image_stem),
+                 ", this recipe's has ", stem(small_stem), ": make the plan ",
+                 small_stem ? "with" : "without", " --small_image_stem");
+    auto evaluated = make_model(spec, *config.model, channels, classes);
+    evaluated->to(device);
+    model =
+        planned_classifier_model(layout, full_model, evaluated,
+                                 {*config.batch_size, channels, image_shape[2], image_shape[3]});
+  } else {
+    model = parallel_classifier_model(layout, full_model);
+  }
 
   double lr = *config.lr;
   if (spec.scale_lr_with_batch) lr *= static_cast<double>(*config.batch_size) / 256.0;
@@ -118,7 +137,8 @@ RecipeResult run_image_recipe(const ImageRecipeSpec& spec, const TrainConfig& co
                                                .shuffle(true)
                                                .seed(config.seed)
                                                .transform(transforms.batch_transform())
-                                               .shard(layout.dp_rank, layout.dp));
+                                               .shard(layout.dp_rank, layout.dp)
+                                               .drop_last(planned));
   const TrainingPlan plan(config, train_loader.num_batches());
   std::unique_ptr<optim::LRScheduler> scheduler;
   if (spec.schedule == Schedule::kCosineWithWarmup) {

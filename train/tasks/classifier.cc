@@ -9,6 +9,8 @@
 #include "models/vision_parallel.h"
 #include "ops/ops.h"
 #include "parallel/ddp.h"
+#include "parallel/parallelize.h"
+#include "parallel/tensor_parallel.h"
 #include "train/engine/setup.h"
 
 namespace tessel::train {
@@ -57,9 +59,93 @@ std::shared_ptr<nn::Module> parallel_classifier_model(const RunLayout& layout,
   return model;
 }
 
+// This rank's shards of a plan's parameters and buffers under the model's dotted names (a tree
+// of plain modules, one per prefix), the split ones declared for checkpoints.
+class PlannedClassifier : public nn::Module, public parallel::SplitParameters {
+ public:
+  PlannedClassifier(std::shared_ptr<parallel::ParallelModule> parallel,
+                    std::shared_ptr<nn::Module> evaluated)
+      : nn::Module("PlannedClassifier"),
+        parallel_(std::move(parallel)),
+        evaluated_(std::move(evaluated)) {
+    for (const auto& [name, shard] : parallel_->named_parameters())
+      owner(name).register_parameter(leaf(name), shard);
+    for (const auto& [name, shard] : parallel_->buffers())
+      owner(name).register_buffer(leaf(name), shard);
+  }
+  Tensor forward(const Tensor&) override {
+    TESSEL_FAIL("PlannedClassifier: a plan's ops run through ParallelClassifier::loss");
+  }
+  std::map<std::string, int64_t> split_parameter_dims() const override {
+    return parallel_->split_dims();
+  }
+  parallel::ParallelModule& parallel() { return *parallel_; }
+  // The evaluated model with every tensor whole (a collective: gathered over tp).
+  nn::Module& gathered() {
+    evaluated_->load_state_dict(parallel_->full_state_dict());
+    return *evaluated_;
+  }
+
+ private:
+  static std::string leaf(const std::string& name) {
+    const size_t dot = name.rfind('.');
+    return dot == std::string::npos ? name : name.substr(dot + 1);
+  }
+  nn::Module& owner(const std::string& name) {
+    nn::Module* module = this;
+    size_t begin = 0;
+    for (size_t dot = name.find('.'); dot != std::string::npos; dot = name.find('.', begin)) {
+      const std::string part = name.substr(begin, dot - begin);
+      std::shared_ptr<nn::Module> child;
+      for (const auto& [child_name, existing] : module->named_children())
+        if (child_name == part) child = existing;
+      if (!child) child = module->register_module(part, std::make_shared<nn::Module>("Shards"));
+      module = child.get();
+      begin = dot + 1;
+    }
+    return *module;
+  }
+
+  std::shared_ptr<parallel::ParallelModule> parallel_;
+  std::shared_ptr<nn::Module> evaluated_;
+};
+
+bool runs_planned_ops(const RunLayout& layout) { return layout.plan && layout.tp > 1; }
+
+std::shared_ptr<nn::Module> planned_classifier_model(const RunLayout& layout,
+                                                     std::shared_ptr<nn::Module> trained,
+                                                     std::shared_ptr<nn::Module> evaluated,
+                                                     const Shape& input_shape) {
+  TESSEL_CHECK(runs_planned_ops(layout),
+               "planned_classifier_model: the run has no plan with a "
+               "tensor-parallel group");
+  const planner::PlanFile& plan = *layout.plan;
+  TESSEL_CHECK(layout.zero == 0,
+               "--plan: ZeRO beside the plan's own tensor-parallel ops is not "
+               "run yet (zero_stage ",
+               layout.zero, ")");
+  TESSEL_CHECK(input_shape.size() == 4 && input_shape[0] == plan.batch &&
+                   input_shape[1] == plan.in_channels && input_shape[2] == plan.image_size &&
+                   input_shape[3] == plan.image_size,
+               "--plan: the plan was made for a batch of ", plan.batch, " images of ",
+               plan.in_channels, "x", plan.image_size, "x", plan.image_size, ", this run trains ",
+               shape_str(input_shape),
+               ": make a plan for this batch (bazel run //parallel:plan -- "
+               "--model=",
+               plan.model, " --devices=", plan.devices, " --batch=", input_shape[0],
+               " --in_channels=", input_shape[1], " --image_size=", input_shape[2],
+               plan.small_image_stem ? " --small_image_stem" : "", " --out=FILE)");
+  auto parallel = std::make_shared<parallel::ParallelModule>(
+      std::move(trained), plan.ops, layout.dp_device_group, layout.tp_device_group,
+      planner::ModuleTraceOptions(input_shape));
+  return std::make_shared<PlannedClassifier>(std::move(parallel), std::move(evaluated));
+}
+
 ParallelClassifier::ParallelClassifier(std::shared_ptr<nn::Module> model, const RunLayout& layout)
     : model_(std::move(model)), layout_(layout) {
   tensor_parallel_ = dynamic_cast<models::TensorParallelClassifier*>(model_.get());
+  planned_ = dynamic_cast<PlannedClassifier*>(model_.get());
+  if (planned_) return;  // the plan's ops reduce over dp themselves
   TESSEL_CHECK(layout.tp == 1 || tensor_parallel_ != nullptr, "--tp=", layout.tp,
                ": this recipe's model has no tensor-parallel form (ResNet, "
                "ShuffleNet and BERT do); use --dp only");
@@ -69,6 +155,19 @@ ParallelClassifier::ParallelClassifier(std::shared_ptr<nn::Module> model, const 
 ParallelClassifier::~ParallelClassifier() = default;
 
 ClassifierLoss ParallelClassifier::loss(const Tensor& inputs, const Tensor& targets) {
+  if (planned_) {
+    // The global batch's mean on every rank; each dp rank's share of it is divided by dp, so the
+    // gradients summed over dp when backward ends are the global batch's.
+    Tensor loss = planned_->parallel().loss(inputs, targets);
+    if (loss.requires_grad()) {
+      parallel::ParallelModule* parallel = &planned_->parallel();
+      loss.register_hook([parallel](const Tensor&) {
+        queue_backward_callback([parallel] { parallel->synchronize_gradients(); });
+        return Tensor();
+      });
+    }
+    return {loss, loss.item<double>()};
+  }
   if (!layout_.distributed()) {
     const Tensor loss = cross_entropy((*model_)(inputs), targets);
     return {loss, loss.item<double>()};
@@ -98,6 +197,7 @@ ClassifierLoss ParallelClassifier::loss(const Tensor& inputs, const Tensor& targ
 EvalResult ParallelClassifier::evaluate(const data::Dataset& dataset, int64_t batch_size) {
   if (!layout_.distributed()) return evaluate_classifier(*model_, dataset, batch_size);
   nn::Module* model = model_.get();
+  if (planned_) model = &planned_->gathered();
   if (tensor_parallel_) {
     tensor_parallel_->gather_into_full_model();
     model = tensor_parallel_->full_model().get();

@@ -17,12 +17,15 @@
 
 namespace tessel::parallel {
 class DistributedDataParallel;
+class ParallelModule;
 }  // namespace tessel::parallel
 namespace tessel::models {
 class TensorParallelClassifier;
 }  // namespace tessel::models
 
 namespace tessel::train {
+
+class PlannedClassifier;  // planned_classifier_model's module
 
 struct EvalResult {
   double accuracy = 0;
@@ -41,6 +44,20 @@ EvalResult evaluate_classifier(nn::Module& model, const data::Dataset& dataset, 
 std::shared_ptr<nn::Module> parallel_classifier_model(const RunLayout& layout,
                                                       std::shared_ptr<nn::Module> full);
 
+// Whether this run trains through its plan's own ops: --plan with a tensor-parallel group.
+bool runs_planned_ops(const RunLayout& layout);
+
+// Under --plan with a tensor-parallel group: `trained` (its whole parameters the same on every
+// rank) runs the plan's ops as the planner priced them (parallel::ParallelModule; `input_shape`
+// is the plan's global batch of images), and the module returned holds this rank's shards of its
+// parameters and buffers under the model's names, for the optimizer, checkpoints (the split ones
+// are gathered whole) and memory accounting; `evaluated`, a second model of the same
+// architecture, gets the whole tensors before each evaluation. A collective call.
+std::shared_ptr<nn::Module> planned_classifier_model(const RunLayout& layout,
+                                                     std::shared_ptr<nn::Module> trained,
+                                                     std::shared_ptr<nn::Module> evaluated,
+                                                     const Shape& input_shape);
+
 struct ClassifierLoss {
   Tensor value;     // what backward starts from (this rank's part of the global mean)
   double mean = 0;  // the global batch's mean cross-entropy, the same on every rank
@@ -48,8 +65,9 @@ struct ClassifierLoss {
 
 class ParallelClassifier {
  public:
-  // `model`: what the optimizer updates (parallel_classifier_model's result, or any
-  // single-tensor classifier when tp == 1). Wraps it in DDP over the dp group when dp > 1.
+  // `model`: what the optimizer updates (parallel_classifier_model's or
+  // planned_classifier_model's result, or any single-tensor classifier when tp == 1). Wraps it in
+  // DDP over the dp group when dp > 1 (a plan's own ops reduce over dp themselves).
   ParallelClassifier(std::shared_ptr<nn::Module> model, const RunLayout& layout);
   ~ParallelClassifier();
   // Cross-entropy of `inputs` (this rank's rows of the global batch: a loader made with
@@ -67,6 +85,7 @@ class ParallelClassifier {
   std::shared_ptr<nn::Module> model_;
   const RunLayout& layout_;
   models::TensorParallelClassifier* tensor_parallel_ = nullptr;
+  PlannedClassifier* planned_ = nullptr;
   std::unique_ptr<parallel::DistributedDataParallel> ddp_;
 };
 
