@@ -304,7 +304,16 @@ std::string frontier_to_json(const PlanResult& result, const std::string& model,
                       {"remat_fraction", point.remat_fraction},
                       {"zero_stage", point.zero_stage},
                       {"executable", point.executable},
-                      {"summary", point.summary}});
+                      {"summary", point.summary},
+                      {"breakdown",
+                       {{"parameter_bytes", point.breakdown.parameter_bytes},
+                        {"activation_bytes", point.breakdown.activation_bytes},
+                        {"backward_working_bytes", point.breakdown.backward_working_bytes},
+                        {"compute_s", point.breakdown.compute_s},
+                        {"comm_s", point.breakdown.comm_s},
+                        {"gradient_sync_s", point.breakdown.gradient_sync_s},
+                        {"redistribution_s", point.breakdown.redistribution_s},
+                        {"recompute_s", point.breakdown.recompute_s}}}});
   root["points"] = points;
   return root.dump(1) + "\n";
 }

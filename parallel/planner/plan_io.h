@@ -71,8 +71,8 @@ void write_plan(const PlanFile& plan, const std::string& path);
 PlanFile read_plan(const std::string& path);
 
 // {"model", "devices", "profile", "memory_per_device", "chosen", "points": [{"memory_bytes",
-// "time_s", "remat_fraction", "zero_stage", "executable", "summary"}, ...]} for
-// tools/plot_frontier.py.
+// "time_s", "remat_fraction", "zero_stage", "executable", "summary", "breakdown": {the
+// PlanBreakdown's fields}}, ...]} for tools/plot_frontier.py.
 std::string frontier_to_json(const PlanResult& result, const std::string& model, int devices,
                              const std::string& profile);
 

@@ -40,6 +40,34 @@ std::string not_run_reason(const Graph& graph, const std::vector<std::vector<Str
   return "";
 }
 
+// The most gradient bytes alive at once in backward: an op's own (its first output's and its
+// inputs'), and where a gradient moves back to its producer's layout, that op's with the moved
+// part beside them.
+double backward_working_bytes(const Graph& graph,
+                              const std::vector<std::vector<Strategy>>& strategies,
+                              const std::vector<int>& choice) {
+  double most = 0;
+  for (const TracedOp& op : graph.ops) {
+    const Strategy& s = strategies[op.id][choice[op.id]];
+    double moved = 0;
+    for (size_t slot = 0; slot < op.inputs.size(); ++slot) {
+      const int id = op.inputs[slot];
+      if (id < 0 || graph.tensors[id].producer < 0 || !graph.tensors[id].requires_grad ||
+          !op.differentiable)
+        continue;
+      const TracedTensor& tensor = graph.tensors[id];
+      const Strategy& from = strategies[tensor.producer][choice[tensor.producer]];
+      const double bytes =
+          static_cast<double>(shape_numel(op.input_shapes[slot])) * element_size(tensor.dtype);
+      moved =
+          std::max(moved, redistribution_gradient_bytes(from.output_layouts[tensor.producer_slot],
+                                                        s.input_layouts[slot], bytes));
+    }
+    most = std::max(most, s.backward_working_bytes + moved);
+  }
+  return most;
+}
+
 }  // namespace
 
 PlannedPoint describe_choice(const Graph& graph,
@@ -59,7 +87,6 @@ PlannedPoint describe_choice(const Graph& graph,
     const Strategy& s = strategies[op.id].at(choice.at(op.id));
     b.parameter_bytes += s.parameter_bytes;
     b.activation_bytes += s.activation_bytes;
-    b.backward_working_bytes = std::max(b.backward_working_bytes, s.backward_working_bytes);
     b.compute_s += s.forward_compute + s.backward_compute + s.optimizer_compute;
     b.comm_s += s.forward_comm + s.backward_comm;
     b.gradient_sync_s += s.gradient_sync;
@@ -88,6 +115,7 @@ PlannedPoint describe_choice(const Graph& graph,
     b.gradient_sync_s += shared_parameter_time(graph, shared, owner, user, config);
     b.parameter_bytes += shared_parameter_bytes(graph, shared, owner, user);
   }
+  b.backward_working_bytes = backward_working_bytes(graph, strategies, choice);
   point.not_executable_reason = not_run_reason(graph, strategies, choice, config.zero_stage);
   point.executable = point.not_executable_reason.empty();
   point.cost.memory =
@@ -242,13 +270,9 @@ PlanResult plan_graph(const Graph& graph, const PlanOptions& options) {
             point.choice[op] = subset[op][point.choice[op]];
           const bool runs =
               not_run_reason(graph, strategies_at[stage], point.choice, stage).empty();
-          // The frontier adds up what each op keeps; the peak also holds the largest op's
-          // gradients in backward.
-          double working = 0;
-          for (size_t op = 0; op < point.choice.size(); ++op)
-            working = std::max(working,
-                               strategies_at[stage][op][point.choice[op]].backward_working_bytes);
-          point.cost.memory += working;
+          // The frontier adds up what each op keeps; the peak also holds the most gradients
+          // alive at once in backward.
+          point.cost.memory += backward_working_bytes(graph, strategies_at[stage], point.choice);
           candidates.push_back({point.cost, fraction, stage, std::move(point.choice), runs});
         }
         result.stats.leaf_eliminations += stats.leaf_eliminations;

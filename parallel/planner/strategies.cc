@@ -552,15 +552,31 @@ std::vector<std::vector<Strategy>> enumerate_strategies(const Graph& graph,
   return result;
 }
 
+namespace {
+
+// The share of a tensor a device holds in layout `need`, and how many pieces of it come from
+// others holding `have` (1: none, it is there already).
+std::pair<double, int64_t> moved_share(const Layout& have, const Layout& need) {
+  const double needed = 1.0 / (static_cast<double>(need.batch) * need.model);
+  const double overlap =
+      std::min(1.0 / have.batch, 1.0 / need.batch) * std::min(1.0 / have.model, 1.0 / need.model);
+  if (overlap >= needed * (1 - 1e-9)) return {needed, 1};
+  return {needed, std::llround(needed / overlap)};
+}
+
+}  // namespace
+
+double redistribution_gradient_bytes(const Layout& from, const Layout& to, double bytes) {
+  const auto [share, pieces] = moved_share(to, from);
+  return pieces > 1 ? share * bytes : 0.0;
+}
+
 double redistribution_time(const Layout& from, const Layout& to, double bytes, bool gradient,
                            const DeviceProfile& profile) {
   auto move = [&](const Layout& have, const Layout& need) {
-    const double needed = 1.0 / (static_cast<double>(need.batch) * need.model);
-    const double overlap =
-        std::min(1.0 / have.batch, 1.0 / need.batch) * std::min(1.0 / have.model, 1.0 / need.model);
-    if (overlap >= needed * (1 - 1e-9)) return 0.0;
-    const int64_t pieces = std::llround(needed / overlap);
-    return profile.collective_time(Collective::kAllGather, pieces, needed * bytes);
+    const auto [share, pieces] = moved_share(have, need);
+    return pieces > 1 ? profile.collective_time(Collective::kAllGather, pieces, share * bytes)
+                      : 0.0;
   };
   return move(from, to) + (gradient ? move(to, from) : 0.0);
 }

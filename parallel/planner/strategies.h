@@ -121,6 +121,11 @@ std::vector<int> tensor_parallel_degrees(const PlannerConfig& config);
 std::vector<std::vector<Strategy>> enumerate_strategies(const Graph& graph,
                                                         const PlannerConfig& config);
 
+// Bytes of a tensor's gradient alive while backward moves it from its consumer's layout `to`
+// back to its producer's `from` (the part each device holds in `from`, beside the one it has);
+// zero when each device already holds its part of `from`.
+double redistribution_gradient_bytes(const Layout& from, const Layout& to, double bytes);
+
 // Seconds to move a tensor of `bytes` from layout `from` to layout `to` (each device gathers
 // the part it lacks: an all-gather over the devices holding the pieces), plus the way back for
 // its gradient when `gradient`. Zero when every device already holds what it needs.

@@ -250,6 +250,17 @@ TEST(Strategies, DataParallelBroadcastsBuffersOnceBeforeTheForward) {
   EXPECT_DOUBLE_EQ(find(strategies[norms[0]], 1, 1, SplitKind::kReplicate).forward_comm, 0);
 }
 
+// While backward moves a gradient back to its producer's layout, each device holds the part of
+// that layout beside the part it had: the plan's peak counts it where the move happens.
+TEST(Strategies, MovingAGradientBackHoldsBothParts) {
+  const double bytes = 1 << 20;
+  const Layout whole{1, 1}, rows{2, 1}, columns{1, 2};
+  EXPECT_DOUBLE_EQ(redistribution_gradient_bytes(columns, rows, bytes), bytes / 2);
+  EXPECT_DOUBLE_EQ(redistribution_gradient_bytes(whole, rows, bytes), bytes);
+  EXPECT_DOUBLE_EQ(redistribution_gradient_bytes(rows, whole, bytes), 0);  // a local slice
+  EXPECT_DOUBLE_EQ(redistribution_gradient_bytes(rows, rows, bytes), 0);
+}
+
 TEST(Strategies, ReadingPartOfATensorPaysTheGradientScatterInBackward) {
   // A linear on one half of x's features (a chunk, as ShuffleNet splits its channels) against the
   // same linear on a whole tensor of that shape: the chunk's backward writes zeros over all of x
