@@ -2,7 +2,7 @@
 """Frontier points of the planner run as priced (parallel::ParallelModule), measured against the
 planner's prediction: step time and peak memory per rank.
 
-For each model (ResNet-18 and BERT mini) and rank count, three points of the frontier on the
+For each model (ResNet-18, ShuffleNet v2 x0.5 and BERT mini) and rank count, three points of the frontier on the
 quiet 2-core CPU profile (the smallest, the middle one and the fastest; on 2 ranks also three of
 the per-op-degree frontier, `plan --per_op_degrees`, among points whose ops run at other degrees
 than the rest) are written as plan files (`plan --point=K`) and trained by `parallel_bench
@@ -12,7 +12,7 @@ over the rounds with the interquartile range. Writes bench/results/planned_point
 lines beside it.
 
   bazel build //bench:parallel_bench //tools/plan
-  /usr/bin/python3 bench/planned_points.py [--rounds 5] [--models resnet18,bert_mini] [--force]
+  /usr/bin/python3 bench/planned_points.py [--rounds 5] [--models resnet18,shufflenet_v2_x0_5,bert_mini] [--force]
 """
 
 import argparse
@@ -31,6 +31,10 @@ MODELS = {
     "resnet18": dict(flags=["--batch=8", "--image_size=64", "--num_classes=100"],
                      optimizer="sgd_momentum",
                      text="global batch 8, 64x64 images, 100 classes, SGD with momentum"),
+    "shufflenet_v2_x0_5": dict(flags=["--batch=8", "--image_size=64", "--num_classes=100"],
+                               optimizer="sgd_momentum",
+                               text="global batch 8, 64x64 images, 100 classes, SGD with "
+                                    "momentum"),
     "bert_mini": dict(flags=["--batch=8", "--seq=64"], optimizer="adamw",
                       text="global batch 8, sequence 64, pre-training (masked-LM and "
                            "next-sentence), dropout 0.1, AdamW"),

@@ -513,10 +513,14 @@ void add_matrix_kinds(std::vector<KindEntry>& entries, bool quick, int64_t scale
              {conv_case(batch, 24, 24, 32, 3, 2, 24, true),
               conv_case(batch, 116, 116, 16, 3, 1, 116, true),
               conv_case(batch, 232, 232, 8, 3, 1, 232, true),
-              conv_case(batch, 464, 464, 4, 3, 1, 464, true)},
+              conv_case(batch, 464, 464, 4, 3, 1, 464, true),
+              conv_case(std::max<int64_t>(1, batch / 2), 48, 48, 8, 3, 1, 48, true),
+              conv_case(std::max<int64_t>(1, batch / 2), 192, 192, 2, 3, 1, 192, true)},
              "depthwise conv2d 3x3 of ShuffleNet v2 at 128x128 (24 channels stride 2 at "
              "32x32, 116 at 16x16, 232 at 8x8, 464 at 4x4), batch " +
-                 std::to_string(batch));
+                 std::to_string(batch) +
+                 ", and of ShuffleNet v2 x0.5 at 64x64 (48 at 8x8, 192 at 2x2), batch " +
+                 std::to_string(std::max<int64_t>(1, batch / 2)));
   }
 }
 
