@@ -499,13 +499,14 @@ void add_matrix_kinds(std::vector<KindEntry>& entries, bool quick, int64_t scale
          conv_case(batch, 256, 64, 32, 1, 1, 1, true), conv_case(batch, 256, 256, 8, 3, 1, 1, true),
          conv_case(batch, 1024, 256, 8, 1, 1, 1, true),
          conv_case(batch, 512, 512, 4, 3, 1, 1, true), shuffle_case(small, 58, 16),
-         shuffle_case(small, 232, 4)},
+         shuffle_case(small, 232, 4), shuffle_case(std::max<int64_t>(1, small / 2), 24, 8)},
         "conv2d of ResNet-50 at 128x128 (7x7 stem; 3x3 and 1x1 at 32x32, 8x8, 4x4), "
         "batch " +
             std::to_string(batch) +
             ", and ShuffleNet's 1x1 58 -> 58 at 16x16 and 232 -> 232 at 4x4 on one half of a "
             "block's channels, batch " +
-            std::to_string(small));
+            std::to_string(small) + ", and x0.5's 24 -> 24 at 8x8, batch " +
+            std::to_string(std::max<int64_t>(1, small / 2)));
   }
   {
     const int64_t batch = 8 / scale;
@@ -530,8 +531,9 @@ void add_bandwidth_kinds(std::vector<KindEntry>& entries, bool quick, int64_t sc
   auto relu_op = [](const Tensor& x) { return relu(x); };
   add_kind(entries, "elementwise", "bytes",
            {unary_case({batch, 256, 32, 32}, relu_op), unary_case({batch, 64, 64, 64}, relu_op),
-            unary_case({batch, 512, 8, 8}, relu_op), unary_case({8, 58, 16, 16}, relu_op)},
-           "relu of ResNet-50 and ShuffleNet activations, priced by bytes");
+            unary_case({batch, 512, 8, 8}, relu_op), unary_case({8, 58, 16, 16}, relu_op),
+            unary_case({4, 24, 8, 8}, relu_op)},
+           "relu of ResNet-50 and ShuffleNet activations (x0.5's smallest too), priced by bytes");
   auto gelu_op = [](const Tensor& x) { return gelu(x); };
   add_kind(entries, "activation", "bytes",
            {unary_case({1024 / scale, 1024}, gelu_op), unary_case({128, 1024}, gelu_op)},
@@ -541,12 +543,14 @@ void add_bandwidth_kinds(std::vector<KindEntry>& entries, bool quick, int64_t sc
     Tensor weight = ones({channels}), bias = zeros({channels});
     return batch_norm(x, weight, bias, zeros({channels}), ones({channels}), true);
   };
-  add_kind(entries, "batch_norm", "bytes",
-           {unary_case({batch, 256, 32, 32}, batch_norm_op),
-            unary_case({batch, 64, 64, 64}, batch_norm_op),
-            unary_case({batch, 512, 8, 8}, batch_norm_op),
-            unary_case({8, 58, 16, 16}, batch_norm_op), unary_case({8, 232, 4, 4}, batch_norm_op)},
-           "batch_norm (training) of ResNet-50 and ShuffleNet activations, priced by bytes");
+  add_kind(
+      entries, "batch_norm", "bytes",
+      {unary_case({batch, 256, 32, 32}, batch_norm_op),
+       unary_case({batch, 64, 64, 64}, batch_norm_op),
+       unary_case({batch, 512, 8, 8}, batch_norm_op), unary_case({8, 58, 16, 16}, batch_norm_op),
+       unary_case({8, 232, 4, 4}, batch_norm_op), unary_case({4, 24, 8, 8}, batch_norm_op)},
+      "batch_norm (training) of ResNet-50 and ShuffleNet activations (x0.5's smallest too), "
+      "priced by bytes");
   auto layer_norm_op = [](const Tensor& x) {
     return layer_norm(x, {256}, ones({256}), zeros({256}));
   };
