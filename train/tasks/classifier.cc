@@ -117,22 +117,18 @@ std::shared_ptr<nn::Module> planned_classifier_model(const RunLayout& layout,
                                                      std::shared_ptr<nn::Module> evaluated,
                                                      const Shape& input_shape) {
   TESSEL_CHECK(runs_planned_ops(layout),
-               "planned_classifier_model: the run has no plan with a "
-               "tensor-parallel group");
+               "planned_classifier_model: the run has no plan with a tensor-parallel group");
   const planner::PlanFile& plan = *layout.plan;
-  TESSEL_CHECK(layout.zero == 0,
-               "--plan: ZeRO beside the plan's own tensor-parallel ops is not "
-               "run yet (zero_stage ",
-               layout.zero, ")");
+  TESSEL_CHECK(layout.zero == 0, "--plan: zero_stage ", layout.zero,
+               ": ZeRO beside the plan's own tensor-parallel ops is not run yet");
   TESSEL_CHECK(input_shape.size() == 4 && input_shape[0] == plan.batch &&
                    input_shape[1] == plan.in_channels && input_shape[2] == plan.image_size &&
                    input_shape[3] == plan.image_size,
                "--plan: the plan was made for a batch of ", plan.batch, " images of ",
                plan.in_channels, "x", plan.image_size, "x", plan.image_size, ", this run trains ",
                shape_str(input_shape),
-               ": make a plan for this batch (bazel run //parallel:plan -- "
-               "--model=",
-               plan.model, " --devices=", plan.devices, " --batch=", input_shape[0],
+               ": make a plan for this batch (bazel run //parallel:plan -- --model=", plan.model,
+               " --devices=", plan.devices, " --batch=", input_shape[0],
                " --in_channels=", input_shape[1], " --image_size=", input_shape[2],
                plan.small_image_stem ? " --small_image_stem" : "", " --out=FILE)");
   auto parallel = std::make_shared<parallel::ParallelModule>(
