@@ -287,6 +287,10 @@ std::unique_ptr<optim::Optimizer> make_run_optimizer(
                                                    static_cast<parallel::ZeroStage>(layout.zero));
 }
 
+void hold_parameters_for_evaluation(optim::Optimizer& optimizer) {
+  if (auto* zero = dynamic_cast<parallel::ZeroOptimizer*>(&optimizer)) zero->gather_parameters();
+}
+
 std::vector<Tensor> weight_by_global_counts(const RunLayout& run,
                                             const std::vector<std::pair<Tensor, int64_t>>& means,
                                             std::vector<double>* global_means) {

@@ -163,6 +163,7 @@ RecipeResult run_image_recipe(const ImageRecipeSpec& spec, const TrainConfig& co
   status.watch(memory);
   status.count_data(train_set->nbytes() + test_set->nbytes());
   auto evaluate = [&] {
+    hold_parameters_for_evaluation(optimizer);  // --zero=3: the ranks' shares of batches differ
     const EvalResult eval = classifier.evaluate(*test_set, *config.batch_size);
     return Evaluation{{"test_loss", eval.loss}, {"test_accuracy", eval.accuracy}};
   };
