@@ -42,7 +42,10 @@ class TensorParallelClassifier : public nn::Module {
   // Every class's logits (N, classes), without autograd (evaluation).
   Tensor gather_logits(const Tensor& logits) const;
   // Sums the trunk's (replicated) parameter gradients over the group; call after backward.
+  // Gradients already dropped (ZeRO stages 2 and 3, which sum these first: sum_gradients_over)
+  // are left out.
   void reduce_trunk_gradients();
+  const std::vector<Tensor>& trunk_parameters() const { return trunk_parameters_; }
   // The full model (sharing the trunk); gather_into_full_model writes every class's weights into
   // its fc (a collective over the group), so it evaluates as this model does.
   const std::shared_ptr<nn::Module>& full_model() const { return full_; }

@@ -19,6 +19,9 @@ struct ZeroOptimizer::Parts {
   std::vector<int64_t> begins;     // this rank's part of each flattened parameter
   std::vector<int64_t> counts;
   std::vector<Tensor> parts;  // views of this rank's ranges, which the shard optimizer updates
+  // sum_gradients_over: the group, and which parameters' gradients are partial sums over it.
+  std::shared_ptr<Communicator> partial_group;
+  std::vector<char> partial;
 
   // Stage 2: adds this rank's part of the group's mean of parameter i's gradient to the part's
   // gradient, and drops the parameter's whole gradient.
@@ -27,6 +30,7 @@ struct ZeroOptimizer::Parts {
     const Tensor& parameter = parameters[i];
     Tensor grad = parameter.grad();
     if (!grad.defined()) return;
+    if (partial_group && partial[i]) partial_group->all_reduce(grad);  // dropped below anyway
     Tensor mine = zeros({counts[i]}, TensorOptions(grad.dtype()).device(grad.device()));
     group->reduce_scatter(grad.contiguous().reshape({-1}), mine, ReduceOp::kMean);
     parameter.set_grad(Tensor());
@@ -330,6 +334,29 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<nn::Module> module,
 }
 
 ZeroOptimizer::~ZeroOptimizer() = default;
+
+void ZeroOptimizer::broadcast_buffers() {
+  if (stage_ == ZeroStage::kOptimizerState) return;
+  NoGradGuard no_grad;
+  for (const Tensor& buffer : module_->buffers()) group_->broadcast(buffer, 0);
+}
+
+void ZeroOptimizer::sum_gradients_over(std::shared_ptr<Communicator> group,
+                                       const std::vector<Tensor>& parameters) {
+  TESSEL_CHECK(group != nullptr, "ZeroOptimizer::sum_gradients_over: group is null");
+  Parts& parts = *parts_;
+  std::vector<char> partial(parts.parameters.size(), 0);
+  for (const Tensor& parameter : parameters) {
+    size_t i = 0;
+    while (i < parts.parameters.size() && !parts.parameters[i].is_same(parameter)) ++i;
+    TESSEL_CHECK(i < parts.parameters.size(),
+                 "ZeroOptimizer::sum_gradients_over: a tensor that is not one of the module's "
+                 "trainable parameters");
+    partial[i] = 1;
+  }
+  parts.partial_group = std::move(group);
+  parts.partial = std::move(partial);
+}
 
 void ZeroOptimizer::gather_parameters() {
   if (stage3_) stage3_->hold_whole();

@@ -76,6 +76,17 @@ class ZeroOptimizer : public optim::Optimizer {
   std::string name() const override { return optimizer_->name(); }
   bool collective_state() const override { return true; }
 
+  // Stages 2 and 3 run without DDP, so each rank's buffers (batch norm's running statistics)
+  // follow its own rows: this makes them rank 0's of the group, as DDP does before each forward
+  // (a collective). Nothing under stage 1.
+  void broadcast_buffers();
+
+  // Stages 2 and 3: the gradients of `parameters` are partial sums over `group` (a batch-split
+  // trunk beside tensor parallelism: each rank of the group has its rows' part), so each is
+  // summed over it before its reduce-scatter. Stage 1 leaves that to the caller, after DDP.
+  void sum_gradients_over(std::shared_ptr<Communicator> group,
+                          const std::vector<Tensor>& parameters);
+
   // Stage 3: gathers every parameter whole and keeps it so (a collective) until the next
   // zero_grad() or step(), so that one rank alone may read the module (a checkpoint).
   // state_tensors() does it too. Nothing under stages 1 and 2.

@@ -180,8 +180,7 @@ int parse_train_flags(int argc, const char* const* argv, TrainConfig* config, st
   app.add_option("--zero", flags.zero,
                  "ZeRO over the data-parallel ranks: 1 keeps each rank's part of the optimizer "
                  "state, 2 of the gradients too, 3 of the parameters too, gathered when used "
-                 "(with --dp > 1; ResNet and ShuffleNet take --tp beside 1 only; 3 without a "
-                 "memory policy)")
+                 "(with --dp > 1; 3 without a memory policy)")
       ->check(CLI::Range(0, 3));
   app.add_option("--plan", flags.plan,
                  "a plan file from `bazel run //parallel:plan -- --out=FILE` that sets dp and tp")

@@ -16,7 +16,6 @@
 #include "core/safetensors.h"
 #include "gtest/gtest.h"
 #include "models/bert.h"
-#include "models/resnet.h"
 #include "models/trace.h"
 #include "nn/nn.h"
 #include "ops/ops.h"
@@ -36,7 +35,6 @@
 #include "train/recipes/recipe.h"
 #include "train/state/checkpoint.h"
 #include "train/tasks/bert_pretraining.h"
-#include "train/tasks/classifier.h"
 
 namespace tessel::train {
 namespace {
@@ -279,20 +277,13 @@ TEST_F(DistributedRecipe, ZeroStagesTrainLikeDataParallel) {
   }
 }
 
-// ZeRO needs data-parallel ranks; beside --tp the vision models take stage 1 only (their trunk's
-// gradients are summed over tp after backward); stage 3 takes no memory policy.
+// ZeRO needs data-parallel ranks; stage 3 takes no memory policy.
 TEST_F(DistributedRecipe, ZeroNeedsDataParallelRanks) {
   std::ostringstream log;
   TrainConfig wrong = config("resnet18_fashion_mnist", "resnet18");
   wrong.tp = 2;
   wrong.zero = 1;
   EXPECT_TRUE(throws_error([&] { run_recipe(wrong, log); }, "it needs --dp > 1 (this run: dp 1"));
-  RunLayout grid;  // as dp 2 x tp 2 lays it out, before any group is made
-  grid.dp = 2;
-  grid.tp = 2;
-  grid.zero = 2;
-  EXPECT_TRUE(throws_error([&] { parallel_classifier_model(grid, models::resnet18()); },
-                           "use --zero=1 beside --tp"));
   wrong.tp = 0;
   wrong.zero = 3;
   wrong.memory_policy = "dtr";

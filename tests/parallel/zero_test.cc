@@ -356,6 +356,48 @@ TEST_F(Zero, EveryStageBesideTensorParallelism) {
   }
 }
 
+// On a 2 x 2 grid, a model whose batch is split over the tensor-parallel group too (each rank
+// its rows, replicated weights: the vision models' trunk beside --tp) has gradients that are
+// partial sums over tp. Under stages 2 and 3 sum_gradients_over adds them up before the
+// reduce-scatter over dp: the same parameters as DDP over dp followed by a sum over tp.
+TEST_F(Zero, PartialGradientsAreSummedBeforeTheReduceScatter) {
+  if (size() != 4) GTEST_SKIP() << "a 2 x 2 grid needs 4 ranks";
+  ProcessGrid grid(2, 2);
+  // Each rank's half of its replica's rows: half of that replica's mean loss.
+  auto half_loss = [&](nn::Module& model, DistributedDataParallel* ddp, int step) {
+    return mul(rank_loss(model, ddp, {5, 6}, 3, step, rank()), 0.5);
+  };
+  for (ZeroStage stage : {ZeroStage::kGradients, ZeroStage::kParameters}) {
+    manual_seed(83);
+    std::shared_ptr<nn::Module> plain = mlp(), sharded = mlp();
+    sharded->load_state_dict(plain->state_dict());
+    DistributedDataParallel plain_ddp(plain, grid.data_parallel());
+    // SGD: a gradient left unsummed (half of it) would show.
+    std::unique_ptr<optim::Optimizer> whole = sgd()(plain->named_parameters());
+    ZeroOptimizer zero(sharded, grid.data_parallel(), sgd(), stage);
+    zero.sum_gradients_over(grid.tensor_parallel(), sharded->parameters());
+    for (int step = 0; step < 3; ++step) {
+      whole->zero_grad();
+      half_loss(*plain, &plain_ddp, step).backward();
+      for (const Tensor& parameter : plain->parameters())
+        grid.tensor_parallel()->all_reduce(parameter.grad());
+      whole->step();
+      zero.zero_grad();
+      half_loss(*sharded, nullptr, step).backward();
+      zero.step();
+      auto want = plain->named_parameters();
+      auto got = sharded->named_parameters();
+      for (size_t i = 0; i < got.size(); ++i)
+        EXPECT_TRUE(all_close(got[i].second, want[i].second, 1e-5))
+            << got[i].first << " stage " << static_cast<int>(stage) << " step " << step;
+    }
+  }
+  std::shared_ptr<nn::Module> model = mlp();
+  ZeroOptimizer zero(model, grid.data_parallel(), adamw(), ZeroStage::kGradients);
+  EXPECT_TRUE(throws_error([&] { zero.sum_gradients_over(grid.tensor_parallel(), {zeros({3})}); },
+                           "not one of the module's trainable parameters"));
+}
+
 // Every rank holds its part of each parameter's state (and, under stage 2, of its gradient), and
 // the parts cover every element exactly once.
 TEST_F(Zero, EachRankHoldsOnlyItsPartsOfStateAndGradients) {

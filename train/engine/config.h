@@ -35,7 +35,7 @@ struct TrainConfig {
   int tp = 0;
   // ZeRO over the data-parallel group (parallel/zero.h): 0 none; 1 each rank keeps its part of
   // the optimizer state; 2 of the gradients too; 3 of the parameters too, gathered on use. Needs
-  // dp > 1 (beside tp > 1: BERT at every stage, the vision models at stage 1).
+  // dp > 1.
   int zero = 0;
   std::string plan;
   int64_t eval_every = 0;      // evaluate every N steps as well as after each epoch; 0: epochs only

@@ -287,8 +287,11 @@ std::unique_ptr<optim::Optimizer> make_run_optimizer(
                                                    static_cast<parallel::ZeroStage>(layout.zero));
 }
 
-void hold_parameters_for_evaluation(optim::Optimizer& optimizer) {
-  if (auto* zero = dynamic_cast<parallel::ZeroOptimizer*>(&optimizer)) zero->gather_parameters();
+void ready_for_evaluation(optim::Optimizer& optimizer) {
+  if (auto* zero = dynamic_cast<parallel::ZeroOptimizer*>(&optimizer)) {
+    zero->broadcast_buffers();
+    zero->gather_parameters();
+  }
 }
 
 std::vector<Tensor> weight_by_global_counts(const RunLayout& run,

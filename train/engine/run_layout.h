@@ -119,10 +119,11 @@ std::unique_ptr<optim::Optimizer> make_run_optimizer(
     const std::function<std::unique_ptr<optim::Optimizer>(const optim::NamedTensors&)>& make);
 
 // Before an evaluation in which ranks run different numbers of batches (each its share of the
-// test set): under ZeRO stage 3 (`optimizer` a parallel::ZeroOptimizer) every rank gathers the
-// parameters whole now (a collective), so that the evaluation needs none; they go again at the
-// next zero_grad(). Nothing otherwise.
-void hold_parameters_for_evaluation(optim::Optimizer& optimizer);
+// test set), under ZeRO (`optimizer` a parallel::ZeroOptimizer; collectives): stages 2 and 3 make
+// every rank's buffers rank 0's (as DDP does), and stage 3 gathers the parameters whole now, so
+// that the evaluation needs no collective (they go again at the next zero_grad()). Nothing
+// otherwise.
+void ready_for_evaluation(optim::Optimizer& optimizer);
 
 // Means over this rank's shard, each with its count (masked positions, sequences), scaled so
 // that averaging gradients over the dp group gives the gradient of the global batch's means:

@@ -67,7 +67,7 @@ RecipeResult run_mlp_fashion_mnist(const TrainConfig& config, const RunLayout& l
   status.watch(memory);
   status.count_data(train_set->nbytes() + test_set->nbytes());
   auto evaluate = [&] {
-    hold_parameters_for_evaluation(optimizer);  // --zero=3: the ranks' shares of batches differ
+    ready_for_evaluation(optimizer);  // --zero: the ranks' shares of the batches differ
     const EvalResult eval = classifier.evaluate(*test_set, *config.batch_size);
     return Evaluation{{"test_loss", eval.loss}, {"test_accuracy", eval.accuracy}};
   };

@@ -13,9 +13,11 @@
 #include "data/data_loader.h"
 #include "models/resnet.h"
 #include "models/shufflenet.h"
+#include "models/vision_parallel.h"
 #include "ops/ops.h"
 #include "optim/lr_scheduler.h"
 #include "optim/sgd.h"
+#include "parallel/zero.h"
 #include "train/engine/checkpointer.h"
 #include "train/engine/run_layout.h"
 #include "train/engine/setup.h"
@@ -130,6 +132,12 @@ RecipeResult run_image_recipe(const ImageRecipeSpec& spec, const TrainConfig& co
         return std::make_unique<optim::SGD>(parameters, sgd_options);
       });
   optim::Optimizer& optimizer = *optimizer_holder;
+  // --zero=2 or 3 beside --tp: the batch-split trunk's gradients are summed over tp before ZeRO
+  // reduce-scatters and drops them.
+  auto* zero = dynamic_cast<parallel::ZeroOptimizer*>(&optimizer);
+  auto* tensor_parallel = dynamic_cast<models::TensorParallelClassifier*>(model.get());
+  if (zero && tensor_parallel && zero->stage() != parallel::ZeroStage::kOptimizerState)
+    zero->sum_gradients_over(layout.tp_device_group, tensor_parallel->trunk_parameters());
   data::TransformList transforms = augmentation(spec, *train_set);
   // Each data-parallel rank reads its rows of every batch.
   data::DataLoader train_loader(train_set, data::DataLoaderOptions()
@@ -163,7 +171,7 @@ RecipeResult run_image_recipe(const ImageRecipeSpec& spec, const TrainConfig& co
   status.watch(memory);
   status.count_data(train_set->nbytes() + test_set->nbytes());
   auto evaluate = [&] {
-    hold_parameters_for_evaluation(optimizer);  // --zero=3: the ranks' shares of batches differ
+    ready_for_evaluation(optimizer);  // --zero: the ranks' shares of the batches differ
     const EvalResult eval = classifier.evaluate(*test_set, *config.batch_size);
     return Evaluation{{"test_loss", eval.loss}, {"test_accuracy", eval.accuracy}};
   };

@@ -46,10 +46,6 @@ EvalResult evaluate_classifier(nn::Module& model, const data::Dataset& dataset,
 std::shared_ptr<nn::Module> parallel_classifier_model(const RunLayout& layout,
                                                       std::shared_ptr<nn::Module> full) {
   if (layout.tp == 1) return full;
-  TESSEL_CHECK(layout.zero < 2, "--zero=", layout.zero, " with --tp=", layout.tp,
-               ": the tensor-parallel vision models sum their trunk's gradients over tp when "
-               "backward ends, after ZeRO stage ",
-               layout.zero, " has reduce-scattered and dropped them; use --zero=1 beside --tp");
   // ShuffleNet's widest convolution (conv5, to 1024 channels) splits by channels; ResNet keeps a
   // batch-split trunk and splits its classifier by classes.
   const bool shufflenet = dynamic_cast<models::ShuffleNetV2*>(full.get()) != nullptr;
