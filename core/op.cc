@@ -162,44 +162,76 @@ class KernelInProgressScope {
   const KernelInProgress* previous_;
 };
 
+// An op's operands (its inputs and outputs whole) did not fit on the device: running it in
+// more chunks cannot help unless some of them stay in host memory (run_kernel_staged).
+class OperandsOutOfMemory : public OutOfMemory {
+ public:
+  explicit OperandsOutOfMemory(const OutOfMemory& error)
+      : OutOfMemory(error.message(), error.file(), error.line()) {}
+};
+
 void run_kernel_once(const OpDef& op, const Kernel& kernel, const std::vector<Tensor>& inputs,
                      std::vector<Tensor>& outputs, const Attrs& attrs, bool replay,
-                     KernelInProgress progress) {
+                     KernelInProgress progress, const ChunkPass* chunk = nullptr) {
   std::vector<StorageAccess> accesses;
   accesses.reserve(inputs.size() + outputs.size());
-  for (const auto& input : inputs)
-    if (input.defined()) accesses.emplace_back(*input.storage());
-  for (const auto& output : outputs) accesses.emplace_back(*output.storage());
-  KernelContext context{op, inputs, outputs, attrs, replay, {}, {}};
+  try {
+    for (const auto& input : inputs)
+      if (input.defined()) accesses.emplace_back(*input.storage());
+    for (const auto& output : outputs) accesses.emplace_back(*output.storage());
+  } catch (const OutOfMemory& error) {
+    throw OperandsOutOfMemory(error);
+  }
+  KernelContext context{op, inputs, outputs, attrs, replay, {}, {}, chunk};
   KernelInProgressScope scope(progress);
   kernel(context);
 }
 
 // Elements [begin, end) of `tensor` along `dim`, over the same storage.
-Tensor narrow_view(const Tensor& tensor, int64_t dim, int64_t begin, int64_t end) {
+Tensor narrow_view(const Tensor& tensor, int dim, int64_t begin, int64_t end) {
   Shape sizes = tensor.sizes();
   sizes[dim] = end - begin;
   return make_view(tensor, sizes, tensor.strides(),
                    tensor.storage_offset() + begin * tensor.stride(dim));
 }
 
-// The rule the memory layer lets `op` split along, or null: pure, deterministic ops only, and
-// every output must share the split dimension's size.
+// Whether output `output` is cut along `rule` (an op with chunk passes keeps outputs without
+// the split dimension, such as per-channel statistics, whole).
+bool output_cut(const SplitRule& rule, const Tensor& output, int64_t size) {
+  return rule.output_dim < output.dim() && output.size(rule.output_dim) == size;
+}
+
+// The rule the memory layer lets `op` split along, or null: deterministic ops only, pure ones or
+// ops whose kernel runs over chunks in passes (and applies its side effects once), and every
+// output (the first, for the latter) must have the split dimension.
 const SplitRule* split_rule(const OpDef& op, const std::vector<Tensor>& outputs) {
-  if (op.splits.empty() || !op.flags.pure || op.flags.random || op.flags.side_effects ||
-      op.flags.view || outputs.empty())
-    return nullptr;
+  if (op.splits.empty() || op.flags.random || op.flags.view || outputs.empty()) return nullptr;
+  const bool passes = op.chunk_passes > 0;
+  if (!passes && (!op.flags.pure || op.flags.side_effects)) return nullptr;
+  // Chunk passes are a CPU kernel's (and the simulator's) way only.
+  if (passes && !outputs[0].device().is_cpu() && !outputs[0].device().is_meta()) return nullptr;
   ResidencyHooks* hooks = residency_hooks();
   if (!hooks || !hooks->allow_split(op)) return nullptr;
   for (const SplitRule& rule : op.splits) {
-    bool fits = rule.output_dim >= 0 && rule.output_dim < outputs[0].dim() &&
-                outputs[0].size(rule.output_dim) >= 2;
+    const Tensor& first = outputs[0];
+    if (rule.output_dim < 0 || rule.output_dim >= first.dim() || first.size(rule.output_dim) < 2)
+      continue;
+    bool fits = true;
     for (const auto& output : outputs)
-      fits = fits && rule.output_dim < output.dim() &&
-             output.size(rule.output_dim) == outputs[0].size(rule.output_dim);
+      fits = fits && (passes || output_cut(rule, output, first.size(rule.output_dim)));
     if (fits) return &rule;
   }
   return nullptr;
+}
+
+std::vector<Tensor> chunk_outputs_of(const SplitRule& rule, const std::vector<Tensor>& outputs,
+                                     int64_t begin, int64_t end) {
+  const int64_t size = outputs[0].size(rule.output_dim);
+  std::vector<Tensor> chunk_outputs;
+  for (const auto& output : outputs)
+    chunk_outputs.push_back(
+        output_cut(rule, output, size) ? narrow_view(output, rule.output_dim, begin, end) : output);
+  return chunk_outputs;
 }
 
 // The inputs of the chunk [begin, end) along `rule`: inputs split alongside the output are
@@ -253,9 +285,7 @@ bool run_kernel_chunked(const OpDef& op, const Kernel& kernel, const SplitRule& 
   const int64_t size = outputs[0].size(rule.output_dim);
   for (int64_t chunk = 0; chunk < chunks; ++chunk) {
     const int64_t begin = size * chunk / chunks, end = size * (chunk + 1) / chunks;
-    std::vector<Tensor> chunk_outputs;
-    for (const auto& output : outputs)
-      chunk_outputs.push_back(narrow_view(output, rule.output_dim, begin, end));
+    std::vector<Tensor> chunk_outputs = chunk_outputs_of(rule, outputs, begin, end);
     std::vector<Tensor> chunk_in;
     if (!chunk_inputs(op, rule, inputs, chunk_outputs, attrs, size, begin, end, chunk_in))
       return false;
@@ -269,18 +299,210 @@ bool run_kernel_chunked(const OpDef& op, const Kernel& kernel, const SplitRule& 
 bool cuttable(const OpDef& op, const SplitRule& rule, const std::vector<Tensor>& inputs,
               const std::vector<Tensor>& outputs, const Attrs& attrs) {
   const int64_t size = outputs[0].size(rule.output_dim);
-  std::vector<Tensor> chunk_outputs;
-  for (const auto& output : outputs)
-    chunk_outputs.push_back(narrow_view(output, rule.output_dim, 0, size / 2));
   std::vector<Tensor> chunk_in;
-  return chunk_inputs(op, rule, inputs, chunk_outputs, attrs, size, 0, size / 2, chunk_in);
+  return chunk_inputs(op, rule, inputs, chunk_outputs_of(rule, outputs, 0, size / 2), attrs, size,
+                      0, size / 2, chunk_in);
+}
+
+// An operand that may stay in host memory while the op runs over chunks along its first
+// dimension: a dense tensor cut there (each chunk's part is one run of bytes).
+struct StagedOperand {
+  StorageImpl* storage;
+  Tensor whole;          // the operand as the op sees it
+  bool read = false;     // an input: each chunk's part is copied in
+  bool written = false;  // an output: each chunk's part is copied out after the last pass
+  Tensor buffer;         // device memory for the largest chunk's part
+};
+
+// The chunk's part of `operand` in its buffer, and where those bytes lie in its storage.
+Tensor buffer_part(const StagedOperand& operand, int64_t rows) {
+  return narrow_view(operand.buffer, 0, 0, rows);
+}
+size_t staged_offset(const StagedOperand& operand, int64_t begin) {
+  return static_cast<size_t>(operand.whole.storage_offset() + begin * operand.whole.stride(0)) *
+         operand.whole.element_size();
+}
+
+enum class StagedRun { kDone, kStageMore, kMoreChunks };
+
+// Runs `op` over `chunks` chunks along `rule` (in OpDef::chunk_passes passes) with the operands
+// in `staged` kept on host: for each chunk, their parts are copied into device buffers, the
+// kernel runs on the buffers and the other operands' slices, and the outputs' parts are copied
+// back to host after the last pass. kStageMore: the other operands do not fit whole;
+// kMoreChunks: a chunk's buffers or kernel did not fit.
+StagedRun run_chunks_staged(const OpDef& op, const Kernel& kernel, const SplitRule& rule,
+                            const std::vector<Tensor>& inputs, std::vector<Tensor>& outputs,
+                            const Attrs& attrs, bool replay, int64_t chunks,
+                            std::vector<StagedOperand>& staged) {
+  ResidencyHooks* hooks = residency_hooks();
+  auto find_staged = [&](const Tensor& tensor) -> StagedOperand* {
+    if (!tensor.defined()) return nullptr;
+    for (StagedOperand& operand : staged)
+      if (operand.storage == tensor.storage().get()) return &operand;
+    return nullptr;
+  };
+  // The other operands stay resident throughout.
+  std::vector<StorageAccess> whole;
+  auto pin_whole = [&](const std::vector<Tensor>& operands) {
+    for (const Tensor& operand : operands)
+      if (operand.defined() && !find_staged(operand)) whole.emplace_back(*operand.storage());
+  };
+  try {
+    pin_whole(inputs);
+    pin_whole(outputs);
+  } catch (const OutOfMemory&) {
+    return StagedRun::kStageMore;
+  }
+  const int64_t size = outputs[0].size(rule.output_dim);
+  const int64_t largest = (size + chunks - 1) / chunks;
+  std::vector<StorageAccess> buffers;
+  try {
+    for (StagedOperand& operand : staged) {
+      Shape sizes = operand.whole.sizes();
+      sizes[0] = largest;
+      operand.buffer =
+          empty(sizes, TensorOptions(operand.whole.dtype()).device(operand.whole.device()));
+      buffers.emplace_back(*operand.buffer.storage());
+    }
+  } catch (const OutOfMemory&) {
+    return StagedRun::kMoreChunks;
+  }
+  const int passes = std::max(op.chunk_passes, 1);
+  std::vector<double> state;
+  bool wrote_in_place = false;  // an input's bytes on host were overwritten: no second try
+  for (int pass = 0; pass < passes; ++pass) {
+    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+      const int64_t begin = size * chunk / chunks, end = size * (chunk + 1) / chunks;
+      std::vector<Tensor> chunk_outputs = chunk_outputs_of(rule, outputs, begin, end);
+      std::vector<Tensor> chunk_in;
+      TESSEL_CHECK(chunk_inputs(op, rule, inputs, chunk_outputs, attrs, size, begin, end, chunk_in),
+                   op.name, ": its inputs cannot be cut as its outputs are");
+      for (Tensor& output : chunk_outputs)
+        if (StagedOperand* operand = find_staged(output))
+          output = buffer_part(*operand, end - begin);
+      for (StagedOperand& operand : staged) {
+        if (!operand.read) continue;
+        Tensor part = buffer_part(operand, end - begin);
+        hooks->read_staged(*operand.storage, staged_offset(operand, begin), part.nbytes(),
+                           buffers[&operand - staged.data()].data());
+      }
+      for (Tensor& input : chunk_in)
+        if (StagedOperand* operand = find_staged(input)) input = buffer_part(*operand, end - begin);
+      const ChunkPass progress{pass, passes, begin, end, size, &state};
+      try {
+        run_kernel_once(op, kernel, chunk_in, chunk_outputs, attrs, replay,
+                        KernelInProgress{&op, chunks, false},
+                        op.chunk_passes > 0 ? &progress : nullptr);
+      } catch (const OutOfMemory&) {
+        if (wrote_in_place) throw;
+        return StagedRun::kMoreChunks;
+      }
+      if (pass + 1 < passes) continue;
+      for (StagedOperand& operand : staged) {
+        if (!operand.written) continue;
+        hooks->write_staged(*operand.storage, staged_offset(operand, begin),
+                            buffer_part(operand, end - begin).nbytes(),
+                            buffers[&operand - staged.data()].data());
+        wrote_in_place |= operand.read;
+      }
+    }
+  }
+  return StagedRun::kDone;
+}
+
+// The split policy's last resort, for an op whose operands do not fit on the device whole (in
+// any number of chunks): stage the largest operands cut along the split's first dimension in
+// host memory (those already there first), one more at a time, and run the op over chunks of
+// them (run_chunks_staged), in 8, then 32, then single-row chunks. A recompute keeps its outputs
+// on the device (the memory layer expects them there). False when no staging fits.
+bool run_kernel_staged(const OpDef& op, const Kernel& kernel, const SplitRule& rule,
+                       const std::vector<Tensor>& inputs, std::vector<Tensor>& outputs,
+                       const Attrs& attrs, bool replay) {
+  ResidencyHooks* hooks = residency_hooks();
+  if (!hooks || rule.output_dim != 0) return false;
+  const int64_t size = outputs[0].size(0);
+  std::vector<Tensor> chunk_in;
+  if (!chunk_inputs(op, rule, inputs, chunk_outputs_of(rule, outputs, 0, 1), attrs, size, 0, 1,
+                    chunk_in))
+    return false;
+  // Candidates: dense operands cut along dim 0, one per storage (a storage read or written
+  // through two different geometries is left alone).
+  std::vector<StagedOperand> candidates;
+  std::vector<StorageImpl*> excluded;
+  auto consider = [&](const Tensor& whole, bool cut, bool read) {
+    if (!whole.defined()) return;
+    StorageImpl* storage = whole.storage().get();
+    if (std::find(excluded.begin(), excluded.end(), storage) != excluded.end()) return;
+    auto same = std::find_if(candidates.begin(), candidates.end(),
+                             [&](const StagedOperand& c) { return c.storage == storage; });
+    const bool usable = cut && whole.is_contiguous() && whole.dim() >= 1 && whole.size(0) == size;
+    if (same != candidates.end() && (!usable || same->whole.sizes() != whole.sizes() ||
+                                     same->whole.storage_offset() != whole.storage_offset())) {
+      excluded.push_back(storage);
+      candidates.erase(same);
+      return;
+    }
+    if (!usable) {
+      excluded.push_back(storage);
+      return;
+    }
+    if (same == candidates.end()) {
+      candidates.push_back({storage, whole});
+      same = candidates.end() - 1;
+    }
+    (read ? same->read : same->written) = true;
+  };
+  auto cut_along_first = [](const Tensor& whole, const Tensor& part) {
+    if (whole.dim() != part.dim() || whole.dim() == 0 || part.size(0) != 1) return false;
+    for (int64_t d = 1; d < whole.dim(); ++d)
+      if (whole.size(d) != part.size(d)) return false;
+    return whole.size(0) != 1;
+  };
+  for (size_t i = 0; i < inputs.size(); ++i)
+    consider(inputs[i], inputs[i].defined() && cut_along_first(inputs[i], chunk_in[i]), true);
+  for (const Tensor& output : outputs)
+    consider(output, !replay && output_cut(rule, output, size), false);
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [](const StagedOperand& a, const StagedOperand& b) {
+                     const bool a_on_host = a.storage->state() == Residency::kOnHost;
+                     const bool b_on_host = b.storage->state() == Residency::kOnHost;
+                     if (a_on_host != b_on_host) return a_on_host;
+                     return a.storage->nbytes() > b.storage->nbytes();
+                   });
+  std::vector<StagedOperand> staged;
+  struct EndStaging {
+    ResidencyHooks* hooks;
+    std::vector<StagedOperand>& staged;
+    ~EndStaging() {
+      for (StagedOperand& operand : staged) hooks->end_staging(*operand.storage);
+    }
+  } end_staging{hooks, staged};
+  for (StagedOperand& candidate : candidates) {
+    // An input's bytes go to host; an output not read as an input has none yet.
+    if (!hooks->stage_on_host(*candidate.storage, candidate.read)) continue;
+    staged.push_back(candidate);
+    for (int64_t chunks : {int64_t{8}, int64_t{32}, size}) {
+      chunks = std::min(chunks, size);
+      const StagedRun run =
+          run_chunks_staged(op, kernel, rule, inputs, outputs, attrs, replay, chunks, staged);
+      for (StagedOperand& operand : staged) operand.buffer = Tensor();
+      if (run == StagedRun::kDone) {
+        hooks->on_split(op, chunks);
+        return true;
+      }
+      if (run == StagedRun::kStageMore || chunks == size) break;
+    }
+  }
+  return false;
 }
 
 // Runs the kernel for the outputs' device. When it runs out of memory and the memory layer
 // allows it, runs it again in 2, 4, 8, ... chunks (up to the split dimension's size) along the
 // op's SplitRule, writing into slices of the same outputs: the smallest count that fits wins.
 // Only the last try (single rows, or the whole op when its inputs do not cut) tells the memory
-// layer that no smaller split remains, so it evicts instead.
+// layer that no smaller split remains, so it evicts instead. When the operands themselves do not
+// fit whole (or the op's chunks run in passes), it stages some of them on host instead
+// (run_kernel_staged).
 void run_kernel(const OpDef& op, const std::vector<Tensor>& inputs, std::vector<Tensor>& outputs,
                 const Attrs& attrs, bool replay) {
   Device device = outputs.empty() ? inputs.at(0).device() : outputs[0].device();
@@ -295,16 +517,28 @@ void run_kernel(const OpDef& op, const std::vector<Tensor>& inputs, std::vector<
     return;
   }
   const int64_t size = outputs[0].size(rule->output_dim);
+  const bool independent_chunks = op.chunk_passes == 0;
   try {
-    run_kernel_once(op, kernel, inputs, outputs, attrs, replay, KernelInProgress{&op, 1, true});
+    run_kernel_once(op, kernel, inputs, outputs, attrs, replay,
+                    KernelInProgress{&op, 1, independent_chunks});
     return;
+  } catch (const OperandsOutOfMemory&) {
+    if (run_kernel_staged(op, kernel, *rule, inputs, outputs, attrs, replay)) return;
+    throw;
   } catch (const OutOfMemory&) {
+    if (!independent_chunks) {
+      if (run_kernel_staged(op, kernel, *rule, inputs, outputs, attrs, replay)) return;
+      throw;
+    }
   }
   for (int64_t chunks = 2;; chunks = std::min(chunks * 2, size)) {
     const bool last = chunks == size;
     bool cut = false;
     try {
       cut = run_kernel_chunked(op, kernel, *rule, inputs, outputs, attrs, replay, chunks, !last);
+    } catch (const OperandsOutOfMemory&) {
+      if (run_kernel_staged(op, kernel, *rule, inputs, outputs, attrs, replay)) return;
+      throw;
     } catch (const OutOfMemory&) {
       if (last) throw;
       continue;

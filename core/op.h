@@ -34,6 +34,18 @@ struct OpCost {
 
 // What a kernel sees. Inputs are pinned and resident; outputs are allocated (possibly strided
 // views into a larger tensor) and must be fully written.
+// Where a kernel of an op with OpDef::chunk_passes is in its run over chunks: its inputs and
+// outputs are the chunk [begin, end) of `size` along the split (outputs without that dimension
+// whole), and `state` is kept from call to call (empty at the first).
+struct ChunkPass {
+  int pass = 0;
+  int passes = 1;
+  int64_t begin = 0, end = 0, size = 0;
+  std::vector<double>* state = nullptr;
+  // The final pass writes the outputs; earlier ones only read (and add to the state).
+  bool last_pass() const { return pass + 1 == passes; }
+};
+
 struct KernelContext {
   const OpDef& op;
   const std::vector<Tensor>& inputs;
@@ -44,6 +56,7 @@ struct KernelContext {
   Tensor workspace(const Shape& sizes, DType dtype);
   std::vector<Tensor> workspaces;
   std::vector<StorageAccess> workspace_access;
+  const ChunkPass* chunk = nullptr;  // null: the whole op in one call
 };
 
 // What a backward function sees; it returns one gradient per input (undefined: none).
@@ -156,6 +169,11 @@ struct OpDef {
   std::vector<int> save_outputs;
   CostFn cost;
   std::vector<SplitRule> splits;
+  // Chunks that are not independent (batch statistics): the memory layer may still run the op
+  // over chunks of its first SplitRule, calling its kernel for every chunk in this many passes
+  // (KernelContext::chunk says which); the kernel then keeps its running sums in the chunk state
+  // and applies any side effect once. 0: chunks are independent (one call each).
+  int chunk_passes = 0;
   OpFlags flags;
   std::vector<int> mutated_inputs;
   ViewFn view_fn;

@@ -63,6 +63,19 @@ class ResidencyHooks {
                       const std::vector<size_t>& /*output_bytes*/) {
     return false;
   }
+  // The last resort of a policy that splits, for an op whose operands do not fit on the device
+  // beside each other even when it runs in chunks: some of them stay in host memory ("staged")
+  // while the dispatcher runs the op chunk by chunk, copying each chunk's part of them in and
+  // out. `stage_on_host` moves `storage` there (its bytes copied when `keep_contents`; an output
+  // not yet written only gives its device bytes back) and keeps it there until `end_staging`;
+  // false when it cannot (pinned, evicted, not this layer's).
+  virtual bool stage_on_host(StorageImpl& /*storage*/, bool /*keep_contents*/) { return false; }
+  // Copies bytes [offset, offset + bytes) of a staged storage to device memory, or back.
+  virtual void read_staged(StorageImpl& /*storage*/, size_t /*offset*/, size_t /*bytes*/,
+                           void* /*device_bytes*/) {}
+  virtual void write_staged(StorageImpl& /*storage*/, size_t /*offset*/, size_t /*bytes*/,
+                            const void* /*device_bytes*/) {}
+  virtual void end_staging(StorageImpl& /*storage*/) {}
 };
 
 // The owner of bytes kept in parts over a group of ranks (parallel::ZeroOptimizer's stage 3). An

@@ -146,6 +146,8 @@ struct ResidencyManager::Record {
   // swap): not pinned, so a long chain does not hold every level's inputs at once, but moved
   // only by swapping, so they come back without recursing when their recompute resumes.
   int held_for_replay = 0;
+  // Kept on host while an op runs over chunks of it (stage_on_host): not prefetched.
+  int staged = 0;
 };
 
 ResidencyManager::ResidencyManager(std::shared_ptr<CachingAllocator> allocator,
@@ -212,8 +214,9 @@ void ResidencyManager::register_storage(StorageImpl& storage) {
 bool ResidencyManager::keeps_records() const { return keeps_records_for(options_.policy()); }
 
 bool ResidencyManager::swaps_now() const {
-  return swaps_for(options_.policy()) &&
-         !(options_.policy() == Policy::kAuto && auto_mode_ == AutoMode::kRecomputeOnly);
+  return last_resort_ ||
+         (swaps_for(options_.policy()) &&
+          !(options_.policy() == Policy::kAuto && auto_mode_ == AutoMode::kRecomputeOnly));
 }
 
 bool ResidencyManager::managed(const StorageImpl& storage) const {
@@ -418,7 +421,7 @@ size_t ResidencyManager::candidate_threshold() {
 
 ResidencyManager::Candidate ResidencyManager::choose_victim() {
   const CandidatePool pool = prepare_assessment();
-  if (auto_mode_ == AutoMode::kRecomputeFirst) {
+  if (auto_mode_ == AutoMode::kRecomputeFirst || last_resort_) {
     for (Spare spare : {Spare::kStateAndForwardReads, Spare::kForwardReads, Spare::kNothing}) {
       const Candidate victim = choose_victim_among_candidates(pool, spare, /*recompute_only=*/true);
       if (victim.action == ResidencyAction::kRecompute) return victim;
@@ -601,7 +604,7 @@ void ResidencyManager::prefetch_before(int64_t clock) {
         storage->last_access >= clock || storage->user_refs() == 0)
       continue;
     Record* record = find_record(*storage);
-    if (!record || record->pending_out) continue;
+    if (!record || record->pending_out || record->staged) continue;
     if (auto strong = entry.weak.lock()) next.push_back(std::move(strong));
   }
   const auto depth = std::min(kDepth, next.size());
@@ -1116,19 +1119,22 @@ bool ResidencyManager::relieve(size_t bytes_needed, size_t largest_free_block) {
   };
   if (wait_if_covered()) return true;
   Candidate victim = choose_victim();
-  if (victim.action == ResidencyAction::kNone && auto_mode_ == AutoMode::kRecomputeOnly) {
-    // Where dtr would defragment, so does auto recomputing only; where dtr would fail, it still
-    // swaps (after letting go of the pinned inputs of waiting recomputes): it never fails where
-    // its other ways would not.
+  const bool recomputes_until_stuck =
+      options_.policy() == Policy::kSplit || auto_mode_ == AutoMode::kRecomputeOnly;
+  if (victim.action == ResidencyAction::kNone && recomputes_until_stuck) {
+    // Where dtr would defragment, so do split and auto recomputing only; where dtr would fail,
+    // they still swap, recomputing first (after letting go of the pinned inputs of waiting
+    // recomputes): auto never fails where its other ways would not, and split, whose chunks
+    // already stage operands on host, trains where a recompute chain needs more than the budget.
     if (!in_flight_.empty()) {
       complete_swap_out(*in_flight_.front());
       return true;
     }
     if (defragment(bytes_needed)) return true;
     hold_waiting_inputs();
-    auto_mode_ = AutoMode::kRecomputeFirst;
+    last_resort_ = true;
     victim = choose_victim();
-    auto_mode_ = AutoMode::kRecomputeOnly;
+    last_resort_ = false;
   }
   if (victim.action != ResidencyAction::kNone) {
     apply(victim);
@@ -1254,6 +1260,50 @@ bool ResidencyManager::gather(const std::vector<StorageImpl*>& inputs,
   for (StorageImpl* storage : distinct) brought_back.emplace_back(*storage);
   ++gathers_;
   return true;
+}
+
+bool ResidencyManager::stage_on_host(StorageImpl& storage, bool keep_contents) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  if (options_.policy() == Policy::kNone || detaching_ || !managed(storage)) return false;
+  Record& record = record_of(storage);
+  if (storage.state() == Residency::kResident) {
+    if (storage.pins() > 0) return false;
+    if (keep_contents) {
+      start_swap_out(storage);
+      complete_swap_out(storage);
+    } else {
+      storage.host_data = host_allocator()->allocate(storage.nbytes(), Stream{});
+      storage.release_bytes(Residency::kOnHost);
+    }
+  } else if (storage.state() == Residency::kOnHost) {
+    if (record.pending_out) complete_swap_out(storage);
+    if (record.pending_in) settle_prefetch(storage, /*keep=*/false);
+  }
+  if (storage.state() != Residency::kOnHost || !storage.host_data) return false;
+  ++record.staged;
+  return true;
+}
+
+void ResidencyManager::read_staged(StorageImpl& storage, size_t offset, size_t bytes,
+                                   void* device_bytes) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  auto copy =
+      link_.copy_to_device(device_bytes, static_cast<char*>(storage.host_data) + offset, bytes);
+  link_.order_device_after(copy);
+  count("swap_in", bytes);
+}
+
+void ResidencyManager::write_staged(StorageImpl& storage, size_t offset, size_t bytes,
+                                    const void* device_bytes) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  // The device buffer is reused for the next chunk: wait for the copy.
+  link_.wait(link_.copy_async(static_cast<char*>(storage.host_data) + offset, device_bytes, bytes));
+  count("swap_out", bytes);
+}
+
+void ResidencyManager::end_staging(StorageImpl& storage) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  if (Record* record = find_record(storage)) --record->staged;
 }
 
 // ---- direct control ----

@@ -30,7 +30,8 @@ enum class Policy {
   kNone,   // nothing: out of memory is an error
   kDtr,    // evict tensors that have an op record, recompute them on access
   kSwap,   // copy tensors to host memory, copy them back on access
-  kSplit,  // run the op in chunks when its working memory does not fit; evict (dtr) otherwise
+  kSplit,  // evict (dtr); run an op in chunks when its working memory does not fit, keeping
+           // operands on host chunk by chunk when they do not fit whole; swap where stuck
   kAuto,   // per tensor, swap or recompute, whichever costs less; split when neither is enough
 };
 const char* policy_name(Policy policy);
@@ -150,6 +151,11 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   std::string explain_out_of_memory(const std::string& report) override;
   bool gather(const std::vector<StorageImpl*>& inputs,
               const std::vector<size_t>& output_bytes) override;
+  bool stage_on_host(StorageImpl& storage, bool keep_contents) override;
+  void read_staged(StorageImpl& storage, size_t offset, size_t bytes, void* device_bytes) override;
+  void write_staged(StorageImpl& storage, size_t offset, size_t bytes,
+                    const void* device_bytes) override;
+  void end_staging(StorageImpl& storage) override;
 
   // PressureHandler: frees room for one more try (evicts or swaps one candidate, or releases a
   // finished swap-out); false when nothing can be freed.
@@ -308,6 +314,7 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   std::map<std::string, ResidencyStats::Replays> replays_by_op_;
   bool gathering_ = false;           // gather() is making one hole: prefetches must not take it
   bool prefetching_ = false;         // a prefetch allocates: pressure must not evict for it
+  bool last_resort_ = false;         // split / auto recomputing only: swapping where stuck
   bool pressure_seen_ = false;       // a request has not fitted since installation
   size_t last_request_bytes_ = 0;    // the allocation relieve() was last asked to make room for
   size_t largest_output_bytes_ = 0;  // of the managed op outputs recorded

@@ -1,7 +1,7 @@
 // Normalisation: batch_norm (training and eval are two ops, because only training updates the
-// running statistics and only eval may be split along the batch) and layer_norm, each with a
-// dedicated backward op so the gradient is one pass over the data: their definitions (shape
-// rules, backward, cost, splits). The CPU kernels are in ops/cpu/norm.cc.
+// running statistics and only eval splits along the batch in independent chunks) and layer_norm,
+// each with a dedicated backward op so the gradient is one pass over the data: their definitions
+// (shape rules, backward, cost, splits). The CPU kernels are in ops/cpu/norm.cc.
 #include "ops/norm.h"
 
 #include <vector>
@@ -122,8 +122,11 @@ void register_batch_norm() {
     return batch_norm_input_grads(context, grads);
   };
   op.cost = batch_norm_cost;
-  // Batch statistics couple every entry of the batch: not splittable. The running statistics
-  // are written in place, once per forward, never on replay.
+  // Batch statistics couple every entry of the batch: chunks of it run in three passes (sums,
+  // centred squares, y). The running statistics are written in place, once per forward (in the
+  // last chunk of a run over chunks), never on replay.
+  op.splits = {{0, {0, -1, -1, -1, -1}}};
+  op.chunk_passes = 3;
   op.flags.side_effects = true;
   op.mutated_inputs = {3, 4};
 }
@@ -170,6 +173,9 @@ void register_batch_norm_backward() {
   };
   op.kernels[static_cast<int>(DeviceType::kCpu)] = cpu::batch_norm_backward_kernel;
   op.cost = batch_norm_cost;
+  // Chunks of the batch in two passes: the per-channel sums, then grad_x.
+  op.splits = {{0, {0, 0, -1, -1, -1}}};
+  op.chunk_passes = 2;
 }
 
 void register_layer_norm() {

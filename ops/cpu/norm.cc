@@ -2,6 +2,7 @@
 // normalises one channel (or row) per pass over dense data, statistics summed in f64.
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <vector>
 
 #include "ops/cpu/kernels.h"
@@ -70,13 +71,176 @@ void write_rows(KernelContext& context, const Tensor& output, const std::vector<
 
 }  // namespace
 
+namespace {
+
+// The per-channel loops of batch_norm and its backward over the planes of `planes` entries of
+// the batch, shared by the whole op and its runs over chunks (KernelContext::chunk): each sum goes
+// on from `total`, plane after plane, so chunks of the batch give the whole op's sums bit for bit.
+template <typename T>
+double add_channel_sum(const T* x, int64_t planes, int64_t C, int64_t S, int64_t c, double total) {
+  for (int64_t n = 0; n < planes; ++n) {
+    const T* plane = x + (n * C + c) * S;
+    // The reductions are vectorised (omp simd reduction: lanes summed at the end); a plain loop
+    // of double additions waits on each one and dominated this kernel.
+#pragma omp simd reduction(+ : total)
+    for (int64_t s = 0; s < S; ++s) total += plane[s];
+  }
+  return total;
+}
+
+template <typename T>
+double add_centred_squares(const T* x, int64_t planes, int64_t C, int64_t S, int64_t c, double mean,
+                           double squares) {
+  for (int64_t n = 0; n < planes; ++n) {
+    const T* plane = x + (n * C + c) * S;
+#pragma omp simd reduction(+ : squares)
+    for (int64_t s = 0; s < S; ++s) {
+      const double centred = plane[s] - mean;
+      squares += centred * centred;
+    }
+  }
+  return squares;
+}
+
+template <typename T>
+void scale_and_shift(const T* x, T* y, int64_t planes, int64_t C, int64_t S, int64_t c,
+                     double scale, double shift) {
+  for (int64_t n = 0; n < planes; ++n) {
+    const T* in_plane = x + (n * C + c) * S;
+    T* out_plane = y + (n * C + c) * S;
+#pragma omp simd
+    for (int64_t s = 0; s < S; ++s) out_plane[s] = static_cast<T>(in_plane[s] * scale + shift);
+  }
+}
+
+// Adds a channel's sum of g and of g * (x - mean).
+template <typename T>
+void add_gradient_sums(const T* g_data, const T* x_data, int64_t planes, int64_t C, int64_t S,
+                       int64_t c, double mean, double& sum_g_out, double& sum_g_centred_out) {
+  double sum_g = sum_g_out, sum_g_centred = sum_g_centred_out;
+  for (int64_t n = 0; n < planes; ++n) {
+    const T* g = g_data + (n * C + c) * S;
+    const T* in = x_data + (n * C + c) * S;
+#pragma omp simd reduction(+ : sum_g, sum_g_centred)
+    for (int64_t s = 0; s < S; ++s) {
+      sum_g += g[s];
+      sum_g_centred += g[s] * (in[s] - mean);
+    }
+  }
+  sum_g_out = sum_g;
+  sum_g_centred_out = sum_g_centred;
+}
+
+template <typename T>
+void write_input_gradient(const T* g_data, const T* x_data, T* dx_data, int64_t planes, int64_t C,
+                          int64_t S, int64_t c, double mean, double gain, double mean_g,
+                          double slope) {
+  for (int64_t n = 0; n < planes; ++n) {
+    const T* g = g_data + (n * C + c) * S;
+    const T* in = x_data + (n * C + c) * S;
+    T* out = dx_data + (n * C + c) * S;
+#pragma omp simd
+    for (int64_t s = 0; s < S; ++s)
+      out[s] = static_cast<T>(gain * (g[s] - mean_g) - slope * (in[s] - mean));
+  }
+}
+
+template <typename T>
+void write_channel_values(const Tensor& output, const std::vector<double>& values) {
+  T* data = output.data_ptr<T>();
+  const int64_t stride = output.stride(0);
+  for (size_t c = 0; c < values.size(); ++c) data[c * stride] = static_cast<T>(values[c]);
+}
+
+// The batch statistics written out, and the running ones moved (not on a recompute).
+template <typename T>
+void finish_batch_norm(KernelContext& context, const std::vector<double>& means,
+                       const std::vector<double>& variances, int64_t count) {
+  const double momentum = context.attrs.get<double>("momentum");
+  const double eps = context.attrs.get<double>("eps");
+  const size_t C = means.size();
+  std::vector<double> invstd(C);
+  for (size_t c = 0; c < C; ++c) invstd[c] = 1.0 / std::sqrt(variances[c] + eps);
+  write_channel_values<T>(context.outputs[1], means);
+  write_channel_values<T>(context.outputs[2], invstd);
+  // A recompute must not move the running statistics a second time.
+  if (context.replay) return;
+  const Tensor& running_mean = context.inputs[3];
+  const Tensor& running_var = context.inputs[4];
+  const double unbiased = static_cast<double>(count) / static_cast<double>(count - 1);
+  if (running_mean.defined()) {
+    T* data = running_mean.data_ptr<T>();
+    const int64_t stride = running_mean.stride(0);
+    for (size_t c = 0; c < C; ++c)
+      data[c * stride] = static_cast<T>((1 - momentum) * data[c * stride] + momentum * means[c]);
+  }
+  if (running_var.defined()) {
+    T* data = running_var.data_ptr<T>();
+    const int64_t stride = running_var.stride(0);
+    for (size_t c = 0; c < C; ++c)
+      data[c * stride] =
+          static_cast<T>((1 - momentum) * data[c * stride] + momentum * variances[c] * unbiased);
+  }
+}
+
+// batch_norm over chunks of the batch: pass 0 sums each channel, pass 1 its centred squares,
+// pass 2 writes the chunk's y; the last chunk writes the statistics.
+template <typename T>
+void batch_norm_train_chunk(KernelContext& context) {
+  const ChunkPass& chunk = *context.chunk;
+  const double eps = context.attrs.get<double>("eps");
+  const Tensor x = cpu::dense_input(context, context.inputs[0]);
+  const ChannelLayout layout(x.sizes());
+  const int64_t C = layout.channels, S = layout.spatial, N = layout.batch;
+  const int64_t count = chunk.size * S;
+  std::vector<double>& state = *chunk.state;  // sums, then centred squares, per channel
+  if (state.empty()) state.assign(2 * C, 0.0);
+  const T* x_data = x.data_ptr<T>();
+  if (chunk.pass == 0) {
+    parallel_for(0, C, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c)
+        state[c] = add_channel_sum(x_data, N, C, S, c, state[c]);
+    });
+    return;
+  }
+  auto mean_of = [&](int64_t c) { return state[c] / static_cast<double>(count); };
+  if (chunk.pass == 1) {
+    parallel_for(0, C, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c)
+        state[C + c] = add_centred_squares(x_data, N, C, S, c, mean_of(c), state[C + c]);
+    });
+    return;
+  }
+  const std::vector<double> weight = read_vector<T>(context.inputs[1], C, 1.0);
+  const std::vector<double> bias = read_vector<T>(context.inputs[2], C, 0.0);
+  DenseOutput y(context, context.outputs[0]);
+  T* y_data = y.data<T>();
+  parallel_for(0, C, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      const double variance = state[C + c] / static_cast<double>(count);
+      const double scale = weight[c] * (1.0 / std::sqrt(variance + eps));
+      scale_and_shift(x_data, y_data, N, C, S, c, scale, bias[c] - mean_of(c) * scale);
+    }
+  });
+  y.finish();
+  if (chunk.end != chunk.size) return;
+  std::vector<double> means(C), variances(C);
+  for (int64_t c = 0; c < C; ++c) {
+    means[c] = mean_of(c);
+    variances[c] = state[C + c] / static_cast<double>(count);
+  }
+  finish_batch_norm<T>(context, means, variances, count);
+}
+
+}  // namespace
+
 // Training: batch statistics (biased variance) normalise; running statistics get the unbiased
 // variance. inputs (x, weight, bias, running_mean, running_var); outputs (y, mean, invstd).
 void batch_norm_train_kernel(KernelContext& context) {
-  const double momentum = context.attrs.get<double>("momentum");
   const double eps = context.attrs.get<double>("eps");
   visit_float_dtype(context.inputs[0].dtype(), "batch_norm", [&](auto tag) {
     using T = decltype(tag);
+    if (context.chunk) return batch_norm_train_chunk<T>(context);
     const Tensor x = cpu::dense_input(context, context.inputs[0]);
     const ChannelLayout layout(x.sizes());
     const int64_t C = layout.channels, S = layout.spatial, N = layout.batch;
@@ -89,66 +253,17 @@ void batch_norm_train_kernel(KernelContext& context) {
     T* y_data = y.data<T>();
     parallel_for(0, C, 1, [&](int64_t begin, int64_t end) {
       for (int64_t c = begin; c < end; ++c) {
-        // The reductions are vectorised (omp simd reduction: lanes summed at the end); a plain
-        // loop of double additions waits on each one and dominated this kernel.
-        double total = 0;
-        for (int64_t n = 0; n < N; ++n) {
-          const T* plane = x_data + (n * C + c) * S;
-#pragma omp simd reduction(+ : total)
-          for (int64_t s = 0; s < S; ++s) total += plane[s];
-        }
-        const double mean = total / static_cast<double>(count);
-        double squares = 0;
-        for (int64_t n = 0; n < N; ++n) {
-          const T* plane = x_data + (n * C + c) * S;
-#pragma omp simd reduction(+ : squares)
-          for (int64_t s = 0; s < S; ++s) {
-            const double centred = plane[s] - mean;
-            squares += centred * centred;
-          }
-        }
-        const double variance = squares / static_cast<double>(count);
+        const double mean = add_channel_sum(x_data, N, C, S, c, 0.0) / static_cast<double>(count);
+        const double variance =
+            add_centred_squares(x_data, N, C, S, c, mean, 0.0) / static_cast<double>(count);
         means[c] = mean;
         variances[c] = variance;
-        const double invstd = 1.0 / std::sqrt(variance + eps);
-        const double scale = weight[c] * invstd;
-        const double shift = bias[c] - mean * scale;
-        for (int64_t n = 0; n < N; ++n) {
-          const T* in_plane = x_data + (n * C + c) * S;
-          T* out_plane = y_data + (n * C + c) * S;
-#pragma omp simd
-          for (int64_t s = 0; s < S; ++s)
-            out_plane[s] = static_cast<T>(in_plane[s] * scale + shift);
-        }
+        const double scale = weight[c] * (1.0 / std::sqrt(variance + eps));
+        scale_and_shift(x_data, y_data, N, C, S, c, scale, bias[c] - mean * scale);
       }
     });
     y.finish();
-    T* save_mean = context.outputs[1].template data_ptr<T>();
-    T* save_invstd = context.outputs[2].template data_ptr<T>();
-    const int64_t mean_stride = context.outputs[1].stride(0);
-    const int64_t invstd_stride = context.outputs[2].stride(0);
-    for (int64_t c = 0; c < C; ++c) {
-      save_mean[c * mean_stride] = static_cast<T>(means[c]);
-      save_invstd[c * invstd_stride] = static_cast<T>(1.0 / std::sqrt(variances[c] + eps));
-    }
-    // A recompute must not move the running statistics a second time.
-    if (context.replay) return;
-    const Tensor& running_mean = context.inputs[3];
-    const Tensor& running_var = context.inputs[4];
-    const double unbiased = static_cast<double>(count) / static_cast<double>(count - 1);
-    if (running_mean.defined()) {
-      T* data = running_mean.data_ptr<T>();
-      const int64_t stride = running_mean.stride(0);
-      for (int64_t c = 0; c < C; ++c)
-        data[c * stride] = static_cast<T>((1 - momentum) * data[c * stride] + momentum * means[c]);
-    }
-    if (running_var.defined()) {
-      T* data = running_var.data_ptr<T>();
-      const int64_t stride = running_var.stride(0);
-      for (int64_t c = 0; c < C; ++c)
-        data[c * stride] =
-            static_cast<T>((1 - momentum) * data[c * stride] + momentum * variances[c] * unbiased);
-    }
+    finish_batch_norm<T>(context, means, variances, count);
   });
 }
 
@@ -190,15 +305,18 @@ void batch_norm_eval_kernel(KernelContext& context) {
 
 // inputs (grad_y, x, weight, mean, invstd), attr training. In eval mode (training=false) input 4
 // is the running variance and attr eps applies. outputs (grad_x, grad_weight, grad_bias).
+// Over chunks of the batch (KernelContext::chunk): pass 0 sums each channel's g and g * (x - mean),
+// pass 1 writes the chunk's grad_x, and the last chunk the per-channel gradients.
 void batch_norm_backward_kernel(KernelContext& context) {
   const bool training = context.attrs.get<bool>("training");
   visit_float_dtype(context.inputs[1].dtype(), "batch_norm_backward", [&](auto tag) {
     using T = decltype(tag);
+    const ChunkPass* chunk = context.chunk;
     const Tensor grad_y = cpu::dense_input(context, context.inputs[0]);
     const Tensor x = cpu::dense_input(context, context.inputs[1]);
     const ChannelLayout layout(x.sizes());
     const int64_t C = layout.channels, S = layout.spatial, N = layout.batch;
-    const double count = static_cast<double>(layout.per_channel());
+    const double count = static_cast<double>(chunk ? chunk->size * S : layout.per_channel());
     const std::vector<double> weight = read_vector<T>(context.inputs[2], C, 1.0);
     const std::vector<double> mean = read_vector<T>(context.inputs[3], C, 0.0);
     std::vector<double> invstd = read_vector<T>(context.inputs[4], C, 1.0);
@@ -206,48 +324,37 @@ void batch_norm_backward_kernel(KernelContext& context) {
       const double eps = context.attrs.get<double>("eps");
       for (double& value : invstd) value = 1.0 / std::sqrt(value + eps);
     }
-    DenseOutput grad_x(context, context.outputs[0]);
     const T* g_data = grad_y.data_ptr<T>();
     const T* x_data = x.data_ptr<T>();
-    T* dx_data = grad_x.data<T>();
-    std::vector<double> grad_weight(C), grad_bias(C);
+    std::vector<double> own_sums;
+    std::vector<double>& sums = chunk ? *chunk->state : own_sums;  // sum_g, then sum_g_centred
+    if (sums.empty()) sums.assign(2 * C, 0.0);
+    const bool sum = !chunk || chunk->pass == 0, write = !chunk || chunk->last_pass();
+    std::unique_ptr<DenseOutput> grad_x;
+    if (write) grad_x = std::make_unique<DenseOutput>(context, context.outputs[0]);
+    T* dx_data = write ? grad_x->data<T>() : nullptr;
     parallel_for(0, C, 1, [&](int64_t begin, int64_t end) {
       for (int64_t c = begin; c < end; ++c) {
-        const double channel_mean = mean[c];
-        double sum_g = 0, sum_g_centred = 0;
-        for (int64_t n = 0; n < N; ++n) {
-          const T* g = g_data + (n * C + c) * S;
-          const T* in = x_data + (n * C + c) * S;
-#pragma omp simd reduction(+ : sum_g, sum_g_centred)
-          for (int64_t s = 0; s < S; ++s) {
-            sum_g += g[s];
-            sum_g_centred += g[s] * (in[s] - channel_mean);
-          }
-        }
-        grad_bias[c] = sum_g;
-        grad_weight[c] = sum_g_centred * invstd[c];
+        if (sum) add_gradient_sums(g_data, x_data, N, C, S, c, mean[c], sums[c], sums[C + c]);
+        if (!write) continue;
         // Training: dx = w*invstd * (g - mean(g) - xhat * mean(g * xhat)); eval: w*invstd*g.
         const double gain = weight[c] * invstd[c];
-        const double mean_g = training ? sum_g / count : 0.0;
+        const double mean_g = training ? sums[c] / count : 0.0;
         const double slope =
-            training ? weight[c] * invstd[c] * invstd[c] * invstd[c] * sum_g_centred / count : 0.0;
-        for (int64_t n = 0; n < N; ++n) {
-          const T* g = g_data + (n * C + c) * S;
-          const T* in = x_data + (n * C + c) * S;
-          T* out = dx_data + (n * C + c) * S;
-#pragma omp simd
-          for (int64_t s = 0; s < S; ++s)
-            out[s] = static_cast<T>(gain * (g[s] - mean_g) - slope * (in[s] - channel_mean));
-        }
+            training ? weight[c] * invstd[c] * invstd[c] * invstd[c] * sums[C + c] / count : 0.0;
+        write_input_gradient(g_data, x_data, dx_data, N, C, S, c, mean[c], gain, mean_g, slope);
       }
     });
-    grad_x.finish();
-    for (int k = 1; k <= 2; ++k) {
-      const std::vector<double>& values = k == 1 ? grad_weight : grad_bias;
-      T* out = context.outputs[k].template data_ptr<T>();
-      const int64_t stride = context.outputs[k].stride(0);
-      for (int64_t c = 0; c < C; ++c) out[c * stride] = static_cast<T>(values[c]);
+    if (!write) return;
+    grad_x->finish();
+    if (chunk && chunk->end != chunk->size) return;
+    std::vector<double> grad_weight(C), grad_bias(C);
+    for (int64_t c = 0; c < C; ++c) {
+      grad_bias[c] = sums[c];
+      grad_weight[c] = sums[C + c] * invstd[c];
     }
+    write_channel_values<T>(context.outputs[1], grad_weight);
+    write_channel_values<T>(context.outputs[2], grad_bias);
   });
 }
 

@@ -4,10 +4,12 @@
 // them at once, so under a tight budget the policies run out of candidates and of room together.
 // Over a grid of activation fractions (budget = fixed + f * (peak - fixed)):
 // - `auto` trains at every fraction where `swap` or `dtr` alone does;
-// - `swap` and `auto` train at 45% of the activations (relu's and batch norm's backward write
-//   into the incoming gradient; an op whose inputs do not fit beside its outputs runs again with
-//   one hole made for them), `dtr` and `split` at 60% (tensors held for a recompute slide
-//   together when the free bytes would fit but lie in holes);
+// - `swap` trains at 45% of the activations (relu's and batch norm's backward write into the
+//   incoming gradient; an op whose inputs do not fit beside its outputs runs again with one hole
+//   made for them), `dtr` at 60% (tensors held for a recompute slide together when the free bytes
+//   would fit but lie in holes); `auto` at 40% and `split` at 55%: an op whose two 12.25 MiB
+//   operands do not fit beside each other (the first block's batch norm and relu, forward and
+//   backward) runs over chunks of the batch with one of them kept on host;
 // - every run that trains gives the unbudgeted run's losses (bitwise for dtr and swap, which run
 //   the same kernels; the closeness rule for split and auto);
 // - a budget too small fails with an out-of-memory report that names the op and a least budget
@@ -163,7 +165,7 @@ const Sweep& sweep() {
   return result;
 }
 
-TEST(UserModelBudget, AutoTrainsWhereverSwapOrDtrDoesAndSwapReachesFortyFivePercent) {
+TEST(UserModelBudget, AutoTrainsWhereverSwapOrDtrDoesAndBelowBoth) {
   ASSERT_TRUE(reference().trained);
   const Sweep& result = sweep();
   std::cout << "unbudgeted peak " << format_bytes(reference().peak) << " (fixed "
@@ -171,12 +173,23 @@ TEST(UserModelBudget, AutoTrainsWhereverSwapOrDtrDoesAndSwapReachesFortyFivePerc
             << result.least.at(Policy::kDtr) << ", swap " << result.least.at(Policy::kSwap)
             << ", split " << result.least.at(Policy::kSplit) << ", auto "
             << result.least.at(Policy::kAuto) << "\n";
-  EXPECT_LE(result.least.at(Policy::kAuto), result.least.at(Policy::kSwap));
-  EXPECT_LE(result.least.at(Policy::kAuto), result.least.at(Policy::kDtr));
+  EXPECT_LT(result.least.at(Policy::kAuto), result.least.at(Policy::kSwap));
+  EXPECT_LT(result.least.at(Policy::kAuto), result.least.at(Policy::kDtr));
   EXPECT_LE(result.least.at(Policy::kSwap), 0.45);
-  EXPECT_LE(result.least.at(Policy::kAuto), 0.45);
+  EXPECT_LE(result.least.at(Policy::kAuto), 0.40);
   EXPECT_LE(result.least.at(Policy::kDtr), 0.60);
-  EXPECT_LE(result.least.at(Policy::kSplit), 0.60);
+  EXPECT_LE(result.least.at(Policy::kSplit), 0.55);
+}
+
+// Its first block's batch norm and relu need two 12.25 MiB tensors at once, more than 40% of the
+// peak leaves for activations: they run over chunks of the batch with one of the two on host.
+TEST(UserModelBudget, AutoTrainsAtFortyPercentOfThePeak) {
+  const size_t budget = static_cast<size_t>(0.4 * static_cast<double>(reference().peak));
+  const Outcome run = train_within(Policy::kAuto, budget);
+  ASSERT_TRUE(run.trained) << run.error;
+  EXPECT_LE(run.peak, budget);
+  EXPECT_GT(run.counters.splits, 0);
+  expect_reference_losses(run, Policy::kAuto);
 }
 
 TEST(UserModelBudget, TheReportNamesTheOpAndABoundOnTheBudget) {

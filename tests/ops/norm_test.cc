@@ -92,13 +92,17 @@ TEST(BatchNorm, EvalUsesRunningStatisticsAndLeavesThemAlone) {
   EXPECT_EQ(c.running_mean.version(), mean_version);
 }
 
-TEST(BatchNorm, EvalIsSplittableAlongTheBatchButTrainingIsNot) {
+TEST(BatchNorm, EvalSplitsAlongTheBatchInOnePassTrainingInPasses) {
   const OpDef& eval = ops::batch_norm_eval;
   ASSERT_EQ(eval.splits.size(), 1u);
   EXPECT_EQ(eval.splits[0].output_dim, 0);
   EXPECT_EQ(eval.splits[0].input_dims[0], 0);
+  EXPECT_EQ(eval.chunk_passes, 0);
   const OpDef& train = ops::batch_norm;
-  EXPECT_TRUE(train.splits.empty());
+  ASSERT_EQ(train.splits.size(), 1u);
+  EXPECT_EQ(train.splits[0].input_dims, (std::vector<int>{0, -1, -1, -1, -1}));
+  EXPECT_EQ(train.chunk_passes, 3);
+  EXPECT_EQ(ops::batch_norm_backward->chunk_passes, 2);
   EXPECT_TRUE(train.flags.side_effects);
   EXPECT_EQ(train.mutated_inputs, (std::vector<int>{3, 4}));
 }

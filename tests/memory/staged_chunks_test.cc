@@ -1,0 +1,117 @@
+// Ops whose operands do not fit on the device beside each other, under a policy that splits: the
+// dispatcher keeps some operands on host and runs the op over chunks of the batch, copying each
+// chunk's part in and out (batch norm in passes: sums, centred squares, output). The results are
+// those of the whole op, bit for bit; without splitting the same budget runs out of memory.
+#include <vector>
+
+#include "core/op.h"
+#include "core/rng.h"
+#include "gtest/gtest.h"
+#include "memory/memory.h"
+#include "ops/norm.h"
+#include "ops/ops.h"
+#include "tests/testing.h"
+
+namespace tessel::memory {
+namespace {
+
+constexpr size_t kMiB = 1 << 20;
+const Shape kShape{64, 16, 32, 32};  // 4 MiB of f32
+const Attrs kTraining{{"momentum", 0.1}, {"eps", 1e-5}};
+
+struct Inputs {
+  Tensor x, weight, bias, running_mean, running_var, grad;
+};
+
+// The same values on every call (made on the allocator installed now); the upstream gradient
+// only when asked for.
+Inputs make_inputs(bool with_grad = true) {
+  manual_seed(3);
+  Inputs in;
+  in.x = randn(kShape);
+  in.weight = randn({16});
+  in.bias = randn({16});
+  in.running_mean = zeros({16});
+  in.running_var = ones({16});
+  if (with_grad) in.grad = randn(kShape);
+  return in;
+}
+
+std::vector<Tensor> forward(const Inputs& in) {
+  return dispatch(ops::batch_norm, {in.x, in.weight, in.bias, in.running_mean, in.running_var},
+                  kTraining);
+}
+
+std::vector<Tensor> backward(const Inputs& in, const std::vector<Tensor>& outputs) {
+  return dispatch(ops::batch_norm_backward, {in.grad, in.x, in.weight, outputs[1], outputs[2]},
+                  Attrs{{"training", true}});
+}
+
+// Copies to plain memory (the budgeted scope ends before the comparison).
+std::vector<Tensor> to_plain(const std::vector<Tensor>& tensors) {
+  std::vector<Tensor> result;
+  for (const Tensor& tensor : tensors) result.push_back(tensor.clone());
+  return result;
+}
+
+void expect_bitwise(const std::vector<Tensor>& actual, const std::vector<Tensor>& expected) {
+  ASSERT_EQ(actual.size(), expected.size());
+  for (size_t k = 0; k < actual.size(); ++k)
+    EXPECT_TRUE(testing::bitwise_equal(actual[k], expected[k])) << "tensor " << k;
+}
+
+TEST(StagedChunks, BatchNormForwardWithItsOutputOnHostEqualsTheWholeOp) {
+  Inputs reference = make_inputs(/*with_grad=*/false);
+  const std::vector<Tensor> expected = forward(reference);
+  std::vector<Tensor> actual, statistics;
+  int64_t splits = 0, copied_out = 0;
+  {
+    // x and y (4 MiB each) do not fit in 6 MiB together.
+    MemoryScope scope(MemoryOptions()
+                          .budget(6 * kMiB)
+                          .policy(Policy::kSplit)
+                          .cost_source(CostSource::kEstimated));
+    Inputs in = make_inputs(/*with_grad=*/false);
+    actual = to_plain(forward(in));
+    statistics = to_plain({in.running_mean, in.running_var});
+    splits = scope.allocator().policy_counters().splits;
+    copied_out = scope.allocator().policy_counters().swapped_out_bytes;
+    EXPECT_LE(scope.allocator().memory_stats().base.peak_allocated_bytes,
+              static_cast<int64_t>(6 * kMiB));
+  }
+  expect_bitwise(actual, expected);
+  // The running statistics moved once, as by the whole op.
+  expect_bitwise(statistics, {reference.running_mean, reference.running_var});
+  EXPECT_GT(splits, 0);
+  EXPECT_GE(copied_out, static_cast<int64_t>(4 * kMiB));
+}
+
+TEST(StagedChunks, BatchNormBackwardWithAnOperandOnHostEqualsTheWholeOp) {
+  Inputs reference = make_inputs();
+  const std::vector<Tensor> expected = backward(reference, forward(reference));
+  std::vector<Tensor> actual;
+  int64_t splits = 0;
+  {
+    // grad, x and grad_x (4 MiB each) do not fit in 10 MiB together.
+    MemoryScope scope(MemoryOptions()
+                          .budget(10 * kMiB)
+                          .policy(Policy::kSplit)
+                          .cost_source(CostSource::kEstimated));
+    Inputs in = make_inputs();
+    const std::vector<Tensor> outputs = forward(in);
+    actual = to_plain(backward(in, outputs));
+    splits = scope.allocator().policy_counters().splits;
+  }
+  expect_bitwise(actual, expected);
+  EXPECT_GT(splits, 0);
+}
+
+TEST(StagedChunks, WithoutSplittingTheSameBudgetRunsOutOfMemory) {
+  MemoryScope scope(
+      MemoryOptions().budget(6 * kMiB).policy(Policy::kDtr).cost_source(CostSource::kEstimated));
+  Inputs in = make_inputs(/*with_grad=*/false);
+  EXPECT_THROW(forward(in), OutOfMemory);
+}
+
+}  // namespace
+}  // namespace tessel::memory
