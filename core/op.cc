@@ -188,7 +188,7 @@ void run_kernel_once(const OpDef& op, const Kernel& kernel, const std::vector<Te
 }
 
 // Elements [begin, end) of `tensor` along `dim`, over the same storage.
-Tensor narrow_view(const Tensor& tensor, int dim, int64_t begin, int64_t end) {
+Tensor narrow_view(const Tensor& tensor, int64_t dim, int64_t begin, int64_t end) {
   Shape sizes = tensor.sizes();
   sizes[dim] = end - begin;
   return make_view(tensor, sizes, tensor.strides(),

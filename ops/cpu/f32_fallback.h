@@ -32,7 +32,8 @@ inline Kernel with_f32_fallback(Kernel kernel) {
                             ? context.workspace(output.sizes(), DType::kFloat32)
                             : output);
     {
-      KernelContext inner{context.op, inputs, outputs, context.attrs, context.replay, {}, {}};
+      KernelContext inner{context.op,     inputs, outputs, context.attrs,
+                          context.replay, {},     {},      context.chunk};
       kernel(inner);
     }
     for (size_t k = 0; k < outputs.size(); ++k)
