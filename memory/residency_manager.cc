@@ -1254,7 +1254,11 @@ bool ResidencyManager::gather(const std::vector<StorageImpl*>& inputs,
   if (!made) made = make_hole();
   if (!made) return false;
   // Best fit places each input in the hole or in a smaller one, so the hole keeps room for the
-  // rest; each stays pinned until all are in.
+  // rest; each stays pinned until all are in. Those not resident come first: a recompute chain
+  // may then move the resident ones off (they come back after it) rather than fail beside them.
+  std::stable_partition(distinct.begin(), distinct.end(), [](const StorageImpl* storage) {
+    return storage->state() != Residency::kResident;
+  });
   std::vector<StorageAccess> brought_back;
   brought_back.reserve(distinct.size());
   for (StorageImpl* storage : distinct) brought_back.emplace_back(*storage);
