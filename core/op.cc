@@ -198,35 +198,51 @@ Tensor narrow_view(const Tensor& tensor, int64_t dim, int64_t begin, int64_t end
 // Whether output `output` is cut along `rule` (an op with chunk passes keeps outputs without
 // the split dimension, such as per-channel statistics, whole).
 bool output_cut(const SplitRule& rule, const Tensor& output, int64_t size) {
-  return rule.output_dim < output.dim() && output.size(rule.output_dim) == size;
+  return rule.output_dim >= 0 && rule.output_dim < output.dim() &&
+         output.size(rule.output_dim) == size;
+}
+
+// The size of the dimension `rule` cuts: the outputs', or for a rule whose outputs are sums over
+// the chunks (output_dim -1), the first cut input's (0 when there is none).
+int64_t split_size(const SplitRule& rule, const std::vector<Tensor>& inputs,
+                   const std::vector<Tensor>& outputs) {
+  if (rule.output_dim >= 0) return outputs[0].size(rule.output_dim);
+  for (size_t i = 0; i < inputs.size() && i < rule.input_dims.size(); ++i) {
+    const int dim = rule.input_dims[i];
+    if (inputs[i].defined() && dim >= 0 && dim < inputs[i].dim()) return inputs[i].size(dim);
+  }
+  return 0;
 }
 
 // The rule the memory layer lets `op` split along, or null: deterministic ops only, pure ones or
 // ops whose kernel runs over chunks in passes (and applies its side effects once), and every
-// output (the first, for the latter) must have the split dimension.
-const SplitRule* split_rule(const OpDef& op, const std::vector<Tensor>& outputs) {
+// output (the first, for the latter; none, for sums over chunks) must have the split dimension.
+const SplitRule* split_rule(const OpDef& op, const std::vector<Tensor>& inputs,
+                            const std::vector<Tensor>& outputs) {
   if (op.splits.empty() || op.flags.random || op.flags.view || outputs.empty()) return nullptr;
   const bool passes = op.chunk_passes > 0;
   if (!passes && (!op.flags.pure || op.flags.side_effects)) return nullptr;
-  // Chunk passes are a CPU kernel's (and the simulator's) way only.
-  if (passes && !outputs[0].device().is_cpu() && !outputs[0].device().is_meta()) return nullptr;
+  // Chunk passes are the way of CPU kernels computing in f32 or f64 (and of the simulator) only.
+  if (passes) {
+    if (!outputs[0].device().is_cpu() && !outputs[0].device().is_meta()) return nullptr;
+    for (const auto& output : outputs)
+      if (output.dtype() != DType::kFloat32 && output.dtype() != DType::kFloat64) return nullptr;
+  }
   ResidencyHooks* hooks = residency_hooks();
   if (!hooks || !hooks->allow_split(op)) return nullptr;
   for (const SplitRule& rule : op.splits) {
-    const Tensor& first = outputs[0];
-    if (rule.output_dim < 0 || rule.output_dim >= first.dim() || first.size(rule.output_dim) < 2)
-      continue;
+    if (rule.output_dim >= outputs[0].dim() || (rule.output_dim < 0 && !passes)) continue;
+    const int64_t size = split_size(rule, inputs, outputs);
+    if (size < 2) continue;
     bool fits = true;
-    for (const auto& output : outputs)
-      fits = fits && (passes || output_cut(rule, output, first.size(rule.output_dim)));
+    for (const auto& output : outputs) fits = fits && (passes || output_cut(rule, output, size));
     if (fits) return &rule;
   }
   return nullptr;
 }
 
 std::vector<Tensor> chunk_outputs_of(const SplitRule& rule, const std::vector<Tensor>& outputs,
-                                     int64_t begin, int64_t end) {
-  const int64_t size = outputs[0].size(rule.output_dim);
+                                     int64_t size, int64_t begin, int64_t end) {
   std::vector<Tensor> chunk_outputs;
   for (const auto& output : outputs)
     chunk_outputs.push_back(
@@ -282,10 +298,10 @@ bool chunk_inputs(const OpDef& op, const SplitRule& rule, const std::vector<Tens
 bool run_kernel_chunked(const OpDef& op, const Kernel& kernel, const SplitRule& rule,
                         const std::vector<Tensor>& inputs, std::vector<Tensor>& outputs,
                         const Attrs& attrs, bool replay, int64_t chunks, bool can_split_further) {
-  const int64_t size = outputs[0].size(rule.output_dim);
+  const int64_t size = split_size(rule, inputs, outputs);
   for (int64_t chunk = 0; chunk < chunks; ++chunk) {
     const int64_t begin = size * chunk / chunks, end = size * (chunk + 1) / chunks;
-    std::vector<Tensor> chunk_outputs = chunk_outputs_of(rule, outputs, begin, end);
+    std::vector<Tensor> chunk_outputs = chunk_outputs_of(rule, outputs, size, begin, end);
     std::vector<Tensor> chunk_in;
     if (!chunk_inputs(op, rule, inputs, chunk_outputs, attrs, size, begin, end, chunk_in))
       return false;
@@ -298,10 +314,10 @@ bool run_kernel_chunked(const OpDef& op, const Kernel& kernel, const SplitRule& 
 // Whether `inputs` can be cut along `rule` (checked on the first of two chunks).
 bool cuttable(const OpDef& op, const SplitRule& rule, const std::vector<Tensor>& inputs,
               const std::vector<Tensor>& outputs, const Attrs& attrs) {
-  const int64_t size = outputs[0].size(rule.output_dim);
+  const int64_t size = split_size(rule, inputs, outputs);
   std::vector<Tensor> chunk_in;
-  return chunk_inputs(op, rule, inputs, chunk_outputs_of(rule, outputs, 0, size / 2), attrs, size,
-                      0, size / 2, chunk_in);
+  return chunk_inputs(op, rule, inputs, chunk_outputs_of(rule, outputs, size, 0, size / 2), attrs,
+                      size, 0, size / 2, chunk_in);
 }
 
 // An operand that may stay in host memory while the op runs over chunks along its first
@@ -353,7 +369,7 @@ StagedRun run_chunks_staged(const OpDef& op, const Kernel& kernel, const SplitRu
   } catch (const OutOfMemory&) {
     return StagedRun::kStageMore;
   }
-  const int64_t size = outputs[0].size(rule.output_dim);
+  const int64_t size = split_size(rule, inputs, outputs);
   const int64_t largest = (size + chunks - 1) / chunks;
   std::vector<StorageAccess> buffers;
   try {
@@ -373,7 +389,7 @@ StagedRun run_chunks_staged(const OpDef& op, const Kernel& kernel, const SplitRu
   for (int pass = 0; pass < passes; ++pass) {
     for (int64_t chunk = 0; chunk < chunks; ++chunk) {
       const int64_t begin = size * chunk / chunks, end = size * (chunk + 1) / chunks;
-      std::vector<Tensor> chunk_outputs = chunk_outputs_of(rule, outputs, begin, end);
+      std::vector<Tensor> chunk_outputs = chunk_outputs_of(rule, outputs, size, begin, end);
       std::vector<Tensor> chunk_in;
       TESSEL_CHECK(chunk_inputs(op, rule, inputs, chunk_outputs, attrs, size, begin, end, chunk_in),
                    op.name, ": its inputs cannot be cut as its outputs are");
@@ -419,11 +435,12 @@ bool run_kernel_staged(const OpDef& op, const Kernel& kernel, const SplitRule& r
                        const std::vector<Tensor>& inputs, std::vector<Tensor>& outputs,
                        const Attrs& attrs, bool replay) {
   ResidencyHooks* hooks = residency_hooks();
-  if (!hooks || rule.output_dim != 0) return false;
-  const int64_t size = outputs[0].size(0);
+  // Chunks along the first dimension only: each chunk's part of an operand is one run of bytes.
+  if (!hooks || rule.output_dim > 0) return false;
+  const int64_t size = split_size(rule, inputs, outputs);
   std::vector<Tensor> chunk_in;
-  if (!chunk_inputs(op, rule, inputs, chunk_outputs_of(rule, outputs, 0, 1), attrs, size, 0, 1,
-                    chunk_in))
+  if (!chunk_inputs(op, rule, inputs, chunk_outputs_of(rule, outputs, size, 0, 1), attrs, size, 0,
+                    1, chunk_in))
     return false;
   // Candidates: dense operands cut along dim 0, one per storage (a storage read or written
   // through two different geometries is left alone).
@@ -477,10 +494,8 @@ bool run_kernel_staged(const OpDef& op, const Kernel& kernel, const SplitRule& r
       for (StagedOperand& operand : staged) hooks->end_staging(*operand.storage);
     }
   } end_staging{hooks, staged};
-  for (StagedOperand& candidate : candidates) {
-    // An input's bytes go to host; an output not read as an input has none yet.
-    if (!hooks->stage_on_host(*candidate.storage, candidate.read)) continue;
-    staged.push_back(candidate);
+  // Over 8, 32, then single-row chunks with what is staged now; false when none fits.
+  auto run_with_staged = [&] {
     for (int64_t chunks : {int64_t{8}, int64_t{32}, size}) {
       chunks = std::min(chunks, size);
       const StagedRun run =
@@ -490,8 +505,17 @@ bool run_kernel_staged(const OpDef& op, const Kernel& kernel, const SplitRule& r
         hooks->on_split(op, chunks);
         return true;
       }
-      if (run == StagedRun::kStageMore || chunks == size) break;
+      if (run == StagedRun::kStageMore || chunks == size) return false;
     }
+    return false;
+  };
+  // An op whose chunks run in passes has not run over chunks yet: first with nothing staged.
+  if (op.chunk_passes > 0 && run_with_staged()) return true;
+  for (StagedOperand& candidate : candidates) {
+    // An input's bytes go to host; an output not read as an input has none yet.
+    if (!hooks->stage_on_host(*candidate.storage, candidate.read)) continue;
+    staged.push_back(candidate);
+    if (run_with_staged()) return true;
   }
   return false;
 }
@@ -511,12 +535,12 @@ void run_kernel(const OpDef& op, const std::vector<Tensor>& inputs, std::vector<
       device.is_meta() && meta_executor() ? simulated : op.kernels[static_cast<int>(device.type)];
   TESSEL_CHECK(kernel != nullptr, op.name, ": no kernel for device ", device.str(),
                device.is_cuda() ? " (build with --config=cuda)" : "");
-  const SplitRule* rule = split_rule(op, outputs);
+  const SplitRule* rule = split_rule(op, inputs, outputs);
   if (!rule || !cuttable(op, *rule, inputs, outputs, attrs)) {
     run_kernel_once(op, kernel, inputs, outputs, attrs, replay, KernelInProgress{&op, 1, false});
     return;
   }
-  const int64_t size = outputs[0].size(rule->output_dim);
+  const int64_t size = split_size(*rule, inputs, outputs);
   const bool independent_chunks = op.chunk_passes == 0;
   try {
     run_kernel_once(op, kernel, inputs, outputs, attrs, replay,

@@ -86,7 +86,8 @@ using CostFn = std::function<OpCost(const std::vector<Tensor>& inputs,
 using ViewFn = std::function<Tensor(const Tensor& input, const Attrs& attrs)>;
 
 // A dimension along which the op may run in chunks: output dim `output_dim`, and for every
-// input the dim split alongside it (-1: each chunk reads the whole input).
+// input the dim split alongside it (-1: each chunk reads the whole input). output_dim -1 (with
+// OpDef::chunk_passes): the outputs are sums over the chunks of the inputs.
 struct SplitRule {
   int output_dim;
   std::vector<int> input_dims;

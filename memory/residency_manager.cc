@@ -339,6 +339,20 @@ bool ResidencyManager::can_recompute(StorageImpl& storage) {
   return true;
 }
 
+bool ResidencyManager::exceeds_budget_to_recompute(const StorageImpl& storage) const {
+  const size_t budget = allocator_->budget();
+  if (budget == 0 || !storage.producer) return false;
+  size_t bytes = storage.nbytes();
+  std::vector<const StorageImpl*> counted{&storage};
+  for (const RecordedTensor& input : storage.producer->inputs) {
+    const StorageImpl* read = input.storage.get();
+    if (!read || std::find(counted.begin(), counted.end(), read) != counted.end()) continue;
+    counted.push_back(read);
+    bytes += read->nbytes();
+  }
+  return bytes > budget;
+}
+
 double ResidencyManager::recompute_cost(StorageImpl& storage) {
   return storage.producer->cost_seconds + evicted_neighbourhood_cost(storage);
 }
@@ -360,9 +374,14 @@ ResidencyManager::Candidate ResidencyManager::assess(StorageImpl& storage, Spare
     return none;
   // Nothing has read it yet, so it is about to be read (a gradient waiting for the optimizer,
   // an output waiting for its consumer): recomputing it would redo its whole chain at once.
+  // A recompute keeps its output whole beside its op's inputs: where that is more than the
+  // budget it can never run, so split and auto move such a tensor to host instead.
+  const bool too_large_to_recompute = storage.producer && allow_split(*storage.producer->op) &&
+                                      exceeds_budget_to_recompute(storage);
   const bool recompute_ok = record->consumed && !record->made_in_backward &&
-                            record->held_for_replay == 0 && can_recompute(storage);
-  const bool swap_ok = !recompute_only && swaps_now();
+                            record->held_for_replay == 0 && !too_large_to_recompute &&
+                            can_recompute(storage);
+  const bool swap_ok = !recompute_only && (swaps_now() || too_large_to_recompute);
   if (!recompute_ok && !swap_ok) return none;
 
   // A swap frees nothing until its copy is out, behind the copies queued before it, and the

@@ -223,6 +223,8 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
                    bool recompute_only = false);
   // DTR's cost of evicting it: its op plus its evicted neighbourhood (the union-find bound).
   double recompute_cost(StorageImpl& storage);
+  // Whether recomputing it would hold more than the budget at once (it and its op's inputs).
+  bool exceeds_budget_to_recompute(const StorageImpl& storage) const;
   double evicted_neighbourhood_cost(StorageImpl& storage);
   std::vector<StorageImpl*> evicted_neighbours(StorageImpl& storage);
   // The candidate with the smallest score, sparing (while gradients are recorded) tensors that

@@ -148,11 +148,14 @@ void register_conv2d_backward_weight() {
     check_grad_shape("conv2d_backward_weight", grad, g);
     return std::vector<OutputSpec>{{g.weight_sizes(), grad.dtype()}};
   };
-  op.kernels[kCpu] = cpu::with_f32_fallback(cpu::conv2d_backward_weight);
+  op.kernels[kCpu] = cpu::summed_over_chunks(cpu::with_f32_fallback(cpu::conv2d_backward_weight));
   op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out, const Attrs& attrs) {
     ConvGeometry g = geometry_from_attr(attrs, "weight_size", in[1].sizes(), false);
     return OpCost{g.flops(), total_bytes(in, out)};
   };
+  // The weight's gradient sums over the batch: chunks of grad and x add theirs up.
+  op.splits = {{-1, {0, 0}}};
+  op.chunk_passes = 1;
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include "core/rng.h"
 #include "gtest/gtest.h"
 #include "memory/memory.h"
+#include "ops/conv.h"
 #include "ops/norm.h"
 #include "ops/ops.h"
 #include "tests/testing.h"
@@ -104,6 +105,35 @@ TEST(StagedChunks, BatchNormBackwardWithAnOperandOnHostEqualsTheWholeOp) {
   }
   expect_bitwise(actual, expected);
   EXPECT_GT(splits, 0);
+}
+
+// A weight's gradient sums over the batch: over chunks, each chunk's sum is added in (closeness
+// rule: the order of the additions differs from the whole op's).
+TEST(StagedChunks, AWeightGradientSumsOverChunksOfTheBatch) {
+  auto weight_gradient = [] {
+    manual_seed(5);
+    Tensor grad = randn(kShape), x = randn(kShape);
+    return dispatch(ops::conv2d_backward_weight, {grad, x},
+                    Attrs{{"weight_size", std::vector<int64_t>{16, 16, 3, 3}},
+                          {"stride", std::vector<int64_t>{1, 1}},
+                          {"padding", std::vector<int64_t>{1, 1}},
+                          {"dilation", std::vector<int64_t>{1, 1}},
+                          {"groups", int64_t{1}}})[0];
+  };
+  const Tensor expected = weight_gradient();
+  Tensor actual;
+  int64_t splits = 0;
+  {
+    // grad and x (4 MiB each) fit, their im2col columns beside them do not.
+    MemoryScope scope(MemoryOptions()
+                          .budget(9 * kMiB)
+                          .policy(Policy::kSplit)
+                          .cost_source(CostSource::kEstimated));
+    actual = weight_gradient().clone();
+    splits = scope.allocator().policy_counters().splits;
+  }
+  EXPECT_GT(splits, 0);
+  EXPECT_TRUE(testing::all_close(actual, expected, 1e-4, 1e-5));
 }
 
 TEST(StagedChunks, WithoutSplittingTheSameBudgetRunsOutOfMemory) {
