@@ -385,7 +385,13 @@ StagedRun run_chunks_staged(const OpDef& op, const Kernel& kernel, const SplitRu
   }
   const int passes = std::max(op.chunk_passes, 1);
   std::vector<double> state;
-  bool wrote_in_place = false;  // an input's bytes on host were overwritten: no second try
+  // An op writing into one of its inputs (a gradient reused in place) cannot start again once
+  // its last pass has written a chunk.
+  bool in_place = false;
+  for (const Tensor& output : outputs)
+    for (const Tensor& input : inputs)
+      in_place |= input.defined() && input.storage() == output.storage();
+  bool wrote_in_place = false;
   for (int pass = 0; pass < passes; ++pass) {
     for (int64_t chunk = 0; chunk < chunks; ++chunk) {
       const int64_t begin = size * chunk / chunks, end = size * (chunk + 1) / chunks;
@@ -414,12 +420,12 @@ StagedRun run_chunks_staged(const OpDef& op, const Kernel& kernel, const SplitRu
         return StagedRun::kMoreChunks;
       }
       if (pass + 1 < passes) continue;
+      wrote_in_place = in_place;
       for (StagedOperand& operand : staged) {
         if (!operand.written) continue;
         hooks->write_staged(*operand.storage, staged_offset(operand, begin),
                             buffer_part(operand, end - begin).nbytes(),
                             buffers[&operand - staged.data()].data());
-        wrote_in_place |= operand.read;
       }
     }
   }

@@ -327,7 +327,9 @@ TEST(AllToAllSchedule, EveryPairMeetsOnceWithOneSenderFirst) {
         // In the same round the peer pairs back with this rank, and exactly one sends first.
         const AllToAllStep back = schedules[step.peer][round];
         EXPECT_EQ(back.peer, rank) << "size " << size << " round " << round;
-        if (step.peer != rank) EXPECT_NE(step.send_first, back.send_first);
+        if (step.peer != rank) {
+          EXPECT_NE(step.send_first, back.send_first);
+        }
       }
       std::sort(peers.begin(), peers.end());
       for (int peer = 0; peer < size; ++peer) EXPECT_EQ(peers[peer], peer);
