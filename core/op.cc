@@ -202,11 +202,12 @@ bool output_cut(const SplitRule& rule, const Tensor& output, int64_t size) {
          output.size(rule.output_dim) == size;
 }
 
-// The size of the dimension `rule` cuts: the outputs', or for a rule whose outputs are sums over
-// the chunks (output_dim -1), the first cut input's (0 when there is none).
+// The size of the dimension `rule` cuts: the first output's that has it, or for a rule whose
+// outputs are sums over the chunks (output_dim -1), the first cut input's (0 when there is none).
 int64_t split_size(const SplitRule& rule, const std::vector<Tensor>& inputs,
                    const std::vector<Tensor>& outputs) {
-  if (rule.output_dim >= 0) return outputs[0].size(rule.output_dim);
+  for (const Tensor& output : outputs)
+    if (rule.output_dim >= 0 && rule.output_dim < output.dim()) return output.size(rule.output_dim);
   for (size_t i = 0; i < inputs.size() && i < rule.input_dims.size(); ++i) {
     const int dim = rule.input_dims[i];
     if (inputs[i].defined() && dim >= 0 && dim < inputs[i].dim()) return inputs[i].size(dim);
@@ -231,11 +232,17 @@ const SplitRule* split_rule(const OpDef& op, const std::vector<Tensor>& inputs,
   ResidencyHooks* hooks = residency_hooks();
   if (!hooks || !hooks->allow_split(op)) return nullptr;
   for (const SplitRule& rule : op.splits) {
-    if (rule.output_dim >= outputs[0].dim() || (rule.output_dim < 0 && !passes)) continue;
+    if (rule.output_dim < 0 && !passes) continue;
     const int64_t size = split_size(rule, inputs, outputs);
     if (size < 2) continue;
     bool fits = true;
     for (const auto& output : outputs) fits = fits && (passes || output_cut(rule, output, size));
+    // A kernel running in passes reads every input its rule cuts as cut (a 1-D input of a loss
+    // has no batch to cut).
+    for (size_t i = 0; passes && i < inputs.size() && i < rule.input_dims.size(); ++i)
+      fits = fits &&
+             (rule.input_dims[i] < 0 || !inputs[i].defined() ||
+              (rule.input_dims[i] < inputs[i].dim() && inputs[i].size(rule.input_dims[i]) == size));
     if (fits) return &rule;
   }
   return nullptr;
@@ -254,12 +261,13 @@ std::vector<Tensor> chunk_outputs_of(const SplitRule& rule, const std::vector<Te
 // narrowed, the others (and broadcast ones, of size 1 there) are passed whole. An input of lower
 // rank than the output is first read right-aligned (broadcasting: a bias of shape (C) is never cut
 // along the batch) and, failing that, with the rule's dimension as given (indices of an
-// embedding). The result is checked with the op's shape rule; false when no reading matches.
+// embedding). An op whose kernel runs in passes gives its dimensions as they are read. The result
+// is checked with the op's shape rule; false when no reading matches.
 bool chunk_inputs(const OpDef& op, const SplitRule& rule, const std::vector<Tensor>& inputs,
                   const std::vector<Tensor>& chunk_outputs, const Attrs& attrs, int64_t full_size,
                   int64_t begin, int64_t end, std::vector<Tensor>& result) {
   const int64_t output_rank = chunk_outputs[0].dim();
-  for (int reading = 0; reading < 2; ++reading) {
+  for (int reading = op.chunk_passes > 0 ? 1 : 0; reading < 2; ++reading) {
     result.clear();
     bool valid = true;
     for (size_t i = 0; i < inputs.size() && valid; ++i) {

@@ -100,6 +100,9 @@ void register_cross_entropy() {
     const double numel = static_cast<double>(in[0].numel());
     return OpCost{6 * numel, 2 * numel * static_cast<double>(in[0].element_size())};
   };
+  // Rows of the batch in one pass: the reduced loss sums over the chunks.
+  op.splits = {{0, {0, 0}}};
+  op.chunk_passes = 1;
 }
 
 void register_cross_entropy_backward() {
@@ -114,6 +117,9 @@ void register_cross_entropy_backward() {
     const double numel = static_cast<double>(in[1].numel());
     return OpCost{4 * numel, 2 * numel * static_cast<double>(in[1].element_size())};
   };
+  // Rows of the batch in two passes (the kept targets are counted first).
+  op.splits = {{0, {-1, 0, 0}}};
+  op.chunk_passes = 2;
 }
 
 void register_nll_loss() {

@@ -51,22 +51,31 @@ int64_t count_kept(const int64_t* target, int64_t count, int64_t ignore_index) {
   return kept;
 }
 
-// Writes per-position losses as the (possibly reduced) loss output. Mean divides by the number
-// of non-ignored targets (NaN when there are none, as in PyTorch).
+// Writes a reduced loss: the sum of the per-position losses, over the number of non-ignored
+// targets for mean (NaN when there are none, as in PyTorch).
+template <typename T>
+void write_total(KernelContext& context, const Tensor& output, double total, Reduction reduction,
+                 int64_t kept) {
+  const Tensor dense =
+      output.is_contiguous() ? output : context.workspace(output.sizes(), output.dtype());
+  if (reduction == Reduction::kMean) total /= static_cast<double>(kept);
+  dense.data_ptr<T>()[0] = static_cast<T>(total);
+  if (!dense.is_same(output)) cpu::copy_strided(dense, output);
+}
+
+// Writes per-position losses as the (possibly reduced) loss output.
 template <typename T>
 void write_loss(KernelContext& context, const Tensor& output, const std::vector<double>& losses,
                 Reduction reduction, int64_t kept) {
+  if (reduction != Reduction::kNone) {
+    double total = 0;
+    for (double loss : losses) total += loss;
+    return write_total<T>(context, output, total, reduction, kept);
+  }
   const Tensor dense =
       output.is_contiguous() ? output : context.workspace(output.sizes(), output.dtype());
   T* data = dense.data_ptr<T>();
-  if (reduction == Reduction::kNone) {
-    for (size_t i = 0; i < losses.size(); ++i) data[i] = static_cast<T>(losses[i]);
-  } else {
-    double total = 0;
-    for (double loss : losses) total += loss;
-    if (reduction == Reduction::kMean) total /= static_cast<double>(kept);
-    data[0] = static_cast<T>(total);
-  }
+  for (size_t i = 0; i < losses.size(); ++i) data[i] = static_cast<T>(losses[i]);
   if (!dense.is_same(output)) cpu::copy_strided(dense, output);
 }
 
@@ -200,8 +209,21 @@ void cross_entropy_kernel(KernelContext& context) {
       }
     });
     if (!log_probs.is_same(lp_out)) cpu::copy_strided(log_probs, lp_out);
-    write_loss<T>(context, context.outputs[0], losses, reduction,
-                  count_kept(t, positions, ignore_index));
+    const int64_t kept = count_kept(t, positions, ignore_index);
+    const ChunkPass* chunk = context.chunk;
+    if (!chunk || reduction == Reduction::kNone) {
+      write_loss<T>(context, context.outputs[0], losses, reduction, kept);
+      return;
+    }
+    // Over chunks of the batch: the sum and the kept count go on from chunk to chunk, in the
+    // order of one call, and the last chunk writes the loss.
+    std::vector<double>& state = *chunk->state;  // sum, kept
+    if (state.empty()) state.assign(2, 0.0);
+    for (double loss : losses) state[0] += loss;
+    state[1] += static_cast<double>(kept);
+    if (chunk->end == chunk->size)
+      write_total<T>(context, context.outputs[0], state[0], reduction,
+                     static_cast<int64_t>(state[1]));
   });
 }
 
@@ -219,8 +241,24 @@ void cross_entropy_backward_kernel(KernelContext& context) {
     const ClassLayout layout = class_layout(log_probs.sizes());
     const int64_t C = layout.classes, D = layout.inner, positions = layout.positions();
     const int64_t* t = target.data_ptr<int64_t>();
-    const std::vector<double> scales = position_grad_scales<T>(
-        grad_loss, reduction, positions, count_kept(t, positions, ignore_index));
+    // Over chunks of the batch: pass 0 counts the kept targets, pass 1 writes the chunk's rows;
+    // an unreduced incoming gradient is read whole, from the chunk's first position.
+    const ChunkPass* chunk = context.chunk;
+    int64_t kept = count_kept(t, positions, ignore_index);
+    int64_t first_position = 0;
+    if (chunk) {
+      std::vector<double>& state = *chunk->state;  // kept targets
+      if (state.empty()) state.assign(1, 0.0);
+      if (!chunk->last_pass()) {
+        state[0] += static_cast<double>(kept);
+        return;
+      }
+      kept = static_cast<int64_t>(state[0]);
+      first_position = chunk->begin * D;
+    }
+    std::vector<double> scales =
+        position_grad_scales<T>(grad_loss, reduction, first_position + positions, kept);
+    scales.erase(scales.begin(), scales.begin() + first_position);
     const Tensor& out = context.outputs[0];
     const Tensor dense = out.is_contiguous() ? out : context.workspace(out.sizes(), out.dtype());
     const T* lp = log_probs.data_ptr<T>();

@@ -9,6 +9,7 @@
 #include "gtest/gtest.h"
 #include "memory/memory.h"
 #include "ops/conv.h"
+#include "ops/loss.h"
 #include "ops/norm.h"
 #include "ops/ops.h"
 #include "tests/testing.h"
@@ -134,6 +135,31 @@ TEST(StagedChunks, AWeightGradientSumsOverChunksOfTheBatch) {
   }
   EXPECT_GT(splits, 0);
   EXPECT_TRUE(testing::all_close(actual, expected, 1e-4, 1e-5));
+}
+
+// A loss over many rows of classes: forward (the mean over kept targets summed over chunks) and
+// backward (the kept targets counted in a first pass) bit for bit as the whole ops, some targets
+// ignored, with label smoothing.
+TEST(StagedChunks, CrossEntropyOverChunksOfRowsEqualsTheWholeOp) {
+  const Attrs attrs{{"ignore_index", int64_t{-100}},
+                    {"reduction", std::string("mean")},
+                    {"label_smoothing", 0.1}};
+  auto loss_and_gradient = [&] {
+    manual_seed(7);
+    Tensor logits = randn({2048, 512});  // 4 MiB, as its log-probabilities and gradient
+    std::vector<int64_t> classes(2048);
+    for (int64_t row = 0; row < 2048; ++row) classes[row] = row % 7 == 0 ? -100 : row * 37 % 512;
+    Tensor target = from_vector(classes, {2048});
+    std::vector<Tensor> outputs = dispatch(ops::cross_entropy, {logits, target}, attrs);
+    Tensor grad = dispatch(ops::cross_entropy_backward, {ones({}), outputs[1], target}, attrs)[0];
+    return std::vector<Tensor>{outputs[0], outputs[1], grad};
+  };
+  const std::vector<Tensor> expected = loss_and_gradient();
+  MemoryScope scope(
+      MemoryOptions().budget(6 * kMiB).policy(Policy::kSplit).cost_source(CostSource::kEstimated));
+  // Compared within the budget: each result comes back from host as it is read.
+  expect_bitwise(loss_and_gradient(), expected);
+  EXPECT_GE(scope.allocator().policy_counters().splits, 2);
 }
 
 TEST(StagedChunks, WithoutSplittingTheSameBudgetRunsOutOfMemory) {
