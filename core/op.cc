@@ -219,7 +219,7 @@ int64_t split_size(const SplitRule& rule, const std::vector<Tensor>& inputs,
 // ops whose kernel runs over chunks in passes (and applies its side effects once), and every
 // output (the first, for the latter; none, for sums over chunks) must have the split dimension.
 const SplitRule* split_rule(const OpDef& op, const std::vector<Tensor>& inputs,
-                            const std::vector<Tensor>& outputs) {
+                            const std::vector<Tensor>& outputs, const Attrs& attrs) {
   if (op.splits.empty() || op.flags.random || op.flags.view || outputs.empty()) return nullptr;
   const bool passes = op.chunk_passes > 0;
   if (!passes && (!op.flags.pure || op.flags.side_effects)) return nullptr;
@@ -232,7 +232,7 @@ const SplitRule* split_rule(const OpDef& op, const std::vector<Tensor>& inputs,
   ResidencyHooks* hooks = residency_hooks();
   if (!hooks || !hooks->allow_split(op)) return nullptr;
   for (const SplitRule& rule : op.splits) {
-    if (rule.output_dim < 0 && !passes) continue;
+    if ((rule.output_dim < 0 && !passes) || (rule.holds && !rule.holds(inputs, attrs))) continue;
     const int64_t size = split_size(rule, inputs, outputs);
     if (size < 2) continue;
     bool fits = true;
@@ -549,7 +549,7 @@ void run_kernel(const OpDef& op, const std::vector<Tensor>& inputs, std::vector<
       device.is_meta() && meta_executor() ? simulated : op.kernels[static_cast<int>(device.type)];
   TESSEL_CHECK(kernel != nullptr, op.name, ": no kernel for device ", device.str(),
                device.is_cuda() ? " (build with --config=cuda)" : "");
-  const SplitRule* rule = split_rule(op, inputs, outputs);
+  const SplitRule* rule = split_rule(op, inputs, outputs, attrs);
   if (!rule || !cuttable(op, *rule, inputs, outputs, attrs)) {
     run_kernel_once(op, kernel, inputs, outputs, attrs, replay, KernelInProgress{&op, 1, false});
     return;

@@ -91,6 +91,8 @@ using ViewFn = std::function<Tensor(const Tensor& input, const Attrs& attrs)>;
 struct SplitRule {
   int output_dim;
   std::vector<int> input_dims;
+  // Whether the rule holds for a call (empty: always), e.g. softmax over another dimension.
+  std::function<bool(const std::vector<Tensor>& inputs, const Attrs& attrs)> holds;
 };
 
 // What an op computes, coarsely. The planner prices ops by it (parallel/planner/strategies.cc);

@@ -255,6 +255,9 @@ void register_embedding_backward() {
     return OpCost{static_cast<double>(in[0].numel()),
                   static_cast<double>(2 * in[0].nbytes() + out[0].nbytes())};
   };
+  // The table sums over the indices: chunks of them add theirs in.
+  op.splits = {{-1, {0, 0}}};
+  op.chunk_passes = 1;
 }
 
 }  // namespace

@@ -143,6 +143,9 @@ void register_nll_loss() {
     const double positions = static_cast<double>(in[1].numel());
     return OpCost{positions, positions * 16};
   };
+  // Rows of the batch in one pass: the reduced loss sums over the chunks.
+  op.splits = {{0, {0, 0}}};
+  op.chunk_passes = 1;
 }
 
 void register_nll_loss_backward() {

@@ -244,6 +244,12 @@ void register_softmax(const OpHandle& handle, bool log_form) {
     return {mul(y, sub(grad, sum(mul(grad, y), dims, /*keepdim=*/true)))};
   };
   op.cost = scaled_cost(15);
+  // Rows are independent along the batch unless the softmax runs over it.
+  op.splits = {{0, {0}, [](const std::vector<Tensor>& inputs, const Attrs& attrs) {
+                  const int64_t rank = inputs.at(0).dim();
+                  const int64_t dim = attrs.get<int64_t>("dim");
+                  return rank >= 2 && (dim < 0 ? dim + rank : dim) != 0;
+                }}};
 }
 
 }  // namespace

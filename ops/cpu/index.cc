@@ -62,8 +62,8 @@ void gather_rows(const Tensor& source, const Around& shape, const std::vector<in
 // equal to `skip_row`. Threads own disjoint (o, column block) pairs and visit j in order, so the
 // sums are deterministic.
 void scatter_add_rows(const Tensor& grad, const Around& shape, const std::vector<int64_t>& indices,
-                      int64_t skip_row, const Tensor& out) {
-  std::memset(out.raw_data(), 0, out.nbytes());
+                      int64_t skip_row, const Tensor& out, bool zero_first = true) {
+  if (zero_first) std::memset(out.raw_data(), 0, out.nbytes());
   const int64_t count = static_cast<int64_t>(indices.size());
   if (count == 0 || shape.inner == 0) return;
   constexpr int64_t kBlock = 256;
@@ -232,9 +232,14 @@ void embedding_backward_kernel(KernelContext& ctx) {
   std::vector<int64_t> indices =
       read_indices(ctx, ctx.inputs[1], num_weights, "embedding_backward", "an embedding table");
   int64_t padding_idx = ctx.attrs.get_or<int64_t>("padding_idx", -1);
+  // Over chunks of the indices (KernelContext::chunk) each chunk adds its rows to the table the
+  // earlier ones left, every entry in the order of one call.
+  const bool first_chunk = !ctx.chunk || ctx.chunk->begin == 0;
+  TESSEL_CHECK(first_chunk || ctx.outputs[0].is_contiguous(),
+               "embedding_backward: a sum over chunks needs a contiguous output");
   Tensor out = dense_output(ctx, ctx.outputs[0]);
   scatter_add_rows(cpu::dense_input(ctx, grad), around(out.sizes(), 0), indices,
-                   padding_idx < 0 ? -1 : padding_idx, out);
+                   padding_idx < 0 ? -1 : padding_idx, out, first_chunk);
   finish_output(out, ctx.outputs[0]);
 }
 

@@ -79,6 +79,24 @@ void write_loss(KernelContext& context, const Tensor& output, const std::vector<
   if (!dense.is_same(output)) cpu::copy_strided(dense, output);
 }
 
+// The loss output from one call's per-position losses. Over chunks of the batch
+// (KernelContext::chunk) a reduced loss's sum and kept count go on from chunk to chunk, in the
+// order of one call, and the last chunk writes it.
+template <typename T>
+void finish_loss(KernelContext& context, const std::vector<double>& losses, Reduction reduction,
+                 int64_t kept) {
+  const ChunkPass* chunk = context.chunk;
+  if (!chunk || reduction == Reduction::kNone)
+    return write_loss<T>(context, context.outputs[0], losses, reduction, kept);
+  std::vector<double>& state = *chunk->state;  // sum, kept
+  if (state.empty()) state.assign(2, 0.0);
+  for (double loss : losses) state[0] += loss;
+  state[1] += static_cast<double>(kept);
+  if (chunk->end == chunk->size)
+    write_total<T>(context, context.outputs[0], state[0], reduction,
+                   static_cast<int64_t>(state[1]));
+}
+
 // The factor each position's gradient is scaled by: the incoming gradient, over the number of
 // kept targets for mean.
 template <typename T>
@@ -89,6 +107,29 @@ std::vector<double> position_grad_scales(const Tensor& grad_loss, Reduction redu
   double scale = grad[0];
   if (reduction == Reduction::kMean) scale /= static_cast<double>(kept);
   return std::vector<double>(static_cast<size_t>(positions), scale);
+}
+
+// Each position's gradient scale for a backward over `positions` positions with `kept` kept
+// targets. Over chunks of the batch the first pass only counts the kept targets (returns false:
+// nothing to write), the second scales by the whole batch's count, reading an unreduced incoming
+// gradient from the chunk's first position (`inner` positions per row).
+template <typename T>
+bool loss_grad_scales(const KernelContext& context, const Tensor& grad_loss, Reduction reduction,
+                      int64_t positions, int64_t inner, int64_t kept, std::vector<double>& scales) {
+  int64_t first_position = 0;
+  if (const ChunkPass* chunk = context.chunk) {
+    std::vector<double>& state = *chunk->state;  // kept targets
+    if (state.empty()) state.assign(1, 0.0);
+    if (!chunk->last_pass()) {
+      state[0] += static_cast<double>(kept);
+      return false;
+    }
+    kept = static_cast<int64_t>(state[0]);
+    first_position = chunk->begin * inner;
+  }
+  scales = position_grad_scales<T>(grad_loss, reduction, first_position + positions, kept);
+  scales.erase(scales.begin(), scales.begin() + first_position);
+  return true;
 }
 
 // exp of an f32 argument <= 0 (or NaN), written so that `omp simd` loops vectorise it: std::exp
@@ -209,21 +250,7 @@ void cross_entropy_kernel(KernelContext& context) {
       }
     });
     if (!log_probs.is_same(lp_out)) cpu::copy_strided(log_probs, lp_out);
-    const int64_t kept = count_kept(t, positions, ignore_index);
-    const ChunkPass* chunk = context.chunk;
-    if (!chunk || reduction == Reduction::kNone) {
-      write_loss<T>(context, context.outputs[0], losses, reduction, kept);
-      return;
-    }
-    // Over chunks of the batch: the sum and the kept count go on from chunk to chunk, in the
-    // order of one call, and the last chunk writes the loss.
-    std::vector<double>& state = *chunk->state;  // sum, kept
-    if (state.empty()) state.assign(2, 0.0);
-    for (double loss : losses) state[0] += loss;
-    state[1] += static_cast<double>(kept);
-    if (chunk->end == chunk->size)
-      write_total<T>(context, context.outputs[0], state[0], reduction,
-                     static_cast<int64_t>(state[1]));
+    finish_loss<T>(context, losses, reduction, count_kept(t, positions, ignore_index));
   });
 }
 
@@ -241,24 +268,10 @@ void cross_entropy_backward_kernel(KernelContext& context) {
     const ClassLayout layout = class_layout(log_probs.sizes());
     const int64_t C = layout.classes, D = layout.inner, positions = layout.positions();
     const int64_t* t = target.data_ptr<int64_t>();
-    // Over chunks of the batch: pass 0 counts the kept targets, pass 1 writes the chunk's rows;
-    // an unreduced incoming gradient is read whole, from the chunk's first position.
-    const ChunkPass* chunk = context.chunk;
-    int64_t kept = count_kept(t, positions, ignore_index);
-    int64_t first_position = 0;
-    if (chunk) {
-      std::vector<double>& state = *chunk->state;  // kept targets
-      if (state.empty()) state.assign(1, 0.0);
-      if (!chunk->last_pass()) {
-        state[0] += static_cast<double>(kept);
-        return;
-      }
-      kept = static_cast<int64_t>(state[0]);
-      first_position = chunk->begin * D;
-    }
-    std::vector<double> scales =
-        position_grad_scales<T>(grad_loss, reduction, first_position + positions, kept);
-    scales.erase(scales.begin(), scales.begin() + first_position);
+    std::vector<double> scales;
+    if (!loss_grad_scales<T>(context, grad_loss, reduction, positions, D,
+                             count_kept(t, positions, ignore_index), scales))
+      return;
     const Tensor& out = context.outputs[0];
     const Tensor dense = out.is_contiguous() ? out : context.workspace(out.sizes(), out.dtype());
     const T* lp = log_probs.data_ptr<T>();
@@ -335,8 +348,7 @@ void nll_loss_kernel(KernelContext& context) {
       }
       losses[position] = -static_cast<double>(lp[offset]);
     }
-    write_loss<T>(context, context.outputs[0], losses, reduction,
-                  count_kept(t, positions, ignore_index));
+    finish_loss<T>(context, losses, reduction, count_kept(t, positions, ignore_index));
   });
 }
 
@@ -352,8 +364,10 @@ void nll_loss_backward_kernel(KernelContext& context) {
     const ClassLayout layout = class_layout(out.sizes());
     const int64_t C = layout.classes, D = layout.inner, positions = layout.positions();
     const int64_t* t = target.data_ptr<int64_t>();
-    const std::vector<double> scales = position_grad_scales<T>(
-        grad_loss, reduction, positions, count_kept(t, positions, ignore_index));
+    std::vector<double> scales;
+    if (!loss_grad_scales<T>(context, grad_loss, reduction, positions, D,
+                             count_kept(t, positions, ignore_index), scales))
+      return;
     const Tensor dense = out.is_contiguous() ? out : context.workspace(out.sizes(), out.dtype());
     T* grad = dense.data_ptr<T>();
     std::fill(grad, grad + out.numel(), T(0));

@@ -9,9 +9,11 @@
 #include "gtest/gtest.h"
 #include "memory/memory.h"
 #include "ops/conv.h"
+#include "ops/index.h"
 #include "ops/loss.h"
 #include "ops/norm.h"
 #include "ops/ops.h"
+#include "ops/reduce.h"
 #include "tests/testing.h"
 
 namespace tessel::memory {
@@ -139,7 +141,7 @@ TEST(StagedChunks, AWeightGradientSumsOverChunksOfTheBatch) {
 
 // A loss over many rows of classes: forward (the mean over kept targets summed over chunks) and
 // backward (the kept targets counted in a first pass) bit for bit as the whole ops, some targets
-// ignored, with label smoothing.
+// ignored, with label smoothing; and nll_loss over the log-probabilities.
 TEST(StagedChunks, CrossEntropyOverChunksOfRowsEqualsTheWholeOp) {
   const Attrs attrs{{"ignore_index", int64_t{-100}},
                     {"reduction", std::string("mean")},
@@ -152,7 +154,10 @@ TEST(StagedChunks, CrossEntropyOverChunksOfRowsEqualsTheWholeOp) {
     Tensor target = from_vector(classes, {2048});
     std::vector<Tensor> outputs = dispatch(ops::cross_entropy, {logits, target}, attrs);
     Tensor grad = dispatch(ops::cross_entropy_backward, {ones({}), outputs[1], target}, attrs)[0];
-    return std::vector<Tensor>{outputs[0], outputs[1], grad};
+    Tensor nll =
+        dispatch(ops::nll_loss, {outputs[1], target},
+                 Attrs{{"ignore_index", int64_t{-100}}, {"reduction", std::string("sum")}})[0];
+    return std::vector<Tensor>{outputs[0], outputs[1], grad, nll};
   };
   const std::vector<Tensor> expected = loss_and_gradient();
   MemoryScope scope(
@@ -160,6 +165,39 @@ TEST(StagedChunks, CrossEntropyOverChunksOfRowsEqualsTheWholeOp) {
   // Compared within the budget: each result comes back from host as it is read.
   expect_bitwise(loss_and_gradient(), expected);
   EXPECT_GE(scope.allocator().policy_counters().splits, 2);
+}
+
+// Softmax splits along the batch when it runs over another dimension, never over the batch.
+TEST(StagedChunks, SoftmaxOverRowsSplitsAlongTheBatchButNotOverIt) {
+  auto softmax_of = [](int64_t dim) {
+    manual_seed(9);
+    return softmax(randn(kShape), dim);
+  };
+  const Tensor expected = softmax_of(-1);
+  MemoryScope scope(
+      MemoryOptions().budget(6 * kMiB).policy(Policy::kSplit).cost_source(CostSource::kEstimated));
+  EXPECT_TRUE(testing::bitwise_equal(softmax_of(-1), expected));
+  EXPECT_GT(scope.allocator().policy_counters().splits, 0);
+  EXPECT_THROW(softmax_of(0), OutOfMemory);
+}
+
+// An embedding table's gradient sums the rows of its indices: over chunks of them, each adds
+// its rows in, every entry in the order of one call.
+TEST(StagedChunks, AnEmbeddingGradientSumsOverChunksOfItsIndices) {
+  auto table_gradient = [] {
+    manual_seed(13);
+    Tensor grad = randn({4096, 256});  // 4 MiB
+    Tensor indices = randint(0, 1024, {4096});
+    return dispatch(ops::embedding_backward, {grad, indices},
+                    Attrs{{"num_weights", int64_t{1024}}})[0];  // 1 MiB
+  };
+  const Tensor expected = table_gradient();
+  MemoryScope scope(MemoryOptions()
+                        .budget(4608 * 1024)
+                        .policy(Policy::kSplit)
+                        .cost_source(CostSource::kEstimated));
+  EXPECT_TRUE(testing::bitwise_equal(table_gradient(), expected));
+  EXPECT_GT(scope.allocator().policy_counters().splits, 0);
 }
 
 TEST(StagedChunks, WithoutSplittingTheSameBudgetRunsOutOfMemory) {
