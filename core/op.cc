@@ -195,11 +195,13 @@ Tensor narrow_view(const Tensor& tensor, int64_t dim, int64_t begin, int64_t end
                    tensor.storage_offset() + begin * tensor.stride(dim));
 }
 
-// Whether output `output` is cut along `rule` (an op with chunk passes keeps outputs without
-// the split dimension, such as per-channel statistics, whole).
-bool output_cut(const SplitRule& rule, const Tensor& output, int64_t size) {
+// Whether output `index` is cut along `rule` (an op with chunk passes keeps outputs without the
+// split dimension, such as a reduced loss, and those the rule names whole).
+bool output_cut(const SplitRule& rule, size_t index, const Tensor& output, int64_t size) {
   return rule.output_dim >= 0 && rule.output_dim < output.dim() &&
-         output.size(rule.output_dim) == size;
+         output.size(rule.output_dim) == size &&
+         std::find(rule.whole_outputs.begin(), rule.whole_outputs.end(), static_cast<int>(index)) ==
+             rule.whole_outputs.end();
 }
 
 // The size of the dimension `rule` cuts: the first output's that has it, or for a rule whose
@@ -236,7 +238,8 @@ const SplitRule* split_rule(const OpDef& op, const std::vector<Tensor>& inputs,
     const int64_t size = split_size(rule, inputs, outputs);
     if (size < 2) continue;
     bool fits = true;
-    for (const auto& output : outputs) fits = fits && (passes || output_cut(rule, output, size));
+    for (size_t k = 0; k < outputs.size(); ++k)
+      fits = fits && (passes || output_cut(rule, k, outputs[k], size));
     // A kernel running in passes reads every input its rule cuts as cut (a 1-D input of a loss
     // has no batch to cut).
     for (size_t i = 0; passes && i < inputs.size() && i < rule.input_dims.size(); ++i)
@@ -251,9 +254,10 @@ const SplitRule* split_rule(const OpDef& op, const std::vector<Tensor>& inputs,
 std::vector<Tensor> chunk_outputs_of(const SplitRule& rule, const std::vector<Tensor>& outputs,
                                      int64_t size, int64_t begin, int64_t end) {
   std::vector<Tensor> chunk_outputs;
-  for (const auto& output : outputs)
-    chunk_outputs.push_back(
-        output_cut(rule, output, size) ? narrow_view(output, rule.output_dim, begin, end) : output);
+  for (size_t k = 0; k < outputs.size(); ++k)
+    chunk_outputs.push_back(output_cut(rule, k, outputs[k], size)
+                                ? narrow_view(outputs[k], rule.output_dim, begin, end)
+                                : outputs[k]);
   return chunk_outputs;
 }
 
@@ -491,8 +495,8 @@ bool run_kernel_staged(const OpDef& op, const Kernel& kernel, const SplitRule& r
   };
   for (size_t i = 0; i < inputs.size(); ++i)
     consider(inputs[i], inputs[i].defined() && cut_along_first(inputs[i], chunk_in[i]), true);
-  for (const Tensor& output : outputs)
-    consider(output, !replay && output_cut(rule, output, size), false);
+  for (size_t k = 0; k < outputs.size(); ++k)
+    consider(outputs[k], !replay && output_cut(rule, k, outputs[k], size), false);
   std::stable_sort(candidates.begin(), candidates.end(),
                    [](const StagedOperand& a, const StagedOperand& b) {
                      const bool a_on_host = a.storage->state() == Residency::kOnHost;

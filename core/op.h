@@ -93,6 +93,8 @@ struct SplitRule {
   std::vector<int> input_dims;
   // Whether the rule holds for a call (empty: always), e.g. softmax over another dimension.
   std::function<bool(const std::vector<Tensor>& inputs, const Attrs& attrs)> holds;
+  // Outputs never cut (per-channel statistics of an op with chunk passes), whatever their sizes.
+  std::vector<int> whole_outputs;
 };
 
 // What an op computes, coarsely. The planner prices ops by it (parallel/planner/strategies.cc);

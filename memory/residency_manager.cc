@@ -372,12 +372,12 @@ ResidencyManager::Candidate ResidencyManager::assess(StorageImpl& storage, Spare
   // read once more at most; staleness alone, counted within a step, cannot tell them apart.
   if (spare == Spare::kStateAndForwardReads && (!storage.producer || record->made_in_backward))
     return none;
-  // Nothing has read it yet, so it is about to be read (a gradient waiting for the optimizer,
-  // an output waiting for its consumer): recomputing it would redo its whole chain at once.
   // A recompute keeps its output whole beside its op's inputs: where that is more than the
   // budget it can never run, so split and auto move such a tensor to host instead.
   const bool too_large_to_recompute = storage.producer && allow_split(*storage.producer->op) &&
                                       exceeds_budget_to_recompute(storage);
+  // Nothing has read it yet, so it is about to be read (a gradient waiting for the optimizer,
+  // an output waiting for its consumer): recomputing it would redo its whole chain at once.
   const bool recompute_ok = record->consumed && !record->made_in_backward &&
                             record->held_for_replay == 0 && !too_large_to_recompute &&
                             can_recompute(storage);

@@ -125,7 +125,7 @@ void register_batch_norm() {
   // Batch statistics couple every entry of the batch: chunks of it run in three passes (sums,
   // centred squares, y). The running statistics are written in place, once per forward (in the
   // last chunk of a run over chunks), never on replay.
-  op.splits = {{0, {0, -1, -1, -1, -1}}};
+  op.splits = {{0, {0, -1, -1, -1, -1}, {}, {1, 2}}};
   op.chunk_passes = 3;
   op.flags.side_effects = true;
   op.mutated_inputs = {3, 4};
@@ -174,7 +174,7 @@ void register_batch_norm_backward() {
   op.kernels[static_cast<int>(DeviceType::kCpu)] = cpu::batch_norm_backward_kernel;
   op.cost = batch_norm_cost;
   // Chunks of the batch in two passes: the per-channel sums, then grad_x.
-  op.splits = {{0, {0, 0, -1, -1, -1}}};
+  op.splits = {{0, {0, 0, -1, -1, -1}, {}, {1, 2}}};
   op.chunk_passes = 2;
 }
 
@@ -233,6 +233,9 @@ void register_layer_norm_backward() {
     const double numel = static_cast<double>(in[1].numel());
     return OpCost{12 * numel, 3 * numel * static_cast<double>(in[1].element_size())};
   };
+  // Rows are independent; the weight's and bias's gradients sum over them, chunk after chunk.
+  op.splits = {{0, {0, 0, 0, 0, -1}, {}, {1, 2}}};
+  op.chunk_passes = 1;
 }
 
 }  // namespace

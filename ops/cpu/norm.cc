@@ -453,27 +453,32 @@ void layer_norm_backward_kernel(KernelContext& context) {
                    }
                  });
     grad_x.finish();
-    // Column sums over rows, split across columns so every thread owns its outputs.
-    DenseOutput grad_weight(context, context.outputs[1]);
-    DenseOutput grad_bias(context, context.outputs[2]);
-    T* dw_data = grad_weight.data<T>();
-    T* db_data = grad_bias.data<T>();
+    // Column sums over rows, split across columns so every thread owns its outputs. Over chunks
+    // of the rows (KernelContext::chunk) the sums go on from chunk to chunk, row after row as in
+    // one call, and the last chunk writes them.
+    std::vector<double> own_sums;
+    std::vector<double>& sums = context.chunk ? *context.chunk->state : own_sums;  // dw, then db
+    if (sums.empty()) sums.assign(2 * K, 0.0);
     parallel_for(0, K, 64, [&](int64_t begin, int64_t end) {
-      std::vector<double> dw(end - begin, 0.0), db(end - begin, 0.0);
       for (int64_t row = 0; row < rows; ++row) {
         const T* g = g_data + row * K;
         const T* in = x_data + row * K;
         const double mu = mean_data[row], r = rstd_data[row];
         for (int64_t j = begin; j < end; ++j) {
-          dw[j - begin] += g[j] * (in[j] - mu) * r;
-          db[j - begin] += g[j];
+          sums[j] += g[j] * (in[j] - mu) * r;
+          sums[K + j] += g[j];
         }
       }
-      for (int64_t j = begin; j < end; ++j) {
-        dw_data[j] = static_cast<T>(dw[j - begin]);
-        db_data[j] = static_cast<T>(db[j - begin]);
-      }
     });
+    if (context.chunk && context.chunk->end != context.chunk->size) return;
+    DenseOutput grad_weight(context, context.outputs[1]);
+    DenseOutput grad_bias(context, context.outputs[2]);
+    T* dw_data = grad_weight.data<T>();
+    T* db_data = grad_bias.data<T>();
+    for (int64_t j = 0; j < K; ++j) {
+      dw_data[j] = static_cast<T>(sums[j]);
+      db_data[j] = static_cast<T>(sums[K + j]);
+    }
     grad_weight.finish();
     grad_bias.finish();
   });

@@ -20,7 +20,8 @@ namespace tessel::memory {
 namespace {
 
 constexpr size_t kMiB = 1 << 20;
-const Shape kShape{64, 16, 32, 32};  // 4 MiB of f32
+// 4 MiB of f32, as many channels as entries in the batch: per-channel outputs are never cut.
+const Shape kShape{16, 16, 64, 64};
 const Attrs kTraining{{"momentum", 0.1}, {"eps", 1e-5}};
 
 struct Inputs {
@@ -197,6 +198,25 @@ TEST(StagedChunks, AnEmbeddingGradientSumsOverChunksOfItsIndices) {
                         .policy(Policy::kSplit)
                         .cost_source(CostSource::kEstimated));
   EXPECT_TRUE(testing::bitwise_equal(table_gradient(), expected));
+  EXPECT_GT(scope.allocator().policy_counters().splits, 0);
+}
+
+// Layer norm's backward: rows independent, the weight's and bias's gradients summed over the
+// chunks row after row as in one call.
+TEST(StagedChunks, LayerNormBackwardOverChunksOfRowsEqualsTheWholeOp) {
+  const Attrs attrs{{"normalized_shape", std::vector<int64_t>{128}}, {"eps", 1e-5}};
+  auto gradients = [&] {
+    manual_seed(17);
+    Tensor x = randn({64, 128, 128});  // 4 MiB, as its gradient and the incoming one
+    Tensor weight = randn({128}), bias = randn({128});
+    std::vector<Tensor> outputs = dispatch(ops::layer_norm, {x, weight, bias}, attrs);
+    Tensor grad = randn({64, 128, 128});
+    return dispatch(ops::layer_norm_backward, {grad, x, outputs[1], outputs[2], weight}, attrs);
+  };
+  const std::vector<Tensor> expected = gradients();
+  MemoryScope scope(
+      MemoryOptions().budget(10 * kMiB).policy(Policy::kSplit).cost_source(CostSource::kEstimated));
+  expect_bitwise(gradients(), expected);
   EXPECT_GT(scope.allocator().policy_counters().splits, 0);
 }
 
