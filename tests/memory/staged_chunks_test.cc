@@ -24,6 +24,11 @@ constexpr size_t kMiB = 1 << 20;
 const Shape kShape{16, 16, 64, 64};
 const Attrs kTraining{{"momentum", 0.1}, {"eps", 1e-5}};
 
+// The split policy within `bytes`, costs estimated (the same decisions on any machine).
+MemoryOptions split_within(size_t bytes) {
+  return MemoryOptions().budget(bytes).policy(Policy::kSplit).cost_source(CostSource::kEstimated);
+}
+
 struct Inputs {
   Tensor x, weight, bias, running_mean, running_var, grad;
 };
@@ -72,10 +77,7 @@ TEST(StagedChunks, BatchNormForwardWithItsOutputOnHostEqualsTheWholeOp) {
   int64_t splits = 0, copied_out = 0;
   {
     // x and y (4 MiB each) do not fit in 6 MiB together.
-    MemoryScope scope(MemoryOptions()
-                          .budget(6 * kMiB)
-                          .policy(Policy::kSplit)
-                          .cost_source(CostSource::kEstimated));
+    MemoryScope scope(split_within(6 * kMiB));
     Inputs in = make_inputs(/*with_grad=*/false);
     actual = to_plain(forward(in));
     statistics = to_plain({in.running_mean, in.running_var});
@@ -98,10 +100,7 @@ TEST(StagedChunks, BatchNormBackwardWithAnOperandOnHostEqualsTheWholeOp) {
   int64_t splits = 0;
   {
     // grad, x and grad_x (4 MiB each) do not fit in 10 MiB together.
-    MemoryScope scope(MemoryOptions()
-                          .budget(10 * kMiB)
-                          .policy(Policy::kSplit)
-                          .cost_source(CostSource::kEstimated));
+    MemoryScope scope(split_within(10 * kMiB));
     Inputs in = make_inputs();
     const std::vector<Tensor> outputs = forward(in);
     actual = to_plain(backward(in, outputs));
@@ -129,10 +128,7 @@ TEST(StagedChunks, AWeightGradientSumsOverChunksOfTheBatch) {
   int64_t splits = 0;
   {
     // grad and x (4 MiB each) fit, their im2col columns beside them do not.
-    MemoryScope scope(MemoryOptions()
-                          .budget(9 * kMiB)
-                          .policy(Policy::kSplit)
-                          .cost_source(CostSource::kEstimated));
+    MemoryScope scope(split_within(9 * kMiB));
     actual = weight_gradient().clone();
     splits = scope.allocator().policy_counters().splits;
   }
@@ -161,8 +157,7 @@ TEST(StagedChunks, CrossEntropyOverChunksOfRowsEqualsTheWholeOp) {
     return std::vector<Tensor>{outputs[0], outputs[1], grad, nll};
   };
   const std::vector<Tensor> expected = loss_and_gradient();
-  MemoryScope scope(
-      MemoryOptions().budget(6 * kMiB).policy(Policy::kSplit).cost_source(CostSource::kEstimated));
+  MemoryScope scope(split_within(6 * kMiB));
   // Compared within the budget: each result comes back from host as it is read.
   expect_bitwise(loss_and_gradient(), expected);
   EXPECT_GE(scope.allocator().policy_counters().splits, 2);
@@ -175,8 +170,7 @@ TEST(StagedChunks, SoftmaxOverRowsSplitsAlongTheBatchButNotOverIt) {
     return softmax(randn(kShape), dim);
   };
   const Tensor expected = softmax_of(-1);
-  MemoryScope scope(
-      MemoryOptions().budget(6 * kMiB).policy(Policy::kSplit).cost_source(CostSource::kEstimated));
+  MemoryScope scope(split_within(6 * kMiB));
   EXPECT_TRUE(testing::bitwise_equal(softmax_of(-1), expected));
   EXPECT_GT(scope.allocator().policy_counters().splits, 0);
   EXPECT_THROW(softmax_of(0), OutOfMemory);
@@ -193,10 +187,7 @@ TEST(StagedChunks, AnEmbeddingGradientSumsOverChunksOfItsIndices) {
                     Attrs{{"num_weights", int64_t{1024}}})[0];  // 1 MiB
   };
   const Tensor expected = table_gradient();
-  MemoryScope scope(MemoryOptions()
-                        .budget(4608 * 1024)
-                        .policy(Policy::kSplit)
-                        .cost_source(CostSource::kEstimated));
+  MemoryScope scope(split_within(4608 * 1024));
   EXPECT_TRUE(testing::bitwise_equal(table_gradient(), expected));
   EXPECT_GT(scope.allocator().policy_counters().splits, 0);
 }
@@ -214,8 +205,7 @@ TEST(StagedChunks, LayerNormBackwardOverChunksOfRowsEqualsTheWholeOp) {
     return dispatch(ops::layer_norm_backward, {grad, x, outputs[1], outputs[2], weight}, attrs);
   };
   const std::vector<Tensor> expected = gradients();
-  MemoryScope scope(
-      MemoryOptions().budget(10 * kMiB).policy(Policy::kSplit).cost_source(CostSource::kEstimated));
+  MemoryScope scope(split_within(10 * kMiB));
   expect_bitwise(gradients(), expected);
   EXPECT_GT(scope.allocator().policy_counters().splits, 0);
 }
