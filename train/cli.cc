@@ -197,8 +197,9 @@ int parse_train_flags(int argc, const char* const* argv, TrainConfig* config, st
       ->check(kMemoryBudget);
   app.add_option("--memory_policy", flags.memory_policy,
                  "how to stay within --memory_budget: none, dtr (evict and recompute), swap (to "
-                 "host), split (run ops in chunks), auto (per tensor, the cheapest; the default "
-                 "with a budget)")
+                 "host), split (evict and recompute, run ops in chunks, with operands on host "
+                 "where they do not fit whole), auto (per tensor, the cheapest; the default with "
+                 "a budget)")
       ->check(kMemoryPolicy);
   app.add_option("--precision", flags.precision,
                  "f32, or bf16: matmul, linear and conv2d of each training step run in bf16 "
