@@ -148,6 +148,10 @@ struct ResidencyManager::Record {
   int held_for_replay = 0;
   // Kept on host while an op runs over chunks of it (stage_on_host): not prefetched.
   int staged = 0;
+  // auto: the same tensor in the previous training step (AccessPattern), and where in this
+  // step's program it was last read.
+  uint64_t pattern_key = 0;
+  int64_t last_position = 0;
 };
 
 ResidencyManager::ResidencyManager(std::shared_ptr<CachingAllocator> allocator,
@@ -403,7 +407,16 @@ ResidencyManager::Candidate ResidencyManager::assess(StorageImpl& storage, Spare
   const double bytes =
       static_cast<double>(storage.nbytes()) +
       static_cast<double>(allocator_->free_bytes_adjacent(storage.data_unchecked()));
-  const double staleness = static_cast<double>(clock_ - storage.last_access) + kStalenessEpsilon;
+  double staleness = static_cast<double>(clock_ - storage.last_access) + kStalenessEpsilon;
+  // auto: staleness guesses how soon a tensor is read again; training steps repeat, so the
+  // previous step's reads tell. The geometric mean of the two ranks candidates whatever the
+  // units (accesses, ops); the guess alone still counts where the pattern misleads (the
+  // previous step may have recomputed where this one does not).
+  if (options_.policy() == Policy::kAuto && pattern_.known()) {
+    const double distance =
+        pattern_.distance_to_next_read(record->pattern_key, record->last_position);
+    staleness = std::sqrt(staleness * distance);
+  }
   result.score =
       (cost + kCostEpsilon) * std::pow(kRecomputePenalty, record->recomputes) / (bytes * staleness);
   return result;
@@ -860,8 +873,14 @@ void ResidencyManager::make_resident(StorageImpl& storage) {
 
 void ResidencyManager::on_access(StorageImpl& storage) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
-  record_of(storage);
+  Record& record = record_of(storage);
   storage.last_access = ++clock_;
+  if (options_.policy() != Policy::kAuto) return;
+  // Tensors that no op of this step made (parameters, optimizer state, inputs) keep their storage
+  // from step to step: their id names them.
+  if (record.pattern_key == 0) record.pattern_key = AccessPattern::state_key(storage.id());
+  record.last_position = pattern_.position();
+  pattern_.read(record.pattern_key);
 }
 
 void ResidencyManager::on_op_recorded(const std::shared_ptr<OpCall>& call, double seconds) {
@@ -905,10 +924,16 @@ void ResidencyManager::on_op_recorded(const std::shared_ptr<OpCall>& call, doubl
   // as placeholders until the step ends, and join them all into one evicted component whose
   // cost then weighs on every candidate next to it.
   const bool keep = keeps_records() && !in_backward;
-  for (const auto& weak_output : call->output_storages) {
-    auto output = weak_output.lock();
+  for (size_t k = 0; k < call->output_storages.size(); ++k) {
+    auto output = call->output_storages[k].lock();
     if (!output) continue;
-    record_of(*output).made_in_backward = in_backward;
+    Record& output_record = record_of(*output);
+    output_record.made_in_backward = in_backward;
+    if (options_.policy() == Policy::kAuto) {
+      output_record.pattern_key = pattern_.output_key(k);
+      output_record.last_position = pattern_.position();
+      pattern_.read(output_record.pattern_key);
+    }
     if (managed(*output)) largest_output_bytes_ = std::max(largest_output_bytes_, output->nbytes());
     if (keep) {
       output->producer = call;
@@ -931,11 +956,13 @@ void ResidencyManager::on_op_recorded(const std::shared_ptr<OpCall>& call, doubl
       }
     }
   }
+  if (options_.policy() == Policy::kAuto) pattern_.next_op();
   swap_ahead();
 }
 
 void ResidencyManager::on_step_boundary() {
   ++steps_;
+  pattern_.begin_step();
   const double now = link_.now();
   const double step_seconds = now - step_started_at_;
   step_started_at_ = now;

@@ -19,6 +19,7 @@
 #include "core/arg.h"
 #include "core/op.h"
 #include "core/storage.h"
+#include "memory/access_pattern.h"
 #include "memory/caching_allocator.h"
 #include "memory/host_allocator.h"
 #include "memory/host_link.h"
@@ -339,6 +340,7 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   bool backward_seen_ = false;                 // a backward pass ran since the step began
   double step_started_at_ = 0;                 // on the host link's clock (simulated, or wall time)
 
+  AccessPattern pattern_;  // auto: which tensors each op of a step reads, this step and the last
   std::mt19937_64 sampler_;
 };
 

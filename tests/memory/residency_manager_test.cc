@@ -455,6 +455,41 @@ TEST(Auto, SwapsWhatIsCheapToCopyAndRecomputesWhatIsCheapToRecompute) {
   EXPECT_EQ(manager.stats().policy.recomputes, 1);
 }
 
+TEST(AccessPattern, TheNextReadComesFromThePreviousStepAtTheSamePlace) {
+  AccessPattern pattern;
+  EXPECT_FALSE(pattern.known());
+  // Step one: op 0 makes a tensor (output 0) and reads a parameter; op 1 reads nothing; op 2
+  // reads the tensor; op 3 makes another that nobody reads.
+  const uint64_t parameter = AccessPattern::state_key(7);
+  const uint64_t activation = pattern.output_key(0);
+  pattern.read(activation);
+  pattern.read(parameter);
+  pattern.next_op();
+  pattern.next_op();
+  pattern.read(activation);
+  pattern.next_op();
+  const uint64_t unread = pattern.output_key(0);
+  EXPECT_NE(unread, activation);
+  EXPECT_NE(pattern.output_key(1), unread);
+  pattern.read(unread);
+  pattern.next_op();
+  pattern.begin_step();
+  ASSERT_TRUE(pattern.known());
+  // Step two, at op 0: the activation is read again two ops on; the parameter next step, four
+  // ops on; a tensor the previous step never read counts the ops since its last read.
+  EXPECT_EQ(pattern.distance_to_next_read(activation, 0), 2);
+  EXPECT_EQ(pattern.distance_to_next_read(parameter, 0), 4);
+  pattern.next_op();
+  EXPECT_EQ(pattern.distance_to_next_read(activation, 0), 1);
+  EXPECT_EQ(pattern.distance_to_next_read(AccessPattern::state_key(8), 0), 2);
+  pattern.next_op();
+  pattern.next_op();
+  // Past its last read: an activation waits two steps, the parameter until the next step's read.
+  EXPECT_EQ(pattern.distance_to_next_read(activation, 2), 8);
+  EXPECT_EQ(pattern.distance_to_next_read(parameter, 0), 1);
+  EXPECT_EQ(pattern.distance_to_next_read(unread, 3), 8);
+}
+
 TEST(Swap, AccessDuringAnUnfinishedSwapOutKeepsTheBytes) {
   // 1 MiB takes about 20 ms over this link: the read comes while the copy still runs.
   MemoryScope scope(
