@@ -54,9 +54,17 @@ void BM_Conv2dBackward(benchmark::State& state) {
                                                benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// ResNet's stages at 224x224 (56x56 down to 7x7), then its small-image stages (32x32 images:
+// 32x32 down to 4x4).
 void resnet_shapes(benchmark::internal::Benchmark* bench) {
-  for (auto [channels, size] :
-       {std::pair<int64_t, int64_t>{64, 56}, {128, 28}, {256, 14}, {512, 7}})
+  for (auto [channels, size] : {std::pair<int64_t, int64_t>{64, 56},
+                                {128, 28},
+                                {256, 14},
+                                {512, 7},
+                                {64, 32},
+                                {128, 16},
+                                {256, 8},
+                                {512, 4}})
     bench->Args({32, channels, size});
 }
 

@@ -205,7 +205,9 @@ def main():
         + ("unset for the PyTorch side" if "OPENBLAS_CORETYPE" not in os.environ
            else f"set ({os.environ.get('OPENBLAS_CORETYPE')}): OpenBLAS runs a slower kernel"),
         "- Tessel: Eigen 3.4 GEMM (default -c opt build, OpenMP), kernel build "
-        f"{context.get('tessel_gemm_isa', '?')}; 3x3 convolutions as im2col + that GEMM.",
+        f"{context.get('tessel_gemm_isa', '?')}; 3x3 stride-1 convolutions over 32 or more "
+        "channels (f32) as Winograd F(2x2, 3x3) over that GEMM (forward and input gradient), "
+        "other convolutions and weight gradients as im2col + that GEMM.",
         f"- Timing (bench/harness.py): {args.rounds} rounds per operation, each one loop of at "
         f"least {args.min_time} s per side after a warm-up call (Google Benchmark for Tessel, "
         "the same rule in Python for PyTorch), the first side alternating. Cells: the median "

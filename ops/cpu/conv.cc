@@ -5,7 +5,10 @@
 #include "ops/cpu/conv.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include "ops/conv.h"
@@ -416,7 +419,294 @@ void gather_grad_block(const ConvGeometry& g, const T* grad_group, int64_t grad_
                 block + o * block_ld + i * plane);
 }
 
+// ---- Winograd F(2x2, 3x3) ----
+// A 3x3 stride-1 convolution by Lavin and Gray's minimal filtering: every 4x4 tile of the padded
+// input gives a 2x2 tile of the output with 16 products per channel pair instead of 36. Weights
+// and input tiles are transformed (sums, differences and halvings), the 16 products become 16
+// GEMMs of (out channels x in channels) by (in channels x tiles), and the output transform sums
+// them back. 2.25x fewer multiply-adds than im2col (less where tiles overhang odd planes); the
+// transforms cost about as much as a GEMM with 16 channels, so wide layers use it (f32 only:
+// rounding differs from im2col's by a few ulps).
+bool winograd_applies(const ConvGeometry& g) {
+  // TESSEL_CONV_WINOGRAD=0 keeps im2col everywhere (to compare the two).
+  static const bool enabled = [] {
+    const char* setting = std::getenv("TESSEL_CONV_WINOGRAD");
+    return !setting || std::string(setting) != "0";
+  }();
+  return enabled && g.kernel_h == 3 && g.kernel_w == 3 && g.stride_h == 1 && g.stride_w == 1 &&
+         g.dilation_h == 1 && g.dilation_w == 1 && g.groups == 1 && g.pad_h <= 2 && g.pad_w <= 2 &&
+         g.in_channels >= 32 && g.out_channels >= 32 && g.out_h >= 2 && g.out_w >= 2;
+}
+
+// U[o][k][c] (16 matrices of out x in channels, interleaved by output channel: rows 16 * ins
+// apart, so one channel's 16 rows are written side by side) = G w[o][c] G^T with G = [1 0 0; 1/2
+// 1/2 1/2; 1/2 -1/2 1/2; 0 0 1]. `rotated`: the kernel of the input gradient, w'[o][c] = w[c][o]
+// turned by 180 degrees (then `outs` are w's input channels). Per output channel the taps are
+// gathered tap-major first, so the transform runs along the input channels in vector lanes.
+template <typename T>
+void winograd_weights(const T* w, int64_t outs, int64_t ins, bool rotated, T* U) {
+  const int64_t w_ins = rotated ? outs : ins;  // the weight's second dimension
+  parallel_for(0, outs, 8, [&](int64_t o_begin, int64_t o_end) {
+    std::vector<T> taps(static_cast<size_t>(9 * ins));
+    for (int64_t o = o_begin; o < o_end; ++o) {
+      for (int64_t c = 0; c < ins; ++c) {
+        const T* kernel = rotated ? w + (c * w_ins + o) * 9 : w + (o * w_ins + c) * 9;
+        for (int tap = 0; tap < 9; ++tap) taps[tap * ins + c] = kernel[rotated ? 8 - tap : tap];
+      }
+      const T* g = taps.data();
+      T* u = U + o * 16 * ins;
+      // G g (rows r0..r3 of three taps), then (G g) G^T row by row: a row (a, b, c) gives
+      // (a, (a + b + c) / 2, (a - b + c) / 2, c).
+      const int64_t ks = ins;  // between the 16 rows of one output channel
+#pragma omp simd
+      for (int64_t c = 0; c < ins; ++c) {
+        const T g00 = g[c], g01 = g[ins + c], g02 = g[2 * ins + c];
+        const T g10 = g[3 * ins + c], g11 = g[4 * ins + c], g12 = g[5 * ins + c];
+        const T g20 = g[6 * ins + c], g21 = g[7 * ins + c], g22 = g[8 * ins + c];
+        const T r10 = T(0.5) * (g00 + g10 + g20), r11 = T(0.5) * (g01 + g11 + g21),
+                r12 = T(0.5) * (g02 + g12 + g22);
+        const T r20 = T(0.5) * (g00 - g10 + g20), r21 = T(0.5) * (g01 - g11 + g21),
+                r22 = T(0.5) * (g02 - g12 + g22);
+        T* row = u + c;
+        row[0] = g00;
+        row[ks] = T(0.5) * (g00 + g01 + g02);
+        row[2 * ks] = T(0.5) * (g00 - g01 + g02);
+        row[3 * ks] = g02;
+        row[4 * ks] = r10;
+        row[5 * ks] = T(0.5) * (r10 + r11 + r12);
+        row[6 * ks] = T(0.5) * (r10 - r11 + r12);
+        row[7 * ks] = r12;
+        row[8 * ks] = r20;
+        row[9 * ks] = T(0.5) * (r20 + r21 + r22);
+        row[10 * ks] = T(0.5) * (r20 - r21 + r22);
+        row[11 * ks] = r22;
+        row[12 * ks] = g20;
+        row[13 * ks] = T(0.5) * (g20 + g21 + g22);
+        row[14 * ks] = T(0.5) * (g20 - g21 + g22);
+        row[15 * ks] = g22;
+      }
+    }
+  });
+}
+
+// Planes of one convolution's operands as the Winograd passes read and write them.
+template <typename T>
+struct WinogradConv {
+  const T* in;  // (batch, ins, height, width): rows dense, `in_ld` between channels
+  int64_t in_ld, in_batch_stride;
+  T* out;  // (batch, outs, out_h, out_w): rows dense, `out_ld` between channels
+  int64_t out_ld, out_batch_stride;
+  const T* bias;  // per output channel, or null
+  int64_t bias_stride;
+  int64_t batch, ins, height, width, outs, out_h, out_w, pad_h, pad_w;
+  DType dtype;
+};
+
+// How the Winograd passes cut the output tiles: blocks of whole images, each image's tiles in a
+// slot of a multiple of 4 columns, and every GEMM as wide as a multiple of 48 tiles (zeros after
+// the last image): the GEMM kernel then takes every tile through the same full micro-tile (48
+// columns of the row-major product, 3 AVX-512 or 6 AVX2 registers), whatever its place, so every
+// image meets the same arithmetic whichever images share its block: a batch run in chunks under a
+// memory budget gives each image the same result bit for bit. A block's transformed input and
+// products take about 2 MB but at least 64 tiles (the GEMMs' width: each one reads all of its
+// transformed weights again), and no more images than a thread's share; the images go to at most
+// one chunk per thread.
+struct WinogradBlocks {
+  int64_t tiles_w, tiles_h, slot, block_images, block_tiles, padded_w, chunks;
+  static constexpr int64_t kGemmColumns = 48;
+  // The GEMM width for `images` images: their slots, rounded up to whole micro-tiles.
+  int64_t gemm_tiles(int64_t images) const {
+    return (images * slot + kGemmColumns - 1) / kGemmColumns * kGemmColumns;
+  }
+};
+template <typename T>
+WinogradBlocks winograd_blocks(const WinogradConv<T>& p) {
+  WinogradBlocks b;
+  b.tiles_w = (p.out_w + 1) / 2;
+  b.tiles_h = (p.out_h + 1) / 2;
+  b.slot = (b.tiles_h * b.tiles_w + 3) / 4 * 4;
+  const int64_t tile_bytes = 16 * (p.ins + p.outs) * static_cast<int64_t>(sizeof(T));
+  const int64_t wanted_tiles = std::clamp<int64_t>((int64_t{2} << 20) / tile_bytes, 64, 1024);
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(get_num_threads(), p.batch));
+  // Images per block: enough for the tiles wanted, up to twice that when fewer zero columns
+  // then pad the GEMMs to whole micro-tiles, and no more than a thread's share.
+  const int64_t share = (p.batch + threads - 1) / threads;
+  const int64_t least = std::min((wanted_tiles + b.slot - 1) / b.slot, share);
+  b.block_images = least;
+  for (int64_t images = least + 1; images <= std::min(2 * least, share); ++images)
+    if ((b.gemm_tiles(images) - images * b.slot) * b.gemm_tiles(b.block_images) <
+        (b.gemm_tiles(b.block_images) - b.block_images * b.slot) * b.gemm_tiles(images))
+      b.block_images = images;
+  b.block_tiles = b.gemm_tiles(b.block_images);
+  b.padded_w = 2 * b.tiles_w + 2;  // input columns a tile row reads
+  b.chunks = std::max<int64_t>(
+      1, std::min<int64_t>(threads, (p.batch + b.block_images - 1) / b.block_images));
+  return b;
+}
+
+// V[k][c][tile] = B^T d B for the 4x4 input tile d under each output tile of images
+// [n0, n0 + images) (image i's tiles in columns i * slot ..., row by row; the rest of its slot
+// and the columns up to gemm_tiles(images) zero), every input channel c, B^T = [1 0 -1 0; 0 1 1 0;
+// 0 -1 1 0; 0 1 0 -1]. D (16 x block_tiles) and band (4 padded rows) are scratch.
+template <typename T>
+void winograd_input_tiles(const WinogradConv<T>& p, const WinogradBlocks& b, int64_t n0,
+                          int64_t images, T* V, T* D, T* band) {
+  const int64_t count = b.gemm_tiles(images), ds = b.block_tiles;
+  const int64_t padding = b.slot - b.tiles_h * b.tiles_w;
+  for (int k = 0; k < 16; ++k) {
+    for (int64_t i = 0; i < images && padding > 0; ++i)
+      std::fill_n(D + k * ds + (i + 1) * b.slot - padding, padding, T(0));
+    std::fill(D + k * ds + images * b.slot, D + k * ds + count, T(0));
+  }
+  for (int64_t c = 0; c < p.ins; ++c) {
+    // Each tile's 4x4 values, element by element side by side (D[4 i + j][tile]).
+    for (int64_t i = 0; i < images; ++i) {
+      const T* plane = p.in + (n0 + i) * p.in_batch_stride + c * p.in_ld;
+      for (int64_t ty = 0; ty < b.tiles_h; ++ty) {
+        for (int row = 0; row < 4; ++row) {
+          T* line = band + row * b.padded_w;
+          const int64_t y = 2 * ty - p.pad_h + row;
+          std::fill(line, line + b.padded_w, T(0));
+          if (y >= 0 && y < p.height) {
+            const int64_t end = std::min<int64_t>(p.width, b.padded_w - p.pad_w);
+            std::copy(plane + y * p.width, plane + y * p.width + end, line + p.pad_w);
+          }
+          for (int j = 0; j < 4; ++j) {
+            T* d = D + (4 * row + j) * ds + i * b.slot + ty * b.tiles_w;
+            for (int64_t t = 0; t < b.tiles_w; ++t) d[t] = line[2 * t + j];
+          }
+        }
+      }
+    }
+    // V = B^T d B across the tiles.
+    T* v = V + c * ds;
+    const int64_t vs = p.ins * ds;  // between the 16 matrices
+#pragma omp simd
+    for (int64_t t = 0; t < count; ++t) {
+      const T* d = D + t;
+      // Columns first: e[i][j] = (B^T d)[i][j].
+      const T e00 = d[0] - d[8 * ds], e01 = d[ds] - d[9 * ds], e02 = d[2 * ds] - d[10 * ds],
+              e03 = d[3 * ds] - d[11 * ds];
+      const T e10 = d[4 * ds] + d[8 * ds], e11 = d[5 * ds] + d[9 * ds],
+              e12 = d[6 * ds] + d[10 * ds], e13 = d[7 * ds] + d[11 * ds];
+      const T e20 = d[8 * ds] - d[4 * ds], e21 = d[9 * ds] - d[5 * ds],
+              e22 = d[10 * ds] - d[6 * ds], e23 = d[11 * ds] - d[7 * ds];
+      const T e30 = d[4 * ds] - d[12 * ds], e31 = d[5 * ds] - d[13 * ds],
+              e32 = d[6 * ds] - d[14 * ds], e33 = d[7 * ds] - d[15 * ds];
+      T* out = v + t;
+      out[0] = e00 - e02;
+      out[vs] = e01 + e02;
+      out[2 * vs] = e02 - e01;
+      out[3 * vs] = e01 - e03;
+      out[4 * vs] = e10 - e12;
+      out[5 * vs] = e11 + e12;
+      out[6 * vs] = e12 - e11;
+      out[7 * vs] = e11 - e13;
+      out[8 * vs] = e20 - e22;
+      out[9 * vs] = e21 + e22;
+      out[10 * vs] = e22 - e21;
+      out[11 * vs] = e21 - e23;
+      out[12 * vs] = e30 - e32;
+      out[13 * vs] = e31 + e32;
+      out[14 * vs] = e32 - e31;
+      out[15 * vs] = e31 - e33;
+    }
+  }
+}
+
+// out = conv(in, U) + bias, stride 1: images spread over threads, each block of them
+// transformed, multiplied and transformed back in a per-thread workspace.
+template <typename T>
+void winograd_run(KernelContext& context, const WinogradConv<T>& p, const T* U) {
+  const WinogradBlocks b = winograd_blocks(p);
+  const int64_t bt = b.block_tiles;
+  const int64_t per_chunk = 16 * (p.ins + p.outs + 1) * bt + 4 * b.padded_w;
+  T* scratch = context.workspace({b.chunks, per_chunk}, p.dtype).template data_ptr<T>();
+
+  for_each_batch_chunk(p.batch, b.chunks, [&](int64_t chunk, int64_t first, int64_t last) {
+    T* V = scratch + chunk * per_chunk;  // [16][ins][block_tiles]: transformed input
+    T* M = V + 16 * p.ins * bt;          // [16][outs][block_tiles]: products
+    T* D = M + 16 * p.outs * bt;         // [16][block_tiles]: one channel's tiles, raw
+    T* band = D + 16 * bt;               // 4 padded input rows
+    for (int64_t n0 = first; n0 < last; n0 += b.block_images) {
+      const int64_t images = std::min(b.block_images, last - n0), count = b.gemm_tiles(images);
+      winograd_input_tiles(p, b, n0, images, V, D, band);
+      for (int k = 0; k < 16; ++k)
+        cpu::gemm(false, false, p.outs, count, p.ins, T(1), U + k * p.ins, 16 * p.ins,
+                  V + k * p.ins * bt, bt, T(0), M + k * p.outs * bt, bt);
+      // Output transform Y = A^T m A, A^T = [1 1 1 0; 0 1 -1 -1], across the tiles into D's
+      // first four rows, then onto the bias in the output planes.
+      T *y00 = D, *y01 = D + bt, *y10 = D + 2 * bt, *y11 = D + 3 * bt;
+      const int64_t ms = p.outs * bt;  // between the 16 matrices
+      for (int64_t o = 0; o < p.outs; ++o) {
+        const T shift = p.bias ? p.bias[o * p.bias_stride] : T(0);
+        const T* m = M + o * bt;
+#pragma omp simd
+        for (int64_t t = 0; t < count; ++t) {
+          const T* q = m + t;
+          // Rows first: s0 = m0 + m1 + m2, s1 = m1 - m2 - m3 per column.
+          const T s00 = q[0] + q[4 * ms] + q[8 * ms], s01 = q[ms] + q[5 * ms] + q[9 * ms],
+                  s02 = q[2 * ms] + q[6 * ms] + q[10 * ms],
+                  s03 = q[3 * ms] + q[7 * ms] + q[11 * ms];
+          const T s10 = q[4 * ms] - q[8 * ms] - q[12 * ms],
+                  s11 = q[5 * ms] - q[9 * ms] - q[13 * ms],
+                  s12 = q[6 * ms] - q[10 * ms] - q[14 * ms],
+                  s13 = q[7 * ms] - q[11 * ms] - q[15 * ms];
+          y00[t] = shift + s00 + s01 + s02;
+          y01[t] = shift + s01 - s02 - s03;
+          y10[t] = shift + s10 + s11 + s12;
+          y11[t] = shift + s11 - s12 - s13;
+        }
+        for (int64_t i = 0; i < images; ++i) {
+          T* plane = p.out + (n0 + i) * p.out_batch_stride + o * p.out_ld;
+          for (int64_t ty = 0; ty < b.tiles_h; ++ty) {
+            T* top = plane + 2 * ty * p.out_w;
+            const int64_t at = i * b.slot + ty * b.tiles_w;
+            for (int64_t x = 0; x < p.out_w; ++x)
+              top[x] = x % 2 ? y01[at + x / 2] : y00[at + x / 2];
+            if (2 * ty + 1 == p.out_h) continue;
+            T* bottom = top + p.out_w;
+            for (int64_t x = 0; x < p.out_w; ++x)
+              bottom[x] = x % 2 ? y11[at + x / 2] : y10[at + x / 2];
+          }
+        }
+      }
+    }
+  });
+}
+
 // ---- forward ----
+
+template <typename T>
+void conv2d_winograd_forward(KernelContext& context, const ConvGeometry& g) {
+  PlaneInput<T> x(context, context.inputs[0]);
+  Tensor weight = cpu::dense_input(context, context.inputs[1]);
+  const Tensor& bias = context.inputs[2];
+  PlaneOutput<T> out(context, context.outputs[0]);
+  T* U =
+      context.workspace({g.out_channels, 16, g.in_channels}, weight.dtype()).template data_ptr<T>();
+  winograd_weights(weight.data_ptr<T>(), g.out_channels, g.in_channels, /*rotated=*/false, U);
+  const WinogradConv<T> planes{x.data,
+                               x.ld,
+                               x.batch_stride,
+                               out.data,
+                               out.ld,
+                               out.batch_stride,
+                               bias.defined() ? bias.data_ptr<T>() : nullptr,
+                               bias.defined() ? bias.stride(0) : 0,
+                               g.batch,
+                               g.in_channels,
+                               g.height,
+                               g.width,
+                               g.out_channels,
+                               g.out_h,
+                               g.out_w,
+                               g.pad_h,
+                               g.pad_w,
+                               weight.dtype()};
+  winograd_run(context, planes, U);
+  out.finish(context.outputs[0]);
+}
 
 template <typename T>
 void conv2d_gemm_forward(KernelContext& context, const ConvGeometry& g) {
@@ -609,7 +899,9 @@ void conv2d_forward_kernel(KernelContext& context) {
   const ConvGeometry g =
       make_geometry(context.inputs[0].sizes(), context.inputs[1].sizes(), context.attrs);
   if (context.outputs[0].numel() == 0) return;
-  if (g.depthwise()) {
+  if (std::is_same_v<T, float> && winograd_applies(g)) {
+    conv2d_winograd_forward<T>(context, g);
+  } else if (g.depthwise()) {
     conv2d_depthwise_forward<T>(context, g);
   } else {
     conv2d_gemm_forward<T>(context, g);
@@ -688,6 +980,24 @@ void conv2d_gemm_backward_input(KernelContext& context, const ConvGeometry& g) {
   if (!write_direct) cpu::copy_strided(target, out);
 }
 
+// The input gradient of a stride-1 3x3 convolution is one too: the gradient convolved with the
+// kernel turned by 180 degrees, input and output channels swapped, padded by 2 - padding.
+template <typename T>
+void conv2d_winograd_backward_input(KernelContext& context, const ConvGeometry& g) {
+  PlaneInput<T> grad(context, context.inputs[0]);
+  Tensor weight = cpu::dense_input(context, context.inputs[1]);
+  PlaneOutput<T> out(context, context.outputs[0]);
+  T* U =
+      context.workspace({g.in_channels, 16, g.out_channels}, weight.dtype()).template data_ptr<T>();
+  winograd_weights(weight.data_ptr<T>(), g.in_channels, g.out_channels, /*rotated=*/true, U);
+  const WinogradConv<T> planes{
+      grad.data,     grad.ld,  grad.batch_stride, out.data,       out.ld,      out.batch_stride,
+      nullptr,       0,        g.batch,           g.out_channels, g.out_h,     g.out_w,
+      g.in_channels, g.height, g.width,           2 - g.pad_h,    2 - g.pad_w, weight.dtype()};
+  winograd_run(context, planes, U);
+  out.finish(context.outputs[0]);
+}
+
 template <typename T>
 void conv2d_depthwise_backward_input(KernelContext& context, const ConvGeometry& g) {
   const Tensor& grad = context.inputs[0];
@@ -743,7 +1053,9 @@ void conv2d_backward_input_kernel(KernelContext& context) {
   const ConvGeometry g = geometry_from_attr(context.attrs, "input_size", context.inputs[1].sizes(),
                                             /*other_is_weight=*/true);
   if (context.outputs[0].numel() == 0) return;
-  if (g.depthwise()) {
+  if (std::is_same_v<T, float> && winograd_applies(g)) {
+    conv2d_winograd_backward_input<T>(context, g);
+  } else if (g.depthwise()) {
     conv2d_depthwise_backward_input<T>(context, g);
   } else {
     conv2d_gemm_backward_input<T>(context, g);
@@ -843,6 +1155,123 @@ void conv2d_gemm_backward_weight(KernelContext& context, const ConvGeometry& g) 
   Tensor sum =
       make_view(partials, out.sizes(), contiguous_strides(out.sizes()), partials.storage_offset());
   cpu::copy_strided(sum, out);
+}
+
+// The weight gradient of a stride-1 3x3 convolution as F(3x3, 2x2), the transpose of the
+// forward's F(2x2, 3x3): for each 2x2 tile g of the output gradient and the 4x4 input tile d under
+// it, dW[o][c] += G^T [(A g A^T) (.) (B^T d B)] G with A = (A^T)^T = [1 0; 1 1; 1 -1; 0 -1]. The
+// sum over tiles runs in the transformed domain as 16 GEMMs of (out channels x tiles) by (tiles x
+// in channels), one sum per thread, added up before the 4x4 -> 3x3 transform back.
+template <typename T>
+void conv2d_winograd_backward_weight(KernelContext& context, const ConvGeometry& g) {
+  PlaneInput<T> grad(context, context.inputs[0]);
+  PlaneInput<T> x(context, context.inputs[1]);
+  const Tensor& out = context.outputs[0];
+  // The input's tiles as the forward reads them; the gradient stands in for the output.
+  const WinogradConv<T> p{
+      x.data,         x.ld,    x.batch_stride, nullptr,       grad.ld,  grad.batch_stride,
+      nullptr,        0,       g.batch,        g.in_channels, g.height, g.width,
+      g.out_channels, g.out_h, g.out_w,        g.pad_h,       g.pad_w,  out.dtype()};
+  const WinogradBlocks b = winograd_blocks(p);
+  const int64_t O = g.out_channels, C = g.in_channels, sums = 16 * O * C;
+  const int64_t per_chunk = 16 * (C + O + 1) * b.block_tiles + 4 * b.padded_w + sums;
+  T* scratch = context.workspace({b.chunks, per_chunk}, out.dtype()).template data_ptr<T>();
+  auto sum_of = [&](int64_t chunk) { return scratch + chunk * per_chunk; };  // [16][O][C]
+
+  for_each_batch_chunk(g.batch, b.chunks, [&](int64_t chunk, int64_t first, int64_t last) {
+    T* M = sum_of(chunk);
+    T* V = M + sums;                     // [16][C][block_tiles]: transformed input
+    T* Gt = V + 16 * C * b.block_tiles;  // [16][O][block_tiles]: transformed gradient
+    T* D = Gt + 16 * O * b.block_tiles;  // [16][block_tiles]: raw tiles
+    T* band = D + 16 * b.block_tiles;
+    if (first == last) std::fill(M, M + sums, T(0));
+    for (int64_t n0 = first; n0 < last; n0 += b.block_images) {
+      const int64_t images = std::min(b.block_images, last - n0), count = b.gemm_tiles(images);
+      winograd_input_tiles(p, b, n0, images, V, D, band);
+      // Each gradient tile (a b; c d), zero past the plane's edge and in the slots' padding, then
+      // A g A^T across the tiles.
+      T *g00 = D, *g01 = D + b.block_tiles, *g10 = D + 2 * b.block_tiles,
+        *g11 = D + 3 * b.block_tiles;
+      std::fill(D, D + 4 * b.block_tiles, T(0));
+      const int64_t gs = O * b.block_tiles;  // between the 16 matrices
+      for (int64_t o = 0; o < O; ++o) {
+        for (int64_t i = 0; i < images; ++i) {
+          const T* plane = grad.data + (n0 + i) * grad.batch_stride + o * grad.ld;
+          for (int64_t ty = 0; ty < b.tiles_h; ++ty) {
+            const T* top = plane + 2 * ty * g.out_w;
+            const bool second_row = 2 * ty + 1 < g.out_h;
+            const int64_t at = i * b.slot + ty * b.tiles_w;
+            for (int64_t x_out = 0; x_out < g.out_w; ++x_out) {
+              T* row0 = x_out % 2 ? g01 : g00;
+              T* row1 = x_out % 2 ? g11 : g10;
+              row0[at + x_out / 2] = top[x_out];
+              row1[at + x_out / 2] = second_row ? top[g.out_w + x_out] : T(0);
+            }
+          }
+        }
+        T* gt = Gt + o * b.block_tiles;
+#pragma omp simd
+        for (int64_t t = 0; t < count; ++t) {
+          // Rows: (a b), (a+c b+d), (a-c b-d), (-c -d); then each row (p q) -> (p, p+q, p-q, -q).
+          const T a = g00[t], bb = g01[t], c = g10[t], d = g11[t];
+          const T p1 = a + c, q1 = bb + d, p2 = a - c, q2 = bb - d;
+          T* q = gt + t;
+          q[0] = a;
+          q[gs] = a + bb;
+          q[2 * gs] = a - bb;
+          q[3 * gs] = -bb;
+          q[4 * gs] = p1;
+          q[5 * gs] = p1 + q1;
+          q[6 * gs] = p1 - q1;
+          q[7 * gs] = -q1;
+          q[8 * gs] = p2;
+          q[9 * gs] = p2 + q2;
+          q[10 * gs] = p2 - q2;
+          q[11 * gs] = -q2;
+          q[12 * gs] = -c;
+          q[13 * gs] = -c - d;
+          q[14 * gs] = d - c;
+          q[15 * gs] = d;
+        }
+      }
+      const T beta = n0 == first ? T(0) : T(1);
+      for (int k = 0; k < 16; ++k)
+        cpu::gemm(false, true, O, C, count, T(1), Gt + k * O * b.block_tiles, b.block_tiles,
+                  V + k * C * b.block_tiles, b.block_tiles, beta, M + k * O * C, C);
+    }
+  });
+  // The threads' sums added up, then dW = G^T M G (rows (m0 + m1/2 + m2/2, m1/2 - m2/2,
+  // m1/2 + m2/2 + m3)), into a dense (O, C, 3, 3) gradient.
+  T* total = sum_of(0);
+  const bool direct = out.is_contiguous() && !shares_storage(out, context.inputs);
+  Tensor dense = direct ? out : context.workspace(out.sizes(), out.dtype());
+  T* dw = dense.data_ptr<T>();
+  parallel_for(0, O * C, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t chunk = 1; chunk < b.chunks; ++chunk)
+      for (int k = 0; k < 16; ++k) {
+        const T* partial = sum_of(chunk) + k * O * C;
+        T* into = total + k * O * C;
+#pragma omp simd
+        for (int64_t i = begin; i < end; ++i) into[i] += partial[i];
+      }
+    for (int64_t i = begin; i < end; ++i) {
+      T m[4][4];
+      for (int k = 0; k < 16; ++k) m[k / 4][k % 4] = total[k * O * C + i];
+      T h[3][4];  // G^T m
+      for (int j = 0; j < 4; ++j) {
+        h[0][j] = m[0][j] + T(0.5) * (m[1][j] + m[2][j]);
+        h[1][j] = T(0.5) * (m[1][j] - m[2][j]);
+        h[2][j] = T(0.5) * (m[1][j] + m[2][j]) + m[3][j];
+      }
+      T* kernel = dw + i * 9;
+      for (int r = 0; r < 3; ++r) {
+        kernel[r * 3] = h[r][0] + T(0.5) * (h[r][1] + h[r][2]);
+        kernel[r * 3 + 1] = T(0.5) * (h[r][1] - h[r][2]);
+        kernel[r * 3 + 2] = T(0.5) * (h[r][1] + h[r][2]) + h[r][3];
+      }
+    }
+  });
+  if (!direct) cpu::copy_strided(dense, out);
 }
 
 template <typename T>
@@ -949,7 +1378,11 @@ void conv2d_backward_weight_kernel(KernelContext& context) {
   const ConvGeometry g = geometry_from_attr(context.attrs, "weight_size", context.inputs[1].sizes(),
                                             /*other_is_weight=*/false);
   if (context.outputs[0].numel() == 0) return;
-  if (g.depthwise()) {
+  // Each thread sums the weight gradient's 16 transformed matrices: up to 256 x 256 channels
+  // (4 MB a thread), more than im2col's columns would take beyond that.
+  if (std::is_same_v<T, float> && winograd_applies(g) && g.in_channels * g.out_channels <= 65536) {
+    conv2d_winograd_backward_weight<T>(context, g);
+  } else if (g.depthwise()) {
     conv2d_depthwise_backward_weight<T>(context, g);
   } else {
     conv2d_gemm_backward_weight<T>(context, g);

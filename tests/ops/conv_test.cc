@@ -171,6 +171,60 @@ TEST(Conv2d, EveryPathMatchesTheDirectDefinition) {
   }
 }
 
+// Stride-1 3x3 convolutions over 32 or more channels in f32 run as Winograd F(2x2, 3x3) (the
+// weight gradient as F(3x3, 2x2)): forward against the direct loop, input and weight gradients
+// against the f64 (im2col) ones, on odd and even planes, every padding it takes, a strided
+// (transposed) input and a channel slice.
+TEST(Conv2d, WinogradPathMatchesTheDirectDefinitionAndTheF64Gradient) {
+  struct Case {
+    Shape x;
+    int64_t out_channels, padding;
+    bool bias, transposed;
+  };
+  const std::vector<Case> cases = {
+      {{3, 32, 8, 8}, 32, 1, true, false}, {{2, 40, 7, 9}, 36, 1, false, false},
+      {{2, 32, 5, 6}, 48, 0, true, false}, {{1, 33, 4, 4}, 32, 2, false, false},
+      {{2, 32, 2, 3}, 32, 1, true, false}, {{2, 32, 9, 7}, 32, 1, true, true},
+  };
+  for (const auto& c : cases) {
+    Tensor x = c.transposed ? transpose(randn({c.x[0], c.x[1], c.x[3], c.x[2]}), 2, 3) : randn(c.x);
+    Tensor w = randn({c.out_channels, c.x[1], 3, 3});
+    Tensor b = c.bias ? randn({c.out_channels}) : Tensor();
+    const ConvArgs args{{1, 1}, {c.padding, c.padding}, {1, 1}, 1};
+    x.set_requires_grad(true);
+    w.set_requires_grad(true);
+    Tensor y = run_conv(x, w, b, args);
+    EXPECT_TRUE(all_close(y, reference_conv2d(x, w, b, args), 1e-4, 1e-4))
+        << "x " << shape_str(c.x) << " padding " << c.padding;
+    Tensor upstream = randn(y.sizes());
+    y.backward(upstream);
+    Tensor x64 = x.detach().to(DType::kFloat64).set_requires_grad(true);
+    Tensor w64 = w.detach().to(DType::kFloat64).set_requires_grad(true);
+    Tensor y64 = run_conv(x64, w64, Tensor(), args);
+    y64.backward(upstream.to(DType::kFloat64));
+    EXPECT_TRUE(all_close(x.grad(), x64.grad(), 1e-4, 1e-4))
+        << "x " << shape_str(c.x) << " padding " << c.padding;
+    EXPECT_TRUE(all_close(w.grad(), w64.grad(), 1e-4, 1e-4))
+        << "x " << shape_str(c.x) << " padding " << c.padding;
+  }
+  // Over chunks of the batch (as a memory policy runs it), each image as in the whole batch.
+  {
+    Tensor x = randn({6, 64, 14, 14}), w = randn({64, 64, 3, 3});
+    const ConvArgs same{{1, 1}, {1, 1}, {1, 1}, 1};
+    Tensor whole = run_conv(x, w, Tensor(), same);
+    Tensor first = run_conv(slice(x, 0, 0, 2), w, Tensor(), same);
+    Tensor rest = run_conv(slice(x, 0, 2, 6), w, Tensor(), same);
+    EXPECT_TRUE(testing::bitwise_equal(slice(whole, 0, 0, 2), first));
+    EXPECT_TRUE(testing::bitwise_equal(slice(whole, 0, 2, 6), rest));
+  }
+  // A channel slice of a bigger batch: the planes are dense, the channels strided.
+  Tensor wide = slice(randn({2, 48, 6, 6}), 1, 8, 40);
+  Tensor w = randn({32, 32, 3, 3});
+  const ConvArgs same{{1, 1}, {1, 1}, {1, 1}, 1};
+  EXPECT_TRUE(all_close(run_conv(wide, w, Tensor(), same),
+                        reference_conv2d(wide, w, Tensor(), same), 1e-4, 1e-4));
+}
+
 // The weight each conv2d or linear op ran with while `run` ran.
 std::vector<Shape> weights_run(const std::function<Tensor()>& run) {
   std::vector<Shape> weights;
