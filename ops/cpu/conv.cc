@@ -528,12 +528,12 @@ WinogradBlocks winograd_blocks(const WinogradConv<T>& p) {
   const int64_t tile_bytes = 16 * (p.ins + p.outs) * static_cast<int64_t>(sizeof(T));
   const int64_t wanted_tiles = std::clamp<int64_t>((int64_t{2} << 20) / tile_bytes, 64, 1024);
   const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(get_num_threads(), p.batch));
-  // Images per block: enough for the tiles wanted, up to twice that when fewer zero columns
-  // then pad the GEMMs to whole micro-tiles, and no more than a thread's share.
+  // Images per block: enough for the tiles wanted (no more than a thread's share), or down to
+  // half that when fewer zero columns then pad the GEMMs to whole micro-tiles.
   const int64_t share = (p.batch + threads - 1) / threads;
-  const int64_t least = std::min((wanted_tiles + b.slot - 1) / b.slot, share);
-  b.block_images = least;
-  for (int64_t images = least + 1; images <= std::min(2 * least, share); ++images)
+  const int64_t most = std::min((wanted_tiles + b.slot - 1) / b.slot, share);
+  b.block_images = most;
+  for (int64_t images = most - 1; images >= (most + 1) / 2; --images)
     if ((b.gemm_tiles(images) - images * b.slot) * b.gemm_tiles(b.block_images) <
         (b.gemm_tiles(b.block_images) - b.block_images * b.slot) * b.gemm_tiles(images))
       b.block_images = images;
