@@ -203,7 +203,8 @@ def main():
         f"(OPENBLAS_THREAD_TIMEOUT={os.environ.get('OPENBLAS_THREAD_TIMEOUT', 'unset')}).",
         "- OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE: "
         + ("unset for the PyTorch side" if "OPENBLAS_CORETYPE" not in os.environ
-           else f"set ({os.environ.get('OPENBLAS_CORETYPE')}): OpenBLAS runs a slower kernel"),
+           else f"set ({os.environ.get('OPENBLAS_CORETYPE')}) for the PyTorch side: OpenBLAS "
+           "runs that kernel, not the one it picks for this CPU"),
         "- Tessel: Eigen 3.4 GEMM (default -c opt build, OpenMP), kernel build "
         f"{context.get('tessel_gemm_isa', '?')}; 3x3 stride-1 convolutions over 32 or more "
         "channels (f32) as Winograd F(2x2, 3x3) over that GEMM (forward and input gradient), "
@@ -217,7 +218,8 @@ def main():
         f"{load_after[0]:.2f} on {os.cpu_count()} cores (both sides' own work included); other "
         f"processes used {watch.cores():.2f} cores during the run.",
         f"- Machine at the start: {args.machine}.",
-        "- Every round: cpu_ops.raw.jsonl (one JSON line per operation, side and round).",
+        f"- Every round: {os.path.splitext(os.path.basename(args.output or 'cpu_ops'))[0]}"
+        ".raw.jsonl (one JSON line per operation, side and round).",
         "",
         "| operation | Tessel ms: median (IQR) | PyTorch ms: median (IQR) | Tessel / PyTorch (IQR) "
         "| Tessel GFLOP/s | PyTorch GFLOP/s |",
