@@ -438,6 +438,16 @@ bool winograd_applies(const ConvGeometry& g) {
          g.in_channels >= 32 && g.out_channels >= 32 && g.out_h >= 2 && g.out_w >= 2;
 }
 
+// A row of three taps (a, b, c) times G^T: (a, (a + b + c) / 2, (a - b + c) / 2, c), `stride`
+// apart.
+template <typename T>
+inline void winograd_filter_row(T a, T b, T c, T* out, int64_t stride) {
+  out[0] = a;
+  out[stride] = T(0.5) * (a + b + c);
+  out[2 * stride] = T(0.5) * (a - b + c);
+  out[3 * stride] = c;
+}
+
 // U[o][k][c] (16 matrices of out x in channels, interleaved by output channel: rows 16 * ins
 // apart, so one channel's 16 rows are written side by side) = G w[o][c] G^T with G = [1 0 0; 1/2
 // 1/2 1/2; 1/2 -1/2 1/2; 0 0 1]. `rotated`: the kernel of the input gradient, w'[o][c] = w[c][o]
@@ -455,8 +465,7 @@ void winograd_weights(const T* w, int64_t outs, int64_t ins, bool rotated, T* U)
       }
       const T* g = taps.data();
       T* u = U + o * 16 * ins;
-      // G g (rows r0..r3 of three taps), then (G g) G^T row by row: a row (a, b, c) gives
-      // (a, (a + b + c) / 2, (a - b + c) / 2, c).
+      // G g (rows r0..r3 of three taps), then each row times G^T.
       const int64_t ks = ins;  // between the 16 rows of one output channel
 #pragma omp simd
       for (int64_t c = 0; c < ins; ++c) {
@@ -467,23 +476,10 @@ void winograd_weights(const T* w, int64_t outs, int64_t ins, bool rotated, T* U)
                 r12 = T(0.5) * (g02 + g12 + g22);
         const T r20 = T(0.5) * (g00 - g10 + g20), r21 = T(0.5) * (g01 - g11 + g21),
                 r22 = T(0.5) * (g02 - g12 + g22);
-        T* row = u + c;
-        row[0] = g00;
-        row[ks] = T(0.5) * (g00 + g01 + g02);
-        row[2 * ks] = T(0.5) * (g00 - g01 + g02);
-        row[3 * ks] = g02;
-        row[4 * ks] = r10;
-        row[5 * ks] = T(0.5) * (r10 + r11 + r12);
-        row[6 * ks] = T(0.5) * (r10 - r11 + r12);
-        row[7 * ks] = r12;
-        row[8 * ks] = r20;
-        row[9 * ks] = T(0.5) * (r20 + r21 + r22);
-        row[10 * ks] = T(0.5) * (r20 - r21 + r22);
-        row[11 * ks] = r22;
-        row[12 * ks] = g20;
-        row[13 * ks] = T(0.5) * (g20 + g21 + g22);
-        row[14 * ks] = T(0.5) * (g20 - g21 + g22);
-        row[15 * ks] = g22;
+        winograd_filter_row(g00, g01, g02, u + c, ks);
+        winograd_filter_row(r10, r11, r12, u + 4 * ks + c, ks);
+        winograd_filter_row(r20, r21, r22, u + 8 * ks + c, ks);
+        winograd_filter_row(g20, g21, g22, u + 12 * ks + c, ks);
       }
     }
   });
