@@ -498,6 +498,15 @@ struct WinogradConv {
   DType dtype;
 };
 
+// A row of four values (a, b, c, d) times B: (a - c, b + c, c - b, b - d), `stride` apart.
+template <typename T>
+inline void winograd_input_row(T a, T b, T c, T d, T* out, int64_t stride) {
+  out[0] = a - c;
+  out[stride] = b + c;
+  out[2 * stride] = c - b;
+  out[3 * stride] = b - d;
+}
+
 // How the Winograd passes cut the output tiles: blocks of whole images, each image's tiles in a
 // slot of a multiple of 4 columns, and every GEMM as wide as a multiple of 48 tiles (zeros after
 // the last image): the GEMM kernel then takes every tile through the same full micro-tile (48
@@ -589,23 +598,10 @@ void winograd_input_tiles(const WinogradConv<T>& p, const WinogradBlocks& b, int
               e22 = d[10 * ds] - d[6 * ds], e23 = d[11 * ds] - d[7 * ds];
       const T e30 = d[4 * ds] - d[12 * ds], e31 = d[5 * ds] - d[13 * ds],
               e32 = d[6 * ds] - d[14 * ds], e33 = d[7 * ds] - d[15 * ds];
-      T* out = v + t;
-      out[0] = e00 - e02;
-      out[vs] = e01 + e02;
-      out[2 * vs] = e02 - e01;
-      out[3 * vs] = e01 - e03;
-      out[4 * vs] = e10 - e12;
-      out[5 * vs] = e11 + e12;
-      out[6 * vs] = e12 - e11;
-      out[7 * vs] = e11 - e13;
-      out[8 * vs] = e20 - e22;
-      out[9 * vs] = e21 + e22;
-      out[10 * vs] = e22 - e21;
-      out[11 * vs] = e21 - e23;
-      out[12 * vs] = e30 - e32;
-      out[13 * vs] = e31 + e32;
-      out[14 * vs] = e32 - e31;
-      out[15 * vs] = e31 - e33;
+      winograd_input_row(e00, e01, e02, e03, v + t, vs);
+      winograd_input_row(e10, e11, e12, e13, v + 4 * vs + t, vs);
+      winograd_input_row(e20, e21, e22, e23, v + 8 * vs + t, vs);
+      winograd_input_row(e30, e31, e32, e33, v + 12 * vs + t, vs);
     }
   }
 }
