@@ -24,7 +24,7 @@ class AccessPattern {
   // The ops of the program run in the step: reads are counted at the op now running.
   int64_t position() const { return position_; }
   void read(uint64_t key) {
-    if (position_ >= kMaxPositions) return;  // no steps (inference): stop logging
+    if (position_ >= kMaxPositions) return;  // no step ends (inference): stop logging
     auto& positions = current_[key];
     if (positions.empty() || positions.back() != position_) positions.push_back(position_);
   }
@@ -53,7 +53,8 @@ class AccessPattern {
 
  private:
   static constexpr uint64_t kStateBit = uint64_t{1} << 62;
-  static constexpr int64_t kMaxPositions = int64_t{1} << 22;
+  // A training step of the zoo's largest models runs tens of thousands of ops at most.
+  static constexpr int64_t kMaxPositions = int64_t{1} << 18;
   int64_t position_ = 0;
   int64_t previous_length_ = 0;
   // key -> the positions it was read at, ascending.
