@@ -25,6 +25,7 @@ int64_t Tensor::size(int64_t dim_index) const { return sizes()[wrap_dim(dim_inde
 int64_t Tensor::stride(int64_t dim_index) const { return strides()[wrap_dim(dim_index, dim())]; }
 
 bool Tensor::is_contiguous() const {
+  if (numel() == 0) return true;  // no element to place: any strides will do
   int64_t expected = 1;
   for (int64_t i = dim() - 1; i >= 0; --i) {
     if (sizes()[i] == 1) continue;

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <unordered_set>
 
@@ -1134,8 +1136,24 @@ void ResidencyManager::snapshot_for_readers(StorageImpl& storage,
   allocator_->record_event("snapshot", storage.nbytes());
 }
 
-bool ResidencyManager::allow_split(const OpDef& /*op*/) {
-  return options_.policy() == Policy::kSplit || options_.policy() == Policy::kAuto;
+// TESSEL_SPLIT_OPS=conv2d,relu_backward lets only the named ops run over chunks ("-": none), to
+// find out which op's chunks change a result; unset, every op with a split rule may.
+static bool split_allowed_by_environment(const std::string& op) {
+  static const std::optional<std::unordered_set<std::string>> allowed =
+      []() -> std::optional<std::unordered_set<std::string>> {
+    const char* value = std::getenv("TESSEL_SPLIT_OPS");
+    if (!value) return std::nullopt;
+    std::unordered_set<std::string> names;
+    std::stringstream list(value);
+    for (std::string name; std::getline(list, name, ',');) names.insert(name);
+    return names;
+  }();
+  return !allowed || allowed->count(op) > 0;
+}
+
+bool ResidencyManager::allow_split(const OpDef& op) {
+  return (options_.policy() == Policy::kSplit || options_.policy() == Policy::kAuto) &&
+         split_allowed_by_environment(op.name);
 }
 
 void ResidencyManager::on_split(const OpDef& /*op*/, int64_t /*chunks*/) {

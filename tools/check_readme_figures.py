@@ -13,7 +13,7 @@ import re
 import sys
 
 FIGURE = re.compile(r"(?<![\w.^-])(\d+\.\d+)(?:x\b|%| ms\b)|(?<![\w.^-])(\d+)%")
-CITATION = re.compile(r"bench/results/([\w.-]+\.md)")
+CITATION = re.compile(r"bench/results/([\w.-]+(?:/[\w.-]+)*\.md)")
 DATE = re.compile(r"\b(20\d\d-\d\d-\d\d)\b")
 
 

@@ -6,6 +6,8 @@
 #include <cudnn.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -14,6 +16,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/storage.h"
 #include "cuda/allocator.h"
 #include "cuda/ops/conv.h"
 #include "cuda/ops/loops.cuh"
@@ -174,33 +177,36 @@ std::vector<Choice> ranked(const Perf* results, int count) {
   return choices;
 }
 
-// The workspace bytes the heuristics say the algorithms of `pass` may use (capped).
-size_t search_workspace(ConvPass pass, cudnnHandle_t handle, const ConvDescriptors& d) {
+// cuDNN's heuristic ranking of the algorithms of `pass`, best first, from the shapes alone (no
+// trial runs, no buffers).
+std::vector<Choice> heuristic_choices(ConvPass pass, cudnnHandle_t handle,
+                                      const ConvDescriptors& d) {
   int count = 0;
-  size_t largest = 0;
-  auto note = [&](const auto* results) {
-    for (int i = 0; i < count; ++i)
-      if (results[i].status == CUDNN_STATUS_SUCCESS)
-        largest = std::max(largest, std::min(results[i].memory, kMaxSearchWorkspace));
-  };
   if (pass == ConvPass::kForward) {
     cudnnConvolutionFwdAlgoPerf_t results[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
     TESSEL_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(
         handle, d.x(), d.w(), d.conv(), d.y(), CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, results));
-    note(results);
-  } else if (pass == ConvPass::kBackwardData) {
+    return ranked(results, count);
+  }
+  if (pass == ConvPass::kBackwardData) {
     cudnnConvolutionBwdDataAlgoPerf_t results[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
     TESSEL_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
         handle, d.w(), d.y(), d.conv(), d.x(), CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count,
         results));
-    note(results);
-  } else {
-    cudnnConvolutionBwdFilterAlgoPerf_t results[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-    TESSEL_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-        handle, d.x(), d.y(), d.conv(), d.w(), CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count,
-        results));
-    note(results);
+    return ranked(results, count);
   }
+  cudnnConvolutionBwdFilterAlgoPerf_t results[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+  TESSEL_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+      handle, d.x(), d.y(), d.conv(), d.w(), CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count,
+      results));
+  return ranked(results, count);
+}
+
+// The workspace bytes the heuristics say the algorithms of `pass` may use (capped).
+size_t search_workspace(const std::vector<Choice>& heuristics) {
+  size_t largest = 0;
+  for (const Choice& choice : heuristics)
+    largest = std::max(largest, std::min(choice.memory, kMaxSearchWorkspace));
   return largest;
 }
 
@@ -229,24 +235,43 @@ std::vector<Choice> find_choices(ConvPass pass, cudnnHandle_t handle, const Conv
   return ranked(results, count);
 }
 
-// The cached ranking for this call, searching on a miss with as much of the wanted workspace as
-// the allocator has free without evicting anything. A ranking searched with less is searched
-// again once, when the whole workspace is free. The search buffer (up to 1 GiB) is freed when the
-// search returns, before the chosen algorithm takes its own workspace: the allocator hands that
-// one the same block instead of holding both at once.
+// The cached ranking for this call. Without a budget, a miss searches (times every algorithm)
+// with as much of the wanted workspace as the allocator has free without evicting anything and
+// without raising the peak: a search may use what the process needed at its peak and does not
+// hold now, so the first step's peak (from which --memory_budget's fractions are taken) holds no
+// search buffer. A ranking searched with less is searched again once, when the whole workspace
+// fits so. While a memory policy manages the device (a residency manager is installed), or with
+// the search turned off, a miss takes cuDNN's heuristic ranking instead: no search buffer competes
+// with the budget, and the chunks of a split op (new shapes) run at once. The search buffer (up to
+// 1 GiB) is freed when the search returns, before the chosen algorithm takes its own workspace:
+// the allocator hands that one the same block instead of holding both at once.
 std::vector<Choice> choices_for(ConvPass pass, cudnnHandle_t handle, const ConvDescriptors& d,
                                 const ConvBuffers& b, const std::string& key, int device) {
-  const size_t free_bytes = caching_allocator(device)->largest_allocatable();
+  const auto allocator = caching_allocator(device);
+  const bool heuristic_only = !conv_algorithm_search() || residency_hooks() != nullptr;
+  const auto usage = allocator->memory_stats().base;
+  const size_t below_peak =
+      static_cast<size_t>(std::max<int64_t>(usage.peak_allocated_bytes - usage.allocated_bytes, 0));
+  const size_t free_bytes = std::min(allocator->largest_allocatable(), below_peak);
   {
     std::lock_guard<std::mutex> lock(cache().mutex);
     auto found = cache().choices.find(key);
     if (found != cache().choices.end() &&
-        (found->second.complete || free_bytes < found->second.wanted)) {
+        (found->second.complete || heuristic_only || free_bytes < found->second.wanted)) {
       ++cache().stats.cache_hits;
       return found->second.choices;
     }
   }
-  const size_t wanted = search_workspace(pass, handle, d);
+  const std::vector<Choice> heuristics = heuristic_choices(pass, handle, d);
+  const size_t wanted = search_workspace(heuristics);
+  if (heuristic_only) {
+    TESSEL_CHECK(!heuristics.empty(), pass_op_name(pass),
+                 ": cuDNN found no algorithm for this convolution (", key, ")");
+    std::lock_guard<std::mutex> lock(cache().mutex);
+    ++cache().stats.heuristic_rankings;
+    cache().choices[key] = {heuristics, wanted, false};
+    return heuristics;
+  }
   size_t bytes = std::min(wanted, free_bytes);
   void* workspace = nullptr;
   Tensor search_buffer;
@@ -411,6 +436,19 @@ void convolution_kernel(KernelContext& context, ConvPass pass) {
 }
 
 }  // namespace
+
+namespace {
+std::atomic<bool>& search_enabled() {
+  static std::atomic<bool> enabled{[] {
+    const char* value = std::getenv("TESSEL_CUDNN_SEARCH");
+    return !(value && std::string(value) == "0");
+  }()};
+  return enabled;
+}
+}  // namespace
+
+void set_conv_algorithm_search(bool enabled) { search_enabled() = enabled; }
+bool conv_algorithm_search() { return search_enabled(); }
 
 ConvAlgorithmStats conv_algorithm_stats() {
   std::lock_guard<std::mutex> lock(cache().mutex);

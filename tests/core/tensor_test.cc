@@ -31,6 +31,15 @@ TEST(Tensor, ValuesOfAStridedViewComeOutInRowMajorOrder) {
   EXPECT_EQ(broadcast.to_vector<float>(), (std::vector<float>{4, 5, 6, 4, 5, 6}));
 }
 
+TEST(Tensor, AnEmptyTensorIsContiguousWhateverItsStrides) {
+  // contiguous_strides gives [3, 1] for [0, 3] and [1, 1] for [3, 0]: both hold no element.
+  for (const Shape& sizes : {Shape{0, 3}, Shape{3, 0}, Shape{2, 0, 4}}) {
+    Tensor empty_tensor = zeros(sizes);
+    EXPECT_TRUE(empty_tensor.is_contiguous()) << shape_str(sizes);
+    EXPECT_EQ(empty_tensor.clone().sizes(), sizes);
+  }
+}
+
 TEST(Tensor, RawBytesNeedAnAccessScope) {
   Tensor t = tensor({1, 2}, {2});
   EXPECT_TRUE(throws_error([&] { t.data_ptr<float>(); }, "outside an access scope"));

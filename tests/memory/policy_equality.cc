@@ -321,7 +321,9 @@ void check_policy_equality(const std::string& model, Policy policy, Device devic
       EXPECT_EQ(total.recomputes, 0);
       break;
     case Policy::kSplit:
-      if (policy_case.splits_expected) {
+      // On CUDA a convolution whose fastest algorithm's workspace does not fit takes one that
+      // needs less, so ResNet's ops fit whole and the policy evicts instead.
+      if (policy_case.splits_expected && !device.is_cuda()) {
         EXPECT_GT(total.splits, 0);
       } else {
         EXPECT_GT(total.evictions, 0);

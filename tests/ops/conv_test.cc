@@ -182,9 +182,15 @@ TEST(Conv2d, WinogradPathMatchesTheDirectDefinitionAndTheF64Gradient) {
     bool bias, transposed;
   };
   const std::vector<Case> cases = {
-      {{3, 32, 8, 8}, 32, 1, true, false}, {{2, 40, 7, 9}, 36, 1, false, false},
-      {{2, 32, 5, 6}, 48, 0, true, false}, {{1, 33, 4, 4}, 32, 2, false, false},
-      {{2, 32, 2, 3}, 32, 1, true, false}, {{2, 32, 9, 7}, 32, 1, true, true},
+      {{3, 32, 8, 8}, 32, 1, true, false},
+      {{2, 40, 7, 9}, 36, 1, false, false},
+      {{2, 32, 5, 6}, 48, 0, true, false},
+      {{1, 33, 4, 4}, 32, 2, false, false},
+      {{2, 32, 2, 3}, 32, 1, true, false},
+      {{2, 32, 9, 7}, 32, 1, true, true},
+      // ResNet-18's last stage on 16x16 images: 2x2 planes, 512 channels, 3x3 padding 1.
+      {{3, 512, 2, 2}, 512, 1, false, false},
+      {{5, 256, 4, 4}, 256, 1, false, false},
   };
   for (const auto& c : cases) {
     Tensor x = c.transposed ? transpose(randn({c.x[0], c.x[1], c.x[3], c.x[2]}), 2, 3) : randn(c.x);

@@ -71,9 +71,11 @@ std::vector<Case> cases() {
 // sum(output * upstream), both on the CPU.
 std::pair<Tensor, Tensor> run(const TpOp& op, const Case& c, const Tensor& values,
                               const Tensor& upstream, Device device, int64_t group) {
-  Tensor leaf = values.to(device).set_requires_grad(true);
+  // A leaf of its own on either device (values.to(cpu) would be values itself).
+  Tensor leaf = values.detach().to(device).set_requires_grad(true);
   Tensor output = op(c.view(leaf), group);
-  sum(mul(output, upstream.to(device))).backward();
+  // The loss in f32: the CPU has no bf16 arithmetic (the tp ops move bf16 as it is).
+  sum(mul(output.to(DType::kFloat32), upstream.to(DType::kFloat32).to(device))).backward();
   return {output.detach().to(Device::cpu()), leaf.grad().to(Device::cpu())};
 }
 
@@ -140,7 +142,7 @@ TEST_F(TensorParallelGpu, MaxFromTpAndTheVocabParallelLossMatchTheCpu) {
 TEST_F(TensorParallelGpu, ACpuGroupForGpuTensorsIsAClearError) {
   const Tensor x = ones({2, 4}).to(kGpu);
   EXPECT_TRUE(throws_error([&] { reduce_from_tp(x, cpu_group()); },
-                           "reduce_from_tp: the tensor-parallel group 'cpu' moves tensors on cpu "
+                           "reduce_from_tp: the tensor-parallel group 'world' moves tensors on cpu "
                            "but the input is on cuda:0"));
 }
 
