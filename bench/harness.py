@@ -302,6 +302,32 @@ def torch_environment(python, threads, env=None):
         return {"torch": "unknown"}
 
 
+# OpenBLAS's kernels that use AVX2 (its core names). On a CPU model OpenBLAS does not know it falls
+# back to Prescott (SSE3) even where AVX2 is there, which makes no fair anchor.
+AVX2_KERNELS = {"haswell", "zen", "skylakex", "cooperlake", "sapphirerapids"}
+
+
+def cpu_has_avx2(cpuinfo="/proc/cpuinfo"):
+    for line in _read(cpuinfo).splitlines():
+        if line.startswith("flags"):
+            return "avx2" in line.split()
+    return False
+
+
+def coretype_for(blas, has_avx2):
+    """The OPENBLAS_CORETYPE that gives OpenBLAS its AVX2 kernel: "Haswell" when the CPU has AVX2
+    and `blas` (as torch_environment reports it: "openblas 0.3.21 kernel Prescott") names a kernel
+    without it; None otherwise (another BLAS, or the kernel is fine)."""
+    if not has_avx2 or not blas.lower().startswith("openblas") or " kernel " not in blas:
+        return None
+    return None if blas.rsplit(" ", 1)[-1].lower() in AVX2_KERNELS else "Haswell"
+
+
+def blas_coretype(python, threads, env=None):
+    """coretype_for the OpenBLAS that `python`'s PyTorch loads here (None: leave it be)."""
+    return coretype_for(torch_environment(python, threads, env).get("blas", ""), cpu_has_avx2())
+
+
 def describe_torch(info):
     """One line for a results header."""
     parts = [f"PyTorch {info.get('torch', 'unknown')}"]
@@ -354,13 +380,22 @@ class RawLog:
 
 def main(argv=None):
     """`harness.py quiet [--max-wait S] [--force]`: for shell scripts; waits for a quiet machine
-    and prints how quiet it was (one line for a results file), or exits 1 saying why not."""
+    and prints how quiet it was (one line for a results file), or exits 1 saying why not.
+    `harness.py blas-coretype [--threads N] [--python P]`: prints the OPENBLAS_CORETYPE the
+    PyTorch side needs for its AVX2 kernel (coretype_for), or nothing."""
     import argparse
     parser = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["quiet"])
+    parser.add_argument("command", choices=["quiet", "blas-coretype"])
     parser.add_argument("--max-wait", type=float, default=300)
     parser.add_argument("--force", action="store_true")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--python", default="/usr/bin/python3")
     args = parser.parse_args(argv)
+    if args.command == "blas-coretype":
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
+        print(blas_coretype(args.python, args.threads, env) or "")
+        return 0
     try:
         quiet = wait_for_quiet(args.max_wait, args.force,
                                log=lambda line: print(line, file=sys.stderr, flush=True))

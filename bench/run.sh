@@ -41,11 +41,15 @@ bazel build //bench:gemm_bench //bench:conv_bench
 machine=$(/usr/bin/python3 bench/harness.py quiet --max-wait "$max_wait" "${force[@]}")
 
 # Some CPUs here have OPENBLAS_CORETYPE (and OPENBLAS_L2_SIZE) set so that old OpenBLAS builds
-# run; they slow a current OpenBLAS down. Unset both for this comparison only; the script
-# reports the kernel OpenBLAS then picks. OPENBLAS_THREAD_TIMEOUT=4: OpenBLAS's idle threads sleep
-# at once instead of spinning through Tessel's rounds.
+# run; they slow a current OpenBLAS down. Unset both for this comparison only; where OpenBLAS
+# then picks a kernel without AVX2 on a CPU with it (an unknown model falls back to Prescott),
+# OPENBLAS_CORETYPE=Haswell instead: the anchor is the AVX2 build. The script reports the kernel.
+# OPENBLAS_THREAD_TIMEOUT=4: OpenBLAS's idle threads sleep at once instead of spinning through
+# Tessel's rounds.
 mkdir -p bench/results
-env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OPENBLAS_NUM_THREADS="$threads" \
+coretype=$(/usr/bin/python3 bench/harness.py blas-coretype --threads "$threads")
+env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE ${coretype:+OPENBLAS_CORETYPE=$coretype} \
+  OPENBLAS_NUM_THREADS="$threads" \
   OPENBLAS_THREAD_TIMEOUT=4 OMP_NUM_THREADS="$threads" OMP_WAIT_POLICY=passive \
   /usr/bin/python3 bench/torch_compare.py --threads "$threads" --min-time "$min_time" \
   --rounds "$rounds" --filter "$filter" \

@@ -219,6 +219,11 @@ void ResidencyManager::register_storage(StorageImpl& storage) {
 
 bool ResidencyManager::keeps_records() const { return keeps_records_for(options_.policy()); }
 
+bool ResidencyManager::auto_trying() const {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  return options_.policy() == Policy::kAuto && pressure_seen_ && !auto_tuned_;
+}
+
 bool ResidencyManager::swaps_now() const {
   return last_resort_ ||
          (swaps_for(options_.policy()) &&

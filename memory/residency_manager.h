@@ -185,6 +185,9 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   size_t candidate_threshold();
   void set_host_bandwidth(double bytes_per_second);
   ResidencyStats stats() const;
+  // Whether auto is still trying its ways (two steps each, once memory has been short): a
+  // measurement of its steady state waits until this is false. False for the other policies.
+  bool auto_trying() const;
   CachingAllocator& allocator() const { return *allocator_; }
   HostLink& host_link() { return link_; }
 

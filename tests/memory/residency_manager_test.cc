@@ -208,6 +208,31 @@ TEST(Auto, ConvNetUnderABudgetMatchesWithoutOne) {
   EXPECT_GT(automatic.counters.evictions + automatic.counters.swaps_out, 0);
 }
 
+// auto tries its three ways for two steps each once memory has been short, then keeps one: what
+// a benchmark of its steady state waits for (memory_sweep).
+TEST(Auto, TriesItsWaysForAFewStepsThenKeepsOne) {
+  ModelCase model = conv_case();
+  RunResult reference = train(model, MemoryOptions());
+  std::vector<bool> trying;
+  {
+    MemoryScope scope(budgeted(reference, 0.5, Policy::kAuto));
+    manual_seed(1234);
+    auto network = model.make_model();
+    optim::SGD sgd(network->parameters(), optim::SGDOptions(0.05).momentum(0.9));
+    for (int step = 0; step < 10; ++step) {
+      auto [input, labels] = model.batch(step);
+      sgd.zero_grad();
+      cross_entropy(network->forward(input), labels).backward();
+      sgd.step();
+      trying.push_back(scope.manager()->auto_trying());
+    }
+  }
+  EXPECT_TRUE(std::find(trying.begin(), trying.end(), true) != trying.end());
+  EXPECT_FALSE(trying.back());
+  MemoryScope dtr(budgeted(reference, 0.5, Policy::kDtr));
+  EXPECT_FALSE(dtr.manager()->auto_trying());
+}
+
 TEST(Counters, StepCountersAddUpToTheTotalsAndFormatIntoAStatusLine) {
   ModelCase model = mlp_case();
   RunResult reference = train(model, MemoryOptions());

@@ -86,6 +86,29 @@ class Quiet(unittest.TestCase):
         self.assertRegex(result.stdout, r"^(quiet|taken under load \(--force\)).*load average")
 
 
+class BlasAnchor(unittest.TestCase):
+    def test_an_sse3_kernel_on_an_avx2_cpu_is_pinned_to_haswell(self):
+        self.assertEqual(harness.coretype_for("openblas 0.3.21 kernel Prescott", True), "Haswell")
+        self.assertEqual(harness.coretype_for("openblas 0.3.21 kernel Sandybridge", True),
+                         "Haswell")
+
+    def test_an_avx2_kernel_another_blas_or_an_older_cpu_stay_as_they_are(self):
+        self.assertIsNone(harness.coretype_for("openblas 0.3.21 kernel Haswell", True))
+        self.assertIsNone(harness.coretype_for("openblas 0.3.21 kernel Zen", True))
+        self.assertIsNone(harness.coretype_for("openblas 0.3.21 kernel Prescott", False))
+        self.assertIsNone(harness.coretype_for("mkl 2024.0 kernel skylake", True))
+        self.assertIsNone(harness.coretype_for("", True))
+
+    def test_the_cpu_flags_are_read_from_cpuinfo(self):
+        with tempfile.NamedTemporaryFile("w", suffix="cpuinfo", delete=False) as handle:
+            handle.write("processor\t: 0\nflags\t\t: fpu sse3 avx avx2 fma\n")
+        self.assertTrue(harness.cpu_has_avx2(handle.name))
+        with open(handle.name, "w") as rewritten:
+            rewritten.write("processor\t: 0\nflags\t\t: fpu sse3 avx\n")
+        self.assertFalse(harness.cpu_has_avx2(handle.name))
+        os.unlink(handle.name)
+
+
 class OtherProcesses(unittest.TestCase):
     def test_a_busy_process_outside_this_tree_is_named(self):
         # The shell exits at once: its background `yes` is no descendant of this process.
