@@ -235,16 +235,16 @@ std::vector<Choice> find_choices(ConvPass pass, cudnnHandle_t handle, const Conv
   return ranked(results, count);
 }
 
-// The cached ranking for this call. Without a budget, a miss searches (times every algorithm)
-// with as much of the wanted workspace as the allocator has free without evicting anything and
-// without raising the peak: a search may use what the process needed at its peak and does not
-// hold now, so the first step's peak (from which --memory_budget's fractions are taken) holds no
-// search buffer. A ranking searched with less is searched again once, when the whole workspace
-// fits so. While a memory policy manages the device (a residency manager is installed), or with
-// the search turned off, a miss takes cuDNN's heuristic ranking instead: no search buffer competes
-// with the budget, and the chunks of a split op (new shapes) run at once. The search buffer (up to
-// 1 GiB) is freed when the search returns, before the chosen algorithm takes its own workspace:
-// the allocator hands that one the same block instead of holding both at once.
+// The cached ranking for this call. Outside a memory policy, a miss searches (times every
+// algorithm) with as much of the wanted workspace as the allocator has free without evicting
+// anything and without raising the peak: a search may use what the process needed at its peak and
+// does not hold now, so the first step's peak (from which --memory_budget's fractions are taken)
+// holds no search buffer. A ranking searched with less is searched again once, when the whole
+// workspace fits so. While a memory policy manages the device (a residency manager is installed),
+// or with the search turned off, a miss takes cuDNN's heuristic ranking instead: no search buffer
+// competes with the budget, and the chunks of a split op (new shapes) run at once. The search
+// buffer (up to 1 GiB) is freed when the search returns, before the chosen algorithm takes its own
+// workspace: the allocator hands that one the same block instead of holding both at once.
 std::vector<Choice> choices_for(ConvPass pass, cudnnHandle_t handle, const ConvDescriptors& d,
                                 const ConvBuffers& b, const std::string& key, int device) {
   const auto allocator = caching_allocator(device);
