@@ -323,6 +323,12 @@ def coretype_for(blas, has_avx2):
     return None if blas.rsplit(" ", 1)[-1].lower() in AVX2_KERNELS else "Haswell"
 
 
+def without_blas_overrides(env):
+    """`env` less the OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE some machines set for old OpenBLAS
+    builds (they slow a current one down)."""
+    return {k: v for k, v in env.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
+
+
 def blas_coretype(python, threads, env=None):
     """coretype_for the OpenBLAS that `python`'s PyTorch loads here (None: leave it be)."""
     return coretype_for(torch_environment(python, threads, env).get("blas", ""), cpu_has_avx2())
@@ -392,9 +398,7 @@ def main(argv=None):
     parser.add_argument("--python", default="/usr/bin/python3")
     args = parser.parse_args(argv)
     if args.command == "blas-coretype":
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
-        print(blas_coretype(args.python, args.threads, env) or "")
+        print(blas_coretype(args.python, args.threads, without_blas_overrides(os.environ)) or "")
         return 0
     try:
         quiet = wait_for_quiet(args.max_wait, args.force,
