@@ -30,6 +30,24 @@ void BM_GemmF32(benchmark::State& state) {
   set_gflops(state, n);
 }
 
+// The linear op's GEMM alone: B read transposed, C holding the bias (beta = 1).
+void BM_GemmF32TransposedB(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  const bool accumulate = state.range(1) != 0;
+  std::vector<float> a(n * n), b(n * n), c(n * n);
+  for (int64_t i = 0; i < n * n; ++i) {
+    a[i] = static_cast<float>((i * 37) % 17 - 8) / 8.0f;
+    b[i] = static_cast<float>((i * 29) % 13 - 6) / 6.0f;
+  }
+  for (auto _ : state) {
+    tessel::cpu::gemm(false, true, n, n, n, 1.0f, a.data(), n, b.data(), n,
+                      accumulate ? 1.0f : 0.0f, c.data(), n);
+    benchmark::DoNotOptimize(c.data());
+    benchmark::ClobberMemory();
+  }
+  set_gflops(state, n);
+}
+
 void BM_MatmulF32(benchmark::State& state) {
   const int64_t n = state.range(0);
   tessel::Tensor a = tessel::randn({n, n});
@@ -79,6 +97,10 @@ void up_to_512(benchmark::internal::Benchmark* registered) { sizes_up_to(registe
 }  // namespace
 
 BENCHMARK(BM_GemmF32)->Apply(up_to_2048);
+BENCHMARK(BM_GemmF32TransposedB)
+    ->ArgsProduct({{64, 128, 256, 512}, {0, 1}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_MatmulF32)->Apply(up_to_2048);
 BENCHMARK(BM_LinearF32)->Apply(up_to_2048);
 BENCHMARK(BM_BmmF32)->Apply(up_to_512);

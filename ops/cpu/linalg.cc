@@ -130,7 +130,12 @@ void linear_product_kernel(KernelContext& context) {
                  [&](int64_t begin, int64_t end) {
                    for (int64_t r = begin; r < end; ++r) {
                      T* row = result + r * out_features;
-                     for (int64_t j = 0; j < out_features; ++j) row[j] = bias_data[j * bias_stride];
+                     if (bias_stride == 1) {
+                       std::copy(bias_data, bias_data + out_features, row);
+                     } else {
+                       for (int64_t j = 0; j < out_features; ++j)
+                         row[j] = bias_data[j * bias_stride];
+                     }
                    }
                  });
     beta = T(1);
