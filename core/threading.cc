@@ -12,7 +12,8 @@ namespace tessel {
 
 namespace {
 std::atomic<int> num_threads{0};  // 0: not set yet
-}
+thread_local int thread_cap = 0;  // 0: none
+}  // namespace
 
 void set_num_threads(int threads) {
   TESSEL_CHECK(threads >= 1, "set_num_threads: expected at least 1 thread, got ", threads);
@@ -26,8 +27,15 @@ int get_num_threads() {
     threads = std::max(1u, std::thread::hardware_concurrency());
     set_num_threads(threads);
   }
-  return threads;
+  return thread_cap > 0 ? std::min(threads, thread_cap) : threads;
 }
+
+ThreadCap::ThreadCap(int threads) : previous_(thread_cap) {
+  TESSEL_CHECK(threads >= 1, "ThreadCap: expected at least 1 thread, got ", threads);
+  thread_cap = previous_ > 0 ? std::min(previous_, threads) : threads;
+}
+
+ThreadCap::~ThreadCap() { thread_cap = previous_; }
 
 void parallel_for(int64_t begin, int64_t end, int64_t grain,
                   const std::function<void(int64_t, int64_t)>& fn) {

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "core/rng.h"
+#include "core/threading.h"
 
 namespace tessel::data {
 
@@ -79,6 +80,8 @@ void DataLoader::start_epoch(int64_t epoch) {
 }
 
 void DataLoader::worker_loop() {
+  // The step's ops use every thread set_num_threads allows; this thread's run beside them.
+  ThreadCap one_thread(1);
   const int64_t total = num_batches();
   while (true) {
     int64_t batch_index;

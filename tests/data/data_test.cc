@@ -4,7 +4,9 @@
 #include <cmath>
 #include <fstream>
 #include <set>
+#include <thread>
 
+#include "core/threading.h"
 #include "data/data_loader.h"
 #include "data/dataset.h"
 #include "data/idx.h"
@@ -316,6 +318,45 @@ TEST(DataLoader, ErrorsFromTheWorkerThreadReachNext) {
   EXPECT_TRUE(loader.next().has_value());
   EXPECT_TRUE(throws_error([&] { loader.next(); }, "example 5 is bad"));
   EXPECT_FALSE(loader.next().has_value());
+}
+
+// The background thread's ops run beside the step's, so they get one thread; without prefetch
+// the transform runs on the caller's thread with the threads set for it.
+TEST(DataLoader, TheBackgroundThreadsOpsRunOnOneThread) {
+  const int before = tessel::get_num_threads();
+  tessel::set_num_threads(2);
+  for (int64_t prefetch : {2, 0}) {
+    std::vector<int> seen;
+    DataLoader loader(
+        std::make_shared<CountingDataset>(6),
+        DataLoaderOptions().batch_size(2).shuffle(false).prefetch(prefetch).transform(
+            [&](Batch&, const BatchInfo&) { seen.push_back(tessel::get_num_threads()); }));
+    loader.start_epoch(0);
+    while (loader.next()) {
+    }
+    EXPECT_EQ(seen, std::vector<int>(3, prefetch > 0 ? 1 : 2)) << "prefetch " << prefetch;
+  }
+  EXPECT_EQ(tessel::get_num_threads(), 2);
+  tessel::set_num_threads(before);
+}
+
+TEST(ThreadCap, CapsThisThreadOnlyAndNests) {
+  const int before = tessel::get_num_threads();
+  tessel::set_num_threads(4);
+  {
+    tessel::ThreadCap two(2);
+    EXPECT_EQ(tessel::get_num_threads(), 2);
+    {
+      tessel::ThreadCap more(3);  // a cap inside a lower one keeps the lower
+      EXPECT_EQ(tessel::get_num_threads(), 2);
+    }
+    int other = 0;
+    std::thread([&] { other = tessel::get_num_threads(); }).join();
+    EXPECT_EQ(other, 4);
+  }
+  EXPECT_EQ(tessel::get_num_threads(), 4);
+  EXPECT_TRUE(throws_error([] { tessel::ThreadCap none(0); }, "at least 1 thread"));
+  tessel::set_num_threads(before);
 }
 
 std::vector<std::vector<int64_t>> targets_of(DataLoader::Epoch epoch) {
