@@ -921,9 +921,11 @@ TEST_F(DistributedRecipe, BertPlansRunTheirOwnOpsLikeOneProcess) {
 }
 
 // A checkpoint written under a plan holds whole tensors: a run without the plan (--dp=2 here)
-// resumes from it and ends where one process does.
+// resumes from it and ends where one process does; a plan with per-op degrees resumes one
+// process's checkpoint the same way.
 TEST_F(DistributedRecipe, BertCheckpointWrittenUnderAPlanResumesWithoutIt) {
-  const TrainConfig alone = planned_bert_config("bert_plan_resume");
+  TrainConfig alone = planned_bert_config("bert_plan_resume");
+  alone.checkpoint_every = 2;
   const RecipeResult expected = run_alone(alone);
   TrainConfig planned = alone;
   planned.plan = shared_plan([&] { return bert_recipe_plan(expected.last_checkpoint, false); },
@@ -945,6 +947,25 @@ TEST_F(DistributedRecipe, BertCheckpointWrittenUnderAPlanResumesWithoutIt) {
   EXPECT_EQ(saved.at("bert.encoder.layer.0.attention.self.query.weight").sizes(),
             Shape({128, 128}));
   EXPECT_EQ(saved.at("bert.encoder.layer.0.intermediate.dense.weight").sizes(), Shape({512, 128}));
+  EXPECT_NEAR(resumed.final_train_loss, expected.final_train_loss,
+              1e-4 * std::abs(expected.final_train_loss));
+  expect_close_parameters(resumed.last_checkpoint, expected.last_checkpoint);
+}
+
+TEST_F(DistributedRecipe, BertPlanWithPerOpDegreesResumesACheckpointOfOneProcess) {
+  TrainConfig alone = planned_bert_config("bert_plan_from_alone");
+  alone.checkpoint_every = 2;
+  const RecipeResult expected = run_alone(alone);
+  TrainConfig planned = alone;
+  planned.plan = shared_plan([&] { return bert_recipe_plan(expected.last_checkpoint, true); },
+                             "bert_plan_from_alone");
+  planned.resume = folder("bert_plan_from_alone_alone") + "/step_2";
+  planned.checkpoint_dir = folder("bert_plan_from_alone_planned");
+  std::ostringstream log;
+  const RecipeResult resumed = run_recipe(planned, log);
+  EXPECT_EQ(resumed.resumed_from_step, 2);
+  EXPECT_EQ(resumed.steps, 3);
+  if (rank() != 0) return;
   EXPECT_NEAR(resumed.final_train_loss, expected.final_train_loss,
               1e-4 * std::abs(expected.final_train_loss));
   expect_close_parameters(resumed.last_checkpoint, expected.last_checkpoint);
