@@ -346,7 +346,7 @@ ParallelBert::ParallelBert(models::BertForPreTraining& model, const RunLayout& l
           cut.split_dim < static_cast<int>(shape.size()) && shape[cut.split_dim] % cut.parts == 0,
           "--plan: the plan cuts ", cut.name, " in ", cut.parts, " parts along dim ", cut.split_dim,
           ", but this run's is ", shape_str(shape),
-          " (the vocabulary comes from the data): ", make_plan(), " or train with --tp instead");
+          " (this recipe's vocabulary comes from the data): ", make_plan());
     }
     // The copy the plan runs turns into meta tensors; `model` stays whole for evaluation. Its
     // initialisation does not draw from the training's random-number stream.
