@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -976,8 +977,10 @@ TEST_F(DistributedRecipe, BertPlanThatDoesNotFitTheRunIsAClearError) {
   const TrainConfig alone = planned_bert_config("bert_plan_errors");
   const RecipeResult expected = run_alone(alone);
   auto fails_with = [&](const std::function<void(planner::PlanFile&)>& change,
-                        const std::string& name, const std::string& message) {
+                        const std::string& name, const std::string& message,
+                        std::optional<double> dropout = 0.0) {
     TrainConfig planned = alone;
+    planned.dropout = dropout;
     planned.plan = shared_plan(
         [&] {
           planner::PlanFile plan = bert_recipe_plan(expected.last_checkpoint, false);
@@ -1013,6 +1016,9 @@ TEST_F(DistributedRecipe, BertPlanThatDoesNotFitTheRunIsAClearError) {
       "bert_plan_vocabulary",
       "--plan: the plan cuts bert.embeddings.word_embeddings.weight in 2 parts along dim 0, but "
       "this run's is [159, 128]");
+  // Dropout at 0 runs no op: a plan traced without it does not fit a run with dropout.
+  fails_with([](planner::PlanFile&) {}, "bert_plan_dropout",
+             "--plan: the plan was traced without dropout, this run trains with it", std::nullopt);
 }
 
 TEST_F(DistributedRecipe, CheckpointThatDoesNotSplitIsAnError) {

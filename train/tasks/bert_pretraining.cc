@@ -332,6 +332,18 @@ ParallelBert::ParallelBert(models::BertForPreTraining& model, const RunLayout& l
     TESSEL_CHECK(plan.batch == batch_size && plan.seq >= max_seq, "--plan: the plan was made for ",
                  plan.batch, " sequences of ", plan.seq, " positions, this run trains batches of ",
                  batch_size, " sequences of up to ", max_seq, " positions: ", make_plan());
+    // Dropout at 0 runs no op, so the plan's trace must agree with this run about dropout.
+    const bool plan_drops = std::any_of(plan.ops.begin(), plan.ops.end(),
+                                        [](const auto& op) { return op.op == "dropout"; });
+    const bool run_drops =
+        model.config.hidden_dropout_prob() > 0 || model.config.attention_probs_dropout_prob() > 0;
+    TESSEL_CHECK(plan_drops == run_drops, "--plan: the plan was traced ",
+                 plan_drops ? "with" : "without", " dropout, this run trains ",
+                 run_drops ? "with" : "without",
+                 plan_drops ? " it: train with dropout (//parallel:plan traces BERT with its "
+                              "default dropout) or make a plan from a trace without dropout"
+                            : " it: train with --dropout=0 or make a plan from a trace with "
+                              "dropout (//parallel:plan traces BERT so)");
     // The plan's cuts must divide this run's tensors (its vocabulary comes from the data, not
     // from the model's name the plan was made for).
     std::map<std::string, Shape> shapes;
