@@ -20,11 +20,13 @@ bool is_bert(const std::string& model) { return model.rfind(kBertPrefix, 0) == 0
 namespace {
 
 // Why the recipes (or, for a module of one's own, parallel::ParallelModule) would not run
-// `choice` as priced; empty when they do. The recipes run a zoo model's plan on one dp x tp grid
-// (the vision models through ParallelModule, BERT in its own tensor-parallel form), ZeRO beside
-// a tensor-parallel group for BERT only.
+// `choice` as priced; empty when they do. The vision recipes run a plan on one dp x tp grid
+// (through ParallelModule with a tensor-parallel group); BERT's recipe and a module of one's own
+// run plans through ParallelModule, which runs per-op degrees over one group of all `devices`
+// (each op splits the batch or the model over every device, or runs whole). ZeRO beside a
+// tensor-parallel group runs for BERT only, on one grid (its recipe's own tensor-parallel form).
 std::string not_run_reason(const Graph& graph, const std::vector<std::vector<Strategy>>& strategies,
-                           const std::vector<int>& choice, int zero_stage) {
+                           const std::vector<int>& choice, int zero_stage, int devices) {
   std::set<std::pair<int, int>> degrees;
   bool tensor_parallel = false;
   for (const TracedOp& op : graph.ops) {
@@ -32,9 +34,20 @@ std::string not_run_reason(const Graph& graph, const std::vector<std::vector<Str
     if (!s.fully_replicated()) degrees.insert({s.dp, s.tp});
     tensor_parallel = tensor_parallel || s.tp > 1;
   }
-  if (degrees.size() > 1 && !graph.user_module && !graph.model.empty())
-    return "the recipes run a plan's ops on its dp x tp grid; ops at other degrees run through "
-           "parallel::ParallelModule";
+  const bool vision_recipe = !graph.user_module && !graph.model.empty() && !is_bert(graph.model);
+  if (degrees.size() > 1) {
+    if (vision_recipe)
+      return "the vision recipes run a plan's ops on its dp x tp grid; ops at other degrees run "
+             "through parallel::ParallelModule (BERT's recipe does)";
+    for (const auto& [dp, tp] : degrees)
+      if (!(dp == devices && tp == 1) && !(dp == 1 && tp == devices))
+        return "parallel::ParallelModule runs per-op degrees over all " + std::to_string(devices) +
+               " devices only (each op splitting the batch or the model over every device, or "
+               "running whole), not an op at dp=" +
+               std::to_string(dp) + " tp=" + std::to_string(tp);
+    if (zero_stage > 0)
+      return "parallel::ParallelModule does not run ZeRO beside per-op degrees yet";
+  }
   if (zero_stage > 0 && tensor_parallel && !is_bert(graph.model))
     return "parallel::ParallelModule does not run ZeRO beside a tensor-parallel group yet";
   return "";
@@ -116,7 +129,8 @@ PlannedPoint describe_choice(const Graph& graph,
     b.parameter_bytes += shared_parameter_bytes(graph, shared, owner, user);
   }
   b.backward_working_bytes = backward_working_bytes(graph, strategies, choice);
-  point.not_executable_reason = not_run_reason(graph, strategies, choice, config.zero_stage);
+  point.not_executable_reason =
+      not_run_reason(graph, strategies, choice, config.zero_stage, config.devices);
   point.executable = point.not_executable_reason.empty();
   point.cost.memory =
       b.parameter_bytes + remat_fraction * b.activation_bytes + b.backward_working_bytes;
@@ -268,8 +282,9 @@ PlanResult plan_graph(const Graph& graph, const PlanOptions& options) {
         for (auto& point : track_frontier(costs, options.frontier, &stats)) {
           for (size_t op = 0; op < subset.size(); ++op)
             point.choice[op] = subset[op][point.choice[op]];
-          const bool runs =
-              not_run_reason(graph, strategies_at[stage], point.choice, stage).empty();
+          const bool runs = not_run_reason(graph, strategies_at[stage], point.choice, stage,
+                                           options.config.devices)
+                                .empty();
           // The frontier adds up what each op keeps; the peak also holds the most gradients
           // alive at once in backward.
           point.cost.memory += backward_working_bytes(graph, strategies_at[stage], point.choice);

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -25,6 +26,7 @@
 #include "optim/sgd.h"
 #include "parallel/planner/plan_io.h"
 #include "parallel/planner/planner.h"
+#include "parallel/planner/trace_module.h"
 #include "parallel/tensor_parallel.h"
 #include "tests/parallel/mpi_testing.h"
 #include "tests/testing.h"
@@ -324,6 +326,23 @@ TEST_F(DistributedRecipe, PlanWithAZeroStageRunsIt) {
   EXPECT_TRUE(throws_error([&] { run_recipe(planned, log); }, "sets ZeRO stage 2 itself"));
 }
 
+// Planning on 2 ranks with a profile about this machine's cores.
+planner::PlanOptions two_rank_plan_options() {
+  planner::PlanOptions options;
+  options.config.devices = 2;
+  planner::DeviceProfile& profile = options.config.profile;
+  profile.name = "test";
+  profile.devices_per_node = 2;
+  profile.memory_per_device = 1e10;
+  profile.gemm_flops = profile.conv_flops = 1e10;
+  profile.elementwise_flops = 1e9;
+  profile.memory_bandwidth = 1e10;
+  for (auto& level : profile.collectives)
+    for (auto& link : level) link = {1e-5, 1e9};
+  options.remat_fractions = {1.0};
+  return options;
+}
+
 // A plan with a tensor-parallel group runs its own ops as the planner priced them (channel-split
 // convolutions and linears, through parallel::ParallelModule): ResNet-18 and ShuffleNet v2 train
 // like one process, and the checkpoint holds whole tensors, as a one-process run writes them.
@@ -333,19 +352,8 @@ TEST_F(DistributedRecipe, PlanWithATensorParallelGroupRunsItsOwnOps) {
         {"shufflenet_v2_fashion_mnist", "shufflenet_v2_x0_5", true}}) {
     planner::ModelSpec spec{model, 16, 0, 28, 10, 1, small_stem};
     const planner::Graph graph = models::trace_model(spec);
-    planner::PlanOptions options;
-    options.config.devices = 2;
-    options.config.min_tp = 2;                                 // the model split over both ranks
-    planner::DeviceProfile& profile = options.config.profile;  // about this machine's cores
-    profile.name = "test";
-    profile.devices_per_node = 2;
-    profile.memory_per_device = 1e10;
-    profile.gemm_flops = profile.conv_flops = 1e10;
-    profile.elementwise_flops = 1e9;
-    profile.memory_bandwidth = 1e10;
-    for (auto& level : profile.collectives)
-      for (auto& link : level) link = {1e-5, 1e9};
-    options.remat_fractions = {1.0};
+    planner::PlanOptions options = two_rank_plan_options();
+    options.config.min_tp = 2;  // the model split over both ranks
     const planner::PlanResult result = planner::plan_graph(graph, options);
     const planner::PlanFile plan =
         planner::make_plan_file(graph, result, result.chosen, spec, options);
@@ -819,6 +827,198 @@ TEST_F(DistributedRecipe, BertCheckpointResumesInAnotherLayoutFromRankZerosRng) 
   if (rank() != 0) return;
   expect_same_bits(resumed[1].last_checkpoint + "/model.safetensors",
                    resumed[0].last_checkpoint + "/model.safetensors");
+}
+
+// ---- BERT's recipe under --plan: the plan's own ops through parallel::ParallelModule.
+
+constexpr int64_t kPlannedBertBatch = 8;  // the test corpus's 88 training sequences: 11 batches
+constexpr int64_t kPlannedBertSeq = 128;  // the recipe's longest sequence
+
+// BERT tiny without dropout as the recipe builds it (its vocabulary, from the data, read off
+// `checkpoint`), planned on 2 ranks for the recipe's batches: a point whose ops split at one
+// pair of degrees with a tensor-parallel group, or one with per-op degrees.
+planner::PlanFile bert_recipe_plan(const std::string& checkpoint, bool per_op_degrees) {
+  const int64_t vocab = load_safetensors(checkpoint + "/model.safetensors")
+                            .at("bert.embeddings.word_embeddings.weight")
+                            .size(0);
+  models::BertForPreTraining model(models::BertConfig::tiny().vocab_size(vocab).dropout(0));
+  const planner::Graph graph = planner::trace_module(
+      model, models::bert_pretraining_step(kPlannedBertBatch, kPlannedBertSeq));
+  planner::PlanOptions options = two_rank_plan_options();
+  options.per_op_degrees = per_op_degrees;
+  if (!per_op_degrees) options.config.min_tp = 2;  // the model split over both ranks
+  const planner::PlanResult result = planner::plan_graph(graph, options);
+  planner::ModelSpec spec;
+  spec.name = "bert_tiny";
+  spec.batch = kPlannedBertBatch;
+  spec.seq = kPlannedBertSeq;
+  for (int point = 0; point < static_cast<int>(result.frontier.size()); ++point) {
+    const planner::PlanFile plan = planner::make_plan_file(graph, result, point, spec, options);
+    if (has_per_op_degrees(plan) == per_op_degrees && (per_op_degrees || plan.mesh_tp == 2))
+      return plan;
+  }
+  ADD_FAILURE() << "no frontier point " << (per_op_degrees ? "with" : "without")
+                << " per-op degrees";
+  return {};
+}
+
+// Rank 0 writes `plan` to `name`.json; every rank gets its path.
+std::string shared_plan(const std::function<planner::PlanFile()>& plan, const std::string& name) {
+  const std::string path = test_folder(name + ".json");
+  if (world_rank() == 0) planner::write_plan(plan(), path);
+  MPI_Barrier(MPI_COMM_WORLD);
+  return path;
+}
+
+double eval_value(const RecipeResult& result, const std::string& name) {
+  for (const auto& [key, value] : result.final_eval)
+    if (key == name) return value;
+  ADD_FAILURE() << "no evaluation value " << name;
+  return 0;
+}
+
+TrainConfig planned_bert_config(const std::string& name) {
+  TrainConfig config = bert_fortunes_config(name);
+  config.batch_size = kPlannedBertBatch;
+  config.dropout = 0;  // one process draws no other masks than the ranks
+  config.optimizer = "sgd";
+  config.lr = 0.1;  // a gradient off by a factor shows in the parameters
+  config.steps = 3;
+  config.checkpoint_dir = test_folder(name + "_alone");
+  return config;
+}
+
+// Under mpirun -np 2 a plan with a tensor-parallel group, and one with per-op degrees (each op
+// splits the batch or the model over both ranks, or runs whole), train what one process trains:
+// the loss, the parameters (gathered whole into the checkpoint) and the held-out evaluation (run
+// on the whole model gathered from the shards).
+TEST_F(DistributedRecipe, BertPlansRunTheirOwnOpsLikeOneProcess) {
+  const TrainConfig alone = planned_bert_config("bert_planned");
+  const RecipeResult expected = run_alone(alone);
+  for (bool per_op_degrees : {false, true}) {
+    const std::string name = per_op_degrees ? "bert_planned_per_op" : "bert_planned_tp";
+    TrainConfig planned = alone;
+    planned.plan = shared_plan(
+        [&] { return bert_recipe_plan(expected.last_checkpoint, per_op_degrees); }, name);
+    planned.checkpoint_dir = folder(name);
+    std::ostringstream log;
+    const RecipeResult actual = run_recipe(planned, log);
+    if (rank() != 0) continue;
+    EXPECT_EQ(actual.steps, 3);
+    EXPECT_NE(log.str().find("dp 1 x tp 2 from plan"), std::string::npos) << log.str();
+    EXPECT_NE(log.str().find("run the plan's ops as priced"), std::string::npos) << log.str();
+    EXPECT_EQ(log.str().find("per-op degrees: each op splits the batch or the model over every "
+                             "rank") != std::string::npos,
+              per_op_degrees)
+        << log.str();
+    EXPECT_NEAR(actual.final_train_loss, expected.final_train_loss,
+                1e-4 * std::abs(expected.final_train_loss))
+        << name;
+    expect_close_parameters(actual.last_checkpoint, expected.last_checkpoint);
+    const double expected_mlm = eval_value(expected, "mlm_loss");
+    EXPECT_GT(expected_mlm, 0);
+    EXPECT_NEAR(eval_value(actual, "mlm_loss"), expected_mlm, 1e-4 * expected_mlm) << name;
+  }
+}
+
+// A checkpoint written under a plan holds whole tensors: a run without the plan (--dp=2 here)
+// resumes from it and ends where one process does; a plan with per-op degrees resumes one
+// process's checkpoint the same way.
+TEST_F(DistributedRecipe, BertCheckpointWrittenUnderAPlanResumesWithoutIt) {
+  TrainConfig alone = planned_bert_config("bert_plan_resume");
+  alone.checkpoint_every = 2;
+  const RecipeResult expected = run_alone(alone);
+  TrainConfig planned = alone;
+  planned.plan = shared_plan([&] { return bert_recipe_plan(expected.last_checkpoint, false); },
+                             "bert_plan_resume");
+  planned.steps = 2;
+  planned.checkpoint_dir = folder("bert_plan_resume_planned");
+  std::ostringstream log;
+  run_recipe(planned, log);
+  TrainConfig plain = alone;
+  plain.dp = 2;
+  plain.resume = folder("bert_plan_resume_planned") + "/step_2";
+  plain.checkpoint_dir = folder("bert_plan_resume_plain");
+  const RecipeResult resumed = run_recipe(plain, log);
+  EXPECT_EQ(resumed.resumed_from_step, 2);
+  EXPECT_EQ(resumed.steps, 3);
+  if (rank() != 0) return;
+  const auto saved =
+      load_safetensors(folder("bert_plan_resume_planned") + "/step_2/model.safetensors");
+  EXPECT_EQ(saved.at("bert.encoder.layer.0.attention.self.query.weight").sizes(),
+            Shape({128, 128}));
+  EXPECT_EQ(saved.at("bert.encoder.layer.0.intermediate.dense.weight").sizes(), Shape({512, 128}));
+  EXPECT_NEAR(resumed.final_train_loss, expected.final_train_loss,
+              1e-4 * std::abs(expected.final_train_loss));
+  expect_close_parameters(resumed.last_checkpoint, expected.last_checkpoint);
+}
+
+TEST_F(DistributedRecipe, BertPlanWithPerOpDegreesResumesACheckpointOfOneProcess) {
+  TrainConfig alone = planned_bert_config("bert_plan_from_alone");
+  alone.checkpoint_every = 2;
+  const RecipeResult expected = run_alone(alone);
+  TrainConfig planned = alone;
+  planned.plan = shared_plan([&] { return bert_recipe_plan(expected.last_checkpoint, true); },
+                             "bert_plan_from_alone");
+  planned.resume = folder("bert_plan_from_alone_alone") + "/step_2";
+  planned.checkpoint_dir = folder("bert_plan_from_alone_planned");
+  std::ostringstream log;
+  const RecipeResult resumed = run_recipe(planned, log);
+  EXPECT_EQ(resumed.resumed_from_step, 2);
+  EXPECT_EQ(resumed.steps, 3);
+  if (rank() != 0) return;
+  EXPECT_NEAR(resumed.final_train_loss, expected.final_train_loss,
+              1e-4 * std::abs(expected.final_train_loss));
+  expect_close_parameters(resumed.last_checkpoint, expected.last_checkpoint);
+}
+
+// A plan that does not fit the run says why and what to make instead, before training.
+TEST_F(DistributedRecipe, BertPlanThatDoesNotFitTheRunIsAClearError) {
+  const TrainConfig alone = planned_bert_config("bert_plan_errors");
+  const RecipeResult expected = run_alone(alone);
+  auto fails_with = [&](const std::function<void(planner::PlanFile&)>& change,
+                        const std::string& name, const std::string& message,
+                        std::optional<double> dropout = 0.0) {
+    TrainConfig planned = alone;
+    planned.dropout = dropout;
+    planned.plan = shared_plan(
+        [&] {
+          planner::PlanFile plan = bert_recipe_plan(expected.last_checkpoint, false);
+          change(plan);
+          return plan;
+        },
+        name);
+    planned.checkpoint_dir = folder(name);
+    std::ostringstream log;
+    EXPECT_TRUE(throws_error([&] { run_recipe(planned, log); }, message)) << name;
+    EXPECT_EQ(log.str().find("train step"), std::string::npos) << log.str();
+  };
+  fails_with([](planner::PlanFile& plan) { plan.devices = 4; }, "bert_plan_four_ranks",
+             "is a plan for 4 devices but the job has 2 ranks");
+  fails_with([](planner::PlanFile& plan) { plan.model = "bert_mini"; }, "bert_plan_other_model",
+             "is a plan for model bert_mini but this run trains bert_tiny");
+  fails_with([](planner::PlanFile& plan) { plan.batch = 16; }, "bert_plan_other_batch",
+             "--plan: the plan was made for 16 sequences of 128 positions, this run trains "
+             "batches of 8 sequences of up to 128 positions");
+  fails_with([](planner::PlanFile& plan) { plan.seq = 64; }, "bert_plan_short_sequences",
+             "--batch=8 --seq=128");
+  // The test corpus's vocabulary has 159 pieces: a plan made for 160 that cuts the word table
+  // in 2 does not fit.
+  fails_with(
+      [](planner::PlanFile& plan) {
+        for (planner::PlanFile::Parameter& parameter : plan.parameters)
+          if (parameter.name == "bert.embeddings.word_embeddings.weight") {
+            parameter.shape = {160, 128};
+            parameter.split_dim = 0;
+            parameter.parts = 2;
+          }
+      },
+      "bert_plan_vocabulary",
+      "--plan: the plan cuts bert.embeddings.word_embeddings.weight in 2 parts along dim 0, but "
+      "this run's is [159, 128]");
+  // Dropout at 0 runs no op: a plan traced without it does not fit a run with dropout.
+  fails_with([](planner::PlanFile&) {}, "bert_plan_dropout",
+             "--plan: the plan was traced without dropout, this run trains with it", std::nullopt);
 }
 
 TEST_F(DistributedRecipe, CheckpointThatDoesNotSplitIsAnError) {

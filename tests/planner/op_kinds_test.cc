@@ -246,5 +246,38 @@ TEST(Executable, BertPlansStayExecutable) {
   for (const PlannedPoint& point : result.frontier) EXPECT_TRUE(point.executable);
 }
 
+// BERT's recipe runs per-op degrees through parallel::ParallelModule where every op splits the
+// batch or the model over all the devices, or runs whole: every such plan on 2 devices; on 4,
+// an op at dp=2 tp=2 (part of the devices for each) is marked.
+TEST(Executable, BertPerOpDegreesRunOverAllTheDevices) {
+  ModelSpec spec;
+  spec.name = "bert_tiny";
+  spec.batch = 8;
+  spec.seq = 16;
+  PlanOptions options;
+  options.config.profile = load_profile(find_profile("h200_cluster"));
+  options.remat_fractions = {1.0};
+  options.per_op_degrees = true;
+  const Graph graph = models::trace_model(spec);
+  options.config.devices = 2;
+  bool mixed = false;
+  for (const PlannedPoint& point : plan_graph(graph, options).frontier) {
+    EXPECT_TRUE(point.executable) << point.summary << ": " << point.not_executable_reason;
+    mixed = mixed || point.summary.find("ops at other degrees") != std::string::npos;
+  }
+  EXPECT_TRUE(mixed) << "expected some point with per-op degrees on the frontier";
+
+  options.config.devices = 4;
+  bool marked = false;
+  for (const PlannedPoint& point : plan_graph(graph, options).frontier) {
+    if (point.executable) continue;
+    marked = true;
+    EXPECT_NE(point.not_executable_reason.find("runs per-op degrees over all 4 devices only"),
+              std::string::npos)
+        << point.not_executable_reason;
+  }
+  EXPECT_TRUE(marked) << "expected a point with an op over part of the 4 devices";
+}
+
 }  // namespace
 }  // namespace tessel::planner

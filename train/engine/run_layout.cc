@@ -1,6 +1,7 @@
 #include "train/engine/run_layout.h"
 
 #include <cstdio>
+#include <set>
 #include <streambuf>
 
 #include "core/error.h"
@@ -77,6 +78,13 @@ Device rank_training_device(const TrainConfig& config, const ParallelLayout& lay
   return Device::cuda(local_rank % gpus);
 }
 
+bool has_per_op_degrees(const planner::PlanFile& plan) {
+  std::set<std::pair<int, int>> degrees;
+  for (const planner::PlanFile::Op& op : plan.ops)
+    if (op.dp * op.tp > 1) degrees.insert({op.dp, op.tp});
+  return degrees.size() > 1;
+}
+
 ParallelLayout resolve_layout(const TrainConfig& config, int world_size) {
   ParallelLayout layout;
   TESSEL_CHECK(config.dp >= 0 && config.tp >= 0,
@@ -98,6 +106,15 @@ ParallelLayout resolve_layout(const TrainConfig& config, int world_size) {
     TESSEL_CHECK(config.zero == 0 || config.zero == plan.zero_stage, "--plan: '", config.plan,
                  "' sets ZeRO stage ", plan.zero_stage, " itself; pass either --plan or --zero");
     layout.zero = plan.zero_stage;
+    if (planner::is_bert(plan.model) && has_per_op_degrees(plan)) {
+      // parallel::ParallelModule runs per-op degrees over one group of every rank.
+      TESSEL_CHECK(layout.zero == 0, "--plan: '", config.plan,
+                   "' has per-op degrees and ZeRO stage ", plan.zero_stage,
+                   ", which is not run yet (parallel::ParallelModule takes no ZeRO): make a plan "
+                   "without --zero or without --per_op_degrees");
+      layout.dp = 1;
+      layout.tp = world_size;
+    }
   } else {
     layout.dp = config.dp;
     layout.tp = config.tp;
@@ -256,9 +273,13 @@ RunLayout lay_out_ranks(const TrainConfig& config, std::ostream& log, TrainConfi
     std::snprintf(numbers, sizeof(numbers), "; predicted %.1f MiB per rank, %.3f s per step",
                   run.plan->predicted_memory / (1024.0 * 1024.0), run.plan->predicted_time);
     rank_log << " from plan " << config.plan << " (" << run.plan->summary << numbers;
-    if (run.tp > 1)
-      rank_log << "; ResNet and ShuffleNet run the plan's ops as priced, BERT its grid with its "
-                  "own split by heads, MLP and vocabulary";
+    if (run.tp > 1 && run.zero == 0) rank_log << "; the recipes run the plan's ops as priced";
+    if (run.tp > 1 && run.zero > 0)
+      rank_log << "; BERT runs the grid with its own split by heads, MLP and vocabulary beside "
+                  "ZeRO";
+    if (planner::is_bert(run.plan->model) && has_per_op_degrees(*run.plan))
+      rank_log << "; per-op degrees: each op splits the batch or the model over every rank, or "
+                  "runs whole";
     rank_log << ")";
     if (run.plan->memory_policy != "none")
       rank_log << "; the plan expects memory policy " << run.plan->memory_policy

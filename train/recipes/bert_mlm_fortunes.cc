@@ -95,7 +95,8 @@ RecipeResult run_bert_mlm_fortunes(const TrainConfig& config, const RunLayout& l
   // --device: before the tensor-parallel copy and the optimizer are made from the parameters.
   const Device device = training_device(config);
   model.to(device);
-  ParallelBert parallel_bert(model, layout);  // the --tp split and DDP over --dp
+  // The --tp split and DDP over --dp, or a --plan's own ops.
+  ParallelBert parallel_bert(model, layout, *config.batch_size, kMaxSeq);
   nn::Module& trained = parallel_bert.trained();
   // --zero: a ZeroOptimizer over the dp group, whose parts this optimizer updates.
   const auto optimizer_holder =
@@ -105,7 +106,11 @@ RecipeResult run_bert_mlm_fortunes(const TrainConfig& config, const RunLayout& l
       });
   optim::Optimizer& optimizer = *optimizer_holder;
   const int64_t batch_size = *config.batch_size;
-  const TrainingPlan plan(config, (train_data.size() + batch_size - 1) / batch_size);
+  // A plan's ops take whole batches only: an epoch's partial batch is skipped.
+  const int64_t batches_per_epoch = parallel_bert.runs_plan()
+                                        ? train_data.size() / batch_size
+                                        : (train_data.size() + batch_size - 1) / batch_size;
+  const TrainingPlan plan(config, batches_per_epoch);
   optim::LinearWarmupDecay scheduler(
       optimizer,
       std::min<int64_t>(plan.total_steps, std::llround(kWarmupFraction * plan.total_steps)),
@@ -124,15 +129,23 @@ RecipeResult run_bert_mlm_fortunes(const TrainConfig& config, const RunLayout& l
 
   trained.train();
   for (int64_t epoch = plan.epoch_of(step); epoch <= plan.epochs && !plan.done(step); ++epoch) {
-    const auto batches = epoch_batches(train_data, batch_size, config.seed, epoch - 1);
+    auto batches = epoch_batches(train_data, batch_size, config.seed, epoch - 1);
+    if (parallel_bert.runs_plan())
+      batches.erase(std::remove_if(batches.begin(), batches.end(),
+                                   [&](const auto& rows) {
+                                     return static_cast<int64_t>(rows.size()) != batch_size;
+                                   }),
+                    batches.end());
     status.begin_epoch();
     for (size_t next = plan.batches_done(epoch, step); next < batches.size() && !plan.done(step);
          ++next) {
       double loss_value = 0, mlm_loss = 0, nsp_loss = 0;
       {  // the batch and the graph are freed before the status line reads the memory in use
         // Masks change every epoch (dynamic masking). Each data-parallel rank reads its shard.
-        const text::MlmBatch batch = inputs_to_device(
-            make_batch(train_data, layout.shard(batches[next]), epoch - 1), device);
+        const text::MlmBatch batch =
+            inputs_to_device(make_batch(train_data, parallel_bert.shard(batches[next]), epoch - 1,
+                                        parallel_bert.padded_length()),
+                             device);
         PretrainingLoss loss;
         {
           // --precision=bf16: the forward pass's products in bf16 (core/autocast.h).
@@ -150,8 +163,11 @@ RecipeResult run_bert_mlm_fortunes(const TrainConfig& config, const RunLayout& l
       scheduler.step();
       ++step;
       memory.after_step(log);
+      // Under a plan the step's loss is MLM + NSP in one (the plan's step gives their sum).
       status.step(step, epoch, loss_value, static_cast<int64_t>(batches[next].size()),
-                  {{"mlm_loss", mlm_loss}, {"nsp_loss", nsp_loss}});
+                  parallel_bert.runs_plan()
+                      ? NamedValues{}
+                      : NamedValues{{"mlm_loss", mlm_loss}, {"nsp_loss", nsp_loss}});
       if (plan.evaluates_at(step))
         status.eval(step, epoch, parallel_bert.evaluate(held_out, baseline, batch_size));
       checkpointer.maybe_save(step);

@@ -15,12 +15,15 @@
 #include "core/autograd.h"
 #include "core/error.h"
 #include "data/data_loader.h"
+#include "models/trace.h"
 #include "ops/ops.h"
 #include "optim/clip_grad.h"
 #include "parallel/ddp.h"
+#include "parallel/parallelize.h"
 #include "parallel/zero.h"
 #include "text/vocab_builder.h"
 #include "train/engine/setup.h"
+#include "train/tasks/planned_module.h"
 
 namespace tessel::train {
 namespace {
@@ -58,9 +61,9 @@ Tensor hidden_activation(const Tensor& x, const std::string& name) {
 }  // namespace
 
 // The examples at `indices`, cut to the longest of them (padding sits at the end), so a batch
-// of short fortunes does not pay for 128 positions.
+// of short fortunes does not pay for 128 positions, or padded to `padded_length`.
 text::MlmBatch make_batch(const text::MlmDataset& dataset, const std::vector<int64_t>& indices,
-                          int64_t epoch) {
+                          int64_t epoch, int64_t padded_length) {
   std::vector<text::MlmExample> examples;
   examples.reserve(indices.size());
   size_t longest = 1;
@@ -71,6 +74,11 @@ text::MlmBatch make_batch(const text::MlmDataset& dataset, const std::vector<int
     for (size_t t = 0; t < mask.size(); ++t)
       if (mask[t]) length = t + 1;
     longest = std::max(longest, length);
+  }
+  if (padded_length > 0) {
+    TESSEL_CHECK(static_cast<int64_t>(longest) <= padded_length, "make_batch: an example of ",
+                 longest, " tokens does not fit the ", padded_length, " positions asked for");
+    longest = static_cast<size_t>(padded_length);
   }
   for (auto& example : examples) {
     example.input_ids.resize(longest);
@@ -252,21 +260,27 @@ text::WordPiece cached_vocab(const text::Corpus& corpus, int64_t vocab_size,
 }
 
 double clip_grad_norm_tensor_parallel(nn::Module& model, double max_norm, int64_t group) {
+  std::set<std::string> split;
+  for (const auto& entry : parallel::tensor_parallel_split_dims(model)) split.insert(entry.first);
+  return clip_grad_norm_split(model.named_parameters(), split, *parallel::tp_group(group),
+                              max_norm);
+}
+
+double clip_grad_norm_split(const nn::NamedTensors& parameters, const std::set<std::string>& split,
+                            parallel::Communicator& group, double max_norm) {
   NoGradGuard no_grad;
-  const auto split = parallel::tensor_parallel_split_dims(model);
   double split_squares = 0, replicated_squares = 0;
   std::vector<Tensor> grads;
-  for (const auto& [name, parameter] : model.named_parameters()) {
+  for (const auto& [name, parameter] : parameters) {
     const Tensor grad = parameter.grad();
     if (!grad.defined() || grad.numel() == 0) continue;
     grads.push_back(grad);
     const double squares = sum(mul(grad, grad)).item<double>();
     (split.count(name) ? split_squares : replicated_squares) += squares;
   }
-  const auto& comm = parallel::tp_group(group);
   // On the group's device (NCCL moves GPU tensors only), read back on the CPU.
-  Tensor total = from_vector<double>({split_squares}, {1}).to(comm->device());
-  comm->all_reduce(total, parallel::ReduceOp::kSum);
+  Tensor total = from_vector<double>({split_squares}, {1}).to(group.device());
+  group.all_reduce(total, parallel::ReduceOp::kSum);
   const double norm =
       std::sqrt(total.to(Device::cpu()).to_vector<double>()[0] + replicated_squares);
   const double scale = max_norm / (norm + 1e-6);
@@ -300,8 +314,70 @@ void gather_into_full_model(nn::Module& sharded, nn::Module& full, int64_t group
 
 namespace tessel::train {
 
-ParallelBert::ParallelBert(models::BertForPreTraining& model, const RunLayout& layout)
+bool runs_planned_bert(const RunLayout& layout) {
+  return layout.plan && layout.tp > 1 && layout.zero == 0;
+}
+
+ParallelBert::ParallelBert(models::BertForPreTraining& model, const RunLayout& layout,
+                           int64_t batch_size, int64_t max_seq)
     : model_(model), layout_(layout) {
+  if (runs_planned_bert(layout)) {
+    const planner::PlanFile& plan = *layout.plan;
+    auto make_plan = [&] {
+      return "make a plan for it (bazel run //parallel:plan -- --model=" + plan.model +
+             " --devices=" + std::to_string(plan.devices) +
+             " --batch=" + std::to_string(batch_size) + " --seq=" + std::to_string(max_seq) +
+             " --out=FILE)";
+    };
+    TESSEL_CHECK(plan.batch == batch_size && plan.seq >= max_seq, "--plan: the plan was made for ",
+                 plan.batch, " sequences of ", plan.seq, " positions, this run trains batches of ",
+                 batch_size, " sequences of up to ", max_seq, " positions: ", make_plan());
+    // Dropout at 0 runs no op, so the plan's trace must agree with this run about dropout.
+    const bool plan_drops = std::any_of(plan.ops.begin(), plan.ops.end(),
+                                        [](const auto& op) { return op.op == "dropout"; });
+    const bool run_drops =
+        model.config.hidden_dropout_prob() > 0 || model.config.attention_probs_dropout_prob() > 0;
+    TESSEL_CHECK(plan_drops == run_drops, "--plan: the plan was traced ",
+                 plan_drops ? "with" : "without", " dropout, this run trains ",
+                 run_drops ? "with" : "without",
+                 plan_drops ? " it: train with dropout (//parallel:plan traces BERT with its "
+                              "default dropout) or make a plan from a trace without dropout"
+                            : " it: train with --dropout=0 or make a plan from a trace with "
+                              "dropout (//parallel:plan traces BERT so)");
+    // The plan's cuts must divide this run's tensors (its vocabulary comes from the data, not
+    // from the model's name the plan was made for).
+    std::map<std::string, Shape> shapes;
+    for (const auto& [name, parameter] : model.named_parameters()) shapes[name] = parameter.sizes();
+    for (const planner::PlanFile::Parameter& cut : plan.parameters) {
+      auto found = shapes.find(cut.name);
+      TESSEL_CHECK(found != shapes.end(), "--plan: the plan cuts a parameter '", cut.name,
+                   "' that ", plan.model, " does not have: ", make_plan());
+      if (cut.split_dim < 0) continue;
+      const Shape& shape = found->second;
+      TESSEL_CHECK(
+          cut.split_dim < static_cast<int>(shape.size()) && shape[cut.split_dim] % cut.parts == 0,
+          "--plan: the plan cuts ", cut.name, " in ", cut.parts, " parts along dim ", cut.split_dim,
+          ", but this run's is ", shape_str(shape),
+          " (this recipe's vocabulary comes from the data): ", make_plan());
+    }
+    // The copy the plan runs turns into meta tensors; `model` stays whole for evaluation. Its
+    // initialisation does not draw from the training's random-number stream.
+    const RngState rng = get_rng_state();
+    auto traced = std::make_shared<models::BertForPreTraining>(model.config);
+    set_rng_state(rng);
+    traced->to(module_device(model));
+    traced->load_state_dict(model.state_dict());
+    traced->train(model.is_training());
+    // Per-op degrees run over one group of every rank (resolve_layout lays them out as tp).
+    planned_cuts_ = layout.tp_device_group;
+    planned_rows_ = has_per_op_degrees(plan) ? layout.tp_device_group : layout.dp_device_group;
+    auto parallel = std::make_shared<parallel::ParallelModule>(
+        traced, plan.ops, planned_rows_, planned_cuts_,
+        models::bert_pretraining_step(plan.batch, plan.seq));
+    std::shared_ptr<nn::Module> evaluated(&model_, [](nn::Module*) {});
+    planned_ = std::make_shared<PlannedModule>(std::move(parallel), std::move(evaluated));
+    return;  // the plan's ops reduce over dp themselves
+  }
   if (layout.tp > 1) tp_model_ = models::shard_bert(model, layout.tp_group_id);
   ddp_ = make_ddp(layout, trained());
 }
@@ -309,10 +385,32 @@ ParallelBert::ParallelBert(models::BertForPreTraining& model, const RunLayout& l
 ParallelBert::~ParallelBert() = default;
 
 nn::Module& ParallelBert::trained() {
+  if (planned_) return *planned_;
   return tp_model_ ? static_cast<nn::Module&>(*tp_model_) : model_;
 }
 
+int64_t ParallelBert::padded_length() const { return planned_ ? layout_.plan->seq : 0; }
+
+std::vector<int64_t> ParallelBert::shard(const std::vector<int64_t>& batch) const {
+  if (!planned_) return layout_.shard(batch);
+  const int64_t rows = static_cast<int64_t>(batch.size());
+  const int parts = planned_rows_->size();
+  const int64_t begin = parallel::part_start(rows, parts, planned_rows_->rank());
+  return std::vector<int64_t>(
+      batch.begin() + begin,
+      batch.begin() + begin + parallel::part_rows(rows, parts, planned_rows_->rank()));
+}
+
 PretrainingLoss ParallelBert::loss(const text::MlmBatch& batch) {
+  if (planned_) {
+    PretrainingLoss loss;
+    const Device device = batch.input_ids.device();
+    loss.total = planned_->loss({batch.input_ids, batch.token_type_ids, batch.attention_mask,
+                                 to_training_device(batch.mlm_labels, device), batch.nsp_labels});
+    loss.value = loss.total.item<double>();
+    loss.mlm = loss.nsp = std::nan("");
+    return loss;
+  }
   Tensor mlm_loss, nsp_loss;
   int64_t predicted = 0;
   if (tp_model_) {
@@ -342,6 +440,11 @@ PretrainingLoss ParallelBert::loss(const text::MlmBatch& batch) {
 }
 
 double ParallelBert::clip_gradients(double max_norm, optim::Optimizer& optimizer) {
+  if (planned_) {
+    std::set<std::string> split;
+    for (const auto& entry : planned_->parallel().split_dims()) split.insert(entry.first);
+    return clip_grad_norm_split(planned_->named_parameters(), split, *planned_cuts_, max_norm);
+  }
   auto* zero = dynamic_cast<parallel::ZeroOptimizer*>(&optimizer);
   if (zero && zero->stage() != parallel::ZeroStage::kOptimizerState) {
     if (!tp_model_) return zero->clip_grad_norm(max_norm);
@@ -356,6 +459,7 @@ double ParallelBert::clip_gradients(double max_norm, optim::Optimizer& optimizer
 
 Evaluation ParallelBert::evaluate(const text::MlmDataset& held_out, double baseline,
                                   int64_t batch_size) {
+  if (planned_) planned_->gathered();  // fills model_ with whole tensors
   if (tp_model_) gather_into_full_model(*tp_model_, model_, layout_.tp_group_id);
   return evaluate_mlm(model_, held_out, baseline, batch_size);
 }

@@ -12,6 +12,7 @@
 #include "parallel/parallelize.h"
 #include "parallel/tensor_parallel.h"
 #include "train/engine/setup.h"
+#include "train/tasks/planned_module.h"
 
 namespace tessel::train {
 
@@ -55,57 +56,6 @@ std::shared_ptr<nn::Module> parallel_classifier_model(const RunLayout& layout,
   return model;
 }
 
-// This rank's shards of a plan's parameters and buffers under the model's dotted names (a tree
-// of plain modules, one per prefix), the split ones declared for checkpoints.
-class PlannedClassifier : public nn::Module, public parallel::SplitParameters {
- public:
-  PlannedClassifier(std::shared_ptr<parallel::ParallelModule> parallel,
-                    std::shared_ptr<nn::Module> evaluated)
-      : nn::Module("PlannedClassifier"),
-        parallel_(std::move(parallel)),
-        evaluated_(std::move(evaluated)) {
-    for (const auto& [name, shard] : parallel_->named_parameters())
-      owner(name).register_parameter(leaf(name), shard);
-    for (const auto& [name, shard] : parallel_->buffers())
-      owner(name).register_buffer(leaf(name), shard);
-  }
-  Tensor forward(const Tensor&) override {
-    TESSEL_FAIL("PlannedClassifier: a plan's ops run through ParallelClassifier::loss");
-  }
-  std::map<std::string, int64_t> split_parameter_dims() const override {
-    return parallel_->split_dims();
-  }
-  parallel::ParallelModule& parallel() { return *parallel_; }
-  // The evaluated model with every tensor whole (a collective: gathered over tp).
-  nn::Module& gathered() {
-    evaluated_->load_state_dict(parallel_->full_state_dict());
-    return *evaluated_;
-  }
-
- private:
-  static std::string leaf(const std::string& name) {
-    const size_t dot = name.rfind('.');
-    return dot == std::string::npos ? name : name.substr(dot + 1);
-  }
-  nn::Module& owner(const std::string& name) {
-    nn::Module* module = this;
-    size_t begin = 0;
-    for (size_t dot = name.find('.'); dot != std::string::npos; dot = name.find('.', begin)) {
-      const std::string part = name.substr(begin, dot - begin);
-      std::shared_ptr<nn::Module> child;
-      for (const auto& [child_name, existing] : module->named_children())
-        if (child_name == part) child = existing;
-      if (!child) child = module->register_module(part, std::make_shared<nn::Module>("Shards"));
-      module = child.get();
-      begin = dot + 1;
-    }
-    return *module;
-  }
-
-  std::shared_ptr<parallel::ParallelModule> parallel_;
-  std::shared_ptr<nn::Module> evaluated_;
-};
-
 bool runs_planned_ops(const RunLayout& layout) { return layout.plan && layout.tp > 1; }
 
 std::shared_ptr<nn::Module> planned_classifier_model(const RunLayout& layout,
@@ -130,13 +80,13 @@ std::shared_ptr<nn::Module> planned_classifier_model(const RunLayout& layout,
   auto parallel = std::make_shared<parallel::ParallelModule>(
       std::move(trained), plan.ops, layout.dp_device_group, layout.tp_device_group,
       planner::ModuleTraceOptions(input_shape));
-  return std::make_shared<PlannedClassifier>(std::move(parallel), std::move(evaluated));
+  return std::make_shared<PlannedModule>(std::move(parallel), std::move(evaluated));
 }
 
 ParallelClassifier::ParallelClassifier(std::shared_ptr<nn::Module> model, const RunLayout& layout)
     : model_(std::move(model)), layout_(layout) {
   tensor_parallel_ = dynamic_cast<models::TensorParallelClassifier*>(model_.get());
-  planned_ = dynamic_cast<PlannedClassifier*>(model_.get());
+  planned_ = dynamic_cast<PlannedModule*>(model_.get());
   if (planned_) return;  // the plan's ops reduce over dp themselves
   TESSEL_CHECK(layout.tp == 1 || tensor_parallel_ != nullptr, "--tp=", layout.tp,
                ": this recipe's model has no tensor-parallel form (ResNet, "
@@ -150,14 +100,7 @@ ClassifierLoss ParallelClassifier::loss(const Tensor& inputs, const Tensor& targ
   if (planned_) {
     // The global batch's mean on every rank; each dp rank's share of it is divided by dp, so the
     // gradients summed over dp when backward ends are the global batch's.
-    Tensor loss = planned_->parallel().loss(inputs, targets);
-    if (loss.requires_grad()) {
-      parallel::ParallelModule* parallel = &planned_->parallel();
-      loss.register_hook([parallel](const Tensor&) {
-        queue_backward_callback([parallel] { parallel->synchronize_gradients(); });
-        return Tensor();
-      });
-    }
+    const Tensor loss = planned_->loss({inputs, targets});
     return {loss, loss.item<double>()};
   }
   if (!layout_.distributed()) {

@@ -25,7 +25,7 @@ class TensorParallelClassifier;
 
 namespace tessel::train {
 
-class PlannedClassifier;  // planned_classifier_model's module
+class PlannedModule;  // planned_classifier_model's module
 
 struct EvalResult {
   double accuracy = 0;
@@ -85,7 +85,7 @@ class ParallelClassifier {
   std::shared_ptr<nn::Module> model_;
   const RunLayout& layout_;
   models::TensorParallelClassifier* tensor_parallel_ = nullptr;
-  PlannedClassifier* planned_ = nullptr;
+  PlannedModule* planned_ = nullptr;
   std::unique_ptr<parallel::DistributedDataParallel> ddp_;
 };
 

@@ -1,0 +1,43 @@
+// A plan run op by op as priced (parallel::ParallelModule) seen by a recipe as one module: this
+// rank's shards of the plan's parameters and buffers under the model's own dotted names, for the
+// optimizer, checkpoints (the split tensors are declared, so they are gathered whole) and memory
+// accounting; a whole model of the same architecture, filled on demand, for evaluation.
+//   auto planned = std::make_shared<PlannedModule>(parallel, evaluated);
+//   optim::SGD sgd(planned->named_parameters(), options);
+//   Tensor loss = planned->loss({rows, labels});  loss.backward();  sgd.step();
+//   evaluate(planned->gathered());
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nn/module.h"
+#include "parallel/parallelize.h"
+#include "parallel/tensor_parallel.h"
+
+namespace tessel::train {
+
+class PlannedModule : public nn::Module, public parallel::SplitParameters {
+ public:
+  // `evaluated`: a model of the same architecture as the one `parallel` runs, on this rank.
+  PlannedModule(std::shared_ptr<parallel::ParallelModule> parallel,
+                std::shared_ptr<nn::Module> evaluated);
+  Tensor forward(const Tensor&) override;  // an error: a plan's ops run through loss()
+  std::map<std::string, int64_t> split_parameter_dims() const override;
+  // The plan's loss of this rank's rows of each step input (the same scalar on every rank). Its
+  // backward ends with the plan's gradient sums over dp (ParallelModule::synchronize_gradients).
+  Tensor loss(const std::vector<Tensor>& inputs);
+  parallel::ParallelModule& parallel() { return *parallel_; }
+  // The evaluated model with every tensor whole (a collective: gathered over tp).
+  nn::Module& gathered();
+
+ private:
+  nn::Module& owner(const std::string& name);
+
+  std::shared_ptr<parallel::ParallelModule> parallel_;
+  std::shared_ptr<nn::Module> evaluated_;
+};
+
+}  // namespace tessel::train
