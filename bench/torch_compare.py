@@ -78,6 +78,14 @@ def torch_case(name):
         (n,) = args
         a, b, c = pattern(n, n), pattern(n, n), torch.empty(n, n)
         return f"GEMM f32 {n}^3, into C", 2.0 * n**3, lambda: torch.mm(a, b, out=c)
+    if kind == "BM_GemmF32TransposedB":
+        n, accumulate = args
+        a, b, c = pattern(n, n), pattern(n, n), torch.zeros(n, n)
+        if accumulate:
+            return (f"GEMM f32 {n}^3, B transposed, added to C", 2.0 * n**3,
+                    lambda: c.addmm_(a, b.t()))
+        return (f"GEMM f32 {n}^3, B transposed, into C", 2.0 * n**3,
+                lambda: torch.mm(a, b.t(), out=c))
     if kind == "BM_MatmulF32":
         (n,) = args
         a, b = pattern(n, n), pattern(n, n)
