@@ -203,9 +203,17 @@ struct MpiCommunicator::State {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized) return;
+    // Sends still under way read their messages until they complete: the requests are let go
+    // and the messages kept (a few bytes each).
+    auto* unfinished = new std::deque<SmallSend>;  // deliberately leaked
     for (auto& send : small_sends) {
-      if (send.request != MPI_REQUEST_NULL) MPI_Request_free(&send.request);
+      if (send.request == MPI_REQUEST_NULL) continue;
+      int done = 0;
+      if (MPI_Test(&send.request, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) continue;
+      MPI_Request_free(&send.request);
+      unfinished->push_back(std::move(send));
     }
+    if (unfinished->empty()) delete unfinished;
     if (side != MPI_COMM_NULL) MPI_Comm_free(&side);
     if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
   }
@@ -291,7 +299,25 @@ class MpiWork : public Work {
     // A collective abandoned unfinished keeps its buffers: MPI may still write them.
     if (!finished && !request_done) {
       for (auto& pin : pins) pin.release();
-      (void)new std::vector<Tensor>(std::move(buffers));  // deliberately leaked
+      // Deliberately leaked: the buffers and the counts and displacements MPI reads.
+      (void)new std::vector<Tensor>(std::move(buffers));
+      (void)new std::vector<int>(std::move(counts));
+      (void)new std::vector<int>(std::move(displacements));
+    }
+    // Rank 0: arrival messages not received yet still land in their receive buffers when they
+    // come (late, or after a failure). The receives stay posted, so that a late message is not
+    // taken for a later collective's, and their buffers are kept (24 bytes per rank).
+    if (!finalized) {
+      bool pending = false;
+      for (size_t r = 0; r < arrivals.size(); ++r) {
+        if (arrived[r] || arrivals[r] == MPI_REQUEST_NULL) continue;
+        MPI_Request_free(&arrivals[r]);
+        pending = true;
+      }
+      if (pending) {
+        (void)new std::vector<std::array<int64_t, 3>>(
+            std::move(arrival_messages));  // deliberately leaked
+      }
     }
   }
 

@@ -21,8 +21,13 @@ esac
 
 # More ranks than cores is normal here (np 2 and 4 on a 2-core machine).
 export OMPI_MCA_rmaps_base_oversubscribe=yes
-# Bazel's TMPDIR inside the sandbox can push OpenMPI's Unix socket paths past 108 characters.
-export OMPI_MCA_orte_tmpdir_base=/tmp
+# Each mpirun gets a directory of its own under /tmp for its session files and shared-memory
+# segments: tests run at once share /tmp and /dev/shm, and mpiruns whose pids are equal in their
+# sandboxes' namespaces would otherwise share them (segfaults in the shared-memory transport). A
+# short path, not Bazel's TMPDIR: OpenMPI's Unix socket paths must stay under 108 characters.
+mpi_dir=$(mktemp -d /tmp/ompi.XXXXXX)
+trap 'rm -rf "$mpi_dir"' EXIT
+export OMPI_MCA_orte_tmpdir_base="$mpi_dir" OMPI_MCA_btl_vader_backing_directory="$mpi_dir"
 # OpenMPI itself leaks at exit; under --config=asan that would fail every MPI test.
 if [ -n "${ASAN_OPTIONS:-}" ]; then
   export ASAN_OPTIONS="$ASAN_OPTIONS:detect_leaks=0"
@@ -35,7 +40,7 @@ fi
 
 # Ranks other than 0 drop Bazel's XML and premature-exit files so they do not overwrite
 # rank 0's results or race on the same marker.
-exec mpirun --allow-run-as-root --oversubscribe --tag-output -np "$np" \
+mpirun --allow-run-as-root --oversubscribe --tag-output -np "$np" \
   bash -c 'if [ "${OMPI_COMM_WORLD_RANK:-0}" != 0 ]; then
              unset XML_OUTPUT_FILE GTEST_OUTPUT TEST_PREMATURE_EXIT_FILE
            fi

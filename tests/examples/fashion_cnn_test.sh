@@ -8,7 +8,13 @@ set -euo pipefail
 example="$PWD/$1"
 dir="${TEST_TMPDIR:-/tmp}/fashion"
 export OMPI_MCA_rmaps_base_oversubscribe=yes
-export OMPI_MCA_orte_tmpdir_base=/tmp
+# Each mpirun gets a directory of its own for its session files and shared-memory segments:
+# tests run at once share /tmp and /dev/shm, and mpiruns whose pids are equal in their
+# sandboxes' namespaces would otherwise share them (segfaults in the shared-memory transport).
+# A short path: OpenMPI's Unix socket paths must stay under 108 characters.
+mpi_dir=$(mktemp -d /tmp/ompi.XXXXXX)
+trap 'rm -rf "$mpi_dir"' EXIT
+export OMPI_MCA_orte_tmpdir_base="$mpi_dir" OMPI_MCA_btl_vader_backing_directory="$mpi_dir"
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"  # OpenMPI's own leaks
 
 /usr/bin/python3 - "$dir" <<'PY'

@@ -293,6 +293,24 @@ TEST_F(Collectives, BarriersKeepTheRanksInStep) {
   }
 }
 
+// A collective whose handle is dropped unfinished (an error path, a prefetch nobody reads): the
+// other ranks' arrival messages and the collective's data still come to rank 0 later, into memory
+// the dropped handle leaves alive, and the communicator goes on with the next collectives.
+TEST_F(Collectives, ACollectiveDroppedUnfinishedLeavesTheCommunicatorUsable) {
+  auto group = MpiCommunicator::world(CommOptions().name("dropped"));
+  for (int round = 0; round < 3; ++round) {
+    Tensor dropped = full({1000}, 1.0, DType::kFloat32);
+    // Rank 0 drops its handle before the others have even started theirs.
+    if (rank() != 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    group->all_reduce_async(dropped, ReduceOp::kSum).reset();
+    Tensor checked = full({4}, static_cast<double>(rank() + round), DType::kInt64);
+    group->all_reduce(checked, ReduceOp::kSum);
+    const int64_t expected = size() * (size() - 1) / 2 + size() * round;
+    EXPECT_EQ(checked.to_vector<int64_t>(), std::vector<int64_t>(4, expected)) << "round " << round;
+    group->barrier();
+  }
+}
+
 TEST_F(Collectives, BadArgumentsAreClearErrorsAndLeaveTheCommunicatorUsable) {
   int rows = 2 * size() + 1;
   Tensor part = zeros({part_rows(rows, size(), rank()), 3});

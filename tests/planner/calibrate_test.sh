@@ -7,7 +7,13 @@ calibrate="$PWD/$1"
 plan="$PWD/$2"
 dir="${TEST_TMPDIR:-/tmp}"
 export OMPI_MCA_rmaps_base_oversubscribe=yes
-export OMPI_MCA_orte_tmpdir_base=/tmp
+# Each mpirun gets a directory of its own for its session files and shared-memory segments:
+# tests run at once share /tmp and /dev/shm, and mpiruns whose pids are equal in their
+# sandboxes' namespaces would otherwise share them (segfaults in the shared-memory transport).
+# A short path: OpenMPI's Unix socket paths must stay under 108 characters.
+mpi_dir=$(mktemp -d /tmp/ompi.XXXXXX)
+trap 'rm -rf "$mpi_dir"' EXIT
+export OMPI_MCA_orte_tmpdir_base="$mpi_dir" OMPI_MCA_btl_vader_backing_directory="$mpi_dir"
 # OpenMPI leaks its own buffers at exit; under --config=asan only that would be reported.
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
 

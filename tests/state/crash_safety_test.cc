@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -217,17 +218,22 @@ TEST_F(CrashSafety, KilledAtRandomMomentsResumesBitwise) {
   constexpr int kTrials = 12;
   const Training expected = reference(kSteps);
 
-  // One uninterrupted child run gives the time span to aim into.
-  const std::string timed = fresh_dir("timed");
-  const auto start = std::chrono::steady_clock::now();
-  const int timed_status = wait_child(
-      spawn_child({"--child=run", "--dir=" + timed, "--steps=" + std::to_string(kSteps)}));
-  const double span_us =
-      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
-  ASSERT_TRUE(WIFEXITED(timed_status) && WEXITSTATUS(timed_status) == 0);
+  // Uninterrupted child runs give the time span to aim into: the shorter of two, and kills in its
+  // first 60%, so that most land mid-run even when the machine's load makes runs vary in length.
+  double span_us = 0;
+  for (int run = 0; run < 2; ++run) {
+    const std::string timed = fresh_dir("timed_" + std::to_string(run));
+    const auto start = std::chrono::steady_clock::now();
+    const int timed_status = wait_child(
+        spawn_child({"--child=run", "--dir=" + timed, "--steps=" + std::to_string(kSteps)}));
+    const double us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+    ASSERT_TRUE(WIFEXITED(timed_status) && WEXITSTATUS(timed_status) == 0);
+    span_us = run == 0 ? us : std::min(span_us, us);
+  }
 
   std::mt19937_64 random(12345);
-  std::uniform_real_distribution<double> moment(0.0, span_us);
+  std::uniform_real_distribution<double> moment(0.0, 0.6 * span_us);
   int killed_mid_run = 0;
   for (int trial = 0; trial < kTrials; ++trial) {
     const std::string dir = fresh_dir("random_" + std::to_string(trial));

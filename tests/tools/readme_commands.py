@@ -18,6 +18,7 @@ run here.
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -88,8 +89,12 @@ def main():
     commands = readme_commands(readme)
     assert commands, "no ```sh commands found in " + readme
     scratch = tempfile.mkdtemp(prefix="readme_commands_", dir=os.environ.get("TEST_TMPDIR"))
+    # mpirun's session files and shared-memory segments in a directory of its own (tests run at
+    # once share /tmp and /dev/shm), under /tmp: OpenMPI's socket paths stay under 108 characters.
+    mpi_dir = tempfile.mkdtemp(prefix="ompi.", dir="/tmp")
     env = dict(os.environ, OMPI_MCA_rmaps_base_oversubscribe="yes",
-               OMPI_MCA_orte_tmpdir_base="/tmp", HOME=scratch)
+               OMPI_MCA_orte_tmpdir_base=mpi_dir, OMPI_MCA_btl_vader_backing_directory=mpi_dir,
+               HOME=scratch)
     env["ASAN_OPTIONS"] = env.get("ASAN_OPTIONS", "") + ":detect_leaks=0"  # Open MPI's leaks
     ran, skipped, failed, unknown = 0, [], [], []
     for command in commands:
@@ -117,6 +122,7 @@ def main():
           f"{len(unknown)} unknown")
     for command in failed:
         print("FAILED: " + command)
+    shutil.rmtree(mpi_dir, ignore_errors=True)
     return 1 if failed or unknown or ran == 0 else 0
 
 
