@@ -110,6 +110,10 @@ class ParallelModule : private DispatchInterceptor {
   // leaves the whole gradient on every rank. One all-reduce over a flat bucket of them, kept
   // between steps as DDP's buckets are.
   void synchronize_gradients();
+  // The parameters whose gradients synchronize_gradients sums over dp (read by an op that splits
+  // the batch): each dp rank's gradient is its share of the sum. The others' are whole on every
+  // rank. ZeRO's stages 2 and 3 reduce them in its stead (ZeroOptimizer::take_gradient_shares).
+  const std::set<std::string>& batch_split_parameters() const { return batch_split_parameters_; }
   // Every parameter and buffer whole (gathered over tp), by name: checkpoints and tests.
   std::map<std::string, Tensor> full_state_dict() const;
   // Every parameter's gradient whole (gathered over tp; undefined ones left out), by name.
