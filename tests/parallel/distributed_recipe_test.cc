@@ -381,6 +381,79 @@ TEST_F(DistributedRecipe, PlanWithATensorParallelGroupRunsItsOwnOps) {
   }
 }
 
+// A frontier point of ResNet-18's plans on 2 ranks (Fashion-MNIST's images, batch 16) whose ops
+// split at more than one pair of degrees, and the path rank 0 wrote it to.
+std::string resnet_per_op_plan(const std::string& name,
+                               const std::function<void(planner::PlanFile&)>& change = {}) {
+  const planner::ModelSpec spec{"resnet18", 16, 0, 28, 10, 1, false};
+  const std::string path = test_folder(name + ".json");
+  if (world_rank() == 0) {
+    const planner::Graph graph = models::trace_model(spec);
+    planner::PlanOptions options = two_rank_plan_options();
+    options.per_op_degrees = true;
+    const planner::PlanResult result = planner::plan_graph(graph, options);
+    bool found = false;
+    for (int point = 0; point < static_cast<int>(result.frontier.size()) && !found; ++point) {
+      planner::PlanFile plan = planner::make_plan_file(graph, result, point, spec, options);
+      if (!has_per_op_degrees(plan)) continue;
+      if (change) change(plan);
+      planner::write_plan(plan, path);
+      found = true;
+    }
+    if (!found) ADD_FAILURE() << "no frontier point with per-op degrees";
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  return path;
+}
+
+// A vision plan with per-op degrees (each op splits the batch or the model over both ranks, or
+// runs whole) trains what one process trains, and resumes one process's checkpoint.
+TEST_F(DistributedRecipe, VisionPlanWithPerOpDegreesTrainsLikeOneProcess) {
+  const std::string path = resnet_per_op_plan("resnet_per_op_plan");
+  TrainConfig alone = config("resnet18_fashion_mnist", "resnet18");
+  alone.batch_size = 16;
+  alone.steps = 3;
+  alone.checkpoint_every = 2;
+  alone.checkpoint_dir = folder("resnet_per_op_alone");
+  const RecipeResult expected = run_alone(alone);
+
+  TrainConfig planned = alone;
+  planned.plan = path;
+  planned.checkpoint_dir = folder("resnet_per_op_planned");
+  std::ostringstream log;
+  const RecipeResult actual = run_recipe(planned, log);
+  TrainConfig resuming = planned;
+  resuming.resume = folder("resnet_per_op_alone") + "/step_2";
+  resuming.checkpoint_dir = folder("resnet_per_op_resumed");
+  const RecipeResult resumed = run_recipe(resuming, log);
+  EXPECT_EQ(resumed.resumed_from_step, 2);
+  if (rank() != 0) return;
+  EXPECT_EQ(actual.steps, 3);
+  EXPECT_NE(log.str().find("dp 1 x tp 2 from plan"), std::string::npos) << log.str();
+  EXPECT_NE(log.str().find("per-op degrees: each op splits the batch or the model over every "
+                           "rank"),
+            std::string::npos)
+      << log.str();
+  for (const RecipeResult* run : {&actual, &resumed}) {
+    EXPECT_NEAR(run->final_train_loss, expected.final_train_loss,
+                1e-4 * std::abs(expected.final_train_loss));
+    expect_close_parameters(run->last_checkpoint, expected.last_checkpoint);
+  }
+}
+
+// A vision plan with per-op degrees that does not fit the run says why before training.
+TEST_F(DistributedRecipe, VisionPlanWithPerOpDegreesThatDoesNotFitIsAClearError) {
+  TrainConfig planned = config("resnet18_fashion_mnist", "resnet18");
+  planned.batch_size = 16;
+  planned.plan =
+      resnet_per_op_plan("resnet_per_op_batch8", [](planner::PlanFile& plan) { plan.batch = 8; });
+  std::ostringstream log;
+  EXPECT_TRUE(throws_error([&] { run_recipe(planned, log); },
+                           "--plan: the plan was made for a batch of 8 images of 1x28x28, this "
+                           "run trains [16, 1, 28, 28]"));
+  EXPECT_EQ(log.str().find("train step"), std::string::npos) << log.str();
+}
+
 TEST_F(DistributedRecipe, GridThatDoesNotMatchTheRanksIsAnError) {
   std::ostringstream log;
   TrainConfig wrong = config("mlp_fashion_mnist", "mlp");
