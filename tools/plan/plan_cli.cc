@@ -202,7 +202,7 @@ std::optional<int> parse_options(int argc, const char* const* argv, PlanCliOptio
   app.add_flag("--any_plan", cli.any_plan,
                "choose among every frontier point, also those the runtime's recipes do not run as "
                "priced (by default: per-op degrees with an op over part of the devices, and ZeRO "
-               "beside a ResNet / ShuffleNet tensor-parallel group, are listed but not chosen)");
+               "beside per-op degrees, are listed but not chosen)");
   app.add_option("--rows", cli.rows,
                  "frontier points printed, spread over the frontier with the chosen one "
                  "(0: all)")
