@@ -273,10 +273,7 @@ RunLayout lay_out_ranks(const TrainConfig& config, std::ostream& log, TrainConfi
     std::snprintf(numbers, sizeof(numbers), "; predicted %.1f MiB per rank, %.3f s per step",
                   run.plan->predicted_memory / (1024.0 * 1024.0), run.plan->predicted_time);
     rank_log << " from plan " << config.plan << " (" << run.plan->summary << numbers;
-    if (run.tp > 1 && run.zero > 0 && planner::is_bert(run.plan->model))
-      rank_log << "; BERT runs the grid with its own split by heads, MLP and vocabulary beside "
-                  "ZeRO";
-    else if (run.tp > 1)
+    if (run.tp > 1)
       rank_log << "; the recipes run the plan's ops as priced"
                << (run.zero > 0 ? " beside ZeRO" : "");
     if (has_per_op_degrees(*run.plan))
