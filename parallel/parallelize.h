@@ -22,6 +22,11 @@
 // Plans with per-op degrees (--per_op_degrees) run over one group for dp and tp: each op splits
 // the batch or the model over every rank, or runs whole (every such plan on two ranks).
 //
+// ZeRO (parallel/zero.h) runs beside a plan on a dp x tp grid, cutting each rank's shards over
+// its dp group: stage 1 reads synchronize_gradients' sums; stages 2 and 3 sum over dp themselves
+// (ZeroOptimizer::take_gradient_shares with the shards of batch_split_parameters()). Not beside
+// per-op degrees: the ranks of the one group hold different shards.
+//
 // A model whose step takes several inputs (BERT: ids, token types, mask, labels) is traced and run
 // with the step form of ModuleTraceOptions (models::bert_pretraining_step) and loss(inputs).
 // Attention splits by heads: the heads cut in (batch * heads, ...) after a reshape are a split
@@ -110,6 +115,10 @@ class ParallelModule : private DispatchInterceptor {
   // leaves the whole gradient on every rank. One all-reduce over a flat bucket of them, kept
   // between steps as DDP's buckets are.
   void synchronize_gradients();
+  // The parameters whose gradients synchronize_gradients sums over dp (read by an op that splits
+  // the batch): each dp rank's gradient is its share of the sum. The others' are whole on every
+  // rank. ZeRO's stages 2 and 3 reduce them in its stead (ZeroOptimizer::take_gradient_shares).
+  const std::set<std::string>& batch_split_parameters() const { return batch_split_parameters_; }
   // Every parameter and buffer whole (gathered over tp), by name: checkpoints and tests.
   std::map<std::string, Tensor> full_state_dict() const;
   // Every parameter's gradient whole (gathered over tp; undefined ones left out), by name.

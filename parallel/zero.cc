@@ -22,6 +22,10 @@ struct ZeroOptimizer::Parts {
   // sum_gradients_over: the group, and which parameters' gradients are partial sums over it.
   std::shared_ptr<Communicator> partial_group;
   std::vector<char> partial;
+  // take_gradient_shares: each parameter's gradient is a share of a sum over the group (kShare)
+  // or whole on every rank (kWhole); empty: a mean over each rank's rows (averaged).
+  enum class Gradient { kShare, kWhole };
+  std::vector<Gradient> gradients;
 
   // Stage 2: adds this rank's part of the group's mean of parameter i's gradient to the part's
   // gradient, and drops the parameter's whole gradient.
@@ -31,8 +35,14 @@ struct ZeroOptimizer::Parts {
     Tensor grad = parameter.grad();
     if (!grad.defined()) return;
     if (partial_group && partial[i]) partial_group->all_reduce(grad);  // dropped below anyway
-    Tensor mine = zeros({counts[i]}, TensorOptions(grad.dtype()).device(grad.device()));
-    group->reduce_scatter(grad.contiguous().reshape({-1}), mine, ReduceOp::kMean);
+    Tensor mine;
+    if (!gradients.empty() && gradients[i] == Gradient::kWhole) {
+      mine = grad.contiguous().reshape({-1}).narrow(0, begins[i], counts[i]).clone();
+    } else {
+      mine = zeros({counts[i]}, TensorOptions(grad.dtype()).device(grad.device()));
+      group->reduce_scatter(grad.contiguous().reshape({-1}), mine,
+                            gradients.empty() ? ReduceOp::kMean : ReduceOp::kSum);
+    }
     parameter.set_grad(Tensor());
     Tensor held = parts[i].grad();
     parts[i].set_grad(held.defined() ? add(held, mine) : mine);
@@ -356,6 +366,20 @@ void ZeroOptimizer::sum_gradients_over(std::shared_ptr<Communicator> group,
   }
   parts.partial_group = std::move(group);
   parts.partial = std::move(partial);
+}
+
+void ZeroOptimizer::take_gradient_shares(const std::vector<Tensor>& shares) {
+  Parts& parts = *parts_;
+  std::vector<Parts::Gradient> gradients(parts.parameters.size(), Parts::Gradient::kWhole);
+  for (const Tensor& share : shares) {
+    size_t i = 0;
+    while (i < parts.parameters.size() && !parts.parameters[i].is_same(share)) ++i;
+    TESSEL_CHECK(i < parts.parameters.size(),
+                 "ZeroOptimizer::take_gradient_shares: a tensor that is not one of the module's "
+                 "trainable parameters");
+    gradients[i] = Parts::Gradient::kShare;
+  }
+  parts.gradients = std::move(gradients);
 }
 
 void ZeroOptimizer::gather_parameters() {

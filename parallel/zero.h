@@ -87,6 +87,14 @@ class ZeroOptimizer : public optim::Optimizer {
   void sum_gradients_over(std::shared_ptr<Communicator> group,
                           const std::vector<Tensor>& parameters);
 
+  // Stages 2 and 3 under a loss that each rank of the group has already divided by the group's
+  // size (parallel::ParallelModule): the gradients of `shares` are each rank's share of their
+  // sum over the group, so their parts are reduce-scattered as sums; every other gradient is
+  // whole and the same on every rank, so each rank keeps its own part of it without a
+  // collective. By default each rank's gradient is the mean over its own rows: averaged. Stage
+  // 1 leaves that to the caller (ParallelModule::synchronize_gradients).
+  void take_gradient_shares(const std::vector<Tensor>& shares);
+
   // Stage 3: gathers every parameter whole and keeps it so (a collective) until the next
   // zero_grad() or step(), so that one rank alone may read the module (a checkpoint).
   // state_tensors() does it too. Nothing under stages 1 and 2.

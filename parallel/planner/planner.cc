@@ -20,25 +20,19 @@ bool is_bert(const std::string& model) { return model.rfind(kBertPrefix, 0) == 0
 namespace {
 
 // Why the recipes (or, for a module of one's own, parallel::ParallelModule) would not run
-// `choice` as priced; empty when they do. The vision recipes run a plan on one dp x tp grid
-// (through ParallelModule with a tensor-parallel group); BERT's recipe and a module of one's own
-// run plans through ParallelModule, which runs per-op degrees over one group of all `devices`
-// (each op splits the batch or the model over every device, or runs whole). ZeRO beside a
-// tensor-parallel group runs for BERT only, on one grid (its recipe's own tensor-parallel form).
+// `choice` as priced; empty when they do. The recipes and a module of one's own run plans
+// through ParallelModule, which runs per-op degrees over one group of all `devices` (each op
+// splits the batch or the model over every device, or runs whole). ZeRO runs beside a
+// tensor-parallel group on one dp x tp grid (BERT's recipe in its own tensor-parallel form, the
+// vision recipes and a module of one's own beside ParallelModule), not beside per-op degrees.
 std::string not_run_reason(const Graph& graph, const std::vector<std::vector<Strategy>>& strategies,
                            const std::vector<int>& choice, int zero_stage, int devices) {
   std::set<std::pair<int, int>> degrees;
-  bool tensor_parallel = false;
   for (const TracedOp& op : graph.ops) {
     const Strategy& s = strategies[op.id][choice[op.id]];
     if (!s.fully_replicated()) degrees.insert({s.dp, s.tp});
-    tensor_parallel = tensor_parallel || s.tp > 1;
   }
-  const bool vision_recipe = !graph.user_module && !graph.model.empty() && !is_bert(graph.model);
   if (degrees.size() > 1) {
-    if (vision_recipe)
-      return "the vision recipes run a plan's ops on its dp x tp grid; ops at other degrees run "
-             "through parallel::ParallelModule (BERT's recipe does)";
     for (const auto& [dp, tp] : degrees)
       if (!(dp == devices && tp == 1) && !(dp == 1 && tp == devices))
         return "parallel::ParallelModule runs per-op degrees over all " + std::to_string(devices) +
@@ -46,10 +40,9 @@ std::string not_run_reason(const Graph& graph, const std::vector<std::vector<Str
                "running whole), not an op at dp=" +
                std::to_string(dp) + " tp=" + std::to_string(tp);
     if (zero_stage > 0)
-      return "parallel::ParallelModule does not run ZeRO beside per-op degrees yet";
+      return "ZeRO does not run beside per-op degrees yet (it runs beside parallel::ParallelModule "
+             "on a dp x tp grid)";
   }
-  if (zero_stage > 0 && tensor_parallel && !is_bert(graph.model))
-    return "parallel::ParallelModule does not run ZeRO beside a tensor-parallel group yet";
   return "";
 }
 

@@ -11,7 +11,9 @@
 // of five inputs) runs its frontier points with attention split by heads, embedding tables split
 // by vocabulary or by columns (the word table tied to the decoder), the loss split by classes,
 // on a line and on a dp x tp grid (masked-LM rows ignored unevenly over dp). A plan made for
-// another model, or with degrees the grid does not have, is a clear error on every rank.
+// another model, or with degrees the grid does not have, is a clear error on every rank. ZeRO's
+// three stages over the dp group (2 x 1 at 2 ranks, 2 x 2 at 4) train what the same plan trains
+// without ZeRO, with SGD and AdamW, and keep the whole optimizer state.
 #include "parallel/parallelize.h"
 
 #include <algorithm>
@@ -30,12 +32,15 @@
 #include "models/trace.h"
 #include "nn/nn.h"
 #include "ops/ops.h"
+#include "optim/adam.h"
 #include "optim/sgd.h"
 #include "parallel/counting_communicator.h"
 #include "parallel/planner/planner.h"
 #include "parallel/process_group.h"
+#include "parallel/zero.h"
 #include "tests/parallel/mpi_testing.h"
 #include "tests/testing.h"
+#include "train/tasks/planned_module.h"
 
 namespace tessel::parallel {
 namespace {
@@ -444,6 +449,90 @@ TEST_F(ParallelizeTest, ResidualCnnWithBatchNormRunsAsPlannedOnAGrid) {
     const RunResult run = planned_run(c, plans[p], grid, /*as_priced=*/true);
     for (float loss : run.losses) EXPECT_TRUE(std::isfinite(loss));
     EXPECT_FALSE(run.gradients.at(0).empty());
+  }
+}
+
+// A plan's training under an optimizer of `stage` (0: none; else ZeroOptimizer over the dp
+// group): the losses, the parameters and buffers whole, and the optimizer state (whole over dp,
+// this rank's tp shards).
+struct OptimizedRun {
+  std::vector<float> losses;
+  std::map<std::string, Tensor> state;
+  optim::NamedTensors optimizer_state;
+};
+
+OptimizedRun run_with_zero(const Case& c, const std::vector<planner::PlanFile::Op>& ops,
+                           const ProcessGrid& grid, int stage, bool adamw) {
+  constexpr int kZeroSteps = 3;
+  // Large enough that a gradient off by a factor shows in the parameters.
+  constexpr double kZeroLearningRate = 0.05;
+  auto parallel = std::make_shared<ParallelModule>(c.make(), ops, grid.data_parallel_on_device(),
+                                                   grid.tensor_parallel_on_device(), c.trace);
+  auto planned = std::make_shared<train::PlannedModule>(parallel, c.make());
+  const MakeShardOptimizer make =
+      [&](const optim::NamedTensors& parameters) -> std::unique_ptr<optim::Optimizer> {
+    if (adamw)
+      return std::make_unique<optim::AdamW>(parameters, optim::AdamWOptions(kZeroLearningRate));
+    return std::make_unique<optim::SGD>(parameters,
+                                        optim::SGDOptions(kZeroLearningRate).momentum(0.9));
+  };
+  std::unique_ptr<optim::Optimizer> optimizer =
+      stage == 0 ? make(planned->named_parameters())
+                 : std::make_unique<ZeroOptimizer>(planned, grid.data_parallel_on_device(), make,
+                                                   static_cast<ZeroStage>(stage));
+  planned->hand_gradients_to(*optimizer);
+  OptimizedRun run;
+  for (int step = 0; step < kZeroSteps; ++step) {
+    std::vector<Tensor> local;
+    for (const Tensor& whole : c.batch(step))
+      local.push_back(rows(whole, grid.dp_size(), grid.dp_index()));
+    optimizer->zero_grad();
+    Tensor loss = planned->loss(local);
+    loss.backward();
+    optimizer->step();
+    run.losses.push_back(loss.item<float>());
+  }
+  run.optimizer_state = optimizer->state_tensors();  // stage 3: gathers the parameters too
+  run.state = parallel->full_state_dict();
+  return run;
+}
+
+// ZeRO beside a plan on a dp x tp grid (2 x 2 at 4 ranks; at 2 ranks a data-parallel plan, 2 x
+// 1): each stage trains what the plan trains without ZeRO, and its optimizer state gathers to
+// the same whole tensors.
+TEST_F(ParallelizeTest, ZeroStagesBesideAPlanTrainLikeThePlanAlone) {
+  const int tp = size() / 2;
+  ProcessGrid grid(2, tp);
+  for (const auto& [name, c] : std::vector<std::pair<std::string, Case>>{
+           {"mlp", labelled(mlp, {8, 12})},
+           {"cnn", labelled([] { return residual_cnn(false); }, {8, 3, 8, 8})}}) {
+    std::vector<std::string> summaries;
+    const auto plans = frontier_plans(c, 2, tp, &summaries);
+    ASSERT_FALSE(plans.empty()) << name;
+    // The fastest point and the one that keeps the least.
+    for (size_t p : {size_t{0}, plans.size() - 1}) {
+      for (bool adamw : {false, true}) {
+        const OptimizedRun plain = run_with_zero(c, plans[p], grid, 0, adamw);
+        for (int stage : {1, 2, 3}) {
+          SCOPED_TRACE(name + " " + summaries[p] + (adamw ? " AdamW" : " SGD") + " ZeRO-" +
+                       std::to_string(stage));
+          const OptimizedRun zero = run_with_zero(c, plans[p], grid, stage, adamw);
+          ASSERT_EQ(zero.losses.size(), plain.losses.size());
+          for (size_t step = 0; step < plain.losses.size(); ++step)
+            EXPECT_NEAR(zero.losses[step], plain.losses[step], 1e-4 * std::abs(plain.losses[step]))
+                << "step " << step;
+          for (const auto& [tensor_name, tensor] : plain.state)
+            EXPECT_TRUE(all_close(zero.state.at(tensor_name), tensor, 1e-4, 1e-6)) << tensor_name;
+          ASSERT_EQ(zero.optimizer_state.size(), plain.optimizer_state.size());
+          for (size_t i = 0; i < plain.optimizer_state.size(); ++i) {
+            EXPECT_EQ(zero.optimizer_state[i].first, plain.optimizer_state[i].first);
+            EXPECT_TRUE(all_close(zero.optimizer_state[i].second, plain.optimizer_state[i].second,
+                                  1e-4, 1e-6))
+                << plain.optimizer_state[i].first;
+          }
+        }
+      }
+    }
   }
 }
 

@@ -2,8 +2,11 @@
 // call plus their FLOPs or bytes over the rate, forward and backward apart), kinds a profile lacks
 // fall back to the roofline, the optimizer update is priced per parameter, the profile records the
 // thread layout it was measured under, and vision plans the runtime would not run as priced are
-// marked and not chosen when only executable plans are asked for.
+// marked and not chosen when only executable plans are asked for (ops over part of 4+ devices,
+// ZeRO beside per-op degrees).
 #include <gtest/gtest.h>
+
+#include <set>
 
 #include "models/trace.h"
 #include "nn/nn.h"
@@ -175,7 +178,7 @@ TEST(DeviceProfile, ShippedCpuProfileSaysWhichLayoutItWasMeasuredUnder) {
     EXPECT_EQ(cpu.op_kinds.count(kind), 1u) << kind;
 }
 
-TEST(Executable, VisionPlansRunOnTheirGridAndTheRestIsMarked) {
+TEST(Executable, VisionPlansRunOnTheirGridOrOverAllTheDevicesAndTheRestIsMarked) {
   ModelSpec spec;
   spec.name = "resnet18";
   spec.batch = 4;
@@ -198,27 +201,59 @@ TEST(Executable, VisionPlansRunOnTheirGridAndTheRestIsMarked) {
   }
   EXPECT_TRUE(tensor_parallel) << "expected some tensor-parallel point on the frontier";
 
-  // ZeRO beside a tensor-parallel group is not run for the vision models.
-  options.zero_stages = {0, 2};
-  for (const PlannedPoint& point : plan_graph(graph, options).frontier)
-    if (point.zero_stage == 2 && point.tp > 1) {
-      EXPECT_FALSE(point.executable) << point.summary;
-      EXPECT_NE(point.not_executable_reason.find("does not run ZeRO beside"), std::string::npos);
+  // ZeRO beside a tensor-parallel group runs on a grid (through parallel::ParallelModule): on
+  // 4 devices, dp=2 x tp=2 points with each stage.
+  options.config.devices = 4;
+  options.config.min_tp = 2;
+  std::set<int> zero_beside_tp;
+  for (int stage : {1, 2, 3}) {
+    options.zero_stages = {stage};
+    for (const PlannedPoint& point : plan_graph(graph, options).frontier) {
+      EXPECT_TRUE(point.executable) << point.summary << ": " << point.not_executable_reason;
+      if (point.dp > 1 && point.tp > 1) zero_beside_tp.insert(point.zero_stage);
     }
+  }
+  EXPECT_EQ(zero_beside_tp, std::set<int>({1, 2, 3}));
+  options.config.devices = 2;
+  options.config.min_tp = 1;
   options.zero_stages = {0};
 
-  // Ops at other degrees than the plan's grid: the recipes do not run them.
+  // Per-op degrees: the recipes run them through parallel::ParallelModule where every op splits
+  // the batch or the model over all the devices, or runs whole (every such plan on 2 devices).
   options.per_op_degrees = true;
-  const PlanResult any = plan_graph(graph, options);
+  bool mixed = false;
+  for (const PlannedPoint& point : plan_graph(graph, options).frontier) {
+    EXPECT_TRUE(point.executable) << point.summary << ": " << point.not_executable_reason;
+    mixed = mixed || point.summary.find("ops at other degrees") != std::string::npos;
+  }
+  EXPECT_TRUE(mixed) << "expected some point with per-op degrees on the frontier";
+  // ZeRO beside per-op degrees is not run.
+  options.zero_stages = {1};
+  bool zero_marked = false;
+  for (const PlannedPoint& point : plan_graph(graph, options).frontier) {
+    if (point.summary.find("ops at other degrees") == std::string::npos) continue;
+    zero_marked = true;
+    EXPECT_FALSE(point.executable) << point.summary;
+    EXPECT_NE(point.not_executable_reason.find("ZeRO does not run beside per-op degrees"),
+              std::string::npos)
+        << point.not_executable_reason;
+  }
+  EXPECT_TRUE(zero_marked) << "expected some ZeRO point with per-op degrees on the frontier";
+  options.zero_stages = {0};
+  // On 4 devices an op at dp=2 tp=2 (part of the devices for each) is marked.
+  options.config.devices = 4;
+  options.config.max_tp = 4;
   bool marked = false;
-  for (const PlannedPoint& point : any.frontier) {
+  for (const PlannedPoint& point : plan_graph(graph, options).frontier) {
     if (point.executable) continue;
     marked = true;
-    EXPECT_NE(point.summary.find("ops at other degrees"), std::string::npos) << point.summary;
-    EXPECT_NE(point.not_executable_reason.find("ops at other degrees run through"),
-              std::string::npos);
+    EXPECT_NE(point.not_executable_reason.find("runs per-op degrees over all 4 devices only"),
+              std::string::npos)
+        << point.not_executable_reason;
   }
-  EXPECT_TRUE(marked) << "expected some point with per-op degrees on the frontier";
+  EXPECT_TRUE(marked) << "expected a point with an op over part of the 4 devices";
+  options.config.devices = 2;
+  options.config.max_tp = 2;
 
   options.executable_only = true;
   const PlanResult runnable = plan_graph(graph, options);

@@ -106,12 +106,12 @@ ParallelLayout resolve_layout(const TrainConfig& config, int world_size) {
     TESSEL_CHECK(config.zero == 0 || config.zero == plan.zero_stage, "--plan: '", config.plan,
                  "' sets ZeRO stage ", plan.zero_stage, " itself; pass either --plan or --zero");
     layout.zero = plan.zero_stage;
-    if (planner::is_bert(plan.model) && has_per_op_degrees(plan)) {
+    if (has_per_op_degrees(plan)) {
       // parallel::ParallelModule runs per-op degrees over one group of every rank.
       TESSEL_CHECK(layout.zero == 0, "--plan: '", config.plan,
                    "' has per-op degrees and ZeRO stage ", plan.zero_stage,
-                   ", which is not run yet (parallel::ParallelModule takes no ZeRO): make a plan "
-                   "without --zero or without --per_op_degrees");
+                   ", which is not run yet (ZeRO beside parallel::ParallelModule runs on a dp x tp "
+                   "grid only): make a plan without --zero or without --per_op_degrees");
       layout.dp = 1;
       layout.tp = world_size;
     }
@@ -273,11 +273,10 @@ RunLayout lay_out_ranks(const TrainConfig& config, std::ostream& log, TrainConfi
     std::snprintf(numbers, sizeof(numbers), "; predicted %.1f MiB per rank, %.3f s per step",
                   run.plan->predicted_memory / (1024.0 * 1024.0), run.plan->predicted_time);
     rank_log << " from plan " << config.plan << " (" << run.plan->summary << numbers;
-    if (run.tp > 1 && run.zero == 0) rank_log << "; the recipes run the plan's ops as priced";
-    if (run.tp > 1 && run.zero > 0)
-      rank_log << "; BERT runs the grid with its own split by heads, MLP and vocabulary beside "
-                  "ZeRO";
-    if (planner::is_bert(run.plan->model) && has_per_op_degrees(*run.plan))
+    if (run.tp > 1)
+      rank_log << "; the recipes run the plan's ops as priced"
+               << (run.zero > 0 ? " beside ZeRO" : "");
+    if (has_per_op_degrees(*run.plan))
       rank_log << "; per-op degrees: each op splits the batch or the model over every rank, or "
                   "runs whole";
     rank_log << ")";

@@ -46,8 +46,8 @@ struct ParallelLayout {
 bool has_per_op_degrees(const planner::PlanFile& plan);
 
 // dp x tp for `world_size` ranks: --plan's mesh, else --dp and --tp (one unset fills the other
-// ranks; both unset: dp = world_size, tp = 1), and the ZeRO stage (--plan's or --zero). A BERT
-// plan with per-op degrees lays the ranks out as one line, dp 1 x tp = world_size, over which
+// ranks; both unset: dp = world_size, tp = 1), and the ZeRO stage (--plan's or --zero). A plan
+// with per-op degrees lays the ranks out as one line, dp 1 x tp = world_size, over which
 // each of its ops splits the batch or the model, or runs whole. A tessel::Error when the product
 // is not the number of ranks, the plan was made for another model or device count, or ZeRO is
 // asked for without dp > 1 and tp = 1 (or beside per-op degrees).

@@ -105,6 +105,7 @@ RecipeResult run_bert_mlm_fortunes(const TrainConfig& config, const RunLayout& l
                               optim::AdamWOptions(*config.lr).weight_decay(kWeightDecay).eps(1e-6));
       });
   optim::Optimizer& optimizer = *optimizer_holder;
+  parallel_bert.hand_gradients_to(optimizer);  // --zero=2 or 3 beside a plan's own ops
   const int64_t batch_size = *config.batch_size;
   // A plan's ops take whole batches only: an epoch's partial batch is skipped.
   const int64_t batches_per_epoch = parallel_bert.runs_plan()

@@ -26,6 +26,7 @@
 #include "train/engine/training_plan.h"
 #include "train/tasks/classifier.h"
 #include "train/tasks/image_folder.h"
+#include "train/tasks/planned_module.h"
 
 namespace tessel::train {
 namespace {
@@ -138,14 +139,19 @@ RecipeResult run_image_recipe(const ImageRecipeSpec& spec, const TrainConfig& co
   auto* tensor_parallel = dynamic_cast<models::TensorParallelClassifier*>(model.get());
   if (zero && tensor_parallel && zero->stage() != parallel::ZeroStage::kOptimizerState)
     zero->sum_gradients_over(layout.tp_device_group, tensor_parallel->trunk_parameters());
+  // --zero=2 or 3 beside a plan's own ops: ZeRO reduces their gradients over dp.
+  if (auto* planned_module = dynamic_cast<PlannedModule*>(model.get()))
+    planned_module->hand_gradients_to(optimizer);
   data::TransformList transforms = augmentation(spec, *train_set);
-  // Each data-parallel rank reads its rows of every batch.
+  // Each data-parallel rank reads its rows of every batch (under per-op degrees, each rank of
+  // the line its rows).
+  const auto [part, parts] = batch_part(layout);
   data::DataLoader train_loader(train_set, data::DataLoaderOptions()
                                                .batch_size(*config.batch_size)
                                                .shuffle(true)
                                                .seed(config.seed)
                                                .transform(transforms.batch_transform())
-                                               .shard(layout.dp_rank, layout.dp)
+                                               .shard(part, parts)
                                                .drop_last(planned));
   const TrainingPlan plan(config, train_loader.num_batches());
   std::unique_ptr<optim::LRScheduler> scheduler;

@@ -314,9 +314,7 @@ void gather_into_full_model(nn::Module& sharded, nn::Module& full, int64_t group
 
 namespace tessel::train {
 
-bool runs_planned_bert(const RunLayout& layout) {
-  return layout.plan && layout.tp > 1 && layout.zero == 0;
-}
+bool runs_planned_bert(const RunLayout& layout) { return layout.plan && layout.tp > 1; }
 
 ParallelBert::ParallelBert(models::BertForPreTraining& model, const RunLayout& layout,
                            int64_t batch_size, int64_t max_seq)
@@ -376,7 +374,7 @@ ParallelBert::ParallelBert(models::BertForPreTraining& model, const RunLayout& l
         models::bert_pretraining_step(plan.batch, plan.seq));
     std::shared_ptr<nn::Module> evaluated(&model_, [](nn::Module*) {});
     planned_ = std::make_shared<PlannedModule>(std::move(parallel), std::move(evaluated));
-    return;  // the plan's ops reduce over dp themselves
+    return;  // the plan's ops reduce over dp themselves (or ZeRO: hand_gradients_to)
   }
   if (layout.tp > 1) tp_model_ = models::shard_bert(model, layout.tp_group_id);
   ddp_ = make_ddp(layout, trained());
@@ -387,6 +385,10 @@ ParallelBert::~ParallelBert() = default;
 nn::Module& ParallelBert::trained() {
   if (planned_) return *planned_;
   return tp_model_ ? static_cast<nn::Module&>(*tp_model_) : model_;
+}
+
+void ParallelBert::hand_gradients_to(optim::Optimizer& optimizer) {
+  if (planned_) planned_->hand_gradients_to(optimizer);
 }
 
 int64_t ParallelBert::padded_length() const { return planned_ ? layout_.plan->seq : 0; }
@@ -440,12 +442,15 @@ PretrainingLoss ParallelBert::loss(const text::MlmBatch& batch) {
 }
 
 double ParallelBert::clip_gradients(double max_norm, optim::Optimizer& optimizer) {
+  auto* zero = dynamic_cast<parallel::ZeroOptimizer*>(&optimizer);
   if (planned_) {
     std::set<std::string> split;
     for (const auto& entry : planned_->parallel().split_dims()) split.insert(entry.first);
+    // ZeRO's stages 2 and 3 hold each rank's part of the gradients only.
+    if (zero && zero->stage() != parallel::ZeroStage::kOptimizerState)
+      return zero->clip_grad_norm(max_norm, *planned_cuts_, split);
     return clip_grad_norm_split(planned_->named_parameters(), split, *planned_cuts_, max_norm);
   }
-  auto* zero = dynamic_cast<parallel::ZeroOptimizer*>(&optimizer);
   if (zero && zero->stage() != parallel::ZeroStage::kOptimizerState) {
     if (!tp_model_) return zero->clip_grad_norm(max_norm);
     std::set<std::string> split;

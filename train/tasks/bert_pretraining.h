@@ -83,7 +83,8 @@ struct PretrainingLoss {
 };
 
 // Whether this run trains BERT through its plan's own ops (parallel::ParallelModule): --plan with
-// a tensor-parallel group (per-op degrees lay the ranks out as one: resolve_layout) and no ZeRO.
+// a tensor-parallel group (per-op degrees lay the ranks out as one: resolve_layout), beside ZeRO
+// on a dp x tp grid.
 bool runs_planned_bert(const RunLayout& layout);
 
 class ParallelBert {
@@ -102,6 +103,9 @@ class ParallelBert {
   // Whether batches have the plan's fixed shape: global batches of exactly batch_size sequences
   // (a partial one is skipped), padded_length() positions each.
   bool runs_plan() const { return planned_ != nullptr; }
+  // Under a plan beside ZeRO stage 2 or 3: ZeRO reduces the plan's gradients over dp
+  // (PlannedModule::hand_gradients_to). Call once `optimizer` is made over trained().
+  void hand_gradients_to(optim::Optimizer& optimizer);
   int64_t padded_length() const;
   // This rank's rows of a global batch: its data-parallel shard, or under a plan the rows its
   // ops read where they split the batch.

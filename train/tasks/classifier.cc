@@ -58,6 +58,12 @@ std::shared_ptr<nn::Module> parallel_classifier_model(const RunLayout& layout,
 
 bool runs_planned_ops(const RunLayout& layout) { return layout.plan && layout.tp > 1; }
 
+std::pair<int64_t, int64_t> batch_part(const RunLayout& layout) {
+  if (runs_planned_ops(layout) && has_per_op_degrees(*layout.plan))
+    return {layout.tp_rank, layout.tp};
+  return {layout.dp_rank, layout.dp};
+}
+
 std::shared_ptr<nn::Module> planned_classifier_model(const RunLayout& layout,
                                                      std::shared_ptr<nn::Module> trained,
                                                      std::shared_ptr<nn::Module> evaluated,
@@ -65,8 +71,10 @@ std::shared_ptr<nn::Module> planned_classifier_model(const RunLayout& layout,
   TESSEL_CHECK(runs_planned_ops(layout),
                "planned_classifier_model: the run has no plan with a tensor-parallel group");
   const planner::PlanFile& plan = *layout.plan;
-  TESSEL_CHECK(layout.zero == 0, "--plan: zero_stage ", layout.zero,
-               ": ZeRO beside the plan's own tensor-parallel ops is not run yet");
+  // resolve_layout refuses ZeRO beside per-op degrees: a rank's shards are not those of another
+  // rank of its line, so no group holds the same module for ZeRO to cut.
+  TESSEL_CHECK(layout.zero == 0 || !has_per_op_degrees(plan), "--plan: zero_stage ", layout.zero,
+               ": ZeRO beside per-op degrees is not run yet");
   TESSEL_CHECK(input_shape.size() == 4 && input_shape[0] == plan.batch &&
                    input_shape[1] == plan.in_channels && input_shape[2] == plan.image_size &&
                    input_shape[3] == plan.image_size,
@@ -77,8 +85,11 @@ std::shared_ptr<nn::Module> planned_classifier_model(const RunLayout& layout,
                " --devices=", plan.devices, " --batch=", input_shape[0],
                " --in_channels=", input_shape[1], " --image_size=", input_shape[2],
                plan.small_image_stem ? " --small_image_stem" : "", " --out=FILE)");
+  // Per-op degrees run over one group of every rank: the ops that split the batch read rows over
+  // it too (batch_part).
+  auto rows = has_per_op_degrees(plan) ? layout.tp_device_group : layout.dp_device_group;
   auto parallel = std::make_shared<parallel::ParallelModule>(
-      std::move(trained), plan.ops, layout.dp_device_group, layout.tp_device_group,
+      std::move(trained), plan.ops, rows, layout.tp_device_group,
       planner::ModuleTraceOptions(input_shape));
   return std::make_shared<PlannedModule>(std::move(parallel), std::move(evaluated));
 }

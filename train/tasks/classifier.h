@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 
 #include "core/tensor.h"
 #include "data/dataset.h"
@@ -44,11 +45,18 @@ EvalResult evaluate_classifier(nn::Module& model, const data::Dataset& dataset, 
 std::shared_ptr<nn::Module> parallel_classifier_model(const RunLayout& layout,
                                                       std::shared_ptr<nn::Module> full);
 
-// Whether this run trains through its plan's own ops: --plan with a tensor-parallel group.
+// Whether this run trains through its plan's own ops: --plan with a tensor-parallel group (a
+// plan with per-op degrees lays every rank out as one: resolve_layout).
 bool runs_planned_ops(const RunLayout& layout);
 
+// Which part of every global batch this rank reads, as {index, count} of near-equal parts in
+// rank order: its data-parallel shard, or under a plan with per-op degrees its part over the line
+// of every rank (the rows its batch-split ops take).
+std::pair<int64_t, int64_t> batch_part(const RunLayout& layout);
+
 // Under --plan with a tensor-parallel group: `trained` (its whole parameters the same on every
-// rank) runs the plan's ops as the planner priced them (parallel::ParallelModule; `input_shape`
+// rank) runs the plan's ops as the planner priced them (parallel::ParallelModule, per-op degrees
+// over one group of every rank; `input_shape`
 // is the plan's global batch of images), and the module returned holds this rank's shards of its
 // parameters and buffers under the model's names, for the optimizer, checkpoints (the split ones
 // are gathered whole) and memory accounting; `evaluated`, a second model of the same

@@ -2,6 +2,7 @@
 
 #include "core/autograd.h"
 #include "core/error.h"
+#include "parallel/zero.h"
 
 namespace tessel::train {
 namespace {
@@ -34,7 +35,7 @@ std::map<std::string, int64_t> PlannedModule::split_parameter_dims() const {
 
 Tensor PlannedModule::loss(const std::vector<Tensor>& inputs) {
   Tensor loss = parallel_->loss(inputs);
-  if (loss.requires_grad()) {
+  if (loss.requires_grad() && !zero_reduces_gradients_) {
     // Queued when the loss's gradient, the first of the pass, arrives: the sums run once every
     // gradient has.
     parallel::ParallelModule* parallel = parallel_.get();
@@ -44,6 +45,17 @@ Tensor PlannedModule::loss(const std::vector<Tensor>& inputs) {
     });
   }
   return loss;
+}
+
+void PlannedModule::hand_gradients_to(optim::Optimizer& optimizer) {
+  auto* zero = dynamic_cast<parallel::ZeroOptimizer*>(&optimizer);
+  if (!zero || zero->stage() == parallel::ZeroStage::kOptimizerState) return;
+  std::vector<Tensor> shares;
+  const std::set<std::string>& batch_split = parallel_->batch_split_parameters();
+  for (const auto& [name, shard] : parallel_->named_parameters())
+    if (batch_split.count(name)) shares.push_back(shard);
+  zero->take_gradient_shares(shares);
+  zero_reduces_gradients_ = true;
 }
 
 nn::Module& PlannedModule::gathered() {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "nn/module.h"
+#include "optim/optimizer.h"
 #include "parallel/parallelize.h"
 #include "parallel/tensor_parallel.h"
 
@@ -29,6 +30,10 @@ class PlannedModule : public nn::Module, public parallel::SplitParameters {
   // The plan's loss of this rank's rows of each step input (the same scalar on every rank). Its
   // backward ends with the plan's gradient sums over dp (ParallelModule::synchronize_gradients).
   Tensor loss(const std::vector<Tensor>& inputs);
+  // Under ZeRO stage 2 or 3 (`optimizer` a parallel::ZeroOptimizer over the plan's dp group over
+  // this module), ZeRO's reduce-scatters during backward take over the plan's gradient sums over
+  // dp. Nothing for other optimizers (stage 1 reads the sums).
+  void hand_gradients_to(optim::Optimizer& optimizer);
   parallel::ParallelModule& parallel() { return *parallel_; }
   // The evaluated model with every tensor whole (a collective: gathered over tp).
   nn::Module& gathered();
@@ -38,6 +43,7 @@ class PlannedModule : public nn::Module, public parallel::SplitParameters {
 
   std::shared_ptr<parallel::ParallelModule> parallel_;
   std::shared_ptr<nn::Module> evaluated_;
+  bool zero_reduces_gradients_ = false;  // hand_gradients_to a ZeRO stage 2 or 3
 };
 
 }  // namespace tessel::train
