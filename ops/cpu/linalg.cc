@@ -93,6 +93,9 @@ void batched_product_kernel(KernelContext& context) {
   result.finish(out);
 }
 
+// Elements of the bias broadcast per thread of the fill before the GEMM.
+constexpr int64_t kBiasFillGrain = 1 << 18;
+
 // out (..., out_features) = x (..., in) W^T + bias.
 template <typename T>
 void linear_product_kernel(KernelContext& context) {
@@ -126,7 +129,8 @@ void linear_product_kernel(KernelContext& context) {
   if (bias.defined()) {
     const T* bias_data = bias.data_ptr<T>();
     const int64_t bias_stride = bias.stride(0);
-    parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(out_features, 1)),
+    // One thread up to a megabyte or so: waking the others costs more than they save here.
+    parallel_for(0, rows, std::max<int64_t>(1, kBiasFillGrain / std::max<int64_t>(out_features, 1)),
                  [&](int64_t begin, int64_t end) {
                    for (int64_t r = begin; r < end; ++r) {
                      T* row = result + r * out_features;
