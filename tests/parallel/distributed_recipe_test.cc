@@ -343,6 +343,37 @@ planner::PlanOptions two_rank_plan_options() {
   return options;
 }
 
+// Those options on a dp=2 x tp=2 grid of 4 ranks, with ZeRO stage `zero_stage` (0: none).
+planner::PlanOptions four_rank_grid_options(int zero_stage) {
+  planner::PlanOptions options = two_rank_plan_options();
+  options.config.devices = 4;
+  options.config.profile.devices_per_node = 4;
+  options.config.min_tp = options.config.max_tp = 2;
+  options.zero_stages = {zero_stage};
+  return options;
+}
+
+// The first point of `result`'s frontier that `wanted` accepts, as a plan file; a test failure
+// naming `what` when there is none.
+planner::PlanFile first_frontier_point(const planner::Graph& graph,
+                                       const planner::PlanResult& result,
+                                       const planner::ModelSpec& spec,
+                                       const planner::PlanOptions& options,
+                                       const std::function<bool(const planner::PlanFile&)>& wanted,
+                                       const std::string& what) {
+  for (int point = 0; point < static_cast<int>(result.frontier.size()); ++point) {
+    planner::PlanFile plan = planner::make_plan_file(graph, result, point, spec, options);
+    if (wanted(plan)) return plan;
+  }
+  ADD_FAILURE() << "no frontier point " << what;
+  return {};
+}
+
+// A grid point of dp=2 x tp=2 without per-op degrees.
+bool is_two_by_two_grid(const planner::PlanFile& plan) {
+  return plan.mesh_dp == 2 && plan.mesh_tp == 2 && !has_per_op_degrees(plan);
+}
+
 // A plan with a tensor-parallel group runs its own ops as the planner priced them (channel-split
 // convolutions and linears, through parallel::ParallelModule): ResNet-18 and ShuffleNet v2 train
 // like one process, and the checkpoint holds whole tensors, as a one-process run writes them.
@@ -392,15 +423,10 @@ std::string resnet_per_op_plan(const std::string& name,
     planner::PlanOptions options = two_rank_plan_options();
     options.per_op_degrees = true;
     const planner::PlanResult result = planner::plan_graph(graph, options);
-    bool found = false;
-    for (int point = 0; point < static_cast<int>(result.frontier.size()) && !found; ++point) {
-      planner::PlanFile plan = planner::make_plan_file(graph, result, point, spec, options);
-      if (!has_per_op_degrees(plan)) continue;
-      if (change) change(plan);
-      planner::write_plan(plan, path);
-      found = true;
-    }
-    if (!found) ADD_FAILURE() << "no frontier point with per-op degrees";
+    planner::PlanFile plan = first_frontier_point(graph, result, spec, options, has_per_op_degrees,
+                                                  "with per-op degrees");
+    if (change) change(plan);
+    planner::write_plan(plan, path);
   }
   MPI_Barrier(MPI_COMM_WORLD);
   return path;
@@ -491,20 +517,11 @@ std::string resnet_grid_plan(int stage) {
   const std::string path = test_folder("resnet_grid_zero" + std::to_string(stage) + ".json");
   if (world_rank() == 0) {
     const planner::Graph graph = models::trace_model(spec);
-    planner::PlanOptions options = two_rank_plan_options();
-    options.config.devices = 4;
-    options.config.profile.devices_per_node = 4;
-    options.config.min_tp = options.config.max_tp = 2;
-    options.zero_stages = {stage};
+    const planner::PlanOptions options = four_rank_grid_options(stage);
     const planner::PlanResult result = planner::plan_graph(graph, options);
-    bool found = false;
-    for (int point = 0; point < static_cast<int>(result.frontier.size()) && !found; ++point) {
-      const planner::PlanFile plan = planner::make_plan_file(graph, result, point, spec, options);
-      if (plan.mesh_dp != 2 || plan.mesh_tp != 2 || has_per_op_degrees(plan)) continue;
-      planner::write_plan(plan, path);
-      found = true;
-    }
-    if (!found) ADD_FAILURE() << "no dp=2 x tp=2 frontier point";
+    planner::write_plan(first_frontier_point(graph, result, spec, options, is_two_by_two_grid,
+                                             "on a dp=2 x tp=2 grid"),
+                        path);
   }
   MPI_Barrier(MPI_COMM_WORLD);
   return path;
@@ -1031,14 +1048,12 @@ planner::PlanFile bert_recipe_plan(const std::string& checkpoint, bool per_op_de
   spec.name = "bert_tiny";
   spec.batch = kPlannedBertBatch;
   spec.seq = kPlannedBertSeq;
-  for (int point = 0; point < static_cast<int>(result.frontier.size()); ++point) {
-    const planner::PlanFile plan = planner::make_plan_file(graph, result, point, spec, options);
-    if (has_per_op_degrees(plan) == per_op_degrees && (per_op_degrees || plan.mesh_tp == 2))
-      return plan;
-  }
-  ADD_FAILURE() << "no frontier point " << (per_op_degrees ? "with" : "without")
-                << " per-op degrees";
-  return {};
+  return first_frontier_point(
+      graph, result, spec, options,
+      [&](const planner::PlanFile& plan) {
+        return has_per_op_degrees(plan) == per_op_degrees && (per_op_degrees || plan.mesh_tp == 2);
+      },
+      per_op_degrees ? "with per-op degrees" : "without per-op degrees");
 }
 
 // Rank 0 writes `plan` to `name`.json; every rank gets its path.
@@ -1160,22 +1175,14 @@ planner::PlanFile bert_grid_plan(const std::string& checkpoint, int zero_stage) 
   models::BertForPreTraining model(models::BertConfig::tiny().vocab_size(vocab).dropout(0));
   const planner::Graph graph = planner::trace_module(
       model, models::bert_pretraining_step(kPlannedBertBatch, kPlannedBertSeq));
-  planner::PlanOptions options = two_rank_plan_options();
-  options.config.devices = 4;
-  options.config.profile.devices_per_node = 4;
-  options.config.min_tp = options.config.max_tp = 2;
-  options.zero_stages = {zero_stage};
+  const planner::PlanOptions options = four_rank_grid_options(zero_stage);
   const planner::PlanResult result = planner::plan_graph(graph, options);
   planner::ModelSpec spec;
   spec.name = "bert_tiny";
   spec.batch = kPlannedBertBatch;
   spec.seq = kPlannedBertSeq;
-  for (int point = 0; point < static_cast<int>(result.frontier.size()); ++point) {
-    const planner::PlanFile plan = planner::make_plan_file(graph, result, point, spec, options);
-    if (plan.mesh_dp == 2 && plan.mesh_tp == 2 && !has_per_op_degrees(plan)) return plan;
-  }
-  ADD_FAILURE() << "no dp=2 x tp=2 frontier point";
-  return {};
+  return first_frontier_point(graph, result, spec, options, is_two_by_two_grid,
+                              "on a dp=2 x tp=2 grid");
 }
 
 // Under mpirun -np 4: ZeRO's stages beside a BERT dp=2 x tp=2 plan's own ops (parallel::
