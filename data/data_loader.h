@@ -36,9 +36,9 @@ struct BatchInfo {
 };
 // Rewrites a batch after Dataset::get_batch, on the thread that prepared it (the loader's
 // background thread, whose ops run on one thread beside the step's, or next()'s caller when
-// prefetch is 0). Random choices must depend only on
-// `info` (e.g. Philox keyed by seed, epoch and index) so that results do not depend on timing.
-// Batches from get_batch are fresh tensors; a transform may replace or modify them.
+// prefetch is 0). Random choices must depend only on `info` (e.g. Philox keyed by seed, epoch and
+// index) so that results do not depend on timing. Batches from get_batch are fresh tensors; a
+// transform may replace or modify them.
 using BatchTransform = std::function<void(Batch& batch, const BatchInfo& info)>;
 
 struct DataLoaderOptions {

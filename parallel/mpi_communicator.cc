@@ -205,15 +205,17 @@ struct MpiCommunicator::State {
     if (finalized) return;
     // Sends still under way read their messages until they complete: the requests are let go
     // and the messages kept (a few bytes each).
-    auto* unfinished = new std::deque<SmallSend>;  // deliberately leaked
+    std::deque<SmallSend> unfinished;
     for (auto& send : small_sends) {
       if (send.request == MPI_REQUEST_NULL) continue;
       int done = 0;
       if (MPI_Test(&send.request, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) continue;
       MPI_Request_free(&send.request);
-      unfinished->push_back(std::move(send));
+      unfinished.push_back(std::move(send));
     }
-    if (unfinished->empty()) delete unfinished;
+    if (!unfinished.empty()) {
+      (void)new std::deque<SmallSend>(std::move(unfinished));  // deliberately leaked
+    }
     if (side != MPI_COMM_NULL) MPI_Comm_free(&side);
     if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
   }
