@@ -1030,24 +1030,35 @@ TEST_F(DistributedRecipe, BertCheckpointResumesInAnotherLayoutFromRankZerosRng) 
 constexpr int64_t kPlannedBertBatch = 8;  // the test corpus's 88 training sequences: 11 batches
 constexpr int64_t kPlannedBertSeq = 128;  // the recipe's longest sequence
 
-// BERT tiny without dropout as the recipe builds it (its vocabulary, from the data, read off
-// `checkpoint`), planned on 2 ranks for the recipe's batches: a point whose ops split at one
-// pair of degrees with a tensor-parallel group, or one with per-op degrees.
-planner::PlanFile bert_recipe_plan(const std::string& checkpoint, bool per_op_degrees) {
+// The step of BERT tiny without dropout as the recipe builds it (its vocabulary, from the data,
+// read off `checkpoint`), traced for the recipe's batches, and the plan files' name for it.
+planner::Graph recipe_bert_graph(const std::string& checkpoint) {
   const int64_t vocab = load_safetensors(checkpoint + "/model.safetensors")
                             .at("bert.embeddings.word_embeddings.weight")
                             .size(0);
   models::BertForPreTraining model(models::BertConfig::tiny().vocab_size(vocab).dropout(0));
-  const planner::Graph graph = planner::trace_module(
-      model, models::bert_pretraining_step(kPlannedBertBatch, kPlannedBertSeq));
-  planner::PlanOptions options = two_rank_plan_options();
-  options.per_op_degrees = per_op_degrees;
-  if (!per_op_degrees) options.config.min_tp = 2;  // the model split over both ranks
-  const planner::PlanResult result = planner::plan_graph(graph, options);
+  return planner::trace_module(model,
+                               models::bert_pretraining_step(kPlannedBertBatch, kPlannedBertSeq));
+}
+
+planner::ModelSpec recipe_bert_spec() {
   planner::ModelSpec spec;
   spec.name = "bert_tiny";
   spec.batch = kPlannedBertBatch;
   spec.seq = kPlannedBertSeq;
+  return spec;
+}
+
+// BERT tiny without dropout as the recipe builds it (its vocabulary, from the data, read off
+// `checkpoint`), planned on 2 ranks for the recipe's batches: a point whose ops split at one
+// pair of degrees with a tensor-parallel group, or one with per-op degrees.
+planner::PlanFile bert_recipe_plan(const std::string& checkpoint, bool per_op_degrees) {
+  const planner::Graph graph = recipe_bert_graph(checkpoint);
+  planner::PlanOptions options = two_rank_plan_options();
+  options.per_op_degrees = per_op_degrees;
+  if (!per_op_degrees) options.config.min_tp = 2;  // the model split over both ranks
+  const planner::PlanResult result = planner::plan_graph(graph, options);
+  const planner::ModelSpec spec = recipe_bert_spec();
   return first_frontier_point(
       graph, result, spec, options,
       [&](const planner::PlanFile& plan) {
@@ -1169,18 +1180,10 @@ TEST_F(DistributedRecipe, BertPlanWithPerOpDegreesResumesACheckpointOfOneProcess
 // A dp=2 x tp=2 plan of the recipe's BERT tiny (the vocabulary of `checkpoint`) on 4 ranks with
 // ZeRO stage `zero_stage`.
 planner::PlanFile bert_grid_plan(const std::string& checkpoint, int zero_stage) {
-  const int64_t vocab = load_safetensors(checkpoint + "/model.safetensors")
-                            .at("bert.embeddings.word_embeddings.weight")
-                            .size(0);
-  models::BertForPreTraining model(models::BertConfig::tiny().vocab_size(vocab).dropout(0));
-  const planner::Graph graph = planner::trace_module(
-      model, models::bert_pretraining_step(kPlannedBertBatch, kPlannedBertSeq));
+  const planner::Graph graph = recipe_bert_graph(checkpoint);
   const planner::PlanOptions options = four_rank_grid_options(zero_stage);
   const planner::PlanResult result = planner::plan_graph(graph, options);
-  planner::ModelSpec spec;
-  spec.name = "bert_tiny";
-  spec.batch = kPlannedBertBatch;
-  spec.seq = kPlannedBertSeq;
+  const planner::ModelSpec spec = recipe_bert_spec();
   return first_frontier_point(graph, result, spec, options, is_two_by_two_grid,
                               "on a dp=2 x tp=2 grid");
 }

@@ -33,6 +33,20 @@ Graph trace_ops(const std::function<void(const Tensor&)>& forward, const Shape& 
   return trace_graph([&] { forward(x); }, {}, {{"x", x}}, shape[0]);
 }
 
+// On 4 devices (options.config.devices), some point of the frontier has an op over part of
+// them, and every point marked not executable is marked for that.
+void expect_ops_over_part_of_four_devices_marked(const Graph& graph, const PlanOptions& options) {
+  bool marked = false;
+  for (const PlannedPoint& point : plan_graph(graph, options).frontier) {
+    if (point.executable) continue;
+    marked = true;
+    EXPECT_NE(point.not_executable_reason.find("runs per-op degrees over all 4 devices only"),
+              std::string::npos)
+        << point.not_executable_reason;
+  }
+  EXPECT_TRUE(marked) << "expected a point with an op over part of the 4 devices";
+}
+
 TEST(OpKind, ConvolutionsNormalisationAndActivationsGetTheirOwnKinds) {
   Tensor dense_weight = meta({8, 8, 3, 3}), depthwise_weight = meta({8, 1, 3, 3});
   const Graph convs = trace_ops(
@@ -243,15 +257,7 @@ TEST(Executable, VisionPlansRunOnTheirGridOrOverAllTheDevicesAndTheRestIsMarked)
   // On 4 devices an op at dp=2 tp=2 (part of the devices for each) is marked.
   options.config.devices = 4;
   options.config.max_tp = 4;
-  bool marked = false;
-  for (const PlannedPoint& point : plan_graph(graph, options).frontier) {
-    if (point.executable) continue;
-    marked = true;
-    EXPECT_NE(point.not_executable_reason.find("runs per-op degrees over all 4 devices only"),
-              std::string::npos)
-        << point.not_executable_reason;
-  }
-  EXPECT_TRUE(marked) << "expected a point with an op over part of the 4 devices";
+  expect_ops_over_part_of_four_devices_marked(graph, options);
   options.config.devices = 2;
   options.config.max_tp = 2;
 
@@ -303,15 +309,7 @@ TEST(Executable, BertPerOpDegreesRunOverAllTheDevices) {
   EXPECT_TRUE(mixed) << "expected some point with per-op degrees on the frontier";
 
   options.config.devices = 4;
-  bool marked = false;
-  for (const PlannedPoint& point : plan_graph(graph, options).frontier) {
-    if (point.executable) continue;
-    marked = true;
-    EXPECT_NE(point.not_executable_reason.find("runs per-op degrees over all 4 devices only"),
-              std::string::npos)
-        << point.not_executable_reason;
-  }
-  EXPECT_TRUE(marked) << "expected a point with an op over part of the 4 devices";
+  expect_ops_over_part_of_four_devices_marked(graph, options);
 }
 
 }  // namespace
