@@ -379,6 +379,15 @@ std::vector<StepCollective> ParallelModule::planned_collectives() const {
       const int64_t values = counted_mean_loss(*op.def, op.attrs) ? 2 : 1;
       planned.push_back({"all_reduce", label("dp"), values * bytes_of(op.output_shapes[0])});
     }
+    // Batch norm over a batch split: each rank's per-channel mean and centred squares gathered,
+    // their gradient summed (batch_norm_over_dp).
+    if (s.dp > 1 && op.name == "batch_norm") {
+      const int64_t parts = 2 * op.input_shapes[0][1] / s.input_layouts[0].model * s.dp * 4;
+      planned.push_back({"all_gather", label("dp"), parts});
+      if (std::any_of(op.inputs.begin(), op.inputs.end(),
+                      [&](int id) { return id >= 0 && graph_.tensors[id].requires_grad; }))
+        planned.push_back({"all_reduce", label("dp"), parts});
+    }
     // A broadcast operand of an element-wise split, cut to this rank's part: its gradient's
     // parts gathered.
     for (size_t slot = 0; slot < op.inputs.size(); ++slot)
@@ -532,6 +541,48 @@ Tensor ParallelModule::mean_over_dp(const Tensor& local_sum, const Tensor& targe
                 dtype));
   Tensor both = reduce_from_tp(stack({local_sum, count}), dp_group_);
   return div(select(both, 0, 0), select(both, 0, 1));
+}
+
+Tensor ParallelModule::batch_norm_over_dp(const std::vector<Tensor>& in, const Attrs& attrs) {
+  const Tensor& x = in.at(0);
+  const int64_t channels = x.size(1);
+  std::vector<int64_t> reduced{0};
+  for (int64_t d = 2; d < x.dim(); ++d) reduced.push_back(d);
+  Shape per_channel(static_cast<size_t>(x.dim()), 1);
+  per_channel[1] = channels;
+  // Each rank's mean and centred sum of squares, combined as parts of one batch (Chan's
+  // formula): no cancellation as in E[x^2] - E[x]^2. Gathered forward; backward each rank's
+  // gradient of them covers its own rows only, so it is summed over dp first.
+  const Tensor local_mean = mean(x, reduced);
+  const Tensor centred = sub(x, reshape(local_mean, per_channel));
+  const Tensor local_squares = sum(mul(centred, centred), reduced);
+  const Tensor parts = copy_to_tp(
+      gather_along(reshape(cat({local_mean, local_squares}), {1, 2 * channels}), 0, dp_group_),
+      dp_group_);
+  const Tensor means = narrow(parts, 1, 0, channels);
+  const int64_t rows = x.numel() / channels;  // per rank; every rank holds as many
+  const double count = static_cast<double>(rows) * dp_;
+  const Tensor batch_mean = mean(means, {0});
+  const Tensor spread = sub(means, batch_mean);
+  const Tensor squares = add(sum(narrow(parts, 1, channels, channels), {0}),
+                             mul(sum(mul(spread, spread), {0}), static_cast<double>(rows)));
+  const Tensor variance = div(squares, count);
+  const double eps = attrs.get<double>("eps");
+  Tensor y = mul(sub(x, reshape(batch_mean, per_channel)),
+                 reshape(rsqrt(add(variance, eps)), per_channel));
+  if (in.size() > 1 && in[1].defined()) y = mul(y, reshape(in[1], per_channel));
+  if (in.size() > 2 && in[2].defined()) y = add(y, reshape(in[2], per_channel));
+  // The running statistics as one process's batch_norm keeps them (an unbiased variance).
+  NoGradGuard no_grad;
+  const double momentum = attrs.get<double>("momentum");
+  auto update = [&](const Tensor& running, const Tensor& batch) {
+    if (!running.defined()) return;
+    Tensor target = running;
+    target.copy_(add(mul(running, 1.0 - momentum), mul(batch.detach(), momentum)));
+  };
+  update(in.size() > 3 ? in[3] : Tensor(), batch_mean);
+  update(in.size() > 4 ? in[4] : Tensor(), mul(variance, count / std::max(count - 1.0, 1.0)));
+  return y;
 }
 
 std::vector<Tensor> ParallelModule::dispatch(const OpDef& op, const std::vector<Tensor>& inputs,
@@ -779,6 +830,8 @@ std::vector<Tensor> ParallelModule::run_op(const OpDef& op, const std::vector<Te
     results = {vocab_parallel_cross_entropy(local_in[0], local_in[1], tp_group_,
                                             attrs.get_or<int64_t>("ignore_index", -100),
                                             /*sum_rows=*/counted_over_dp)};
+  } else if (op.name == "batch_norm" && s.dp > 1) {
+    results = {batch_norm_over_dp(local_in, attrs)};
   } else {
     if (kind == SplitKind::kFeature && is_conv(traced) && s.tp > 1)
       local_attrs.set("groups", attrs.get<int64_t>("groups") / tp_);  // whole groups per rank

@@ -134,11 +134,12 @@ class ParallelModule : private DispatchInterceptor {
   // split's and vocabulary-split table's output all-reduce, a class-split loss's three
   // all-reduces (row maxima, sums of exponentials, target logits), the dp all-reduce of a
   // batch-split loss (its sum and count for a mean over counted rows), the gradient all-gather of
-  // a broadcast operand cut along an element-wise split, a tied parameter's moves to its other
-  // users' cuts, and an all-gather for every move between a producer's layout and a consumer's,
-  // forward or, for its gradient, backward. Beyond the planner's prices: the gather of the data's
-  // rows for an op over the whole batch. The data-parallel gradient all-reduce
-  // (synchronize_gradients) is not in it.
+  // a broadcast operand cut along an element-wise split, a
+  // batch-split batch norm's gather of per-channel statistics (and their gradient's all-reduce), a
+  // tied parameter's moves to its other users' cuts, and an all-gather for every move between a
+  // producer's layout and a consumer's, forward or, for its gradient, backward. Beyond the
+  // planner's prices: the gather of the data's rows for an op over the whole batch. The
+  // data-parallel gradient all-reduce (synchronize_gradients) is not in it.
   std::vector<StepCollective> planned_collectives() const;
   // Moves run by the interceptor that the plan's layouts did not imply (views of split dims).
   int unplanned_moves() const { return unplanned_moves_; }
@@ -177,6 +178,11 @@ class ParallelModule : private DispatchInterceptor {
   // count): from this rank's sum over its rows, the mean over every rank's counted rows, one
   // all-reduce of (sum, count).
   Tensor mean_over_dp(const Tensor& local_sum, const Tensor& target, const Attrs& attrs);
+  // Batch norm in training mode over a batch split over dp: normalised by the whole batch's
+  // statistics (one all-gather of each rank's per-channel mean and centred squares; backward an
+  // all-reduce of their gradient), so the plan trains what one process trains. Updates the
+  // running statistics as batch_norm does. Returns the first output only.
+  Tensor batch_norm_over_dp(const std::vector<Tensor>& inputs, const Attrs& attrs);
   // `local` (of the parameter or buffer `name`) whole: gathered along its split dim.
   Tensor whole(const std::string& name, const Tensor& local) const;
 

@@ -354,6 +354,18 @@ Strategy make_strategy(const OpContext& c, int dp, int tp, SplitKind kind) {
     s.forward_comm += profile.collective_time(Collective::kAllReduce, s.dp, c.output_bytes(0),
                                               profile.level_for(static_cast<int64_t>(s.dp) * tp));
 
+  // Batch norm in training mode over a batch split normalises by the whole batch's statistics:
+  // each rank's per-channel mean and centred squares all-gathered, their gradient all-reduced
+  // (parallel::ParallelModule).
+  if (c.batch_ok && s.dp > 1 && op.name == "batch_norm") {
+    const double parts = 2.0 * static_cast<double>(op.input_shapes[0][1]) /
+                         s.input_layouts[0].model * s.dp *
+                         element_size(c.graph.tensors[op.outputs[0]].dtype);
+    const LinkLevel level = profile.level_for(static_cast<int64_t>(s.dp) * tp);
+    s.forward_comm += profile.collective_time(Collective::kAllGather, s.dp, parts, level);
+    s.backward_comm += profile.collective_time(Collective::kAllReduce, s.dp, parts, level);
+  }
+
   // DDP's broadcast of the buffers before each forward: every byte reaches every rank, and the
   // one collective waits for the slowest rank like any other (the all_gather latency, p - 1 steps).
   if (c.batch_ok && s.dp > 1 && (c.broadcast_bytes > 0 || c.first_buffer_reader)) {

@@ -540,6 +540,12 @@ TEST_F(DistributedRecipe, ZeroBesideAGridPlanOnFourRanksTrainsLikeThePlanAlone) 
   plain.checkpoint_dir = folder("resnet_grid_zero0");
   std::ostringstream log;
   const RecipeResult expected = run_recipe(plain, log);
+  // The plan itself trains what one process trains.
+  TrainConfig alone = plain;
+  alone.plan.clear();
+  alone.checkpoint_dir = folder("resnet_grid_alone");
+  const RecipeResult one_process = run_alone(alone);
+  if (rank() == 0) expect_trained_alike(expected, one_process, "the grid plan against one process");
   auto expect_like_plain = [&](const RecipeResult& actual, const std::string& what) {
     if (rank() == 0) expect_trained_alike(actual, expected, what);
   };
@@ -1206,6 +1212,13 @@ TEST_F(DistributedRecipe, ZeroBesideABertGridPlanOnFourRanksTrainsLikeThePlanAlo
     plain.checkpoint_dir = folder("bert_grid_" + optimizer + "_zero0");
     std::ostringstream log;
     const RecipeResult expected = run_recipe(plain, log);
+    // The plan itself trains what one process trains.
+    TrainConfig alone = plain;
+    alone.plan.clear();
+    alone.checkpoint_dir = folder("bert_grid_" + optimizer + "_alone");
+    const RecipeResult one_process = run_alone(alone);
+    if (rank() == 0)
+      expect_trained_alike(expected, one_process, optimizer + ": against one process");
     for (int stage : {1, 2, 3}) {
       const std::string name = "bert_grid_" + optimizer + "_zero" + std::to_string(stage);
       TrainConfig zero = plain;

@@ -415,11 +415,21 @@ TEST_F(ParallelizeTest, PerOpDegreesOnALineOfTwoRanks) {
   for (const auto& [name, c] : std::vector<std::pair<std::string, Case>>{
            {"mlp", labelled(mlp, {8, 12})},
            {"cnn", labelled([] { return residual_cnn(false); }, {8, 3, 8, 8})},
+           {"cnn with batch norm", labelled([] { return residual_cnn(true); }, {32, 3, 8, 8})},
            {"bert", bert_case()}}) {
     SCOPED_TRACE(name);
     std::vector<std::string> summaries;
-    const auto plans = frontier_plans(c, 2, 2, &summaries, /*per_op_degrees=*/true);
+    // With batch norm: a point that normalises over a batch split among those run.
+    const auto batch_split_norm = [](const planner::PlanFile::Op& op) {
+      return op.op == "batch_norm" && op.dp > 1;
+    };
+    const auto plans =
+        frontier_plans(c, 2, 2, &summaries, /*per_op_degrees=*/true, {batch_split_norm});
     ASSERT_FALSE(plans.empty()) << "no per-op point mixes batch and model splits";
+    if (name == "cnn with batch norm")
+      ASSERT_TRUE(std::any_of(plans.begin(), plans.end(), [&](const auto& plan) {
+        return std::any_of(plan.begin(), plan.end(), batch_split_norm);
+      })) << "no per-op point splits a batch norm's batch";
     const RunResult whole = whole_run(c);
     for (size_t p = 0; p < plans.size(); ++p) {
       SCOPED_TRACE(summaries[p]);
@@ -435,21 +445,13 @@ TEST_F(ParallelizeTest, CnnWithoutBatchNormAsPlannedOnADataTimesTensorParallelGr
   check_frontier(labelled([] { return residual_cnn(false); }, {8, 3, 8, 8}), 2, 2);
 }
 
-// Batch norm over a dp split normalises each rank's rows by their own statistics (as DDP does),
-// so one process is no reference: the step runs as priced and learns.
-TEST_F(ParallelizeTest, ResidualCnnWithBatchNormRunsAsPlannedOnAGrid) {
+// Batch norm over a dp split normalises by the whole batch's statistics (gathered over dp), so
+// the plan trains what one process trains, running statistics included.
+TEST_F(ParallelizeTest, ResidualCnnWithBatchNormAsPlannedOnAGrid) {
   if (size() != 4) GTEST_SKIP() << "a 2 x 2 grid needs 4 ranks";
-  ProcessGrid grid(2, 2);
-  std::vector<std::string> summaries;
-  const Case c = labelled([] { return residual_cnn(true); }, {8, 3, 8, 8});
-  const auto plans = frontier_plans(c, 2, 2, &summaries);
-  ASSERT_FALSE(plans.empty());
-  for (size_t p = 0; p < plans.size(); ++p) {
-    SCOPED_TRACE(summaries[p]);
-    const RunResult run = planned_run(c, plans[p], grid, /*as_priced=*/true);
-    for (float loss : run.losses) EXPECT_TRUE(std::isfinite(loss));
-    EXPECT_FALSE(run.gradients.at(0).empty());
-  }
+  check_frontier(
+      labelled([] { return residual_cnn(true); }, {8, 3, 8, 8}), 2, 2, true,
+      {[](const planner::PlanFile::Op& op) { return op.op == "batch_norm" && op.dp > 1; }});
 }
 
 // A plan's training under an optimizer of `stage` (0: none; else ZeroOptimizer over the dp
