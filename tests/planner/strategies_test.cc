@@ -232,7 +232,7 @@ struct TwoBatchNorms {
   }
 };
 
-TEST(Strategies, DataParallelBroadcastsBuffersOnceBeforeTheForward) {
+TEST(Strategies, DataParallelBroadcastsBuffersOnceAndGathersBatchStatistics) {
   TwoBatchNorms net;
   std::vector<int> norms;
   for (const TracedOp& op : net.graph.ops)
@@ -244,8 +244,13 @@ TEST(Strategies, DataParallelBroadcastsBuffersOnceBeforeTheForward) {
   // every reader the bytes of its own buffers.
   const Strategy& first = find(strategies[norms[0]], 2, 1, SplitKind::kReplicate);
   const Strategy& second = find(strategies[norms[1]], 2, 1, SplitKind::kReplicate);
-  EXPECT_NEAR(first.forward_comm, 1e-6 + buffer_bytes / 1e9, 1e-15);
-  EXPECT_NEAR(second.forward_comm, buffer_bytes / 1e9, 1e-15);
+  // And each normalises by the whole batch's statistics: every rank's per-channel mean and
+  // centred squares all-gathered (2 ranks x 2 x 16 floats), their gradient all-reduced.
+  const double statistics_bytes = 2 * 2 * 16 * 4.0;
+  const double gather = 1e-6 + 0.5 * statistics_bytes / 1e9;
+  EXPECT_NEAR(first.forward_comm, 1e-6 + buffer_bytes / 1e9 + gather, 1e-15);
+  EXPECT_NEAR(second.forward_comm, buffer_bytes / 1e9 + gather, 1e-15);
+  EXPECT_NEAR(second.backward_comm, 2e-6 + statistics_bytes / 1e9, 1e-15);
   // Nothing to broadcast without data parallelism.
   EXPECT_DOUBLE_EQ(find(strategies[norms[0]], 1, 1, SplitKind::kReplicate).forward_comm, 0);
 }
