@@ -339,11 +339,13 @@ void check_same_module(Communicator& group, const nn::Module& module, const char
   }
 }
 
-void start_from_rank0(Communicator& group, nn::Module& module, const char* who) {
+void start_from_rank0(Communicator& group, nn::Module& module, const char* who,
+                      const std::set<std::string>& own) {
   check_same_module(group, module, who);
-  std::vector<Tensor> state = module.parameters();
-  std::vector<Tensor> buffers = module.buffers();
-  state.insert(state.end(), buffers.begin(), buffers.end());
+  std::vector<Tensor> state;
+  for (const auto& named : {module.named_parameters(), module.named_buffers()})
+    for (const auto& [name, tensor] : named)
+      if (!own.count(name)) state.push_back(tensor);
   broadcast_coalesced(group, state, 0);
 }
 

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -46,9 +47,11 @@ struct DDPOptions {
 // Checks that every rank holds the same module (parameter and buffer counts, shapes, dtypes),
 // otherwise an error on every rank naming `who`. A collective call over `group`.
 void check_same_module(Communicator& group, const nn::Module& module, const char* who);
-// check_same_module, then copies rank 0's parameters and buffers to every rank. The tensors must
-// be on group.device().
-void start_from_rank0(Communicator& group, nn::Module& module, const char* who);
+// check_same_module, then copies rank 0's parameters and buffers to every rank, except those
+// named in `own` (each rank keeps its own: a shard of a tensor cut over the group). The tensors
+// must be on group.device().
+void start_from_rank0(Communicator& group, nn::Module& module, const char* who,
+                      const std::set<std::string>& own = {});
 
 class DistributedDataParallel {
  public:

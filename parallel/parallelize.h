@@ -24,8 +24,9 @@
 //
 // ZeRO (parallel/zero.h) runs beside a plan on a dp x tp grid, cutting each rank's shards over
 // its dp group: stage 1 reads synchronize_gradients' sums; stages 2 and 3 sum over dp themselves
-// (ZeroOptimizer::take_gradient_shares with the shards of batch_split_parameters()). Not beside
-// per-op degrees: the ranks of the one group hold different shards.
+// (ZeroOptimizer::take_gradient_shares with the shards of batch_split_parameters()). Beside
+// per-op degrees ZeRO runs over the one group, whose ranks hold different shards of what the plan
+// cuts: those (split_dims()) are the ZeroOptimizer's `own` tensors, each rank's to keep.
 //
 // A model whose step takes several inputs (BERT: ids, token types, mask, labels) is traced and run
 // with the step form of ModuleTraceOptions (models::bert_pretraining_step) and loss(inputs).

@@ -19,6 +19,7 @@ struct ZeroOptimizer::Parts {
   std::vector<int64_t> begins;     // this rank's part of each flattened parameter
   std::vector<int64_t> counts;
   std::vector<Tensor> parts;  // views of this rank's ranges, which the shard optimizer updates
+  std::vector<char> own;      // a shard this rank keeps whole (the constructor's `own`)
   // sum_gradients_over: the group, and which parameters' gradients are partial sums over it.
   std::shared_ptr<Communicator> partial_group;
   std::vector<char> partial;
@@ -36,7 +37,9 @@ struct ZeroOptimizer::Parts {
     if (!grad.defined()) return;
     if (partial_group && partial[i]) partial_group->all_reduce(grad);  // dropped below anyway
     Tensor mine;
-    if (!gradients.empty() && gradients[i] == Gradient::kWhole) {
+    if (own[i]) {
+      mine = grad.contiguous().reshape({-1});
+    } else if (!gradients.empty() && gradients[i] == Gradient::kWhole) {
       mine = grad.contiguous().reshape({-1}).narrow(0, begins[i], counts[i]).clone();
     } else {
       mine = zeros({counts[i]}, TensorOptions(grad.dtype()).device(grad.device()));
@@ -247,7 +250,8 @@ optim::NamedTensors trainable_parameters(const std::shared_ptr<nn::Module>& modu
 
 ZeroOptimizer::ZeroOptimizer(std::shared_ptr<nn::Module> module,
                              std::shared_ptr<Communicator> group,
-                             const MakeShardOptimizer& make_optimizer, ZeroStage stage)
+                             const MakeShardOptimizer& make_optimizer, ZeroStage stage,
+                             const std::set<std::string>& own)
     : Optimizer(trainable_parameters(module), 0.0, {}, "ZeroOptimizer"),
       module_(std::move(module)),
       group_(std::move(group)),
@@ -281,15 +285,18 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<nn::Module> module,
         " between uses, so it must own its storage (not be a view of a larger tensor, "
         "nor held by another ZeroOptimizer)");
     const int64_t elements = parameter.numel();
+    const bool owned = own.count(name) > 0;
     parts.names.push_back(name);
     parts.parameters.push_back(parameter);
-    parts.begins.push_back(part_start(elements, ranks, rank));
-    parts.counts.push_back(part_rows(elements, ranks, rank));
+    parts.own.push_back(owned);
+    parts.begins.push_back(owned ? 0 : part_start(elements, ranks, rank));
+    parts.counts.push_back(owned ? elements : part_rows(elements, ranks, rank));
   }
+  own_ = own;
   // Stage 1 leaves the parameters to DDP (which starts every rank from rank 0's); stage 2 has no
   // DDP, so it does that here. Either way a different module on some rank is an error everywhere.
   if (stage != ZeroStage::kOptimizerState)
-    start_from_rank0(*group_, *module_, "ZeroOptimizer");
+    start_from_rank0(*group_, *module_, "ZeroOptimizer", own_);
   else
     check_same_module(*group_, *module_, "ZeroOptimizer");
 
@@ -301,7 +308,7 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<nn::Module> module,
       // keeps the part in a storage of its own: the parameter's bytes go.
       Tensor part =
           parts.parameters[i].detach().reshape({-1}).narrow(0, parts.begins[i], parts.counts[i]);
-      parts.parts.push_back(stage == ZeroStage::kParameters ? part.clone() : part);
+      parts.parts.push_back(stage == ZeroStage::kParameters && !parts.own[i] ? part.clone() : part);
       named_parts.emplace_back(parts.names[i], parts.parts.back());
     }
   }
@@ -335,6 +342,10 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<nn::Module> module,
     sharded.in_flight.resize(count);
     sharded.kept.assign(count, 0);
     for (size_t i = 0; i < count; ++i) {
+      if (parts.own[i]) {  // never dropped: no storage to gather into
+        sharded.storages.emplace_back();
+        continue;
+      }
       const std::shared_ptr<StorageImpl>& storage = parts.parameters[i].storage();
       sharded.storages.push_back(storage);
       storage->sharded = std::make_shared<GatheredOnUse>(stage3_, i);
@@ -348,7 +359,8 @@ ZeroOptimizer::~ZeroOptimizer() = default;
 void ZeroOptimizer::broadcast_buffers() {
   if (stage_ == ZeroStage::kOptimizerState) return;
   NoGradGuard no_grad;
-  for (const Tensor& buffer : module_->buffers()) group_->broadcast(buffer, 0);
+  for (const auto& [name, buffer] : module_->named_buffers())
+    if (!own_.count(name)) group_->broadcast(buffer, 0);
 }
 
 void ZeroOptimizer::sum_gradients_over(std::shared_ptr<Communicator> group,
@@ -413,7 +425,7 @@ void ZeroOptimizer::step() {
   // by DDP, or reduce-scattered by all): gather those. The part lies inside the gathered
   // tensor, so it is sent from a copy.
   for (size_t i = 0; i < parts.parameters.size(); ++i) {
-    if (!parts.parts[i].grad().defined()) continue;
+    if (parts.own[i] || !parts.parts[i].grad().defined()) continue;
     group_->all_gather(parts.parts[i].clone(), parts.parameters[i].detach().reshape({-1}));
   }
   if (stage_ == ZeroStage::kOptimizerState)
@@ -421,7 +433,8 @@ void ZeroOptimizer::step() {
 }
 
 double ZeroOptimizer::clip_grad_norm(double max_norm) {
-  if (stage_ == ZeroStage::kOptimizerState) return optim::clip_grad_norm(parameters(), max_norm);
+  if (stage_ == ZeroStage::kOptimizerState && own_.empty())
+    return optim::clip_grad_norm(parameters(), max_norm);
   return clip_grad_norm_over(max_norm, nullptr, nullptr);
 }
 
@@ -438,14 +451,17 @@ double ZeroOptimizer::clip_grad_norm_over(double max_norm, Communicator* tp_grou
   // Stage 1: the whole gradients (averaged by DDP); stages 2 and 3: this rank's parts.
   const bool in_parts = stage_ != ZeroStage::kOptimizerState;
   std::vector<Tensor> grads;
-  double split_squares = 0, other_squares = 0;
+  // Own shards' squares add over the group at every stage, like the parts'.
+  double split_squares = 0, other_squares = 0, own_squares = 0;
   for (size_t i = 0; i < parts.parameters.size(); ++i) {
     const Tensor grad = in_parts ? parts.parts[i].grad() : parts.parameters[i].grad();
     if (!grad.defined()) continue;
     grads.push_back(grad);
     if (grad.numel() == 0) continue;
     const Tensor wide = to_dtype(grad, DType::kFloat64);
-    (split && split->count(parts.names[i]) ? split_squares : other_squares) +=
+    (parts.own[i]                            ? own_squares
+     : split && split->count(parts.names[i]) ? split_squares
+                                             : other_squares) +=
         sum(mul(wide, wide)).item<double>();
   }
   auto sum_over = [](Communicator& group, std::vector<double> values) {
@@ -454,13 +470,16 @@ double ZeroOptimizer::clip_grad_norm_over(double max_norm, Communicator* tp_grou
     group.all_reduce(total);
     return to_device(total, Device::cpu()).to_vector<double>();
   };
+  if (!in_parts && !own_.empty()) own_squares = sum_over(*group_, {own_squares})[0];
   if (in_parts) {
-    const std::vector<double> over_dp = sum_over(*group_, {split_squares, other_squares});
+    const std::vector<double> over_dp =
+        sum_over(*group_, {split_squares, other_squares, own_squares});
     split_squares = over_dp[0];
     other_squares = over_dp[1];
+    own_squares = over_dp[2];
   }
   if (tp_group) split_squares = sum_over(*tp_group, {split_squares})[0];
-  const double norm = std::sqrt(split_squares + other_squares);
+  const double norm = std::sqrt(split_squares + other_squares + own_squares);
   const double scale = max_norm / (norm + 1e-6);  // as optim::clip_grad_norm
   if (scale < 1.0 || std::isnan(scale))
     for (Tensor& grad : grads) grad.mul_(scale);
@@ -512,6 +531,10 @@ optim::NamedTensors ZeroOptimizer::state_tensors() const {
     TESSEL_CHECK(i >= 0 && part.numel() == parts.counts[i], "ZeroOptimizer: the state '", name,
                  "' is not one value per element of its parameter; it cannot be gathered");
     const Tensor& parameter = parts.parameters[i];
+    if (parts.own[i]) {
+      whole.emplace_back(name, part.reshape(parameter.sizes()));
+      continue;
+    }
     Tensor gathered = zeros({parameter.numel()}, TensorOptions(part.dtype()).device(part.device()));
     group_->all_gather(part.contiguous(), gathered);
     whole.emplace_back(name, gathered.reshape(parameter.sizes()));

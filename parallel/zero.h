@@ -59,9 +59,15 @@ class ZeroOptimizer : public optim::Optimizer {
   // and 3 start every rank from rank 0's parameters and buffers (stage 1 leaves that to DDP).
   // Trainable parameters must be contiguous and on group->device(); under stage 3 each must own
   // its storage, and no memory policy may be installed.
+  // `own` names parameters and buffers that are cut over `group` itself (tensor parallelism on
+  // the same ranks: per-op degrees on one line, parallel::ParallelModule): each rank holds its
+  // own shard, whole, so ZeRO leaves them to it: never sent, gathered or replaced by rank 0's;
+  // the shard optimizer updates a parameter's shard whole with its whole gradient and state,
+  // and state_tensors() gives that shard's state as it is.
   ZeroOptimizer(std::shared_ptr<nn::Module> module, std::shared_ptr<Communicator> group,
                 const MakeShardOptimizer& make_optimizer,
-                ZeroStage stage = ZeroStage::kOptimizerState);
+                ZeroStage stage = ZeroStage::kOptimizerState,
+                const std::set<std::string>& own = {});
   ~ZeroOptimizer() override;
 
   // Updates this rank's part of every parameter that has a gradient (the parts are views of the
@@ -114,7 +120,8 @@ class ZeroOptimizer : public optim::Optimizer {
 
   // optim::clip_grad_norm (2-norm) over the whole model's gradients: under stage 2 from every
   // rank's parts (a collective: their squared norms are summed over the group), so every rank
-  // scales its parts alike. Returns the total norm before clipping.
+  // scales its parts alike; the shards of `own` parameters are summed over the group at every
+  // stage. Returns the total norm before clipping.
   double clip_grad_norm(double max_norm);
   // The same for a module split over a tensor-parallel group as well (Megatron-LM layers; ZeRO
   // over each dp group of a dp x tp grid): the parameters named in `split` are cut over
@@ -149,6 +156,7 @@ class ZeroOptimizer : public optim::Optimizer {
   std::shared_ptr<nn::Module> module_;
   std::shared_ptr<Communicator> group_;
   ZeroStage stage_;
+  std::set<std::string> own_;  // parameters and buffers each rank keeps as its own shard
   std::shared_ptr<Parts> parts_;
   std::shared_ptr<Stage3> stage3_;
   std::unique_ptr<optim::Optimizer> optimizer_;

@@ -1,5 +1,6 @@
 #include "parallel/planner/plan_io.h"
 
+#include <algorithm>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -221,9 +222,6 @@ PlanFile plan_from_json(const std::string& text, const std::string& where) {
   if (root.contains("zero_stage")) plan.zero_stage = r.small_integer(root, "zero_stage", "", 0);
   TESSEL_CHECK(plan.zero_stage >= 0 && plan.zero_stage <= 3, "plan ", where,
                ": field 'zero_stage' must be 0, 1, 2 or 3, got ", plan.zero_stage);
-  TESSEL_CHECK(plan.zero_stage == 0 || plan.mesh_dp > 1, "plan ", where, ": ZeRO (zero_stage ",
-               plan.zero_stage, ") needs a mesh of dp > 1, got dp=", plan.mesh_dp,
-               " tp=", plan.mesh_tp);
   const json& predicted = r.get(root, "predicted", "");
   plan.predicted_memory = r.number(predicted, "memory_bytes", "predicted", 0);
   plan.predicted_time = r.number(predicted, "time_s", "predicted", 0);
@@ -271,6 +269,15 @@ PlanFile plan_from_json(const std::string& text, const std::string& where) {
     }
     plan.ops.push_back(std::move(op));
   }
+  // ZeRO cuts over the ranks that split the batch: the mesh's dp group, or under per-op degrees
+  // the line of every rank, which some op must split the batch over.
+  const bool batch_split =
+      plan.mesh_dp > 1 || std::any_of(plan.ops.begin(), plan.ops.end(),
+                                      [](const PlanFile::Op& op) { return op.dp > 1; });
+  TESSEL_CHECK(plan.zero_stage == 0 || batch_split, "plan ", where, ": ZeRO (zero_stage ",
+               plan.zero_stage,
+               ") needs ranks that split the batch, but the mesh is dp=", plan.mesh_dp,
+               " tp=", plan.mesh_tp, " and no op splits the batch");
   return plan;
 }
 

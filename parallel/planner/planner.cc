@@ -22,11 +22,10 @@ namespace {
 // Why the recipes (or, for a module of one's own, parallel::ParallelModule) would not run
 // `choice` as priced; empty when they do. The recipes and a module of one's own run plans
 // through ParallelModule, which runs per-op degrees over one group of all `devices` (each op
-// splits the batch or the model over every device, or runs whole). ZeRO runs beside a
-// tensor-parallel group on one dp x tp grid (BERT's recipe in its own tensor-parallel form, the
-// vision recipes and a module of one's own beside ParallelModule), not beside per-op degrees.
+// splits the batch or the model over every device, or runs whole), ZeRO beside them over that
+// group, and dp x tp grids beside ZeRO over each dp group.
 std::string not_run_reason(const Graph& graph, const std::vector<std::vector<Strategy>>& strategies,
-                           const std::vector<int>& choice, int zero_stage, int devices) {
+                           const std::vector<int>& choice, int devices) {
   std::set<std::pair<int, int>> degrees;
   for (const TracedOp& op : graph.ops) {
     const Strategy& s = strategies[op.id][choice[op.id]];
@@ -39,9 +38,6 @@ std::string not_run_reason(const Graph& graph, const std::vector<std::vector<Str
                " devices only (each op splitting the batch or the model over every device, or "
                "running whole), not an op at dp=" +
                std::to_string(dp) + " tp=" + std::to_string(tp);
-    if (zero_stage > 0)
-      return "ZeRO does not run beside per-op degrees yet (it runs beside parallel::ParallelModule "
-             "on a dp x tp grid)";
   }
   return "";
 }
@@ -122,8 +118,7 @@ PlannedPoint describe_choice(const Graph& graph,
     b.parameter_bytes += shared_parameter_bytes(graph, shared, owner, user);
   }
   b.backward_working_bytes = backward_working_bytes(graph, strategies, choice);
-  point.not_executable_reason =
-      not_run_reason(graph, strategies, choice, config.zero_stage, config.devices);
+  point.not_executable_reason = not_run_reason(graph, strategies, choice, config.devices);
   point.executable = point.not_executable_reason.empty();
   point.cost.memory =
       b.parameter_bytes + remat_fraction * b.activation_bytes + b.backward_working_bytes;
@@ -275,9 +270,9 @@ PlanResult plan_graph(const Graph& graph, const PlanOptions& options) {
         for (auto& point : track_frontier(costs, options.frontier, &stats)) {
           for (size_t op = 0; op < subset.size(); ++op)
             point.choice[op] = subset[op][point.choice[op]];
-          const bool runs = not_run_reason(graph, strategies_at[stage], point.choice, stage,
-                                           options.config.devices)
-                                .empty();
+          const bool runs =
+              not_run_reason(graph, strategies_at[stage], point.choice, options.config.devices)
+                  .empty();
           // The frontier adds up what each op keeps; the peak also holds the most gradients
           // alive at once in backward.
           point.cost.memory += backward_working_bytes(graph, strategies_at[stage], point.choice);

@@ -478,16 +478,6 @@ TEST_F(DistributedRecipe, VisionPlanWithPerOpDegreesThatDoesNotFitIsAClearError)
                            "--plan: the plan was made for a batch of 8 images of 1x28x28, this "
                            "run trains [16, 1, 28, 28]"));
   EXPECT_EQ(log.str().find("train step"), std::string::npos) << log.str();
-  // ZeRO beside per-op degrees is not run: no group of ranks holds the same shards.
-  // (A plan file with ZeRO names a mesh with dp > 1; per-op degrees pick their own per op.)
-  planned.plan = resnet_per_op_plan("resnet_per_op_zero1", [](planner::PlanFile& plan) {
-    plan.zero_stage = 1;
-    plan.mesh_dp = 2;
-    plan.mesh_tp = 1;
-  });
-  EXPECT_TRUE(throws_error([&] { run_recipe(planned, log); },
-                           "has per-op degrees and ZeRO stage 1, which is not run yet"));
-  EXPECT_EQ(log.str().find("train step"), std::string::npos) << log.str();
 }
 
 // Two runs that trained alike (rank 0): the final loss, the checkpoint's whole parameters and its
@@ -508,6 +498,47 @@ void expect_trained_alike(const RecipeResult& actual, const RecipeResult& expect
     EXPECT_TRUE(all_close(state.at(name), tensor, 1e-4, 1e-6)) << what << ": " << name;
   }
   EXPECT_GT(optimizer_tensors, 0) << what;
+}
+
+// ZeRO beside per-op degrees runs over the line of both ranks, each keeping the tensors the plan
+// cuts over it as its own shards: every stage trains what the plan trains without ZeRO (the
+// loss, the whole parameters and optimizer state), and checkpoints resume across the two.
+TEST_F(DistributedRecipe, ZeroBesideAPlanWithPerOpDegreesTrainsLikeThePlanAlone) {
+  TrainConfig plain = config("resnet18_fashion_mnist", "resnet18");
+  plain.batch_size = 16;
+  plain.steps = 3;
+  plain.checkpoint_every = 2;
+  plain.plan = resnet_per_op_plan("resnet_per_op_zero0");
+  plain.checkpoint_dir = folder("resnet_per_op_zero0");
+  std::ostringstream log;
+  const RecipeResult expected = run_recipe(plain, log);
+  for (int stage : {1, 2, 3}) {
+    const std::string name = "resnet_per_op_zero" + std::to_string(stage);
+    TrainConfig zero = plain;
+    zero.plan = resnet_per_op_plan(name, [&](planner::PlanFile& plan) { plan.zero_stage = stage; });
+    zero.checkpoint_dir = folder(name);
+    std::ostringstream zero_log;
+    const RecipeResult actual = run_recipe(zero, zero_log);
+    if (rank() != 0) continue;
+    EXPECT_NE(zero_log.str().find("ZeRO stage " + std::to_string(stage)), std::string::npos)
+        << zero_log.str();
+    EXPECT_NE(zero_log.str().find("per-op degrees"), std::string::npos) << zero_log.str();
+    expect_trained_alike(actual, expected, name);
+  }
+  // The plan without ZeRO resumes ZeRO-3's checkpoint, and ZeRO-2 the plain one.
+  TrainConfig resume_plain = plain;
+  resume_plain.resume = folder("resnet_per_op_zero3") + "/step_2";
+  resume_plain.checkpoint_dir = folder("resnet_per_op_zero3_then_plain");
+  const RecipeResult plain_resumed = run_recipe(resume_plain, log);
+  EXPECT_EQ(plain_resumed.resumed_from_step, 2);
+  if (rank() == 0) expect_trained_alike(plain_resumed, expected, "plain from ZeRO-3's step 2");
+  TrainConfig resume_zero = plain;
+  resume_zero.plan = test_folder("resnet_per_op_zero2.json");
+  resume_zero.resume = folder("resnet_per_op_zero0") + "/step_2";
+  resume_zero.checkpoint_dir = folder("resnet_per_op_plain_then_zero2");
+  const RecipeResult zero_resumed = run_recipe(resume_zero, log);
+  EXPECT_EQ(zero_resumed.resumed_from_step, 2);
+  if (rank() == 0) expect_trained_alike(zero_resumed, expected, "ZeRO-2 from the plain step 2");
 }
 
 // A ResNet-18 plan on a dp=2 x tp=2 grid of 4 ranks (Fashion-MNIST's images, batch 16) with ZeRO
@@ -1192,6 +1223,43 @@ planner::PlanFile bert_grid_plan(const std::string& checkpoint, int zero_stage) 
   const planner::ModelSpec spec = recipe_bert_spec();
   return first_frontier_point(graph, result, spec, options, is_two_by_two_grid,
                               "on a dp=2 x tp=2 grid");
+}
+
+// ZeRO beside BERT's plan with per-op degrees (over the line of both ranks, each keeping the
+// tensors the plan cuts as its own; gradients clipped by the whole model's norm from the parts
+// and the own shards) trains what the plan trains without ZeRO, with SGD and AdamW.
+TEST_F(DistributedRecipe, ZeroBesideABertPlanWithPerOpDegreesTrainsLikeThePlanAlone) {
+  TrainConfig vocabulary = planned_bert_config("bert_per_op_vocabulary");
+  vocabulary.steps = 1;
+  const std::string checkpoint = run_alone(vocabulary).last_checkpoint;
+  for (const std::string optimizer : {"sgd", "adamw"}) {
+    const std::string base = "bert_per_op_" + optimizer;
+    TrainConfig plain = planned_bert_config(base);
+    plain.optimizer = optimizer;
+    if (optimizer == "adamw") plain.lr = 1e-3;
+    plain.plan = shared_plan([&] { return bert_recipe_plan(checkpoint, true); }, base + "_zero0");
+    plain.checkpoint_dir = folder(base + "_zero0");
+    std::ostringstream log;
+    const RecipeResult expected = run_recipe(plain, log);
+    for (int stage : {1, 2, 3}) {
+      const std::string name = base + "_zero" + std::to_string(stage);
+      TrainConfig zero = plain;
+      zero.plan = shared_plan(
+          [&] {
+            planner::PlanFile plan = bert_recipe_plan(checkpoint, true);
+            plan.zero_stage = stage;
+            return plan;
+          },
+          name);
+      zero.checkpoint_dir = folder(name);
+      std::ostringstream zero_log;
+      const RecipeResult actual = run_recipe(zero, zero_log);
+      if (rank() != 0) continue;
+      EXPECT_NE(zero_log.str().find("ZeRO stage " + std::to_string(stage)), std::string::npos)
+          << zero_log.str();
+      expect_trained_alike(actual, expected, name);
+    }
+  }
 }
 
 // Under mpirun -np 4: ZeRO's stages beside a BERT dp=2 x tp=2 plan's own ops (parallel::

@@ -463,13 +463,16 @@ struct OptimizedRun {
   optim::NamedTensors optimizer_state;
 };
 
+// With `one_line`, per-op degrees over one group of every rank (`grid` dp x 1), ZeRO over it
+// keeping the tensors the plan cuts as each rank's own.
 OptimizedRun run_with_zero(const Case& c, const std::vector<planner::PlanFile::Op>& ops,
-                           const ProcessGrid& grid, int stage, bool adamw) {
+                           const ProcessGrid& grid, int stage, bool adamw, bool one_line = false) {
   constexpr int kZeroSteps = 3;
   // Large enough that a gradient off by a factor shows in the parameters.
   constexpr double kZeroLearningRate = 0.05;
-  auto parallel = std::make_shared<ParallelModule>(c.make(), ops, grid.data_parallel_on_device(),
-                                                   grid.tensor_parallel_on_device(), c.trace);
+  const auto dp_group = grid.data_parallel_on_device();
+  auto parallel = std::make_shared<ParallelModule>(
+      c.make(), ops, dp_group, one_line ? dp_group : grid.tensor_parallel_on_device(), c.trace);
   auto planned = std::make_shared<train::PlannedModule>(parallel, c.make());
   const MakeShardOptimizer make =
       [&](const optim::NamedTensors& parameters) -> std::unique_ptr<optim::Optimizer> {
@@ -478,10 +481,13 @@ OptimizedRun run_with_zero(const Case& c, const std::vector<planner::PlanFile::O
     return std::make_unique<optim::SGD>(parameters,
                                         optim::SGDOptions(kZeroLearningRate).momentum(0.9));
   };
+  std::set<std::string> own;
+  if (one_line)
+    for (const auto& [name, dim] : planned->split_parameter_dims()) own.insert(name);
   std::unique_ptr<optim::Optimizer> optimizer =
       stage == 0 ? make(planned->named_parameters())
-                 : std::make_unique<ZeroOptimizer>(planned, grid.data_parallel_on_device(), make,
-                                                   static_cast<ZeroStage>(stage));
+                 : std::make_unique<ZeroOptimizer>(planned, dp_group, make,
+                                                   static_cast<ZeroStage>(stage), own);
   planned->hand_gradients_to(*optimizer);
   OptimizedRun run;
   for (int step = 0; step < kZeroSteps; ++step) {
@@ -502,35 +508,41 @@ OptimizedRun run_with_zero(const Case& c, const std::vector<planner::PlanFile::O
 // ZeRO beside a plan on a dp x tp grid (2 x 2 at 4 ranks; at 2 ranks a data-parallel plan, 2 x
 // 1): each stage trains what the plan trains without ZeRO, and its optimizer state gathers to
 // the same whole tensors.
+// (On 2 ranks also per-op degrees over the line of both, ZeRO over it.)
 TEST_F(ParallelizeTest, ZeroStagesBesideAPlanTrainLikeThePlanAlone) {
   const int tp = size() / 2;
-  ProcessGrid grid(2, tp);
-  for (const auto& [name, c] : std::vector<std::pair<std::string, Case>>{
-           {"mlp", labelled(mlp, {8, 12})},
-           {"cnn", labelled([] { return residual_cnn(false); }, {8, 3, 8, 8})}}) {
-    std::vector<std::string> summaries;
-    const auto plans = frontier_plans(c, 2, tp, &summaries);
-    ASSERT_FALSE(plans.empty()) << name;
-    // The fastest point and the one that keeps the least.
-    for (size_t p : {size_t{0}, plans.size() - 1}) {
-      for (bool adamw : {false, true}) {
-        const OptimizedRun plain = run_with_zero(c, plans[p], grid, 0, adamw);
-        for (int stage : {1, 2, 3}) {
-          SCOPED_TRACE(name + " " + summaries[p] + (adamw ? " AdamW" : " SGD") + " ZeRO-" +
-                       std::to_string(stage));
-          const OptimizedRun zero = run_with_zero(c, plans[p], grid, stage, adamw);
-          ASSERT_EQ(zero.losses.size(), plain.losses.size());
-          for (size_t step = 0; step < plain.losses.size(); ++step)
-            EXPECT_NEAR(zero.losses[step], plain.losses[step], 1e-4 * std::abs(plain.losses[step]))
-                << "step " << step;
-          for (const auto& [tensor_name, tensor] : plain.state)
-            EXPECT_TRUE(all_close(zero.state.at(tensor_name), tensor, 1e-4, 1e-6)) << tensor_name;
-          ASSERT_EQ(zero.optimizer_state.size(), plain.optimizer_state.size());
-          for (size_t i = 0; i < plain.optimizer_state.size(); ++i) {
-            EXPECT_EQ(zero.optimizer_state[i].first, plain.optimizer_state[i].first);
-            EXPECT_TRUE(all_close(zero.optimizer_state[i].second, plain.optimizer_state[i].second,
-                                  1e-4, 1e-6))
-                << plain.optimizer_state[i].first;
+  for (bool one_line : {false, true}) {
+    if (one_line && size() != 2) continue;
+    ProcessGrid grid(2, one_line ? 1 : tp);
+    for (const auto& [name, c] : std::vector<std::pair<std::string, Case>>{
+             {"mlp", labelled(mlp, {8, 12})},
+             {"cnn", labelled([] { return residual_cnn(false); }, {8, 3, 8, 8})}}) {
+      std::vector<std::string> summaries;
+      const auto plans = one_line ? frontier_plans(c, 2, 2, &summaries, /*per_op_degrees=*/true)
+                                  : frontier_plans(c, 2, tp, &summaries);
+      ASSERT_FALSE(plans.empty()) << name;
+      // The fastest point and the one that keeps the least.
+      for (size_t p : {size_t{0}, plans.size() - 1}) {
+        for (bool adamw : {false, true}) {
+          const OptimizedRun plain = run_with_zero(c, plans[p], grid, 0, adamw, one_line);
+          for (int stage : {1, 2, 3}) {
+            SCOPED_TRACE(name + " " + summaries[p] + (adamw ? " AdamW" : " SGD") + " ZeRO-" +
+                         std::to_string(stage) + (one_line ? " per-op degrees" : ""));
+            const OptimizedRun zero = run_with_zero(c, plans[p], grid, stage, adamw, one_line);
+            ASSERT_EQ(zero.losses.size(), plain.losses.size());
+            for (size_t step = 0; step < plain.losses.size(); ++step)
+              EXPECT_NEAR(zero.losses[step], plain.losses[step],
+                          1e-4 * std::abs(plain.losses[step]))
+                  << "step " << step;
+            for (const auto& [tensor_name, tensor] : plain.state)
+              EXPECT_TRUE(all_close(zero.state.at(tensor_name), tensor, 1e-4, 1e-6)) << tensor_name;
+            ASSERT_EQ(zero.optimizer_state.size(), plain.optimizer_state.size());
+            for (size_t i = 0; i < plain.optimizer_state.size(); ++i) {
+              EXPECT_EQ(zero.optimizer_state[i].first, plain.optimizer_state[i].first);
+              EXPECT_TRUE(all_close(zero.optimizer_state[i].second, plain.optimizer_state[i].second,
+                                    1e-4, 1e-6))
+                  << plain.optimizer_state[i].first;
+            }
           }
         }
       }

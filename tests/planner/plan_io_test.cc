@@ -157,8 +157,24 @@ TEST(PlanFile, CarriesItsZeroStage) {
                                     "field 'zero_stage' must be 0, 1, 2 or 3, got 4"));
   bad["zero_stage"] = 1;
   bad["mesh"] = {{"dp", 1}, {"tp", 2}};
-  EXPECT_TRUE(testing::throws_error([&] { plan_from_json(bad.dump(), "bad.json"); },
-                                    "needs a mesh of dp > 1, got dp=1 tp=2"));
+  EXPECT_TRUE(testing::throws_error(
+      [&] { plan_from_json(bad.dump(), "bad.json"); },
+      "needs ranks that split the batch, but the mesh is dp=1 tp=2 and no op splits the batch"));
+  // Per-op degrees: ZeRO runs over the line of every rank, which an op splits the batch over.
+  nlohmann::json per_op = bad;
+  per_op["ops"] = {{{"index", 0},
+                    {"op", "linear"},
+                    {"strategy", "replicate"},
+                    {"dp", 2},
+                    {"tp", 1},
+                    {"parameters", nlohmann::json::array()}},
+                   {{"index", 1},
+                    {"op", "linear"},
+                    {"strategy", "column"},
+                    {"dp", 1},
+                    {"tp", 2},
+                    {"parameters", nlohmann::json::array()}}};
+  EXPECT_EQ(plan_from_json(per_op.dump(), "per_op.json").zero_stage, 1);
 }
 
 }  // namespace

@@ -107,11 +107,8 @@ ParallelLayout resolve_layout(const TrainConfig& config, int world_size) {
                  "' sets ZeRO stage ", plan.zero_stage, " itself; pass either --plan or --zero");
     layout.zero = plan.zero_stage;
     if (has_per_op_degrees(plan)) {
-      // parallel::ParallelModule runs per-op degrees over one group of every rank.
-      TESSEL_CHECK(layout.zero == 0, "--plan: '", config.plan,
-                   "' has per-op degrees and ZeRO stage ", plan.zero_stage,
-                   ", which is not run yet (ZeRO beside parallel::ParallelModule runs on a dp x tp "
-                   "grid only): make a plan without --zero or without --per_op_degrees");
+      // parallel::ParallelModule runs per-op degrees over one group of every rank (and ZeRO
+      // over that group: make_run_optimizer).
       layout.dp = 1;
       layout.tp = world_size;
     }
@@ -135,7 +132,8 @@ ParallelLayout resolve_layout(const TrainConfig& config, int world_size) {
                " x --tp=", layout.tp, " = ", static_cast<int64_t>(layout.dp) * layout.tp,
                " ranks, but ", ranks_text(world_size), "; choose dp x tp = the rank count");
   if (config.plan.empty()) layout.zero = config.zero;
-  TESSEL_CHECK(layout.zero == 0 || layout.dp > 1, "--zero=", layout.zero,
+  const bool one_line = layout.plan && has_per_op_degrees(*layout.plan);
+  TESSEL_CHECK(layout.zero == 0 || layout.dp > 1 || one_line, "--zero=", layout.zero,
                " shards the optimizer over data-parallel ranks: it needs --dp > 1 (this run: dp ",
                layout.dp, " x tp ", layout.tp, ")");
   TESSEL_CHECK(layout.zero < 3 || config.memory_policy.empty() || config.memory_policy == "none",
@@ -303,8 +301,19 @@ std::unique_ptr<optim::Optimizer> make_run_optimizer(
     const std::function<std::unique_ptr<optim::Optimizer>(const optim::NamedTensors&)>& make) {
   if (layout.zero == 0) return make(module.named_parameters());
   std::shared_ptr<nn::Module> alias(&module, [](nn::Module*) {});
-  return std::make_unique<parallel::ZeroOptimizer>(alias, layout.dp_device_group, make,
-                                                   static_cast<parallel::ZeroStage>(layout.zero));
+  const auto stage = static_cast<parallel::ZeroStage>(layout.zero);
+  if (layout.plan && has_per_op_degrees(*layout.plan)) {
+    // Per-op degrees on one line of ranks: ZeRO over the line; the tensors the plan cuts over it
+    // stay each rank's own shards.
+    const auto* split = dynamic_cast<const parallel::SplitParameters*>(&module);
+    TESSEL_CHECK(split != nullptr,
+                 "make_run_optimizer: a plan with per-op degrees runs its own module");
+    std::set<std::string> own;
+    for (const auto& [name, dim] : split->split_parameter_dims()) own.insert(name);
+    return std::make_unique<parallel::ZeroOptimizer>(alias, layout.tp_device_group, make, stage,
+                                                     own);
+  }
+  return std::make_unique<parallel::ZeroOptimizer>(alias, layout.dp_device_group, make, stage);
 }
 
 void ready_for_evaluation(optim::Optimizer& optimizer) {

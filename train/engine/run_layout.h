@@ -48,9 +48,9 @@ bool has_per_op_degrees(const planner::PlanFile& plan);
 // dp x tp for `world_size` ranks: --plan's mesh, else --dp and --tp (one unset fills the other
 // ranks; both unset: dp = world_size, tp = 1), and the ZeRO stage (--plan's or --zero). A plan
 // with per-op degrees lays the ranks out as one line, dp 1 x tp = world_size, over which
-// each of its ops splits the batch or the model, or runs whole. A tessel::Error when the product
-// is not the number of ranks, the plan was made for another model or device count, or ZeRO is
-// asked for without dp > 1 and tp = 1 (or beside per-op degrees).
+// each of its ops splits the batch or the model, or runs whole (ZeRO then runs over that line).
+// A tessel::Error when the product is not the number of ranks, the plan was made for another
+// model or device count, or ZeRO is asked for without dp > 1 (outside per-op degrees).
 ParallelLayout resolve_layout(const TrainConfig& config, int world_size);
 
 // This rank's training device in a run of `world_size` > 1 ranks laid out as `layout`:
@@ -117,7 +117,9 @@ std::unique_ptr<parallel::DistributedDataParallel> make_ddp(const RunLayout& lay
                                                             nn::Module& module);
 
 // The run's optimizer: `make` over the module's parameters, or under --zero a
-// parallel::ZeroOptimizer over the dp group whose parts `make` optimizes (a collective then).
+// parallel::ZeroOptimizer over the dp group whose parts `make` optimizes (a collective then);
+// under a plan with per-op degrees over the line of every rank, each keeping the tensors the plan
+// cuts over it as its own shards (`module` is then the plan's parallel::SplitParameters).
 // `module` must outlive it.
 std::unique_ptr<optim::Optimizer> make_run_optimizer(
     const RunLayout& layout, nn::Module& module,

@@ -84,7 +84,7 @@ struct PretrainingLoss {
 
 // Whether this run trains BERT through its plan's own ops (parallel::ParallelModule): --plan with
 // a tensor-parallel group (per-op degrees lay the ranks out as one: resolve_layout), beside ZeRO
-// on a dp x tp grid.
+// on a dp x tp grid or over the line of per-op degrees.
 bool runs_planned_bert(const RunLayout& layout);
 
 class ParallelBert {

@@ -71,10 +71,6 @@ std::shared_ptr<nn::Module> planned_classifier_model(const RunLayout& layout,
   TESSEL_CHECK(runs_planned_ops(layout),
                "planned_classifier_model: the run has no plan with a tensor-parallel group");
   const planner::PlanFile& plan = *layout.plan;
-  // resolve_layout refuses ZeRO beside per-op degrees: a rank's shards are not those of another
-  // rank of its line, so no group holds the same module for ZeRO to cut.
-  TESSEL_CHECK(layout.zero == 0 || !has_per_op_degrees(plan), "--plan: zero_stage ", layout.zero,
-               ": ZeRO beside per-op degrees is not run yet");
   TESSEL_CHECK(input_shape.size() == 4 && input_shape[0] == plan.batch &&
                    input_shape[1] == plan.in_channels && input_shape[2] == plan.image_size &&
                    input_shape[3] == plan.image_size,
