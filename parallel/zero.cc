@@ -266,6 +266,13 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<nn::Module> module,
                "ZeroOptimizer: stage 3 gathers parameters when ops touch them, in the same order "
                "on every rank, which a memory policy's recomputation does not keep: use stage 2 "
                "under a memory policy");
+  for (const std::string& name : own) {
+    bool found = false;
+    for (const auto& named : {module_->named_parameters(), module_->named_buffers()})
+      for (const auto& entry : named) found = found || entry.first == name;
+    TESSEL_CHECK(found, "ZeroOptimizer: 'own' names ", name,
+                 ", which is not a parameter or buffer of the module");
+  }
   Parts& parts = *parts_;
   parts.group = group_;
   const Device device = group_->device();

@@ -530,6 +530,13 @@ TEST_F(Zero, BadUsesAreClearErrors) {
         });
       },
       "exactly the"));
+  // Tensors each rank keeps as its own must be the module's.
+  EXPECT_TRUE(throws_error(
+      [&] {
+        ZeroOptimizer unused(model, shared_world(), adamw(), ZeroStage::kGradients,
+                             {"no_such.weight"});
+      },
+      "'own' names no_such.weight, which is not a parameter or buffer of the module"));
   // A model that differs on one rank is an error on every rank, before any update.
   std::shared_ptr<nn::Module> uneven =
       rank() == 0
