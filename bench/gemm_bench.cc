@@ -1,5 +1,7 @@
-// GEMM f32 throughput: the raw strided GEMM (ops/cpu/gemm.h) into a preallocated C, and the
-// matmul, linear and bmm ops through the dispatcher (allocation included). Square n x n x n.
+// GEMM f32 throughput: the raw strided GEMM (ops/cpu/gemm.h) into a preallocated C (plain, B
+// transposed as linear reads it, batched as bmm runs it), and the matmul, linear and bmm ops
+// through the dispatcher (allocation included). Square n x n x n. bench/op_overhead.py times
+// each op against its kernel, interleaved.
 //   bazel run //bench:gemm_bench -- --threads=2 --benchmark_format=json
 #include <vector>
 
@@ -46,6 +48,25 @@ void BM_GemmF32TransposedB(benchmark::State& state) {
     benchmark::ClobberMemory();
   }
   set_gflops(state, n);
+}
+
+// The bmm op's kernel alone: eight n x n x n products in one batched GEMM into a preallocated C.
+void BM_GemmF32Batched(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  constexpr int64_t kBatch = 8;
+  std::vector<float> a(kBatch * n * n), b(kBatch * n * n), c(kBatch * n * n);
+  for (int64_t i = 0; i < kBatch * n * n; ++i) {
+    a[i] = static_cast<float>((i * 37) % 17 - 8) / 8.0f;
+    b[i] = static_cast<float>((i * 29) % 13 - 6) / 6.0f;
+  }
+  for (auto _ : state) {
+    tessel::cpu::gemm_batched(false, false, n, n, n, 1.0f, a.data(), n, n * n, b.data(), n, n * n,
+                              0.0f, c.data(), n, n * n, kBatch);
+    benchmark::DoNotOptimize(c.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["flops"] = benchmark::Counter(2.0 * kBatch * static_cast<double>(n) * n * n,
+                                               benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void BM_MatmulF32(benchmark::State& state) {
@@ -98,11 +119,12 @@ void up_to_512(benchmark::internal::Benchmark* registered) { sizes_up_to(registe
 
 BENCHMARK(BM_GemmF32)->Apply(up_to_2048);
 BENCHMARK(BM_GemmF32TransposedB)
-    ->ArgsProduct({{64, 128, 256, 512}, {0, 1}})
+    ->ArgsProduct({{64, 128, 256, 512, 1024, 2048}, {0, 1}})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_MatmulF32)->Apply(up_to_2048);
 BENCHMARK(BM_LinearF32)->Apply(up_to_2048);
 BENCHMARK(BM_BmmF32)->Apply(up_to_512);
+BENCHMARK(BM_GemmF32Batched)->Apply(up_to_512);
 
 TESSEL_BENCHMARK_MAIN()

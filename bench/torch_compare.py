@@ -86,6 +86,10 @@ def torch_case(name):
                     lambda: c.addmm_(a, b.t()))
         return (f"GEMM f32 {n}^3, B transposed, into C", 2.0 * n**3,
                 lambda: torch.mm(a, b.t(), out=c))
+    if kind == "BM_GemmF32Batched":
+        (n,) = args
+        a, b, c = pattern(8, n, n), pattern(8, n, n), torch.empty(8, n, n)
+        return f"GEMM f32 8 x {n}^3, into C", 2.0 * 8 * n**3, lambda: torch.bmm(a, b, out=c)
     if kind == "BM_MatmulF32":
         (n,) = args
         a, b = pattern(n, n), pattern(n, n)
