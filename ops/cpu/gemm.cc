@@ -74,7 +74,8 @@ constexpr int64_t kSliceAlign = 16;
 // op(A) (or columns of op(B)) by the whole other operand.
 template <typename T>
 void gemm_threaded(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
-                   int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+                   int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc,
+                   const PrepareBlock* prepare = nullptr) {
   if (m == 0 || n == 0) return;
   const int64_t threads = get_num_threads();
   const bool split_rows = m >= n;
@@ -83,6 +84,7 @@ void gemm_threaded(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, 
   if (slices <= 1 || omp_in_parallel() ||
       static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) <
           kThreadedGemmWork) {
+    if (prepare) (*prepare)(0, m, 0, n);
     gemm_serial(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
@@ -95,11 +97,13 @@ void gemm_threaded(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, 
       const int64_t lo = boundary(slice), hi = boundary(slice + 1);
       if (hi <= lo) continue;
       if (split_rows) {
+        if (prepare) (*prepare)(lo, hi, 0, n);
         // Rows lo..hi of op(A): row i is at a + i * lda, or column i of a stored transpose.
         const T* a_slice = trans_a ? a + lo : a + lo * lda;
         gemm_serial(trans_a, trans_b, hi - lo, n, k, alpha, a_slice, lda, b, ldb, beta,
                     c + lo * ldc, ldc);
       } else {
+        if (prepare) (*prepare)(0, m, lo, hi);
         const T* b_slice = trans_b ? b + lo * ldb : b + lo;
         gemm_serial(trans_a, trans_b, m, hi - lo, k, alpha, a, lda, b_slice, ldb, beta, c + lo,
                     ldc);
@@ -153,6 +157,18 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double al
           const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c,
           int64_t ldc) {
   gemm_threaded(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
+          const PrepareBlock& prepare) {
+  gemm_threaded(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, &prepare);
+}
+
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
+          const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c,
+          int64_t ldc, const PrepareBlock& prepare) {
+  gemm_threaded(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, &prepare);
 }
 
 void gemm_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,

@@ -93,9 +93,6 @@ void batched_product_kernel(KernelContext& context) {
   result.finish(out);
 }
 
-// Elements of the bias broadcast per thread of the fill before the GEMM.
-constexpr int64_t kBiasFillGrain = 1 << 18;
-
 // out (..., out_features) = x (..., in) W^T + bias.
 template <typename T>
 void linear_product_kernel(KernelContext& context) {
@@ -125,29 +122,30 @@ void linear_product_kernel(KernelContext& context) {
   if (staged) target = context.workspace(out.sizes(), out.dtype());
   T* result = target.data_ptr<T>();
 
-  T beta = T(0);
-  if (bias.defined()) {
-    const T* bias_data = bias.data_ptr<T>();
-    const int64_t bias_stride = bias.stride(0);
-    // One thread up to a megabyte or so: waking the others costs more than they save here.
-    parallel_for(0, rows, std::max<int64_t>(1, kBiasFillGrain / std::max<int64_t>(out_features, 1)),
-                 [&](int64_t begin, int64_t end) {
-                   for (int64_t r = begin; r < end; ++r) {
-                     T* row = result + r * out_features;
-                     if (bias_stride == 1) {
-                       std::copy(bias_data, bias_data + out_features, row);
-                     } else {
-                       for (int64_t j = 0; j < out_features; ++j)
-                         row[j] = bias_data[j * bias_stride];
-                     }
-                   }
-                 });
-    beta = T(1);
-  }
   // W^T: a row-major W (out, in) is read transposed; a transposed view of one is read as is.
   GemmOperand<T> w = gemm_operand<T>(context, weight);
-  cpu::gemm(x_transposed, !w.transposed, rows, out_features, in_features, T(1), x.data_ptr<T>(),
-            x_ld, w.data, w.ld, beta, result, std::max<int64_t>(out_features, 1));
+  const int64_t ldc = std::max<int64_t>(out_features, 1);
+  if (!bias.defined()) {
+    cpu::gemm(x_transposed, !w.transposed, rows, out_features, in_features, T(1), x.data_ptr<T>(),
+              x_ld, w.data, w.ld, T(0), result, ldc);
+  } else {
+    // Each thread copies the bias into its block of the output, then adds its product there
+    // (beta = 1): the block stays in that core's cache between the two.
+    const T* bias_data = bias.data_ptr<T>();
+    const int64_t bias_stride = bias.stride(0);
+    auto fill = [&](int64_t row_begin, int64_t row_end, int64_t col_begin, int64_t col_end) {
+      for (int64_t r = row_begin; r < row_end; ++r) {
+        T* row = result + r * out_features;
+        if (bias_stride == 1) {
+          std::copy(bias_data + col_begin, bias_data + col_end, row + col_begin);
+        } else {
+          for (int64_t j = col_begin; j < col_end; ++j) row[j] = bias_data[j * bias_stride];
+        }
+      }
+    };
+    cpu::gemm(x_transposed, !w.transposed, rows, out_features, in_features, T(1), x.data_ptr<T>(),
+              x_ld, w.data, w.ld, T(1), result, ldc, fill);
+  }
   if (staged) cpu::copy_strided(target, out);
 }
 
