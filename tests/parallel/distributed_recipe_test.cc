@@ -500,6 +500,32 @@ void expect_trained_alike(const RecipeResult& actual, const RecipeResult& expect
   EXPECT_GT(optimizer_tensors, 0) << what;
 }
 
+// `plain` run again under ZeRO stages 1, 2 and 3, with the plan `plan_for(stage)` names and the
+// checkpoints in folder `<name>_zero<stage>`: on rank 0 each trains like `expected` and its log
+// says its stage and each of `said`. Returns the three runs.
+std::vector<RecipeResult> expect_zero_stages_like(const TrainConfig& plain,
+                                                  const RecipeResult& expected,
+                                                  const std::string& name,
+                                                  const std::function<std::string(int)>& plan_for,
+                                                  const std::vector<std::string>& said = {}) {
+  std::vector<RecipeResult> runs;
+  for (int stage : {1, 2, 3}) {
+    const std::string stage_name = name + "_zero" + std::to_string(stage);
+    TrainConfig zero = plain;
+    zero.plan = plan_for(stage);
+    zero.checkpoint_dir = test_folder(stage_name);
+    std::ostringstream log;
+    runs.push_back(run_recipe(zero, log));
+    if (world_rank() != 0) continue;
+    std::vector<std::string> texts = said;
+    texts.push_back("ZeRO stage " + std::to_string(stage));
+    for (const std::string& text : texts)
+      EXPECT_NE(log.str().find(text), std::string::npos) << text << " in " << log.str();
+    expect_trained_alike(runs.back(), expected, stage_name);
+  }
+  return runs;
+}
+
 // ZeRO beside per-op degrees runs over the line of both ranks, each keeping the tensors the plan
 // cuts over it as its own shards: every stage trains what the plan trains without ZeRO (the
 // loss, the whole parameters and optimizer state), and checkpoints resume across the two.
@@ -512,19 +538,13 @@ TEST_F(DistributedRecipe, ZeroBesideAPlanWithPerOpDegreesTrainsLikeThePlanAlone)
   plain.checkpoint_dir = folder("resnet_per_op_zero0");
   std::ostringstream log;
   const RecipeResult expected = run_recipe(plain, log);
-  for (int stage : {1, 2, 3}) {
-    const std::string name = "resnet_per_op_zero" + std::to_string(stage);
-    TrainConfig zero = plain;
-    zero.plan = resnet_per_op_plan(name, [&](planner::PlanFile& plan) { plan.zero_stage = stage; });
-    zero.checkpoint_dir = folder(name);
-    std::ostringstream zero_log;
-    const RecipeResult actual = run_recipe(zero, zero_log);
-    if (rank() != 0) continue;
-    EXPECT_NE(zero_log.str().find("ZeRO stage " + std::to_string(stage)), std::string::npos)
-        << zero_log.str();
-    EXPECT_NE(zero_log.str().find("per-op degrees"), std::string::npos) << zero_log.str();
-    expect_trained_alike(actual, expected, name);
-  }
+  expect_zero_stages_like(plain, expected, "resnet_per_op",
+                          [](int stage) {
+                            return resnet_per_op_plan(
+                                "resnet_per_op_zero" + std::to_string(stage),
+                                [&](planner::PlanFile& plan) { plan.zero_stage = stage; });
+                          },
+                          {"per-op degrees"});
   // The plan without ZeRO resumes ZeRO-3's checkpoint, and ZeRO-2 the plain one.
   TrainConfig resume_plain = plain;
   resume_plain.resume = folder("resnet_per_op_zero3") + "/step_2";
@@ -580,24 +600,14 @@ TEST_F(DistributedRecipe, ZeroBesideAGridPlanOnFourRanksTrainsLikeThePlanAlone) 
   auto expect_like_plain = [&](const RecipeResult& actual, const std::string& what) {
     if (rank() == 0) expect_trained_alike(actual, expected, what);
   };
-  for (int stage : {1, 2, 3}) {
-    TrainConfig zero = plain;
-    zero.plan = resnet_grid_plan(stage);
-    zero.checkpoint_dir = folder("resnet_grid_zero" + std::to_string(stage));
-    std::ostringstream zero_log;
-    const RecipeResult actual = run_recipe(zero, zero_log);
-    if (rank() == 0) {
-      EXPECT_NE(zero_log.str().find("dp 2 x tp 2, ZeRO stage " + std::to_string(stage)),
-                std::string::npos)
-          << zero_log.str();
-      EXPECT_NE(zero_log.str().find("the recipes run the plan's ops as priced beside ZeRO"),
-                std::string::npos)
-          << zero_log.str();
-      const auto saved = load_safetensors(actual.last_checkpoint + "/model.safetensors");
-      EXPECT_EQ(saved.at("fc.weight").sizes(), Shape({10, 512}));
-    }
-    expect_like_plain(actual, "ZeRO-" + std::to_string(stage));
-  }
+  const auto zero_runs = expect_zero_stages_like(
+      plain, expected, "resnet_grid", resnet_grid_plan,
+      {"dp 2 x tp 2", "the recipes run the plan's ops as priced beside ZeRO"});
+  if (rank() == 0)
+    for (const RecipeResult& run : zero_runs)  // whole tensors in the checkpoint
+      EXPECT_EQ(
+          load_safetensors(run.last_checkpoint + "/model.safetensors").at("fc.weight").sizes(),
+          Shape({10, 512}));
   // Across layouts: the plan without ZeRO resumes ZeRO-2's checkpoint, and ZeRO-3 the plain one.
   TrainConfig resume_plain = plain;
   resume_plain.resume = folder("resnet_grid_zero2") + "/step_2";
@@ -1241,24 +1251,15 @@ TEST_F(DistributedRecipe, ZeroBesideABertPlanWithPerOpDegreesTrainsLikeThePlanAl
     plain.checkpoint_dir = folder(base + "_zero0");
     std::ostringstream log;
     const RecipeResult expected = run_recipe(plain, log);
-    for (int stage : {1, 2, 3}) {
-      const std::string name = base + "_zero" + std::to_string(stage);
-      TrainConfig zero = plain;
-      zero.plan = shared_plan(
+    expect_zero_stages_like(plain, expected, base, [&](int stage) {
+      return shared_plan(
           [&] {
             planner::PlanFile plan = bert_recipe_plan(checkpoint, true);
             plan.zero_stage = stage;
             return plan;
           },
-          name);
-      zero.checkpoint_dir = folder(name);
-      std::ostringstream zero_log;
-      const RecipeResult actual = run_recipe(zero, zero_log);
-      if (rank() != 0) continue;
-      EXPECT_NE(zero_log.str().find("ZeRO stage " + std::to_string(stage)), std::string::npos)
-          << zero_log.str();
-      expect_trained_alike(actual, expected, name);
-    }
+          base + "_zero" + std::to_string(stage));
+    });
   }
 }
 
@@ -1287,19 +1288,13 @@ TEST_F(DistributedRecipe, ZeroBesideABertGridPlanOnFourRanksTrainsLikeThePlanAlo
     const RecipeResult one_process = run_alone(alone);
     if (rank() == 0)
       expect_trained_alike(expected, one_process, optimizer + ": against one process");
-    for (int stage : {1, 2, 3}) {
-      const std::string name = "bert_grid_" + optimizer + "_zero" + std::to_string(stage);
-      TrainConfig zero = plain;
-      zero.plan = shared_plan([&] { return bert_grid_plan(checkpoint, stage); }, name);
-      zero.checkpoint_dir = folder(name);
-      std::ostringstream zero_log;
-      const RecipeResult actual = run_recipe(zero, zero_log);
-      if (rank() != 0) continue;
-      EXPECT_NE(zero_log.str().find("the recipes run the plan's ops as priced beside ZeRO"),
-                std::string::npos)
-          << zero_log.str();
-      expect_trained_alike(actual, expected, name);
-    }
+    const std::string base = "bert_grid_" + optimizer;
+    expect_zero_stages_like(plain, expected, base,
+                            [&](int stage) {
+                              return shared_plan([&] { return bert_grid_plan(checkpoint, stage); },
+                                                 base + "_zero" + std::to_string(stage));
+                            },
+                            {"the recipes run the plan's ops as priced beside ZeRO"});
   }
 }
 
