@@ -112,6 +112,7 @@ int run(int argc, char** argv) {
                             const planner::ModuleTraceOptions& trace) {
     planned_model = std::make_shared<parallel::ParallelModule>(
         full, plan->ops, per_op ? line : dp_comm, per_op ? line : tp_comm, trace);
+    planned_model->set_per_rank_batch_norm(plan->batch_norm == "per_rank");
     trained = full;  // now meta: its shards live in planned_model
   };
   if (bert) {

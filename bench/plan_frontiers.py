@@ -5,7 +5,8 @@ Plans BERT large (sequence 128) and ResNet-152 (224x224) on the h200_cluster pro
 node, NVLink inside a node, InfiniBand between nodes) for 8, 64 and 512 devices, once with no
 ZeRO (--zero=0) and once with ZeRO stages 1, 2 and 3 as frontier points of their own
 (--zero=0,1,2,3); Adam, the default global batch (8 samples per device for BERT, 32 for ResNet),
-recomputation fractions 1, 0.5 and 0.25. Writes bench/results/planner_frontiers.md (the
+recomputation fractions 1, 0.5 and 0.25; ResNet's batch norms normalise each rank's rows
+(--batch_norm=per_rank, DDP's way at this scale). Writes bench/results/planner_frontiers.md (the
 frontiers' ends, the planning time of each: the median of 5 runs with the range),
 planner_frontiers.jsonl (every point, every run's times) and planner_frontiers.png.
 Deterministic, except the planning times; about 2 minutes on a quiet machine.
@@ -39,6 +40,8 @@ def plan(model, devices, zero, scratch):
     frontier_path = os.path.join(scratch, f"{model}_{devices}_{zero.replace(',', '')}.json")
     command = [os.path.join(ROOT, "bazel-bin", "tools", "plan", "plan"), "--model=" + model,
                f"--devices={devices}", "--zero=" + zero, "--frontier_json=" + frontier_path]
+    if model.startswith("resnet"):
+        command.append("--batch_norm=per_rank")
     timings = []  # (trace, frontier, total) seconds of each run
     for _ in range(REPEATS):
         result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
@@ -130,7 +133,10 @@ def main():
         "`h200_cluster` profile: 8 H200 per node, NVLink inside a node, InfiniBand between "
         "nodes). Adam (two state tensors per parameter), default global batch (8 samples per "
         "device for BERT, sequence 128; 32 per device for ResNet, 224x224), recomputation "
-        "fractions 1, 0.5 and 0.25. Raw points: planner_frontiers.jsonl (with each run's "
+        "fractions 1, 0.5 and 0.25; ResNet's batch norms normalise each rank's rows "
+        "(`--batch_norm=per_rank`, as DDP does; the whole batch's statistics would add two small "
+        "collectives per batch norm over every data-parallel device). Raw points: "
+        "planner_frontiers.jsonl (with each run's "
         f"command). Machine at the start: {quiet.stdout.strip()}.",
         "",
         "ZeRO points are priced as `parallel::ZeroOptimizer` runs them: one collective per "

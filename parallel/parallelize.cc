@@ -381,7 +381,7 @@ std::vector<StepCollective> ParallelModule::planned_collectives() const {
     }
     // Batch norm over a batch split: each rank's per-channel mean and centred squares gathered,
     // their gradient summed (batch_norm_over_dp).
-    if (s.dp > 1 && op.name == "batch_norm") {
+    if (s.dp > 1 && op.name == "batch_norm" && !per_rank_batch_norm_) {
       const int64_t parts = 2 * op.input_shapes[0][1] / s.input_layouts[0].model * s.dp * 4;
       planned.push_back({"all_gather", label("dp"), parts});
       if (std::any_of(op.inputs.begin(), op.inputs.end(),
@@ -830,7 +830,7 @@ std::vector<Tensor> ParallelModule::run_op(const OpDef& op, const std::vector<Te
     results = {vocab_parallel_cross_entropy(local_in[0], local_in[1], tp_group_,
                                             attrs.get_or<int64_t>("ignore_index", -100),
                                             /*sum_rows=*/counted_over_dp)};
-  } else if (op.name == "batch_norm" && s.dp > 1) {
+  } else if (op.name == "batch_norm" && s.dp > 1 && !per_rank_batch_norm_) {
     results = {batch_norm_over_dp(local_in, attrs)};
   } else {
     if (kind == SplitKind::kFeature && is_conv(traced) && s.tp > 1)

@@ -92,6 +92,10 @@ class ParallelModule : private DispatchInterceptor {
                  std::shared_ptr<Communicator> dp_group, std::shared_ptr<Communicator> tp_group,
                  const planner::ModuleTraceOptions& trace);
   ~ParallelModule() override;
+  // Batch norm in training over a batch split normalises each rank's rows by their own
+  // statistics (DDP's way; a plan file's batch_norm "per_rank"), with no collective, instead of
+  // by the whole batch's (the default, as one process does). Set before the first loss().
+  void set_per_rank_batch_norm(bool per_rank) { per_rank_batch_norm_ = per_rank; }
   ParallelModule(const ParallelModule&) = delete;
   ParallelModule& operator=(const ParallelModule&) = delete;
 
@@ -179,10 +183,10 @@ class ParallelModule : private DispatchInterceptor {
   // count): from this rank's sum over its rows, the mean over every rank's counted rows, one
   // all-reduce of (sum, count).
   Tensor mean_over_dp(const Tensor& local_sum, const Tensor& target, const Attrs& attrs);
-  // Batch norm in training mode over a batch split over dp: normalised by the whole batch's
-  // statistics (one all-gather of each rank's per-channel mean and centred squares; backward an
-  // all-reduce of their gradient), so the plan trains what one process trains. Updates the
-  // running statistics as batch_norm does. Returns the first output only.
+  // Batch norm in training mode over a batch split over dp (unless per_rank_batch_norm_):
+  // normalised by the whole batch's statistics (one all-gather of each rank's per-channel mean and
+  // centred squares; backward an all-reduce of their gradient), so the plan trains what one process
+  // trains. Updates the running statistics as batch_norm does. Returns the first output only.
   Tensor batch_norm_over_dp(const std::vector<Tensor>& inputs, const Attrs& attrs);
   // `local` (of the parameter or buffer `name`) whole: gathered along its split dim.
   Tensor whole(const std::string& name, const Tensor& local) const;
@@ -193,6 +197,7 @@ class ParallelModule : private DispatchInterceptor {
   std::vector<planner::Strategy> strategies_;  // the plan's, per op
   int dp_ = 1, tp_ = 1, dp_index_ = 0, tp_index_ = 0;
   bool one_group_ = false;  // the dp and tp groups are one (per-op degrees over a line)
+  bool per_rank_batch_norm_ = false;
   int64_t dp_group_ = -1, tp_group_ = -1;  // tensor-parallel op group ids
   std::shared_ptr<Communicator> dp_comm_, tp_comm_;
   nn::NamedTensors parameters_;  // local shards (leaves), named

@@ -33,6 +33,7 @@ PlanFile make_plan_file(const Graph& graph, const PlanResult& result, int point,
   plan.mesh_tp = chosen.tp;
   plan.remat_fraction = chosen.remat_fraction;
   plan.zero_stage = chosen.zero_stage;
+  plan.batch_norm = options.config.whole_batch_norm ? "whole_batch" : "per_rank";
   if (chosen.remat_fraction < 1) {
     plan.memory_policy = "auto";
     plan.memory_budget = chosen.cost.memory;
@@ -86,6 +87,7 @@ std::string plan_to_json(const PlanFile& plan) {
   root["memory_budget"] = plan.memory_budget;
   root["remat_fraction"] = plan.remat_fraction;
   root["zero_stage"] = plan.zero_stage;
+  root["batch_norm"] = plan.batch_norm;
   root["predicted"] = {{"memory_bytes", plan.predicted_memory}, {"time_s", plan.predicted_time}};
   root["summary"] = plan.summary;
   json parameters = json::array();
@@ -222,6 +224,11 @@ PlanFile plan_from_json(const std::string& text, const std::string& where) {
   if (root.contains("zero_stage")) plan.zero_stage = r.small_integer(root, "zero_stage", "", 0);
   TESSEL_CHECK(plan.zero_stage >= 0 && plan.zero_stage <= 3, "plan ", where,
                ": field 'zero_stage' must be 0, 1, 2 or 3, got ", plan.zero_stage);
+  // Absent from plans written before it was a choice: the whole batch's statistics.
+  if (root.contains("batch_norm")) plan.batch_norm = r.text(root, "batch_norm", "");
+  TESSEL_CHECK(plan.batch_norm == "whole_batch" || plan.batch_norm == "per_rank", "plan ", where,
+               ": field 'batch_norm' must be \"whole_batch\" or \"per_rank\", got \"",
+               plan.batch_norm, "\"");
   const json& predicted = r.get(root, "predicted", "");
   plan.predicted_memory = r.number(predicted, "memory_bytes", "predicted", 0);
   plan.predicted_time = r.number(predicted, "time_s", "predicted", 0);

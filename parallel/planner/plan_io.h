@@ -29,7 +29,9 @@ struct PlanFile {
   std::string memory_policy = "none";
   double memory_budget = 0;
   double remat_fraction = 1.0;
-  int zero_stage = 0;           // ZeRO over the dp group (parallel/zero.h): 0, 1, 2 or 3
+  int zero_stage = 0;  // ZeRO over the dp group (parallel/zero.h): 0, 1, 2 or 3
+  // Batch norm over a batch split: "whole_batch" statistics (gathered over dp) or "per_rank".
+  std::string batch_norm = "whole_batch";
   double predicted_memory = 0;  // bytes per device
   double predicted_time = 0;    // seconds per iteration
   std::string summary;

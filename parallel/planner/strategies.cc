@@ -357,7 +357,7 @@ Strategy make_strategy(const OpContext& c, int dp, int tp, SplitKind kind) {
   // Batch norm in training mode over a batch split normalises by the whole batch's statistics:
   // each rank's per-channel mean and centred squares all-gathered, their gradient all-reduced
   // (parallel::ParallelModule).
-  if (c.batch_ok && s.dp > 1 && op.name == "batch_norm") {
+  if (c.batch_ok && s.dp > 1 && op.name == "batch_norm" && c.config.whole_batch_norm) {
     const double parts = 2.0 * static_cast<double>(op.input_shapes[0][1]) /
                          s.input_layouts[0].model * s.dp *
                          element_size(c.graph.tensors[op.outputs[0]].dtype);

@@ -96,6 +96,9 @@ struct PlannerConfig {
   // reduce-scattered instead of all-reduced; 3 the parameters too, all-gathered for each op that
   // uses them (forward, and backward when it reads them) instead of after the step.
   int zero_stage = 0;
+  // Batch norm in training over a batch split: true, by the whole batch's statistics (each rank's
+  // gathered over dp, as one process normalises); false, by each rank's own rows (DDP's way).
+  bool whole_batch_norm = true;
   // Data-parallel gradients are all-reduced in buckets of this size (DDP's 25 MiB): a tensor
   // pays the bandwidth for its bytes and its share (bytes / bucket) of one bucket's latency.
   double gradient_bucket_bytes = 25.0 * 1024 * 1024;

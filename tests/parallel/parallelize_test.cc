@@ -220,11 +220,13 @@ std::string listed(const std::vector<StepCollective>& calls) {
 }
 
 RunResult planned_run(const Case& c, const std::vector<planner::PlanFile::Op>& ops,
-                      const ProcessGrid& grid, bool as_priced, bool one_group = false) {
+                      const ProcessGrid& grid, bool as_priced, bool one_group = false,
+                      bool per_rank_batch_norm = false) {
   auto dp = std::make_shared<CountingCommunicator>(grid.data_parallel_on_device());
   auto tp =
       one_group ? dp : std::make_shared<CountingCommunicator>(grid.tensor_parallel_on_device());
   ParallelModule parallel(c.make(), ops, dp, tp, c.trace);
+  parallel.set_per_rank_batch_norm(per_rank_batch_norm);
   optim::SGD sgd(parallel.parameters(), optim::SGDOptions(kLearningRate));
   RunResult run;
   for (int step = 0; step < kSteps; ++step) {
@@ -452,6 +454,36 @@ TEST_F(ParallelizeTest, ResidualCnnWithBatchNormAsPlannedOnAGrid) {
   check_frontier(
       labelled([] { return residual_cnn(true); }, {8, 3, 8, 8}), 2, 2, true,
       {[](const planner::PlanFile::Op& op) { return op.op == "batch_norm" && op.dp > 1; }});
+}
+
+// With per-rank statistics (DDP's way) a data-parallel plan normalises each rank's rows by their
+// own, with no collective for them: its first loss is the mean of the two halves' losses, each
+// half normalised alone.
+TEST_F(ParallelizeTest, PerRankBatchNormNormalisesEachRanksRows) {
+  if (size() != 2) GTEST_SKIP() << "two data-parallel ranks";
+  ProcessGrid grid(2, 1);
+  const Case c = labelled([] { return residual_cnn(true); }, {8, 3, 8, 8});
+  const auto batch_split_norm = [](const planner::PlanFile::Op& op) {
+    return op.op == "batch_norm" && op.dp > 1;
+  };
+  std::vector<std::string> summaries;
+  const auto plans = frontier_plans(c, 2, 1, &summaries, false, {batch_split_norm});
+  auto plan = std::find_if(plans.begin(), plans.end(), [&](const auto& ops) {
+    return std::any_of(ops.begin(), ops.end(), batch_split_norm);
+  });
+  ASSERT_NE(plan, plans.end()) << "no data-parallel point splits a batch norm's batch";
+  const RunResult run = planned_run(c, *plan, grid, /*as_priced=*/true, /*one_group=*/false,
+                                    /*per_rank_batch_norm=*/true);
+  auto model = c.make();
+  const std::vector<Tensor> batch = c.batch(0);
+  double expected = 0;
+  for (int half : {0, 1})
+    expected += cross_entropy(model->forward(rows(batch[0], 2, half)), rows(batch[1], 2, half))
+                    .item<double>() /
+                2;
+  EXPECT_NEAR(run.losses.at(0), expected, 1e-4 * std::abs(expected));
+  EXPECT_GT(std::abs(run.losses.at(0) - whole_run(c).losses.at(0)), 1e-4)
+      << "per-rank statistics should differ from the whole batch's";
 }
 
 // A plan's training under an optimizer of `stage` (0: none; else ZeroOptimizer over the dp

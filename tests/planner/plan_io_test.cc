@@ -177,5 +177,25 @@ TEST(PlanFile, CarriesItsZeroStage) {
   EXPECT_EQ(plan_from_json(per_op.dump(), "per_op.json").zero_stage, 1);
 }
 
+// How batch norm over a batch split normalises travels with the plan; older plans read as the
+// whole batch's statistics.
+TEST(PlanFile, CarriesHowBatchNormNormalises) {
+  PlanFile plan;
+  plan.model = "resnet18";
+  plan.devices = 2;
+  plan.batch = 8;
+  plan.batch_norm = "per_rank";
+  const std::string text = plan_to_json(plan);
+  EXPECT_EQ(plan_from_json(text, "per_rank.json").batch_norm, "per_rank");
+  nlohmann::json older = nlohmann::json::parse(text);
+  older.erase("batch_norm");
+  EXPECT_EQ(plan_from_json(older.dump(), "older.json").batch_norm, "whole_batch");
+  nlohmann::json bad = nlohmann::json::parse(text);
+  bad["batch_norm"] = "sync";
+  EXPECT_TRUE(testing::throws_error([&] { plan_from_json(bad.dump(), "bad.json"); },
+                                    "field 'batch_norm' must be \"whole_batch\" or \"per_rank\", "
+                                    "got \"sync\""));
+}
+
 }  // namespace
 }  // namespace tessel::planner

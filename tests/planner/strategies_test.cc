@@ -251,6 +251,13 @@ TEST(Strategies, DataParallelBroadcastsBuffersOnceAndGathersBatchStatistics) {
   EXPECT_NEAR(first.forward_comm, 1e-6 + buffer_bytes / 1e9 + gather, 1e-15);
   EXPECT_NEAR(second.forward_comm, buffer_bytes / 1e9 + gather, 1e-15);
   EXPECT_NEAR(second.backward_comm, 2e-6 + statistics_bytes / 1e9, 1e-15);
+  // Each rank's own statistics (DDP's way): the buffers' broadcast alone.
+  PlannerConfig per_rank = config_for(2);
+  per_rank.whole_batch_norm = false;
+  const auto local = enumerate_strategies(net.graph, per_rank);
+  EXPECT_NEAR(find(local[norms[1]], 2, 1, SplitKind::kReplicate).forward_comm, buffer_bytes / 1e9,
+              1e-15);
+  EXPECT_DOUBLE_EQ(find(local[norms[1]], 2, 1, SplitKind::kReplicate).backward_comm, 0);
   // Nothing to broadcast without data parallelism.
   EXPECT_DOUBLE_EQ(find(strategies[norms[0]], 1, 1, SplitKind::kReplicate).forward_comm, 0);
 }

@@ -125,6 +125,7 @@ struct PlanCliOptions {
   std::string model, memory_text, profile_name = "h200_cluster", optimizer = "adam";
   bool profile_given = false;  // --profile on the command line, else the default
   std::string remat = "1,0.5,0.25", zero = "0", out_path, png_path, frontier_path;
+  std::string batch_norm = "whole_batch";
   int devices = 8, max_tp = 0;
   int64_t batch = 0, seq = 128, image_size = 224, num_classes = 1000, in_channels = 3;
   bool small_image_stem = false;
@@ -188,6 +189,12 @@ std::optional<int> parse_options(int argc, const char* const* argv, PlanCliOptio
          "parts, 2 the gradients too, 3 the parameters too (parallel/zero.h; --out keeps the "
          "chosen point's stage)")
       ->capture_default_str();
+  app.add_option("--batch_norm", cli.batch_norm,
+                 "batch norm over a batch split: whole_batch (the statistics of the whole batch, "
+                 "gathered over the data-parallel ranks: the plan trains as one process does) or "
+                 "per_rank (each rank's own rows, as DDP: no collective)")
+      ->check(CLI::IsMember({"whole_batch", "per_rank"}))
+      ->capture_default_str();
   app.add_flag("--simulate_remat", cli.simulate_remat,
                "price each --remat fraction below 1 by simulating the model's training step under "
                "that budget with the auto policy on the profile's device (the memory simulator; "
@@ -235,6 +242,7 @@ PlanOptions plan_options(const PlanCliOptions& cli) {
   options.config.optimizer_states = optimizer_states(cli.optimizer);
   options.remat_fractions = parse_fractions(cli.remat);
   options.zero_stages = parse_zero_stages(cli.zero);
+  options.config.whole_batch_norm = cli.batch_norm == "whole_batch";
   options.frontier.max_points = cli.max_points;
   options.per_op_degrees = cli.per_op_degrees;
   options.executable_only = !cli.any_plan;

@@ -87,6 +87,7 @@ std::shared_ptr<nn::Module> planned_classifier_model(const RunLayout& layout,
   auto parallel = std::make_shared<parallel::ParallelModule>(
       std::move(trained), plan.ops, rows, layout.tp_device_group,
       planner::ModuleTraceOptions(input_shape));
+  parallel->set_per_rank_batch_norm(plan.batch_norm == "per_rank");
   return std::make_shared<PlannedModule>(std::move(parallel), std::move(evaluated));
 }
 
