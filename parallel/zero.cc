@@ -51,6 +51,15 @@ struct ZeroOptimizer::Parts {
     parts[i].set_grad(held.defined() ? add(held, mine) : mine);
   }
 
+  // The position of `parameter` among the trainable ones; an error naming `who` otherwise.
+  size_t index_of(const Tensor& parameter, const char* who) const {
+    size_t i = 0;
+    while (i < parameters.size() && !parameters[i].is_same(parameter)) ++i;
+    TESSEL_CHECK(i < parameters.size(), "ZeroOptimizer::", who,
+                 ": a tensor that is not one of the module's trainable parameters");
+    return i;
+  }
+
   // The parameter a state entry "<parameter name>.<key>" belongs to (the longest name that
   // matches), or -1.
   int64_t owner(const std::string& entry) const {
@@ -375,14 +384,8 @@ void ZeroOptimizer::sum_gradients_over(std::shared_ptr<Communicator> group,
   TESSEL_CHECK(group != nullptr, "ZeroOptimizer::sum_gradients_over: group is null");
   Parts& parts = *parts_;
   std::vector<char> partial(parts.parameters.size(), 0);
-  for (const Tensor& parameter : parameters) {
-    size_t i = 0;
-    while (i < parts.parameters.size() && !parts.parameters[i].is_same(parameter)) ++i;
-    TESSEL_CHECK(i < parts.parameters.size(),
-                 "ZeroOptimizer::sum_gradients_over: a tensor that is not one of the module's "
-                 "trainable parameters");
-    partial[i] = 1;
-  }
+  for (const Tensor& parameter : parameters)
+    partial[parts.index_of(parameter, "sum_gradients_over")] = 1;
   parts.partial_group = std::move(group);
   parts.partial = std::move(partial);
 }
@@ -390,14 +393,8 @@ void ZeroOptimizer::sum_gradients_over(std::shared_ptr<Communicator> group,
 void ZeroOptimizer::take_gradient_shares(const std::vector<Tensor>& shares) {
   Parts& parts = *parts_;
   std::vector<Parts::Gradient> gradients(parts.parameters.size(), Parts::Gradient::kWhole);
-  for (const Tensor& share : shares) {
-    size_t i = 0;
-    while (i < parts.parameters.size() && !parts.parameters[i].is_same(share)) ++i;
-    TESSEL_CHECK(i < parts.parameters.size(),
-                 "ZeroOptimizer::take_gradient_shares: a tensor that is not one of the module's "
-                 "trainable parameters");
-    gradients[i] = Parts::Gradient::kShare;
-  }
+  for (const Tensor& share : shares)
+    gradients[parts.index_of(share, "take_gradient_shares")] = Parts::Gradient::kShare;
   parts.gradients = std::move(gradients);
 }
 
