@@ -225,9 +225,9 @@ const SplitRule* split_rule(const OpDef& op, const std::vector<Tensor>& inputs,
   if (op.splits.empty() || op.flags.random || op.flags.view || outputs.empty()) return nullptr;
   const bool passes = op.chunk_passes > 0;
   if (!passes && (!op.flags.pure || op.flags.side_effects)) return nullptr;
-  // Chunk passes are the way of CPU kernels computing in f32 or f64 (and of the simulator) only.
+  // Chunk passes are the way of the CPU's and CUDA's kernels computing in f32 or f64 (and of the
+  // simulator) only.
   if (passes) {
-    if (!outputs[0].device().is_cpu() && !outputs[0].device().is_meta()) return nullptr;
     for (const auto& output : outputs)
       if (output.dtype() != DType::kFloat32 && output.dtype() != DType::kFloat64) return nullptr;
   }

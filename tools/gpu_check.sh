@@ -75,7 +75,7 @@ cd "$root"
 limit_bytes=$((60 * 1024 * 1024))
 # Tests in the order that finds bugs soonest: the layers others build on first.
 test_order=(runtime_test transfer_test allocator_test device_functions_test ops_check_test
-  blas_cudnn_test model_step_test policy_equality_test nccl_smoke_test nccl_ddp_test
+  blas_cudnn_test chunk_passes_test model_step_test policy_equality_test nccl_smoke_test nccl_ddp_test
   tensor_parallel_gpu_test recipes_gpu_test)
 # Libraries any Linux has: never bundled, never looked for.
 base_libraries='linux-vdso.so.1 libc.so.6 libm.so.6 libpthread.so.0 libdl.so.2 librt.so.1

@@ -295,14 +295,15 @@ std::vector<Choice> choices_for(ConvPass pass, cudnnHandle_t handle, const ConvD
   return choices;
 }
 
-// Runs one algorithm of `pass`; beta 0 (the output is overwritten).
+// Runs one algorithm of `pass`: the output is overwritten, or added to (`accumulate`).
 void run_choice(ConvPass pass, cudnnHandle_t handle, const ConvDescriptors& d, const ConvBuffers& b,
-                const Choice& choice, void* workspace, DType dtype) {
+                const Choice& choice, void* workspace, DType dtype, bool accumulate) {
   const float one_f = 1.0f, zero_f = 0.0f;
   const double one_d = 1.0, zero_d = 0.0;
   const bool f64 = dtype == DType::kFloat64;
   const void* one = f64 ? static_cast<const void*>(&one_d) : &one_f;
   const void* zero = f64 ? static_cast<const void*>(&zero_d) : &zero_f;
+  const void* beta = accumulate ? one : zero;
   // f32 without TF32 keeps FMA math whatever the search reported.
   const cudnnMathType_t math =
       dtype == DType::kFloat32 && !allow_tf32() ? CUDNN_FMA_MATH : choice.math;
@@ -320,7 +321,7 @@ void run_choice(ConvPass pass, cudnnHandle_t handle, const ConvDescriptors& d, c
     TESSEL_CUDNN_CHECK(
         cudnnConvolutionBackwardFilter(handle, one, d.x(), b.x, d.y(), b.y, d.conv(),
                                        static_cast<cudnnConvolutionBwdFilterAlgo_t>(choice.algo),
-                                       workspace, choice.memory, zero, d.w(), b.w));
+                                       workspace, choice.memory, beta, d.w(), b.w));
   }
 }
 
@@ -352,6 +353,12 @@ void convolution_kernel(KernelContext& context, ConvPass pass) {
   // cuDNN reads and writes dense NCHW here; strided or aliasing outputs go through scratch.
   const bool direct = out.is_contiguous() && !shares_storage(out, context.inputs);
   Tensor target = direct ? out : context.workspace(out.sizes(), dtype);
+  // The weight's gradient over chunks of the batch (KernelContext::chunk): chunks after the first
+  // add theirs to what the chunks before them wrote. Chunks run under a memory policy, where
+  // cuDNN's algorithm search (which writes the output) does not run.
+  const bool accumulate =
+      pass == ConvPass::kBackwardFilter && context.chunk && context.chunk->begin > 0;
+  if (accumulate && !direct) copy_convert(target, out);
   Tensor first = dense_input(context, context.inputs[0]);
   Tensor second = dense_input(context, context.inputs[1]);
   Tensor x, w, y;
@@ -368,6 +375,7 @@ void convolution_kernel(KernelContext& context, ConvPass pass) {
   }
   if (x.numel() == 0 || y.numel() == 0) {
     // An empty batch: no image contributes (only the weight gradient is left to write).
+    if (accumulate) return;
     TESSEL_CUDA_CHECK(cudaMemsetAsync(target.raw_data(), 0, target.nbytes(), device.stream()));
     if (!direct) copy_convert(out, target);
     return;
@@ -394,7 +402,7 @@ void convolution_kernel(KernelContext& context, ConvPass pass) {
         continue;
       }
     }
-    run_choice(pass, handle, descriptors, buffers, choice, workspace, dtype);
+    run_choice(pass, handle, descriptors, buffers, choice, workspace, dtype, accumulate);
     std::lock_guard<std::mutex> lock(cache().mutex);
     cache().stats.fallbacks += skipped > 0 ? 1 : 0;
     cache().stats.last_workspace = choice.memory;

@@ -140,10 +140,12 @@ void gather_rows(const Tensor& source, const Around& shape, const Tensor& index,
   });
 }
 
-// out (contiguous) = zeros, then rows of grad added at `index` (skip_row -1: none skipped).
+// out (contiguous) = zeros unless `add_to_out`, then rows of grad added at `index` (skip_row -1:
+// none skipped).
 void scatter_add_rows(const Tensor& grad, const Around& shape, const Tensor& index,
-                      int64_t skip_row, const Tensor& out, const char* op) {
-  zero_fill(out);
+                      int64_t skip_row, const Tensor& out, const char* op,
+                      bool add_to_out = false) {
+  if (!add_to_out) zero_fill(out);
   const int64_t count = index.numel();
   const int64_t numel = shape.outer * count * shape.inner;
   if (numel == 0) return;
@@ -186,9 +188,15 @@ TESSEL_REGISTER_OPS(cuda_index) {
     // The indices were checked by the forward op; rows out of range are skipped by the kernel.
     const Tensor indices = dense_input(context, context.inputs[1]);
     const int64_t padding_idx = context.attrs.get_or<int64_t>("padding_idx", -1);
+    // Over chunks of the indices (KernelContext::chunk) each chunk adds its rows to the table the
+    // chunks before it wrote.
+    const bool first_chunk = !context.chunk || context.chunk->begin == 0;
+    TESSEL_CHECK(first_chunk || context.outputs[0].is_contiguous(),
+                 "embedding_backward: a sum over chunks needs a contiguous output");
     DenseOutput out(context, context.outputs[0]);
     scatter_add_rows(dense_input(context, context.inputs[0]), around(out.dense.sizes(), 0), indices,
-                     padding_idx < 0 ? -1 : padding_idx, out.dense, ops::embedding_backward.name());
+                     padding_idx < 0 ? -1 : padding_idx, out.dense, ops::embedding_backward.name(),
+                     !first_chunk);
     out.finish();
   });
   ops::index_select.set_kernel(kCuda, [](KernelContext& context) {

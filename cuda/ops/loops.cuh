@@ -12,6 +12,7 @@
 #include <array>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "core/dtype.h"
 #include "core/op.h"
@@ -213,6 +214,14 @@ Tensor dense_input(KernelContext& context, const Tensor& tensor);
 void zero_fill(const Tensor& tensor);
 // The Philox state a random op was dispatched with (its rng_seed and rng_offset attributes).
 RngState rng_attrs(const Attrs& attrs);
+
+// An op run over chunks in passes (KernelContext::chunk) keeps its running sums on host, in the
+// chunk state: a kernel's partial sums (dense doubles on the device) come back when its stream is
+// done with them, and sums go to the first values.size() doubles of a dense device tensor. Both
+// wait for the stream: chunk passes run only under memory pressure, where a chunk's work dwarfs
+// the wait.
+std::vector<double> read_doubles(const Tensor& values);
+void write_doubles(const Tensor& into, const std::vector<double>& values);
 
 // A row-major buffer for one output: the output itself when contiguous, else a workspace that
 // finish() copies back.

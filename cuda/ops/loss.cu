@@ -1,10 +1,12 @@
 // CUDA kernels for the losses of ops/loss.cc: cross_entropy, nll_loss (each with its backward
 // op) and mse_loss. Per-position losses accumulate in double as on CPU; loss reductions sum
-// per-position values with one deterministic tree.
+// per-position values with one deterministic tree (over chunks of the rows, a memory policy's
+// split, the chunks' sums add up on host).
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "cuda/index_check.h"
 #include "cuda/ops/reduce.cuh"
@@ -130,6 +132,48 @@ void write_loss(KernelContext& context, const Tensor& output, const Tensor& loss
   check_launch();
 }
 
+// The count of a count_kept workspace, on host (waits for the stream).
+uint64_t read_count(const Tensor& kept) {
+  KernelDevice device(kept);
+  unsigned long long count = 0;
+  TESSEL_CUDA_CHECK(cudaMemcpyAsync(&count, kept.raw_data(), sizeof(count), cudaMemcpyDeviceToHost,
+                                    device.stream()));
+  TESSEL_CUDA_CHECK(cudaStreamSynchronize(device.stream()));
+  return count;
+}
+
+// A count on the device, as count_kept gives it.
+Tensor device_count(KernelContext& context, uint64_t count) {
+  Tensor kept = context.workspace({1}, DType::kInt64);
+  const unsigned long long value = count;
+  KernelDevice device(kept);
+  TESSEL_CUDA_CHECK(cudaMemcpyAsync(kept.raw_data(), &value, sizeof(value), cudaMemcpyHostToDevice,
+                                    device.stream()));
+  TESSEL_CUDA_CHECK(cudaStreamSynchronize(device.stream()));
+  return kept;
+}
+
+// The loss output from per-position losses. Over chunks of the rows (KernelContext::chunk) a
+// reduced loss's sum and kept count go on in the state from chunk to chunk, and the last chunk
+// writes the loss.
+template <typename T>
+void finish_loss(KernelContext& context, const Tensor& losses, Reduction reduction,
+                 const Tensor& target, int64_t ignore_index) {
+  const Tensor kept = count_kept(context, target, ignore_index);
+  const ChunkPass* chunk = context.chunk;
+  if (!chunk || reduction == Reduction::kNone)
+    return write_loss<T>(context, context.outputs[0], losses, reduction, kept);
+  std::vector<double>& state = *chunk->state;  // sum, kept
+  if (state.empty()) state.assign(2, 0.0);
+  Tensor total = context.workspace({}, DType::kFloat64);
+  sum_doubles(context, losses, total);
+  state[0] += read_doubles(total)[0];
+  state[1] += static_cast<double>(read_count(kept));
+  if (chunk->end != chunk->size) return;
+  write_doubles(total, {reduction == Reduction::kMean ? state[0] / state[1] : state[0]});
+  copy_convert(context.outputs[0], total);
+}
+
 // On the device: a bad target is raised at the next synchronisation point.
 void check_targets(KernelContext& context, IndexOp op, const Tensor& target, int64_t classes,
                    int64_t ignore_index) {
@@ -159,8 +203,7 @@ void cross_entropy_kernel(KernelContext& context) {
       check_launch();
     }
     log_probs.finish();
-    write_loss<T>(context, context.outputs[0], losses, reduction,
-                  count_kept(context, target, ignore_index));
+    finish_loss<T>(context, losses, reduction, target, ignore_index);
   });
 }
 
@@ -201,13 +244,26 @@ void cross_entropy_backward_op(KernelContext& context) {
     const Tensor log_probs = dense_input(context, context.inputs[1]);
     const Tensor target = dense_input(context, context.inputs[2]);
     const ReduceLayout layout = class_layout(log_probs.sizes());
+    Tensor kept = count_kept(context, target, ignore_index);
+    // Over chunks of the rows: pass 0 counts the kept targets, pass 1 scales by the whole
+    // batch's count, reading an unreduced incoming gradient from the chunk's first position.
+    int64_t first_position = 0;
+    if (const ChunkPass* chunk = context.chunk) {
+      std::vector<double>& state = *chunk->state;  // kept targets
+      if (state.empty()) state.assign(1, 0.0);
+      if (!chunk->last_pass()) {
+        state[0] += static_cast<double>(read_count(kept));
+        return;
+      }
+      kept = device_count(context, static_cast<uint64_t>(state[0]));
+      if (reduction == Reduction::kNone) first_position = chunk->begin * layout.inner;
+    }
     DenseOutput grad(context, context.outputs[0]);
-    const Tensor kept = count_kept(context, target, ignore_index);
     const int64_t numel = log_probs.numel();
     if (numel > 0) {
       KernelDevice device(context);
       cross_entropy_backward_kernel<T><<<grid_for(numel), kThreads, 0, device.stream()>>>(
-          device_data<const T>(grad_loss), device_data<const T>(log_probs),
+          device_data<const T>(grad_loss) + first_position, device_data<const T>(log_probs),
           device_data<const int64_t>(target), layout, reduction == Reduction::kNone,
           reduction == Reduction::kMean ? device_data<const unsigned long long>(kept) : nullptr,
           ignore_index, smoothing, grad.data<T>());
@@ -272,8 +328,7 @@ void nll_loss_op(KernelContext& context) {
           device_data<double>(losses));
       check_launch();
     }
-    write_loss<T>(context, context.outputs[0], losses, reduction,
-                  count_kept(context, target, ignore_index));
+    finish_loss<T>(context, losses, reduction, target, ignore_index);
   });
 }
 

@@ -3,6 +3,8 @@
 // per-row statistics, one block per row (the block reductions of reduce.cuh).
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
+#include <vector>
 
 #include "cuda/ops/loops.cuh"
 #include "cuda/ops/reduce.cuh"
@@ -109,25 +111,27 @@ __global__ void channel_moments_kernel(const T* x, int64_t batch, int64_t channe
   out[2] = squares;
 }
 
-// One thread per channel: the chunks' moments combined in chunk order (Chan et al.), giving the
-// mean and biased variance of the channel.
+// Adds the moments (count, mean, sum of squared deviations) of `part` to `total` (Chan et al.).
+__host__ __device__ inline void add_moments(double* total, const double* part) {
+  if (part[0] == 0) return;
+  const double count = total[0] + part[0];
+  const double delta = part[1] - total[1];
+  total[1] += delta * part[0] / count;
+  total[2] += part[2] + delta * delta * total[0] * part[0] / count;
+  total[0] = count;
+}
+
+// One thread per channel: the chunks' moments combined in chunk order, giving the mean and biased
+// variance of the channel.
 __global__ void combine_moments_kernel(const double* partial, int64_t channels, int64_t chunks,
                                        double* mean, double* variance) {
   const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (c >= channels) return;
-  double n = 0, m = 0, m2 = 0;
-  for (int64_t k = 0; k < chunks; ++k) {
-    const double* chunk = partial + 3 * (c * chunks + k);
-    if (chunk[0] == 0) continue;
-    const double total = n + chunk[0];
-    const double delta = chunk[1] - m;
-    m += delta * chunk[0] / total;
-    m2 += chunk[2] + delta * delta * n * chunk[0] / total;
-    n = total;
-  }
+  double moments[3] = {0, 0, 0};
+  for (int64_t k = 0; k < chunks; ++k) add_moments(moments, partial + 3 * (c * chunks + k));
   // No element: 0 / 0, as a one-block reduction would give.
-  mean[c] = n > 0 ? m : nan("");
-  variance[c] = n > 0 ? m2 / n : nan("");
+  mean[c] = moments[0] > 0 ? moments[1] : nan("");
+  variance[c] = moments[0] > 0 ? moments[2] / moments[0] : nan("");
 }
 
 // Per channel: saved mean and invstd, scale and shift of y, and (unless replaying) the running
@@ -246,6 +250,51 @@ __global__ void batch_norm_backward_input_kernel(const T* grad, const T* x, T* g
   }
 }
 
+// Block (c, k)'s moments of a dense (N, C, S) x, to partial[3 * (c * split.chunks + k)].
+template <typename T>
+Tensor channel_moments(KernelContext& context, const Tensor& x, const ChannelLayout& layout,
+                       const ChannelChunks& split) {
+  KernelDevice device(context);
+  const int64_t C = layout.channels;
+  Tensor partial = context.workspace({3 * C * split.chunks}, DType::kFloat64);
+  channel_moments_kernel<T><<<split.grid(C), kReduceThreads, 0, device.stream()>>>(
+      device_data<T>(x), layout.batch, C, layout.spatial, device_data<double>(partial));
+  check_launch();
+  return partial;
+}
+
+// Over chunks of the batch (KernelContext::chunk, three passes): pass 0 adds the chunk's
+// per-channel moments to the state (count, mean, squared deviations per channel, in chunk order),
+// pass 1 has nothing left to read, pass 2 writes the chunk's statistics into `statistics` (mean,
+// variance; false before then) and the whole batch's count per channel into `per_channel`.
+template <typename T>
+bool chunk_statistics(KernelContext& context, const Tensor& x, const ChannelLayout& layout,
+                      const Tensor& statistics, int64_t* per_channel) {
+  const ChunkPass& chunk = *context.chunk;
+  std::vector<double>& state = *chunk.state;
+  const int64_t C = layout.channels;
+  if (state.empty()) state.assign(3 * C, 0.0);
+  if (chunk.pass == 0) {
+    if (x.numel() == 0) return false;
+    const ChannelChunks split(C, layout.batch * layout.spatial);
+    const std::vector<double> moments = read_doubles(channel_moments<T>(context, x, layout, split));
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t k = 0; k < split.chunks; ++k)
+        add_moments(&state[3 * c], &moments[3 * (c * split.chunks + k)]);
+    return false;
+  }
+  if (!chunk.last_pass()) return false;
+  std::vector<double> mean_variance(2 * C);
+  for (int64_t c = 0; c < C; ++c) {
+    const double* moments = &state[3 * c];
+    mean_variance[c] = moments[0] > 0 ? moments[1] : std::nan("");
+    mean_variance[C + c] = moments[0] > 0 ? moments[2] / moments[0] : std::nan("");
+  }
+  write_doubles(statistics, mean_variance);
+  *per_channel = chunk.size * layout.spatial;
+  return true;
+}
+
 void batch_norm_train(KernelContext& context) {
   const double momentum = context.attrs.get<double>("momentum");
   const double eps = context.attrs.get<double>("eps");
@@ -261,16 +310,21 @@ void batch_norm_train(KernelContext& context) {
     double* scale = mean + 2 * C;
     double* shift = mean + 3 * C;
     if (C == 0) return;
-    const ChannelChunks split(C, layout.batch * layout.spatial);
-    Tensor partial = context.workspace({3 * C * split.chunks}, DType::kFloat64);
-    channel_moments_kernel<T><<<split.grid(C), kReduceThreads, 0, device.stream()>>>(
-        device_data<T>(x), layout.batch, C, layout.spatial, device_data<double>(partial));
-    check_launch();
-    combine_moments_kernel<<<grid_for(C), kThreads, 0, device.stream()>>>(
-        device_data<double>(partial), C, split.chunks, mean, variance);
-    check_launch();
+    int64_t per_channel = layout.batch * layout.spatial;
+    if (context.chunk) {
+      if (!chunk_statistics<T>(context, x, layout, statistics, &per_channel)) return;
+    } else {
+      const ChannelChunks split(C, per_channel);
+      const Tensor partial = channel_moments<T>(context, x, layout, split);
+      combine_moments_kernel<<<grid_for(C), kThreads, 0, device.stream()>>>(
+          device_data<double>(partial), C, split.chunks, mean, variance);
+      check_launch();
+    }
+    // Over chunks, the running statistics move once, with the last chunk.
+    const bool update_running =
+        !context.replay && (!context.chunk || context.chunk->end == context.chunk->size);
     batch_norm_finish_kernel<T><<<grid_for(C), kThreads, 0, device.stream()>>>(
-        C, layout.batch * layout.spatial, momentum, eps, !context.replay, mean, variance,
+        C, per_channel, momentum, eps, update_running, mean, variance,
         channel_vector<T>(context.inputs[1]), channel_vector<T>(context.inputs[2]),
         channel_vector<T>(context.outputs[1]), channel_vector<T>(context.outputs[2]),
         channel_vector<T>(context.inputs[3]), channel_vector<T>(context.inputs[4]), scale, shift);
@@ -322,13 +376,32 @@ void batch_norm_backward(KernelContext& context) {
     const int64_t C = layout.channels;
     if (C == 0) return;
     Tensor coefficients = context.workspace({4 * C}, DType::kFloat64);
-    const int64_t count = layout.batch * layout.spatial;
-    const ChannelChunks split(C, count);
+    int64_t count = layout.batch * layout.spatial;
+    ChannelChunks split(C, count);
     Tensor partial = context.workspace({2 * C * split.chunks}, DType::kFloat64);
-    batch_norm_backward_reduce_kernel<T><<<split.grid(C), kReduceThreads, 0, device.stream()>>>(
-        device_data<T>(grad), device_data<T>(x), layout.batch, C, layout.spatial,
-        channel_vector<T>(context.inputs[3]), device_data<double>(partial));
-    check_launch();
+    if (!context.chunk || context.chunk->pass == 0) {
+      batch_norm_backward_reduce_kernel<T><<<split.grid(C), kReduceThreads, 0, device.stream()>>>(
+          device_data<T>(grad), device_data<T>(x), layout.batch, C, layout.spatial,
+          channel_vector<T>(context.inputs[3]), device_data<double>(partial));
+      check_launch();
+    }
+    if (const ChunkPass* chunk = context.chunk) {
+      // Over chunks of the batch: pass 0 adds the chunk's sums per channel to the state (sum_g,
+      // sum_g_centred, in chunk order), pass 1 takes them as one block's over the whole batch.
+      std::vector<double>& sums = *chunk->state;
+      if (sums.empty()) sums.assign(2 * C, 0.0);
+      if (chunk->pass == 0) {
+        const std::vector<double> partial_sums = read_doubles(partial);
+        for (int64_t c = 0; c < C; ++c)
+          for (int64_t k = 0; k < split.chunks; ++k)
+            for (int s = 0; s < 2; ++s)
+              sums[2 * c + s] += partial_sums[2 * (c * split.chunks + k) + s];
+        return;
+      }
+      write_doubles(partial, sums);
+      split.chunks = 1;
+      count = chunk->size * layout.spatial;
+    }
     batch_norm_backward_combine_kernel<T><<<grid_for(C), kThreads, 0, device.stream()>>>(
         device_data<double>(partial), C, split.chunks, count, training, eps,
         channel_vector<T>(context.inputs[2]), channel_vector<T>(context.inputs[3]),
@@ -416,12 +489,12 @@ __global__ void layer_norm_grad_input_kernel(const T* grad_y, const T* x, const 
   }
 }
 
-// Column sums over rows: grad_weight[j] = sum g * xhat, grad_bias[j] = sum g. Layout
-// [1, rows, features].
-template <typename T>
+// Column sums over rows: grad_weight[j] = sum g * xhat, grad_bias[j] = sum g, in G (T, or f64
+// for a run over chunks). Layout [1, rows, features].
+template <typename T, typename G>
 __global__ void layer_norm_grad_params_kernel(const T* grad_y, const T* x, const T* means,
                                               const T* rstds, ReduceLayout layout, int64_t tiles,
-                                              T* grad_weight, T* grad_bias) {
+                                              G* grad_weight, G* grad_bias) {
   ReduceThread thread(layout, tiles);
   DoublePair sums{0, 0};
   if (thread.active) {
@@ -438,8 +511,8 @@ __global__ void layer_norm_grad_params_kernel(const T* grad_y, const T* x, const
     return DoublePair{a.first + b.first, a.second + b.second};
   });
   if (thread.active && threadIdx.y == 0) {
-    grad_weight[thread.column] = static_cast<T>(sums.first);
-    grad_bias[thread.column] = static_cast<T>(sums.second);
+    grad_weight[thread.column] = static_cast<G>(sums.first);
+    grad_bias[thread.column] = static_cast<G>(sums.second);
   }
 }
 
@@ -488,8 +561,6 @@ void layer_norm_backward_kernel(KernelContext& context) {
     const bool has_weight = context.inputs[4].defined();
     const Tensor weight = has_weight ? dense_input(context, context.inputs[4]) : Tensor();
     DenseOutput grad_x(context, context.outputs[0]);
-    DenseOutput grad_weight(context, context.outputs[1]);
-    DenseOutput grad_bias(context, context.outputs[2]);
     const int64_t rows = features == 0 ? 0 : x.numel() / features;
     KernelDevice device(context);
     if (rows > 0) {
@@ -502,19 +573,43 @@ void layer_norm_backward_kernel(KernelContext& context) {
               layout, launch.tiles, grad_x.data<T>());
       check_launch();
     }
-    if (features > 0) {
-      ReduceLayout layout{1, rows, features};
-      ReduceLaunch launch(layout);
-      layer_norm_grad_params_kernel<T>
+    grad_x.finish();
+    if (features == 0) return;
+    ReduceLayout layout{1, rows, features};
+    ReduceLaunch launch(layout);
+    auto column_sums = [&](auto* weight_sums, auto* bias_sums) {
+      using G = std::remove_pointer_t<decltype(weight_sums)>;
+      layer_norm_grad_params_kernel<T, G>
           <<<launch.grid, launch.block, launch.shared(sizeof(DoublePair)), device.stream()>>>(
               device_data<const T>(grad_y), device_data<const T>(x), device_data<const T>(means),
-              device_data<const T>(rstds), layout, launch.tiles, grad_weight.data<T>(),
-              grad_bias.data<T>());
+              device_data<const T>(rstds), layout, launch.tiles, weight_sums, bias_sums);
       check_launch();
+    };
+    const ChunkPass* chunk = context.chunk;
+    if (!chunk) {
+      DenseOutput grad_weight(context, context.outputs[1]);
+      DenseOutput grad_bias(context, context.outputs[2]);
+      column_sums(grad_weight.data<T>(), grad_bias.data<T>());
+      grad_weight.finish();
+      grad_bias.finish();
+      return;
     }
-    grad_x.finish();
-    grad_weight.finish();
-    grad_bias.finish();
+    // Over chunks of the rows the column sums go on in the state (dw, then db), chunk after
+    // chunk, and the last chunk writes them.
+    std::vector<double>& sums = *chunk->state;
+    if (sums.empty()) sums.assign(2 * features, 0.0);
+    Tensor chunk_sums = context.workspace({2 * features}, DType::kFloat64);
+    if (rows > 0) {
+      double* weight_sums = device_data<double>(chunk_sums);
+      column_sums(weight_sums, weight_sums + features);
+      const std::vector<double> added = read_doubles(chunk_sums);
+      for (size_t j = 0; j < sums.size(); ++j) sums[j] += added[j];
+    }
+    if (chunk->end != chunk->size) return;
+    write_doubles(chunk_sums, sums);
+    const int64_t offset = chunk_sums.storage_offset();
+    copy_convert(context.outputs[1], make_view(chunk_sums, {features}, {1}, offset));
+    copy_convert(context.outputs[2], make_view(chunk_sums, {features}, {1}, offset + features));
   });
 }
 
