@@ -9,10 +9,11 @@ than the rest) are written as plan files (`plan --point=K`) and trained by `para
 --planned` under mpirun, the points interleaved round by round on a quiet machine
 (bench/harness.py). Each run times the median of its steps after warm-up; a cell is the median
 over the rounds with the interquartile range. Writes bench/results/planned_points.md and the raw
-lines beside it.
+lines beside it. With --calibrate the plans are priced with profiles measured by this run just
+before its first round (written beside the table), as the shared machine's speed drifts.
 
-  bazel build //bench:parallel_bench //tools/plan
-  /usr/bin/python3 bench/planned_points.py [--rounds 5] [--models resnet18,shufflenet_v2_x0_5,bert_mini] [--force]
+  bazel build //bench:parallel_bench //tools/plan //tools/calibrate
+  /usr/bin/python3 bench/planned_points.py [--rounds 5] [--models resnet18,shufflenet_v2_x0_5,bert_mini] [--calibrate] [--force]
 """
 
 import argparse
@@ -42,6 +43,17 @@ MODELS = {
 # Each rank count's profile, calibrated with that many ranks measuring at once (4 ranks share the
 # 2 cores: each rank's device is half a core).
 PROFILES = {2: "cpu_2core_quiet", 4: "cpu_2core_quiet_4ranks"}
+
+
+def calibrate(ranks, out):
+    """Measures a profile with `ranks` ranks at once, on top of the committed one for that count
+    (its collectives and memory as measured now, its description kept), into `out`."""
+    base = os.path.join(ROOT, "parallel/profiles", PROFILES[ranks] + ".json")
+    subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(ranks),
+                    os.path.join(ROOT, "bazel-bin/tools/calibrate/calibrate"), "--threads=1",
+                    f"--name={PROFILES[ranks]}_now", f"--out={out}", f"--base={base}"],
+                   cwd=ROOT, check=True, capture_output=True)
+    PROFILES[ranks] = os.path.relpath(out, ROOT)
 
 
 def plan_command(model, ranks, point, out, per_op=False):
@@ -99,6 +111,10 @@ def main():
     parser.add_argument("--ranks", default="2,4")
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--force", action="store_true")
+    parser.add_argument("--calibrate", action="store_true",
+                        help="plan with profiles measured at the start of this run (written "
+                             "beside --out) instead of the committed ones: the shared machine's "
+                             "speed drifts from hour to hour")
     parser.add_argument("--out", default=os.path.join(ROOT, "bench/results/planned_points.md"))
     args = parser.parse_args()
     workdir = os.path.join(os.environ.get("TMPDIR", "/tmp"), "planned_points")
@@ -108,10 +124,16 @@ def main():
     quiet = harness.wait_for_quiet(max_wait=300, force=args.force, log=print)
     watch = harness.OtherProcesses()
     start_load = harness.load_average()
+    rank_counts = [int(r) for r in args.ranks.split(",")]
+    if args.calibrate:
+        for ranks in rank_counts:
+            out = os.path.splitext(args.out)[0] + f"_profile_{ranks}ranks.json"
+            print(f"calibrating {ranks} ranks into {out}", flush=True)
+            calibrate(ranks, out)
     sides = []
     models = args.models.split(",")
     for model in models:
-        for ranks in [int(r) for r in args.ranks.split(",")]:
+        for ranks in rank_counts:
             for per_op in ([False, True] if ranks == 2 else [False]):
                 for point, path, summary in pick_points(model, ranks, workdir, per_op):
                     sides.append(dict(model=model, ranks=ranks, point=point, path=path,
@@ -152,7 +174,8 @@ def main():
         "; f32, 1 thread per rank, ranks under `mpirun --oversubscribe` on the 2-core machine; "
         "plans from `plan --profile=P --any_plan --remat=1 --point=K` (P: "
         + ", ".join(f"`{name}` for {ranks} ranks" for ranks, name in PROFILES.items())
-        + ", each calibrated with that many ranks measuring at once) "
+        + ", each calibrated with that many ranks measuring at once"
+        + (", by this run just before its first round" if args.calibrate else "") + ") "
         "(the smallest, the middle and the fastest point of each frontier; on 2 ranks also of "
         "`--per_op_degrees` among points with ops at other degrees), trained by "
         "`parallel_bench --planned` (parallel::ParallelModule: every op with its planned split). "
