@@ -879,7 +879,11 @@ std::vector<Tensor> dispatch(const OpDef& op, const std::vector<Tensor>& inputs,
         for (int i : op.mutated_inputs)
           if (inputs.at(i).defined()) hooks->before_write(*inputs[i].storage());
       }
-      auto start = std::chrono::steady_clock::now();
+      // Ops the memory layer records carry their time (measured, or the simulator's); no clock
+      // is read for the others.
+      const bool recorded = hooks && out.empty() && (op.flags.pure || op.flags.random);
+      const auto start = recorded && !simulator ? std::chrono::steady_clock::now()
+                                                : std::chrono::steady_clock::time_point();
       try {
         run_kernel(op, inputs, outputs, attrs, /*replay=*/false);
       } catch (const OutOfMemory& error) {
@@ -890,14 +894,14 @@ std::vector<Tensor> dispatch(const OpDef& op, const std::vector<Tensor>& inputs,
           rethrow_explained(op, inputs, second);
         }
       }
-      double seconds =
-          simulator
-              ? simulator->seconds(op, inputs, outputs, attrs)
-              : std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       for (const auto& written : out) written.storage()->bump_version();
       for (int i : op.mutated_inputs)
         if (inputs.at(i).defined()) inputs[i].storage()->bump_version();
-      if (hooks && out.empty() && (op.flags.pure || op.flags.random)) {
+      if (recorded) {
+        const double seconds =
+            simulator
+                ? simulator->seconds(op, inputs, outputs, attrs)
+                : std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         hooks->on_op_recorded(make_op_call(op, inputs, outputs, attrs), seconds);
       }
     }

@@ -427,6 +427,19 @@ void gather_grad_block(const ConvGeometry& g, const T* grad_group, int64_t grad_
 // them back. 2.25x fewer multiply-adds than im2col (less where tiles overhang odd planes); the
 // transforms cost about as much as a GEMM with 16 channels, so wide layers use it (f32 only:
 // rounding differs from im2col's by a few ulps).
+// The fewest 2x2 output tiles per image plane for Winograd (TESSEL_WINOGRAD_MIN_TILES, default 16:
+// planes of 7x7 and up). Below, the weight and tile transforms outweigh the products saved: a
+// ResNet-18 step on 64x64 images (batch 8, 2 ranks, one thread each) took 109 ms with Winograd on
+// every plane, 85 ms with this bound and 81 ms with none. Per image, not per batch, so a memory
+// policy's chunks of a batch take the path the whole batch takes.
+int64_t winograd_min_tiles() {
+  static const int64_t tiles = [] {
+    const char* setting = std::getenv("TESSEL_WINOGRAD_MIN_TILES");
+    return setting ? std::atoll(setting) : int64_t{16};
+  }();
+  return tiles;
+}
+
 bool winograd_applies(const ConvGeometry& g) {
   // TESSEL_CONV_WINOGRAD=0 keeps im2col everywhere (to compare the two).
   static const bool enabled = [] {
@@ -435,7 +448,8 @@ bool winograd_applies(const ConvGeometry& g) {
   }();
   return enabled && g.kernel_h == 3 && g.kernel_w == 3 && g.stride_h == 1 && g.stride_w == 1 &&
          g.dilation_h == 1 && g.dilation_w == 1 && g.groups == 1 && g.pad_h <= 2 && g.pad_w <= 2 &&
-         g.in_channels >= 32 && g.out_channels >= 32 && g.out_h >= 2 && g.out_w >= 2;
+         g.in_channels >= 32 && g.out_channels >= 32 && g.out_h >= 2 && g.out_w >= 2 &&
+         (g.out_h + 1) / 2 * ((g.out_w + 1) / 2) >= winograd_min_tiles();
 }
 
 // A row of three taps (a, b, c) times G^T: (a, (a + b + c) / 2, (a - b + c) / 2, c), `stride`

@@ -11,6 +11,7 @@
 
 #include "ops/cpu/kernels.h"
 #include "ops/cpu/strided_copy.h"
+#include "ops/cpu/vector_math.h"
 #include "ops/ops.h"
 #include "ops/registry_helpers.h"
 
@@ -130,42 +131,6 @@ bool loss_grad_scales(const KernelContext& context, const Tensor& grad_loss, Red
   scales = position_grad_scales<T>(grad_loss, reduction, first_position + positions, kept);
   scales.erase(scales.begin(), scales.begin() + first_position);
   return true;
-}
-
-// exp of an f32 argument <= 0 (or NaN), written so that `omp simd` loops vectorise it: std::exp
-// does not vectorise without -ffast-math, and scalar exps over (positions, 30522 classes) were
-// most of BERT's loss. Cephes' expf polynomial, within 1.5 ulp; 0 below -87.3, NaN kept.
-inline float exp_nonpositive_f32(float x) {
-  // max(x, lowest) as a bit blend: a float select followed by arithmetic does not vectorise
-  // under GCC's default -ftrapping-math.
-  constexpr float kLowest = -87.33654f;  // exp(kLowest) is the smallest normal f32
-  int32_t x_bits, lowest_bits;
-  std::memcpy(&x_bits, &x, sizeof(x_bits));
-  std::memcpy(&lowest_bits, &kLowest, sizeof(lowest_bits));
-  const int32_t below = -static_cast<int32_t>(x < kLowest);
-  const int32_t clamped_bits = (x_bits & ~below) | (lowest_bits & below);
-  float clamped;
-  std::memcpy(&clamped, &clamped_bits, sizeof(clamped));
-  // x = n ln2 + r, |r| <= ln2 / 2; adding 1.5 * 2^23 rounds n into the low mantissa bits.
-  const float shifted = clamped * 1.44269504088896341f + 12582912.0f;
-  int32_t shifted_bits;
-  std::memcpy(&shifted_bits, &shifted, sizeof(shifted_bits));
-  const float n = shifted - 12582912.0f;
-  const float r = clamped - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t scale_bits = (shifted_bits - 0x4B400000 + 127) << 23;  // 2^n
-  float scale;
-  std::memcpy(&scale, &scale_bits, sizeof(scale));
-  // Selects between constants and x only (these vectorise).
-  const float keep = x < kLowest ? 0.0f : 1.0f;
-  const float nan = x != x ? x : 0.0f;
-  return p * scale * keep + nan;
 }
 
 int64_t grain_for(int64_t classes) {

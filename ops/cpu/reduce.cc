@@ -117,6 +117,36 @@ void sum_block(const T* x, const ReduceLayout& layout, Out* out, Finalize finali
   });
 }
 
+// The extremum of a contiguous floating-point row and its first index (the first NaN if any):
+// a vectorised maximum (or minimum) with NaNs noted apart, then a search for the first entry
+// holding it: the value and index of comparing entry by entry.
+template <typename T, bool kIsMax>
+void extremum_row(const T* row, int64_t count, T* value, int64_t* index) {
+  // Separate loops with plain reductions: GCC vectorises each (a bool reduction beside the
+  // maximum kept the loop scalar).
+  T best = row[0];
+  if constexpr (kIsMax) {
+#pragma omp simd reduction(max : best)
+    for (int64_t i = 0; i < count; ++i) best = best < row[i] ? row[i] : best;
+  } else {
+#pragma omp simd reduction(min : best)
+    for (int64_t i = 0; i < count; ++i) best = best > row[i] ? row[i] : best;
+  }
+  int64_t nans = 0;
+#pragma omp simd reduction(+ : nans)
+  for (int64_t i = 0; i < count; ++i) nans += row[i] != row[i];
+  const bool unordered = nans > 0;
+  // The first entry equal to it (of +0 and -0, the first one, as entry by entry).
+  int64_t at = 0;
+  if (unordered) {
+    while (row[at] == row[at]) ++at;
+  } else {
+    while (row[at] != best) ++at;
+  }
+  if (value) *value = row[at];
+  if (index) *index = at;
+}
+
 // Largest (or smallest) value and its first index along the reduced axis; NaN wins, as in
 // PyTorch. Either output pointer may be null.
 template <typename T, bool kIsMax>
@@ -129,6 +159,12 @@ void extremum_block(const T* x, const ReduceLayout& layout, T* values, int64_t* 
     return kIsMax ? candidate > best : candidate < best;
   };
   for_each_tile(layout, [&](int64_t o, int64_t inner_begin, int64_t count) {
+    if constexpr (std::is_floating_point_v<T>) {
+      if (inner == 1 && reduce > 0) {
+        return extremum_row<T, kIsMax>(x + o * reduce, reduce, values ? values + o : nullptr,
+                                       indices ? indices + o : nullptr);
+      }
+    }
     T best[kTile];
     int64_t best_index[kTile];
     const T* base = x + o * reduce * inner + inner_begin;

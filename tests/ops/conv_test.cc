@@ -172,9 +172,10 @@ TEST(Conv2d, EveryPathMatchesTheDirectDefinition) {
 }
 
 // Stride-1 3x3 convolutions over 32 or more channels in f32 run as Winograd F(2x2, 3x3) (the
-// weight gradient as F(3x3, 2x2)): forward against the direct loop, input and weight gradients
-// against the f64 (im2col) ones, on odd and even planes, every padding it takes, a strided
-// (transposed) input and a channel slice.
+// weight gradient as F(3x3, 2x2)) on planes of 16 tiles and more, im2col below: forward against
+// the direct loop, input and weight gradients against the f64 (im2col) ones, on odd and even
+// planes either side of the bound, every padding it takes, a strided (transposed) input and a
+// channel slice.
 TEST(Conv2d, WinogradPathMatchesTheDirectDefinitionAndTheF64Gradient) {
   struct Case {
     Shape x;
@@ -188,6 +189,9 @@ TEST(Conv2d, WinogradPathMatchesTheDirectDefinitionAndTheF64Gradient) {
       {{1, 33, 4, 4}, 32, 2, false, false},
       {{2, 32, 2, 3}, 32, 1, true, false},
       {{2, 32, 9, 7}, 32, 1, true, true},
+      // Paddings 0 and 2 on planes of 16 tiles and more.
+      {{2, 32, 10, 11}, 48, 0, true, false},
+      {{1, 33, 12, 12}, 32, 2, false, false},
       // ResNet-18's last stage on 16x16 images: 2x2 planes, 512 channels, 3x3 padding 1.
       {{3, 512, 2, 2}, 512, 1, false, false},
       {{5, 256, 4, 4}, 256, 1, false, false},

@@ -1,6 +1,7 @@
 // Reductions and softmax: values, keepdim / dims handling, accuracy of long f32 sums,
 // gradients (f64 finite differences on non-contiguous inputs) and bad input.
 #include <cmath>
+#include <limits>
 
 #include "core/autograd.h"
 #include "core/rng.h"
@@ -114,6 +115,34 @@ TEST(Max, AlongADimGivesValuesAndFirstIndexOnTies) {
   EXPECT_EQ(indices.to_vector<int64_t>(), (std::vector<int64_t>{1, 0}));
   EXPECT_EQ(argmax(x, 0, true).sizes(), (Shape{1, 3}));
   EXPECT_EQ(argmax(x, 0).to_vector<int64_t>(), (std::vector<int64_t>{1, 0, 1}));
+}
+
+// Long contiguous rows take a vectorised pass: the same value and first index as entry by entry,
+// NaN winning, of +0 and -0 the first one.
+TEST(Max, AlongLongContiguousRowsKeepsFirstIndexNanAndSignedZero) {
+  constexpr int64_t kWidth = 1000;
+  std::vector<float> values(4 * kWidth);
+  for (int64_t i = 0; i < 4 * kWidth; ++i) values[i] = static_cast<float>((i * 37) % 101) - 200;
+  values[0 * kWidth + 500] = 7.0f;  // row 0: a tie, the first wins
+  values[0 * kWidth + 900] = 7.0f;
+  values[1 * kWidth + 600] = std::numeric_limits<float>::quiet_NaN();  // row 1: NaN
+  values[1 * kWidth + 700] = 50.0f;
+  values[2 * kWidth + 10] = -0.0f;  // row 2: -0 before +0
+  values[2 * kWidth + 20] = 0.0f;
+  values[3 * kWidth + 999] = 3.0f;  // row 3: the last entry
+  const Tensor x = from_vector(values, {4, kWidth});
+  const std::vector<float> maxima = max(x, 1).to_vector<float>();
+  const std::vector<int64_t> where = argmax(x, 1).to_vector<int64_t>();
+  EXPECT_EQ(maxima[0], 7.0f);
+  EXPECT_EQ(where[0], 500);
+  EXPECT_TRUE(std::isnan(maxima[1]));
+  EXPECT_EQ(where[1], 600);
+  EXPECT_EQ(maxima[2], 0.0f);
+  EXPECT_TRUE(std::signbit(maxima[2]));
+  EXPECT_EQ(where[2], 10);
+  EXPECT_EQ(maxima[3], 3.0f);
+  EXPECT_EQ(where[3], 999);
+  EXPECT_EQ(min(x, 1).to_vector<float>()[0], -200.0f);
 }
 
 TEST(Max, OverAllElements) {
