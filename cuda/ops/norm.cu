@@ -1,6 +1,8 @@
 // CUDA kernels for the normalisations of ops/norm.cc, with the CPU's semantics: batch_norm
 // (training, eval, backward) accumulates per-channel statistics in f64, layer_norm (+ backward)
-// per-row statistics, one block per row (the block reductions of reduce.cuh).
+// per-row statistics, one block per row (the block reductions of reduce.cuh). batch_norm, its
+// backward and layer_norm's backward also run over chunks of the batch (KernelContext::chunk, a
+// memory policy's split), their per-channel or per-feature sums kept on host between chunks.
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
