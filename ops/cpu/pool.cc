@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "ops/cpu/kernels.h"
 #include "ops/math/pooling.h"
@@ -95,6 +96,39 @@ void inside_outputs(const PoolAxis& axis, int64_t* first, int64_t* last) {
   *last = reach < 0 ? -1 : std::min(reach / axis.stride, axis.output - 1);
 }
 
+// Outputs [begin, end) of output row `oh` whose windows lie inside the input (rows dense): each
+// window tap in window_max's order, applied across the row's outputs at once so the loop over
+// outputs vectorises; the same comparisons per output, so the same values and indices.
+template <typename T>
+void max_row_inside(const T* plane, int64_t row_stride, const PoolAxis& rows, const PoolAxis& cols,
+                    int64_t oh, int64_t begin, int64_t end, T* best, int64_t* best_index) {
+  const int64_t h0 = oh * rows.stride - rows.padding;
+  const int64_t count = end - begin;
+  const int64_t col_stride = cols.stride;
+  for (int64_t i = 0; i < rows.kernel; ++i) {
+    const int64_t h = h0 + i * rows.dilation;
+    for (int64_t j = 0; j < cols.kernel; ++j) {
+      const T* tap = plane + h * row_stride + begin * col_stride - cols.padding + j * cols.dilation;
+      const int64_t position = h * cols.input - cols.padding + j * cols.dilation;
+      if (i == 0 && j == 0) {
+#pragma omp simd
+        for (int64_t k = 0; k < count; ++k) {
+          best[k] = tap[k * col_stride];
+          best_index[k] = position + (begin + k) * col_stride;
+        }
+        continue;
+      }
+#pragma omp simd
+      for (int64_t k = 0; k < count; ++k) {
+        const T value = tap[k * col_stride];
+        const bool take = value > best[k] || value != value;
+        best[k] = take ? value : best[k];
+        best_index[k] = take ? position + (begin + k) * col_stride : best_index[k];
+      }
+    }
+  }
+}
+
 template <typename T>
 void max_pool_forward(KernelContext& context) {
   const Tensor& x = context.inputs[0];
@@ -116,12 +150,25 @@ void max_pool_forward(KernelContext& context) {
     inside_outputs(cols, &first_col, &last_col);
   }
   parallel_for(0, plane_count(x), plane_grain(work), [&](int64_t begin, int64_t end) {
+    // One output row's inside windows at a time (max_row_inside).
+    std::vector<T> row_best(static_cast<size_t>(std::max<int64_t>(cols.output, 0)));
+    std::vector<int64_t> row_index(row_best.size());
     for (int64_t p = begin; p < end; ++p) {
       const T* plane = x_data + in.plane_offset(p);
       T* value_plane = value_data + out.plane_offset(p);
       int64_t* index_plane = index_data + index.plane_offset(p);
       for (int64_t oh = 0; oh < rows.output; ++oh) {
+        const bool inside_row = oh >= first_row && oh <= last_row && first_col <= last_col;
+        if (inside_row) {
+          max_row_inside(plane, in.stride_h, rows, cols, oh, first_col, last_col + 1,
+                         row_best.data(), row_index.data());
+          for (int64_t ow = first_col; ow <= last_col; ++ow) {
+            value_plane[out.at(oh, ow)] = row_best[ow - first_col];
+            index_plane[index.at(oh, ow)] = row_index[ow - first_col];
+          }
+        }
         for (int64_t ow = 0; ow < cols.output; ++ow) {
+          if (inside_row && ow >= first_col && ow <= last_col) continue;
           T best;
           int64_t best_index;
           if (oh >= first_row && oh <= last_row && ow >= first_col && ow <= last_col) {
