@@ -143,7 +143,8 @@ void max_pool_forward(KernelContext& context) {
   T* value_data = values.data_ptr<T>();
   int64_t* index_data = indices.data_ptr<int64_t>();
   const int64_t work = rows.output * cols.output * rows.kernel * cols.kernel;
-  // Windows inside the input skip the bounds checks where rows are dense (the common layout).
+  // Windows inside the input run a row at a time without bounds checks where rows are dense (the
+  // common layout); the others (edges, strided rows) are checked one by one.
   int64_t first_row = 0, last_row = -1, first_col = 0, last_col = -1;
   if (in.stride_w == 1) {
     inside_outputs(rows, &first_row, &last_row);
@@ -171,16 +172,9 @@ void max_pool_forward(KernelContext& context) {
           if (inside_row && ow >= first_col && ow <= last_col) continue;
           T best;
           int64_t best_index;
-          if (oh >= first_row && oh <= last_row && ow >= first_col && ow <= last_col) {
-            window_max<false>(
-                rows, cols, oh, ow,
-                [&](int64_t h, int64_t w) { return plane[h * in.stride_h + w]; }, &best,
-                &best_index);
-          } else {
-            window_max(
-                rows, cols, oh, ow, [&](int64_t h, int64_t w) { return plane[in.at(h, w)]; }, &best,
-                &best_index);
-          }
+          window_max(
+              rows, cols, oh, ow, [&](int64_t h, int64_t w) { return plane[in.at(h, w)]; }, &best,
+              &best_index);
           value_plane[out.at(oh, ow)] = best;
           index_plane[index.at(oh, ow)] = best_index;
         }

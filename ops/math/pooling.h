@@ -63,8 +63,7 @@ TESSEL_HOST_DEVICE inline void covering_outputs(const PoolAxis& axis, int64_t x,
 
 // The max of output (oh, ow)'s window, read(h, w) giving input (h, w), and its position
 // h * width + w in the plane (-1 for a window wholly in the padding). NaN wins, as in PyTorch.
-// kCheckBounds = false for a window known to lie inside the input (inside_outputs).
-template <bool kCheckBounds = true, typename T, typename Read>
+template <typename T, typename Read>
 TESSEL_HOST_DEVICE inline void window_max(const PoolAxis& rows, const PoolAxis& cols, int64_t oh,
                                           int64_t ow, const Read& read, T* best_value,
                                           int64_t* best_position) {
@@ -73,10 +72,10 @@ TESSEL_HOST_DEVICE inline void window_max(const PoolAxis& rows, const PoolAxis& 
   int64_t best_index = -1;
   for (int64_t i = 0; i < rows.kernel; ++i) {
     const int64_t h = h0 + i * rows.dilation;
-    if (kCheckBounds && (h < 0 || h >= rows.input)) continue;
+    if (h < 0 || h >= rows.input) continue;
     for (int64_t j = 0; j < cols.kernel; ++j) {
       const int64_t w = w0 + j * cols.dilation;
-      if (kCheckBounds && (w < 0 || w >= cols.input)) continue;
+      if (w < 0 || w >= cols.input) continue;
       const T value = read(h, w);
       if (best_index < 0 || value > best || value != value) {
         best = value;
