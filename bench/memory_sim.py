@@ -48,9 +48,10 @@ LARGEST = {
 }
 LARGEST_POLICIES = "none,dtr,swap,auto"
 LARGEST_MAX_SLOWDOWN = 10
-# Steps differ by what earlier ones left behind, and auto runs each of its three ways (mixed,
-# recompute first, recompute only) for two steps each from the second step under pressure: every
-# sweep point is the median of 5 steps after 8 warm-up steps.
+# Steps differ by what earlier ones left behind, and auto runs each of its four ways (mixed,
+# recompute first, recompute only, planned at two headrooms) for two steps each from the second
+# step under pressure: every sweep point is the median of 5 steps after 8 warm-up steps, and
+# memory_sweep adds warm-up steps while auto still tries its ways.
 STEP_FLAGS = ["--warmup=8", "--steps=5"]
 # One step's memory timeline: (case, memory_sweep flags), drawn by tools/plot_memory.py.
 TIMELINE = ("resnet50", ["--model=resnet50", "--batch=128", "--policies=auto", "--fractions=0.2"])
@@ -275,7 +276,8 @@ def main():
           "load; raw lines (one per point, with the command): memory_sim.jsonl." %
           (stamp, commit, PROFILE), "",
           "- Slowdown: the simulated time of a training step (SGD with momentum; the median of "
-          "5 steps after 8 warm-up steps under the budget, in which auto tries its three ways) "
+          "5 steps after 8 or more warm-up steps under the budget, in which auto tries its four "
+          "ways) "
           "over the unconstrained step. Fractions: budget over the whole "
           "unconstrained peak (the DTR paper's measure), in brackets the part of the "
           "activation memory that fits above the fixed memory.",

@@ -257,7 +257,8 @@ void write_step_memory_json(const std::string& path, const memory::CachingAlloca
   TESSEL_CHECK(out.good(), "memory_sweep: cannot write ", path);
 }
 
-// Warm-up steps beyond --warmup while auto still tries its ways (three ways of two steps each).
+// Warm-up steps beyond --warmup while auto still tries its ways (four ways of two steps each, the
+// planned one twice).
 constexpr int kMostAutoTrialSteps = 8;
 
 Point measure(const Settings& settings, int64_t batch, const MemoryOptions& options,

@@ -460,7 +460,7 @@ size_t ResidencyManager::candidate_threshold() {
 
 ResidencyManager::Candidate ResidencyManager::choose_victim() {
   const CandidatePool pool = prepare_assessment();
-  if (auto_mode_ == AutoMode::kRecomputeFirst || last_resort_) {
+  if (auto_mode_ == AutoMode::kRecomputeFirst || auto_mode_ == AutoMode::kPlanned || last_resort_) {
     for (Spare spare : {Spare::kStateAndForwardReads, Spare::kForwardReads, Spare::kNothing}) {
       const Candidate victim = choose_victim_among_candidates(pool, spare, /*recompute_only=*/true);
       if (victim.action == ResidencyAction::kRecompute) return victim;
@@ -656,18 +656,25 @@ void ResidencyManager::prefetch_before(int64_t clock) {
     // Only into room the step does not need: at most half of the largest allocatable block.
     const size_t bytes = storage->nbytes();
     if (allocator_->largest_allocatable() < 2 * CachingAllocator::round_size(bytes)) return;
-    prefetching_ = true;
-    try {
-      storage->allocate_bytes(Residency::kOnHost);
-    } catch (const OutOfMemory&) {
-      prefetching_ = false;
-      return;
-    }
-    prefetching_ = false;
-    record.pending_in = link_.copy_to_device(storage->data_unchecked(), storage->host_data, bytes);
-    prefetched_[storage->id()] = storage.get();
-    ++prefetches_;
+    prefetch(*storage);
+    if (!record.pending_in) return;
   }
+}
+
+void ResidencyManager::prefetch(StorageImpl& storage) {
+  Record& record = record_of(storage);
+  prefetching_ = true;
+  try {
+    storage.allocate_bytes(Residency::kOnHost);
+  } catch (const OutOfMemory&) {
+    prefetching_ = false;
+    return;
+  }
+  prefetching_ = false;
+  record.pending_in =
+      link_.copy_to_device(storage.data_unchecked(), storage.host_data, storage.nbytes());
+  prefetched_[storage.id()] = &storage;
+  ++prefetches_;
 }
 
 void ResidencyManager::settle_prefetch(StorageImpl& storage, bool keep) {
@@ -888,6 +895,8 @@ void ResidencyManager::on_access(StorageImpl& storage) {
   if (record.pattern_key == 0) record.pattern_key = AccessPattern::state_key(storage.id());
   record.last_position = pattern_.position();
   pattern_.read(record.pattern_key);
+  // What a recompute reads is not the program's: the plan follows the program.
+  if (recompute_stacks_.empty()) trace_.read(record.pattern_key, pattern_.position());
 }
 
 void ResidencyManager::on_op_recorded(const std::shared_ptr<OpCall>& call, double seconds) {
@@ -897,6 +906,10 @@ void ResidencyManager::on_op_recorded(const std::shared_ptr<OpCall>& call, doubl
     backward_seen_ = true;
   } else if (backward_seen_ && GradMode::is_enabled()) {
     backward_seen_ = false;
+    // The step's first op has run: its outputs are not state the step keeps.
+    boundary_output_bytes_ = 0;
+    for (const auto& weak_output : call->output_storages)
+      if (auto output = weak_output.lock()) boundary_output_bytes_ += output->nbytes();
     on_step_boundary();
   }
   double cost = seconds;
@@ -940,6 +953,15 @@ void ResidencyManager::on_op_recorded(const std::shared_ptr<OpCall>& call, doubl
       output_record.pattern_key = pattern_.output_key(k);
       output_record.last_position = pattern_.position();
       pattern_.read(output_record.pattern_key);
+      TracedTensor traced{output_record.pattern_key, output->nbytes(),
+                          pattern_.position(),       cost,
+                          keep && managed(*output),  {}};
+      for (const auto& input : call->inputs) {
+        const Record* input_record = input.storage ? find_record(*input.storage) : nullptr;
+        traced.input_keys.push_back(input_record ? input_record->pattern_key : 0);
+      }
+      trace_.output(std::move(traced));
+      if (auto_mode_ == AutoMode::kPlanned) step_tensors_[output_record.pattern_key] = output;
     }
     if (managed(*output)) largest_output_bytes_ = std::max(largest_output_bytes_, output->nbytes());
     if (keep) {
@@ -963,17 +985,77 @@ void ResidencyManager::on_op_recorded(const std::shared_ptr<OpCall>& call, doubl
       }
     }
   }
-  if (options_.policy() == Policy::kAuto) pattern_.next_op();
+  if (options_.policy() == Policy::kAuto) {
+    trace_.op(pattern_.position(), cost, in_backward);
+    if (auto_mode_ == AutoMode::kPlanned) run_planned_actions(pattern_.position());
+    pattern_.next_op();
+  }
   swap_ahead();
+}
+
+void ResidencyManager::make_plan() {
+  StepPlanSettings settings;
+  settings.budget = allocator_->budget();
+  const auto allocated = static_cast<size_t>(allocator_->memory_stats().base.allocated_bytes);
+  settings.state_bytes = allocated - std::min(allocated, boundary_output_bytes_);
+  settings.link_bytes_per_second = link_.bandwidth();
+  settings.min_bytes = candidate_threshold_;
+  settings.headroom = kPlanHeadrooms[headroom_choice_];
+  plan_ = plan_step(previous_trace_, settings);
+}
+
+void ResidencyManager::run_planned_actions(int64_t position) {
+  for (size_t i = 0; i < waiting_prefetches_.size();) {
+    auto found = step_tensors_.find(waiting_prefetches_[i]);
+    auto storage = found == step_tensors_.end() ? nullptr : found->second.lock();
+    Record* record = storage ? find_record(*storage) : nullptr;
+    if (record && storage->state() == Residency::kOnHost && !record->pending_in &&
+        !record->pending_out && !record->staged)
+      prefetch(*storage);
+    if (!record || !storage || storage->state() != Residency::kOnHost || record->pending_in) {
+      waiting_prefetches_.erase(waiting_prefetches_.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
+  }
+  if (position >= plan_.length()) return;
+  for (const PlannedAction& action : plan_.after[position]) {
+    auto found = step_tensors_.find(action.key);
+    auto storage = found == step_tensors_.end() ? nullptr : found->second.lock();
+    if (!storage || !managed(*storage)) continue;
+    Record& record = record_of(*storage);
+    if (action.kind == PlannedAction::Kind::kPrefetch) {
+      if (storage->state() != Residency::kOnHost || record.pending_in || record.staged) continue;
+      if (!record.pending_out) prefetch(*storage);
+      if (!record.pending_in) waiting_prefetches_.push_back(action.key);
+      continue;
+    }
+    if (storage->state() != Residency::kResident || storage->pins() > 0 ||
+        !storage->data_unchecked() || record.rematerializing || record.held_for_replay > 0 ||
+        record.staged)
+      continue;
+    if (action.kind == PlannedAction::Kind::kSwapOut) {
+      start_swap_out(*storage);
+    } else if (record.consumed && !record.made_in_backward && can_recompute(*storage)) {
+      evict_locked(*storage, /*count_as_eviction=*/true);
+    }
+  }
 }
 
 void ResidencyManager::on_step_boundary() {
   ++steps_;
   pattern_.begin_step();
+  if (options_.policy() == Policy::kAuto) {
+    previous_trace_ = std::move(trace_);
+    trace_.clear();
+    step_tensors_.clear();
+    waiting_prefetches_.clear();
+  }
   const double now = link_.now();
   const double step_seconds = now - step_started_at_;
   step_started_at_ = now;
   if (options_.policy() != Policy::kAuto || !pressure_seen_) return;
+  if (auto_mode_ == AutoMode::kPlanned) ++planned_steps_;
   // The first step (warm-up: it makes the optimizer's state) is not compared. Then each way runs
   // kAutoTrialSteps steps (the first of them also pays for what the other way left behind), and
   // the one whose steps took least time is kept: the step's time counts what per-tensor costs
@@ -988,8 +1070,29 @@ void ResidencyManager::on_step_boundary() {
     way_seconds_[mode] += step_seconds / kAutoTrialSteps;
     if (++tried_steps_ < kAutoTrialSteps) return;
     tried_steps_ = 0;
-    if (auto_mode_ != AutoMode::kRecomputeOnly) {
+    if (auto_mode_ == AutoMode::kPlanned) {
+      // The plan's headroom (what the step needs beyond the plan's reckoning: fragmentation,
+      // tensors recomputed on the way) is tried as the ways are; the faster is kept.
+      headroom_seconds_[headroom_choice_] = way_seconds_[mode];
+      if (headroom_choice_ + 1 < kPlanHeadroomChoices) {
+        ++headroom_choice_;
+        way_seconds_[mode] = 0;
+        make_plan();
+        return;
+      }
+      const int best = static_cast<int>(
+          std::min_element(headroom_seconds_, headroom_seconds_ + kPlanHeadroomChoices) -
+          headroom_seconds_);
+      way_seconds_[mode] = headroom_seconds_[best];
+      if (best != headroom_choice_) {
+        headroom_choice_ = best;
+        make_plan();
+      }
+    }
+    if (auto_mode_ != AutoMode::kPlanned) {
       auto_mode_ = static_cast<AutoMode>(mode + 1);
+      // The plan follows the step just run: the same program, whatever way ran it.
+      if (auto_mode_ == AutoMode::kPlanned) make_plan();
       return;
     }
     auto_tuned_ = true;
@@ -1004,7 +1107,8 @@ void ResidencyManager::on_step_boundary() {
 // instead of while an allocation waits for them.
 void ResidencyManager::swap_ahead() {
   if (!options_.swap_ahead() || !pressure_seen_ || !swaps_now() ||
-      auto_mode_ == AutoMode::kRecomputeFirst || !GradMode::is_enabled() || detaching_)
+      auto_mode_ == AutoMode::kRecomputeFirst || auto_mode_ == AutoMode::kPlanned ||
+      !GradMode::is_enabled() || detaching_)
     return;
   const size_t room = allocator_->largest_allocatable();  // unlimited without a budget
   if (room >= largest_output_bytes_) return;
@@ -1179,7 +1283,9 @@ bool ResidencyManager::relieve(size_t bytes_needed, size_t largest_free_block) {
   }
   if (prefetching_) return false;  // a prefetch only takes room that is free anyway
   pressure_seen_ = true;
-  if (release_finished_swaps() || drop_prefetch()) return true;
+  // A planned prefetch was timed to be read soon: it goes back only where nothing else can.
+  const bool keep_prefetches = auto_mode_ == AutoMode::kPlanned;
+  if (release_finished_swaps() || (!keep_prefetches && drop_prefetch())) return true;
   // Swap-outs under way that cover the request: wait for the oldest rather than add more.
   auto wait_if_covered = [&] {
     if (in_flight_.empty() || in_flight_bytes() + largest_free_block < bytes_needed) return false;
@@ -1215,6 +1321,7 @@ bool ResidencyManager::relieve(size_t bytes_needed, size_t largest_free_block) {
     complete_swap_out(*in_flight_.front());
     return true;
   }
+  if (keep_prefetches && drop_prefetch()) return true;
   return defragment(bytes_needed);
 }
 
@@ -1488,9 +1595,12 @@ ResidencyStats ResidencyManager::stats() const {
   result.replays_by_op = replays_by_op_;
   result.clock = clock_;
   if (options_.policy() == Policy::kAuto) {
-    static const char* const kModeNames[] = {"mixed", "recompute first", "recompute only"};
+    static const char* const kModeNames[] = {"mixed", "recompute first", "recompute only",
+                                             "planned"};
     result.auto_mode = kModeNames[static_cast<int>(auto_mode_)];
     result.auto_tuning = !auto_tuned_;
+    result.planned_steps = planned_steps_;
+    if (plan_.length() > 0) result.plan = plan_.summary();
   }
   return result;
 }

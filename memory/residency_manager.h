@@ -13,6 +13,7 @@
 #include <mutex>
 #include <random>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -23,6 +24,7 @@
 #include "memory/caching_allocator.h"
 #include "memory/host_allocator.h"
 #include "memory/host_link.h"
+#include "memory/step_plan.h"
 
 namespace tessel::memory {
 
@@ -125,10 +127,13 @@ struct ResidencyStats {
   };
   std::map<std::string, Replays> replays_by_op;
   // auto only: how it chooses, "mixed" (recompute or swap, whichever the tensor's costs favour),
-  // "recompute first" (swap only what cannot be recomputed) or "recompute only" (swap only where
-  // nothing else frees room), and whether it is still trying them; empty under other policies.
+  // "recompute first" (swap only what cannot be recomputed), "recompute only" (swap only where
+  // nothing else frees room) or "planned" (a plan made from the previous step), and whether it is
+  // still trying them; empty under other policies.
   const char* auto_mode = "";
   bool auto_tuning = false;
+  int64_t planned_steps = 0;  // auto: steps run under a plan made from the previous step
+  std::string plan;           // auto: the last plan's summary (StepPlan::summary), if any
 };
 
 class ResidencyManager : public ResidencyHooks, public PressureHandler {
@@ -326,24 +331,44 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   size_t largest_output_bytes_ = 0;  // of the managed op outputs recorded
   size_t candidate_threshold_ = 0;   // tensors below it are no candidates (see the options)
   double link_backlog_seconds_ = 0;  // until the copies queued on the host link are done
-  // auto's three ways of choosing. Mixed takes, per tensor, whichever of recompute and swap costs
+  // auto's four ways of choosing. Mixed takes, per tensor, whichever of recompute and swap costs
   // less, but a swap stalls the step when its copy cannot hide behind compute (a slow link, or a
   // tensor needed soon), which per-tensor costs do not see; recompute first swaps only what
   // cannot be recomputed (state, when every activation is gone), and recompute only swaps only
-  // where nothing else frees room (it never swaps ahead). Each runs two training steps (from the
-  // second under pressure) in that order, and the one whose steps took least time is kept while its
-  // steps stay faster than the others' were.
-  enum class AutoMode { kMixed, kRecomputeFirst, kRecomputeOnly };
+  // where nothing else frees room (it never swaps ahead); planned runs the plan made from the
+  // previous step (StepPlan: swaps start after their tensor's last forward read and come back
+  // ahead of backward's first read, drops for recompute likewise), meets pressure the plan did not
+  // foresee as recompute first does, and keeps its prefetches until nothing else frees room. Each
+  // runs two training steps (from the second under pressure) in that order (planned twice, at
+  // each headroom), and the one whose steps took least time is kept while its steps stay faster
+  // than the others' were.
+  enum class AutoMode { kMixed, kRecomputeFirst, kRecomputeOnly, kPlanned };
   AutoMode auto_mode_ = AutoMode::kMixed;
   bool auto_tuned_ = false;
   int tried_steps_ = 0;  // steps of the current trial
-  static constexpr int kAutoWays = 3;
-  double way_seconds_[kAutoWays] = {0, 0, 0};  // each way's step time: its trial, then recent
-  int64_t steps_ = 0;                          // training steps begun after the first
-  bool backward_seen_ = false;                 // a backward pass ran since the step began
-  double step_started_at_ = 0;                 // on the host link's clock (simulated, or wall time)
+  static constexpr int kAutoWays = 4;
+  double way_seconds_[kAutoWays] = {0, 0, 0, 0};  // each way's step time: its trial, then recent
+  int64_t steps_ = 0;                             // training steps begun after the first
+  bool backward_seen_ = false;                    // a backward pass ran since the step began
+  double step_started_at_ = 0;  // on the host link's clock (simulated, or wall time)
 
   AccessPattern pattern_;  // auto: which tensors each op of a step reads, this step and the last
+  // auto: what this step runs and makes, the previous step's, and the plan made from it.
+  StepTrace trace_, previous_trace_;
+  StepPlan plan_;
+  std::unordered_map<uint64_t, std::weak_ptr<StorageImpl>> step_tensors_;  // by pattern key
+  std::vector<uint64_t> waiting_prefetches_;  // planned prefetches that found no room yet
+  size_t boundary_output_bytes_ = 0;          // made by the op that began the step
+  // The plan leaves a part of the budget for what it does not reckon with (fragmentation,
+  // tensors recomputed on the way); both parts are tried and the faster kept.
+  static constexpr int kPlanHeadroomChoices = 2;
+  static constexpr double kPlanHeadrooms[kPlanHeadroomChoices] = {0.1, 0.3};
+  int headroom_choice_ = 0;
+  double headroom_seconds_[kPlanHeadroomChoices] = {0, 0};
+  int64_t planned_steps_ = 0;
+  void make_plan();
+  void run_planned_actions(int64_t position);
+  void prefetch(StorageImpl& storage);  // starts a swap-in ahead of need into free room
   std::mt19937_64 sampler_;
 };
 

@@ -53,6 +53,7 @@ struct RunResult {
   size_t fixed = 0;  // parameters + gradients + momentum
   PolicyCounters counters;
   PolicyCounters summed_step_counters;
+  ResidencyStats residency;  // of the manager, where a policy installed one
 };
 
 RunResult train(const ModelCase& model_case, const MemoryOptions& options, int steps = 3) {
@@ -78,6 +79,7 @@ RunResult train(const ModelCase& model_case, const MemoryOptions& options, int s
   }
   result.peak = static_cast<size_t>(scope.allocator().memory_stats().base.peak_allocated_bytes);
   result.counters = scope.allocator().policy_counters();
+  if (scope.manager()) result.residency = scope.manager()->stats();
   for (const auto& parameter : model->parameters()) result.state.push_back(parameter);
   for (const auto& buffer : model->buffers()) result.state.push_back(buffer);
   return result;
@@ -208,8 +210,9 @@ TEST(Auto, ConvNetUnderABudgetMatchesWithoutOne) {
   EXPECT_GT(automatic.counters.evictions + automatic.counters.swaps_out, 0);
 }
 
-// auto tries its three ways for two steps each once memory has been short, then keeps one: what
-// a benchmark of its steady state waits for (memory_sweep).
+// auto tries its four ways for two steps each (the planned one twice, with two headrooms) once
+// memory has been short, then keeps one: what a benchmark of its steady state waits for
+// (memory_sweep).
 TEST(Auto, TriesItsWaysForAFewStepsThenKeepsOne) {
   ModelCase model = conv_case();
   RunResult reference = train(model, MemoryOptions());
@@ -219,7 +222,7 @@ TEST(Auto, TriesItsWaysForAFewStepsThenKeepsOne) {
     manual_seed(1234);
     auto network = model.make_model();
     optim::SGD sgd(network->parameters(), optim::SGDOptions(0.05).momentum(0.9));
-    for (int step = 0; step < 10; ++step) {
+    for (int step = 0; step < 14; ++step) {
       auto [input, labels] = model.batch(step);
       sgd.zero_grad();
       cross_entropy(network->forward(input), labels).backward();
@@ -231,6 +234,20 @@ TEST(Auto, TriesItsWaysForAFewStepsThenKeepsOne) {
   EXPECT_FALSE(trying.back());
   MemoryScope dtr(budgeted(reference, 0.5, Policy::kDtr));
   EXPECT_FALSE(dtr.manager()->auto_trying());
+}
+
+// The planned way (a plan made from the previous step: swaps and drops right after a tensor's
+// last forward read, copies back ahead of backward) moves tensors as the other ways do: the same
+// values bit for bit.
+TEST(Auto, PlannedStepsTrainTheSameAsWithoutABudget) {
+  ModelCase model = conv_case();
+  constexpr int kSteps = 16;  // past the trial of every way
+  RunResult reference = train(model, MemoryOptions(), kSteps);
+  RunResult automatic = train(model, budgeted(reference, 0.5, Policy::kAuto), kSteps);
+  expect_bitwise_same_training(automatic, reference);
+  const ResidencyStats& stats = automatic.residency;
+  EXPECT_GE(stats.planned_steps, 4);  // two steps at each of two headrooms
+  EXPECT_NE(stats.plan.find("plan: swap"), std::string::npos) << stats.plan;
 }
 
 TEST(Counters, StepCountersAddUpToTheTotalsAndFormatIntoAStatusLine) {
