@@ -6,7 +6,7 @@ checkpoints' forward, memory_sweep --mlm_logits) they and their log-probabilitie
 set of 2 x 119 MiB; scored in chunks (linear_cross_entropy, the default) they never exist whole.
 Runs //bench:memory_sweep for both heads: the unconstrained peak and step, then every policy at
 activation budgets f = 0.5, 0.2 and 0.1 (5 pairs of a budgeted and an unconstrained run per
-cell, each after 8 warm-up steps, in which auto tries its three ways, the median of 2 timed
+cell, each after 8 warm-up steps and more while auto still tries its ways, the median of 2 timed
 steps; the ratio is the median over the pairs). Waits for a quiet machine (bench/harness.py) and
 records it. Writes bench/results/memory_vocab.md and memory_vocab.jsonl. About 20 minutes.
 
