@@ -162,10 +162,8 @@ StepPlan plan_step(const StepTrace& trace, const StepPlanSettings& settings) {
 
   // Where a tensor is back on the device between its backward reads: kept tensors from their op,
   // swapped ones once their prefetch has run.
-  std::unordered_map<uint64_t, int64_t> back_from;  // key -> first position held again
-  std::unordered_map<uint64_t, int64_t> swapped_from;
-  // Positions at which a kept tensor must be on the device to recompute an evicted one.
-  std::unordered_map<uint64_t, std::vector<int64_t>> needed_at;
+  std::unordered_map<uint64_t, int64_t> back_from;     // key -> first position held again
+  std::unordered_map<uint64_t, int64_t> swapped_from;  // key -> first position off the device
 
   // 1. Swaps, dearest to recompute per byte first, while the link hides both copies.
   if (settings.link_bytes_per_second > 0) {
@@ -209,6 +207,10 @@ StepPlan plan_step(const StepTrace& trace, const StepPlanSettings& settings) {
     int64_t from, to;  // back_at (or a swapped tensor's back_from) moves from `from` to `to`
     bool swapped;
   };
+  auto lowered = [](const std::vector<Lowering>& lowerings, uint64_t key) {
+    return std::any_of(lowerings.begin(), lowerings.end(),
+                       [&](const Lowering& lowering) { return lowering.key == key; });
+  };
   // Whether `key` can be on the device at `position` for a recompute that reads it, with what it
   // costs (ops run) and which evicted tensors must come back earlier for it.
   std::function<bool(uint64_t, int64_t, int, double&, std::vector<Lowering>&)> available =
@@ -220,18 +222,14 @@ StepPlan plan_step(const StepTrace& trace, const StepPlanSettings& settings) {
     if (c.tensor->made_at >= position) return false;
     auto evicted_at = back_at.find(key);
     if (evicted_at != back_at.end()) {
-      if (evicted_at->second <= position) return true;
-      for (const Lowering& lowering : lowerings)
-        if (lowering.key == key) return true;
+      if (evicted_at->second <= position || lowered(lowerings, key)) return true;
       lowerings.push_back({key, evicted_at->second, position, false});
     } else if (c.last_read >= position) {
       auto back = back_from.find(key);
       if (back == back_from.end() || back->second <= position) return true;
       // Swapped: its prefetch moves up, if its copy out is done by then.
       if (swapped_from[key] >= position) return false;
-      for (const Lowering& lowering : lowerings)
-        if (lowering.key == key) return true;
-      lowerings.push_back({key, back->second, position, true});
+      if (!lowered(lowerings, key)) lowerings.push_back({key, back->second, position, true});
       return true;
     } else {
       cost += c.tensor->producer_seconds;  // dead by then: recomputed on the way
