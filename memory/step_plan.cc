@@ -17,7 +17,7 @@ void StepTrace::clear() {
 }
 
 void StepTrace::op(int64_t position, double seconds, bool in_backward) {
-  if (position < 0) return;
+  if (position < 0 || position >= kMaxPositions) return;
   if (position >= length()) {
     seconds_.resize(position + 1, 0.0);
     backward_.resize(position + 1, 0);
@@ -26,9 +26,12 @@ void StepTrace::op(int64_t position, double seconds, bool in_backward) {
   backward_[position] = in_backward ? 1 : 0;
 }
 
-void StepTrace::output(TracedTensor tensor) { tensors_.push_back(std::move(tensor)); }
+void StepTrace::output(TracedTensor tensor) {
+  if (tensor.made_at < kMaxPositions) tensors_.push_back(std::move(tensor));
+}
 
 void StepTrace::read(uint64_t key, int64_t position) {
+  if (position >= kMaxPositions) return;
   auto& positions = reads_[key];
   if (positions.empty() || positions.back() != position) positions.push_back(position);
 }

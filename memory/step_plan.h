@@ -31,6 +31,10 @@ struct TracedTensor {
 // read. Positions count the ops from the step's first.
 class StepTrace {
  public:
+  // Programs without steps (inference) would grow a trace forever: positions from this one on
+  // are not recorded (the zoo's largest training steps run tens of thousands of ops).
+  static constexpr int64_t kMaxPositions = int64_t{1} << 18;
+
   void clear();
   void op(int64_t position, double seconds, bool in_backward);
   void output(TracedTensor tensor);

@@ -111,6 +111,21 @@ TEST(StepPlan, ReportsWhereNothingBringsTheStepWithinTheBudget) {
   EXPECT_NE(plan.summary().find("over the budget"), std::string::npos);
 }
 
+TEST(StepTrace, StopsRecordingPastItsLastPosition) {
+  StepTrace trace;
+  const int64_t last = StepTrace::kMaxPositions - 1;
+  trace.op(last, 1.0, false);
+  trace.op(last + 1, 1.0, false);
+  TracedTensor late;
+  late.key = 7;
+  late.made_at = last + 1;
+  trace.output(late);
+  trace.read(7, last + 2);
+  EXPECT_EQ(trace.length(), StepTrace::kMaxPositions);
+  EXPECT_TRUE(trace.tensors().empty());
+  EXPECT_TRUE(trace.reads(7).empty());
+}
+
 TEST(StepPlan, AnEmptyTracePlansNothing) {
   const StepPlan plan = plan_step(StepTrace(), StepPlanSettings{});
   EXPECT_EQ(plan.length(), 0);
