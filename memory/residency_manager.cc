@@ -953,9 +953,12 @@ void ResidencyManager::on_op_recorded(const std::shared_ptr<OpCall>& call, doubl
       output_record.pattern_key = pattern_.output_key(k);
       output_record.last_position = pattern_.position();
       pattern_.read(output_record.pattern_key);
-      TracedTensor traced{output_record.pattern_key, output->nbytes(),
-                          pattern_.position(),       cost,
-                          keep && managed(*output),  {}};
+      TracedTensor traced;
+      traced.key = output_record.pattern_key;
+      traced.bytes = output->nbytes();
+      traced.made_at = pattern_.position();
+      traced.producer_seconds = cost;
+      traced.recomputable = keep && managed(*output);
       for (const auto& input : call->inputs) {
         const Record* input_record = input.storage ? find_record(*input.storage) : nullptr;
         traced.input_keys.push_back(input_record ? input_record->pattern_key : 0);
@@ -1012,7 +1015,7 @@ void ResidencyManager::run_planned_actions(int64_t position) {
     if (record && storage->state() == Residency::kOnHost && !record->pending_in &&
         !record->pending_out && !record->staged)
       prefetch(*storage);
-    if (!record || !storage || storage->state() != Residency::kOnHost || record->pending_in) {
+    if (!record || storage->state() != Residency::kOnHost || record->pending_in) {
       waiting_prefetches_.erase(waiting_prefetches_.begin() + static_cast<std::ptrdiff_t>(i));
     } else {
       ++i;
