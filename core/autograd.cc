@@ -54,6 +54,19 @@ Tensor accumulate(const Tensor& existing, const Tensor& incoming) {
     return to(dispatch(ops::add, {to(existing, DType::kFloat32), to(incoming, DType::kFloat32)})[0],
               dtype);
   }
+  // Summed in place where nothing else can see the running sum (no other handle, view or saved
+  // copy of its bytes, no graph through it): a residual junction then holds two gradients, not
+  // three. The same values as an out-of-place sum.
+  const StorageImpl& bytes = *existing.storage();
+  if (!existing.requires_grad() && !incoming.requires_grad() &&
+      existing.impl_ptr().use_count() == 1 && bytes.user_refs() == 1 && bytes.record_refs() == 0 &&
+      existing.sizes() == incoming.sizes() && incoming.dtype() == dtype &&
+      existing.device() == incoming.device() && existing.is_contiguous() &&
+      existing.storage_offset() == 0 && existing.nbytes() == bytes.nbytes()) {
+    Tensor sum = existing;
+    sum.add_(incoming);
+    return sum;
+  }
   return dispatch(ops::add, {existing, incoming})[0];
 }
 }  // namespace

@@ -230,6 +230,35 @@ TEST(Autograd, ReluBackwardWritesIntoAGradientNobodyElseHolds) {
   EXPECT_TRUE(all_close(x3.grad(), expected, 0, 0));
 }
 
+TEST(Autograd, GradientsMeetingAtATensorAreSummedInPlace) {
+  constexpr int64_t kRows = 256, kColumns = 1024;  // 1 MiB per tensor
+  constexpr int64_t kBytes = kRows * kColumns * 4;
+  manual_seed(5);
+  const Tensor x0 = randn({kRows, kColumns}), w1 = randn({kRows, kColumns}),
+               w2 = randn({kRows, kColumns});
+  // t's two contributions (g w1 and g w2) meet in the engine's buffer: the first, which only the
+  // engine holds, takes the second in place, so no third tensor holds their sum.
+  Tensor x = x0.clone().set_requires_grad(true);
+  Tensor t = mul(x, 1.5);
+  const int64_t peak = backward_peak_growth(sum(add(mul(t, w1), mul(t, w2))));
+  EXPECT_TRUE(all_close(x.grad(), mul(add(w1, w2), 1.5), 0, 0));
+  EXPECT_LE(peak, 2 * kBytes + 4096);
+}
+
+TEST(Autograd, AGradientSomeoneElseHoldsIsNotSummedInPlace) {
+  manual_seed(6);
+  const Tensor x0 = randn({64, 32}), w = randn({64, 32}), w2 = randn({64, 32});
+  // add's backward hands y's gradient on to t as it is; y keeps it (retain_grad), so the second
+  // contribution to t (through mul(t, w)) must not be added into it.
+  Tensor x = x0.clone().set_requires_grad(true);
+  Tensor t = mul(x, 1.5);
+  Tensor y = add(t, mul(t, w));
+  y.retain_grad();
+  sum(mul(y, w2)).backward();
+  EXPECT_TRUE(all_close(y.grad(), w2, 0, 0)) << "the retained gradient was summed into";
+  EXPECT_TRUE(all_close(x.grad(), mul(add(w2, mul(w2, w)), 1.5), 1e-6, 1e-6));
+}
+
 TEST(Autograd, BatchNormBackwardWritesIntoAGradientNobodyElseHolds) {
   manual_seed(4);
   const Tensor x0 = randn({16, 8, 32, 32}), w = randn({16, 8, 32, 32});
