@@ -166,15 +166,6 @@ ParallelModule::ParallelModule(std::shared_ptr<nn::Module> model,
     TESSEL_CHECK(found != all[i].end(), "parallelize: op ", i, " (", traced.name,
                  ") has no strategy '", planned.strategy, "' at dp=", planned.dp,
                  " tp=", planned.tp);
-    TESSEL_CHECK(found->kind != SplitKind::kVocab ||
-                     traced.def->planner.split != ParallelSplit::kLossClasses,
-                 "parallelize: op ", i, " (", traced.name,
-                 ") is split by classes, which is not run yet for nll_loss");
-    TESSEL_CHECK(traced.def->planner.split != ParallelSplit::kEmbeddingTable ||
-                     found->kind == SplitKind::kReplicate ||
-                     traced.attrs.get_or<int64_t>("padding_idx", -1) < 0,
-                 "parallelize: op ", i, " (", traced.name,
-                 ") is a table with a padding row, which is not run split yet");
     strategies_.push_back(*found);
     for (const planner::ParameterSplit& split : found->parameters) {
       const std::string& name = graph_.tensors[split.tensor].parameter;
@@ -371,8 +362,10 @@ std::vector<StepCollective> ParallelModule::planned_collectives() const {
     if (s.tp > 1 && (s.kind == SplitKind::kRow || (s.kind == SplitKind::kVocab && table)))
       planned.push_back({"all_reduce", label("tp"), bytes_of(op.output_shapes[0]) / s.dp});
     if (s.tp > 1 && s.kind == SplitKind::kVocab && !table) {
+      // cross_entropy: row maxima, sums of exponentials, target logits; nll_loss: target values.
       const int64_t rows = op.input_shapes[0][0] / s.dp;
-      for (int k = 0; k < 3; ++k) planned.push_back({"all_reduce", label("tp"), rows * 4});
+      const int reduces = op.def->planner.split == ParallelSplit::kLossClasses ? 1 : 3;
+      for (int k = 0; k < reduces; ++k) planned.push_back({"all_reduce", label("tp"), rows * 4});
     }
     if (s.dp > 1 && !op.outputs.empty() && !graph_.tensors[op.outputs[0]].has_batch) {
       // A mean over counted rows: their sum and count (mean_over_dp).
@@ -821,15 +814,19 @@ std::vector<Tensor> ParallelModule::run_op(const OpDef& op, const std::vector<Te
     results = {y};
   } else if (kind == SplitKind::kVocab && s.tp > 1 && embedding_table) {
     // This rank's rows of the table look up its ids, the others' are summed in.
-    results = {vocab_parallel_embedding(local_in[0], local_in[1], tp_group_)};
+    results = {vocab_parallel_embedding(local_in[0], local_in[1], tp_group_,
+                                        attrs.get_or<int64_t>("padding_idx", -1))};
   } else if (kind == SplitKind::kVocab && s.tp > 1) {
     TESSEL_CHECK(attrs.get_or<std::string>("reduction", "mean") == "mean" &&
                      attrs.get_or<double>("label_smoothing", 0.0) == 0.0,
-                 "parallelize: a class-split cross_entropy runs with the mean reduction and no "
-                 "label smoothing only");
-    results = {vocab_parallel_cross_entropy(local_in[0], local_in[1], tp_group_,
-                                            attrs.get_or<int64_t>("ignore_index", -100),
-                                            /*sum_rows=*/counted_over_dp)};
+                 "parallelize: a class-split ", op.name,
+                 " runs with the mean reduction and no label smoothing only");
+    const int64_t ignore_index = attrs.get_or<int64_t>("ignore_index", -100);
+    results = {op.name == "nll_loss"
+                   ? vocab_parallel_nll_loss(local_in[0], local_in[1], tp_group_, ignore_index,
+                                             /*sum_rows=*/counted_over_dp)
+                   : vocab_parallel_cross_entropy(local_in[0], local_in[1], tp_group_, ignore_index,
+                                                  /*sum_rows=*/counted_over_dp)};
   } else if (op.name == "batch_norm" && s.dp > 1 && !per_rank_batch_norm_) {
     results = {batch_norm_over_dp(local_in, attrs)};
   } else {

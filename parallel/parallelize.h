@@ -35,7 +35,7 @@
 // vocabulary rows (a partial sum, all-reduced) or by columns, and a table tied to a decoder is
 // moved between the two users' cuts as the planner prices it.
 //
-// Not run yet: per-op degrees that use part of the ranks; nll_loss split by classes; views that
+// Not run yet: per-op degrees that use part of the ranks; views that
 // cut across a split (other than reshapes, transposes, permutes, slices, selects and expands
 // keeping it) gather it first, counted in unplanned_moves().
 #pragma once
@@ -136,8 +136,9 @@ class ParallelModule : private DispatchInterceptor {
   const planner::Graph& graph() const { return graph_; }
   // What the planner prices for this plan's step (f32 tensors), sorted: each column split's input
   // gradient all-reduce (one per tensor as read, however many column splits read it), each row
-  // split's and vocabulary-split table's output all-reduce, a class-split loss's three
-  // all-reduces (row maxima, sums of exponentials, target logits), the dp all-reduce of a
+  // split's and vocabulary-split table's output all-reduce, a class-split cross_entropy's three
+  // all-reduces (row maxima, sums of exponentials, target logits) or nll_loss's one (target
+  // values), the dp all-reduce of a
   // batch-split loss (its sum and count for a mean over counted rows), the gradient all-gather of
   // a broadcast operand cut along an element-wise split, a
   // batch-split batch norm's gather of per-channel statistics (and their gradient's all-reduce), a

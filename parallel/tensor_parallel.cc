@@ -436,7 +436,8 @@ Tensor VocabParallelEmbedding::forward(const Tensor& indices) {
   return vocab_parallel_embedding(weight, indices, group);
 }
 
-Tensor vocab_parallel_embedding(const Tensor& local_table, const Tensor& indices, int64_t group) {
+Tensor vocab_parallel_embedding(const Tensor& local_table, const Tensor& indices, int64_t group,
+                                int64_t padding_idx) {
   TESSEL_CHECK(indices.dtype() == DType::kInt64 || indices.dtype() == DType::kInt32,
                "VocabParallelEmbedding: indices must be integers, got ",
                dtype_name(indices.dtype()));
@@ -449,10 +450,13 @@ Tensor vocab_parallel_embedding(const Tensor& local_table, const Tensor& indices
   Tensor in_range =
       mul(to_dtype(ge(ids, scalar_on(ids, static_cast<double>(vocab_start), DType::kInt64)), dtype),
           to_dtype(lt(ids, scalar_on(ids, static_cast<double>(vocab_end), DType::kInt64)), dtype));
-  // Ids of other ranks look up row 0, then are zeroed.
+  // Ids of other ranks look up row 0, then are zeroed (so is their gradient).
   Tensor local_ids = where(gt(in_range, scalar_on(in_range, 0.5, dtype)),
                            sub(ids, static_cast<double>(vocab_start)), zeros_like(ids));
-  Tensor rows = mul(embedding(local_table, local_ids), unsqueeze(in_range, -1));
+  const bool padding_here = padding_idx >= vocab_start && padding_idx < vocab_end;
+  Tensor rows =
+      mul(embedding(local_table, local_ids, padding_here ? padding_idx - vocab_start : -1),
+          unsqueeze(in_range, -1));
   return reduce_from_tp(rows, group);
 }
 
@@ -494,6 +498,33 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& target, 
   Tensor valid = to_dtype(
       ne(target, scalar_on(target, static_cast<double>(ignore_index), DType::kInt64)), dtype);
   Tensor total = sum(mul(losses, valid));
+  return sum_rows ? total : div(total, sum(valid));
+}
+
+Tensor vocab_parallel_nll_loss(const Tensor& log_probs, const Tensor& target, int64_t group,
+                               int64_t ignore_index, bool sum_rows) {
+  TESSEL_CHECK(log_probs.defined() && log_probs.dim() == 2 && is_floating(log_probs.dtype()),
+               "vocab_parallel_nll_loss: log_probs must be floating point (rows, classes / tp), "
+               "got ",
+               log_probs.defined() ? shape_str(log_probs.sizes()) : std::string("none"));
+  TESSEL_CHECK(target.defined() && target.dim() == 1 && target.size(0) == log_probs.size(0) &&
+                   target.dtype() == DType::kInt64,
+               "vocab_parallel_nll_loss: target must be i64 of shape [", log_probs.size(0),
+               "], got ", target.defined() ? shape_str(target.sizes()) : std::string("none"));
+  const int64_t width = log_probs.size(1);
+  const int64_t start = width * tp_group(group)->rank();
+  const DType dtype = log_probs.dtype();
+  Tensor in_range =
+      mul(to_dtype(ge(target, scalar_on(target, static_cast<double>(start), DType::kInt64)), dtype),
+          to_dtype(lt(target, scalar_on(target, static_cast<double>(start + width), DType::kInt64)),
+                   dtype));
+  Tensor local_target = where(gt(in_range, scalar_on(in_range, 0.5, dtype)),
+                              sub(target, static_cast<double>(start)), zeros_like(target));
+  Tensor picked = mul(squeeze(gather(log_probs, 1, unsqueeze(local_target, 1)), 1), in_range);
+  Tensor target_values = reduce_from_tp(picked, group);
+  Tensor valid = to_dtype(
+      ne(target, scalar_on(target, static_cast<double>(ignore_index), DType::kInt64)), dtype);
+  Tensor total = neg(sum(mul(target_values, valid)));
   return sum_rows ? total : div(total, sum(valid));
 }
 

@@ -147,8 +147,9 @@ class VocabParallelEmbedding : public nn::Embedding, public SplitParameters {
 
 // The lookup of VocabParallelEmbedding as a function: `local_table` is this rank's rows
 // [r V/tp, (r+1) V/tp) of a (V, dim) table; ids of other ranks give zero rows before the
-// all-reduce.
-Tensor vocab_parallel_embedding(const Tensor& local_table, const Tensor& indices, int64_t group);
+// all-reduce. `padding_idx` (a whole-table id, or -1) gets no gradient, as embedding's does.
+Tensor vocab_parallel_embedding(const Tensor& local_table, const Tensor& indices, int64_t group,
+                                int64_t padding_idx = -1);
 
 // cross_entropy over logits whose last dim (the vocabulary) is split over the group: logits
 // (M, V / tp) are this rank's columns [r V/tp, (r+1) V/tp), target (M) i64 full ids. The max,
@@ -156,6 +157,13 @@ Tensor vocab_parallel_embedding(const Tensor& local_table, const Tensor& indices
 // not ignore_index is the same on every rank (with sum_rows, their sum instead).
 Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& target, int64_t group,
                                     int64_t ignore_index = -100, bool sum_rows = false);
+
+// nll_loss over log-probabilities whose last dim (the classes) is split over the group, as
+// vocab_parallel_cross_entropy takes its logits: each rank picks the targets' values among its
+// columns, one all-reduce sums them, and the mean over targets that are not ignore_index (with
+// sum_rows, their sum) is the same on every rank.
+Tensor vocab_parallel_nll_loss(const Tensor& log_probs, const Tensor& target, int64_t group,
+                               int64_t ignore_index = -100, bool sum_rows = false);
 
 // ---- whole models
 // The size of `group` (an id of register_tp_group) that `what` of `layer`, of `size`, is split
