@@ -9,6 +9,7 @@
 #include "ops/factory.h"
 #include "ops/ops.h"
 #include "parallel/dtensor.h"
+#include "parallel/subgroup_communicator.h"
 #include "parallel/tensor_parallel.h"
 
 namespace tessel::parallel {
@@ -128,6 +129,7 @@ ParallelModule::ParallelModule(std::shared_ptr<nn::Module> model,
   tp_index_ = tp_comm_->rank();
   dp_group_ = register_tp_group(dp_comm_);
   tp_group_ = register_tp_group(tp_comm_);
+  main_grid_ = Grid{dp_, tp_, dp_index_, tp_index_, dp_group_, tp_group_, dp_comm_, tp_comm_};
 
   // The whole values, before the trace turns the model's tensors into meta ones.
   std::map<std::string, Tensor> whole;
@@ -155,10 +157,18 @@ ParallelModule::ParallelModule(std::shared_ptr<nn::Module> model,
     TESSEL_CHECK(planned.op == traced.name, "parallelize: op ", i, " of the plan is ", planned.op,
                  " but ", trace.name(), " runs ", traced.name,
                  " there: the plan was made for another model");
-    TESSEL_CHECK((planned.dp == 1 || planned.dp == dp_) && (planned.tp == 1 || planned.tp == tp_),
-                 "parallelize: op ", i, " (", traced.name, ") runs at dp=", planned.dp,
-                 " tp=", planned.tp, " but the grid is dp=", dp_, " x tp=", tp_,
-                 "; plans with per-op degrees are not run yet");
+    if (one_group_) {
+      TESSEL_CHECK((planned.dp == 1 && planned.tp == 1) || planned.dp * planned.tp == dp_,
+                   "parallelize: op ", i, " (", traced.name, ") runs at dp=", planned.dp,
+                   " tp=", planned.tp, " but per-op degrees over one group of ", dp_,
+                   " ranks need dp x tp = ", dp_);
+    } else {
+      TESSEL_CHECK(
+          (planned.dp == 1 || planned.dp == dp_) && (planned.tp == 1 || planned.tp == tp_),
+          "parallelize: op ", i, " (", traced.name, ") runs at dp=", planned.dp, " tp=", planned.tp,
+          " but the grid is dp=", dp_, " x tp=", tp_,
+          "; plans with per-op degrees run over one group (the same communicator for dp and tp)");
+    }
     auto found = std::find_if(all[i].begin(), all[i].end(), [&](const planner::Strategy& s) {
       return s.dp == planned.dp && s.tp == planned.tp &&
              planner::split_kind_name(s.kind) == planned.strategy;
@@ -173,26 +183,90 @@ ParallelModule::ParallelModule(std::shared_ptr<nn::Module> model,
       if (found->dp > 1) batch_split_parameters_.insert(name);
       // Kept as its first user cuts it (the planner's owner); a tied parameter's other users
       // move it to their cut (parameter_as_cut).
-      if (split.owned && split.dim >= 0) split_dims_[name] = split.dim;
+      if (split.owned && split.dim >= 0) {
+        split_dims_[name] = split.dim;
+        split_factors_[name] = factor_of(*found);
+      }
     }
+  }
+  if (one_group_) {
+    // The grids of the factors the plan's ops use: 1 (the batch over the group) and N (the model
+    // over it) are the group itself; the others are made of groups over part of the ranks.
+    const int ranks = dp_, rank = dp_comm_->rank();
+    auto single = [&](const char* name) {
+      auto comm = std::make_shared<SubgroupCommunicator>(dp_comm_, std::vector<int>{rank}, name);
+      return std::make_pair(std::shared_ptr<Communicator>(comm), register_tp_group(comm));
+    };
+    std::set<int> factors{1, ranks};
+    for (const planner::Strategy& s : strategies_)
+      if (!s.fully_replicated()) factors.insert(s.tp);
+    for (int t : factors) {
+      Grid g;
+      g.dp = ranks / t;
+      g.tp = t;
+      g.dp_index = rank / t;
+      g.tp_index = rank % t;
+      if (t == 1) {
+        std::tie(g.tp_comm, g.tp_group) = single("tp1");
+        g.dp_comm = dp_comm_;
+        g.dp_group = dp_group_;
+      } else if (t == ranks) {
+        std::tie(g.dp_comm, g.dp_group) = single("dp1");
+        g.tp_comm = tp_comm_;
+        g.tp_group = tp_group_;
+      } else {
+        mixed_ = true;
+        std::vector<int> model_ranks, batch_ranks;
+        for (int k = 0; k < t; ++k) model_ranks.push_back(g.dp_index * t + k);
+        for (int k = 0; k < g.dp; ++k) batch_ranks.push_back(g.tp_index + k * t);
+        const std::string suffix = std::to_string(g.dp) + "x" + std::to_string(t);
+        g.tp_comm = std::make_shared<SubgroupCommunicator>(dp_comm_, model_ranks, "tp" + suffix);
+        g.dp_comm = std::make_shared<SubgroupCommunicator>(dp_comm_, batch_ranks, "dp" + suffix);
+        g.tp_group = register_tp_group(g.tp_comm);
+        g.dp_group = register_tp_group(g.dp_comm);
+      }
+      grids_[t] = g;
+    }
+    // A parameter cut over part of the ranks is read on its own grid only (its gradient is
+    // summed over that grid's dp group), and read on such a grid only where it lives there.
+    for (size_t i = 0; i < strategies_.size(); ++i)
+      for (const planner::ParameterSplit& split : strategies_[i].parameters) {
+        const std::string& name = graph_.tensors[split.tensor].parameter;
+        auto cut = split_factors_.find(name);
+        if (cut == split_factors_.end()) continue;
+        const int reader = strategies_[i].fully_replicated() ? 0 : factor_of(strategies_[i]);
+        const auto part_of_the_ranks = [&](int t) { return t > 1 && t < ranks; };
+        TESSEL_CHECK(
+            reader == cut->second || !(part_of_the_ranks(reader) || part_of_the_ranks(cut->second)),
+            "parallelize: op ", i, " (", graph_.ops[i].name, ") reads ", name,
+            " on another grid than the one it is cut over (over part of the ranks), "
+            "which is not run yet");
+      }
   }
   // Over one group, a parameter cut over the ranks sums its batch-split users' gradients as they
   // read it (run_op), not in synchronize_gradients.
   if (one_group_)
     for (const auto& [name, dim] : split_dims_) batch_split_parameters_.erase(name);
 
-  auto shard_of = [&](const Tensor& full, int64_t dim) {
+  auto shard_of = [&](const Tensor& full, int64_t dim, int factor) {
     if (dim < 0) return full;
-    const int64_t length = full.size(dim) / tp_;
+    const Grid& g = grid(factor);
+    const int64_t length = full.size(dim) / g.tp;
     // A copy of its own: a narrow view (contiguous along dim 0) would keep the whole alive.
-    return narrow(full, dim, length * tp_index_, length).clone();
+    return narrow(full, dim, length * g.tp_index, length).clone();
+  };
+  auto factor_of_tensor = [&](const std::string& name) {
+    auto found = split_factors_.find(name);
+    return found == split_factors_.end() ? 0 : found->second;
   };
   for (const auto& [name, proxy] : model_->named_parameters()) {
     auto split = split_dims_.find(name);
     const int64_t dim = split == split_dims_.end() ? -1 : split->second;
-    Tensor local = shard_of(whole.at(name), dim).detach().set_requires_grad(true);
+    const int factor = factor_of_tensor(name);
+    Tensor local = shard_of(whole.at(name), dim, factor).detach().set_requires_grad(true);
     parameters_.emplace_back(name, local);
-    locals_[proxy.impl()] = Local{proxy.impl_ptr(), local, Layout{false, dim >= 0, dim}, true};
+    locals_[proxy.impl()] =
+        Local{proxy.impl_ptr(), local, Layout{false, dim >= 0, dim, 0, factor}, true};
   }
   // Per-channel buffers (batch norm's running statistics) are cut as their module's weight.
   for (const auto& [name, proxy] : model_->named_buffers()) {
@@ -202,12 +276,23 @@ ParallelModule::ParallelModule(std::shared_ptr<nn::Module> model,
     const Tensor& full = whole.at(name);
     const bool per_channel = split != split_dims_.end() && split->second == 0 && full.dim() == 1 &&
                              full.size(0) == whole.at(weight).size(0);
-    if (per_channel) split_dims_[name] = 0;
-    Tensor local = shard_of(full, per_channel ? 0 : -1);
+    const int factor = per_channel ? factor_of_tensor(weight) : 0;
+    if (per_channel) {
+      split_dims_[name] = 0;
+      split_factors_[name] = factor;
+    }
+    Tensor local = shard_of(full, per_channel ? 0 : -1, factor);
     buffers_[name] = local;
-    locals_[proxy.impl()] =
-        Local{proxy.impl_ptr(), local, Layout{false, per_channel, per_channel ? 0 : -1}, true};
+    locals_[proxy.impl()] = Local{
+        proxy.impl_ptr(), local, Layout{false, per_channel, per_channel ? 0 : -1, 0, factor}, true};
   }
+}
+
+const ParallelModule::Grid& ParallelModule::grid(int factor) const {
+  if (!one_group_ || factor == 0) return main_grid_;
+  auto found = grids_.find(factor);
+  TESSEL_CHECK(found != grids_.end(), "parallelize: no grid of factor ", factor);
+  return found->second;
 }
 
 ParallelModule::~ParallelModule() = default;
@@ -222,6 +307,29 @@ nn::NamedTensors ParallelModule::named_parameters() const { return parameters_; 
 
 void ParallelModule::synchronize_gradients() {
   if (dp_ == 1) return;
+  // Parameters cut over part of the ranks: their grid's ranks of one part summed the gradients
+  // of different rows.
+  std::map<int, std::vector<Tensor>> by_grid;
+  for (const auto& [name, parameter] : parameters_) {
+    auto factor = split_factors_.find(name);
+    const Tensor grad = parameter.grad();
+    if (grad.defined() && factor != split_factors_.end() && factor->second > 1 &&
+        factor->second < dp_ && one_group_)
+      by_grid[factor->second].push_back(grad);
+  }
+  for (const auto& [factor, grads] : by_grid) {
+    NoGradGuard no_grad;
+    std::vector<Tensor> flat;
+    for (const Tensor& grad : grads) flat.push_back(reshape(grad, {grad.numel()}));
+    Tensor bucket = cat(flat);
+    grid(factor).dp_comm->all_reduce(bucket, ReduceOp::kSum);
+    int64_t offset = 0;
+    for (const Tensor& grad : grads) {
+      Tensor target = grad;
+      target.copy_(narrow(bucket, 0, offset, grad.numel()).reshape(grad.sizes()));
+      offset += grad.numel();
+    }
+  }
   std::vector<Tensor> grads;
   int64_t numel = 0;
   for (const auto& [name, parameter] : parameters_) {
@@ -256,8 +364,8 @@ void ParallelModule::synchronize_gradients() {
 
 Tensor ParallelModule::whole(const std::string& name, const Tensor& local) const {
   auto split = split_dims_.find(name);
-  return split == split_dims_.end() ? local.detach().clone()
-                                    : gather_shards(local.detach(), split->second, *tp_comm_);
+  if (split == split_dims_.end()) return local.detach().clone();
+  return gather_shards(local.detach(), split->second, *grid(split_factors_.at(name)).tp_comm);
 }
 
 std::map<std::string, Tensor> ParallelModule::full_state_dict() const {
@@ -287,7 +395,7 @@ Tensor ParallelModule::loss(const std::vector<Tensor>& inputs) {
   const std::vector<planner::StepInput> specs = trace_.step_inputs();
   TESSEL_CHECK(inputs.size() == specs.size(), "ParallelModule::loss: the step takes ", specs.size(),
                " inputs, got ", inputs.size());
-  const Layout rows{dp_ > 1, false, -1};
+  const Layout rows{dp_ > 1, false, -1, 0, one_group_ ? 1 : 0};
   next_op_ = 0;
   struct Clear {
     ParallelModule& self;
@@ -325,27 +433,39 @@ Tensor ParallelModule::loss(const std::vector<Tensor>& inputs) {
 std::vector<StepCollective> ParallelModule::planned_collectives() const {
   std::vector<StepCollective> planned;
   auto label = [&](const char* group) { return std::string(one_group_ ? "world" : group); };
-  auto group_of = [&](const planner::Layout& a, const planner::Layout& b) {
-    std::string group;
-    if (a.batch != b.batch) group = "dp";
-    if (a.model != b.model) group += group.empty() ? "tp" : "+tp";
-    return one_group_ ? std::string("world") : group;
-  };
-  // The planner's move: an all-gather of what `need` lacks from `have` (redistribution_time).
-  // Over one group, a move from the batch's split to the model's (or back) is an all-to-all:
-  // a send of a size-th of its part to every other rank.
-  auto gather = [&](const planner::Layout& have, const planner::Layout& need, int64_t bytes) {
-    const double needed = 1.0 / (static_cast<double>(need.batch) * need.model);
-    const double overlap =
-        std::min(1.0 / have.batch, 1.0 / need.batch) * std::min(1.0 / have.model, 1.0 / need.model);
-    if (overlap >= needed * (1 - 1e-9)) return;
-    if (one_group_ && need.batch * need.model > 1) {
-      for (int peer = 1; peer < dp_; ++peer)
-        planned.push_back({"send", "world", bytes / dp_ / dp_});
+
+  // A collective over `size` ranks of the group labelled `group`. Over one group, those over part
+  // of its ranks (SubgroupCommunicator) are point-to-point: an all-gather g - 1 sends of a g-th
+  // of its result, an all-reduce g - 1 sends of the whole tensor.
+  auto collective = [&](const char* kind, const std::string& group, int size, int64_t bytes) {
+    if (size <= 1) return;
+    if (one_group_ && size < dp_) {
+      const bool gather = std::string(kind) == "all_gather";
+      for (int peer = 1; peer < size; ++peer)
+        planned.push_back({"send", "world", gather ? bytes / size : bytes});
       return;
     }
-    planned.push_back({"all_gather", group_of(have, need),
-                       static_cast<int64_t>(std::llround(needed * static_cast<double>(bytes)))});
+    planned.push_back({kind, group, bytes});
+  };
+  // The planner's move (redistribution_steps): all-gathers, or over one group an all-to-all
+  // between the batch's line and the model's (a send of a size-th of its part to every other
+  // rank).
+  const int devices = one_group_ ? dp_ : dp_ * tp_;
+  auto gather = [&](const planner::Layout& have, const planner::Layout& need, int64_t bytes) {
+    for (const planner::MoveStep& step :
+         planner::redistribution_steps(have, need, static_cast<double>(bytes), devices)) {
+      const auto step_bytes = static_cast<int64_t>(std::llround(step.bytes));
+      if (step.kind == planner::MoveStep::Kind::kAllToAll) {
+        for (int peer = 1; peer < step.group; ++peer)
+          planned.push_back({"send", "world", step_bytes / step.group});
+        continue;
+      }
+      // A gather of the model's parts over tp, of the batch's over dp (over one group, a batch
+      // line's parts gathered into another grid's: over that grid's tp group).
+      const bool model_gather = have.model > 1 && step.group == have.model;
+      collective("all_gather", one_group_ ? "world" : (model_gather ? "tp" : "dp"), step.group,
+                 step_bytes);
+    }
   };
   const auto bytes_of = [](const Shape& sizes) {
     return shape_numel(sizes) * static_cast<int64_t>(sizeof(float));
@@ -358,34 +478,34 @@ std::vector<StepCollective> ParallelModule::planned_collectives() const {
     if (s.tp > 1 && s.kind == SplitKind::kColumn && !table && op.inputs[0] >= 0 &&
         graph_.tensors[op.inputs[0]].requires_grad &&
         column_inputs.insert({op.inputs[0], op.input_shapes[0]}).second)
-      planned.push_back({"all_reduce", label("tp"), bytes_of(op.input_shapes[0]) / s.dp});
+      collective("all_reduce", label("tp"), s.tp, bytes_of(op.input_shapes[0]) / s.dp);
     if (s.tp > 1 && (s.kind == SplitKind::kRow || (s.kind == SplitKind::kVocab && table)))
-      planned.push_back({"all_reduce", label("tp"), bytes_of(op.output_shapes[0]) / s.dp});
+      collective("all_reduce", label("tp"), s.tp, bytes_of(op.output_shapes[0]) / s.dp);
     if (s.tp > 1 && s.kind == SplitKind::kVocab && !table) {
       // cross_entropy: row maxima, sums of exponentials, target logits; nll_loss: target values.
       const int64_t rows = op.input_shapes[0][0] / s.dp;
       const int reduces = op.def->planner.split == ParallelSplit::kLossClasses ? 1 : 3;
-      for (int k = 0; k < reduces; ++k) planned.push_back({"all_reduce", label("tp"), rows * 4});
+      for (int k = 0; k < reduces; ++k) collective("all_reduce", label("tp"), s.tp, rows * 4);
     }
     if (s.dp > 1 && !op.outputs.empty() && !graph_.tensors[op.outputs[0]].has_batch) {
       // A mean over counted rows: their sum and count (mean_over_dp).
       const int64_t values = counted_mean_loss(*op.def, op.attrs) ? 2 : 1;
-      planned.push_back({"all_reduce", label("dp"), values * bytes_of(op.output_shapes[0])});
+      collective("all_reduce", label("dp"), s.dp, values * bytes_of(op.output_shapes[0]));
     }
     // Batch norm over a batch split: each rank's per-channel mean and centred squares gathered,
     // their gradient summed (batch_norm_over_dp).
     if (s.dp > 1 && op.name == "batch_norm" && !per_rank_batch_norm_) {
       const int64_t parts = 2 * op.input_shapes[0][1] / s.input_layouts[0].model * s.dp * 4;
-      planned.push_back({"all_gather", label("dp"), parts});
+      collective("all_gather", label("dp"), s.dp, parts);
       if (std::any_of(op.inputs.begin(), op.inputs.end(),
                       [&](int id) { return id >= 0 && graph_.tensors[id].requires_grad; }))
-        planned.push_back({"all_reduce", label("dp"), parts});
+        collective("all_reduce", label("dp"), s.dp, parts);
     }
     // A broadcast operand of an element-wise split, cut to this rank's part: its gradient's
     // parts gathered.
     for (size_t slot = 0; slot < op.inputs.size(); ++slot)
       if (planner::cuts_broadcast_operand(graph_, op, s, slot))
-        planned.push_back({"all_gather", label("tp"), bytes_of(op.input_shapes[slot])});
+        collective("all_gather", label("tp"), s.tp, bytes_of(op.input_shapes[slot]));
     // A tied parameter's user that cuts it otherwise than its owner (parameter_as_cut): the
     // planner's shared-parameter move, forward and for the gradient.
     for (const planner::ParameterSplit& cut : s.parameters) {
@@ -434,14 +554,15 @@ void ParallelModule::load_state_dict(const std::map<std::string, Tensor>& whole)
     TESSEL_CHECK(found != whole.end(), "ParallelModule::load_state_dict: no tensor named ", name);
     auto split = split_dims_.find(name);
     Shape expected = local.sizes();
-    if (split != split_dims_.end()) expected[static_cast<size_t>(split->second)] *= tp_;
+    const Grid& g = grid(split == split_dims_.end() ? 0 : split_factors_.at(name));
+    if (split != split_dims_.end()) expected[static_cast<size_t>(split->second)] *= g.tp;
     TESSEL_CHECK(found->second.sizes() == expected, "ParallelModule::load_state_dict: ", name,
                  " has shape ", shape_str(found->second.sizes()), " but the model's is ",
                  shape_str(expected));
     Tensor source = found->second;
     if (split != split_dims_.end()) {
       const int64_t length = local.size(split->second);
-      source = narrow(source, split->second, length * tp_index_, length);
+      source = narrow(source, split->second, length * g.tp_index, length);
     }
     copies.emplace_back(local, source);
   };
@@ -453,8 +574,8 @@ void ParallelModule::load_state_dict(const std::map<std::string, Tensor>& whole)
 
 Tensor ParallelModule::proxy_for(const Tensor& whole_shape, Tensor local, Layout layout) {
   Shape expected = whole_shape.sizes();
-  if (layout.batch) expected.at(0) /= dp_;
-  if (layout.model) expected.at(static_cast<size_t>(layout.axis)) /= tp_;
+  if (layout.batch) expected.at(0) /= batch_parts(layout);
+  if (layout.model) expected.at(static_cast<size_t>(layout.axis)) /= model_parts(layout);
   TESSEL_CHECK(local.sizes() == expected, "parallelize: a local result of shape ",
                shape_str(local.sizes()), " does not match the whole ",
                shape_str(whole_shape.sizes()), " cut ", layout.batch ? "by rows " : "",
@@ -484,45 +605,58 @@ ParallelModule::Local& ParallelModule::local_of(const Tensor& proxy) {
 }
 
 Tensor ParallelModule::move(const Tensor& local, const Layout& from, const Layout& to) {
+  const bool from_split = from.batch || from.model, to_split = to.batch || to.model;
+  const bool plain = is_floating(local.dtype()) && from.period == 0 && to.period == 0;
+  if (one_group_ && from_split && to_split && from.factor != to.factor) {
+    // Between the batch's line and the model's: each rank sends the others their parts of what
+    // it holds (an all-to-all), a group's size-th of gathering the whole tensor.
+    const bool batch_line = from.factor == 1 && from.batch && !from.model;
+    const bool model_line = from.factor == dp_ && from.model && !from.batch;
+    if (plain && batch_line && to.factor == dp_ && to.model && !to.batch)
+      return all_to_all_tp(local, to.axis, 0, tp_group_);
+    if (plain && model_line && to.factor == 1 && to.batch && !to.model)
+      return all_to_all_tp(local, 0, from.axis, tp_group_);
+    // Between the batch's line and another grid's batch split: each of that grid's parts is a run
+    // of the line's parts, held by its tp group (rank order = row order).
+    if (!from.model && !to.model && to.factor == 1)
+      return shard_along(local, 0, grid(from.factor).tp_group);
+    if (batch_line && !to.model) return gather_along(local, 0, grid(to.factor).tp_group);
+    // Between other grids: gathered whole over the first, cut for the second.
+    return move(move(local, from, Layout{}), Layout{}, to);
+  }
+  const Grid& g = grid(from_split ? from.factor : to.factor);
   Tensor x = local;
   const bool other_axis =
       from.model && to.model && (from.axis != to.axis || from.period != to.period);
-  // A split that moves to another dim of the same group: each rank sends the others their parts
-  // of what it holds (an all-to-all), a group's size-th of gathering the whole tensor.
-  if (is_floating(x.dtype()) && from.period == 0 && to.period == 0) {
-    if (other_axis && from.batch == to.batch)
-      return all_to_all_tp(x, to.axis, from.axis, tp_group_);
-    if (one_group_ && from.batch && !from.model && to.model && !to.batch)
-      return all_to_all_tp(x, to.axis, 0, tp_group_);
-    if (one_group_ && from.model && !from.batch && to.batch && !to.model)
-      return all_to_all_tp(x, 0, from.axis, tp_group_);
-  }
+  // A split that moves to another dim of the same group: an all-to-all.
+  if (plain && other_axis && from.batch == to.batch)
+    return all_to_all_tp(x, to.axis, from.axis, g.tp_group);
   if (from.model && (!to.model || other_axis)) {
     // A period: each block's parts gathered (a dim of (blocks, part)).
-    x = from.period > 0 ? merge_blocks(gather_along(blocks_of(x, from.axis, from.period / tp_),
-                                                    from.axis + 1, tp_group_),
+    x = from.period > 0 ? merge_blocks(gather_along(blocks_of(x, from.axis, from.period / g.tp),
+                                                    from.axis + 1, g.tp_group),
                                        from.axis)
-                        : gather_along(x, from.axis, tp_group_);
+                        : gather_along(x, from.axis, g.tp_group);
   }
-  if (from.batch && !to.batch) x = gather_along(x, 0, dp_group_);
-  if (!from.batch && to.batch) x = shard_along(x, 0, dp_group_);
+  if (from.batch && !to.batch) x = gather_along(x, 0, g.dp_group);
+  if (!from.batch && to.batch) x = shard_along(x, 0, g.dp_group);
   if (to.model && (!from.model || other_axis)) {
     x = to.period > 0
-            ? merge_blocks(shard_along(blocks_of(x, to.axis, to.period), to.axis + 1, tp_group_),
+            ? merge_blocks(shard_along(blocks_of(x, to.axis, to.period), to.axis + 1, g.tp_group),
                            to.axis)
-            : shard_along(x, to.axis, tp_group_);
+            : shard_along(x, to.axis, g.tp_group);
   }
   return x;
 }
 
-Tensor ParallelModule::parameter_as_cut(const Local& parameter, int64_t dim) {
+Tensor ParallelModule::parameter_as_cut(const Local& parameter, int64_t dim, int factor) {
   const Layout& have = parameter.layout;
   if (have.model == (dim >= 0) && (dim < 0 || have.axis == dim)) return parameter.tensor;
-  return move(parameter.tensor, have, Layout{false, dim >= 0, dim, 0});
+  return move(parameter.tensor, have, Layout{false, dim >= 0, dim, 0, factor});
 }
 
 Tensor ParallelModule::mean_over_dp(const Tensor& local_sum, const Tensor& target,
-                                    const Attrs& attrs) {
+                                    const Attrs& attrs, const Grid& g) {
   const DType dtype = local_sum.dtype();
   // Class probabilities as targets count every row; class ids all but ignore_index.
   Tensor count =
@@ -532,11 +666,12 @@ Tensor ParallelModule::mean_over_dp(const Tensor& local_sum, const Tensor& targe
           : sum(to_dtype(
                 ne(target, static_cast<double>(attrs.get_or<int64_t>("ignore_index", -100))),
                 dtype));
-  Tensor both = reduce_from_tp(stack({local_sum, count}), dp_group_);
+  Tensor both = reduce_from_tp(stack({local_sum, count}), g.dp_group);
   return div(select(both, 0, 0), select(both, 0, 1));
 }
 
-Tensor ParallelModule::batch_norm_over_dp(const std::vector<Tensor>& in, const Attrs& attrs) {
+Tensor ParallelModule::batch_norm_over_dp(const std::vector<Tensor>& in, const Attrs& attrs,
+                                          const Grid& g) {
   const Tensor& x = in.at(0);
   const int64_t channels = x.size(1);
   std::vector<int64_t> reduced{0};
@@ -550,11 +685,11 @@ Tensor ParallelModule::batch_norm_over_dp(const std::vector<Tensor>& in, const A
   const Tensor centred = sub(x, reshape(local_mean, per_channel));
   const Tensor local_squares = sum(mul(centred, centred), reduced);
   const Tensor parts = copy_to_tp(
-      gather_along(reshape(cat({local_mean, local_squares}), {1, 2 * channels}), 0, dp_group_),
-      dp_group_);
+      gather_along(reshape(cat({local_mean, local_squares}), {1, 2 * channels}), 0, g.dp_group),
+      g.dp_group);
   const Tensor means = narrow(parts, 1, 0, channels);
   const int64_t rows = x.numel() / channels;  // per rank; every rank holds as many
-  const double count = static_cast<double>(rows) * dp_;
+  const double count = static_cast<double>(rows) * g.dp;
   const Tensor batch_mean = mean(means, {0});
   const Tensor spread = sub(means, batch_mean);
   const Tensor squares = add(sum(narrow(parts, 1, channels, channels), {0}),
@@ -621,16 +756,18 @@ Tensor ParallelModule::run_view(const OpDef& op, const Tensor& input, const Attr
     Shape local_sizes = to;
     if (layout.batch) {
       // Dim 0 keeps the batch's rows whole (a block of the flat elements, cut in dp parts).
-      kept = kept && reshaped_split(from, to, 0, 0, dp_) == std::pair<int64_t, int64_t>{0, 0};
-      if (kept) local_sizes[0] /= dp_;
+      const int parts = batch_parts(layout);
+      kept = kept && reshaped_split(from, to, 0, 0, parts) == std::pair<int64_t, int64_t>{0, 0};
+      if (kept) local_sizes[0] /= parts;
     }
     if (layout.model) {
-      const auto [axis, period] = reshaped_split(from, to, layout.axis, layout.period, tp_);
+      const int parts = model_parts(layout);
+      const auto [axis, period] = reshaped_split(from, to, layout.axis, layout.period, parts);
       kept = kept && axis >= 0;
       if (kept) {
         layout.axis = axis;
         layout.period = period;
-        local_sizes[static_cast<size_t>(axis)] /= tp_;
+        local_sizes[static_cast<size_t>(axis)] /= parts;
       }
     }
     if (kept) return proxy_for(whole_out, reshape(source.tensor, local_sizes), layout);
@@ -676,6 +813,8 @@ std::vector<Tensor> ParallelModule::run_op(const OpDef& op, const std::vector<Te
                op.name, " but was ", traced.name,
                " when traced: the model runs other ops than it did then");
   const planner::Strategy& s = strategies_[next_op_];
+  const int factor = factor_of(s);
+  const Grid& g = grid(factor);
   const SplitKind kind = s.kind;
   const bool split_model = s.tp > 1 && kind != SplitKind::kReplicate;
 
@@ -727,7 +866,7 @@ std::vector<Tensor> ParallelModule::run_op(const OpDef& op, const std::vector<Te
   // An input or output cut along the op's axis: with its period where it is as long there as the
   // tensor that gave the axis.
   auto cut_of = [&](const Tensor& whole, bool batch, bool model) {
-    Layout layout{batch, model, model ? axis : -1, 0};
+    Layout layout{batch, model, model ? axis : -1, 0, batch || model ? factor : 0};
     if (model && whole.size(axis) == axis_size) layout.period = period;
     return layout;
   };
@@ -742,19 +881,23 @@ std::vector<Tensor> ParallelModule::run_op(const OpDef& op, const std::vector<Te
       for (const planner::ParameterSplit& cut : s.parameters)
         if (cut.tensor == traced.inputs[k]) dim = cut.dim;
       Local read = input;
-      if (s.dp == 1 && dp_ > 1 &&
+      // The ranks that compute the same part of this op's gradient: those of a dp rank (dp x tp),
+      // those of the same rows over one group.
+      const int same_part = one_group_ ? dp_ / s.dp : (s.dp == 1 ? dp_ : 1);
+      if (same_part > 1 &&
           batch_split_parameters_.count(graph_.tensors[traced.inputs[k]].parameter)) {
-        // Another user splits the batch, so the gradient is summed over dp: this op's part, over
-        // the whole batch and the same on every dp rank, enters the sum as 1/dp from each.
+        // Another user splits the batch, so the gradient is summed over dp: this op's part, the
+        // same on `same_part` ranks, enters the sum as 1/same_part from each.
         read.tensor = mul(input.tensor, 1.0);
-        read.tensor.register_hook([dp = dp_](const Tensor& grad) { return mul(grad, 1.0 / dp); });
+        read.tensor.register_hook(
+            [same_part](const Tensor& grad) { return mul(grad, 1.0 / same_part); });
       }
-      local_in[k] = parameter_as_cut(read, dim);
-      // Over one group, an op splitting the batch reads a parameter that another op cuts over the
-      // same ranks whole: its gradient, this rank's rows' part, is summed here (not in
+      local_in[k] = parameter_as_cut(read, dim, factor);
+      // Over one group, an op splitting the batch reads whole a parameter that another op cuts
+      // over all the ranks: its gradient, this rank's rows' part, is summed here (not in
       // synchronize_gradients, which cannot sum cut parameters over the group that cuts them).
-      if (one_group_ && s.dp > 1 && input.layout.model)
-        local_in[k] = copy_to_tp(local_in[k], tp_group_);
+      if (one_group_ && s.dp > 1 && input.layout.model && dim < 0)
+        local_in[k] = copy_to_tp(local_in[k], grid(input.layout.factor).tp_group);
       continue;
     }
     if (input.persistent) {
@@ -773,9 +916,11 @@ std::vector<Tensor> ParallelModule::run_op(const OpDef& op, const std::vector<Te
       if (!inputs[k].defined() || s.input_layouts[k].model > 1) continue;
       const int64_t dim = axis - (rank - inputs[k].dim());
       if (dim < 0 || inputs[k].size(dim) == 1) continue;
-      const Layout whole{s.input_layouts[k].batch > 1, false, -1, 0};
+      const bool batch = s.input_layouts[k].batch > 1;
+      const Layout whole{batch, false, -1, 0, batch ? factor : 0};
       Layout part = whole;
       part.model = true;
+      part.factor = factor;
       part.axis = dim;
       part.period = inputs[k].size(dim) == axis_size ? period : 0;
       local_in[k] = move(local_in[k], whole, part);
@@ -798,14 +943,14 @@ std::vector<Tensor> ParallelModule::run_op(const OpDef& op, const std::vector<Te
     // Each rank uses the whole input: its gradient is the sum of every rank's part, one
     // all-reduce for every column split reading it.
     Local& source = local_of(inputs[0]);
-    if (!source.column_input.defined()) source.column_input = copy_to_tp(local_in[0], tp_group_);
+    if (!source.column_input.defined()) source.column_input = copy_to_tp(local_in[0], g.tp_group);
     local_in[0] = source.column_input;
     results = tessel::dispatch(op, local_in, local_attrs, local_out);
   } else if (kind == SplitKind::kRow && s.tp > 1) {
     // Partial products over the input features, summed, then the bias once.
     Tensor bias = local_in.size() > 2 ? local_in[2] : Tensor();
     if (bias.defined()) local_in[2] = Tensor();
-    Tensor y = reduce_from_tp(tessel::dispatch(op, local_in, local_attrs)[0], tp_group_);
+    Tensor y = reduce_from_tp(tessel::dispatch(op, local_in, local_attrs)[0], g.tp_group);
     if (bias.defined()) {
       Shape sizes(static_cast<size_t>(y.dim()), 1);
       sizes[is_conv(traced) ? 1 : sizes.size() - 1] = bias.size(0);
@@ -814,7 +959,7 @@ std::vector<Tensor> ParallelModule::run_op(const OpDef& op, const std::vector<Te
     results = {y};
   } else if (kind == SplitKind::kVocab && s.tp > 1 && embedding_table) {
     // This rank's rows of the table look up its ids, the others' are summed in.
-    results = {vocab_parallel_embedding(local_in[0], local_in[1], tp_group_,
+    results = {vocab_parallel_embedding(local_in[0], local_in[1], g.tp_group,
                                         attrs.get_or<int64_t>("padding_idx", -1))};
   } else if (kind == SplitKind::kVocab && s.tp > 1) {
     TESSEL_CHECK(attrs.get_or<std::string>("reduction", "mean") == "mean" &&
@@ -823,24 +968,25 @@ std::vector<Tensor> ParallelModule::run_op(const OpDef& op, const std::vector<Te
                  " runs with the mean reduction and no label smoothing only");
     const int64_t ignore_index = attrs.get_or<int64_t>("ignore_index", -100);
     results = {op.name == "nll_loss"
-                   ? vocab_parallel_nll_loss(local_in[0], local_in[1], tp_group_, ignore_index,
+                   ? vocab_parallel_nll_loss(local_in[0], local_in[1], g.tp_group, ignore_index,
                                              /*sum_rows=*/counted_over_dp)
-                   : vocab_parallel_cross_entropy(local_in[0], local_in[1], tp_group_, ignore_index,
+                   : vocab_parallel_cross_entropy(local_in[0], local_in[1], g.tp_group,
+                                                  ignore_index,
                                                   /*sum_rows=*/counted_over_dp)};
   } else if (op.name == "batch_norm" && s.dp > 1 && !per_rank_batch_norm_) {
-    results = {batch_norm_over_dp(local_in, attrs)};
+    results = {batch_norm_over_dp(local_in, attrs, g)};
   } else {
     if (kind == SplitKind::kFeature && is_conv(traced) && s.tp > 1)
-      local_attrs.set("groups", attrs.get<int64_t>("groups") / tp_);  // whole groups per rank
+      local_attrs.set("groups", attrs.get<int64_t>("groups") / s.tp);  // whole groups per rank
     results = tessel::dispatch(op, local_in, local_attrs, local_out);
   }
   // A batch split whose result lost the batch (a loss): combine the rows' parts.
   if (s.dp > 1 && !results.empty() && !graph_.tensors[traced.outputs[0]].has_batch) {
     if (counted_over_dp) {
-      results[0] = mean_over_dp(results[0], local_in.at(1), attrs);
+      results[0] = mean_over_dp(results[0], local_in.at(1), attrs, g);
     } else {
-      results[0] = reduce_from_tp(results[0], dp_group_);
-      if (op.kind == OpKind::kLoss || op.name == "mean") results[0] = mul(results[0], 1.0 / dp_);
+      results[0] = reduce_from_tp(results[0], g.dp_group);
+      if (op.kind == OpKind::kLoss || op.name == "mean") results[0] = mul(results[0], 1.0 / s.dp);
     }
   }
 
@@ -855,7 +1001,8 @@ std::vector<Tensor> ParallelModule::run_op(const OpDef& op, const std::vector<Te
   // log-probabilities are its backward's business).
   for (size_t k = 0; k < proxies.size() && k < results.size(); ++k) {
     const planner::Layout& planned = s.output_layouts.at(k);
-    Layout layout{planned.batch > 1, planned.model > 1 && split_model, -1};
+    Layout layout{planned.batch > 1, planned.model > 1 && split_model, -1, 0, 0};
+    if (layout.batch || layout.model) layout.factor = factor;
     if (layout.model) {
       // Further outputs of fewer dims (batch norm's per-channel statistics) are cut along the
       // dim as long as the first output's split one.

@@ -19,8 +19,11 @@
 // op i. The interceptor moves the inputs' locals to the layouts the op's strategy needs, runs the
 // op on them, and hands back meta tensors of the whole outputs' shapes.
 //
-// Plans with per-op degrees (--per_op_degrees) run over one group for dp and tp: each op splits
-// the batch or the model over every rank, or runs whole (every such plan on two ranks).
+// Plans with per-op degrees (--per_op_degrees) run over one group of N ranks for dp and tp: each
+// op runs on the grid its strategy chose, N / t x t for a factor t of N (the batch over N, the
+// model over N, or both over part of the ranks: 2 x 2 on four), or whole. Tensors move between
+// grids by an all-to-all between the batch's line and the model's, and otherwise through the
+// whole tensor (gathered over the first grid, cut for the second), as the planner prices it.
 //
 // ZeRO (parallel/zero.h) runs beside a plan on a dp x tp grid, cutting each rank's shards over
 // its dp group: stage 1 reads synchronize_gradients' sums; stages 2 and 3 sum over dp themselves
@@ -35,7 +38,8 @@
 // vocabulary rows (a partial sum, all-reduced) or by columns, and a table tied to a decoder is
 // moved between the two users' cuts as the planner prices it.
 //
-// Not run yet: per-op degrees that use part of the ranks; views that
+// Not run yet: ZeRO beside per-op degrees over part of the ranks, and a parameter cut over part of
+// the ranks that an op of another grid reads (the planner marks both); views that
 // cut across a split (other than reshapes, transposes, permutes, slices, selects and expands
 // keeping it) gather it first, counted in unplanned_moves().
 #pragma once
@@ -86,8 +90,7 @@ class ParallelModule : private DispatchInterceptor {
                  const ProcessGrid& grid, const planner::ModuleTraceOptions& trace);
   // The same over the groups of a grid given directly: `dp_group` the ranks that hold the same
   // shards, `tp_group` those that split them (rank order = shard order). One communicator for
-  // both runs a plan with per-op degrees (--per_op_degrees) over it: each op splits the batch or
-  // the model over every rank, or runs whole.
+  // both runs a plan with per-op degrees (--per_op_degrees) over it: each op on its own grid.
   ParallelModule(std::shared_ptr<nn::Module> model, const std::vector<planner::PlanFile::Op>& ops,
                  std::shared_ptr<Communicator> dp_group, std::shared_ptr<Communicator> tp_group,
                  const planner::ModuleTraceOptions& trace);
@@ -153,11 +156,35 @@ class ParallelModule : private DispatchInterceptor {
   // How a local tensor lies on the grid: dim 0 split over dp, `axis` split over tp: the whole dim
   // cut in tp equal parts, or with a period, a run of blocks of `period` elements each cut in tp
   // parts (heads inside a dim of batch * heads).
+  //
+  // Over one group with per-op degrees, each split is over the grid of the op that made it: a
+  // factor t of the group's N ranks (its strategy's tp), the batch cut in N / t parts over the
+  // ranks with the same r % t, the model in t parts over those with the same r / t.
   struct Layout {
     bool batch = false;
     bool model = false;
     int64_t axis = -1;
     int64_t period = 0;  // 0: the whole dim
+    int factor = 0;      // one group: the grid's t (0 for a layout that splits nothing)
+  };
+  // How many ranks of the group hold the same part of the cut tensor `name` (those of a grid
+  // over part of the ranks that share a part of the model; 1 otherwise).
+  int shard_copies(const std::string& name) const {
+    auto found = split_factors_.find(name);
+    return one_group_ && found != split_factors_.end() ? grid(found->second).dp : 1;
+  }
+  // Whether some op runs over part of the ranks (per-op degrees whose grid is neither the line
+  // of the batch nor that of the model): ZeRO does not run beside such a plan yet.
+  bool splits_over_part_of_the_ranks() const { return mixed_; }
+
+  // The groups of one grid: a dp x tp grid's own, or over one group of N ranks the grid of a
+  // factor t of N (dp = N / t; its groups are SubgroupCommunicators where they are neither one
+  // rank nor all).
+  struct Grid {
+    int dp = 1, tp = 1;
+    int dp_index = 0, tp_index = 0;
+    int64_t dp_group = -1, tp_group = -1;  // tensor-parallel op group ids
+    std::shared_ptr<Communicator> dp_comm, tp_comm;
   };
 
  private:
@@ -179,31 +206,44 @@ class ParallelModule : private DispatchInterceptor {
   Tensor move(const Tensor& local, const Layout& from, const Layout& to);
   // A parameter's local as an op's strategy cuts it (dim -1: whole), from its stored cut (its
   // first user's): the same tensor, or moved for a tied parameter that another op cuts otherwise.
-  Tensor parameter_as_cut(const Local& parameter, int64_t dim);
+  Tensor parameter_as_cut(const Local& parameter, int64_t dim, int factor);
   // A mean loss over rows of a batch split over dp (rows whose target is ignore_index do not
   // count): from this rank's sum over its rows, the mean over every rank's counted rows, one
   // all-reduce of (sum, count).
-  Tensor mean_over_dp(const Tensor& local_sum, const Tensor& target, const Attrs& attrs);
+  Tensor mean_over_dp(const Tensor& local_sum, const Tensor& target, const Attrs& attrs,
+                      const Grid& g);
   // Batch norm in training mode over a batch split over dp (unless per_rank_batch_norm_):
   // normalised by the whole batch's statistics (one all-gather of each rank's per-channel mean and
   // centred squares; backward an all-reduce of their gradient), so the plan trains what one process
   // trains. Updates the running statistics as batch_norm does. Returns the first output only.
-  Tensor batch_norm_over_dp(const std::vector<Tensor>& inputs, const Attrs& attrs);
+  Tensor batch_norm_over_dp(const std::vector<Tensor>& inputs, const Attrs& attrs, const Grid& g);
   // `local` (of the parameter or buffer `name`) whole: gathered along its split dim.
   Tensor whole(const std::string& name, const Tensor& local) const;
+  // The grid of factor t over one group (0: the group itself), else the dp x tp grid.
+  const Grid& grid(int factor) const;
+  // The grid an op's strategy runs on (its tp over one group), and how many parts a layout cuts
+  // the batch and the model into.
+  int factor_of(const planner::Strategy& s) const { return one_group_ ? s.tp : 0; }
+  int batch_parts(const Layout& layout) const { return layout.batch ? grid(layout.factor).dp : 1; }
+  int model_parts(const Layout& layout) const { return layout.model ? grid(layout.factor).tp : 1; }
 
   std::shared_ptr<nn::Module> model_;
   planner::ModuleTraceOptions trace_;
   planner::Graph graph_;
   std::vector<planner::Strategy> strategies_;  // the plan's, per op
   int dp_ = 1, tp_ = 1, dp_index_ = 0, tp_index_ = 0;
-  bool one_group_ = false;  // the dp and tp groups are one (per-op degrees over a line)
+  bool one_group_ = false;     // the dp and tp groups are one (per-op degrees over a line)
+  bool mixed_ = false;         // one group, and some op's grid is neither 1 x N nor N x 1
+  Grid main_grid_;             // the dp x tp grid (over one group: N x N, both the group)
+  std::map<int, Grid> grids_;  // one group: the grid of each factor the plan's ops use
   bool per_rank_batch_norm_ = false;
   int64_t dp_group_ = -1, tp_group_ = -1;  // tensor-parallel op group ids
   std::shared_ptr<Communicator> dp_comm_, tp_comm_;
   nn::NamedTensors parameters_;  // local shards (leaves), named
-  // Whole tensors' split dims (-1: whole), by name, for full_state_dict.
+  // Whole tensors' split dims (-1: whole), by name, for full_state_dict, and the grid (factor)
+  // each is cut over.
   std::map<std::string, int64_t> split_dims_;
+  std::map<std::string, int> split_factors_;
   std::map<std::string, Tensor> buffers_;         // local buffers, by name
   std::set<std::string> batch_split_parameters_;  // read by an op that splits the batch
   Tensor gradient_bucket_;  // their gradients, flat, for one all-reduce over dp (kept, as DDP's)

@@ -21,23 +21,35 @@ namespace {
 
 // Why the recipes (or, for a module of one's own, parallel::ParallelModule) would not run
 // `choice` as priced; empty when they do. The recipes and a module of one's own run plans
-// through ParallelModule, which runs per-op degrees over one group of all `devices` (each op
-// splits the batch or the model over every device, or runs whole), ZeRO beside them over that
-// group, and dp x tp grids beside ZeRO over each dp group.
+// through ParallelModule: a dp x tp grid (beside ZeRO over each dp group), or per-op degrees
+// over one group of all `devices`, each op on the grid of its own tp. Not run yet: ZeRO beside
+// per-op degrees with a grid over part of the devices (1 < tp < devices), and a parameter cut
+// on such a grid that an op of another grid also reads.
 std::string not_run_reason(const Graph& graph, const std::vector<std::vector<Strategy>>& strategies,
-                           const std::vector<int>& choice, int devices) {
-  std::set<std::pair<int, int>> degrees;
+                           const std::vector<int>& choice, int devices, int zero_stage) {
+  std::set<int> grids;
   for (const TracedOp& op : graph.ops) {
     const Strategy& s = strategies[op.id][choice[op.id]];
-    if (!s.fully_replicated()) degrees.insert({s.dp, s.tp});
+    if (!s.fully_replicated()) grids.insert(s.tp);
   }
-  if (degrees.size() > 1) {
-    for (const auto& [dp, tp] : degrees)
-      if (!(dp == devices && tp == 1) && !(dp == 1 && tp == devices))
-        return "parallel::ParallelModule runs per-op degrees over all " + std::to_string(devices) +
-               " devices only (each op splitting the batch or the model over every device, or "
-               "running whole), not an op at dp=" +
-               std::to_string(dp) + " tp=" + std::to_string(tp);
+  const auto part_of_the_devices = [devices](int tp) { return tp > 1 && tp < devices; };
+  if (grids.size() < 2 || std::none_of(grids.begin(), grids.end(), part_of_the_devices)) return "";
+  if (zero_stage > 0)
+    return "parallel::ParallelModule does not run ZeRO beside per-op degrees over part of the "
+           "devices yet";
+  for (const SharedParameter& shared : shared_parameters(graph)) {
+    const Strategy& owner = strategies[shared.owner][choice[shared.owner]];
+    const Strategy& user = strategies[shared.user][choice[shared.user]];
+    const bool cut = std::any_of(owner.parameters.begin(), owner.parameters.end(),
+                                 [&](const ParameterSplit& split) {
+                                   return split.tensor == shared.tensor && split.dim >= 0;
+                                 });
+    const int owner_grid = owner.tp, user_grid = user.fully_replicated() ? 0 : user.tp;
+    if (cut && owner_grid != user_grid &&
+        (part_of_the_devices(owner_grid) || part_of_the_devices(user_grid)))
+      return "parallel::ParallelModule does not run yet a parameter cut over part of the devices "
+             "that an op of another grid also reads (" +
+             graph.tensors[shared.tensor].parameter + ")";
   }
   return "";
 }
@@ -106,9 +118,9 @@ PlannedPoint describe_choice(const Graph& graph,
       const Strategy& from = strategies[tensor.producer][choice[tensor.producer]];
       const double bytes =
           static_cast<double>(shape_numel(op.input_shapes[slot])) * element_size(tensor.dtype);
-      b.redistribution_s +=
-          redistribution_time(from.output_layouts[tensor.producer_slot], s.input_layouts[slot],
-                              bytes, tensor.requires_grad && op.differentiable, config.profile);
+      b.redistribution_s += redistribution_time(
+          from.output_layouts[tensor.producer_slot], s.input_layouts[slot], bytes,
+          tensor.requires_grad && op.differentiable, config.profile, config.devices);
     }
   }
   for (const SharedParameter& shared : shared_parameters(graph)) {
@@ -118,7 +130,8 @@ PlannedPoint describe_choice(const Graph& graph,
     b.parameter_bytes += shared_parameter_bytes(graph, shared, owner, user);
   }
   b.backward_working_bytes = backward_working_bytes(graph, strategies, choice);
-  point.not_executable_reason = not_run_reason(graph, strategies, choice, config.devices);
+  point.not_executable_reason =
+      not_run_reason(graph, strategies, choice, config.devices, config.zero_stage);
   point.executable = point.not_executable_reason.empty();
   point.cost.memory =
       b.parameter_bytes + remat_fraction * b.activation_bytes + b.backward_working_bytes;
@@ -270,9 +283,9 @@ PlanResult plan_graph(const Graph& graph, const PlanOptions& options) {
         for (auto& point : track_frontier(costs, options.frontier, &stats)) {
           for (size_t op = 0; op < subset.size(); ++op)
             point.choice[op] = subset[op][point.choice[op]];
-          const bool runs =
-              not_run_reason(graph, strategies_at[stage], point.choice, options.config.devices)
-                  .empty();
+          const bool runs = not_run_reason(graph, strategies_at[stage], point.choice,
+                                           options.config.devices, stage)
+                                .empty();
           // The frontier adds up what each op keeps; the peak also holds the most gradients
           // alive at once in backward.
           point.cost.memory += backward_working_bytes(graph, strategies_at[stage], point.choice);

@@ -583,12 +583,49 @@ double redistribution_gradient_bytes(const Layout& from, const Layout& to, doubl
   return pieces > 1 ? share * bytes : 0.0;
 }
 
+std::vector<MoveStep> redistribution_steps(const Layout& from, const Layout& to, double bytes,
+                                           int devices) {
+  using Kind = MoveStep::Kind;
+  // The grid a layout lives on (its tp; 0 for the whole tensor).
+  auto factor = [devices](const Layout& layout) {
+    if (layout.model > 1) return layout.model;
+    return layout.batch > 1 && devices > 0 ? devices / layout.batch : 0;
+  };
+  auto gathers = [&](const Layout& have, const Layout& need) {
+    std::vector<MoveStep> steps;
+    if (have.model > 1 && need.model <= 1)
+      steps.push_back({Kind::kAllGather, have.model, bytes / have.batch});
+    if (have.batch > 1 && need.batch <= 1) {
+      const int model_parts_left = have.model > 1 && need.model > 1 ? have.model : 1;
+      steps.push_back({Kind::kAllGather, have.batch, bytes / model_parts_left});
+    }
+    return steps;
+  };
+  const int from_grid = factor(from), to_grid = factor(to);
+  if (from_grid > 0 && to_grid > 0 && from_grid != to_grid) {
+    const bool batch_line = from.batch == devices && from.model == 1;
+    const bool model_line = from.model == devices && from.batch == 1;
+    if ((batch_line && to.model == devices && to.batch == 1) ||
+        (model_line && to.batch == devices && to.model == 1))
+      return {{Kind::kAllToAll, devices, bytes / devices}};
+    // Between the batch's line and another grid's batch split (each of whose parts is a run of
+    // the line's): cut locally from it, gathered over that grid's tp group into it.
+    if (from.model == 1 && to.model == 1 && to.batch == devices) return {};
+    if (from.model == 1 && to.model == 1 && from.batch == devices)
+      return {{Kind::kAllGather, to_grid, bytes / to.batch}};
+    return gathers(from, Layout{});
+  }
+  if (moved_share(from, to).second <= 1) return {};
+  return gathers(from, to);
+}
+
 double redistribution_time(const Layout& from, const Layout& to, double bytes, bool gradient,
-                           const DeviceProfile& profile) {
+                           const DeviceProfile& profile, int devices) {
   auto move = [&](const Layout& have, const Layout& need) {
-    const auto [share, pieces] = moved_share(have, need);
-    return pieces > 1 ? profile.collective_time(Collective::kAllGather, pieces, share * bytes)
-                      : 0.0;
+    double seconds = 0;
+    for (const MoveStep& step : redistribution_steps(have, need, bytes, devices))
+      seconds += profile.collective_time(Collective::kAllGather, step.group, step.bytes);
+    return seconds;
   };
   return move(from, to) + (gradient ? move(to, from) : 0.0);
 }
@@ -636,7 +673,8 @@ double shared_parameter_time(const Graph& graph, const SharedParameter& shared,
   if (owned.dim != used.dim || owned.parts != used.parts) {
     const bool same_axis = owned.dim == used.dim || owned.dim < 0 || used.dim < 0;
     const Layout to{1, same_axis ? used.parts : 1};
-    time += redistribution_time({1, owned.parts}, to, bytes, /*gradient=*/true, config.profile);
+    time += redistribution_time({1, owned.parts}, to, bytes, /*gradient=*/true, config.profile,
+                                config.devices);
   }
   return time;
 }
@@ -670,9 +708,9 @@ CostGraph build_cost_graph(const Graph& graph, const std::vector<std::vector<Str
       bool any = false;
       for (size_t a = 0; a < from.size(); ++a)
         for (size_t b = 0; b < to.size(); ++b) {
-          const double time =
-              redistribution_time(from[a].output_layouts[tensor.producer_slot],
-                                  to[b].input_layouts[slot], bytes, gradient, config.profile);
+          const double time = redistribution_time(from[a].output_layouts[tensor.producer_slot],
+                                                  to[b].input_layouts[slot], bytes, gradient,
+                                                  config.profile, config.devices);
           table[a * to.size() + b].time = time;
           any = any || time > 0;
         }

@@ -129,11 +129,30 @@ std::vector<std::vector<Strategy>> enumerate_strategies(const Graph& graph,
 // zero when each device already holds its part of `from`.
 double redistribution_gradient_bytes(const Layout& from, const Layout& to, double bytes);
 
-// Seconds to move a tensor of `bytes` from layout `from` to layout `to` (each device gathers
-// the part it lacks: an all-gather over the devices holding the pieces), plus the way back for
-// its gradient when `gradient`. Zero when every device already holds what it needs.
+// One collective of a move between layouts: an all-gather over `group` devices of `bytes` (the
+// gathered result), or an all-to-all between the batch's line and the model's over all `group`
+// devices (`bytes`: the part each holds, of which it sends a group's size-th to every other).
+struct MoveStep {
+  enum class Kind { kAllGather, kAllToAll };
+  Kind kind;
+  int group;
+  double bytes;
+};
+
+// The collectives that move a tensor of `bytes` from layout `from` to layout `to` on `devices`
+// devices, as the runtime (parallel::ParallelModule) runs them: none where each device holds
+// what it needs (it cuts its part locally); within one grid, an all-gather of the model's parts,
+// then one of the batch's; between grids of per-op degrees (dp x tp = devices, other tp), an
+// all-to-all between the batch's line and the model's, a local cut from a grid whose rows hold
+// the batch line's, and otherwise the gathers of `from` to the whole tensor.
+std::vector<MoveStep> redistribution_steps(const Layout& from, const Layout& to, double bytes,
+                                           int devices);
+
+// Seconds to move a tensor of `bytes` from layout `from` to layout `to` (redistribution_steps),
+// plus the way back for its gradient when `gradient`. Zero when every device already holds what
+// it needs.
 double redistribution_time(const Layout& from, const Layout& to, double bytes, bool gradient,
-                           const DeviceProfile& profile);
+                           const DeviceProfile& profile, int devices);
 
 // A parameter read by more than one op (a tied weight): its first user owns it (memory, and the
 // data-parallel all-reduce of its gradient when that user splits the batch); each later user is

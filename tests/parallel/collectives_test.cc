@@ -1,6 +1,7 @@
 // Collectives of MpiCommunicator against hand-computed results, in every dtype, contiguous and
 // strided, with row counts the rank count does not divide; process groups on a dp x tp grid;
-// launch helpers; bad arguments. Run with 2 and 4 ranks (tests/parallel/BUILD).
+// groups over part of the ranks made of point-to-point messages (SubgroupCommunicator); launch
+// helpers; bad arguments. Run with 2 and 4 ranks (tests/parallel/BUILD).
 #include <algorithm>
 #include <functional>
 #include <thread>
@@ -12,6 +13,7 @@
 #include "parallel/launch.h"
 #include "parallel/mpi_communicator.h"
 #include "parallel/process_group.h"
+#include "parallel/subgroup_communicator.h"
 #include "tests/parallel/mpi_testing.h"
 #include "tests/testing.h"
 
@@ -547,6 +549,86 @@ TEST_F(Collectives, ARegisteredBackendGivesTheGridDeviceGroupsOverTheDpAndTpRank
   // CPU bookkeeping stays on the MPI groups.
   EXPECT_EQ(grid.world()->device(), Device::cpu());
   EXPECT_EQ(grid.tensor_parallel()->device(), Device::cpu());
+}
+
+// ---- Groups over part of the ranks ----
+
+// Pairs of neighbouring ranks (0-1, 2-3) and the whole world in reverse order, each a
+// SubgroupCommunicator over the world.
+TEST_F(Collectives, SubgroupsOfPointToPointMessagesMatchTheirMembersValues) {
+  const int pair_first = rank() / 2 * 2;
+  std::vector<int> pair_ranks{pair_first, pair_first + 1}, reversed;
+  for (int r = size() - 1; r >= 0; --r) reversed.push_back(r);
+  for (const auto& members : {pair_ranks, reversed}) {
+    SubgroupCommunicator group(shared_world(), members, "sub");
+    const int n = group.size();
+    ASSERT_EQ(members[static_cast<size_t>(group.rank())], rank());
+    std::vector<int> order(members.begin(), members.end());
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin, ReduceOp::kMean}) {
+      Tensor tensor = rank_tensor(rank(), {2, 3}, DType::kFloat32);
+      group.all_reduce(tensor, op);
+      for (int64_t i = 0; i < 6; ++i) {
+        double sum = 0, high = -1e300, low = 1e300;
+        for (int member : order) {
+          const double v = value_of(member, i, DType::kFloat32);
+          sum += v;
+          high = std::max(high, v);
+          low = std::min(low, v);
+        }
+        const double expected = op == ReduceOp::kSum   ? sum
+                                : op == ReduceOp::kMax ? high
+                                : op == ReduceOp::kMin ? low
+                                                       : sum / n;
+        EXPECT_DOUBLE_EQ(tensor.to_vector<double>()[static_cast<size_t>(i)], expected)
+            << reduce_op_name(op) << " element " << i;
+      }
+    }
+    // All-gather: the members' rows in the group's order, into a strided output too.
+    Tensor gathered = zeros({2 * n, 3});
+    group.all_gather(rank_tensor(rank(), {2, 3}, DType::kFloat32), gathered);
+    Tensor strided = transpose(zeros({3, 2 * n}), 0, 1);
+    group.all_gather(rank_tensor(rank(), {2, 3}, DType::kFloat32), strided);
+    for (int member = 0; member < n; ++member) {
+      const Tensor expected =
+          rank_tensor(order[static_cast<size_t>(member)], {2, 3}, DType::kFloat32);
+      EXPECT_TRUE(tessel::testing::all_close(narrow(gathered, 0, 2 * member, 2), expected, 0, 0));
+      EXPECT_TRUE(tessel::testing::all_close(narrow(strided, 0, 2 * member, 2), expected, 0, 0));
+    }
+    // Reduce-scatter: this member's rows of the sum; broadcast: the root's values.
+    Tensor rows = zeros({2, 3});
+    group.reduce_scatter(rank_tensor(rank(), {2 * n, 3}, DType::kFloat32), rows);
+    Tensor whole_sum = zeros({2 * n, 3});
+    for (int member : order)
+      whole_sum = add(whole_sum, rank_tensor(member, {2 * n, 3}, DType::kFloat32));
+    EXPECT_TRUE(tessel::testing::all_close(rows, narrow(whole_sum, 0, 2 * group.rank(), 2), 0, 0));
+    Tensor value = rank_tensor(rank(), {4}, DType::kInt64);
+    group.broadcast(value, n - 1);
+    EXPECT_EQ(value.to_vector<double>(), values_of(order.back(), 4, DType::kInt64));
+    group.barrier();
+  }
+}
+
+TEST_F(Collectives, ASubgroupWithoutThisRankOrWithARankTwiceIsAClearError) {
+  const int other = (rank() + 1) % size();
+  EXPECT_TRUE(throws_error([&] { SubgroupCommunicator(shared_world(), {other}, "g"); },
+                           "is not in the group"));
+  EXPECT_TRUE(throws_error(
+      [&] {
+        SubgroupCommunicator(shared_world(), {rank(), rank()}, "g");
+      },
+      "listed twice"));
+  EXPECT_TRUE(throws_error(
+      [&] {
+        SubgroupCommunicator(shared_world(), {rank(), size()}, "g");
+      },
+      "is not one of"));
+  SubgroupCommunicator alone(shared_world(), {rank()}, "alone");
+  EXPECT_TRUE(throws_error(
+      [&] {
+        Tensor flags = zeros({2}, DType::kBool);
+        alone.all_reduce(flags);
+      },
+      "bool"));
 }
 
 // ---- Launch helpers ----

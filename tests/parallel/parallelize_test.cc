@@ -3,7 +3,8 @@
 // ResNet-18 (channel-split convolutions, column and row, normalisation and pooling by channels,
 // row- and column-split classifiers) on a line of tensor-parallel ranks, and an MLP and a CNN
 // without batch norm on a dp x tp grid at 4 ranks, and plans with per-op degrees (ops splitting
-// the batch or the model over both of two ranks). For several points of each frontier: two SGD
+// the batch or the model over both of two ranks, and on four ranks ops on a 2 x 2 grid beside
+// ops over all four). For several points of each frontier: two SGD
 // steps give the same losses, first gradients and final parameters within the closeness rule,
 // and each step issues exactly the collectives the planner priced (kind, group, bytes).
 // ShuffleNet v2 trains the same, but its channel split and shuffle cut across channel-split
@@ -518,6 +519,79 @@ TEST_F(ParallelizeTest, TaggerWithAPaddingRowAndNllLossAsPlannedOnATensorParalle
       }));
       expect_same_run(planned_run(c, plan, grid, /*as_priced=*/true), whole);
     }
+  }
+}
+
+// Per-op degrees over part of four ranks: ops on the 2 x 2 grid (batch over the ranks of one
+// parity, model over the pairs) beside ops splitting the batch or the model over all four or
+// running whole, so tensors move between grids (an all-to-all between the lines, local cuts and
+// gathers between the batch's line and the grid's rows, and otherwise through the whole tensor).
+// Each per-op frontier point is run as it is and with every op that has a strategy of the same
+// kind on the 2 x 2 grid moved there, and with every other such op moved there.
+TEST_F(ParallelizeTest, PerOpDegreesOverPartOfFourRanks) {
+  if (size() != 4) GTEST_SKIP() << "a 2 x 2 grid inside one group needs 4 ranks";
+  ProcessGrid grid(4, 1);
+  for (const auto& [name, c] : std::vector<std::pair<std::string, Case>>{
+           {"mlp", labelled(mlp, {8, 12})},
+           {"cnn", labelled([] { return residual_cnn(false); }, {16, 3, 8, 8})},
+           {"cnn with batch norm", labelled([] { return residual_cnn(true); }, {32, 3, 8, 8})},
+           {"tagger", tagger_case()}}) {
+    SCOPED_TRACE(name);
+    if (rank() == 0) std::cout << name << "\n";
+    auto model = c.make();
+    const planner::Graph graph = planner::trace_module(*model, c.trace);
+    planner::PlannerConfig config;
+    config.devices = 4;
+    config.max_tp = 4;
+    config.profile = test_profile(4);
+    const auto strategies = planner::enumerate_strategies(graph, config);
+    // Op i moved to the 2 x 2 grid with its strategy's kind, where it has one there.
+    const auto on_grid = [&](planner::PlanFile::Op op) {
+      for (const planner::Strategy& s : strategies[static_cast<size_t>(op.index)])
+        if (s.dp == 2 && s.tp == 2 && planner::split_kind_name(s.kind) == op.strategy) {
+          op.dp = 2;
+          op.tp = 2;
+          return std::make_pair(op, true);
+        }
+      return std::make_pair(op, false);
+    };
+    planner::PlanOptions options;
+    options.config = config;
+    options.config.optimizer_states = 0;
+    options.remat_fractions = {1.0};
+    options.per_op_degrees = true;
+    const planner::PlanResult result = planner::plan_graph(graph, options);
+    std::vector<std::vector<planner::PlanFile::Op>> points;
+    std::vector<std::string> summaries;
+    for (size_t p = 0; p < result.frontier.size(); ++p) {
+      points.push_back(planned_ops(graph, result, static_cast<int>(p)));
+      summaries.push_back(result.frontier[p].summary);
+    }
+    ASSERT_FALSE(points.empty());
+    const RunResult whole = whole_run(c);
+    int runs_on_the_grid = 0;
+    for (size_t p = 0; p < points.size(); ++p) {
+      for (int every : {0, 1, 2}) {  // 0: the point as the planner chose it
+        auto plan = points[p];
+        int candidates = 0;
+        for (auto& op : plan) {
+          auto [recut, ok] = on_grid(op);
+          if (every > 0 && ok && candidates++ % every == 0) op = recut;
+        }
+        std::set<std::pair<int, int>> grids;
+        for (const auto& op : plan)
+          if (op.dp > 1 || op.tp > 1) grids.insert({op.dp, op.tp});
+        if (grids.size() < 2 || !grids.count({2, 2})) continue;
+        ++runs_on_the_grid;
+        const char* how[] = {", as chosen", ", every such op on the 2 x 2 grid",
+                             ", every other such op on the 2 x 2 grid"};
+        const std::string what = summaries[p] + how[every];
+        SCOPED_TRACE(what);
+        if (rank() == 0) std::cout << "  " << what << "\n";
+        expect_same_run(planned_run(c, plan, grid, /*as_priced=*/true, /*one_group=*/true), whole);
+      }
+    }
+    EXPECT_GT(runs_on_the_grid, 0) << "no plan mixed the 2 x 2 grid with another";
   }
 }
 

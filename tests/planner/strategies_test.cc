@@ -322,10 +322,10 @@ TEST(Strategies, BatchSplitsMustDivideTheBatch) {
 
 TEST(Redistribution, ColumnThenRowNeedsNothing) {
   const DeviceProfile profile = round_number_profile();
-  EXPECT_DOUBLE_EQ(redistribution_time({2, 4}, {2, 4}, 1e6, true, profile), 0);
+  EXPECT_DOUBLE_EQ(redistribution_time({2, 4}, {2, 4}, 1e6, true, profile, 8), 0);
   // A replicated tensor is sliced for free going forward, but its gradient must be gathered.
-  EXPECT_DOUBLE_EQ(redistribution_time({1, 1}, {4, 1}, 1e6, false, profile), 0);
-  EXPECT_GT(redistribution_time({1, 1}, {4, 1}, 1e6, true, profile), 0);
+  EXPECT_DOUBLE_EQ(redistribution_time({1, 1}, {4, 1}, 1e6, false, profile, 8), 0);
+  EXPECT_GT(redistribution_time({1, 1}, {4, 1}, 1e6, true, profile, 8), 0);
 }
 
 TEST(Redistribution, BatchToColumnIsAnAllGather) {
@@ -334,10 +334,10 @@ TEST(Redistribution, BatchToColumnIsAnAllGather) {
   const DeviceProfile profile = round_number_profile();
   const double bytes = 8e6;
   const double needed = bytes / 4;
-  EXPECT_DOUBLE_EQ(redistribution_time({8, 1}, {4, 1}, bytes, false, profile),
+  EXPECT_DOUBLE_EQ(redistribution_time({8, 1}, {4, 1}, bytes, false, profile, 8),
                    1e-6 + 0.5 * needed / 1e9);
   // Its gradient comes back already split finer: nothing to move.
-  EXPECT_DOUBLE_EQ(redistribution_time({8, 1}, {4, 1}, bytes, true, profile),
+  EXPECT_DOUBLE_EQ(redistribution_time({8, 1}, {4, 1}, bytes, true, profile, 8),
                    1e-6 + 0.5 * needed / 1e9);
 }
 

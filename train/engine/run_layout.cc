@@ -1,5 +1,6 @@
 #include "train/engine/run_layout.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <set>
 #include <streambuf>
@@ -303,6 +304,12 @@ std::unique_ptr<optim::Optimizer> make_run_optimizer(
   std::shared_ptr<nn::Module> alias(&module, [](nn::Module*) {});
   const auto stage = static_cast<parallel::ZeroStage>(layout.zero);
   if (layout.plan && has_per_op_degrees(*layout.plan)) {
+    TESSEL_CHECK(
+        std::none_of(layout.plan->ops.begin(), layout.plan->ops.end(),
+                     [](const planner::PlanFile::Op& op) { return op.dp > 1 && op.tp > 1; }),
+        "--zero beside a plan with per-op degrees over part of the ranks (an op at dp > 1 "
+        "and tp > 1) is not run yet: plan without --zero, or with a grid (no "
+        "--per_op_degrees)");
     // Per-op degrees on one line of ranks: ZeRO over the line; the tensors the plan cuts over it
     // stay each rank's own shards.
     const auto* split = dynamic_cast<const parallel::SplitParameters*>(&module);

@@ -267,7 +267,8 @@ double clip_grad_norm_tensor_parallel(nn::Module& model, double max_norm, int64_
 }
 
 double clip_grad_norm_split(const nn::NamedTensors& parameters, const std::set<std::string>& split,
-                            parallel::Communicator& group, double max_norm) {
+                            parallel::Communicator& group, double max_norm,
+                            const std::map<std::string, int>& copies) {
   NoGradGuard no_grad;
   double split_squares = 0, replicated_squares = 0;
   std::vector<Tensor> grads;
@@ -275,7 +276,9 @@ double clip_grad_norm_split(const nn::NamedTensors& parameters, const std::set<s
     const Tensor grad = parameter.grad();
     if (!grad.defined() || grad.numel() == 0) continue;
     grads.push_back(grad);
-    const double squares = sum(mul(grad, grad)).item<double>();
+    double squares = sum(mul(grad, grad)).item<double>();
+    auto copied = copies.find(name);
+    if (copied != copies.end()) squares /= copied->second;
     (split.count(name) ? split_squares : replicated_squares) += squares;
   }
   // On the group's device (NCCL moves GPU tensors only), read back on the CPU.
@@ -445,11 +448,16 @@ double ParallelBert::clip_gradients(double max_norm, optim::Optimizer& optimizer
   auto* zero = dynamic_cast<parallel::ZeroOptimizer*>(&optimizer);
   if (planned_) {
     std::set<std::string> split;
-    for (const auto& entry : planned_->parallel().split_dims()) split.insert(entry.first);
+    std::map<std::string, int> copies;
+    for (const auto& entry : planned_->parallel().split_dims()) {
+      split.insert(entry.first);
+      copies[entry.first] = planned_->parallel().shard_copies(entry.first);
+    }
     // ZeRO's stages 2 and 3 hold each rank's part of the gradients only.
     if (zero && zero->stage() != parallel::ZeroStage::kOptimizerState)
       return zero->clip_grad_norm(max_norm, *planned_cuts_, split);
-    return clip_grad_norm_split(planned_->named_parameters(), split, *planned_cuts_, max_norm);
+    return clip_grad_norm_split(planned_->named_parameters(), split, *planned_cuts_, max_norm,
+                                copies);
   }
   if (zero && zero->stage() != parallel::ZeroStage::kOptimizerState) {
     if (!tp_model_) return zero->clip_grad_norm(max_norm);

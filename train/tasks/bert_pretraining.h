@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <ostream>
 #include <set>
@@ -68,9 +69,12 @@ std::string work_dir_for(const std::string& work_dir, const std::string& name);
 // group, replicated ones counted once. Returns the total norm.
 double clip_grad_norm_tensor_parallel(nn::Module& model, double max_norm, int64_t group);
 // The same for `parameters`, of which those named in `split` are cut over `group` (a collective
-// over it) and the others whole and equal on every rank of it.
+// over it) and the others whole and equal on every rank of it. `copies`: for a cut tensor that
+// several ranks of the group hold the same part of (a plan's grid over part of the ranks), how
+// many do; 1 for the others.
 double clip_grad_norm_split(const nn::NamedTensors& parameters, const std::set<std::string>& split,
-                            parallel::Communicator& group, double max_norm);
+                            parallel::Communicator& group, double max_norm,
+                            const std::map<std::string, int>& copies = {});
 // Copies a tensor-parallel model's parameters into the full model of the same names, gathering
 // split ones over the tp group (a collective): evaluation runs on the full model.
 void gather_into_full_model(nn::Module& sharded, nn::Module& full, int64_t group);
