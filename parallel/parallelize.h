@@ -167,6 +167,16 @@ class ParallelModule : private DispatchInterceptor {
     int64_t period = 0;  // 0: the whole dim
     int factor = 0;      // one group: the grid's t (0 for a layout that splits nothing)
   };
+  // The parts the cut tensor `name` is cut into and this rank's part (its grid's tp and tp index).
+  std::pair<int, int> cut_parts(const std::string& name) const {
+    const Grid& g = grid(split_factors_.at(name));
+    return {g.tp, g.tp_index};
+  }
+  // `local`, cut as the tensor `name` is (its optimizer state too), whole (a collective over the
+  // ranks that cut it).
+  Tensor gather_cut(const std::string& name, const Tensor& local) const {
+    return whole(name, local);
+  }
   // How many ranks of the group hold the same part of the cut tensor `name` (those of a grid
   // over part of the ranks that share a part of the model; 1 otherwise).
   int shard_copies(const std::string& name) const {

@@ -82,6 +82,14 @@ class SplitParameters {
  public:
   virtual ~SplitParameters() = default;
   virtual std::map<std::string, int64_t> split_parameter_dims() const = 0;
+  // Where `parameter` is cut over other ranks than the tensor-parallel group's (a plan's grid
+  // over part of the ranks): the number of parts and this rank's part; {0, 0} otherwise.
+  virtual std::pair<int, int> split_part(const std::string& /*parameter*/) const { return {0, 0}; }
+  // `local`, this rank's part of `parameter` (or of its optimizer state) where split_part is not
+  // {0, 0}, whole: a collective over the ranks that cut it.
+  virtual Tensor gather_split(const std::string& parameter, const Tensor& local) const {
+    TESSEL_FAIL("gather_split: ", parameter, " is cut over the tensor-parallel group");
+  }
 };
 
 // y = x A^T + b with A's rows (output features) split: rank r holds rows

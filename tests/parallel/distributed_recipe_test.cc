@@ -456,9 +456,62 @@ TEST_F(DistributedRecipe, VisionPlanWithPerOpDegreesTrainsLikeOneProcess) {
   if (rank() != 0) return;
   EXPECT_EQ(actual.steps, 3);
   EXPECT_NE(log.str().find("dp 1 x tp 2 from plan"), std::string::npos) << log.str();
-  EXPECT_NE(log.str().find("per-op degrees: each op splits the batch or the model over every "
-                           "rank"),
+  EXPECT_NE(log.str().find("per-op degrees: each op on the grid its strategy chose"),
             std::string::npos)
+      << log.str();
+  for (const RecipeResult* run : {&actual, &resumed}) {
+    EXPECT_NEAR(run->final_train_loss, expected.final_train_loss,
+                1e-4 * std::abs(expected.final_train_loss));
+    expect_close_parameters(run->last_checkpoint, expected.last_checkpoint);
+  }
+}
+
+// On 4 ranks a plan with per-op degrees puts ops on a 2 x 2 grid (each of its groups over part of
+// the ranks) beside ops over all four: ResNet-18 trains what one process trains.
+TEST_F(DistributedRecipe, VisionPlanWithOpsOverPartOfTheRanksOnFourRanksTrainsLikeOneProcess) {
+  if (size() != 4) GTEST_SKIP() << "a 2 x 2 grid inside one line needs 4 ranks";
+  const planner::ModelSpec spec{"resnet18", 16, 0, 28, 10, 1, false};
+  const std::string path = test_folder("resnet_part_of_four.json");
+  if (world_rank() == 0) {
+    const planner::Graph graph = models::trace_model(spec);
+    planner::PlanOptions options = two_rank_plan_options();
+    options.config.devices = 4;
+    options.config.profile.devices_per_node = 4;
+    options.per_op_degrees = true;
+    const planner::PlanResult result = planner::plan_graph(graph, options);
+    const auto mixes_grids = [](const planner::PlanFile& plan) {
+      bool two_by_two = false, other = false;
+      for (const auto& op : plan.ops) {
+        if (op.dp == 2 && op.tp == 2) two_by_two = true;
+        if ((op.dp > 1 || op.tp > 1) && !(op.dp == 2 && op.tp == 2)) other = true;
+      }
+      return two_by_two && other;
+    };
+    planner::write_plan(first_frontier_point(graph, result, spec, options, mixes_grids,
+                                             "with ops on a 2 x 2 grid beside others"),
+                        path);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  TrainConfig alone = config("resnet18_fashion_mnist", "resnet18");
+  alone.batch_size = 16;
+  alone.steps = 3;
+  alone.checkpoint_every = 2;
+  alone.checkpoint_dir = folder("resnet_part_of_four_alone");
+  const RecipeResult expected = run_alone(alone);
+  TrainConfig planned = alone;
+  planned.plan = path;
+  planned.checkpoint_dir = folder("resnet_part_of_four_planned");
+  std::ostringstream log;
+  const RecipeResult actual = run_recipe(planned, log);
+  // One process's checkpoint resumes under the plan (each rank takes its part of each tensor).
+  TrainConfig resuming = planned;
+  resuming.resume = folder("resnet_part_of_four_alone") + "/step_2";
+  resuming.checkpoint_dir = folder("resnet_part_of_four_resumed");
+  const RecipeResult resumed = run_recipe(resuming, log);
+  EXPECT_EQ(resumed.resumed_from_step, 2);
+  if (rank() != 0) return;
+  EXPECT_EQ(actual.steps, 3);
+  EXPECT_NE(log.str().find("each op on the grid its strategy chose"), std::string::npos)
       << log.str();
   for (const RecipeResult* run : {&actual, &resumed}) {
     EXPECT_NEAR(run->final_train_loss, expected.final_train_loss,
@@ -1159,8 +1212,8 @@ TEST_F(DistributedRecipe, BertPlansRunTheirOwnOpsLikeOneProcess) {
     EXPECT_EQ(actual.steps, 3);
     EXPECT_NE(log.str().find("dp 1 x tp 2 from plan"), std::string::npos) << log.str();
     EXPECT_NE(log.str().find("run the plan's ops as priced"), std::string::npos) << log.str();
-    EXPECT_EQ(log.str().find("per-op degrees: each op splits the batch or the model over every "
-                             "rank") != std::string::npos,
+    EXPECT_EQ(log.str().find("per-op degrees: each op on the grid its strategy chose") !=
+                  std::string::npos,
               per_op_degrees)
         << log.str();
     EXPECT_NEAR(actual.final_train_loss, expected.final_train_loss,

@@ -135,6 +135,15 @@ std::optional<CheckpointSharding> checkpoint_sharding(const RunLayout& layout, n
   sharding.gather = [group](const Tensor& local, int64_t dim) {
     return parallel::gather_shards(local, dim, *group);
   };
+  if (const auto* split = dynamic_cast<const parallel::SplitParameters*>(&model)) {
+    for (const auto& [name, dim] : sharding.split_dims) {
+      const std::pair<int, int> part = split->split_part(name);
+      if (part.first > 0) sharding.other_parts[name] = part;
+    }
+    sharding.gather_other = [split](const std::string& name, const Tensor& local) {
+      return split->gather_split(name, local);
+    };
+  }
   return sharding;
 }
 

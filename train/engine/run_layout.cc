@@ -276,8 +276,8 @@ RunLayout lay_out_ranks(const TrainConfig& config, std::ostream& log, TrainConfi
       rank_log << "; the recipes run the plan's ops as priced"
                << (run.zero > 0 ? " beside ZeRO" : "");
     if (has_per_op_degrees(*run.plan))
-      rank_log << "; per-op degrees: each op splits the batch or the model over every rank, or "
-                  "runs whole";
+      rank_log << "; per-op degrees: each op on the grid its strategy chose (the batch over every "
+                  "rank, the model over every rank, or both over part of them), or whole";
     rank_log << ")";
     if (run.plan->memory_policy != "none")
       rank_log << "; the plan expects memory policy " << run.plan->memory_policy

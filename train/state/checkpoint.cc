@@ -242,12 +242,15 @@ Tensor this_part(const CheckpointSharding& sharding, const std::string& name, co
                "' holds '", name, "' of shape ", shape_str(whole.sizes()),
                ", but this run splits it along dim ", dim->second);
   const int64_t size = whole.size(dim->second);
-  TESSEL_CHECK(size % sharding.parts == 0, "load_checkpoint: '", file, "' holds '", name,
-               "' of shape ", shape_str(whole.sizes()), ", whose dim ", dim->second, " (", size,
-               ") does not split into ", sharding.parts, " equal parts for this run's ",
-               sharding.parts, " tensor-parallel ranks");
-  const int64_t part = size / sharding.parts;
-  return contiguous(narrow(whole, dim->second, sharding.part * part, part));
+  auto other = sharding.other_parts.find(name);
+  const int parts = other == sharding.other_parts.end() ? sharding.parts : other->second.first;
+  const int index = other == sharding.other_parts.end() ? sharding.part : other->second.second;
+  TESSEL_CHECK(size % parts == 0, "load_checkpoint: '", file, "' holds '", name, "' of shape ",
+               shape_str(whole.sizes()), ", whose dim ", dim->second, " (", size,
+               ") does not split into ", parts, " equal parts for this run's ", parts,
+               " tensor-parallel ranks");
+  const int64_t part = size / parts;
+  return contiguous(narrow(whole, dim->second, index * part, part));
 }
 
 }  // namespace
@@ -281,7 +284,10 @@ CheckpointContents capture_checkpoint(int64_t step, const nn::Module& module,
     Tensor result = tensor;
     if (sharding != nullptr && sharding->parts > 1) {
       auto dim = sharding->split_dims.find(name);
-      if (dim != sharding->split_dims.end()) result = sharding->gather(tensor, dim->second);
+      if (sharding->other_parts.count(name))
+        result = sharding->gather_other(name, tensor);
+      else if (dim != sharding->split_dims.end())
+        result = sharding->gather(tensor, dim->second);
     }
     return result.device().is_cuda() ? result.to(Device::cpu()) : result;
   };

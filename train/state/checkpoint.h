@@ -48,6 +48,10 @@ struct CheckpointSharding {
   int part = 0;   // this rank's part
   // The whole tensor from every part's `local` (a collective over the ranks sharing it).
   std::function<Tensor(const Tensor& local, int64_t dim)> gather;
+  // Split tensors cut in other parts than `parts` (a plan's grid over part of the ranks): by
+  // name, their part count and this rank's part, and how they are gathered whole.
+  std::map<std::string, std::pair<int, int>> other_parts;
+  std::function<Tensor(const std::string& name, const Tensor& local)> gather_other;
 };
 
 // Everything a checkpoint holds, split tensors gathered whole.

@@ -33,6 +33,15 @@ std::map<std::string, int64_t> PlannedModule::split_parameter_dims() const {
   return parallel_->split_dims();
 }
 
+std::pair<int, int> PlannedModule::split_part(const std::string& parameter) const {
+  if (parallel_->shard_copies(parameter) == 1) return {0, 0};
+  return parallel_->cut_parts(parameter);
+}
+
+Tensor PlannedModule::gather_split(const std::string& parameter, const Tensor& local) const {
+  return parallel_->gather_cut(parameter, local);
+}
+
 Tensor PlannedModule::loss(const std::vector<Tensor>& inputs) {
   Tensor loss = parallel_->loss(inputs);
   if (loss.requires_grad() && !zero_reduces_gradients_) {

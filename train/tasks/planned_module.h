@@ -27,6 +27,10 @@ class PlannedModule : public nn::Module, public parallel::SplitParameters {
                 std::shared_ptr<nn::Module> evaluated);
   Tensor forward(const Tensor&) override;  // an error: a plan's ops run through loss()
   std::map<std::string, int64_t> split_parameter_dims() const override;
+  // Tensors the plan cuts over part of the ranks (a grid of per-op degrees): cut and gathered as
+  // ParallelModule keeps them.
+  std::pair<int, int> split_part(const std::string& parameter) const override;
+  Tensor gather_split(const std::string& parameter, const Tensor& local) const override;
   // The plan's loss of this rank's rows of each step input (the same scalar on every rank). Its
   // backward ends with the plan's gradient sums over dp (ParallelModule::synchronize_gradients).
   Tensor loss(const std::vector<Tensor>& inputs);
