@@ -471,13 +471,13 @@ std::vector<StepCollective> ParallelModule::planned_collectives() const {
     return shape_numel(sizes) * static_cast<int64_t>(sizeof(float));
   };
   // Tensors (read as one shape) whose gradient one all-reduce sums.
-  std::set<std::pair<int, Shape>> column_inputs;
+  std::set<std::tuple<int, Shape, int>> column_inputs;  // and the grid reading them
   for (const planner::TracedOp& op : graph_.ops) {
     const planner::Strategy& s = strategies_[op.id];
     const bool table = op.def->planner.split == ParallelSplit::kEmbeddingTable;
     if (s.tp > 1 && s.kind == SplitKind::kColumn && !table && op.inputs[0] >= 0 &&
         graph_.tensors[op.inputs[0]].requires_grad &&
-        column_inputs.insert({op.inputs[0], op.input_shapes[0]}).second)
+        column_inputs.insert({op.inputs[0], op.input_shapes[0], s.tp}).second)
       collective("all_reduce", label("tp"), s.tp, bytes_of(op.input_shapes[0]) / s.dp);
     if (s.tp > 1 && (s.kind == SplitKind::kRow || (s.kind == SplitKind::kVocab && table)))
       collective("all_reduce", label("tp"), s.tp, bytes_of(op.output_shapes[0]) / s.dp);
@@ -513,14 +513,18 @@ std::vector<StepCollective> ParallelModule::planned_collectives() const {
       const int64_t owner_dim = stored == split_dims_.end() ? -1 : stored->second;
       if (cut.owned || owner_dim == cut.dim) continue;
       const int64_t bytes = graph_.tensors[cut.tensor].bytes;
-      if (one_group_ && s.dp > 1 && owner_dim >= 0)  // its rows' gradient summed (run_op)
-        planned.push_back({"all_reduce", label("dp"), bytes});
+      // The ranks that cut it: the owner's grid's tp group, or the reader's where it is whole.
+      const std::string& name = graph_.tensors[cut.tensor].parameter;
+      const int parts = owner_dim >= 0 ? grid(split_factors_.at(name)).tp : s.tp;
+      // Summed at read (run_op) where the owner cuts it over the model's line.
+      if (one_group_ && s.dp > 1 && owner_dim >= 0 && cut.dim < 0 && parts == dp_)
+        collective("all_reduce", label("dp"), parts, bytes);
       if (owner_dim >= 0 && cut.dim >= 0) {
         for (int pass = 0; pass < 2; ++pass)
-          for (int peer = 1; peer < tp_; ++peer)
-            planned.push_back({"send", label("tp"), bytes / tp_ / tp_});
+          for (int peer = 1; peer < parts; ++peer)
+            planned.push_back({"send", label("tp"), bytes / parts / parts});
       } else {
-        planned.push_back({"all_gather", label("tp"), bytes});
+        collective("all_gather", label("tp"), parts, bytes);
       }
     }
     for (size_t slot = 0; slot < op.inputs.size(); ++slot) {
@@ -896,8 +900,8 @@ std::vector<Tensor> ParallelModule::run_op(const OpDef& op, const std::vector<Te
       // Over one group, an op splitting the batch reads whole a parameter that another op cuts
       // over all the ranks: its gradient, this rank's rows' part, is summed here (not in
       // synchronize_gradients, which cannot sum cut parameters over the group that cuts them).
-      if (one_group_ && s.dp > 1 && input.layout.model && dim < 0)
-        local_in[k] = copy_to_tp(local_in[k], grid(input.layout.factor).tp_group);
+      if (one_group_ && s.dp > 1 && input.layout.model && dim < 0 && input.layout.factor == dp_)
+        local_in[k] = copy_to_tp(local_in[k], tp_group_);
       continue;
     }
     if (input.persistent) {
@@ -943,8 +947,9 @@ std::vector<Tensor> ParallelModule::run_op(const OpDef& op, const std::vector<Te
     // Each rank uses the whole input: its gradient is the sum of every rank's part, one
     // all-reduce for every column split reading it.
     Local& source = local_of(inputs[0]);
-    if (!source.column_input.defined()) source.column_input = copy_to_tp(local_in[0], g.tp_group);
-    local_in[0] = source.column_input;
+    Tensor& copy = source.column_input[factor];
+    if (!copy.defined()) copy = copy_to_tp(local_in[0], g.tp_group);
+    local_in[0] = copy;
     results = tessel::dispatch(op, local_in, local_attrs, local_out);
   } else if (kind == SplitKind::kRow && s.tp > 1) {
     // Partial products over the input features, summed, then the bias once.

@@ -204,7 +204,7 @@ class ParallelModule : private DispatchInterceptor {
     Layout layout;
     bool persistent = false;  // a parameter or buffer (kept across steps)
     // Its whole copy entering column splits: their input gradients summed by one all-reduce.
-    Tensor column_input;
+    std::map<int, Tensor> column_input;  // by the grid of the column splits
   };
   std::vector<Tensor> dispatch(const OpDef& op, const std::vector<Tensor>& inputs,
                                const Attrs& attrs, const std::vector<Tensor>& out) override;
