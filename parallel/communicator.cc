@@ -19,9 +19,11 @@ class FinishedWork : public Work {
 };
 }  // namespace
 
+std::shared_ptr<Work> finished_work() { return std::make_shared<FinishedWork>(); }
+
 std::shared_ptr<Work> Communicator::all_gather_async(const Tensor& input, const Tensor& output) {
   all_gather(input, output);
-  return std::make_shared<FinishedWork>();
+  return finished_work();
 }
 
 const char* reduce_op_name(ReduceOp op) {

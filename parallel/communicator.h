@@ -75,6 +75,10 @@ class Work {
 // ranks that only receive), so the ranks that still need a missing rank are the ones that time
 // out. After a timeout the communicator is unusable: every later call throws.
 // Call a communicator from one thread at a time (MPI is initialised as funneled).
+// Work that is already done (wait() returns at once): what a communicator that finishes a
+// collective before returning hands back from its *_async calls.
+std::shared_ptr<Work> finished_work();
+
 class Communicator {
  public:
   virtual ~Communicator() = default;

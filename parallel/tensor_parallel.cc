@@ -465,67 +465,63 @@ void VocabParallelEmbedding::load_from(const nn::Embedding& full) {
          "VocabParallelEmbedding.weight");
 }
 
-Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& target, int64_t group,
-                                    int64_t ignore_index, bool sum_rows) {
-  TESSEL_CHECK(
-      logits.defined() && logits.dim() == 2 && is_floating(logits.dtype()),
-      "vocab_parallel_cross_entropy: logits must be floating point (rows, vocab / tp), got ",
-      logits.defined() ? shape_str(logits.sizes()) : std::string("none"));
-  TESSEL_CHECK(target.defined() && target.dim() == 1 && target.size(0) == logits.size(0) &&
+namespace {
+
+// Checks a class-split loss's operands: (rows, classes / tp) values, (rows) i64 targets.
+void check_class_split(const char* what, const Tensor& values, const Tensor& target) {
+  TESSEL_CHECK(values.defined() && values.dim() == 2 && is_floating(values.dtype()), what,
+               ": the scores must be floating point (rows, classes / tp), got ",
+               values.defined() ? shape_str(values.sizes()) : std::string("none"));
+  TESSEL_CHECK(target.defined() && target.dim() == 1 && target.size(0) == values.size(0) &&
                    target.dtype() == DType::kInt64,
-               "vocab_parallel_cross_entropy: target must be i64 of shape [", logits.size(0),
-               "], got ", target.defined() ? shape_str(target.sizes()) : std::string("none"));
-  const auto& comm = tp_group(group);
-  const int64_t width = logits.size(1);
-  const int64_t start = width * comm->rank();
-  const DType dtype = logits.dtype();
+               what, ": target must be i64 of shape [", values.size(0), "], got ",
+               target.defined() ? shape_str(target.sizes()) : std::string("none"));
+}
 
-  // Subtracting the global max keeps exp finite; it cancels out of the loss and its gradient.
-  Tensor global_max = max_from_tp(max(logits.detach(), 1), group);
-  Tensor shifted = sub(logits, unsqueeze(global_max, 1));
-  Tensor sum_exp = reduce_from_tp(sum(exp(shifted), {1}), group);
-
+// Each row's value at its target class, summed over the group: this rank's columns [start,
+// start + width) hold it or give 0 (one all-reduce).
+Tensor target_values(const Tensor& values, const Tensor& target, int64_t group) {
+  const int64_t width = values.size(1);
+  const int64_t start = width * tp_group(group)->rank();
+  const DType dtype = values.dtype();
   Tensor in_range =
       mul(to_dtype(ge(target, scalar_on(target, static_cast<double>(start), DType::kInt64)), dtype),
           to_dtype(lt(target, scalar_on(target, static_cast<double>(start + width), DType::kInt64)),
                    dtype));
   Tensor local_target = where(gt(in_range, scalar_on(in_range, 0.5, dtype)),
                               sub(target, static_cast<double>(start)), zeros_like(target));
-  Tensor picked = mul(squeeze(gather(shifted, 1, unsqueeze(local_target, 1)), 1), in_range);
-  Tensor target_logit = reduce_from_tp(picked, group);
+  return reduce_from_tp(mul(squeeze(gather(values, 1, unsqueeze(local_target, 1)), 1), in_range),
+                        group);
+}
 
-  Tensor losses = sub(log(sum_exp), target_logit);
-  Tensor valid = to_dtype(
-      ne(target, scalar_on(target, static_cast<double>(ignore_index), DType::kInt64)), dtype);
+// Over the rows whose target is not ignore_index: the sum of `losses`, or their mean.
+Tensor reduce_counted(const Tensor& losses, const Tensor& target, int64_t ignore_index,
+                      bool sum_rows) {
+  Tensor valid =
+      to_dtype(ne(target, scalar_on(target, static_cast<double>(ignore_index), DType::kInt64)),
+               losses.dtype());
   Tensor total = sum(mul(losses, valid));
   return sum_rows ? total : div(total, sum(valid));
 }
 
+}  // namespace
+
+Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& target, int64_t group,
+                                    int64_t ignore_index, bool sum_rows) {
+  check_class_split("vocab_parallel_cross_entropy", logits, target);
+  // Subtracting the global max keeps exp finite; it cancels out of the loss and its gradient.
+  Tensor global_max = max_from_tp(max(logits.detach(), 1), group);
+  Tensor shifted = sub(logits, unsqueeze(global_max, 1));
+  Tensor sum_exp = reduce_from_tp(sum(exp(shifted), {1}), group);
+  Tensor losses = sub(log(sum_exp), target_values(shifted, target, group));
+  return reduce_counted(losses, target, ignore_index, sum_rows);
+}
+
 Tensor vocab_parallel_nll_loss(const Tensor& log_probs, const Tensor& target, int64_t group,
                                int64_t ignore_index, bool sum_rows) {
-  TESSEL_CHECK(log_probs.defined() && log_probs.dim() == 2 && is_floating(log_probs.dtype()),
-               "vocab_parallel_nll_loss: log_probs must be floating point (rows, classes / tp), "
-               "got ",
-               log_probs.defined() ? shape_str(log_probs.sizes()) : std::string("none"));
-  TESSEL_CHECK(target.defined() && target.dim() == 1 && target.size(0) == log_probs.size(0) &&
-                   target.dtype() == DType::kInt64,
-               "vocab_parallel_nll_loss: target must be i64 of shape [", log_probs.size(0),
-               "], got ", target.defined() ? shape_str(target.sizes()) : std::string("none"));
-  const int64_t width = log_probs.size(1);
-  const int64_t start = width * tp_group(group)->rank();
-  const DType dtype = log_probs.dtype();
-  Tensor in_range =
-      mul(to_dtype(ge(target, scalar_on(target, static_cast<double>(start), DType::kInt64)), dtype),
-          to_dtype(lt(target, scalar_on(target, static_cast<double>(start + width), DType::kInt64)),
-                   dtype));
-  Tensor local_target = where(gt(in_range, scalar_on(in_range, 0.5, dtype)),
-                              sub(target, static_cast<double>(start)), zeros_like(target));
-  Tensor picked = mul(squeeze(gather(log_probs, 1, unsqueeze(local_target, 1)), 1), in_range);
-  Tensor target_values = reduce_from_tp(picked, group);
-  Tensor valid = to_dtype(
-      ne(target, scalar_on(target, static_cast<double>(ignore_index), DType::kInt64)), dtype);
-  Tensor total = neg(sum(mul(target_values, valid)));
-  return sum_rows ? total : div(total, sum(valid));
+  check_class_split("vocab_parallel_nll_loss", log_probs, target);
+  return reduce_counted(neg(target_values(log_probs, target, group)), target, ignore_index,
+                        sum_rows);
 }
 
 // ---- whole models ----
