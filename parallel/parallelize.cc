@@ -311,11 +311,8 @@ void ParallelModule::synchronize_gradients() {
   // of different rows.
   std::map<int, std::vector<Tensor>> by_grid;
   for (const auto& [name, parameter] : parameters_) {
-    auto factor = split_factors_.find(name);
     const Tensor grad = parameter.grad();
-    if (grad.defined() && factor != split_factors_.end() && factor->second > 1 &&
-        factor->second < dp_ && one_group_)
-      by_grid[factor->second].push_back(grad);
+    if (grad.defined() && shard_copies(name) > 1) by_grid[split_factors_.at(name)].push_back(grad);
   }
   for (const auto& [factor, grads] : by_grid) {
     NoGradGuard no_grad;
