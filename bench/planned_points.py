@@ -5,7 +5,7 @@ planner's prediction: step time and peak memory per rank.
 For each model (ResNet-18, ShuffleNet v2 x0.5 and BERT mini) and rank count, three points of the frontier on the
 quiet 2-core CPU profiles (the smallest, the middle one and the fastest; on 2 ranks also three of
 the per-op-degree frontier, `plan --per_op_degrees`, among points whose ops run at other degrees
-than the rest) are written as plan files (`plan --point=K`) and trained by `parallel_bench
+than the rest; on other rank counts with --per_op_ranks) are written as plan files (`plan --point=K`) and trained by `parallel_bench
 --planned` under mpirun, the points interleaved round by round on a quiet machine
 (bench/harness.py). Each run times the median of its steps after warm-up; a cell is the median
 over the rounds with the interquartile range. Writes bench/results/planned_points.md and the raw
@@ -109,6 +109,8 @@ def main():
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--ranks", default="2,4")
+    parser.add_argument("--per_op_ranks", default="2",
+                        help="rank counts whose per-op-degree frontier is run too")
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--force", action="store_true")
     parser.add_argument("--calibrate", action="store_true",
@@ -134,7 +136,8 @@ def main():
     models = args.models.split(",")
     for model in models:
         for ranks in rank_counts:
-            for per_op in ([False, True] if ranks == 2 else [False]):
+            per_op_ranks = {int(r) for r in args.per_op_ranks.split(",") if r}
+            for per_op in ([False, True] if ranks in per_op_ranks else [False]):
                 for point, path, summary in pick_points(model, ranks, workdir, per_op):
                     sides.append(dict(model=model, ranks=ranks, point=point, path=path,
                                       summary=summary,
