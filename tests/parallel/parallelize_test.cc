@@ -4,10 +4,10 @@
 // row- and column-split classifiers) on a line of tensor-parallel ranks, and an MLP and a CNN
 // without batch norm on a dp x tp grid at 4 ranks, and plans with per-op degrees (ops splitting
 // the batch or the model over both of two ranks, and on four ranks ops on a 2 x 2 grid beside
-// ops over all four, for the MLP, the CNNs, a tagger, ResNet-18 and BERT). For several points of each frontier: two SGD
-// steps give the same losses, first gradients and final parameters within the closeness rule,
-// and each step issues exactly the collectives the planner priced (kind, group, bytes).
-// ShuffleNet v2 trains the same, but its channel split and shuffle cut across channel-split
+// ops over all four, for the MLP, the CNNs, a tagger, ResNet-18 and BERT). For several points of
+// each frontier: two SGD steps give the same losses, first gradients and final parameters within
+// the closeness rule, and each step issues exactly the collectives the planner priced (kind, group,
+// bytes). ShuffleNet v2 trains the same, but its channel split and shuffle cut across channel-split
 // tensors, which the runtime gathers beyond the plan (unplanned_moves). BERT pre-training (a step
 // of five inputs) runs its frontier points with attention split by heads, embedding tables split
 // by vocabulary or by columns (the word table tied to the decoder), the loss split by classes,
