@@ -90,6 +90,12 @@ void expect_close_parameters(const std::string& actual, const std::string& expec
 
 class DistributedRecipe : public MpiTest {
  protected:
+  // ResNet-18's recipe under the plan at `path` trains what one process trains (batch 16, 3
+  // steps), resumes one process's checkpoint of step 2 to the same end, and logs each of `logged`.
+  static void expect_resnet_plan_trains_like_one_process(const std::string& path,
+                                                         const std::string& name,
+                                                         const std::vector<std::string>& logged);
+
   // A small Fashion-MNIST-shaped data set (IDX files) shared by the ranks, and an empty folder.
   static std::string folder(const std::string& name) { return test_folder(name); }
 
@@ -412,19 +418,24 @@ TEST_F(DistributedRecipe, PlanWithATensorParallelGroupRunsItsOwnOps) {
   }
 }
 
-// A frontier point of ResNet-18's plans on 2 ranks (Fashion-MNIST's images, batch 16) whose ops
-// split at more than one pair of degrees, and the path rank 0 wrote it to.
-std::string resnet_per_op_plan(const std::string& name,
-                               const std::function<void(planner::PlanFile&)>& change = {}) {
+// A frontier point of ResNet-18's plans with per-op degrees on `devices` ranks (Fashion-MNIST's
+// images, batch 16) that `wanted` accepts (by default: ops split at more than one pair of
+// degrees), and the path rank 0 wrote it to.
+std::string resnet_per_op_plan(
+    const std::string& name, const std::function<void(planner::PlanFile&)>& change = {},
+    int devices = 2,
+    const std::function<bool(const planner::PlanFile&)>& wanted = has_per_op_degrees) {
   const planner::ModelSpec spec{"resnet18", 16, 0, 28, 10, 1, false};
   const std::string path = test_folder(name + ".json");
   if (world_rank() == 0) {
     const planner::Graph graph = models::trace_model(spec);
     planner::PlanOptions options = two_rank_plan_options();
+    options.config.devices = devices;
+    options.config.profile.devices_per_node = devices;
     options.per_op_degrees = true;
     const planner::PlanResult result = planner::plan_graph(graph, options);
-    planner::PlanFile plan = first_frontier_point(graph, result, spec, options, has_per_op_degrees,
-                                                  "with per-op degrees");
+    planner::PlanFile plan =
+        first_frontier_point(graph, result, spec, options, wanted, "with per-op degrees");
     if (change) change(plan);
     planner::write_plan(plan, path);
   }
@@ -432,33 +443,30 @@ std::string resnet_per_op_plan(const std::string& name,
   return path;
 }
 
-// A vision plan with per-op degrees (each op splits the batch or the model over both ranks, or
-// runs whole) trains what one process trains, and resumes one process's checkpoint.
-TEST_F(DistributedRecipe, VisionPlanWithPerOpDegreesTrainsLikeOneProcess) {
-  const std::string path = resnet_per_op_plan("resnet_per_op_plan");
+void DistributedRecipe::expect_resnet_plan_trains_like_one_process(
+    const std::string& path, const std::string& name, const std::vector<std::string>& logged) {
   TrainConfig alone = config("resnet18_fashion_mnist", "resnet18");
   alone.batch_size = 16;
   alone.steps = 3;
   alone.checkpoint_every = 2;
-  alone.checkpoint_dir = folder("resnet_per_op_alone");
+  alone.checkpoint_dir = folder(name + "_alone");
   const RecipeResult expected = run_alone(alone);
 
   TrainConfig planned = alone;
   planned.plan = path;
-  planned.checkpoint_dir = folder("resnet_per_op_planned");
+  planned.checkpoint_dir = folder(name + "_planned");
   std::ostringstream log;
   const RecipeResult actual = run_recipe(planned, log);
+  // Each rank takes its part of every tensor of one process's checkpoint.
   TrainConfig resuming = planned;
-  resuming.resume = folder("resnet_per_op_alone") + "/step_2";
-  resuming.checkpoint_dir = folder("resnet_per_op_resumed");
+  resuming.resume = folder(name + "_alone") + "/step_2";
+  resuming.checkpoint_dir = folder(name + "_resumed");
   const RecipeResult resumed = run_recipe(resuming, log);
   EXPECT_EQ(resumed.resumed_from_step, 2);
-  if (rank() != 0) return;
+  if (world_rank() != 0) return;
   EXPECT_EQ(actual.steps, 3);
-  EXPECT_NE(log.str().find("dp 1 x tp 2 from plan"), std::string::npos) << log.str();
-  EXPECT_NE(log.str().find("per-op degrees: each op on the grid its strategy chose"),
-            std::string::npos)
-      << log.str();
+  for (const std::string& text : logged)
+    EXPECT_NE(log.str().find(text), std::string::npos) << text << "\n" << log.str();
   for (const RecipeResult* run : {&actual, &resumed}) {
     EXPECT_NEAR(run->final_train_loss, expected.final_train_loss,
                 1e-4 * std::abs(expected.final_train_loss));
@@ -466,58 +474,29 @@ TEST_F(DistributedRecipe, VisionPlanWithPerOpDegreesTrainsLikeOneProcess) {
   }
 }
 
+// A vision plan with per-op degrees (each op splits the batch or the model over both ranks, or
+// runs whole) trains what one process trains, and resumes one process's checkpoint.
+TEST_F(DistributedRecipe, VisionPlanWithPerOpDegreesTrainsLikeOneProcess) {
+  expect_resnet_plan_trains_like_one_process(
+      resnet_per_op_plan("resnet_per_op_plan"), "resnet_per_op",
+      {"dp 1 x tp 2 from plan", "per-op degrees: each op on the grid its strategy chose"});
+}
+
 // On 4 ranks a plan with per-op degrees puts ops on a 2 x 2 grid (each of its groups over part of
 // the ranks) beside ops over all four: ResNet-18 trains what one process trains.
 TEST_F(DistributedRecipe, VisionPlanWithOpsOverPartOfTheRanksOnFourRanksTrainsLikeOneProcess) {
   if (size() != 4) GTEST_SKIP() << "a 2 x 2 grid inside one line needs 4 ranks";
-  const planner::ModelSpec spec{"resnet18", 16, 0, 28, 10, 1, false};
-  const std::string path = test_folder("resnet_part_of_four.json");
-  if (world_rank() == 0) {
-    const planner::Graph graph = models::trace_model(spec);
-    planner::PlanOptions options = two_rank_plan_options();
-    options.config.devices = 4;
-    options.config.profile.devices_per_node = 4;
-    options.per_op_degrees = true;
-    const planner::PlanResult result = planner::plan_graph(graph, options);
-    const auto mixes_grids = [](const planner::PlanFile& plan) {
-      bool two_by_two = false, other = false;
-      for (const auto& op : plan.ops) {
-        if (op.dp == 2 && op.tp == 2) two_by_two = true;
-        if ((op.dp > 1 || op.tp > 1) && !(op.dp == 2 && op.tp == 2)) other = true;
-      }
-      return two_by_two && other;
-    };
-    planner::write_plan(first_frontier_point(graph, result, spec, options, mixes_grids,
-                                             "with ops on a 2 x 2 grid beside others"),
-                        path);
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
-  TrainConfig alone = config("resnet18_fashion_mnist", "resnet18");
-  alone.batch_size = 16;
-  alone.steps = 3;
-  alone.checkpoint_every = 2;
-  alone.checkpoint_dir = folder("resnet_part_of_four_alone");
-  const RecipeResult expected = run_alone(alone);
-  TrainConfig planned = alone;
-  planned.plan = path;
-  planned.checkpoint_dir = folder("resnet_part_of_four_planned");
-  std::ostringstream log;
-  const RecipeResult actual = run_recipe(planned, log);
-  // One process's checkpoint resumes under the plan (each rank takes its part of each tensor).
-  TrainConfig resuming = planned;
-  resuming.resume = folder("resnet_part_of_four_alone") + "/step_2";
-  resuming.checkpoint_dir = folder("resnet_part_of_four_resumed");
-  const RecipeResult resumed = run_recipe(resuming, log);
-  EXPECT_EQ(resumed.resumed_from_step, 2);
-  if (rank() != 0) return;
-  EXPECT_EQ(actual.steps, 3);
-  EXPECT_NE(log.str().find("each op on the grid its strategy chose"), std::string::npos)
-      << log.str();
-  for (const RecipeResult* run : {&actual, &resumed}) {
-    EXPECT_NEAR(run->final_train_loss, expected.final_train_loss,
-                1e-4 * std::abs(expected.final_train_loss));
-    expect_close_parameters(run->last_checkpoint, expected.last_checkpoint);
-  }
+  const auto mixes_grids = [](const planner::PlanFile& plan) {
+    bool two_by_two = false, other = false;
+    for (const auto& op : plan.ops) {
+      if (op.dp == 2 && op.tp == 2) two_by_two = true;
+      if ((op.dp > 1 || op.tp > 1) && !(op.dp == 2 && op.tp == 2)) other = true;
+    }
+    return two_by_two && other;
+  };
+  expect_resnet_plan_trains_like_one_process(
+      resnet_per_op_plan("resnet_part_of_four", {}, 4, mixes_grids), "resnet_part_of_four",
+      {"each op on the grid its strategy chose"});
 }
 
 // A vision plan with per-op degrees that does not fit the run says why before training.
