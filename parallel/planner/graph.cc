@@ -79,8 +79,18 @@ class Tracer {
     for (const Tensor& t : inputs) keep_alive_.push_back(t);
     for (const Tensor& t : outputs) keep_alive_.push_back(t);
     if (op.flags.view) {
-      if (!outputs.empty() && !inputs.empty() && inputs[0].defined())
+      if (outputs.empty() || inputs.empty() || !inputs[0].defined()) return;
+      // A view that had to copy (reshape of a permuted tensor) views the copy its inner
+      // contiguous made, an op of its own: what reads it reads that op's result, which carries
+      // the gradient (the copy was made inside the view, where autograd records nothing).
+      auto copy = made_storage_.find(outputs[0].storage().get());
+      if (outputs[0].storage() != inputs[0].storage() && copy != made_storage_.end()) {
+        root_of_[outputs[0].impl()] = copy->second;
+        TracedTensor& made = graph_.tensors[static_cast<size_t>(tensor_of_.at(copy->second))];
+        made.requires_grad = made.requires_grad || outputs[0].requires_grad();
+      } else {
         root_of_[outputs[0].impl()] = root(inputs[0].impl());
+      }
       return;
     }
     TracedOp traced;
@@ -113,6 +123,7 @@ class Tracer {
       TracedTensor& result = add_tensor(output);
       root_of_.erase(output.impl());  // an out= view written in place: now its own value
       tensor_of_[output.impl()] = result.id;
+      made_storage_[output.storage().get()] = output.impl();
       result.producer = traced.id;
       result.producer_slot = static_cast<int>(k);
       result.has_batch = any_batch && batch_major(output);
@@ -176,7 +187,8 @@ class Tracer {
 
   Graph graph_;
   std::unordered_map<TensorImpl*, int> tensor_of_;
-  std::unordered_map<TensorImpl*, TensorImpl*> root_of_;  // view -> what it views
+  std::unordered_map<TensorImpl*, TensorImpl*> root_of_;              // view -> what it views
+  std::unordered_map<const StorageImpl*, TensorImpl*> made_storage_;  // -> the op result on it
   std::vector<Tensor> keep_alive_;  // no address is reused while the trace runs
 };
 

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <sstream>
 
 #include "nn/nn.h"
@@ -52,6 +53,37 @@ TEST(TraceModule, TracesTheModulesOpsParametersAndInputs) {
     }
   EXPECT_EQ(inputs, 2);
   EXPECT_EQ(net.parameters()[0].device(), Device::meta());
+}
+
+// Heads merged back as attention does: a permute, then a reshape that has to copy. The copy is
+// an op of its own (contiguous), and the layer after it reads that op's result, with its gradient.
+class MergedHeads : public nn::Module {
+ public:
+  MergedHeads() : nn::Module("MergedHeads") {
+    heads = register_module("heads", std::make_shared<nn::Linear>(16, 16));
+    head = register_module("head", std::make_shared<nn::Linear>(16, 4));
+  }
+  Tensor forward(const Tensor& x) override {
+    const int64_t batch = x.size(0);
+    const Tensor merged = heads->forward(x).view({batch, 4, 4}).permute({0, 2, 1});
+    return head->forward(merged.reshape({batch, 16}));
+  }
+  std::shared_ptr<nn::Linear> heads, head;
+};
+
+TEST(TraceModule, AReshapeThatCopiesIsReadAsTheCopy) {
+  MergedHeads net;
+  const Graph graph = trace_module(net, ModuleTraceOptions({8, 16}));
+  ASSERT_EQ(count_ops(graph, "contiguous"), 1);
+  const auto op_named = [&](const std::string& name) {
+    return *std::find_if(graph.ops.begin(), graph.ops.end(),
+                         [&](const TracedOp& op) { return op.name == name; });
+  };
+  const TracedOp& last_linear = graph.ops.at(static_cast<size_t>(op_named("contiguous").id + 1));
+  ASSERT_EQ(last_linear.name, "linear");
+  const TracedTensor& read = graph.tensors.at(static_cast<size_t>(last_linear.inputs[0]));
+  EXPECT_EQ(read.producer, op_named("contiguous").id);
+  EXPECT_TRUE(read.requires_grad);
 }
 
 TEST(TraceModule, UsesTheGivenLossInsteadOfCrossEntropy) {
