@@ -215,7 +215,6 @@ ParallelModule::ParallelModule(std::shared_ptr<nn::Module> model,
         g.tp_comm = tp_comm_;
         g.tp_group = tp_group_;
       } else {
-        mixed_ = true;
         std::vector<int> model_ranks, batch_ranks;
         for (int k = 0; k < t; ++k) model_ranks.push_back(g.dp_index * t + k);
         for (int k = 0; k < g.dp; ++k) batch_ranks.push_back(g.tp_index + k * t);

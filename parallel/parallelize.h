@@ -29,7 +29,9 @@
 // its dp group: stage 1 reads synchronize_gradients' sums; stages 2 and 3 sum over dp themselves
 // (ZeroOptimizer::take_gradient_shares with the shards of batch_split_parameters()). Beside
 // per-op degrees ZeRO runs over the one group, whose ranks hold different shards of what the plan
-// cuts: those (split_dims()) are the ZeroOptimizer's `own` tensors, each rank's to keep.
+// cuts (split_dims()): those cut over all of its ranks are the ZeroOptimizer's `own` tensors,
+// each rank's to keep; those cut on a grid over part of them are `shared` with the ranks holding
+// the same part (copies_of_cut(): that grid's dp group), ZeRO's over those (parallel::zero_cuts).
 //
 // A model whose step takes several inputs (BERT: ids, token types, mask, labels) is traced and run
 // with the step form of ModuleTraceOptions (models::bert_pretraining_step) and loss(inputs).
@@ -38,10 +40,10 @@
 // vocabulary rows (a partial sum, all-reduced) or by columns, and a table tied to a decoder is
 // moved between the two users' cuts as the planner prices it.
 //
-// Not run yet: ZeRO beside per-op degrees over part of the ranks, and a parameter cut over part of
-// the ranks that an op of another grid reads (the planner marks both); views that
-// cut across a split (other than reshapes, transposes, permutes, slices, selects and expands
-// keeping it) gather it first, counted in unplanned_moves().
+// Not run yet: a parameter cut over part of the ranks that an op of another grid reads (the
+// planner marks such plans); views that cut across a split (other than reshapes, transposes,
+// permutes, slices, selects and expands keeping it) gather it first, counted in
+// unplanned_moves().
 #pragma once
 
 #include <map>
@@ -183,9 +185,11 @@ class ParallelModule : private DispatchInterceptor {
     auto found = split_factors_.find(name);
     return one_group_ && found != split_factors_.end() ? grid(found->second).dp : 1;
   }
-  // Whether some op runs over part of the ranks (per-op degrees whose grid is neither the line
-  // of the batch nor that of the model): ZeRO does not run beside such a plan yet.
-  bool splits_over_part_of_the_ranks() const { return mixed_; }
+  // The ranks holding the same part of the cut tensor `name` as this one (its grid's dp group),
+  // or null where no other rank does.
+  std::shared_ptr<Communicator> copies_of_cut(const std::string& name) const {
+    return shard_copies(name) > 1 ? grid(split_factors_.at(name)).dp_comm : nullptr;
+  }
 
   // The groups of one grid: a dp x tp grid's own, or over one group of N ranks the grid of a
   // factor t of N (dp = N / t; its groups are SubgroupCommunicators where they are neither one
@@ -243,7 +247,6 @@ class ParallelModule : private DispatchInterceptor {
   std::vector<planner::Strategy> strategies_;  // the plan's, per op
   int dp_ = 1, tp_ = 1, dp_index_ = 0, tp_index_ = 0;
   bool one_group_ = false;     // the dp and tp groups are one (per-op degrees over a line)
-  bool mixed_ = false;         // one group, and some op's grid is neither 1 x N nor N x 1
   Grid main_grid_;             // the dp x tp grid (over one group: N x N, both the group)
   std::map<int, Grid> grids_;  // one group: the grid of each factor the plan's ops use
   bool per_rank_batch_norm_ = false;

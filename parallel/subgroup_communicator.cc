@@ -1,6 +1,7 @@
 #include "parallel/subgroup_communicator.h"
 
 #include <algorithm>
+#include <functional>
 
 #include "core/autograd.h"
 #include "core/error.h"
@@ -12,6 +13,22 @@ namespace {
 Tensor empty_like(const Tensor& t) {
   return empty(t.sizes(), TensorOptions(t.dtype()).device(t.device()));
 }
+
+// A collective run when it is waited for.
+class DeferredWork : public Work {
+ public:
+  explicit DeferredWork(std::function<void()> run) : run_(std::move(run)) {}
+  bool poll() override { return !run_; }
+  void wait() override {
+    if (!run_) return;
+    std::function<void()> run = std::move(run_);
+    run_ = nullptr;
+    run();
+  }
+
+ private:
+  std::function<void()> run_;
+};
 }  // namespace
 
 SubgroupCommunicator::SubgroupCommunicator(std::shared_ptr<Communicator> parent,
@@ -102,6 +119,12 @@ void SubgroupCommunicator::all_gather(const Tensor& input, const Tensor& output)
     Tensor target = output;
     target.copy_(gathered);
   }
+}
+
+std::shared_ptr<Work> SubgroupCommunicator::all_gather_async(const Tensor& input,
+                                                             const Tensor& output) {
+  // The communicator must outlive the work, as for any communicator's.
+  return std::make_shared<DeferredWork>([this, input, output] { all_gather(input, output); });
 }
 
 void SubgroupCommunicator::broadcast(const Tensor& tensor, int root) {

@@ -35,6 +35,9 @@ class SubgroupCommunicator : public Communicator {
   void reduce_scatter(const Tensor& input, const Tensor& output,
                       ReduceOp op = ReduceOp::kSum) override;
   void all_gather(const Tensor& input, const Tensor& output) override;
+  // Point-to-point messages make no progress between calls, so the gather runs when the work is
+  // waited for, writing nothing before (as an MPI gather delivers its bytes then).
+  std::shared_ptr<Work> all_gather_async(const Tensor& input, const Tensor& output) override;
   void broadcast(const Tensor& tensor, int root) override;
   void send(const Tensor& tensor, int destination, int tag = 0) override;
   void recv(const Tensor& tensor, int source, int tag = 0) override;

@@ -90,6 +90,11 @@ class SplitParameters {
   virtual Tensor gather_split(const std::string& parameter, const Tensor& local) const {
     TESSEL_FAIL("gather_split: ", parameter, " is cut over the tensor-parallel group");
   }
+  // Where split_part is not {0, 0}: the ranks that hold the same part of `parameter` as this
+  // one, or null where no other rank does.
+  virtual std::shared_ptr<Communicator> split_copies(const std::string& /*parameter*/) const {
+    return nullptr;
+  }
 };
 
 // y = x A^T + b with A's rows (output features) split: rank r holds rows

@@ -1,5 +1,6 @@
 #include "parallel/zero.h"
 
+#include <algorithm>
 #include <cmath>
 #include <iostream>
 
@@ -13,13 +14,15 @@
 namespace tessel::parallel {
 
 struct ZeroOptimizer::Parts {
-  std::shared_ptr<Communicator> group;
   std::vector<std::string> names;  // the trainable parameters', in module order
   std::vector<Tensor> parameters;  // the trainable parameters themselves
   std::vector<int64_t> begins;     // this rank's part of each flattened parameter
   std::vector<int64_t> counts;
   std::vector<Tensor> parts;  // views of this rank's ranges, which the shard optimizer updates
   std::vector<char> own;      // a shard this rank keeps whole (the constructor's `own`)
+  std::vector<char> shared;   // a shard shared with some ranks (the constructor's `shared`)
+  // The ranks each parameter is cut in parts over: the group, or those sharing its shard.
+  std::vector<std::shared_ptr<Communicator>> groups;
   // sum_gradients_over: the group, and which parameters' gradients are partial sums over it.
   std::shared_ptr<Communicator> partial_group;
   std::vector<char> partial;
@@ -43,8 +46,8 @@ struct ZeroOptimizer::Parts {
       mine = grad.contiguous().reshape({-1}).narrow(0, begins[i], counts[i]).clone();
     } else {
       mine = zeros({counts[i]}, TensorOptions(grad.dtype()).device(grad.device()));
-      group->reduce_scatter(grad.contiguous().reshape({-1}), mine,
-                            gradients.empty() ? ReduceOp::kMean : ReduceOp::kSum);
+      groups[i]->reduce_scatter(grad.contiguous().reshape({-1}), mine,
+                                gradients.empty() ? ReduceOp::kMean : ReduceOp::kSum);
     }
     parameter.set_grad(Tensor());
     Tensor held = parts[i].grad();
@@ -83,7 +86,7 @@ struct ZeroOptimizer::Parts {
 // may have been written meanwhile: load_state_dict). The storages own this state, so the parameters
 // keep working after the optimizer is gone.
 struct ZeroOptimizer::Stage3 {
-  std::shared_ptr<Communicator> group;
+  std::vector<std::shared_ptr<Communicator>> groups;  // each parameter's (Parts::groups)
   std::vector<Tensor> parts;  // this rank's elements of each parameter, in storages of their own
   std::vector<int64_t> begins, counts;
   std::vector<std::weak_ptr<StorageImpl>> storages;  // the parameters'
@@ -124,7 +127,7 @@ struct ZeroOptimizer::Stage3 {
     } else {
       storage.allocate_bytes(Residency::kResident);
       try {
-        group->all_gather(parts[i], whole(storage, i));
+        groups[i]->all_gather(parts[i], whole(storage, i));
       } catch (...) {
         storage.set_state(Residency::kSharded);
         throw;
@@ -152,7 +155,7 @@ struct ZeroOptimizer::Stage3 {
     storage->allocate_bytes(Residency::kResident);
     starting = static_cast<int64_t>(j);
     try {
-      in_flight[j] = group->all_gather_async(parts[j], whole(*storage, j));
+      in_flight[j] = groups[j]->all_gather_async(parts[j], whole(*storage, j));
     } catch (...) {
       starting = -1;
       storage->release_bytes(Residency::kSharded);
@@ -260,7 +263,8 @@ optim::NamedTensors trainable_parameters(const std::shared_ptr<nn::Module>& modu
 ZeroOptimizer::ZeroOptimizer(std::shared_ptr<nn::Module> module,
                              std::shared_ptr<Communicator> group,
                              const MakeShardOptimizer& make_optimizer, ZeroStage stage,
-                             const std::set<std::string>& own)
+                             const std::set<std::string>& own,
+                             const std::map<std::string, std::shared_ptr<Communicator>>& shared)
     : Optimizer(trainable_parameters(module), 0.0, {}, "ZeroOptimizer"),
       module_(std::move(module)),
       group_(std::move(group)),
@@ -282,11 +286,25 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<nn::Module> module,
     TESSEL_CHECK(found, "ZeroOptimizer: 'own' names ", name,
                  ", which is not a parameter or buffer of the module");
   }
+  const optim::NamedTensors trainable = trainable_parameters(module_);
+  std::set<std::string> kept = own;  // not started from (nor checked against) rank 0's
+  const auto named = [](const auto& entries, const std::string& name) {
+    return std::any_of(entries.begin(), entries.end(),
+                       [&](const auto& entry) { return entry.first == name; });
+  };
+  for (const auto& [name, ranks] : shared) {
+    const bool buffer = named(module_->named_buffers(), name);
+    TESSEL_CHECK(buffer || named(trainable, name), "ZeroOptimizer: 'shared' names ", name,
+                 ", which is not a trainable parameter or a buffer of the module");
+    TESSEL_CHECK(!own.count(name), "ZeroOptimizer: ", name, " is in both 'own' and 'shared'");
+    TESSEL_CHECK(ranks != nullptr && ranks->size() <= group_->size(), "ZeroOptimizer: the ranks ",
+                 "sharing ", name, "'s shard must be some of the group's");
+    if (buffer) shared_buffers_.emplace(name, ranks);
+    kept.insert(name);
+  }
   Parts& parts = *parts_;
-  parts.group = group_;
   const Device device = group_->device();
-  const int ranks = group_->size(), rank = group_->rank();
-  for (const auto& [name, parameter] : trainable_parameters(module_)) {
+  for (const auto& [name, parameter] : trainable) {
     TESSEL_CHECK(parameter.device() == device, "ZeroOptimizer: parameter ", name, " is on ",
                  parameter.device().str(), " but communicator '", group_->name(),
                  "' moves tensors on ", device.str());
@@ -302,19 +320,34 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<nn::Module> module,
         "nor held by another ZeroOptimizer)");
     const int64_t elements = parameter.numel();
     const bool owned = own.count(name) > 0;
+    auto sharing = shared.find(name);
+    const std::shared_ptr<Communicator>& ranks = sharing == shared.end() ? group_ : sharing->second;
+    TESSEL_CHECK(ranks->device() == device, "ZeroOptimizer: the ranks sharing ", name,
+                 "'s shard move tensors on ", ranks->device().str(), ", the group on ",
+                 device.str());
     parts.names.push_back(name);
     parts.parameters.push_back(parameter);
     parts.own.push_back(owned);
-    parts.begins.push_back(owned ? 0 : part_start(elements, ranks, rank));
-    parts.counts.push_back(owned ? elements : part_rows(elements, ranks, rank));
+    parts.shared.push_back(sharing != shared.end());
+    parts.groups.push_back(ranks);
+    parts.begins.push_back(owned ? 0 : part_start(elements, ranks->size(), ranks->rank()));
+    parts.counts.push_back(owned ? elements : part_rows(elements, ranks->size(), ranks->rank()));
   }
   own_ = own;
   // Stage 1 leaves the parameters to DDP (which starts every rank from rank 0's); stage 2 has no
   // DDP, so it does that here. Either way a different module on some rank is an error everywhere.
-  if (stage != ZeroStage::kOptimizerState)
-    start_from_rank0(*group_, *module_, "ZeroOptimizer", own_);
-  else
+  if (stage != ZeroStage::kOptimizerState) {
+    start_from_rank0(*group_, *module_, "ZeroOptimizer", kept);
+    NoGradGuard no_grad;
+    for (size_t i = 0; i < parts.parameters.size(); ++i)
+      if (parts.shared[i]) parts.groups[i]->broadcast(parts.parameters[i].detach(), 0);
+    for (const auto& [name, buffer] : module_->named_buffers()) {
+      auto sharing = shared_buffers_.find(name);
+      if (sharing != shared_buffers_.end()) sharing->second->broadcast(buffer, 0);
+    }
+  } else {
     check_same_module(*group_, *module_, "ZeroOptimizer");
+  }
 
   optim::NamedTensors named_parts;
   {
@@ -350,7 +383,7 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<nn::Module> module,
   if (stage == ZeroStage::kParameters) {
     stage3_ = std::make_shared<Stage3>();
     Stage3& sharded = *stage3_;
-    sharded.group = group_;
+    sharded.groups = parts.groups;
     sharded.parts = parts.parts;
     sharded.begins = parts.begins;
     sharded.counts = parts.counts;
@@ -375,8 +408,11 @@ ZeroOptimizer::~ZeroOptimizer() = default;
 void ZeroOptimizer::broadcast_buffers() {
   if (stage_ == ZeroStage::kOptimizerState) return;
   NoGradGuard no_grad;
-  for (const auto& [name, buffer] : module_->named_buffers())
-    if (!own_.count(name)) group_->broadcast(buffer, 0);
+  for (const auto& [name, buffer] : module_->named_buffers()) {
+    if (own_.count(name)) continue;
+    auto sharing = shared_buffers_.find(name);
+    (sharing == shared_buffers_.end() ? *group_ : *sharing->second).broadcast(buffer, 0);
+  }
 }
 
 void ZeroOptimizer::sum_gradients_over(std::shared_ptr<Communicator> group,
@@ -430,14 +466,16 @@ void ZeroOptimizer::step() {
   // tensor, so it is sent from a copy.
   for (size_t i = 0; i < parts.parameters.size(); ++i) {
     if (parts.own[i] || !parts.parts[i].grad().defined()) continue;
-    group_->all_gather(parts.parts[i].clone(), parts.parameters[i].detach().reshape({-1}));
+    parts.groups[i]->all_gather(parts.parts[i].clone(), parts.parameters[i].detach().reshape({-1}));
   }
   if (stage_ == ZeroStage::kOptimizerState)
     for (const Tensor& part : parts.parts) part.set_grad(Tensor());
 }
 
 double ZeroOptimizer::clip_grad_norm(double max_norm) {
-  if (stage_ == ZeroStage::kOptimizerState && own_.empty())
+  const auto& shared = parts_->shared;
+  if (stage_ == ZeroStage::kOptimizerState && own_.empty() &&
+      std::none_of(shared.begin(), shared.end(), [](char is_shared) { return is_shared; }))
     return optim::clip_grad_norm(parameters(), max_norm);
   return clip_grad_norm_over(max_norm, nullptr, nullptr);
 }
@@ -455,7 +493,8 @@ double ZeroOptimizer::clip_grad_norm_over(double max_norm, Communicator* tp_grou
   // Stage 1: the whole gradients (averaged by DDP); stages 2 and 3: this rank's parts.
   const bool in_parts = stage_ != ZeroStage::kOptimizerState;
   std::vector<Tensor> grads;
-  // Own shards' squares add over the group at every stage, like the parts'.
+  // Own shards' squares add over the group at every stage, like the parts'; so do shared
+  // shards', each whole one (stage 1) counted once over the ranks sharing it.
   double split_squares = 0, other_squares = 0, own_squares = 0;
   for (size_t i = 0; i < parts.parameters.size(); ++i) {
     const Tensor grad = in_parts ? parts.parts[i].grad() : parts.parameters[i].grad();
@@ -463,18 +502,23 @@ double ZeroOptimizer::clip_grad_norm_over(double max_norm, Communicator* tp_grou
     grads.push_back(grad);
     if (grad.numel() == 0) continue;
     const Tensor wide = to_dtype(grad, DType::kFloat64);
-    (parts.own[i]                            ? own_squares
-     : split && split->count(parts.names[i]) ? split_squares
-                                             : other_squares) +=
-        sum(mul(wide, wide)).item<double>();
+    const double squares = sum(mul(wide, wide)).item<double>();
+    if (parts.shared[i])
+      own_squares += in_parts ? squares : squares / parts.groups[i]->size();
+    else
+      (parts.own[i]                            ? own_squares
+       : split && split->count(parts.names[i]) ? split_squares
+                                               : other_squares) += squares;
   }
+  const bool any_shared =
+      std::any_of(parts.shared.begin(), parts.shared.end(), [](char shared) { return shared; });
   auto sum_over = [](Communicator& group, std::vector<double> values) {
     Tensor total = to_device(from_vector<double>(values, {static_cast<int64_t>(values.size())}),
                              group.device());
     group.all_reduce(total);
     return to_device(total, Device::cpu()).to_vector<double>();
   };
-  if (!in_parts && !own_.empty()) own_squares = sum_over(*group_, {own_squares})[0];
+  if (!in_parts && (!own_.empty() || any_shared)) own_squares = sum_over(*group_, {own_squares})[0];
   if (in_parts) {
     const std::vector<double> over_dp =
         sum_over(*group_, {split_squares, other_squares, own_squares});
@@ -540,7 +584,7 @@ optim::NamedTensors ZeroOptimizer::state_tensors() const {
       continue;
     }
     Tensor gathered = zeros({parameter.numel()}, TensorOptions(part.dtype()).device(part.device()));
-    group_->all_gather(part.contiguous(), gathered);
+    parts.groups[i]->all_gather(part.contiguous(), gathered);
     whole.emplace_back(name, gathered.reshape(parameter.sizes()));
   }
   return whole;
@@ -562,6 +606,18 @@ void ZeroOptimizer::load_state_tensors(const optim::NamedTensors& state) {
         name, tensor.contiguous().reshape({-1}).narrow(0, parts.begins[i], parts.counts[i]));
   }
   optimizer_->load_state_tensors(mine);
+}
+
+ZeroCuts zero_cuts(const SplitParameters& module) {
+  ZeroCuts cuts;
+  for (const auto& [name, dim] : module.split_parameter_dims()) {
+    std::shared_ptr<Communicator> copies = module.split_copies(name);
+    if (copies)
+      cuts.shared.emplace(name, std::move(copies));
+    else
+      cuts.own.insert(name);
+  }
+  return cuts;
 }
 
 optim::NamedScalars ZeroOptimizer::state_scalars() const { return optimizer_->state_scalars(); }

@@ -31,6 +31,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -39,6 +40,7 @@
 #include "nn/module.h"
 #include "optim/optimizer.h"
 #include "parallel/communicator.h"
+#include "parallel/tensor_parallel.h"
 
 namespace tessel::parallel {
 
@@ -64,10 +66,17 @@ class ZeroOptimizer : public optim::Optimizer {
   // own shard, whole, so ZeRO leaves them to it: never sent, gathered or replaced by rank 0's;
   // the shard optimizer updates a parameter's shard whole with its whole gradient and state,
   // and state_tensors() gives that shard's state as it is.
+  // `shared` maps parameters and buffers cut over part of the group's ranks to the ranks that
+  // hold the same shard (per-op degrees with a grid over part of the ranks: that grid's dp
+  // group). A parameter's shard is ZeRO's over those ranks instead of `group`: cut in their
+  // parts, its gradient reduced over them (a share of their sum under take_gradient_shares, as
+  // ParallelModule leaves it), gathered within them; state_tensors() gives the shard's state
+  // whole, as for `own`. Stages 2 and 3 start such shards, and broadcast_buffers() such buffers,
+  // from the first of those ranks.
   ZeroOptimizer(std::shared_ptr<nn::Module> module, std::shared_ptr<Communicator> group,
                 const MakeShardOptimizer& make_optimizer,
-                ZeroStage stage = ZeroStage::kOptimizerState,
-                const std::set<std::string>& own = {});
+                ZeroStage stage = ZeroStage::kOptimizerState, const std::set<std::string>& own = {},
+                const std::map<std::string, std::shared_ptr<Communicator>>& shared = {});
   ~ZeroOptimizer() override;
 
   // Updates this rank's part of every parameter that has a gradient (the parts are views of the
@@ -157,9 +166,20 @@ class ZeroOptimizer : public optim::Optimizer {
   std::shared_ptr<Communicator> group_;
   ZeroStage stage_;
   std::set<std::string> own_;  // parameters and buffers each rank keeps as its own shard
+  std::map<std::string, std::shared_ptr<Communicator>> shared_buffers_;  // and their copies
   std::shared_ptr<Parts> parts_;
   std::shared_ptr<Stage3> stage3_;
   std::unique_ptr<optim::Optimizer> optimizer_;
 };
+
+// ZeroOptimizer's `own` and `shared` for ZeRO over the one group of ranks over which a plan with
+// per-op degrees cuts `module`'s tensors (parallel::ParallelModule): the tensors cut over all of
+// them are each rank's own; those cut over part of them shared with the ranks holding the same
+// part.
+struct ZeroCuts {
+  std::set<std::string> own;
+  std::map<std::string, std::shared_ptr<Communicator>> shared;
+};
+ZeroCuts zero_cuts(const SplitParameters& module);
 
 }  // namespace tessel::parallel

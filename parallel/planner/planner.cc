@@ -22,11 +22,11 @@ namespace {
 // Why the recipes (or, for a module of one's own, parallel::ParallelModule) would not run
 // `choice` as priced; empty when they do. The recipes and a module of one's own run plans
 // through ParallelModule: a dp x tp grid (beside ZeRO over each dp group), or per-op degrees
-// over one group of all `devices`, each op on the grid of its own tp. Not run yet: ZeRO beside
-// per-op degrees with a grid over part of the devices (1 < tp < devices), and a parameter cut
-// on such a grid that an op of another grid also reads.
+// over one group of all `devices`, each op on the grid of its own tp (beside ZeRO over that
+// group). Not run yet: a parameter cut on a grid over part of the devices (1 < tp < devices) that
+// an op of another grid also reads.
 std::string not_run_reason(const Graph& graph, const std::vector<std::vector<Strategy>>& strategies,
-                           const std::vector<int>& choice, int devices, int zero_stage) {
+                           const std::vector<int>& choice, int devices) {
   std::set<int> grids;
   for (const TracedOp& op : graph.ops) {
     const Strategy& s = strategies[op.id][choice[op.id]];
@@ -34,9 +34,6 @@ std::string not_run_reason(const Graph& graph, const std::vector<std::vector<Str
   }
   const auto part_of_the_devices = [devices](int tp) { return tp > 1 && tp < devices; };
   if (grids.size() < 2 || std::none_of(grids.begin(), grids.end(), part_of_the_devices)) return "";
-  if (zero_stage > 0)
-    return "parallel::ParallelModule does not run ZeRO beside per-op degrees over part of the "
-           "devices yet";
   for (const SharedParameter& shared : shared_parameters(graph)) {
     const Strategy& owner = strategies[shared.owner][choice[shared.owner]];
     const Strategy& user = strategies[shared.user][choice[shared.user]];
@@ -130,8 +127,7 @@ PlannedPoint describe_choice(const Graph& graph,
     b.parameter_bytes += shared_parameter_bytes(graph, shared, owner, user);
   }
   b.backward_working_bytes = backward_working_bytes(graph, strategies, choice);
-  point.not_executable_reason =
-      not_run_reason(graph, strategies, choice, config.devices, config.zero_stage);
+  point.not_executable_reason = not_run_reason(graph, strategies, choice, config.devices);
   point.executable = point.not_executable_reason.empty();
   point.cost.memory =
       b.parameter_bytes + remat_fraction * b.activation_bytes + b.backward_working_bytes;
@@ -283,9 +279,9 @@ PlanResult plan_graph(const Graph& graph, const PlanOptions& options) {
         for (auto& point : track_frontier(costs, options.frontier, &stats)) {
           for (size_t op = 0; op < subset.size(); ++op)
             point.choice[op] = subset[op][point.choice[op]];
-          const bool runs = not_run_reason(graph, strategies_at[stage], point.choice,
-                                           options.config.devices, stage)
-                                .empty();
+          const bool runs =
+              not_run_reason(graph, strategies_at[stage], point.choice, options.config.devices)
+                  .empty();
           // The frontier adds up what each op keeps; the peak also holds the most gradients
           // alive at once in backward.
           point.cost.memory += backward_working_bytes(graph, strategies_at[stage], point.choice);

@@ -95,6 +95,11 @@ class DistributedRecipe : public MpiTest {
   static void expect_resnet_plan_trains_like_one_process(const std::string& path,
                                                          const std::string& name,
                                                          const std::vector<std::string>& logged);
+  // ZeRO's stages beside ResNet-18's per-op plan on `devices` ranks that `wanted` accepts train
+  // what the plan trains alone, and checkpoints resume across the two; `name` prefixes the files.
+  static void expect_zero_beside_per_op_plan(
+      const std::string& name, int devices,
+      const std::function<bool(const planner::PlanFile&)>& wanted);
 
   // A small Fashion-MNIST-shaped data set (IDX files) shared by the ranks, and an empty folder.
   static std::string folder(const std::string& name) { return test_folder(name); }
@@ -482,21 +487,24 @@ TEST_F(DistributedRecipe, VisionPlanWithPerOpDegreesTrainsLikeOneProcess) {
       {"dp 1 x tp 2 from plan", "per-op degrees: each op on the grid its strategy chose"});
 }
 
-// On 4 ranks a plan with per-op degrees puts ops on a 2 x 2 grid (each of its groups over part of
-// the ranks) beside ops over all four: ResNet-18 trains what one process trains.
+// Whether a plan for 4 ranks puts ops on a 2 x 2 grid (each of its groups over part of the ranks)
+// beside ops over all four.
+bool mixes_the_two_by_two_grid(const planner::PlanFile& plan) {
+  bool two_by_two = false, other = false;
+  for (const auto& op : plan.ops) {
+    if (op.dp == 2 && op.tp == 2) two_by_two = true;
+    if ((op.dp > 1 || op.tp > 1) && !(op.dp == 2 && op.tp == 2)) other = true;
+  }
+  return two_by_two && other;
+}
+
+// On 4 ranks a plan with per-op degrees puts ops on a 2 x 2 grid beside ops over all four:
+// ResNet-18 trains what one process trains.
 TEST_F(DistributedRecipe, VisionPlanWithOpsOverPartOfTheRanksOnFourRanksTrainsLikeOneProcess) {
   if (size() != 4) GTEST_SKIP() << "a 2 x 2 grid inside one line needs 4 ranks";
-  const auto mixes_grids = [](const planner::PlanFile& plan) {
-    bool two_by_two = false, other = false;
-    for (const auto& op : plan.ops) {
-      if (op.dp == 2 && op.tp == 2) two_by_two = true;
-      if ((op.dp > 1 || op.tp > 1) && !(op.dp == 2 && op.tp == 2)) other = true;
-    }
-    return two_by_two && other;
-  };
   expect_resnet_plan_trains_like_one_process(
-      resnet_per_op_plan("resnet_part_of_four", {}, 4, mixes_grids), "resnet_part_of_four",
-      {"each op on the grid its strategy chose"});
+      resnet_per_op_plan("resnet_part_of_four", {}, 4, mixes_the_two_by_two_grid),
+      "resnet_part_of_four", {"each op on the grid its strategy chose"});
 }
 
 // A vision plan with per-op degrees that does not fit the run says why before training.
@@ -558,39 +566,57 @@ std::vector<RecipeResult> expect_zero_stages_like(const TrainConfig& plain,
   return runs;
 }
 
-// ZeRO beside per-op degrees runs over the line of both ranks, each keeping the tensors the plan
-// cuts over it as its own shards: every stage trains what the plan trains without ZeRO (the
+// ZeRO beside per-op degrees runs over the one group of every rank, each keeping the tensors the
+// plan cuts over all of them as its own shards (and cutting those it cuts over part of them over
+// the ranks holding the same part): every stage trains what the plan trains without ZeRO (the
 // loss, the whole parameters and optimizer state), and checkpoints resume across the two.
-TEST_F(DistributedRecipe, ZeroBesideAPlanWithPerOpDegreesTrainsLikeThePlanAlone) {
+void DistributedRecipe::expect_zero_beside_per_op_plan(
+    const std::string& name, int devices,
+    const std::function<bool(const planner::PlanFile&)>& wanted) {
   TrainConfig plain = config("resnet18_fashion_mnist", "resnet18");
   plain.batch_size = 16;
   plain.steps = 3;
   plain.checkpoint_every = 2;
-  plain.plan = resnet_per_op_plan("resnet_per_op_zero0");
-  plain.checkpoint_dir = folder("resnet_per_op_zero0");
+  plain.plan = resnet_per_op_plan(name + "_zero0", {}, devices, wanted);
+  plain.checkpoint_dir = folder(name + "_zero0");
   std::ostringstream log;
   const RecipeResult expected = run_recipe(plain, log);
-  expect_zero_stages_like(plain, expected, "resnet_per_op",
-                          [](int stage) {
+  expect_zero_stages_like(plain, expected, name,
+                          [&](int stage) {
                             return resnet_per_op_plan(
-                                "resnet_per_op_zero" + std::to_string(stage),
-                                [&](planner::PlanFile& plan) { plan.zero_stage = stage; });
+                                name + "_zero" + std::to_string(stage),
+                                [&](planner::PlanFile& plan) { plan.zero_stage = stage; }, devices,
+                                wanted);
                           },
                           {"per-op degrees"});
   // The plan without ZeRO resumes ZeRO-3's checkpoint, and ZeRO-2 the plain one.
   TrainConfig resume_plain = plain;
-  resume_plain.resume = folder("resnet_per_op_zero3") + "/step_2";
-  resume_plain.checkpoint_dir = folder("resnet_per_op_zero3_then_plain");
+  resume_plain.resume = folder(name + "_zero3") + "/step_2";
+  resume_plain.checkpoint_dir = folder(name + "_zero3_then_plain");
   const RecipeResult plain_resumed = run_recipe(resume_plain, log);
   EXPECT_EQ(plain_resumed.resumed_from_step, 2);
-  if (rank() == 0) expect_trained_alike(plain_resumed, expected, "plain from ZeRO-3's step 2");
+  if (world_rank() == 0)
+    expect_trained_alike(plain_resumed, expected, "plain from ZeRO-3's step 2");
   TrainConfig resume_zero = plain;
-  resume_zero.plan = test_folder("resnet_per_op_zero2.json");
-  resume_zero.resume = folder("resnet_per_op_zero0") + "/step_2";
-  resume_zero.checkpoint_dir = folder("resnet_per_op_plain_then_zero2");
+  resume_zero.plan = test_folder(name + "_zero2.json");
+  resume_zero.resume = folder(name + "_zero0") + "/step_2";
+  resume_zero.checkpoint_dir = folder(name + "_plain_then_zero2");
   const RecipeResult zero_resumed = run_recipe(resume_zero, log);
   EXPECT_EQ(zero_resumed.resumed_from_step, 2);
-  if (rank() == 0) expect_trained_alike(zero_resumed, expected, "ZeRO-2 from the plain step 2");
+  if (world_rank() == 0)
+    expect_trained_alike(zero_resumed, expected, "ZeRO-2 from the plain step 2");
+}
+
+TEST_F(DistributedRecipe, ZeroBesideAPlanWithPerOpDegreesTrainsLikeThePlanAlone) {
+  expect_zero_beside_per_op_plan("resnet_per_op", 2, has_per_op_degrees);
+}
+
+// On 4 ranks, beside a plan with ops on a 2 x 2 grid beside ops over all four: the shards cut on
+// that grid are ZeRO's over its pairs.
+TEST_F(DistributedRecipe,
+       ZeroBesideAPlanWithOpsOverPartOfTheRanksOnFourRanksTrainsLikeThePlanAlone) {
+  if (size() != 4) GTEST_SKIP() << "a 2 x 2 grid inside one line needs 4 ranks";
+  expect_zero_beside_per_op_plan("resnet_part_of_four", 4, mixes_the_two_by_two_grid);
 }
 
 // A ResNet-18 plan on a dp=2 x tp=2 grid of 4 ranks (Fashion-MNIST's images, batch 16) with ZeRO

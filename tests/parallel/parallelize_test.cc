@@ -522,12 +522,75 @@ TEST_F(ParallelizeTest, TaggerWithAPaddingRowAndNllLossAsPlannedOnATensorParalle
   }
 }
 
-// Per-op degrees over part of four ranks: ops on the 2 x 2 grid (batch over the ranks of one
-// parity, model over the pairs) beside ops splitting the batch or the model over all four or
-// running whole, so tensors move between grids (an all-to-all between the lines, local cuts and
-// gathers between the batch's line and the grid's rows, and otherwise through the whole tensor).
-// Each per-op frontier point is run as it is and with every op that has a strategy of the same
-// kind on the 2 x 2 grid moved there, and with every other such op moved there.
+// Plans of `c`'s model for per-op degrees over part of four ranks: ops on the 2 x 2 grid (batch
+// over the ranks of one parity, model over the pairs) beside ops splitting the batch or the model
+// over all four or running whole, so tensors move between grids (an all-to-all between the lines,
+// local cuts and gathers between the batch's line and the grid's rows, and otherwise through the
+// whole tensor). Each per-op frontier point as it is, with every op that has a strategy of the
+// same kind on the 2 x 2 grid moved there, and with every other such op moved there: those that
+// mix the 2 x 2 grid with another and that the planner marks executable (BERT's word table is
+// tied to its decoder: a plan that cuts it on one grid and reads it on another is not run).
+// `what`: each plan's description.
+std::vector<std::vector<planner::PlanFile::Op>> plans_over_part_of_four_ranks(
+    const Case& c, std::vector<std::string>* what) {
+  auto model = c.make();
+  const planner::Graph graph = planner::trace_module(*model, c.trace);
+  planner::PlannerConfig config;
+  config.devices = 4;
+  config.max_tp = 4;
+  config.profile = test_profile(4);
+  const auto strategies = planner::enumerate_strategies(graph, config);
+  const auto executable = [&](const std::vector<planner::PlanFile::Op>& plan) {
+    std::vector<int> choice;
+    for (const auto& op : plan) {
+      const auto& list = strategies[static_cast<size_t>(op.index)];
+      const auto found = std::find_if(list.begin(), list.end(), [&](const planner::Strategy& s) {
+        return s.dp == op.dp && s.tp == op.tp && planner::split_kind_name(s.kind) == op.strategy;
+      });
+      choice.push_back(static_cast<int>(found - list.begin()));
+    }
+    return planner::describe_choice(graph, strategies, config, choice, 1.0).executable;
+  };
+  // Op i moved to the 2 x 2 grid with its strategy's kind, where it has one there.
+  const auto on_grid = [&](planner::PlanFile::Op op) {
+    for (const planner::Strategy& s : strategies[static_cast<size_t>(op.index)])
+      if (s.dp == 2 && s.tp == 2 && planner::split_kind_name(s.kind) == op.strategy) {
+        op.dp = 2;
+        op.tp = 2;
+        return std::make_pair(op, true);
+      }
+    return std::make_pair(op, false);
+  };
+  planner::PlanOptions options;
+  options.config = config;
+  options.config.optimizer_states = 0;
+  options.remat_fractions = {1.0};
+  options.per_op_degrees = true;
+  const planner::PlanResult result = planner::plan_graph(graph, options);
+  std::vector<std::vector<planner::PlanFile::Op>> plans;
+  for (size_t p = 0; p < result.frontier.size(); ++p) {
+    for (int every : {0, 1, 2}) {  // 0: the point as the planner chose it
+      auto plan = planned_ops(graph, result, static_cast<int>(p));
+      int candidates = 0;
+      for (auto& op : plan) {
+        auto [recut, ok] = on_grid(op);
+        if (every > 0 && ok && candidates++ % every == 0) op = recut;
+      }
+      std::set<std::pair<int, int>> grids;
+      for (const auto& op : plan)
+        if (op.dp > 1 || op.tp > 1) grids.insert({op.dp, op.tp});
+      if (grids.size() < 2 || !grids.count({2, 2}) || !executable(plan)) continue;
+      const char* how[] = {", as chosen", ", every such op on the 2 x 2 grid",
+                           ", every other such op on the 2 x 2 grid"};
+      plans.push_back(plan);
+      what->push_back(result.frontier[p].summary + how[every]);
+    }
+  }
+  return plans;
+}
+
+// Per-op degrees over part of four ranks (plans_over_part_of_four_ranks) train what one process
+// trains, with exactly the planned collectives.
 TEST_F(ParallelizeTest, PerOpDegreesOverPartOfFourRanks) {
   if (size() != 4) GTEST_SKIP() << "a 2 x 2 grid inside one group needs 4 ranks";
   ProcessGrid grid(4, 1);
@@ -547,73 +610,16 @@ TEST_F(ParallelizeTest, PerOpDegreesOverPartOfFourRanks) {
            {"resnet18", resnet}}) {
     SCOPED_TRACE(name);
     if (rank() == 0) std::cout << name << "\n";
-    auto model = c.make();
-    const planner::Graph graph = planner::trace_module(*model, c.trace);
-    planner::PlannerConfig config;
-    config.devices = 4;
-    config.max_tp = 4;
-    config.profile = test_profile(4);
-    const auto strategies = planner::enumerate_strategies(graph, config);
-    // Op i moved to the 2 x 2 grid with its strategy's kind, where it has one there.
-    // Whether the planner marks `plan` executable (BERT's word table is tied to its decoder: a
-    // plan that cuts it on one grid and reads it on another is not run).
-    const auto executable = [&](const std::vector<planner::PlanFile::Op>& plan) {
-      std::vector<int> choice;
-      for (const auto& op : plan) {
-        const auto& list = strategies[static_cast<size_t>(op.index)];
-        const auto found = std::find_if(list.begin(), list.end(), [&](const planner::Strategy& s) {
-          return s.dp == op.dp && s.tp == op.tp && planner::split_kind_name(s.kind) == op.strategy;
-        });
-        choice.push_back(static_cast<int>(found - list.begin()));
-      }
-      return planner::describe_choice(graph, strategies, config, choice, 1.0).executable;
-    };
-    const auto on_grid = [&](planner::PlanFile::Op op) {
-      for (const planner::Strategy& s : strategies[static_cast<size_t>(op.index)])
-        if (s.dp == 2 && s.tp == 2 && planner::split_kind_name(s.kind) == op.strategy) {
-          op.dp = 2;
-          op.tp = 2;
-          return std::make_pair(op, true);
-        }
-      return std::make_pair(op, false);
-    };
-    planner::PlanOptions options;
-    options.config = config;
-    options.config.optimizer_states = 0;
-    options.remat_fractions = {1.0};
-    options.per_op_degrees = true;
-    const planner::PlanResult result = planner::plan_graph(graph, options);
-    std::vector<std::vector<planner::PlanFile::Op>> points;
-    std::vector<std::string> summaries;
-    for (size_t p = 0; p < result.frontier.size(); ++p) {
-      points.push_back(planned_ops(graph, result, static_cast<int>(p)));
-      summaries.push_back(result.frontier[p].summary);
-    }
-    ASSERT_FALSE(points.empty());
+    std::vector<std::string> what;
+    const auto plans = plans_over_part_of_four_ranks(c, &what);
+    EXPECT_FALSE(plans.empty()) << "no plan mixed the 2 x 2 grid with another";
     const RunResult whole = whole_run(c);
-    int runs_on_the_grid = 0;
-    for (size_t p = 0; p < points.size(); ++p) {
-      for (int every : {0, 1, 2}) {  // 0: the point as the planner chose it
-        auto plan = points[p];
-        int candidates = 0;
-        for (auto& op : plan) {
-          auto [recut, ok] = on_grid(op);
-          if (every > 0 && ok && candidates++ % every == 0) op = recut;
-        }
-        std::set<std::pair<int, int>> grids;
-        for (const auto& op : plan)
-          if (op.dp > 1 || op.tp > 1) grids.insert({op.dp, op.tp});
-        if (grids.size() < 2 || !grids.count({2, 2}) || !executable(plan)) continue;
-        ++runs_on_the_grid;
-        const char* how[] = {", as chosen", ", every such op on the 2 x 2 grid",
-                             ", every other such op on the 2 x 2 grid"};
-        const std::string what = summaries[p] + how[every];
-        SCOPED_TRACE(what);
-        if (rank() == 0) std::cout << "  " << what << "\n";
-        expect_same_run(planned_run(c, plan, grid, /*as_priced=*/true, /*one_group=*/true), whole);
-      }
+    for (size_t p = 0; p < plans.size(); ++p) {
+      SCOPED_TRACE(what[p]);
+      if (rank() == 0) std::cout << "  " << what[p] << "\n";
+      expect_same_run(planned_run(c, plans[p], grid, /*as_priced=*/true, /*one_group=*/true),
+                      whole);
     }
-    EXPECT_GT(runs_on_the_grid, 0) << "no plan mixed the 2 x 2 grid with another";
   }
 }
 
@@ -668,10 +674,12 @@ struct OptimizedRun {
   std::vector<float> losses;
   std::map<std::string, Tensor> state;
   optim::NamedTensors optimizer_state;
+  size_t shared_shards = 0;  // parameters and buffers ZeRO cut over part of the ranks
 };
 
 // With `one_line`, per-op degrees over one group of every rank (`grid` dp x 1), ZeRO over it
-// keeping the tensors the plan cuts as each rank's own.
+// keeping the tensors the plan cuts over all of it as each rank's own and cutting those it cuts
+// over part of it over the ranks holding the same part (parallel::zero_cuts).
 OptimizedRun run_with_zero(const Case& c, const std::vector<planner::PlanFile::Op>& ops,
                            const ProcessGrid& grid, int stage, bool adamw, bool one_line = false) {
   constexpr int kZeroSteps = 3;
@@ -688,15 +696,15 @@ OptimizedRun run_with_zero(const Case& c, const std::vector<planner::PlanFile::O
     return std::make_unique<optim::SGD>(parameters,
                                         optim::SGDOptions(kZeroLearningRate).momentum(0.9));
   };
-  std::set<std::string> own;
-  if (one_line)
-    for (const auto& [name, dim] : planned->split_parameter_dims()) own.insert(name);
+  const ZeroCuts cuts = one_line ? zero_cuts(*planned) : ZeroCuts();
   std::unique_ptr<optim::Optimizer> optimizer =
-      stage == 0 ? make(planned->named_parameters())
-                 : std::make_unique<ZeroOptimizer>(planned, dp_group, make,
-                                                   static_cast<ZeroStage>(stage), own);
+      stage == 0
+          ? make(planned->named_parameters())
+          : std::make_unique<ZeroOptimizer>(planned, dp_group, make, static_cast<ZeroStage>(stage),
+                                            cuts.own, cuts.shared);
   planned->hand_gradients_to(*optimizer);
   OptimizedRun run;
+  run.shared_shards = cuts.shared.size();
   for (int step = 0; step < kZeroSteps; ++step) {
     std::vector<Tensor> local;
     for (const Tensor& whole : c.batch(step))
@@ -714,28 +722,43 @@ OptimizedRun run_with_zero(const Case& c, const std::vector<planner::PlanFile::O
 
 // ZeRO beside a plan on a dp x tp grid (2 x 2 at 4 ranks; at 2 ranks a data-parallel plan, 2 x
 // 1): each stage trains what the plan trains without ZeRO, and its optimizer state gathers to
-// the same whole tensors.
-// (On 2 ranks also per-op degrees over the line of both, ZeRO over it.)
+// the same whole tensors (each rank's shards of what the plan cuts).
+// Also beside per-op degrees over one group of every rank, ZeRO over it: on 2 ranks frontier
+// points of the line; on 4, plans with ops on a 2 x 2 grid beside ops over all four (the shards
+// cut on that grid are ZeRO's over its pairs).
 TEST_F(ParallelizeTest, ZeroStagesBesideAPlanTrainLikeThePlanAlone) {
   const int tp = size() / 2;
   for (bool one_line : {false, true}) {
-    if (one_line && size() != 2) continue;
-    ProcessGrid grid(2, one_line ? 1 : tp);
+    ProcessGrid grid(one_line ? size() : 2, one_line ? 1 : tp);
     for (const auto& [name, c] : std::vector<std::pair<std::string, Case>>{
              {"mlp", labelled(mlp, {8, 12})},
              {"cnn", labelled([] { return residual_cnn(false); }, {8, 3, 8, 8})}}) {
       std::vector<std::string> summaries;
-      const auto plans = one_line ? frontier_plans(c, 2, 2, &summaries, /*per_op_degrees=*/true)
-                                  : frontier_plans(c, 2, tp, &summaries);
+      const auto plans = !one_line ? frontier_plans(c, 2, tp, &summaries)
+                         : size() == 2
+                             ? frontier_plans(c, 2, 2, &summaries, /*per_op_degrees=*/true)
+                             : plans_over_part_of_four_ranks(c, &summaries);
       ASSERT_FALSE(plans.empty()) << name;
-      // The fastest point and the one that keeps the least.
-      for (size_t p : {size_t{0}, plans.size() - 1}) {
+      size_t shared_shards = 0;
+      // The fastest point and the one that keeps the least; on 4 ranks, the first that cuts a
+      // weight on the 2 x 2 grid and the last.
+      size_t first = 0;
+      const auto cuts_a_weight_on_the_grid = [](const std::vector<planner::PlanFile::Op>& plan) {
+        return std::any_of(plan.begin(), plan.end(), [](const planner::PlanFile::Op& op) {
+          return op.dp == 2 && op.tp == 2 && op.strategy != "replicate" &&
+                 (op.op == "linear" || op.op == "conv2d");
+        });
+      };
+      if (one_line && size() == 4)
+        while (first + 1 < plans.size() && !cuts_a_weight_on_the_grid(plans[first])) ++first;
+      for (size_t p : {first, plans.size() - 1}) {
         for (bool adamw : {false, true}) {
           const OptimizedRun plain = run_with_zero(c, plans[p], grid, 0, adamw, one_line);
           for (int stage : {1, 2, 3}) {
             SCOPED_TRACE(name + " " + summaries[p] + (adamw ? " AdamW" : " SGD") + " ZeRO-" +
                          std::to_string(stage) + (one_line ? " per-op degrees" : ""));
             const OptimizedRun zero = run_with_zero(c, plans[p], grid, stage, adamw, one_line);
+            shared_shards += zero.shared_shards;
             ASSERT_EQ(zero.losses.size(), plain.losses.size());
             for (size_t step = 0; step < plain.losses.size(); ++step)
               EXPECT_NEAR(zero.losses[step], plain.losses[step],
@@ -753,6 +776,8 @@ TEST_F(ParallelizeTest, ZeroStagesBesideAPlanTrainLikeThePlanAlone) {
           }
         }
       }
+      if (one_line && size() == 4)
+        EXPECT_GT(shared_shards, 0u) << name << ": nothing cut on the 2 x 2 grid";
     }
   }
 }

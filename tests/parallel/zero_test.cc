@@ -27,6 +27,7 @@
 #include "parallel/counting_communicator.h"
 #include "parallel/ddp.h"
 #include "parallel/process_group.h"
+#include "parallel/subgroup_communicator.h"
 #include "parallel/tensor_parallel.h"
 #include "tests/parallel/mpi_testing.h"
 #include "tests/testing.h"
@@ -537,6 +538,28 @@ TEST_F(Zero, BadUsesAreClearErrors) {
                              {"no_such.weight"});
       },
       "'own' names no_such.weight, which is not a parameter or buffer of the module"));
+  // So must those shared with some ranks, each in one of the two, over some of the ranks.
+  const std::string first = model->named_parameters().at(0).first;
+  const std::shared_ptr<Communicator> alone =
+      std::make_shared<SubgroupCommunicator>(shared_world(), std::vector<int>{rank()}, "alone");
+  EXPECT_TRUE(throws_error(
+      [&] {
+        ZeroOptimizer unused(model, shared_world(), adamw(), ZeroStage::kGradients, {},
+                             {{"no_such.weight", alone}});
+      },
+      "'shared' names no_such.weight, which is not a trainable parameter or a buffer"));
+  EXPECT_TRUE(throws_error(
+      [&] {
+        ZeroOptimizer unused(model, shared_world(), adamw(), ZeroStage::kGradients, {first},
+                             {{first, alone}});
+      },
+      "is in both 'own' and 'shared'"));
+  EXPECT_TRUE(throws_error(
+      [&] {
+        ZeroOptimizer unused(model, shared_world(), adamw(), ZeroStage::kGradients, {},
+                             {{first, nullptr}});
+      },
+      "must be some of the group's"));
   // A model that differs on one rank is an error on every rank, before any update.
   std::shared_ptr<nn::Module> uneven =
       rank() == 0

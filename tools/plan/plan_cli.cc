@@ -208,9 +208,8 @@ std::optional<int> parse_options(int argc, const char* const* argv, PlanCliOptio
                "keeps one dp x tp grid per plan, each op choosing its split on it)");
   app.add_flag("--any_plan", cli.any_plan,
                "choose among every frontier point, also those the runtime's recipes do not run as "
-               "priced (by default: ZeRO beside per-op degrees over part of the devices, and a "
-               "parameter cut on one op's grid that an op on another grid reads, are listed but "
-               "not chosen)");
+               "priced (by default: a parameter cut on one op's grid that an op on another grid "
+               "reads is listed but not chosen)");
   app.add_option("--rows", cli.rows,
                  "frontier points printed, spread over the frontier with the chosen one "
                  "(0: all)")

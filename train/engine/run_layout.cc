@@ -304,21 +304,15 @@ std::unique_ptr<optim::Optimizer> make_run_optimizer(
   std::shared_ptr<nn::Module> alias(&module, [](nn::Module*) {});
   const auto stage = static_cast<parallel::ZeroStage>(layout.zero);
   if (layout.plan && has_per_op_degrees(*layout.plan)) {
-    TESSEL_CHECK(
-        std::none_of(layout.plan->ops.begin(), layout.plan->ops.end(),
-                     [](const planner::PlanFile::Op& op) { return op.dp > 1 && op.tp > 1; }),
-        "--zero beside a plan with per-op degrees over part of the ranks (an op at dp > 1 "
-        "and tp > 1) is not run yet: plan without --zero, or with a grid (no "
-        "--per_op_degrees)");
-    // Per-op degrees on one line of ranks: ZeRO over the line; the tensors the plan cuts over it
-    // stay each rank's own shards.
+    // Per-op degrees over one group of the ranks: ZeRO over it; the tensors the plan cuts over
+    // all of them stay each rank's own shards, those cut over part of them are ZeRO's over the
+    // ranks holding the same part.
     const auto* split = dynamic_cast<const parallel::SplitParameters*>(&module);
     TESSEL_CHECK(split != nullptr,
                  "make_run_optimizer: a plan with per-op degrees runs its own module");
-    std::set<std::string> own;
-    for (const auto& [name, dim] : split->split_parameter_dims()) own.insert(name);
+    const parallel::ZeroCuts cuts = parallel::zero_cuts(*split);
     return std::make_unique<parallel::ZeroOptimizer>(alias, layout.tp_device_group, make, stage,
-                                                     own);
+                                                     cuts.own, cuts.shared);
   }
   return std::make_unique<parallel::ZeroOptimizer>(alias, layout.dp_device_group, make, stage);
 }

@@ -38,6 +38,11 @@ std::pair<int, int> PlannedModule::split_part(const std::string& parameter) cons
   return parallel_->cut_parts(parameter);
 }
 
+std::shared_ptr<parallel::Communicator> PlannedModule::split_copies(
+    const std::string& parameter) const {
+  return parallel_->copies_of_cut(parameter);
+}
+
 Tensor PlannedModule::gather_split(const std::string& parameter, const Tensor& local) const {
   return parallel_->gather_cut(parameter, local);
 }
@@ -59,10 +64,12 @@ Tensor PlannedModule::loss(const std::vector<Tensor>& inputs) {
 void PlannedModule::hand_gradients_to(optim::Optimizer& optimizer) {
   auto* zero = dynamic_cast<parallel::ZeroOptimizer*>(&optimizer);
   if (!zero || zero->stage() == parallel::ZeroStage::kOptimizerState) return;
+  // Gradients that are each rank's rows' share: of parameters some op splits the batch for, and
+  // of those cut over part of the ranks (summed over the ranks holding the same part).
   std::vector<Tensor> shares;
   const std::set<std::string>& batch_split = parallel_->batch_split_parameters();
   for (const auto& [name, shard] : parallel_->named_parameters())
-    if (batch_split.count(name)) shares.push_back(shard);
+    if (batch_split.count(name) || parallel_->shard_copies(name) > 1) shares.push_back(shard);
   zero->take_gradient_shares(shares);
   zero_reduces_gradients_ = true;
 }

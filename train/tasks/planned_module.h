@@ -31,6 +31,7 @@ class PlannedModule : public nn::Module, public parallel::SplitParameters {
   // ParallelModule keeps them.
   std::pair<int, int> split_part(const std::string& parameter) const override;
   Tensor gather_split(const std::string& parameter, const Tensor& local) const override;
+  std::shared_ptr<parallel::Communicator> split_copies(const std::string& parameter) const override;
   // The plan's loss of this rank's rows of each step input (the same scalar on every rank). Its
   // backward ends with the plan's gradient sums over dp (ParallelModule::synchronize_gradients).
   Tensor loss(const std::vector<Tensor>& inputs);
