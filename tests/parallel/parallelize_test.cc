@@ -674,7 +674,8 @@ struct OptimizedRun {
   std::vector<float> losses;
   std::map<std::string, Tensor> state;
   optim::NamedTensors optimizer_state;
-  size_t shared_shards = 0;  // parameters and buffers ZeRO cut over part of the ranks
+  size_t shared_shards = 0;   // parameters and buffers ZeRO cut over part of the ranks
+  std::vector<double> norms;  // of the whole gradient, per step
 };
 
 // With `one_line`, per-op degrees over one group of every rank (`grid` dp x 1), ZeRO over it
@@ -686,8 +687,8 @@ OptimizedRun run_with_zero(const Case& c, const std::vector<planner::PlanFile::O
   // Large enough that a gradient off by a factor shows in the parameters.
   constexpr double kZeroLearningRate = 0.05;
   const auto dp_group = grid.data_parallel_on_device();
-  auto parallel = std::make_shared<ParallelModule>(
-      c.make(), ops, dp_group, one_line ? dp_group : grid.tensor_parallel_on_device(), c.trace);
+  const auto tp_group = one_line ? dp_group : grid.tensor_parallel_on_device();
+  auto parallel = std::make_shared<ParallelModule>(c.make(), ops, dp_group, tp_group, c.trace);
   auto planned = std::make_shared<train::PlannedModule>(parallel, c.make());
   const MakeShardOptimizer make =
       [&](const optim::NamedTensors& parameters) -> std::unique_ptr<optim::Optimizer> {
@@ -712,6 +713,17 @@ OptimizedRun run_with_zero(const Case& c, const std::vector<planner::PlanFile::O
     optimizer->zero_grad();
     Tensor loss = planned->loss(local);
     loss.backward();
+    // The whole gradient's norm, as a clip reads it (ZeRO's from its parts, over the groups).
+    if (auto* zero = dynamic_cast<ZeroOptimizer*>(optimizer.get())) {
+      std::set<std::string> split;
+      for (const auto& [name, dim] : planned->split_parameter_dims()) split.insert(name);
+      run.norms.push_back(zero->clip_grad_norm(1e9, *tp_group, split));
+    } else {
+      double squares = 0;
+      for (const auto& [name, grad] : parallel->full_gradients())
+        squares += sum(mul(grad, grad)).item<double>();
+      run.norms.push_back(std::sqrt(squares));
+    }
     optimizer->step();
     run.losses.push_back(loss.item<float>());
   }
@@ -760,10 +772,13 @@ TEST_F(ParallelizeTest, ZeroStagesBesideAPlanTrainLikeThePlanAlone) {
             const OptimizedRun zero = run_with_zero(c, plans[p], grid, stage, adamw, one_line);
             shared_shards += zero.shared_shards;
             ASSERT_EQ(zero.losses.size(), plain.losses.size());
-            for (size_t step = 0; step < plain.losses.size(); ++step)
+            for (size_t step = 0; step < plain.losses.size(); ++step) {
               EXPECT_NEAR(zero.losses[step], plain.losses[step],
                           1e-4 * std::abs(plain.losses[step]))
                   << "step " << step;
+              EXPECT_NEAR(zero.norms[step], plain.norms[step], 1e-4 * plain.norms[step])
+                  << "gradient norm, step " << step;
+            }
             for (const auto& [tensor_name, tensor] : plain.state)
               EXPECT_TRUE(all_close(zero.state.at(tensor_name), tensor, 1e-4, 1e-6)) << tensor_name;
             ASSERT_EQ(zero.optimizer_state.size(), plain.optimizer_state.size());
