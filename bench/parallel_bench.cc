@@ -5,6 +5,10 @@
 //   mpirun -np 2 bazel-bin/bench/parallel_bench --model=resnet50 --batch_per_rank=4
 //   --image_size=128 mpirun -np 2 bazel-bin/bench/parallel_bench --model=bert_mini --plan=plan.json
 //   --batch=16
+// With --planned --breakdown=PROFILE (the profile the plan was made with) rank 0 also prints where
+// its step goes against the planner's prices for the same ops: forward, backward and optimizer
+// apart, and per forward op name (its time against the priced compute and collectives of its
+// strategy), with the planned moves between ops beside them.
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
@@ -38,6 +42,7 @@
 #include "parallel/process_group.h"
 #include "parallel/tensor_parallel.h"
 #include "parallel/zero.h"
+#include "tools/plan/plan_cli.h"
 
 namespace tessel::bench {
 namespace {
@@ -49,6 +54,120 @@ double max_over_world(double value) {
   double result = value;
   MPI_Allreduce(&value, &result, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   return result;
+}
+
+struct Totals {
+  int calls = 0;
+  double seconds = 0;
+};
+
+// Rank 0's time per op name over `steps` steps, forward, backward and optimizer apart (the time
+// from one op's end to the next's, so collectives inside an op count as that op's), beside the
+// planner's prices of the plan's strategies for the same ops.
+void print_breakdown(const planner::ModelSpec& spec, const planner::PlanFile& plan,
+                     const std::string& profile_name, int world, int steps,
+                     const std::function<void(int*)>& step) {
+  const planner::Graph graph = models::trace_model(spec);
+  planner::PlannerConfig config;
+  config.devices = world;
+  config.max_tp = world;
+  config.optimizer_states = planner::is_bert(spec.name) ? 2 : 1;  // AdamW, SGD with momentum
+  config.profile = planner::load_profile(planner::find_profile(profile_name));
+  const auto strategies = planner::enumerate_strategies(graph, config);
+  TESSEL_CHECK(plan.ops.size() == graph.ops.size(), "--breakdown: the plan has ", plan.ops.size(),
+               " ops, the model's trace ", graph.ops.size());
+  std::vector<const planner::Strategy*> chosen;
+  for (const auto& op : plan.ops) {
+    const auto& list = strategies.at(static_cast<size_t>(op.index));
+    auto found = std::find_if(list.begin(), list.end(), [&](const planner::Strategy& s) {
+      return s.dp == op.dp && s.tp == op.tp && planner::split_kind_name(s.kind) == op.strategy;
+    });
+    TESSEL_CHECK(found != list.end(), "--breakdown: no strategy ", op.strategy, " at dp ", op.dp,
+                 " x tp ", op.tp, " for op ", op.index);
+    chosen.push_back(&*found);
+  }
+  std::map<std::string, Totals> priced;  // forward: compute and collectives of the strategy
+  double forward = 0, backward = 0, optimizer = 0, sync = 0, moves = 0;
+  for (const planner::TracedOp& op : graph.ops) {
+    const planner::Strategy& s = *chosen[static_cast<size_t>(op.id)];
+    priced[op.name].calls++;
+    priced[op.name].seconds += s.forward_time();
+    forward += s.forward_time();
+    backward += s.backward_compute + s.backward_comm;
+    optimizer += s.optimizer_compute;
+    sync += s.gradient_sync;
+    for (size_t slot = 0; slot < op.inputs.size(); ++slot) {
+      const int id = op.inputs[slot];
+      if (id < 0 || graph.tensors[id].producer < 0) continue;
+      const planner::TracedTensor& tensor = graph.tensors[id];
+      const planner::Strategy& from = *chosen[static_cast<size_t>(tensor.producer)];
+      const double bytes =
+          static_cast<double>(shape_numel(op.input_shapes[slot])) * element_size(tensor.dtype);
+      moves += planner::redistribution_time(from, tensor.producer_slot, s, static_cast<int>(slot),
+                                            bytes, tensor.requires_grad && op.differentiable,
+                                            config.profile, world);
+    }
+  }
+
+  std::map<std::string, Totals> measured[3];  // forward, backward, optimizer
+  int phase = 0;
+  auto last = Clock::now();
+  TraceHook previous = set_trace_hook(
+      [&](const OpDef& op, const std::vector<Tensor>&, const std::vector<Tensor>&, const Attrs&) {
+        const auto now = Clock::now();
+        if (phase >= 0) {
+          Totals& totals = measured[phase][op.name];
+          totals.calls++;
+          totals.seconds += std::chrono::duration<double>(now - last).count();
+        }
+        last = now;
+      });
+  double phase_seconds[3] = {0, 0, 0};
+  for (int i = 0; i < steps; ++i) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    phase = 0;
+    last = Clock::now();
+    const auto begin = last;
+    step(&phase);
+    const auto end = Clock::now();
+    phase_seconds[2] += std::chrono::duration<double>(end - begin).count();
+  }
+  set_trace_hook(previous);
+  phase = -1;
+  if (std::getenv("DBG_RANKS")) {
+    double coll = 0, other = 0;
+    for (int p = 0; p < 2; ++p)
+      for (const auto& [name, totals] : measured[p])
+        (name.rfind("tp_", 0) == 0 ? coll : other) += totals.seconds / steps;
+    std::fprintf(stderr, "DBG rank %d collectives %.4f other ops %.4f\n", parallel::world_rank(),
+                 coll, other);
+  }
+  if (!parallel::is_main_rank()) return;
+  for (int p = 0; p < 2; ++p)
+    for (const auto& [name, totals] : measured[p]) phase_seconds[p] += totals.seconds;
+  phase_seconds[2] -= phase_seconds[0] + phase_seconds[1];  // the rest: the optimizer and between
+  std::printf("rank 0's step against the prices of %s (seconds per step)\n",
+              config.profile.name.c_str());
+  std::printf("%-22s %10s %10s\n", "", "measured", "priced");
+  std::printf("%-22s %10.4f %10.4f\n", "forward ops", phase_seconds[0] / steps, forward);
+  std::printf("%-22s %10.4f %10.4f\n", "backward ops", phase_seconds[1] / steps, backward);
+  std::printf("%-22s %10.4f %10.4f\n", "optimizer, sync, rest", phase_seconds[2] / steps,
+              optimizer + sync);
+  std::printf("%-22s %10s %10.4f\n", "moves between ops", "(in ops)", moves);
+  std::printf("%-22s %10.4f %10.4f (the plan's %.4f)\n", "step",
+              (phase_seconds[0] + phase_seconds[1] + phase_seconds[2]) / steps,
+              forward + backward + optimizer + sync + moves, plan.predicted_time);
+  std::printf("\n%-24s %6s %10s %10s\n", "forward op", "calls", "measured", "priced");
+  for (const auto& [name, totals] : priced)
+    std::printf("%-24s %6d %10.4f %10.4f\n", name.c_str(), totals.calls,
+                measured[0][name].seconds / steps, totals.seconds);
+  for (const auto& [name, totals] : measured[0])  // the plan's collectives and moves
+    if (!priced.count(name))
+      std::printf("%-24s %6d %10.4f %10s\n", name.c_str(), totals.calls / steps,
+                  totals.seconds / steps, "-");
+  std::printf("\n%-24s %6s %10s\n", "backward op", "calls", "measured");
+  for (const auto& [name, totals] : measured[1])
+    std::printf("%-24s %6d %10.4f\n", name.c_str(), totals.calls / steps, totals.seconds / steps);
 }
 
 int run(int argc, char** argv) {
@@ -74,6 +193,10 @@ int run(int argc, char** argv) {
   app.add_option("--warmup", warmup, "untimed steps first");
   app.add_option("--threads", threads, "(read by run_ranks)");
   app.add_option("--label", label, "copied into the JSON line");
+  std::string breakdown_profile;
+  app.add_option("--breakdown", breakdown_profile,
+                 "with --planned: also print rank 0's step op by op against the prices of this "
+                 "profile (the plan's)");
   CLI11_PARSE(app, argc, argv);
 
   const int world = parallel::world_size();
@@ -176,7 +299,8 @@ int run(int argc, char** argv) {
   const RandomBatch data =
       random_batch(bert ? &bert_config : nullptr, rows, seq, image_size, classes);
 
-  auto step = [&]() {
+  // `phase` (when given) is set to 1 when backward starts and 2 when the optimizer does.
+  auto step = [&](int* phase = nullptr) {
     if (ddp) ddp->prepare_forward();
     Tensor loss;
     if (bert && planned_model) {
@@ -194,7 +318,9 @@ int run(int argc, char** argv) {
       loss = cross_entropy(trained->forward(data.images), data.labels);
     }
     optimizer->zero_grad();
+    if (phase) *phase = 1;
     loss.backward();
+    if (phase) *phase = 2;
     if (ddp) ddp->finalize();
     if (tp_vision) tp_vision->reduce_trunk_gradients();
     if (planned_model) planned_model->synchronize_gradients();
@@ -247,6 +373,16 @@ int run(int argc, char** argv) {
       out["predicted_step_s"] = plan->predicted_time;
     }
     std::cout << out.dump() << std::endl;
+  }
+  if (!breakdown_profile.empty()) {
+    TESSEL_CHECK(planned_model, "--breakdown needs --planned");
+    planner::ModelSpec spec;
+    spec.name = model_name;
+    spec.batch = batch;
+    spec.seq = seq;
+    spec.image_size = image_size;
+    spec.num_classes = classes;
+    print_breakdown(spec, *plan, breakdown_profile, world, steps, step);
   }
   return 0;
 }

@@ -38,21 +38,10 @@ std::vector<Placement> normalized(std::vector<Placement> placements, const Devic
   return placements;
 }
 
-// Swaps `dim` with the last dim (a view; its own inverse).
-Tensor with_dim_last(const Tensor& x, int64_t dim) {
-  const int64_t last = x.dim() - 1;
-  if (dim == last) return x;
-  std::vector<int64_t> order(static_cast<size_t>(x.dim()));
-  std::iota(order.begin(), order.end(), 0);
-  std::swap(order[dim], order[last]);
-  return permute(x, order);
-}
-
 }  // namespace
 
 Tensor gather_along(const Tensor& x, int64_t dim, int64_t group) {
-  if (is_floating(x.dtype()))
-    return with_dim_last(gather_from_tp(with_dim_last(x, dim), group), dim);
+  if (is_floating(x.dtype())) return gather_from_tp(x, group, dim);
   Communicator& comm = *tp_group(group);
   Tensor send = transpose(x, 0, dim).contiguous();
   Shape sizes = send.sizes();
@@ -72,7 +61,7 @@ Tensor shard_along(const Tensor& x, int64_t dim, int64_t group) {
     return narrow(x, dim, length * tp_group(group)->rank(), length)
         .clone();  // not a view that keeps x whole
   }
-  return with_dim_last(scatter_to_tp(with_dim_last(x, dim), group), dim);
+  return scatter_to_tp(x, group, dim);
 }
 
 std::string Placement::str() const {

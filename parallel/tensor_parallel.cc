@@ -54,25 +54,6 @@ ReduceOp tp_reduce_op(const Attrs& attrs) {
 
 namespace {
 
-// A view of `t` (same storage) with its dims in the order `perm`; for kernels, which may not
-// dispatch view ops.
-Tensor permuted_view(const Tensor& t, const std::vector<int64_t>& perm) {
-  Shape sizes, strides;
-  for (int64_t d : perm) {
-    sizes.push_back(t.size(d));
-    strides.push_back(t.stride(d));
-  }
-  return Tensor(
-      std::make_shared<TensorImpl>(t.storage(), sizes, strides, t.storage_offset(), t.dtype()));
-}
-
-// Last dim first: (..., n) -> (n, ...).
-std::vector<int64_t> last_dim_first(int64_t ndim) {
-  std::vector<int64_t> perm{ndim - 1};
-  for (int64_t d = 0; d + 1 < ndim; ++d) perm.push_back(d);
-  return perm;
-}
-
 void check_tp_input(const char* op, const std::vector<Tensor>& inputs, const Attrs& attrs,
                     bool needs_last_dim) {
   TESSEL_CHECK(inputs.size() == 1 && inputs[0].defined(), op, ": expected one tensor input");
@@ -88,6 +69,8 @@ const std::shared_ptr<Communicator>& group_of(const Attrs& attrs) {
 }
 
 Attrs group_attrs(int64_t group) { return Attrs{{"group", group}}; }
+
+Attrs group_attrs(int64_t group, int64_t dim) { return Attrs{{"group", group}, {"dim", dim}}; }
 
 Attrs all_to_all_attrs(int64_t group, int64_t split_dim, int64_t concat_dim) {
   return Attrs{{"group", group}, {"split_dim", split_dim}, {"concat_dim", concat_dim}};
@@ -156,24 +139,36 @@ TESSEL_REGISTER_OPS(tensor_parallel) {
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
       check_tp_input("gather_from_tp", in, attrs, true);
       Shape sizes = in[0].sizes();
-      sizes.back() *= group_of(attrs)->size();
+      sizes[static_cast<size_t>(gather_geometry(in[0], 1, attrs).dim)] *= group_of(attrs)->size();
       return std::vector<OutputSpec>{{sizes, in[0].dtype()}};
     };
     op.kernels[static_cast<int>(DeviceType::kCpu)] = [](KernelContext& ctx) {
-      // all_gather concatenates along dim 0: move the last dim to the front and back.
+      // all_gather concatenates flat buffers: every rank's dense input in rank order, each read
+      // into its runs of the output.
       const Tensor& input = ctx.inputs[0];
-      const auto perm = last_dim_first(input.dim());
-      Tensor moved_input = permuted_view(input, perm);
-      Tensor moved_output = permuted_view(ctx.outputs[0], perm);
-      Tensor send = ctx.workspace(moved_input.sizes(), input.dtype());
-      Tensor receive = ctx.workspace(moved_output.sizes(), input.dtype());
-      cpu::copy_strided(moved_input, send);
-      group_of(ctx.attrs)->all_gather(send, receive);
-      cpu::copy_strided(receive, moved_output);
+      const auto& group = group_of(ctx.attrs);
+      const GatherGeometry g = gather_geometry(input, group->size(), ctx.attrs);
+      const int64_t numel = input.numel();
+      const Shape dense_strides = contiguous_strides(input.sizes());
+      Tensor send = strided_view(input, {numel}, {1}, 0);
+      if (!input.is_contiguous()) {
+        send = ctx.workspace({numel}, input.dtype());
+        cpu::copy_strided(input, strided_view(send, input.sizes(), dense_strides, 0));
+      }
+      Tensor receive = ctx.workspace({numel * group->size()}, input.dtype());
+      group->all_gather(send, receive);
+      Tensor& output = ctx.outputs[0];
+      Tensor dense =
+          output.is_contiguous() ? output : ctx.workspace(output.sizes(), output.dtype());
+      cpu::copy_strided(
+          strided_view(receive, g.received_sizes, g.received_strides, 0),
+          strided_view(dense, g.received_sizes, contiguous_strides(g.received_sizes), 0));
+      if (!output.is_contiguous()) cpu::copy_strided(dense, output);
     };
     op.backward = [](const BackwardContext& ctx) -> std::vector<Tensor> {
       if (!ctx.grad_outputs[0].defined()) return {Tensor()};
-      return {scatter_to_tp(ctx.grad_outputs[0], ctx.attrs.get<int64_t>("group"))};
+      return {scatter_to_tp(ctx.grad_outputs[0], ctx.attrs.get<int64_t>("group"),
+                            ctx.attrs.get_or<int64_t>("dim", -1))};
     };
     op.cost = copy_cost;
     op.flags.pure = false;
@@ -186,24 +181,24 @@ TESSEL_REGISTER_OPS(tensor_parallel) {
       check_tp_input("scatter_to_tp", in, attrs, true);
       const int tp = group_of(attrs)->size();
       Shape sizes = in[0].sizes();
-      TESSEL_CHECK(sizes.back() % tp == 0, "scatter_to_tp: the last dim (", sizes.back(),
+      const auto dim = static_cast<size_t>(gather_geometry(in[0], 1, attrs).dim);
+      TESSEL_CHECK(sizes[dim] % tp == 0, "scatter_to_tp: dim ", dim, " (", sizes[dim],
                    ", input shape ", shape_str(sizes), ") is not divisible by the group size ", tp);
-      sizes.back() /= tp;
+      sizes[dim] /= tp;
       return std::vector<OutputSpec>{{sizes, in[0].dtype()}};
     };
     op.kernels[static_cast<int>(DeviceType::kCpu)] = [](KernelContext& ctx) {
       const Tensor& input = ctx.inputs[0];
-      const int64_t last = input.dim() - 1;
-      const int64_t width = ctx.outputs[0].size(last);
-      const int64_t start = width * group_of(ctx.attrs)->rank();
-      Tensor part(std::make_shared<TensorImpl>(
-          input.storage(), ctx.outputs[0].sizes(), input.strides(),
-          input.storage_offset() + start * input.stride(last), input.dtype()));
-      cpu::copy_strided(part, ctx.outputs[0]);
+      const int64_t dim = gather_geometry(input, 1, ctx.attrs).dim;
+      const int64_t start = ctx.outputs[0].size(dim) * group_of(ctx.attrs)->rank();
+      cpu::copy_strided(
+          strided_view(input, ctx.outputs[0].sizes(), input.strides(), start * input.stride(dim)),
+          ctx.outputs[0]);
     };
     op.backward = [](const BackwardContext& ctx) -> std::vector<Tensor> {
       if (!ctx.grad_outputs[0].defined()) return {Tensor()};
-      return {gather_from_tp(ctx.grad_outputs[0], ctx.attrs.get<int64_t>("group"))};
+      return {gather_from_tp(ctx.grad_outputs[0], ctx.attrs.get<int64_t>("group"),
+                             ctx.attrs.get_or<int64_t>("dim", -1))};
     };
     op.cost = copy_cost;
   }
@@ -294,17 +289,32 @@ AllToAllGeometry all_to_all_geometry(const Tensor& input, int parts, const Attrs
   return g;
 }
 
+GatherGeometry gather_geometry(const Tensor& input, int parts, const Attrs& attrs) {
+  GatherGeometry g;
+  g.dim = wrap_dim(attrs.get_or<int64_t>("dim", -1), input.dim(), "tp_gather: dim");
+  // The output (outer, parts, run) of each rank's (outer, run) in turn, where run is the
+  // elements from `dim` on: rank r's input sits at r * numel in the buffer.
+  int64_t outer = 1;
+  for (int64_t d = 0; d < g.dim; ++d) outer *= input.size(d);
+  const int64_t numel = input.numel();
+  const int64_t run = outer > 0 ? numel / std::max<int64_t>(outer, 1) : 0;
+  g.received_sizes = {outer, parts, run};
+  g.received_strides = {run, numel, 1};
+  return g;
+}
+
 Tensor copy_to_tp(const Tensor& x, int64_t group) {
   return dispatch(ops::tp_copy, {x}, group_attrs(group))[0];
 }
 Tensor reduce_from_tp(const Tensor& x, int64_t group) {
   return dispatch(ops::tp_reduce, {x}, group_attrs(group))[0];
 }
-Tensor gather_from_tp(const Tensor& x, int64_t group) {
-  return dispatch(ops::tp_gather, {x}, group_attrs(group))[0];
+Tensor gather_from_tp(const Tensor& x, int64_t group, int64_t dim) {
+  return dispatch(ops::tp_gather, {x}, dim == -1 ? group_attrs(group) : group_attrs(group, dim))[0];
 }
-Tensor scatter_to_tp(const Tensor& x, int64_t group) {
-  return dispatch(ops::tp_scatter, {x}, group_attrs(group))[0];
+Tensor scatter_to_tp(const Tensor& x, int64_t group, int64_t dim) {
+  return dispatch(ops::tp_scatter, {x},
+                  dim == -1 ? group_attrs(group) : group_attrs(group, dim))[0];
 }
 Tensor all_to_all_tp(const Tensor& x, int64_t split_dim, int64_t concat_dim, int64_t group) {
   return dispatch(ops::tp_all_to_all, {x}, all_to_all_attrs(group, split_dim, concat_dim))[0];

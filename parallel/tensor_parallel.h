@@ -47,10 +47,12 @@ Tensor copy_to_tp(const Tensor& x, int64_t group);
 // All-reduce (sum) forward, identity backward: where partial results are combined.
 Tensor reduce_from_tp(const Tensor& x, int64_t group);
 // (..., n) on every rank -> (..., n * tp) with rank r's part at columns [r n, (r+1) n); backward
-// keeps this rank's columns of the gradient.
-Tensor gather_from_tp(const Tensor& x, int64_t group);
-// (..., n) -> this rank's columns (..., n / tp) (n divisible by tp); backward all-gathers.
-Tensor scatter_to_tp(const Tensor& x, int64_t group);
+// keeps this rank's columns of the gradient. With `dim`, along that dim instead of the last (the
+// channels of images: no transposes, each rank's part copied in runs of its rows).
+Tensor gather_from_tp(const Tensor& x, int64_t group, int64_t dim = -1);
+// (..., n) -> this rank's columns (..., n / tp) (n divisible by tp); backward all-gathers. With
+// `dim`, along that dim.
+Tensor scatter_to_tp(const Tensor& x, int64_t group, int64_t dim = -1);
 // A tensor cut along `concat_dim` over the group (rank r holds part r) -> cut along `split_dim`
 // instead: each rank sends every other rank that rank's part of `split_dim` (divisible by the
 // group's size) and keeps the parts it receives, in rank order along `concat_dim`. It moves
@@ -72,6 +74,14 @@ struct AllToAllGeometry {
   Shape received_sizes, received_strides;
 };
 AllToAllGeometry all_to_all_geometry(const Tensor& input, int parts, const Attrs& attrs);
+// For the kernels of tp_gather and tp_scatter: the dim they join or cut (the "dim" attribute,
+// the last by default), and for a gather the dense output as `received_sizes` read with
+// `received_strides` from the buffer of every rank's dense input in rank order.
+struct GatherGeometry {
+  int64_t dim = 0;
+  Shape received_sizes, received_strides;
+};
+GatherGeometry gather_geometry(const Tensor& input, int parts, const Attrs& attrs);
 // All-reduce max over the group, no gradient (the max-subtraction of the parallel softmax).
 Tensor max_from_tp(const Tensor& x, int64_t group);
 

@@ -35,27 +35,6 @@ void gather_into(const Tensor& dense, const Tensor& source, cudaStream_t stream)
   gather_into(dense, source.raw_data(), source.sizes(), source.strides(), stream);
 }
 
-// Last dim first: (..., n) -> (n, ...), as sizes and strides of a view of `t`.
-void last_dim_first(const Tensor& t, Shape& sizes, Shape& strides) {
-  const int64_t last = t.dim() - 1;
-  sizes = {t.size(last)};
-  strides = {t.stride(last)};
-  for (int64_t d = 0; d < last; ++d) {
-    sizes.push_back(t.size(d));
-    strides.push_back(t.stride(d));
-  }
-}
-
-// First dim last: (n, ...) -> (..., n); the inverse of last_dim_first.
-void first_dim_last(const Tensor& t, Shape& sizes, Shape& strides) {
-  for (int64_t d = 1; d < t.dim(); ++d) {
-    sizes.push_back(t.size(d));
-    strides.push_back(t.stride(d));
-  }
-  sizes.push_back(t.size(0));
-  strides.push_back(t.stride(0));
-}
-
 void tp_copy_kernel(KernelContext& ctx) {
   const int device = ctx.inputs[0].device().index;
   cuda::DeviceGuard guard(device);
@@ -80,23 +59,15 @@ void tp_gather_kernel(KernelContext& ctx) {
   const int device = input.device().index;
   cuda::DeviceGuard guard(device);
   cudaStream_t stream = cuda::compute_stream(device);
-  // all_gather concatenates along dim 0. send is the input as (n, ...); receive the dense
-  // (n * tp, ...) of every rank's send in rank order; the output (..., n * tp) is receive read
-  // with its first dim last, so every write goes to a dense destination.
-  Shape moved_sizes, moved_strides;
-  last_dim_first(input, moved_sizes, moved_strides);
-  Tensor send = ctx.workspace(moved_sizes, input.dtype());
-  gather_into(send, input.raw_data(), moved_sizes, moved_strides, stream);
-  Shape receive_sizes = moved_sizes;
-  receive_sizes[0] *= group->size();
-  Tensor receive = ctx.workspace(receive_sizes, input.dtype());
+  // all_gather concatenates flat buffers: send is the input dense, receive every rank's send in
+  // rank order, read into the (dense) output in runs of each rank's part (gather_geometry).
+  const GatherGeometry g = gather_geometry(input, group->size(), ctx.attrs);
+  const int64_t numel = input.numel();
+  Tensor send = ctx.workspace({numel}, input.dtype());
+  gather_into(send, input, stream);
+  Tensor receive = ctx.workspace({numel * group->size()}, input.dtype());
   group->all_gather(send, receive);
-  Shape output_sizes, output_strides;
-  first_dim_last(receive, output_sizes, output_strides);
-  TESSEL_CHECK(output_sizes == ctx.outputs[0].sizes(), "gather_from_tp (cuda): gathered shape ",
-               shape_str(output_sizes), " differs from the output's ",
-               shape_str(ctx.outputs[0].sizes()));
-  gather_into(ctx.outputs[0], receive.raw_data(), output_sizes, output_strides, stream);
+  gather_into(ctx.outputs[0], receive.raw_data(), g.received_sizes, g.received_strides, stream);
 }
 
 void tp_scatter_kernel(KernelContext& ctx) {
@@ -105,11 +76,11 @@ void tp_scatter_kernel(KernelContext& ctx) {
   Tensor& output = ctx.outputs[0];
   const int device = input.device().index;
   cuda::DeviceGuard guard(device);
-  // This rank's columns of the last dim: a view of the input at the first one.
-  const int64_t last = input.dim() - 1;
-  const int64_t start = output.size(last) * group->rank();
+  // This rank's part of the cut dim: a view of the input at its first element.
+  const int64_t dim = gather_geometry(input, 1, ctx.attrs).dim;
+  const int64_t start = output.size(dim) * group->rank();
   const char* first = static_cast<const char*>(input.raw_data()) +
-                      start * input.stride(last) * static_cast<int64_t>(input.element_size());
+                      start * input.stride(dim) * static_cast<int64_t>(input.element_size());
   gather_into(output, first, output.sizes(), input.strides(), cuda::compute_stream(device));
 }
 

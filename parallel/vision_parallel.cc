@@ -12,16 +12,12 @@ namespace tessel::parallel {
 Tensor gather_channels_from_tp(const Tensor& x, int64_t group) {
   TESSEL_CHECK(x.dim() >= 2, "gather_channels_from_tp: expected (N, C, ...), got shape ",
                shape_str(x.sizes()));
-  // gather_from_tp joins the last dim: move channels there and back.
-  const int64_t last = x.dim() - 1;
-  return transpose(gather_from_tp(transpose(x, 1, last), group), 1, last);
+  return gather_from_tp(x, group, 1);
 }
 
 Tensor gather_rows_from_tp(const Tensor& x, int64_t group) {
   TESSEL_CHECK(x.dim() >= 1, "gather_rows_from_tp: expected at least one dim");
-  const int64_t last = x.dim() - 1;
-  if (last == 0) return gather_from_tp(x, group);
-  return transpose(gather_from_tp(transpose(x, 0, last), group), 0, last);
+  return gather_from_tp(x, group, 0);
 }
 
 ChannelParallelConv2d::ChannelParallelConv2d(const nn::Conv2d& full, int64_t group_in,

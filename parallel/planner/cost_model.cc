@@ -261,6 +261,7 @@ DeviceProfile parse_profile(const std::string& json_text, const std::string& whe
     }
   }
   profile.rank_skew = optional_number(root, "rank_skew", 0.0, where, true);
+  profile.sync_jitter = optional_number(root, "sync_jitter", 0.0, where, true);
   auto layout = root.find("calibrated_layout");
   if (layout != root.end()) {
     profile.calibrated_ranks = whole_count(*layout, "ranks_at_once", "calibrated_layout", where);
@@ -325,6 +326,7 @@ std::string profile_to_json(const DeviceProfile& profile) {
     root["op_kinds"] = kinds;
   }
   if (profile.rank_skew > 0) root["rank_skew"] = profile.rank_skew;
+  if (profile.sync_jitter > 0) root["sync_jitter"] = profile.sync_jitter;
   if (profile.calibrated_ranks > 0)
     root["calibrated_layout"] = {{"ranks_at_once", profile.calibrated_ranks},
                                  {"threads_per_rank", profile.calibrated_threads}};

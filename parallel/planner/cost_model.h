@@ -5,7 +5,9 @@
 //   double t = profile.collective_time(Collective::kAllReduce, 8, 64 << 20);  // ring, 8 ranks
 #pragma once
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -71,6 +73,13 @@ struct DeviceProfile {
   // Plans on more than one device: each step waits for the slowest rank, so compute takes
   // (1 + rank_skew) times the per-rank time (measured with ranks sharing cores; 0: no skew).
   double rank_skew = 0;
+  // Ranks that work T seconds apart from one collective to the next reach it about
+  // sync_jitter * sqrt(T) seconds apart (their times vary like a random walk), and the earlier
+  // ones wait: sync_wait(T). 0: no wait (devices that do not share cores with anything).
+  double sync_jitter = 0;
+  double sync_wait(double interval_s) const {
+    return sync_jitter * std::sqrt(std::max(0.0, interval_s));
+  }
   // [level][collective]
   std::array<std::array<AlphaBeta, 3>, 2> collectives{};
   std::string sources_json = "{}";  // where the numbers come from (JSON object, kept verbatim)

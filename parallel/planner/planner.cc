@@ -116,7 +116,7 @@ PlannedPoint describe_choice(const Graph& graph,
       const double bytes =
           static_cast<double>(shape_numel(op.input_shapes[slot])) * element_size(tensor.dtype);
       b.redistribution_s += redistribution_time(
-          from.output_layouts[tensor.producer_slot], s.input_layouts[slot], bytes,
+          from, tensor.producer_slot, s, static_cast<int>(slot), bytes,
           tensor.requires_grad && op.differentiable, config.profile, config.devices);
     }
   }

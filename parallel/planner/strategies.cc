@@ -375,6 +375,11 @@ Strategy make_strategy(const OpContext& c, int dp, int tp, SplitKind kind) {
     if (c.first_buffer_reader) s.forward_comm += (s.dp - 1) * link.alpha_s;
   }
 
+  // The op's collectives wait for the ranks to arrive, apart by the jitter of the op's own work
+  // (the one before them since the last collective).
+  if (s.forward_comm > 0) s.forward_comm += profile.sync_wait(s.forward_compute);
+  if (s.backward_comm > 0) s.backward_comm += profile.sync_wait(s.backward_compute);
+
   // Owned parameters: values, gradients and optimizer state, sharded by the split; gradients
   // all-reduced over the data-parallel group. Under ZeRO the state (stage 1), the gradients
   // (stage 2) and the values (stage 3) are held in dp parts: each parameter's gradient is
@@ -620,14 +625,24 @@ std::vector<MoveStep> redistribution_steps(const Layout& from, const Layout& to,
 }
 
 double redistribution_time(const Layout& from, const Layout& to, double bytes, bool gradient,
-                           const DeviceProfile& profile, int devices) {
-  auto move = [&](const Layout& have, const Layout& need) {
+                           const DeviceProfile& profile, int devices, double forward_interval,
+                           double backward_interval) {
+  auto move = [&](const Layout& have, const Layout& need, double interval) {
     double seconds = 0;
     for (const MoveStep& step : redistribution_steps(have, need, bytes, devices))
       seconds += profile.collective_time(Collective::kAllGather, step.group, step.bytes);
-    return seconds;
+    return seconds > 0 ? seconds + profile.sync_wait(interval) : 0.0;
   };
-  return move(from, to) + (gradient ? move(to, from) : 0.0);
+  return move(from, to, forward_interval) + (gradient ? move(to, from, backward_interval) : 0.0);
+}
+
+double redistribution_time(const Strategy& producer, int producer_slot, const Strategy& consumer,
+                           int consumer_slot, double bytes, bool gradient,
+                           const DeviceProfile& profile, int devices) {
+  return redistribution_time(producer.output_layouts[static_cast<size_t>(producer_slot)],
+                             consumer.input_layouts[static_cast<size_t>(consumer_slot)], bytes,
+                             gradient, profile, devices, producer.forward_compute,
+                             consumer.backward_compute);
 }
 
 std::vector<SharedParameter> shared_parameters(const Graph& graph) {
@@ -708,9 +723,9 @@ CostGraph build_cost_graph(const Graph& graph, const std::vector<std::vector<Str
       bool any = false;
       for (size_t a = 0; a < from.size(); ++a)
         for (size_t b = 0; b < to.size(); ++b) {
-          const double time = redistribution_time(from[a].output_layouts[tensor.producer_slot],
-                                                  to[b].input_layouts[slot], bytes, gradient,
-                                                  config.profile, config.devices);
+          const double time =
+              redistribution_time(from[a], tensor.producer_slot, to[b], static_cast<int>(slot),
+                                  bytes, gradient, config.profile, config.devices);
           table[a * to.size() + b].time = time;
           any = any || time > 0;
         }

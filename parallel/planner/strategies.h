@@ -150,8 +150,15 @@ std::vector<MoveStep> redistribution_steps(const Layout& from, const Layout& to,
 
 // Seconds to move a tensor of `bytes` from layout `from` to layout `to` (redistribution_steps),
 // plus the way back for its gradient when `gradient`. Zero when every device already holds what
-// it needs.
+// it needs. Each move waits for the ranks to arrive (DeviceProfile::sync_wait) after the work
+// since the last collective: `forward_interval` before the move (the producer's forward),
+// `backward_interval` before the gradient's (the consumer's backward).
 double redistribution_time(const Layout& from, const Layout& to, double bytes, bool gradient,
+                           const DeviceProfile& profile, int devices, double forward_interval = 0,
+                           double backward_interval = 0);
+// The same between the producer's strategy and the consumer's, the intervals their compute.
+double redistribution_time(const Strategy& producer, int producer_slot, const Strategy& consumer,
+                           int consumer_slot, double bytes, bool gradient,
                            const DeviceProfile& profile, int devices);
 
 // A parameter read by more than one op (a tied weight): its first user owns it (memory, and the

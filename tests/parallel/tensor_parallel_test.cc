@@ -337,6 +337,44 @@ TEST(AllToAllSchedule, EveryPairMeetsOnceWithOneSenderFirst) {
   }
 }
 
+// Along another dim than the last (the channels of images): the same values and duals as
+// gathering and cutting that dim by hand, for dense and for transposed inputs.
+TEST_F(TensorParallel, GathersAndScattersAlongAnyDim) {
+  const int rank = grid().tp_index();
+  for (bool transposed : {false, true}) {
+    SCOPED_TRACE(transposed ? "transposed input" : "dense input");
+    manual_seed(19 + rank);  // a different x on each tp rank
+    Tensor base = randn({2, 3, 5}, DType::kFloat64);
+    Tensor x = (transposed ? randn({2, 5, 3}, DType::kFloat64).transpose(1, 2) : base)
+                   .detach()
+                   .set_requires_grad(true);  // (2, 3, 5)
+    manual_seed(23);                          // the same upstream gradient everywhere
+    Tensor upstream = randn({2, 6, 5}, DType::kFloat64);
+    Tensor gathered = gather_from_tp(x, tp(), 1);
+    EXPECT_TRUE(close_overall(gathered, gather_shards(x.detach().contiguous(), 1, tp_comm()),
+                              "gather along dim 1", 0, 0));
+    sum(mul(gathered, upstream)).backward();
+    EXPECT_TRUE(close_overall(x.grad(), narrow(upstream, 1, 3 * rank, 3), "its backward", 0, 0));
+
+    Tensor y = (transposed ? randn({2, 5, 6}, DType::kFloat64).transpose(1, 2)
+                           : randn({2, 6, 5}, DType::kFloat64))
+                   .detach()
+                   .set_requires_grad(true);  // the same on every rank
+    Tensor scattered = scatter_to_tp(y, tp(), 1);
+    EXPECT_TRUE(
+        close_overall(scattered, narrow(y.detach(), 1, 3 * rank, 3), "scatter along dim 1", 0, 0));
+    sum(mul(scattered, narrow(upstream, 1, 0, 3))).backward();
+    Tensor expected = cat({narrow(upstream, 1, 0, 3), narrow(upstream, 1, 0, 3)}, 1);
+    EXPECT_TRUE(close_overall(y.grad(), expected, "its backward", 0, 0));
+  }
+  EXPECT_TRUE(throws_error([] { gather_from_tp(zeros({2, 3}), tp(), 2); }, "dim"));
+  EXPECT_TRUE(throws_error(
+      [] {
+        scatter_to_tp(zeros({3, 4}), tp(), 0);
+      },
+      "is not divisible by the group size 2"));
+}
+
 TEST_F(TensorParallel, SizesNotDivisibleByTheGroupAreClearErrors) {
   EXPECT_TRUE(throws_error([] { ColumnParallelLinear(4, 7, tp()); },
                            "out_features (7) must be a positive multiple of the tensor parallel"));

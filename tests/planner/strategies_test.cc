@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -339,6 +340,33 @@ TEST(Redistribution, BatchToColumnIsAnAllGather) {
   // Its gradient comes back already split finer: nothing to move.
   EXPECT_DOUBLE_EQ(redistribution_time({8, 1}, {4, 1}, bytes, true, profile, 8),
                    1e-6 + 0.5 * needed / 1e9);
+}
+
+// Ranks reach a collective apart by the jitter of the work before it: a row-parallel op's
+// all-reduce waits sync_jitter * sqrt(its forward compute), a move the same after the producer's
+// forward and, for the gradient, after the consumer's backward; nothing where nothing moves. The
+// profile keeps the jitter through JSON.
+TEST(Strategies, CollectivesWaitTheJitterOfTheWorkBeforeThem) {
+  PlannerConfig config = config_for(4);
+  const Strategy row_alone =
+      find(enumerate_strategies(OneLinear().graph, config)[0], 1, 4, SplitKind::kRow);
+  config.profile.sync_jitter = 0.01;
+  const Strategy row =
+      find(enumerate_strategies(OneLinear().graph, config)[0], 1, 4, SplitKind::kRow);
+  EXPECT_DOUBLE_EQ(row.forward_comm,
+                   row_alone.forward_comm + 0.01 * std::sqrt(row.forward_compute));
+  EXPECT_DOUBLE_EQ(row.backward_comm, 0);
+  const DeviceProfile& profile = config.profile;
+  const double plain = redistribution_time({8, 1}, {4, 1}, 8e6, false, round_number_profile(), 8);
+  EXPECT_DOUBLE_EQ(redistribution_time({8, 1}, {4, 1}, 8e6, false, profile, 8, 0.04, 0.09),
+                   plain + 0.01 * 0.2);
+  EXPECT_DOUBLE_EQ(
+      redistribution_time({1, 1}, {4, 1}, 8e6, true, profile, 8, 0.04, 0.09),
+      redistribution_time({1, 1}, {4, 1}, 8e6, true, round_number_profile(), 8) + 0.01 * 0.3);
+  EXPECT_DOUBLE_EQ(redistribution_time({2, 4}, {2, 4}, 8e6, true, profile, 8, 0.04, 0.09), 0);
+  const DeviceProfile reread = parse_profile(profile_to_json(profile), "test");
+  EXPECT_DOUBLE_EQ(reread.sync_jitter, 0.01);
+  EXPECT_DOUBLE_EQ(reread.sync_wait(0.04), 0.002);
 }
 
 TEST(DeviceProfile, RingFormulas) {

@@ -243,24 +243,37 @@ struct CollectiveFit {
 };
 
 // alpha from a tiny message, bandwidth from a large one: t = steps * alpha + moved / bandwidth.
-// Mean time a rank waits in a one-element all_reduce right after about a millisecond of its own
-// compute, over the ranks. With ranks sharing cores this is the wait for a rank the OS has
-// descheduled, which every blocking collective inside a step pays, far above the latency of a
-// tight loop of collectives.
-double synchronisation_wait(parallel::Communicator& comm, int reps) {
+// How far apart ranks reach a collective after working on their own: the mean time a rank waits
+// in a one-element all_reduce right after T seconds of its own compute, over the ranks, for T of
+// about 0.3, 1.3 and 5 ms; fitted as sync_jitter * sqrt(T) (least squares). Ranks' times vary
+// like a random walk (the OS, caches, cores shared with other ranks), so the wait grows with the
+// square root of the work between collectives: every blocking collective inside a step pays it,
+// far above the latency of a tight loop of collectives. `text` gets the points.
+double synchronisation_jitter(parallel::Communicator& comm, bool quick, std::string* text) {
   Tensor a = randn({256, 256}), b = randn({256, 256}), c = empty({256, 256});
   Tensor one = ones({1});
-  double total = 0;
-  comm.barrier();
-  for (int rep = 0; rep < reps; ++rep) {
-    for (int k = 0; k < 4; ++k) into(ops::matmul, {a, b}, {}, c);
-    const auto start = Clock::now();
-    comm.all_reduce(one);
-    total += std::chrono::duration<double>(Clock::now() - start).count();
+  double wait_times_root = 0, work_sum = 0;
+  for (int matmuls : {1, 4, 16}) {
+    const int reps = (quick ? 40 : 400) / matmuls;
+    double wait = 0, work = 0;
+    comm.barrier();
+    for (int rep = 0; rep < reps; ++rep) {
+      const auto start = Clock::now();
+      for (int k = 0; k < matmuls; ++k) into(ops::matmul, {a, b}, {}, c);
+      const auto done = Clock::now();
+      comm.all_reduce(one);
+      work += std::chrono::duration<double>(done - start).count();
+      wait += std::chrono::duration<double>(Clock::now() - done).count();
+    }
+    Tensor means = tensor({static_cast<float>(wait / reps), static_cast<float>(work / reps)}, {2});
+    comm.all_reduce(means, parallel::ReduceOp::kSum);
+    const std::vector<float> mean = means.to_vector<float>();
+    const double mean_wait = mean[0] / comm.size(), mean_work = mean[1] / comm.size();
+    wait_times_root += mean_wait * std::sqrt(mean_work);
+    work_sum += mean_work;
+    *text += format_seconds(mean_wait) + " after " + format_seconds(mean_work) + ", ";
   }
-  Tensor mean = tensor({static_cast<float>(total / reps)}, {1});
-  comm.all_reduce(mean, parallel::ReduceOp::kSum);
-  return mean.item<float>() / comm.size();
+  return work_sum > 0 ? wait_times_root / work_sum : 0.0;
 }
 
 CollectiveFit fit_collective(parallel::Communicator& comm, Collective collective, int64_t large) {
@@ -823,22 +836,20 @@ void measure_collectives(DeviceProfile& profile, nlohmann::json& sources,
   profile.devices_per_node = local;
   const LinkLevel level = local == ranks ? LinkLevel::kIntraNode : LinkLevel::kInterNode;
   const int64_t large = quick ? (1 << 18) : (1 << 22);
-  std::string text;
-  const double wait = synchronisation_wait(*world, quick ? 20 : 200);
+  std::string text, waits;
+  profile.sync_jitter = synchronisation_jitter(*world, quick, &waits);
   for (Collective collective :
        {Collective::kAllReduce, Collective::kAllGather, Collective::kReduceScatter}) {
-    CollectiveFit fit = fit_collective(*world, collective, large);
-    // alpha: at least the wait for the other ranks, spread over the collective's ring steps.
-    const double steps = collective == Collective::kAllReduce ? 2.0 * (ranks - 1) : ranks - 1.0;
-    fit.cost.alpha_s = std::max(fit.cost.alpha_s, wait / steps);
+    const CollectiveFit fit = fit_collective(*world, collective, large);
     profile.collectives[static_cast<int>(level)][static_cast<int>(collective)] = fit.cost;
     if (local == ranks)  // one node: no inter-node link to measure; the same numbers stand in
       profile.collectives[1][static_cast<int>(collective)] = fit.cost;
     text += std::string(collective_name(collective)) + " small " + format_seconds(fit.small_s) +
             ", " + std::to_string(large * 4 >> 20) + " MiB " + format_seconds(fit.large_s) + "; ";
   }
-  text += "alpha at least the mean wait in a one-element all_reduce after 1 ms of compute (" +
-          format_seconds(wait) + ", the ranks' synchronisation) over the ring steps; ";
+  sources["sync_jitter"] =
+      "the mean wait in a one-element all_reduce after a rank's own compute (" + waits +
+      "over the ranks), fitted as sync_jitter * sqrt(compute)";
   sources["collectives"] = "MpiCommunicator over " + std::to_string(ranks) + " ranks (" +
                            std::to_string(local) + " on this node): " + text +
                            (local == ranks ? "inter_node copies intra_node (one node)" : "");
