@@ -230,7 +230,12 @@ int run(int argc, char** argv) {
   std::shared_ptr<models::TensorParallelClassifier> tp_vision;
   std::shared_ptr<parallel::ParallelModule> planned_model;  // --planned
   models::BertConfig bert_config;
-  auto line = tp > 1 ? tp_comm : dp_comm;  // every rank, for a plan with per-op degrees
+  // Every rank, for a plan with per-op degrees (its mesh may be a dp x tp grid).
+  auto line =
+      dp == 1 ? tp_comm
+      : tp == 1
+          ? dp_comm
+          : std::make_shared<CountingCommunicator>(parallel::ProcessGrid(world, 1).data_parallel());
   auto run_as_planned = [&](std::shared_ptr<nn::Module> full,
                             const planner::ModuleTraceOptions& trace) {
     planned_model = std::make_shared<parallel::ParallelModule>(
@@ -330,6 +335,7 @@ int run(int argc, char** argv) {
   auto allocator = memory::allocator_for(Device::cpu());
   for (int i = 0; i < warmup; ++i) step();
   dp_comm->reset();
+  line->reset();
   tp_comm->reset();
   allocator->reset_peak();
   std::vector<double> times;
@@ -344,8 +350,11 @@ int run(int argc, char** argv) {
   const double peak = max_over_world(static_cast<double>(allocator->stats().peak_allocated_bytes));
   const double dp_bytes = max_over_world(static_cast<double>(dp_comm->all_reduce_bytes) / steps);
   const double dp_other = max_over_world(static_cast<double>(dp_comm->other_bytes) / steps);
-  const double tp_bytes =
-      max_over_world(static_cast<double>(tp_comm->all_reduce_bytes + tp_comm->other_bytes) / steps);
+  const double line_bytes = line == tp_comm || line == dp_comm
+                                ? 0.0
+                                : static_cast<double>(line->all_reduce_bytes + line->other_bytes);
+  const double tp_bytes = max_over_world(
+      (static_cast<double>(tp_comm->all_reduce_bytes + tp_comm->other_bytes) + line_bytes) / steps);
   if (parallel::is_main_rank()) {
     nlohmann::ordered_json out = {{"model", model_name},
                                   {"ranks", world},
