@@ -80,16 +80,18 @@ def run_json(argv):
 
 
 def pick_points(model, ranks, workdir, per_op=False):
-    """The smallest, the middle and the fastest point of the frontier, as plan files; with
-    per_op, of the points whose ops run at other degrees than the rest (per-op degrees)."""
+    """The smallest, the middle and the fastest executable point of the frontier, as plan files;
+    with per_op, of the points whose ops run at other degrees than the rest (per-op degrees)."""
     kind = "per_op" if per_op else "grid"
     probe = os.path.join(workdir, f"{model}_probe{ranks}_{kind}.json")
     subprocess.run(plan_command(model, ranks, 0, probe, per_op), cwd=ROOT, check=True,
                    capture_output=True)
     with open(probe + ".frontier") as handle:
         frontier = json.load(handle)["points"]
+    # Only points the runtime runs as priced (the planner marks the others).
     candidates = [index for index, point in enumerate(frontier)
-                  if not per_op or "at other degrees" in point["summary"]]
+                  if point.get("executable", True)
+                  and (not per_op or "at other degrees" in point["summary"])]
     if not candidates:  # no point of this frontier mixes degrees
         print(f"planned_points: {model} on {ranks} ranks: no {kind} point to run", flush=True)
         return []
