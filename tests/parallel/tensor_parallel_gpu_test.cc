@@ -95,8 +95,12 @@ TEST_F(TensorParallelGpu, EveryOpForwardAndBackwardMatchesTheCpuBitForBit) {
   const std::vector<std::pair<std::string, TpOp>> ops = {
       {"copy_to_tp", copy_to_tp},
       {"reduce_from_tp", reduce_from_tp},
-      {"gather_from_tp", gather_from_tp},
-      {"scatter_to_tp", scatter_to_tp},
+      {"gather_from_tp", [](const Tensor& x, int64_t group) { return gather_from_tp(x, group); }},
+      {"scatter_to_tp", [](const Tensor& x, int64_t group) { return scatter_to_tp(x, group); }},
+      {"gather_from_tp along dim 0",
+       [](const Tensor& x, int64_t group) { return gather_from_tp(x, group, 0); }},
+      {"scatter_to_tp along dim 0",
+       [](const Tensor& x, int64_t group) { return scatter_to_tp(x, group, 0); }},
       {"all_to_all_tp (last dim to first)",
        [](const Tensor& x, int64_t group) { return all_to_all_tp(x, x.dim() - 1, 0, group); }},
   };
