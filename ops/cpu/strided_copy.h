@@ -61,6 +61,28 @@ void copy_words(const char* source_base, const Shape& source_strides, char* dest
                  }
                });
 }
+// Merges neighbouring dims that both tensors step over as one (each dim's stride is the next's
+// times its size in both) and drops dims of size 1, so the innermost run is as long as the two
+// layouts allow: a slice of a concatenation's output (rows of 16 values in a channel plane of 4x4)
+// then copies whole rows of all its channels at once.
+inline void coalesce_dims(Shape& sizes, Shape& source_strides, Shape& destination_strides) {
+  Shape merged_sizes, merged_source, merged_destination;
+  for (size_t d = sizes.size(); d-- > 0;) {
+    if (sizes[d] == 1) continue;
+    if (!merged_sizes.empty() &&
+        source_strides[d] == merged_source.front() * merged_sizes.front() &&
+        destination_strides[d] == merged_destination.front() * merged_sizes.front()) {
+      merged_sizes.front() *= sizes[d];
+      continue;
+    }
+    merged_sizes.insert(merged_sizes.begin(), sizes[d]);
+    merged_source.insert(merged_source.begin(), source_strides[d]);
+    merged_destination.insert(merged_destination.begin(), destination_strides[d]);
+  }
+  sizes = std::move(merged_sizes);
+  source_strides = std::move(merged_source);
+  destination_strides = std::move(merged_destination);
+}
 }  // namespace detail
 
 // Copies `source` into `destination` element by element (same shape and dtype, any strides).
@@ -77,19 +99,18 @@ inline void copy_strided(const Tensor& source, const Tensor& destination) {
     std::memcpy(to, from, destination.nbytes());
     return;
   }
+  Shape sizes = source.sizes(), source_strides = source.strides(),
+        destination_strides = destination.strides();
+  detail::coalesce_dims(sizes, source_strides, destination_strides);
   switch (source.element_size()) {
     case 1:
-      return detail::copy_words<uint8_t>(from, source.strides(), to, destination.strides(),
-                                         source.sizes());
+      return detail::copy_words<uint8_t>(from, source_strides, to, destination_strides, sizes);
     case 2:
-      return detail::copy_words<uint16_t>(from, source.strides(), to, destination.strides(),
-                                          source.sizes());
+      return detail::copy_words<uint16_t>(from, source_strides, to, destination_strides, sizes);
     case 4:
-      return detail::copy_words<uint32_t>(from, source.strides(), to, destination.strides(),
-                                          source.sizes());
+      return detail::copy_words<uint32_t>(from, source_strides, to, destination_strides, sizes);
     case 8:
-      return detail::copy_words<uint64_t>(from, source.strides(), to, destination.strides(),
-                                          source.sizes());
+      return detail::copy_words<uint64_t>(from, source_strides, to, destination_strides, sizes);
     default:
       TESSEL_FAIL("copy_strided: unsupported element size ", source.element_size());
   }
