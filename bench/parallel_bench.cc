@@ -134,14 +134,6 @@ void print_breakdown(const planner::ModelSpec& spec, const planner::PlanFile& pl
   }
   set_trace_hook(previous);
   phase = -1;
-  if (std::getenv("DBG_RANKS")) {
-    double coll = 0, other = 0;
-    for (int p = 0; p < 2; ++p)
-      for (const auto& [name, totals] : measured[p])
-        (name.rfind("tp_", 0) == 0 ? coll : other) += totals.seconds / steps;
-    std::fprintf(stderr, "DBG rank %d collectives %.4f other ops %.4f\n", parallel::world_rank(),
-                 coll, other);
-  }
   if (!parallel::is_main_rank()) return;
   for (int p = 0; p < 2; ++p)
     for (const auto& [name, totals] : measured[p]) phase_seconds[p] += totals.seconds;
