@@ -279,19 +279,16 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<nn::Module> module,
                "ZeroOptimizer: stage 3 gathers parameters when ops touch them, in the same order "
                "on every rank, which a memory policy's recomputation does not keep: use stage 2 "
                "under a memory policy");
-  for (const std::string& name : own) {
-    bool found = false;
-    for (const auto& named : {module_->named_parameters(), module_->named_buffers()})
-      for (const auto& entry : named) found = found || entry.first == name;
-    TESSEL_CHECK(found, "ZeroOptimizer: 'own' names ", name,
-                 ", which is not a parameter or buffer of the module");
-  }
-  const optim::NamedTensors trainable = trainable_parameters(module_);
-  std::set<std::string> kept = own;  // not started from (nor checked against) rank 0's
   const auto named = [](const auto& entries, const std::string& name) {
     return std::any_of(entries.begin(), entries.end(),
                        [&](const auto& entry) { return entry.first == name; });
   };
+  for (const std::string& name : own)
+    TESSEL_CHECK(named(module_->named_parameters(), name) || named(module_->named_buffers(), name),
+                 "ZeroOptimizer: 'own' names ", name,
+                 ", which is not a parameter or buffer of the module");
+  const optim::NamedTensors trainable = trainable_parameters(module_);
+  std::set<std::string> kept = own;  // not started from (nor checked against) rank 0's
   for (const auto& [name, ranks] : shared) {
     const bool buffer = named(module_->named_buffers(), name);
     TESSEL_CHECK(buffer || named(trainable, name), "ZeroOptimizer: 'shared' names ", name,

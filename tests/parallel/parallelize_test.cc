@@ -38,6 +38,7 @@
 #include "optim/adam.h"
 #include "optim/sgd.h"
 #include "parallel/counting_communicator.h"
+#include "parallel/launch.h"
 #include "parallel/planner/planner.h"
 #include "parallel/process_group.h"
 #include "parallel/zero.h"
@@ -387,6 +388,19 @@ void expect_same_run(const RunResult& planned, const RunResult& whole) {
   }
 }
 
+// Each plan with per-op degrees (described by `what`), run over one group of `grid`'s ranks,
+// trains what one process trains, with exactly the planned collectives.
+void expect_per_op_plans_train_like_one_process(
+    const Case& c, const std::vector<std::vector<planner::PlanFile::Op>>& plans,
+    const std::vector<std::string>& what, const ProcessGrid& grid) {
+  const RunResult whole = whole_run(c);
+  for (size_t p = 0; p < plans.size(); ++p) {
+    SCOPED_TRACE(what[p]);
+    if (parallel::world_rank() == 0) std::cout << "  per-op plan: " << what[p] << "\n";
+    expect_same_run(planned_run(c, plans[p], grid, /*as_priced=*/true, /*one_group=*/true), whole);
+  }
+}
+
 class ParallelizeTest : public MpiTest {
  protected:
   // as_priced: each step issues the planner's collectives and nothing else; otherwise views that
@@ -481,13 +495,7 @@ TEST_F(ParallelizeTest, PerOpDegreesOnALineOfTwoRanks) {
       ASSERT_TRUE(std::any_of(plans.begin(), plans.end(), [&](const auto& plan) {
         return std::any_of(plan.begin(), plan.end(), batch_split_norm);
       })) << "no per-op point splits a batch norm's batch";
-    const RunResult whole = whole_run(c);
-    for (size_t p = 0; p < plans.size(); ++p) {
-      SCOPED_TRACE(summaries[p]);
-      if (rank() == 0) std::cout << "per-op plan: " << summaries[p] << "\n";
-      expect_same_run(planned_run(c, plans[p], grid, /*as_priced=*/true, /*one_group=*/true),
-                      whole);
-    }
+    expect_per_op_plans_train_like_one_process(c, plans, summaries, grid);
   }
 }
 
@@ -613,13 +621,7 @@ TEST_F(ParallelizeTest, PerOpDegreesOverPartOfFourRanks) {
     std::vector<std::string> what;
     const auto plans = plans_over_part_of_four_ranks(c, &what);
     EXPECT_FALSE(plans.empty()) << "no plan mixed the 2 x 2 grid with another";
-    const RunResult whole = whole_run(c);
-    for (size_t p = 0; p < plans.size(); ++p) {
-      SCOPED_TRACE(what[p]);
-      if (rank() == 0) std::cout << "  " << what[p] << "\n";
-      expect_same_run(planned_run(c, plans[p], grid, /*as_priced=*/true, /*one_group=*/true),
-                      whole);
-    }
+    expect_per_op_plans_train_like_one_process(c, plans, what, grid);
   }
 }
 
