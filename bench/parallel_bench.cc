@@ -77,6 +77,7 @@ void print_breakdown(const planner::ModelSpec& spec, const planner::PlanFile& pl
   TESSEL_CHECK(plan.ops.size() == graph.ops.size(), "--breakdown: the plan has ", plan.ops.size(),
                " ops, the model's trace ", graph.ops.size());
   std::vector<const planner::Strategy*> chosen;
+  std::vector<int> choice;
   for (const auto& op : plan.ops) {
     const auto& list = strategies.at(static_cast<size_t>(op.index));
     auto found = std::find_if(list.begin(), list.end(), [&](const planner::Strategy& s) {
@@ -85,29 +86,35 @@ void print_breakdown(const planner::ModelSpec& spec, const planner::PlanFile& pl
     TESSEL_CHECK(found != list.end(), "--breakdown: no strategy ", op.strategy, " at dp ", op.dp,
                  " x tp ", op.tp, " for op ", op.index);
     chosen.push_back(&*found);
+    choice.push_back(static_cast<int>(found - list.begin()));
   }
   std::map<std::string, Totals> priced;  // forward: compute and collectives of the strategy
   double forward = 0, backward = 0, optimizer = 0, sync = 0, moves = 0;
   for (const planner::TracedOp& op : graph.ops) {
     const planner::Strategy& s = *chosen[static_cast<size_t>(op.id)];
+    // Without the waits for the ranks, which are priced over the whole sequence below.
     priced[op.name].calls++;
-    priced[op.name].seconds += s.forward_time();
-    forward += s.forward_time();
-    backward += s.backward_compute + s.backward_comm;
+    priced[op.name].seconds += s.forward_time() - s.forward_wait;
+    forward += s.forward_time() - s.forward_wait;
+    backward += s.backward_compute + s.backward_comm - s.backward_wait;
     optimizer += s.optimizer_compute;
     sync += s.gradient_sync;
     for (size_t slot = 0; slot < op.inputs.size(); ++slot) {
       const int id = op.inputs[slot];
       if (id < 0 || graph.tensors[id].producer < 0) continue;
       const planner::TracedTensor& tensor = graph.tensors[id];
-      const planner::Strategy& from = *chosen[static_cast<size_t>(tensor.producer)];
+      const planner::Layout& have =
+          chosen[static_cast<size_t>(tensor.producer)]->output_layouts[tensor.producer_slot];
       const double bytes =
           static_cast<double>(shape_numel(op.input_shapes[slot])) * element_size(tensor.dtype);
-      moves += planner::redistribution_time(from, tensor.producer_slot, s, static_cast<int>(slot),
-                                            bytes, tensor.requires_grad && op.differentiable,
-                                            config.profile, world);
+      moves +=
+          planner::move_collectives_time(have, s.input_layouts[slot], bytes, config.profile, world);
+      if (tensor.requires_grad && op.differentiable)
+        moves += planner::move_collectives_time(s.input_layouts[slot], have, bytes, config.profile,
+                                                world);
     }
   }
+  const planner::SequencedWaits waits = planner::sequenced_waits(graph, strategies, choice, config);
 
   std::map<std::string, Totals> measured[3];  // forward, backward, optimizer
   int phase = 0;
@@ -146,9 +153,12 @@ void print_breakdown(const planner::ModelSpec& spec, const planner::PlanFile& pl
   std::printf("%-22s %10.4f %10.4f\n", "optimizer, sync, rest", phase_seconds[2] / steps,
               optimizer + sync);
   std::printf("%-22s %10s %10.4f\n", "moves between ops", "(in ops)", moves);
+  std::printf("%-22s %10s %10.4f forward, %.4f backward\n", "waits for the ranks", "(in ops)",
+              waits.forward, waits.backward);
   std::printf("%-22s %10.4f %10.4f (the plan's %.4f)\n", "step",
               (phase_seconds[0] + phase_seconds[1] + phase_seconds[2]) / steps,
-              forward + backward + optimizer + sync + moves, plan.predicted_time);
+              forward + backward + optimizer + sync + moves + waits.forward + waits.backward,
+              plan.predicted_time);
   std::printf("\n%-24s %6s %10s %10s\n", "forward op", "calls", "measured", "priced");
   for (const auto& [name, totals] : priced)
     std::printf("%-24s %6d %10.4f %10.4f\n", name.c_str(), totals.calls,
@@ -337,6 +347,7 @@ int run(int argc, char** argv) {
     step();
     times.push_back(max_over_world(std::chrono::duration<double>(Clock::now() - start).count()));
   }
+  const std::vector<double> in_order = times;
   std::sort(times.begin(), times.end());
   const double median = times[times.size() / 2];
   const double peak = max_over_world(static_cast<double>(allocator->stats().peak_allocated_bytes));
@@ -358,6 +369,7 @@ int run(int argc, char** argv) {
                                   {"image_size", bert ? 0 : image_size},
                                   {"seq", bert ? seq : 0},
                                   {"step_s", median},
+                                  {"step_times_s", in_order},
                                   {"samples_per_s", static_cast<double>(batch) / median},
                                   {"peak_bytes", peak},
                                   {"parameter_bytes_per_rank", parameter_bytes},

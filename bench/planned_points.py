@@ -45,13 +45,22 @@ MODELS = {
 PROFILES = {2: "cpu_2core_quiet", 4: "cpu_2core_quiet_4ranks"}
 
 
-def calibrate(ranks, out):
+def calibrate(ranks, out, models):
     """Measures a profile with `ranks` ranks at once, on top of the committed one for that count
-    (its collectives and memory as measured now, its description kept), into `out`."""
+    (its collectives and memory as measured now, its description kept), into `out`; with the
+    convolutions and linear layers of `models` timed at every local shape the planner prices."""
     base = os.path.join(ROOT, "parallel/profiles", PROFILES[ranks] + ".json")
+    sizes = {}  # the models' sizes, as calibrate --shapes_of takes them (one set for all)
+    for model in models:
+        for flag in MODELS[model]["flags"]:
+            name, value = flag.split("=")
+            if sizes.setdefault(name, value) != value:
+                raise SystemExit(f"calibrate --shapes_of takes one {name} for all models")
     subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(ranks),
                     os.path.join(ROOT, "bazel-bin/tools/calibrate/calibrate"), "--threads=1",
-                    f"--name={PROFILES[ranks]}_now", f"--out={out}", f"--base={base}"],
+                    f"--name={PROFILES[ranks]}_now", f"--out={out}", f"--base={base}",
+                    "--shapes_of=" + ",".join(models)] +
+                   [f"{name}={value}" for name, value in sizes.items()],
                    cwd=ROOT, check=True, capture_output=True)
     PROFILES[ranks] = os.path.relpath(out, ROOT)
 
@@ -129,13 +138,13 @@ def main():
     watch = harness.OtherProcesses()
     start_load = harness.load_average()
     rank_counts = [int(r) for r in args.ranks.split(",")]
+    models = args.models.split(",")
     if args.calibrate:
         for ranks in rank_counts:
             out = os.path.splitext(args.out)[0] + f"_profile_{ranks}ranks.json"
             print(f"calibrating {ranks} ranks into {out}", flush=True)
-            calibrate(ranks, out)
+            calibrate(ranks, out, models)
     sides = []
-    models = args.models.split(",")
     for model in models:
         for ranks in rank_counts:
             per_op_ranks = {int(r) for r in args.per_op_ranks.split(",") if r}

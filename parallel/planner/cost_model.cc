@@ -49,6 +49,17 @@ double DeviceProfile::compute_time(double flops, double bytes, const std::string
   return std::max(flops / throughput, bytes / memory_bandwidth);
 }
 
+std::string op_shape_key(const std::string& op,
+                         const std::vector<std::optional<Shape>>& input_shapes,
+                         const std::vector<bool>& needs_gradient, const Attrs& attrs) {
+  std::string key = op;
+  for (size_t slot = 0; slot < input_shapes.size(); ++slot) {
+    key += " " + (input_shapes[slot] ? shape_str(*input_shapes[slot]) : std::string("-"));
+    if (slot < needs_gradient.size() && needs_gradient[slot]) key += "'";
+  }
+  return key + " " + attrs.str();
+}
+
 double DeviceProfile::op_seconds(const OpDef& op, const std::vector<Tensor>& inputs,
                                  const std::vector<Tensor>& outputs, const Attrs& attrs) const {
   auto bytes_of = [](const std::vector<Tensor>& tensors) {
@@ -260,8 +271,22 @@ DeviceProfile parse_profile(const std::string& json_text, const std::string& whe
       profile.op_kinds[entry.key()] = rate;
     }
   }
+  auto shapes = root.find("op_shapes");
+  if (shapes != root.end()) {
+    TESSEL_CHECK(shapes->is_object(), "profile ", where, ": 'op_shapes' must be a JSON object",
+                 kFormatHint);
+    for (auto entry = shapes->begin(); entry != shapes->end(); ++entry) {
+      const std::string path = "op_shapes." + entry.key();
+      profile.op_shapes[entry.key()] = {
+          positive_number(entry.value(), "forward_s", path, where),
+          optional_number(entry.value(), "backward_s", 0.0, where, true)};
+    }
+  }
   profile.rank_skew = optional_number(root, "rank_skew", 0.0, where, true);
   profile.sync_jitter = optional_number(root, "sync_jitter", 0.0, where, true);
+  profile.sync_exponent = optional_number(root, "sync_exponent", 0.5, where, true);
+  TESSEL_CHECK(profile.sync_exponent <= 1, "profile ", where,
+               ": field 'sync_exponent' must be in [0, 1], got ", profile.sync_exponent);
   auto layout = root.find("calibrated_layout");
   if (layout != root.end()) {
     profile.calibrated_ranks = whole_count(*layout, "ranks_at_once", "calibrated_layout", where);
@@ -325,8 +350,17 @@ std::string profile_to_json(const DeviceProfile& profile) {
                      {"backward_call_s", rate.backward_call_s}};
     root["op_kinds"] = kinds;
   }
+  if (!profile.op_shapes.empty()) {
+    json shapes = json::object();
+    for (const auto& [key, time] : profile.op_shapes)
+      shapes[key] = {{"forward_s", time.forward_s}, {"backward_s", time.backward_s}};
+    root["op_shapes"] = shapes;
+  }
   if (profile.rank_skew > 0) root["rank_skew"] = profile.rank_skew;
-  if (profile.sync_jitter > 0) root["sync_jitter"] = profile.sync_jitter;
+  if (profile.sync_jitter > 0) {
+    root["sync_jitter"] = profile.sync_jitter;
+    root["sync_exponent"] = profile.sync_exponent;
+  }
   if (profile.calibrated_ranks > 0)
     root["calibrated_layout"] = {{"ranks_at_once", profile.calibrated_ranks},
                                  {"threads_per_rank", profile.calibrated_threads}};

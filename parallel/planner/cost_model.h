@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,19 @@ struct OpKindRate {
   double backward_call_s = 0;
 };
 
+// Measured seconds of one op call at one set of local shapes (calibrate --shapes_of).
+struct ShapeTime {
+  double forward_s = 0;
+  double backward_s = 0;  // every input that needs a gradient gets one
+};
+
+// The op_shapes key of a call: its op, each input's shape (with "'" where it needs a gradient,
+// "-" for an absent optional input) and its attributes:
+//   "conv2d [8, 32, 16, 16]' [64, 32, 3, 3]' - {dilation=[1, 1], groups=1, ...}"
+std::string op_shape_key(const std::string& op,
+                         const std::vector<std::optional<Shape>>& input_shapes,
+                         const std::vector<bool>& needs_gradient, const Attrs& attrs);
+
 struct DeviceProfile {
   std::string name;
   std::string description;
@@ -65,6 +79,10 @@ struct DeviceProfile {
   // "activation", "batch_norm", "layer_norm", "softmax", "pool", "concat", "loss",
   // "sgd_update", "adam_update"); a kind not listed falls back to the roofline numbers above.
   std::map<std::string, OpKindRate> op_kinds;
+  // Calls measured at their exact local shapes (op_shape_key), which price them instead of their
+  // kind's rate: a convolution cut by channels into thin shards runs below the rate fitted on
+  // whole layers. Forward and backward seconds, without op_overhead_s.
+  std::map<std::string, ShapeTime> op_shapes;
   // The thread layout the compute numbers were measured under: this many ranks running at once
   // on one node, each with this many threads (0: not recorded). A profile describes per-rank
   // throughput only under the layout it was measured with.
@@ -74,11 +92,13 @@ struct DeviceProfile {
   // (1 + rank_skew) times the per-rank time (measured with ranks sharing cores; 0: no skew).
   double rank_skew = 0;
   // Ranks that work T seconds apart from one collective to the next reach it about
-  // sync_jitter * sqrt(T) seconds apart (their times vary like a random walk), and the earlier
-  // ones wait: sync_wait(T). 0: no wait (devices that do not share cores with anything).
+  // sync_jitter * T^sync_exponent seconds apart, and the earlier ones wait: sync_wait(T). An
+  // exponent of 0.5: their times vary like a random walk; towards 1 where ranks share cores and
+  // take turns. sync_jitter 0: no wait (devices that do not share cores with anything).
   double sync_jitter = 0;
+  double sync_exponent = 0.5;
   double sync_wait(double interval_s) const {
-    return sync_jitter * std::sqrt(std::max(0.0, interval_s));
+    return sync_jitter * std::pow(std::max(0.0, interval_s), sync_exponent);
   }
   // [level][collective]
   std::array<std::array<AlphaBeta, 3>, 2> collectives{};

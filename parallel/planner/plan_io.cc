@@ -327,6 +327,7 @@ std::string frontier_to_json(const PlanResult& result, const std::string& model,
                         {"comm_s", point.breakdown.comm_s},
                         {"gradient_sync_s", point.breakdown.gradient_sync_s},
                         {"redistribution_s", point.breakdown.redistribution_s},
+                        {"sync_wait_s", point.breakdown.sync_wait_s},
                         {"recompute_s", point.breakdown.recompute_s}}}});
   root["points"] = points;
   return root.dump(1) + "\n";

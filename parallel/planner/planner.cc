@@ -79,6 +79,55 @@ double backward_working_bytes(const Graph& graph,
   return most;
 }
 
+// Where a plan's memory and time go; every collective's wait for the ranks is priced after the
+// work since the previous collective (sequenced_waits) instead of after its own op's.
+PlanBreakdown plan_breakdown(const Graph& graph,
+                             const std::vector<std::vector<Strategy>>& strategies,
+                             const PlannerConfig& config, const std::vector<int>& choice,
+                             double remat_fraction) {
+  PlanBreakdown b;
+  const double k = config.profile.remat_overhead_k;
+  for (const TracedOp& op : graph.ops) {
+    const Strategy& s = strategies[op.id].at(choice.at(op.id));
+    b.parameter_bytes += s.parameter_bytes;
+    b.activation_bytes += s.activation_bytes;
+    b.compute_s += s.forward_compute + s.backward_compute + s.optimizer_compute;
+    b.comm_s += s.forward_comm - s.forward_wait + s.backward_comm - s.backward_wait;
+    b.gradient_sync_s += s.gradient_sync;
+    b.recompute_s += (1 - remat_fraction) * k * s.forward_time();
+    for (size_t slot = 0; slot < op.inputs.size(); ++slot) {
+      const int id = op.inputs[slot];
+      if (id < 0 || graph.tensors[id].producer < 0) continue;
+      const TracedTensor& tensor = graph.tensors[id];
+      const Layout& have =
+          strategies[tensor.producer][choice[tensor.producer]].output_layouts[tensor.producer_slot];
+      const Layout& need = s.input_layouts[slot];
+      const double bytes =
+          static_cast<double>(shape_numel(op.input_shapes[slot])) * element_size(tensor.dtype);
+      b.redistribution_s +=
+          move_collectives_time(have, need, bytes, config.profile, config.devices);
+      if (tensor.requires_grad && op.differentiable)
+        b.redistribution_s +=
+            move_collectives_time(need, have, bytes, config.profile, config.devices);
+    }
+  }
+  const SequencedWaits waits = sequenced_waits(graph, strategies, choice, config);
+  b.sync_wait_s = waits.forward + waits.backward;
+  for (const SharedParameter& shared : shared_parameters(graph)) {
+    const Strategy& owner = strategies[shared.owner][choice[shared.owner]];
+    const Strategy& user = strategies[shared.user][choice[shared.user]];
+    b.gradient_sync_s += shared_parameter_time(graph, shared, owner, user, config);
+    b.parameter_bytes += shared_parameter_bytes(graph, shared, owner, user);
+  }
+  b.backward_working_bytes = backward_working_bytes(graph, strategies, choice);
+  return b;
+}
+
+double plan_time(const PlanBreakdown& b) {
+  return b.compute_s + b.comm_s + b.gradient_sync_s + b.redistribution_s + b.sync_wait_s +
+         b.recompute_s;
+}
+
 }  // namespace
 
 PlannedPoint describe_choice(const Graph& graph,
@@ -88,50 +137,26 @@ PlannedPoint describe_choice(const Graph& graph,
   PlannedPoint point;
   point.remat_fraction = remat_fraction;
   point.choice = choice;
-  PlanBreakdown& b = point.breakdown;
-  const double k = config.profile.remat_overhead_k;
+  point.breakdown = plan_breakdown(graph, strategies, config, choice, remat_fraction);
+  const PlanBreakdown& b = point.breakdown;
   std::map<std::pair<int, int>, double> work_at;  // (dp, tp) -> forward FLOPs
   int replicated = 0;
   // How each way of cutting ops (OpDef::planner) was used: split -> kind -> count.
   std::map<ParallelSplit, std::map<SplitKind, int>> kinds;
   for (const TracedOp& op : graph.ops) {
     const Strategy& s = strategies[op.id].at(choice.at(op.id));
-    b.parameter_bytes += s.parameter_bytes;
-    b.activation_bytes += s.activation_bytes;
-    b.compute_s += s.forward_compute + s.backward_compute + s.optimizer_compute;
-    b.comm_s += s.forward_comm + s.backward_comm;
-    b.gradient_sync_s += s.gradient_sync;
-    b.recompute_s += (1 - remat_fraction) * k * s.forward_time();
     if (s.fully_replicated()) {
       if (strategies[op.id].size() > 1) ++replicated;
     } else {
       work_at[{s.dp, s.tp}] += std::max(op.flops, 1.0);
     }
     ++kinds[op.def->planner.split][s.kind];
-    for (size_t slot = 0; slot < op.inputs.size(); ++slot) {
-      const int id = op.inputs[slot];
-      if (id < 0 || graph.tensors[id].producer < 0) continue;
-      const TracedTensor& tensor = graph.tensors[id];
-      const Strategy& from = strategies[tensor.producer][choice[tensor.producer]];
-      const double bytes =
-          static_cast<double>(shape_numel(op.input_shapes[slot])) * element_size(tensor.dtype);
-      b.redistribution_s += redistribution_time(
-          from, tensor.producer_slot, s, static_cast<int>(slot), bytes,
-          tensor.requires_grad && op.differentiable, config.profile, config.devices);
-    }
   }
-  for (const SharedParameter& shared : shared_parameters(graph)) {
-    const Strategy& owner = strategies[shared.owner][choice[shared.owner]];
-    const Strategy& user = strategies[shared.user][choice[shared.user]];
-    b.gradient_sync_s += shared_parameter_time(graph, shared, owner, user, config);
-    b.parameter_bytes += shared_parameter_bytes(graph, shared, owner, user);
-  }
-  b.backward_working_bytes = backward_working_bytes(graph, strategies, choice);
   point.not_executable_reason = not_run_reason(graph, strategies, choice, config.devices);
   point.executable = point.not_executable_reason.empty();
   point.cost.memory =
       b.parameter_bytes + remat_fraction * b.activation_bytes + b.backward_working_bytes;
-  point.cost.time = b.compute_s + b.comm_s + b.gradient_sync_s + b.redistribution_s + b.recompute_s;
+  point.cost.time = plan_time(b);
 
   std::vector<std::string> parts;
   if (work_at.empty()) {
@@ -283,8 +308,11 @@ PlanResult plan_graph(const Graph& graph, const PlanOptions& options) {
               not_run_reason(graph, strategies_at[stage], point.choice, options.config.devices)
                   .empty();
           // The frontier adds up what each op keeps; the peak also holds the most gradients
-          // alive at once in backward.
+          // alive at once in backward. Its time prices each collective's wait after the op's
+          // own work; the plan's is priced after the work since the previous collective.
           point.cost.memory += backward_working_bytes(graph, strategies_at[stage], point.choice);
+          point.cost.time = plan_time(plan_breakdown(
+              graph, strategies_at[stage], config_for(fraction, stage), point.choice, fraction));
           candidates.push_back({point.cost, fraction, stage, std::move(point.choice), runs});
         }
         result.stats.leaf_eliminations += stats.leaf_eliminations;

@@ -63,7 +63,9 @@ struct PlanBreakdown {
   double comm_s = 0;                  // collectives of the splits (row, column, vocabulary, loss)
   double gradient_sync_s = 0;         // data-parallel gradient all-reduce
   double redistribution_s = 0;        // moving tensors between layouts of consecutive ops
-  double recompute_s = 0;             // extra forward work under the memory budget
+  double sync_wait_s =
+      0;  // waiting for the slowest rank before those collectives (sequenced_waits)
+  double recompute_s = 0;  // extra forward work under the memory budget
 };
 
 struct PlannedPoint {

@@ -94,8 +94,8 @@ void print_chosen(std::ostream& out, const Graph& graph, const PlanResult& resul
       << (chosen.zero_stage > 0 ? ", ZeRO's gradient and parameter collectives "
                                 : ", gradient all-reduce ")
       << format_seconds(b.gradient_sync_s) << ", re-distribution "
-      << format_seconds(b.redistribution_s) << ", recompute " << format_seconds(b.recompute_s)
-      << "\n";
+      << format_seconds(b.redistribution_s) << ", waits for the slowest rank "
+      << format_seconds(b.sync_wait_s) << ", recompute " << format_seconds(b.recompute_s) << "\n";
   if (show_ops) print_chosen_ops(out, graph, result, chosen);
 }
 

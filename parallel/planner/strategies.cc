@@ -267,6 +267,30 @@ int parameter_split_dim(const OpContext& c, SplitKind kind, int slot) {
   }
 }
 
+// Forward and backward seconds of one call of the op on one device: measured at its exact shapes
+// where the profile has them, else its kind's rate over its share of the work.
+std::pair<double, double> compute_seconds(const OpContext& c, int dp, int tp, SplitKind kind) {
+  const TracedOp& op = c.op;
+  const DeviceProfile& profile = c.config.profile;
+  if (!profile.op_shapes.empty()) {
+    if (const std::optional<ShardCall> call = shard_call(c.graph, op, dp, tp, kind)) {
+      auto measured = profile.op_shapes.find(call->key());
+      if (measured != profile.op_shapes.end())
+        return {measured->second.forward_s, measured->second.backward_s};
+    }
+  }
+  const int model_parts = kind == SplitKind::kReplicate ? 1 : tp;
+  const double fraction = 1.0 / (static_cast<double>(dp) * model_parts);
+  const std::string kind_name = op_kind_of(op);
+  const double forward =
+      profile.op_time(kind_name, op.flops * fraction, op.bytes * fraction, false);
+  const double backward = c.backward_factor > 0
+                              ? profile.op_time(kind_name, op.flops * fraction, op.bytes * fraction,
+                                                true, c.backward_factor)
+                              : 0.0;
+  return {forward, backward};
+}
+
 Strategy make_strategy(const OpContext& c, int dp, int tp, SplitKind kind) {
   const TracedOp& op = c.op;
   const DeviceProfile& profile = c.config.profile;
@@ -274,18 +298,11 @@ Strategy make_strategy(const OpContext& c, int dp, int tp, SplitKind kind) {
   s.dp = c.batch_ok ? dp : 1;
   s.tp = tp;
   s.kind = kind;
-  const int model_parts = kind == SplitKind::kReplicate ? 1 : tp;
-  const double fraction = 1.0 / (static_cast<double>(s.dp) * model_parts);
-  const std::string kind_name = op_kind_of(op);
   // Every rank of a multi-device plan waits for the slowest at each step.
   const double skew = c.config.devices > 1 ? 1 + profile.rank_skew : 1.0;
-  s.forward_compute =
-      skew * (profile.op_time(kind_name, op.flops * fraction, op.bytes * fraction, false) +
-              profile.op_overhead_s);
-  if (c.backward_factor > 0)
-    s.backward_compute = skew * (profile.op_time(kind_name, op.flops * fraction,
-                                                 op.bytes * fraction, true, c.backward_factor) +
-                                 profile.op_overhead_s);
+  const auto [forward_s, backward_s] = compute_seconds(c, s.dp, tp, kind);
+  s.forward_compute = skew * (forward_s + profile.op_overhead_s);
+  if (c.backward_factor > 0) s.backward_compute = skew * (backward_s + profile.op_overhead_s);
 
   // An input read through a view with fewer elements than its tensor (a chunk, a slice): the
   // view's backward scatters the gradient into zeros of the whole tensor, a memory-bound op of
@@ -377,8 +394,10 @@ Strategy make_strategy(const OpContext& c, int dp, int tp, SplitKind kind) {
 
   // The op's collectives wait for the ranks to arrive, apart by the jitter of the op's own work
   // (the one before them since the last collective).
-  if (s.forward_comm > 0) s.forward_comm += profile.sync_wait(s.forward_compute);
-  if (s.backward_comm > 0) s.backward_comm += profile.sync_wait(s.backward_compute);
+  if (s.forward_comm > 0) s.forward_wait = profile.sync_wait(s.forward_compute);
+  if (s.backward_comm > 0) s.backward_wait = profile.sync_wait(s.backward_compute);
+  s.forward_comm += s.forward_wait;
+  s.backward_comm += s.backward_wait;
 
   // Owned parameters: values, gradients and optimizer state, sharded by the split; gradients
   // all-reduced over the data-parallel group. Under ZeRO the state (stage 1), the gradients
@@ -467,6 +486,59 @@ Strategy make_strategy(const OpContext& c, int dp, int tp, SplitKind kind) {
 }  // namespace
 
 std::string op_kind(const TracedOp& op) { return op_kind_of(op); }
+
+std::string ShardCall::key() const {
+  return op_shape_key(def->name, input_shapes, needs_gradient, attrs);
+}
+
+std::optional<ShardCall> shard_call(const Graph& graph, const TracedOp& op, int dp, int tp,
+                                    SplitKind kind) {
+  const ParallelSplit split = op.def->planner.split;
+  const bool conv = split == ParallelSplit::kConvChannels;
+  if (!conv && split != ParallelSplit::kLinearWeight) return std::nullopt;
+  ShardCall call;
+  call.def = op.def;
+  call.attrs = op.attrs;
+  for (size_t slot = 0; slot < op.inputs.size(); ++slot) {
+    const int id = op.inputs[slot];
+    std::optional<Shape> shape;
+    if (id >= 0) {
+      shape = op.input_shapes[slot];
+      if (op.input_has_batch[slot] && !shape->empty()) (*shape)[0] /= dp;
+    }
+    call.input_shapes.push_back(shape);
+    call.needs_gradient.push_back(id >= 0 && graph.tensors[id].requires_grad);
+  }
+  // Cuts `dim` of input `slot` (negative: from the end) into tp parts, when the input is there.
+  auto cut = [&](size_t slot, int64_t dim) {
+    if (slot >= call.input_shapes.size() || !call.input_shapes[slot]) return;
+    Shape& shape = *call.input_shapes[slot];
+    if (dim < 0) dim += static_cast<int64_t>(shape.size());
+    if (dim >= 0 && dim < static_cast<int64_t>(shape.size())) shape[dim] /= tp;
+  };
+  switch (tp > 1 ? kind : SplitKind::kReplicate) {
+    case SplitKind::kReplicate:
+      break;
+    case SplitKind::kColumn:  // output features / channels: weight rows and bias
+      cut(1, 0);
+      cut(2, 0);
+      break;
+    case SplitKind::kRow:  // input features / channels: the input and the weight's columns
+      cut(0, conv ? 1 : -1);
+      cut(1, 1);
+      break;
+    case SplitKind::kFeature:  // whole groups of a grouped convolution
+      if (!conv) return std::nullopt;
+      cut(0, 1);
+      cut(1, 0);
+      cut(2, 0);
+      call.attrs.set("groups", op.attrs.get_or<int64_t>("groups", 1) / tp);
+      break;
+    default:
+      return std::nullopt;
+  }
+  return call;
+}
 
 bool cuts_broadcast_operand(const Graph& graph, const TracedOp& op, const Strategy& s,
                             size_t slot) {
@@ -624,16 +696,66 @@ std::vector<MoveStep> redistribution_steps(const Layout& from, const Layout& to,
   return gathers(from, to);
 }
 
+double move_collectives_time(const Layout& from, const Layout& to, double bytes,
+                             const DeviceProfile& profile, int devices) {
+  double seconds = 0;
+  for (const MoveStep& step : redistribution_steps(from, to, bytes, devices))
+    seconds += profile.collective_time(Collective::kAllGather, step.group, step.bytes);
+  return seconds;
+}
+
 double redistribution_time(const Layout& from, const Layout& to, double bytes, bool gradient,
                            const DeviceProfile& profile, int devices, double forward_interval,
                            double backward_interval) {
   auto move = [&](const Layout& have, const Layout& need, double interval) {
-    double seconds = 0;
-    for (const MoveStep& step : redistribution_steps(have, need, bytes, devices))
-      seconds += profile.collective_time(Collective::kAllGather, step.group, step.bytes);
+    const double seconds = move_collectives_time(have, need, bytes, profile, devices);
     return seconds > 0 ? seconds + profile.sync_wait(interval) : 0.0;
   };
   return move(from, to, forward_interval) + (gradient ? move(to, from, backward_interval) : 0.0);
+}
+
+SequencedWaits sequenced_waits(const Graph& graph,
+                               const std::vector<std::vector<Strategy>>& strategies,
+                               const std::vector<int>& choice, const PlannerConfig& config) {
+  const DeviceProfile& profile = config.profile;
+  SequencedWaits waits;
+  if (profile.sync_jitter <= 0) return waits;
+  auto chosen = [&](int op) -> const Strategy& { return strategies[op][choice[op]]; };
+  // Whether a tensor read by `op` at `slot` moves between layouts: forward (its value) or
+  // backward (its gradient, from the op's layout back to its producer's).
+  auto moves = [&](const TracedOp& op, size_t slot, bool backward) {
+    const int id = op.inputs[slot];
+    if (id < 0 || graph.tensors[id].producer < 0) return false;
+    const TracedTensor& tensor = graph.tensors[id];
+    if (backward && !(tensor.requires_grad && op.differentiable)) return false;
+    const Layout& have = chosen(tensor.producer).output_layouts[tensor.producer_slot];
+    const Layout& need = chosen(op.id).input_layouts[slot];
+    const double bytes =
+        static_cast<double>(shape_numel(op.input_shapes[slot])) * element_size(tensor.dtype);
+    return backward ? move_collectives_time(need, have, bytes, profile, config.devices) > 0
+                    : move_collectives_time(have, need, bytes, profile, config.devices) > 0;
+  };
+  double since = 0;  // work since the previous collective
+  auto collective = [&](double& total) {
+    total += profile.sync_wait(since);
+    since = 0;
+  };
+  for (const TracedOp& op : graph.ops) {
+    for (size_t slot = 0; slot < op.inputs.size(); ++slot)
+      if (moves(op, slot, false)) collective(waits.forward);
+    const Strategy& s = chosen(op.id);
+    since += s.forward_compute;
+    if (s.forward_comm > s.forward_wait) collective(waits.forward);
+  }
+  since = 0;
+  for (auto op = graph.ops.rbegin(); op != graph.ops.rend(); ++op) {
+    const Strategy& s = chosen(op->id);
+    since += s.backward_compute;
+    if (s.backward_comm > s.backward_wait) collective(waits.backward);
+    for (size_t slot = 0; slot < op->inputs.size(); ++slot)
+      if (moves(*op, slot, true)) collective(waits.backward);
+  }
+  return waits;
 }
 
 double redistribution_time(const Strategy& producer, int producer_slot, const Strategy& consumer,

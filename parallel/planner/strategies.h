@@ -6,6 +6,7 @@
 //   CostGraph costs = build_cost_graph(graph, strategies, config, /*remat_fraction=*/1.0);
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -63,6 +64,11 @@ struct Strategy {
   double gradient_sync = 0;  // data-parallel all-reduce of the owned parameters' gradients (ZeRO:
                              // reduce-scatter and all-gathers of the parameters)
   double optimizer_compute = 0;  // the optimizer's update of the owned parameters (its shard)
+  // The parts of forward_comm and backward_comm that wait for the ranks to arrive, priced after
+  // the op's own compute (DeviceProfile::sync_wait); a whole plan's price puts the work since the
+  // previous collective in its place (sequenced_waits).
+  double forward_wait = 0;
+  double backward_wait = 0;
   // Bytes per device.
   double parameter_bytes = 0;   // owned parameters, their gradients and optimizer state
   double activation_bytes = 0;  // tensors kept for backward (charged to their producer)
@@ -116,6 +122,22 @@ std::string op_kind(const TracedOp& op);
 // the split, and the parts of the gradient are all-gathered in backward.
 bool cuts_broadcast_operand(const Graph& graph, const TracedOp& op, const Strategy& s, size_t slot);
 
+// The call one device makes for an op under a strategy: what calibrate --shapes_of measures and
+// DeviceProfile::op_shapes prices.
+struct ShardCall {
+  const OpDef* def = nullptr;
+  std::vector<std::optional<Shape>> input_shapes;  // each device's part; nullopt: absent input
+  std::vector<bool> needs_gradient;
+  Attrs attrs;
+  std::string key() const;  // op_shape_key
+};
+
+// The call of `op` on one device at batch degree `dp` and model split `kind` over `tp` devices,
+// for the matrix ops whose parts it knows (conv2d, linear: the bulk of a step's compute, whose
+// rate varies with the shapes); nothing for the others.
+std::optional<ShardCall> shard_call(const Graph& graph, const TracedOp& op, int dp, int tp,
+                                    SplitKind kind);
+
 // The tensor-parallel degrees tried: divisors of `devices` from min_tp up to the max_tp limit.
 std::vector<int> tensor_parallel_degrees(const PlannerConfig& config);
 
@@ -123,6 +145,19 @@ std::vector<int> tensor_parallel_degrees(const PlannerConfig& config);
 // it; degrees must divide the dimension they cut.
 std::vector<std::vector<Strategy>> enumerate_strategies(const Graph& graph,
                                                         const PlannerConfig& config);
+
+// The ranks' waits before the collectives of a whole plan (`choice`: a strategy per op): each
+// collective (an op's own, or a move of a tensor or of its gradient between layouts) waits
+// sync_wait(work since the previous collective), forward in call order and backward in reverse.
+// Strategies alone price each wait after the op's own work (Strategy::forward_wait) and each move
+// after its producer's (redistribution_time), which misses the work of the ops between.
+struct SequencedWaits {
+  double forward = 0;
+  double backward = 0;
+};
+SequencedWaits sequenced_waits(const Graph& graph,
+                               const std::vector<std::vector<Strategy>>& strategies,
+                               const std::vector<int>& choice, const PlannerConfig& config);
 
 // Bytes of a tensor's gradient alive while backward moves it from its consumer's layout `to`
 // back to its producer's `from` (the part each device holds in `from`, beside the one it has);
@@ -147,6 +182,11 @@ struct MoveStep {
 // the batch line's, and otherwise the gathers of `from` to the whole tensor.
 std::vector<MoveStep> redistribution_steps(const Layout& from, const Layout& to, double bytes,
                                            int devices);
+
+// Seconds of the collectives that move a tensor of `bytes` from layout `from` to layout `to`
+// (redistribution_steps), without any wait for the ranks.
+double move_collectives_time(const Layout& from, const Layout& to, double bytes,
+                             const DeviceProfile& profile, int devices);
 
 // Seconds to move a tensor of `bytes` from layout `from` to layout `to` (redistribution_steps),
 // plus the way back for its gradient when `gradient`. Zero when every device already holds what

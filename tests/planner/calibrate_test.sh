@@ -25,10 +25,17 @@ grep -q '"conv_grouped"' "$dir/one.json"
 grep -q '"adam_update"' "$dir/one.json"
 grep -q '"ranks_at_once": 1' "$dir/one.json"
 
+# With --shapes_of, a model's convolutions are also timed at every local shape the planner prices.
 mpirun --allow-run-as-root --oversubscribe -np 2 "$calibrate" --quick --threads=1 \
-  --out="$dir/two.json"
+  --out="$dir/two.json" --shapes_of=resnet18 --batch=4 --image_size=32 --num_classes=10
 grep -q 'MpiCommunicator over 2 ranks' "$dir/two.json"
 grep -q '"ranks_at_once": 2' "$dir/two.json"
+grep -q '"sync_exponent"' "$dir/two.json"
+grep -q '"conv2d \[2, 64, 8, 8\]' "$dir/two.json"
+grep -q 'local calls of the convolutions and linear layers of resnet18' "$dir/two.json"
+"$plan" --model=resnet18 --devices=2 --batch=4 --image_size=32 --num_classes=10 \
+  --profile="$dir/two.json" > "$dir/resnet.txt"
+grep -q -- '<- chosen' "$dir/resnet.txt"
 
 for profile in one two; do
   "$plan" --model=bert_tiny --devices=2 --batch=4 --seq=16 --profile="$dir/$profile.json" \

@@ -369,6 +369,122 @@ TEST(Strategies, CollectivesWaitTheJitterOfTheWorkBeforeThem) {
   EXPECT_DOUBLE_EQ(reread.sync_wait(0.04), 0.002);
 }
 
+// Column-parallel linear, relu and row-parallel linear (Megatron-LM's MLP) on x (8, 64).
+struct ColumnReluRow {
+  std::shared_ptr<nn::Sequential> net =
+      std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
+          std::make_shared<nn::Linear>(64, 128), std::make_shared<nn::ReLU>(),
+          std::make_shared<nn::Linear>(128, 64)});
+  Graph graph;
+  ColumnReluRow() {
+    net->to(Device::meta());
+    Tensor x = meta({8, 64});
+    x.set_requires_grad(true);
+    graph = trace_graph([&] { net->forward(x); }, net->named_parameters(), {{"x", x}}, 8);
+  }
+};
+
+int index_of(const std::vector<Strategy>& list, int dp, int tp, SplitKind kind) {
+  return static_cast<int>(&find(list, dp, tp, kind) - list.data());
+}
+
+// A plan prices each collective's wait after the work since the previous collective: the
+// row-parallel all-reduce waits for the column, relu and row forwards together, the column's
+// input-gradient all-reduce for the three backwards; an op's own strategy knows only its own work.
+TEST(Strategies, APlansWaitsCountTheWorkSinceThePreviousCollective) {
+  ColumnReluRow mlp;
+  ASSERT_EQ(mlp.graph.ops.size(), 3u);
+  PlannerConfig config = config_for(2);
+  config.profile.sync_jitter = 0.01;
+  config.profile.sync_exponent = 0.75;
+  const auto strategies = enumerate_strategies(mlp.graph, config);
+  const std::vector<int> choice = {index_of(strategies[0], 1, 2, SplitKind::kColumn),
+                                   index_of(strategies[1], 1, 2, SplitKind::kFeature),
+                                   index_of(strategies[2], 1, 2, SplitKind::kRow)};
+  const Strategy& column = strategies[0][choice[0]];
+  const Strategy& relu = strategies[1][choice[1]];
+  const Strategy& row = strategies[2][choice[2]];
+  EXPECT_DOUBLE_EQ(row.forward_wait, 0.01 * std::pow(row.forward_compute, 0.75));
+  EXPECT_DOUBLE_EQ(column.backward_wait, 0.01 * std::pow(column.backward_compute, 0.75));
+  const SequencedWaits waits = sequenced_waits(mlp.graph, strategies, choice, config);
+  const double forward_work = column.forward_compute + relu.forward_compute + row.forward_compute;
+  const double backward_work =
+      row.backward_compute + relu.backward_compute + column.backward_compute;
+  EXPECT_DOUBLE_EQ(waits.forward, 0.01 * std::pow(forward_work, 0.75));
+  EXPECT_DOUBLE_EQ(waits.backward, 0.01 * std::pow(backward_work, 0.75));
+  // The plan's time holds these waits in place of the strategies' own.
+  const PlannedPoint point = describe_choice(mlp.graph, strategies, config, choice, 1.0);
+  EXPECT_DOUBLE_EQ(point.breakdown.sync_wait_s, waits.forward + waits.backward);
+  double strategies_time = 0;
+  for (size_t op = 0; op < 3; ++op) strategies_time += strategies[op][choice[op]].cost(1, 1).time;
+  EXPECT_NEAR(
+      point.cost.time,
+      strategies_time - row.forward_wait - column.backward_wait + waits.forward + waits.backward,
+      1e-15);
+  // Without jitter nothing waits.
+  config.profile.sync_jitter = 0;
+  const SequencedWaits none =
+      sequenced_waits(mlp.graph, enumerate_strategies(mlp.graph, config), choice, config);
+  EXPECT_DOUBLE_EQ(none.forward + none.backward, 0);
+}
+
+// Convolutions and linear layers are priced by their measured local shapes where the profile has
+// them (DeviceProfile::op_shapes): the local call each strategy makes cuts the batch by dp and,
+// by the split, the output channels (column), the input channels (row) or whole groups (feature).
+TEST(Strategies, MeasuredShapesPriceMatrixOpsAtTheirLocalShapes) {
+  nn::Conv2d conv(nn::Conv2dOptions(16, 32, 3).padding(1));
+  nn::Conv2d depthwise(nn::Conv2dOptions(32, 32, 3).padding(1).groups(32));
+  conv.to(Device::meta());
+  depthwise.to(Device::meta());
+  Tensor x = meta({8, 16, 8, 8});
+  std::vector<std::pair<std::string, Tensor>> parameters = conv.named_parameters();
+  for (auto& [name, tensor] : depthwise.named_parameters())
+    parameters.emplace_back("dw." + name, tensor);
+  const Graph graph = trace_graph([&] { depthwise(conv(x)); }, parameters, {{"x", x}}, 8);
+  ASSERT_EQ(graph.ops.size(), 2u);
+  const TracedOp& op = graph.ops[0];
+  auto shapes = [&](const TracedOp& traced, int dp, SplitKind kind) {
+    const std::optional<ShardCall> call = shard_call(graph, traced, dp, 2, kind);
+    EXPECT_TRUE(call.has_value());
+    std::vector<Shape> result;
+    for (const auto& shape : call->input_shapes) result.push_back(shape.value_or(Shape{}));
+    return result;
+  };
+  EXPECT_EQ(shapes(op, 2, SplitKind::kReplicate),
+            (std::vector<Shape>{{4, 16, 8, 8}, {32, 16, 3, 3}, {32}}));
+  EXPECT_EQ(shapes(op, 1, SplitKind::kColumn),
+            (std::vector<Shape>{{8, 16, 8, 8}, {16, 16, 3, 3}, {16}}));
+  EXPECT_EQ(shapes(op, 1, SplitKind::kRow),
+            (std::vector<Shape>{{8, 8, 8, 8}, {32, 8, 3, 3}, {32}}));
+  EXPECT_EQ(shapes(graph.ops[1], 1, SplitKind::kFeature),
+            (std::vector<Shape>{{8, 16, 8, 8}, {16, 1, 3, 3}, {16}}));
+  EXPECT_EQ(
+      shard_call(graph, graph.ops[1], 1, 2, SplitKind::kFeature)->attrs.get<int64_t>("groups"), 16);
+  // The data input needs no gradient, the weights do.
+  const ShardCall column = *shard_call(graph, op, 1, 2, SplitKind::kColumn);
+  EXPECT_EQ(column.needs_gradient, (std::vector<bool>{false, true, true}));
+  EXPECT_EQ(column.key().rfind("conv2d [8, 16, 8, 8] [16, 16, 3, 3]' [16]' {", 0), 0u)
+      << column.key();
+
+  PlannerConfig config = config_for(2);
+  const auto by_rate = enumerate_strategies(graph, config);
+  config.profile.op_shapes[column.key()] = {0.5, 0.7};
+  const DeviceProfile reread = parse_profile(profile_to_json(config.profile), "test");
+  ASSERT_EQ(reread.op_shapes.count(column.key()), 1u);
+  EXPECT_DOUBLE_EQ(reread.op_shapes.at(column.key()).backward_s, 0.7);
+  config.profile = reread;
+  const auto measured = enumerate_strategies(graph, config);
+  const Strategy& priced = find(measured[0], 1, 2, SplitKind::kColumn);
+  EXPECT_DOUBLE_EQ(priced.forward_compute, 0.5);
+  EXPECT_DOUBLE_EQ(priced.backward_compute, 0.7);
+  // Calls at other shapes keep their kind's rate.
+  EXPECT_DOUBLE_EQ(find(measured[0], 1, 2, SplitKind::kRow).forward_compute,
+                   find(by_rate[0], 1, 2, SplitKind::kRow).forward_compute);
+  // Ops of other kinds have no local call here.
+  const OneLinear linear;
+  EXPECT_FALSE(shard_call(linear.graph, linear.graph.ops[0], 1, 2, SplitKind::kHeads));
+}
+
 TEST(DeviceProfile, RingFormulas) {
   DeviceProfile profile = round_number_profile();
   profile.collectives[1][0] = {5e-6, 1e8};  // inter-node all_reduce
@@ -464,6 +580,14 @@ TEST(DeviceProfile, OutOfRangeCountsAndNonStringNamesAreErrors) {
       "field 'calibrated_layout.ranks_at_once' must be a whole number"));
   EXPECT_TRUE(testing::throws_error([&] { parse_profile(with("name", "7"), "p.json"); },
                                     "field 'name' must be a string, got 7"));
+  EXPECT_TRUE(testing::throws_error([&] { parse_profile(with("sync_exponent", "1.5"), "p.json"); },
+                                    "field 'sync_exponent' must be in [0, 1], got 1.5"));
+  EXPECT_TRUE(testing::throws_error(
+      [&] { parse_profile(with("op_shapes", R"({"conv2d [1]": {"backward_s": 1}})"), "p.json"); },
+      "missing field 'op_shapes.conv2d [1].forward_s'"));
+  EXPECT_TRUE(testing::throws_error(
+      [&] { parse_profile(with("op_shapes", R"({"conv2d [1]": {"forward_s": -1}})"), "p.json"); },
+      "field 'op_shapes.conv2d [1].forward_s' must be positive"));
 }
 
 }  // namespace

@@ -14,17 +14,21 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <array>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <functional>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <tuple>
 
 #include "core/error.h"
 #include "core/op.h"
 #include "core/threading.h"
+#include "models/trace.h"
 #include "ops/conv.h"
 #include "ops/elementwise.h"
 #include "ops/linalg.h"
@@ -249,31 +253,68 @@ struct CollectiveFit {
 // like a random walk (the OS, caches, cores shared with other ranks), so the wait grows with the
 // square root of the work between collectives: every blocking collective inside a step pays it,
 // far above the latency of a tight loop of collectives. `text` gets the points.
-double synchronisation_jitter(parallel::Communicator& comm, bool quick, std::string* text) {
-  Tensor a = randn({256, 256}), b = randn({256, 256}), c = empty({256, 256});
+// The ranks' wait at a collective after T seconds of their own work, fitted as
+// sync_jitter * T^sync_exponent (least squares in logarithms) over works from tens of
+// microseconds to milliseconds: the mean time in a one-element all_reduce after each. Works and
+// waits are counted as the op rates count compute: the work's CPU time times `wall_per_cpu` (the
+// share of the cores a rank gets, as measured over the op-kind rounds), and the wait is what
+// the wall time of work and collective exceeds that by. Ranks sharing a core take turns: the
+// partner's turn is in the rate already, and not counted again as a wait.
+std::pair<double, double> synchronisation_waits(parallel::Communicator& comm, double wall_per_cpu,
+                                                bool quick, std::string* text) {
   Tensor one = ones({1});
-  double wait_times_root = 0, work_sum = 0;
-  for (int matmuls : {1, 4, 16}) {
-    const int reps = (quick ? 40 : 400) / matmuls;
-    double wait = 0, work = 0;
-    comm.barrier();
-    for (int rep = 0; rep < reps; ++rep) {
-      const auto start = Clock::now();
-      for (int k = 0; k < matmuls; ++k) into(ops::matmul, {a, b}, {}, c);
-      const auto done = Clock::now();
-      comm.all_reduce(one);
-      work += std::chrono::duration<double>(done - start).count();
-      wait += std::chrono::duration<double>(Clock::now() - done).count();
+  std::vector<double> log_work, log_wait;
+  // (matrix size, matmuls per work, repetitions per round): about 20 ms of work each per round;
+  // the sizes take turns over 20 rounds, so that the machine's slower and faster spells (seconds
+  // long) weigh on every size alike.
+  const std::tuple<int64_t, int, int> works[] = {
+      {64, 4, 800}, {64, 16, 200}, {256, 1, 80}, {256, 4, 20}, {256, 16, 5}};
+  constexpr size_t kSizes = sizeof works / sizeof works[0];
+  std::vector<std::array<Tensor, 3>> operands;
+  for (const auto& [size, matmuls, repetitions] : works)
+    operands.push_back({randn({size, size}), randn({size, size}), empty({size, size})});
+  std::vector<double> wall(kSizes, 0), work(kSizes, 0);
+  std::vector<int> count(kSizes, 0);
+  comm.barrier();
+  for (int round = 0; round < (quick ? 2 : 20); ++round)
+    for (size_t i = 0; i < kSizes; ++i) {
+      const auto& [size, matmuls, repetitions] = works[i];
+      const auto& [a, b, c] = operands[i];
+      const int reps = quick ? std::max(1, repetitions / 20) : repetitions;
+      for (int rep = 0; rep < reps; ++rep) {
+        const auto start = Clock::now();
+        const double cpu_start = process_cpu_seconds();
+        for (int k = 0; k < matmuls; ++k) into(ops::matmul, {a, b}, {}, c);
+        work[i] += (process_cpu_seconds() - cpu_start) * wall_per_cpu;
+        comm.all_reduce(one);
+        wall[i] += std::chrono::duration<double>(Clock::now() - start).count();
+        ++count[i];
+      }
     }
-    Tensor means = tensor({static_cast<float>(wait / reps), static_cast<float>(work / reps)}, {2});
+  for (size_t i = 0; i < kSizes; ++i) {
+    const double wait = std::max(0.0, wall[i] - work[i]);
+    Tensor means =
+        tensor({static_cast<float>(wait / count[i]), static_cast<float>(work[i] / count[i])}, {2});
     comm.all_reduce(means, parallel::ReduceOp::kSum);
     const std::vector<float> mean = means.to_vector<float>();
     const double mean_wait = mean[0] / comm.size(), mean_work = mean[1] / comm.size();
-    wait_times_root += mean_wait * std::sqrt(mean_work);
-    work_sum += mean_work;
+    if (mean_wait > 0 && mean_work > 0) {
+      log_work.push_back(std::log(mean_work));
+      log_wait.push_back(std::log(mean_wait));
+    }
     *text += format_seconds(mean_wait) + " after " + format_seconds(mean_work) + ", ";
   }
-  return work_sum > 0 ? wait_times_root / work_sum : 0.0;
+  const double n = static_cast<double>(log_work.size());
+  if (n < 2) return {0.0, 0.5};
+  double sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (size_t i = 0; i < log_work.size(); ++i) {
+    sx += log_work[i];
+    sy += log_wait[i];
+    sxx += log_work[i] * log_work[i];
+    sxy += log_work[i] * log_wait[i];
+  }
+  const double exponent = std::clamp((n * sxy - sx * sy) / (n * sxx - sx * sx), 0.0, 1.0);
+  return {std::exp((sy - exponent * sx) / n), exponent};
 }
 
 CollectiveFit fit_collective(parallel::Communicator& comm, Collective collective, int64_t large) {
@@ -324,6 +365,11 @@ struct CalibrateOptions {
   std::string out_path, name = "calibrated", base = "cpu_2core_example";
   int threads = 0;
   bool quick = false;
+  // --shapes_of: zoo models whose matrix ops are measured at every local shape the planner
+  // prices them at, on `devices` devices (0: the ranks), at these sizes.
+  std::vector<std::string> shape_models;
+  int devices = 0;
+  ModelSpec spec;
 };
 
 // Parses the command line into `options`; returns the exit code when the program should stop
@@ -340,6 +386,20 @@ std::optional<int> parse_options(int argc, char** argv, CalibrateOptions& option
   app.add_option("--threads", options.threads, "intra-op threads; 0: every core")
       ->capture_default_str();
   app.add_flag("--quick", options.quick, "smaller sizes and shorter runs (for tests)");
+  app.add_option("--shapes_of", options.shape_models,
+                 "also measure these zoo models' convolutions and linear layers at every local "
+                 "shape the planner prices on --devices devices (op_shapes; comma-separated)")
+      ->delimiter(',');
+  app.add_option("--devices", options.devices,
+                 "devices the --shapes_of models are planned on (0: the ranks)")
+      ->capture_default_str();
+  app.add_option("--batch", options.spec.batch, "--shapes_of: global batch")->capture_default_str();
+  app.add_option("--image_size", options.spec.image_size, "--shapes_of: image size (vision)")
+      ->capture_default_str();
+  app.add_option("--num_classes", options.spec.num_classes, "--shapes_of: classes (vision)")
+      ->capture_default_str();
+  app.add_option("--seq", options.spec.seq, "--shapes_of: sequence length (BERT)")
+      ->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
@@ -601,6 +661,7 @@ std::vector<KindEntry> op_kind_cases(bool quick, int64_t scale) {
 // What fit_op_kind_rates found, for the printed summary and the "calibrated_layout" source.
 struct OpKindTexts {
   std::string kinds, share;
+  double wall_per_cpu = 1;  // rank 0's wall time over its CPU time in those rounds
 };
 
 // Fits one kind's rates from its cases' times (from `times[next]` on; `next` is advanced).
@@ -641,6 +702,7 @@ OpKindTexts fit_op_kind_rates(std::vector<KindEntry> entries, DeviceProfile& pro
                 "the cores it got), which every case's CPU time is scaled by",
                 wall_per_cpu);
   texts.share = share;
+  texts.wall_per_cpu = wall_per_cpu;
   sources["rank_skew"] =
       ranks > 1 ? "rounds of every op-kind case (step-sized work between two synchronisations) "
                   "took this much longer, synchronisation to synchronisation, than the average "
@@ -659,6 +721,84 @@ OpKindTexts fit_op_kind_rates(std::vector<KindEntry> entries, DeviceProfile& pro
     texts.kinds += line;
   }
   return texts;
+}
+
+// One op call at its local shapes, on random inputs (those needing a gradient are leaves).
+KindCase shard_case(const ShardCall& call) {
+  return pooled(
+      [call] {
+        std::vector<Tensor> inputs, leaves;
+        for (size_t slot = 0; slot < call.input_shapes.size(); ++slot) {
+          if (!call.input_shapes[slot]) {
+            inputs.emplace_back();
+            continue;
+          }
+          Tensor input = randn(*call.input_shapes[slot]) * 0.1;
+          if (call.needs_gradient[slot]) input.set_requires_grad(true);
+          inputs.push_back(input);
+          leaves.push_back(input);  // (pooled counts their bytes)
+        }
+        const OpDef* def = call.def;
+        const Attrs attrs = call.attrs;
+        std::function<Tensor()> forward = [def, inputs, attrs] {
+          return dispatch(*def, inputs, attrs)[0];
+        };
+        return std::make_pair(forward, leaves);
+      },
+      1);
+}
+
+// Every distinct local call of the --shapes_of models' convolutions and linear layers under the
+// strategies the planner lists on `devices` devices, measured in shared rounds into
+// profile.op_shapes (the planner prices those calls by them instead of their kind's rate).
+void measure_op_shapes(DeviceProfile& profile, nlohmann::json& sources,
+                       const CalibrateOptions& options, parallel::Communicator* world,
+                       double budget, int ranks) {
+  if (options.shape_models.empty()) return;
+  PlannerConfig config;
+  config.devices = options.devices > 0 ? options.devices : ranks;
+  config.max_tp = config.devices;
+  config.profile = profile;
+  std::map<std::string, ShardCall> calls;  // by key: every rank lists them in the same order
+  for (const std::string& model : options.shape_models) {
+    ModelSpec spec = options.spec;
+    spec.name = model;
+    const Graph graph = models::trace_model(spec);
+    const auto strategies = enumerate_strategies(graph, config);
+    for (size_t op = 0; op < graph.ops.size(); ++op)
+      for (const Strategy& s : strategies[op])
+        if (const auto call = shard_call(graph, graph.ops[op], s.dp, s.tp, s.kind))
+          calls.emplace(call->key(), *call);
+  }
+  // In groups, whose pools of inputs are freed before the next group's are made.
+  constexpr size_t kGroup = 12;
+  std::vector<const ShardCall*> pending;
+  auto measure = [&] {
+    std::vector<KindCase> cases;
+    for (const ShardCall* call : pending) cases.push_back(shard_case(*call));
+    double unused_skew = 0;
+    const std::vector<PassTimes> times = time_in_rounds(
+        cases, options.quick ? 0.2 : 0.25 * budget * static_cast<double>(cases.size()), world,
+        &unused_skew);
+    for (size_t i = 0; i < pending.size(); ++i)
+      profile.op_shapes[pending[i]->key()] = {times[i].forward, times[i].backward};
+    pending.clear();
+  };
+  for (const auto& [key, call] : calls) {
+    pending.push_back(&call);
+    if (pending.size() == kGroup) measure();
+  }
+  if (!pending.empty()) measure();
+  std::string models;
+  for (const std::string& model : options.shape_models)
+    models += (models.empty() ? "" : ", ") + model;
+  sources["op_shapes"] =
+      std::to_string(calls.size()) + " local calls of the convolutions and linear layers of " +
+      models + " (global batch " + std::to_string(options.spec.batch) +
+      ") under every strategy the planner lists on " + std::to_string(config.devices) +
+      " devices, timed in shared rounds like op_kinds";
+  if (parallel::world_rank() == 0)
+    std::printf("op shapes: %zu local calls of %s measured\n", calls.size(), models.c_str());
 }
 
 // A ShuffleNet v2 unit: many small ops with strided views and a channel shuffle.
@@ -825,7 +965,8 @@ void describe_layout_and_memory(DeviceProfile& profile, nlohmann::json& sources,
 // Collective alpha-beta costs over `world` when there is more than one rank; otherwise the base
 // profile's are kept, and "sources" says so.
 void measure_collectives(DeviceProfile& profile, nlohmann::json& sources,
-                         parallel::Communicator* world, int ranks, bool quick) {
+                         parallel::Communicator* world, int ranks, double wall_per_cpu,
+                         bool quick) {
   if (ranks <= 1) {
     profile.devices_per_node = 1;
     sources["collectives"] = "not measured (one rank): copied from profile '" + profile.name +
@@ -837,7 +978,8 @@ void measure_collectives(DeviceProfile& profile, nlohmann::json& sources,
   const LinkLevel level = local == ranks ? LinkLevel::kIntraNode : LinkLevel::kInterNode;
   const int64_t large = quick ? (1 << 18) : (1 << 22);
   std::string text, waits;
-  profile.sync_jitter = synchronisation_jitter(*world, quick, &waits);
+  std::tie(profile.sync_jitter, profile.sync_exponent) =
+      synchronisation_waits(*world, wall_per_cpu, quick, &waits);
   for (Collective collective :
        {Collective::kAllReduce, Collective::kAllGather, Collective::kReduceScatter}) {
     const CollectiveFit fit = fit_collective(*world, collective, large);
@@ -848,8 +990,9 @@ void measure_collectives(DeviceProfile& profile, nlohmann::json& sources,
             ", " + std::to_string(large * 4 >> 20) + " MiB " + format_seconds(fit.large_s) + "; ";
   }
   sources["sync_jitter"] =
-      "the mean wait in a one-element all_reduce after a rank's own compute (" + waits +
-      "over the ranks), fitted as sync_jitter * sqrt(compute)";
+      "the mean wait in a one-element all_reduce beyond a rank's own compute, both as the op rates "
+      "count time: CPU time times the rank's share of the cores (" +
+      waits + "over the ranks), fitted as sync_jitter * compute^sync_exponent";
   sources["collectives"] = "MpiCommunicator over " + std::to_string(ranks) + " ranks (" +
                            std::to_string(local) + " on this node): " + text +
                            (local == ranks ? "inter_node copies intra_node (one node)" : "");
@@ -915,10 +1058,11 @@ int calibrate(int argc, char** argv) {
   const int64_t scale = quick ? 4 : 1;  // --quick: smaller batches
   const OpKindTexts texts = fit_op_kind_rates(op_kind_cases(quick, scale), profile, sources,
                                               world.get(), budget, quick, ranks);
+  measure_op_shapes(profile, sources, options, world.get(), budget, ranks);
   measure_network_overhead(profile, sources, world.get(), budget, quick, scale);
   measure_optimizer_updates(profile, sources, world.get(), budget, scale);
   describe_layout_and_memory(profile, sources, ranks, texts.share);
-  measure_collectives(profile, sources, world.get(), ranks, quick);
+  measure_collectives(profile, sources, world.get(), ranks, texts.wall_per_cpu, quick);
   const std::string base_name = describe_sources(profile, sources, options.name, host);
 
   if (rank == 0) {
