@@ -584,9 +584,12 @@ Tensor ParallelModule::proxy_for(const Tensor& whole_shape, Tensor local, Layout
   if (locals_.size() >= purge_at_) {
     // Locals whose meta tensors the model no longer holds are gone for it: let their tensors go
     // (autograd keeps what backward needs), so a step holds no more than the unsplit model would.
+    // Every few new locals: few dead ones wait at once (a step's peak would hold them), for a
+    // pass over the live ones per kPurgeEvery ops.
+    constexpr size_t kPurgeEvery = 8;
     for (auto it = locals_.begin(); it != locals_.end();)
       it = !it->second.persistent && it->second.proxy.expired() ? locals_.erase(it) : std::next(it);
-    purge_at_ = std::max<size_t>(64, 2 * locals_.size());
+    purge_at_ = locals_.size() + kPurgeEvery;
   }
   locals_[whole_shape.impl()] = Local{whole_shape.impl_ptr(), std::move(local), layout, false};
   return whole_shape;

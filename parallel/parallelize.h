@@ -261,8 +261,8 @@ class ParallelModule : private DispatchInterceptor {
   std::set<std::string> batch_split_parameters_;  // read by an op that splits the batch
   Tensor gradient_bucket_;  // their gradients, flat, for one all-reduce over dp (kept, as DDP's)
   std::unordered_map<const TensorImpl*, Local> locals_;
-  size_t purge_at_ = 64;  // the size at which proxy_for drops locals of expired proxies
-  Local scratch_;         // local_of's answer for a real tensor
+  size_t purge_at_ = 8;  // the size at which proxy_for drops locals of expired proxies
+  Local scratch_;        // local_of's answer for a real tensor
   size_t next_op_ = 0;
   int unplanned_moves_ = 0;
 };
