@@ -340,6 +340,7 @@ int run(int argc, char** argv) {
   line->reset();
   tp_comm->reset();
   allocator->reset_peak();
+  const int unplanned_before = planned_model ? planned_model->unplanned_moves() : 0;
   std::vector<double> times;
   for (int i = 0; i < steps; ++i) {
     MPI_Barrier(MPI_COMM_WORLD);
@@ -358,6 +359,11 @@ int run(int argc, char** argv) {
                                 : static_cast<double>(line->all_reduce_bytes + line->other_bytes);
   const double tp_bytes = max_over_world(
       (static_cast<double>(tp_comm->all_reduce_bytes + tp_comm->other_bytes) + line_bytes) / steps);
+  // Gathers the runtime made beyond the plan (views that cut across a split), per step.
+  const double unplanned_moves =
+      planned_model
+          ? static_cast<double>(planned_model->unplanned_moves() - unplanned_before) / steps
+          : 0.0;
   if (parallel::is_main_rank()) {
     nlohmann::ordered_json out = {{"model", model_name},
                                   {"ranks", world},
@@ -384,6 +390,7 @@ int run(int argc, char** argv) {
       out["plan_summary"] = plan->summary;
       out["predicted_memory_bytes"] = plan->predicted_memory;
       out["predicted_step_s"] = plan->predicted_time;
+      out["unplanned_moves_per_step"] = unplanned_moves;
     }
     std::cout << out.dump() << std::endl;
   }

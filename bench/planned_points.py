@@ -189,7 +189,9 @@ def main():
         "plans from `plan --profile=P --any_plan --remat=1 --point=K` (P: "
         + ", ".join(f"`{name}` for {ranks} ranks" for ranks, name in PROFILES.items())
         + ", each calibrated with that many ranks measuring at once"
-        + (", by this run just before its first round" if args.calibrate else "") + ") "
+        + (", by this run just before its first round, with the models' convolutions and "
+           "linear layers timed at every local shape their strategies make (`calibrate "
+           "--shapes_of`)" if args.calibrate else "") + ") "
         "(the smallest, the middle and the fastest point of each frontier; on 2 ranks also of "
         "`--per_op_degrees` among points with ops at other degrees), trained by "
         "`parallel_bench --planned` (parallel::ParallelModule: every op with its planned split). "
@@ -197,7 +199,9 @@ def main():
         f"{args.steps} steps after {args.warmup} warm-up steps; a step is the slowest rank's) "
         "with the interquartile range; peak: the largest rank's allocator peak over the timed "
         "steps (parameters, gradients, optimizer state, activations and the moves' buffers), the median "
-        "over the rounds. Raw lines (with the commands): planned_points.jsonl.",
+        "over the rounds; moves beyond the plan: gathers the runtime adds where a view cuts across "
+        "a split (ShuffleNet's channel split and shuffle), which the planner does not price. "
+        "Raw lines (with the commands): planned_points.jsonl.",
         "",
         f"- Machine: {'quiet' if not quiet.forced else 'NOT quiet (--force)'}; load average "
         f"{start_load:.2f} at the start, {end_load:.2f} at the end; other processes used "
@@ -205,8 +209,9 @@ def main():
         "with another, as it did when its profile was calibrated.",
         "",
         "| model | ranks | frontier | point | plan | step (measured) | predicted | "
-        "measured / predicted | peak per rank | predicted | measured / predicted |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "measured / predicted | peak per rank | predicted | measured / predicted | "
+        "moves beyond the plan per step |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for side in sides:
         runs = results[id(side)]
@@ -220,7 +225,8 @@ def main():
             f"{step.median:.1f} ms "
             f"({step.spread()}) | {predicted_step:.1f} ms | {step.median / predicted_step:.2f} | "
             f"{peak.median:.1f} MiB | {predicted_peak:.1f} MiB | "
-            f"{peak.median / predicted_peak:.2f} |")
+            f"{peak.median / predicted_peak:.2f} | "
+            f"{runs[0].get('unplanned_moves_per_step', 0):.0f} |")
     with open(args.out, "w") as handle:
         handle.write("\n".join(lines) + "\n")
     print("\n".join(lines))
