@@ -201,7 +201,7 @@ def main():
         "steps (parameters, gradients, optimizer state, activations and the moves' buffers), the median "
         "over the rounds; moves beyond the plan: gathers the runtime adds where a view cuts across "
         "a split (ShuffleNet's channel split and shuffle), which the planner does not price. "
-        "Raw lines (with the commands): planned_points.jsonl.",
+        f"Raw lines (with the commands): {os.path.basename(raw_path)}.",
         "",
         f"- Machine: {'quiet' if not quiet.forced else 'NOT quiet (--force)'}; load average "
         f"{start_load:.2f} at the start, {end_load:.2f} at the end; other processes used "
