@@ -310,9 +310,10 @@ PlanResult plan_graph(const Graph& graph, const PlanOptions& options) {
           // The frontier adds up what each op keeps; the peak also holds the most gradients
           // alive at once in backward. Its time prices each collective's wait after the op's
           // own work; the plan's is priced after the work since the previous collective.
-          point.cost.memory += backward_working_bytes(graph, strategies_at[stage], point.choice);
-          point.cost.time = plan_time(plan_breakdown(
-              graph, strategies_at[stage], config_for(fraction, stage), point.choice, fraction));
+          const PlanBreakdown priced = plan_breakdown(
+              graph, strategies_at[stage], config_for(fraction, stage), point.choice, fraction);
+          point.cost.memory += priced.backward_working_bytes;
+          point.cost.time = plan_time(priced);
           candidates.push_back({point.cost, fraction, stage, std::move(point.choice), runs});
         }
         result.stats.leaf_eliminations += stats.leaf_eliminations;
