@@ -880,8 +880,9 @@ void measure_network_overhead(DeviceProfile& profile, nlohmann::json& sources,
   }
 }
 
-// Median time of one optimizer step, over steps taken until a quarter of `budget` has passed (at
-// least 5, at most 200); with `world`, the slowest rank's.
+// Median time of one optimizer step, over steps taken until twice `budget` has passed (at least
+// 20, at most 200: a slow spell of the machine a few steps long would otherwise set the median);
+// with `world`, the slowest rank's.
 double optimizer_step_seconds(optim::Optimizer& optimizer, parallel::Communicator* world,
                               double budget) {
   optimizer.step();
@@ -890,7 +891,7 @@ double optimizer_step_seconds(optim::Optimizer& optimizer, parallel::Communicato
   for (int rep = 0; rep < 200; ++rep) {
     // Every rank runs the same number of steps (each rank's own time would differ): the
     // ranks agree whether to go on, which also starts them together.
-    int more = rep < 5 || spent < budget / 4;
+    int more = rep < 20 || spent < 2 * budget;
     if (world) {
       Tensor flag = tensor({static_cast<float>(more)}, {1});
       world->all_reduce(flag, parallel::ReduceOp::kMax);
