@@ -89,7 +89,7 @@ void print_breakdown(const planner::ModelSpec& spec, const planner::PlanFile& pl
     choice.push_back(static_cast<int>(found - list.begin()));
   }
   std::map<std::string, Totals> priced;  // forward: compute and collectives of the strategy
-  double forward = 0, backward = 0, optimizer = 0, sync = 0, moves = 0;
+  double forward = 0, backward = 0, optimizer = 0, sync = 0;
   for (const planner::TracedOp& op : graph.ops) {
     const planner::Strategy& s = *chosen[static_cast<size_t>(op.id)];
     // Without the waits for the ranks, which are priced over the whole sequence below.
@@ -99,21 +99,10 @@ void print_breakdown(const planner::ModelSpec& spec, const planner::PlanFile& pl
     backward += s.backward_compute + s.backward_comm - s.backward_wait;
     optimizer += s.optimizer_compute;
     sync += s.gradient_sync;
-    for (size_t slot = 0; slot < op.inputs.size(); ++slot) {
-      const int id = op.inputs[slot];
-      if (id < 0 || graph.tensors[id].producer < 0) continue;
-      const planner::TracedTensor& tensor = graph.tensors[id];
-      const planner::Layout& have =
-          chosen[static_cast<size_t>(tensor.producer)]->output_layouts[tensor.producer_slot];
-      const double bytes =
-          static_cast<double>(shape_numel(op.input_shapes[slot])) * element_size(tensor.dtype);
-      moves +=
-          planner::move_collectives_time(have, s.input_layouts[slot], bytes, config.profile, world);
-      if (tensor.requires_grad && op.differentiable)
-        moves += planner::move_collectives_time(s.input_layouts[slot], have, bytes, config.profile,
-                                                world);
-    }
   }
+  // The moves between ops' layouts, as the plan's breakdown prices them.
+  const double moves =
+      planner::describe_choice(graph, strategies, config, choice, 1.0).breakdown.redistribution_s;
   const planner::SequencedWaits waits = planner::sequenced_waits(graph, strategies, choice, config);
 
   std::map<std::string, Totals> measured[3];  // forward, backward, optimizer
