@@ -512,13 +512,28 @@ struct WinogradConv {
   DType dtype;
 };
 
-// A row of four values (a, b, c, d) times B: (a - c, b + c, c - b, b - d), `stride` apart.
+// row[0..width) = even[0], odd[0], even[1], odd[1], ... (a plane row from its tiles' columns).
 template <typename T>
-inline void winograd_input_row(T a, T b, T c, T d, T* out, int64_t stride) {
-  out[0] = a - c;
-  out[stride] = b + c;
-  out[2 * stride] = c - b;
-  out[3 * stride] = b - d;
+inline void interleave_pair(const T* even, const T* odd, int64_t width, T* row) {
+  const int64_t pairs = width / 2;
+#pragma omp simd
+  for (int64_t t = 0; t < pairs; ++t) {
+    row[2 * t] = even[t];
+    row[2 * t + 1] = odd[t];
+  }
+  if (width % 2) row[width - 1] = even[pairs];
+}
+
+// The inverse: even[t] = row[2 t], odd[t] = row[2 t + 1]; a last odd column goes to even only.
+template <typename T>
+inline void deinterleave_pair(const T* row, int64_t width, T* even, T* odd) {
+  const int64_t pairs = width / 2;
+#pragma omp simd
+  for (int64_t t = 0; t < pairs; ++t) {
+    even[t] = row[2 * t];
+    odd[t] = row[2 * t + 1];
+  }
+  if (width % 2) even[pairs] = row[width - 1];
 }
 
 // How the Winograd passes cut the output tiles: blocks of whole images, each image's tiles in a
@@ -527,9 +542,10 @@ inline void winograd_input_row(T a, T b, T c, T d, T* out, int64_t stride) {
 // columns of the row-major product, 3 AVX-512 or 6 AVX2 registers), whatever its place, so every
 // image meets the same arithmetic whichever images share its block: a batch run in chunks under a
 // memory budget gives each image the same result bit for bit. A block's transformed input and
-// products take about 2 MB but at least 64 tiles (the GEMMs' width: each one reads all of its
-// transformed weights again), and no more images than a thread's share; the images go to at most
-// one chunk per thread.
+// products take about 2 MB but at least 256 tiles (the GEMMs' width: each one packs all of its
+// transformed weights again; at 64 tiles that packing made a 512-channel 7x7 convolution 10-15%
+// slower), and no more images than a thread's share; the images go to at most one chunk per
+// thread.
 struct WinogradBlocks {
   int64_t tiles_w, tiles_h, slot, block_images, block_tiles, padded_w, chunks;
   static constexpr int64_t kGemmColumns = 48;
@@ -545,7 +561,7 @@ WinogradBlocks winograd_blocks(const WinogradConv<T>& p) {
   b.tiles_h = (p.out_h + 1) / 2;
   b.slot = (b.tiles_h * b.tiles_w + 3) / 4 * 4;
   const int64_t tile_bytes = 16 * (p.ins + p.outs) * static_cast<int64_t>(sizeof(T));
-  const int64_t wanted_tiles = std::clamp<int64_t>((int64_t{2} << 20) / tile_bytes, 64, 1024);
+  const int64_t wanted_tiles = std::clamp<int64_t>((int64_t{2} << 20) / tile_bytes, 256, 1024);
   const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(get_num_threads(), p.batch));
   // Images per block: enough for the tiles wanted (no more than a thread's share), or down to
   // half that when fewer zero columns then pad the GEMMs to whole micro-tiles.
@@ -566,56 +582,62 @@ WinogradBlocks winograd_blocks(const WinogradConv<T>& p) {
 // V[k][c][tile] = B^T d B for the 4x4 input tile d under each output tile of images
 // [n0, n0 + images) (image i's tiles in columns i * slot ..., row by row; the rest of its slot
 // and the columns up to gemm_tiles(images) zero), every input channel c, B^T = [1 0 -1 0; 0 1 1 0;
-// 0 -1 1 0; 0 1 0 -1]. D (16 x block_tiles) and band (4 padded rows) are scratch.
+// 0 -1 1 0; 0 1 0 -1]. A row of tiles at a time, straight from four padded input rows: B^T
+// combines the rows along whole lines, B the columns of each tile (two apart), so every pass runs
+// along contiguous memory. `band` (8 padded rows) is scratch.
 template <typename T>
 void winograd_input_tiles(const WinogradConv<T>& p, const WinogradBlocks& b, int64_t n0,
-                          int64_t images, T* V, T* D, T* band) {
-  const int64_t count = b.gemm_tiles(images), ds = b.block_tiles;
+                          int64_t images, T* V, T* band) {
+  const int64_t count = b.gemm_tiles(images), ds = b.block_tiles, pw = b.padded_w;
   const int64_t padding = b.slot - b.tiles_h * b.tiles_w;
-  for (int k = 0; k < 16; ++k) {
-    for (int64_t i = 0; i < images && padding > 0; ++i)
-      std::fill_n(D + k * ds + (i + 1) * b.slot - padding, padding, T(0));
-    std::fill(D + k * ds + images * b.slot, D + k * ds + count, T(0));
-  }
+  const int64_t vs = p.ins * ds;  // between the 16 matrices
+  const int64_t copied = std::min<int64_t>(p.width, pw - p.pad_w);
+  T* lines = band;              // [4][pw]: input rows 2 ty - pad_h + r, zero outside the image
+  T* combined = band + 4 * pw;  // [4][pw]: (B^T d) along the rows
   for (int64_t c = 0; c < p.ins; ++c) {
-    // Each tile's 4x4 values, element by element side by side (D[4 i + j][tile]).
+    T* v = V + c * ds;
+    for (int k = 0; k < 16; ++k) {
+      for (int64_t i = 0; i < images && padding > 0; ++i)
+        std::fill_n(v + k * vs + (i + 1) * b.slot - padding, padding, T(0));
+      std::fill(v + k * vs + images * b.slot, v + k * vs + count, T(0));
+    }
     for (int64_t i = 0; i < images; ++i) {
       const T* plane = p.in + (n0 + i) * p.in_batch_stride + c * p.in_ld;
       for (int64_t ty = 0; ty < b.tiles_h; ++ty) {
         for (int row = 0; row < 4; ++row) {
-          T* line = band + row * b.padded_w;
+          T* line = lines + row * pw;
           const int64_t y = 2 * ty - p.pad_h + row;
-          std::fill(line, line + b.padded_w, T(0));
-          if (y >= 0 && y < p.height) {
-            const int64_t end = std::min<int64_t>(p.width, b.padded_w - p.pad_w);
-            std::copy(plane + y * p.width, plane + y * p.width + end, line + p.pad_w);
+          if (y < 0 || y >= p.height) {
+            std::fill(line, line + pw, T(0));
+            continue;
           }
-          for (int j = 0; j < 4; ++j) {
-            T* d = D + (4 * row + j) * ds + i * b.slot + ty * b.tiles_w;
-            for (int64_t t = 0; t < b.tiles_w; ++t) d[t] = line[2 * t + j];
+          std::fill(line, line + p.pad_w, T(0));
+          std::copy(plane + y * p.width, plane + y * p.width + copied, line + p.pad_w);
+          std::fill(line + p.pad_w + copied, line + pw, T(0));
+        }
+        const T *d0 = lines, *d1 = lines + pw, *d2 = lines + 2 * pw, *d3 = lines + 3 * pw;
+        T *e0 = combined, *e1 = combined + pw, *e2 = combined + 2 * pw, *e3 = combined + 3 * pw;
+#pragma omp simd
+        for (int64_t x = 0; x < pw; ++x) {
+          e0[x] = d0[x] - d2[x];
+          e1[x] = d1[x] + d2[x];
+          e2[x] = d2[x] - d1[x];
+          e3[x] = d1[x] - d3[x];
+        }
+        const int64_t at = i * b.slot + ty * b.tiles_w;
+        for (int r = 0; r < 4; ++r) {
+          const T* e = combined + r * pw;
+          T* out = v + 4 * r * vs + at;
+#pragma omp simd
+          for (int64_t t = 0; t < b.tiles_w; ++t) {
+            const T a = e[2 * t], bb = e[2 * t + 1], cc = e[2 * t + 2], dd = e[2 * t + 3];
+            out[t] = a - cc;
+            out[vs + t] = bb + cc;
+            out[2 * vs + t] = cc - bb;
+            out[3 * vs + t] = bb - dd;
           }
         }
       }
-    }
-    // V = B^T d B across the tiles.
-    T* v = V + c * ds;
-    const int64_t vs = p.ins * ds;  // between the 16 matrices
-#pragma omp simd
-    for (int64_t t = 0; t < count; ++t) {
-      const T* d = D + t;
-      // Columns first: e[i][j] = (B^T d)[i][j].
-      const T e00 = d[0] - d[8 * ds], e01 = d[ds] - d[9 * ds], e02 = d[2 * ds] - d[10 * ds],
-              e03 = d[3 * ds] - d[11 * ds];
-      const T e10 = d[4 * ds] + d[8 * ds], e11 = d[5 * ds] + d[9 * ds],
-              e12 = d[6 * ds] + d[10 * ds], e13 = d[7 * ds] + d[11 * ds];
-      const T e20 = d[8 * ds] - d[4 * ds], e21 = d[9 * ds] - d[5 * ds],
-              e22 = d[10 * ds] - d[6 * ds], e23 = d[11 * ds] - d[7 * ds];
-      const T e30 = d[4 * ds] - d[12 * ds], e31 = d[5 * ds] - d[13 * ds],
-              e32 = d[6 * ds] - d[14 * ds], e33 = d[7 * ds] - d[15 * ds];
-      winograd_input_row(e00, e01, e02, e03, v + t, vs);
-      winograd_input_row(e10, e11, e12, e13, v + 4 * vs + t, vs);
-      winograd_input_row(e20, e21, e22, e23, v + 8 * vs + t, vs);
-      winograd_input_row(e30, e31, e32, e33, v + 12 * vs + t, vs);
     }
   }
 }
@@ -626,17 +648,17 @@ template <typename T>
 void winograd_run(KernelContext& context, const WinogradConv<T>& p, const T* U) {
   const WinogradBlocks b = winograd_blocks(p);
   const int64_t bt = b.block_tiles;
-  const int64_t per_chunk = 16 * (p.ins + p.outs + 1) * bt + 4 * b.padded_w;
+  const int64_t per_chunk = (16 * (p.ins + p.outs) + 4) * bt + 8 * b.padded_w;
   T* scratch = context.workspace({b.chunks, per_chunk}, p.dtype).template data_ptr<T>();
 
   for_each_batch_chunk(p.batch, b.chunks, [&](int64_t chunk, int64_t first, int64_t last) {
     T* V = scratch + chunk * per_chunk;  // [16][ins][block_tiles]: transformed input
     T* M = V + 16 * p.ins * bt;          // [16][outs][block_tiles]: products
-    T* D = M + 16 * p.outs * bt;         // [16][block_tiles]: one channel's tiles, raw
-    T* band = D + 16 * bt;               // 4 padded input rows
+    T* D = M + 16 * p.outs * bt;         // [4][block_tiles]: one output channel's 2x2 tiles
+    T* band = D + 4 * bt;                // 8 padded input rows
     for (int64_t n0 = first; n0 < last; n0 += b.block_images) {
       const int64_t images = std::min(b.block_images, last - n0), count = b.gemm_tiles(images);
-      winograd_input_tiles(p, b, n0, images, V, D, band);
+      winograd_input_tiles(p, b, n0, images, V, band);
       for (int k = 0; k < 16; ++k)
         cpu::gemm(false, false, p.outs, count, p.ins, T(1), U + k * p.ins, 16 * p.ins,
                   V + k * p.ins * bt, bt, T(0), M + k * p.outs * bt, bt);
@@ -666,14 +688,10 @@ void winograd_run(KernelContext& context, const WinogradConv<T>& p, const T* U) 
         for (int64_t i = 0; i < images; ++i) {
           T* plane = p.out + (n0 + i) * p.out_batch_stride + o * p.out_ld;
           for (int64_t ty = 0; ty < b.tiles_h; ++ty) {
-            T* top = plane + 2 * ty * p.out_w;
             const int64_t at = i * b.slot + ty * b.tiles_w;
-            for (int64_t x = 0; x < p.out_w; ++x)
-              top[x] = x % 2 ? y01[at + x / 2] : y00[at + x / 2];
-            if (2 * ty + 1 == p.out_h) continue;
-            T* bottom = top + p.out_w;
-            for (int64_t x = 0; x < p.out_w; ++x)
-              bottom[x] = x % 2 ? y11[at + x / 2] : y10[at + x / 2];
+            T* top = plane + 2 * ty * p.out_w;
+            interleave_pair(y00 + at, y01 + at, p.out_w, top);
+            if (2 * ty + 1 < p.out_h) interleave_pair(y10 + at, y11 + at, p.out_w, top + p.out_w);
           }
         }
       }
@@ -1180,7 +1198,7 @@ void conv2d_winograd_backward_weight(KernelContext& context, const ConvGeometry&
       g.out_channels, g.out_h, g.out_w,        g.pad_h,       g.pad_w,  out.dtype()};
   const WinogradBlocks b = winograd_blocks(p);
   const int64_t O = g.out_channels, C = g.in_channels, sums = 16 * O * C;
-  const int64_t per_chunk = 16 * (C + O + 1) * b.block_tiles + 4 * b.padded_w + sums;
+  const int64_t per_chunk = (16 * (C + O) + 4) * b.block_tiles + 8 * b.padded_w + sums;
   T* scratch = context.workspace({b.chunks, per_chunk}, out.dtype()).template data_ptr<T>();
   auto sum_of = [&](int64_t chunk) { return scratch + chunk * per_chunk; };  // [16][O][C]
 
@@ -1188,12 +1206,12 @@ void conv2d_winograd_backward_weight(KernelContext& context, const ConvGeometry&
     T* M = sum_of(chunk);
     T* V = M + sums;                     // [16][C][block_tiles]: transformed input
     T* Gt = V + 16 * C * b.block_tiles;  // [16][O][block_tiles]: transformed gradient
-    T* D = Gt + 16 * O * b.block_tiles;  // [16][block_tiles]: raw tiles
-    T* band = D + 16 * b.block_tiles;
+    T* D = Gt + 16 * O * b.block_tiles;  // [4][block_tiles]: one gradient channel's 2x2 tiles
+    T* band = D + 4 * b.block_tiles;
     if (first == last) std::fill(M, M + sums, T(0));
     for (int64_t n0 = first; n0 < last; n0 += b.block_images) {
       const int64_t images = std::min(b.block_images, last - n0), count = b.gemm_tiles(images);
-      winograd_input_tiles(p, b, n0, images, V, D, band);
+      winograd_input_tiles(p, b, n0, images, V, band);
       // Each gradient tile (a b; c d), zero past the plane's edge and in the slots' padding, then
       // A g A^T across the tiles.
       T *g00 = D, *g01 = D + b.block_tiles, *g10 = D + 2 * b.block_tiles,
@@ -1207,12 +1225,9 @@ void conv2d_winograd_backward_weight(KernelContext& context, const ConvGeometry&
             const T* top = plane + 2 * ty * g.out_w;
             const bool second_row = 2 * ty + 1 < g.out_h;
             const int64_t at = i * b.slot + ty * b.tiles_w;
-            for (int64_t x_out = 0; x_out < g.out_w; ++x_out) {
-              T* row0 = x_out % 2 ? g01 : g00;
-              T* row1 = x_out % 2 ? g11 : g10;
-              row0[at + x_out / 2] = top[x_out];
-              row1[at + x_out / 2] = second_row ? top[g.out_w + x_out] : T(0);
-            }
+            // Past the plane's last row or column the tiles keep the zeros filled above.
+            deinterleave_pair(top, g.out_w, g00 + at, g01 + at);
+            if (second_row) deinterleave_pair(top + g.out_w, g.out_w, g10 + at, g11 + at);
           }
         }
         T* gt = Gt + o * b.block_tiles;
