@@ -68,8 +68,44 @@ void resnet_shapes(benchmark::internal::Benchmark* bench) {
     bench->Args({32, channels, size});
 }
 
+// One part of a 3x3 convolution (padding 1, no bias) of any shape: 0 forward, 1 the input's
+// gradient, 2 the weight's. Arguments: batch / in channels / out channels / height (= width) /
+// stride / part.
+void BM_Conv2dPart(benchmark::State& state) {
+  const int64_t batch = state.range(0), ins = state.range(1), outs = state.range(2);
+  const int64_t size = state.range(3), stride = state.range(4), part = state.range(5);
+  tessel::Tensor x = tessel::randn({batch, ins, size, size});
+  tessel::Tensor w = tessel::randn({outs, ins, 3, 3});
+  const int64_t out_size = (size - 1) / stride + 1;
+  tessel::Tensor grad = tessel::randn({batch, outs, out_size, out_size});
+  tessel::Attrs attrs = conv_attrs();
+  attrs.set("stride", std::vector<int64_t>{stride, stride});
+  attrs.set("input_size", x.sizes());
+  attrs.set("weight_size", w.sizes());
+  for (auto _ : state) {
+    tessel::Tensor result =
+        part == 0   ? tessel::dispatch(tessel::ops::conv2d, {x, w, tessel::Tensor()}, attrs)[0]
+        : part == 1 ? tessel::dispatch(tessel::ops::conv2d_backward_input, {grad, w}, attrs)[0]
+                    : tessel::dispatch(tessel::ops::conv2d_backward_weight, {grad, x}, attrs)[0];
+    benchmark::DoNotOptimize(result);
+  }
+  state.counters["flops"] = benchmark::Counter(2.0 * batch * outs * out_size * out_size * ins * 9,
+                                               benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// The convolutions of a small CNN on 28x28 Fashion-MNIST (bench/compare_pytorch's
+// user_cnn_fashion), batch 128: 1 -> 32, 32 -> 64 stride 2, 64 -> 64 at 14x14.
+void user_cnn_parts(benchmark::internal::Benchmark* bench) {
+  for (int64_t part = 0; part < 3; ++part) {
+    bench->Args({128, 1, 32, 28, 1, part});
+    bench->Args({128, 32, 64, 28, 2, part});
+    bench->Args({128, 64, 64, 14, 1, part});
+  }
+}
+
 }  // namespace
 
+BENCHMARK(BM_Conv2dPart)->Apply(user_cnn_parts)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Conv2dForward)->Apply(resnet_shapes)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Conv2dBackward)->Apply(resnet_shapes)->UseRealTime()->Unit(benchmark::kMillisecond);
 

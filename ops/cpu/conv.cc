@@ -549,6 +549,10 @@ inline void deinterleave_pair(const T* row, int64_t width, T* even, T* odd) {
 struct WinogradBlocks {
   int64_t tiles_w, tiles_h, slot, block_images, block_tiles, padded_w, chunks;
   static constexpr int64_t kGemmColumns = 48;
+  // Between the 16 transformed matrices of `channels` rows: a cache line more than they take, so
+  // that the 16 streams a transform reads or writes at once fall on different cache sets (at a
+  // multiple of 4 KiB apart, 64 channels of 256 tiles, they all fell on one and thrashed L1).
+  int64_t matrix_stride(int64_t channels) const { return channels * block_tiles + 16; }
   // The GEMM width for `images` images: their slots, rounded up to whole micro-tiles.
   int64_t gemm_tiles(int64_t images) const {
     return (images * slot + kGemmColumns - 1) / kGemmColumns * kGemmColumns;
@@ -590,7 +594,7 @@ void winograd_input_tiles(const WinogradConv<T>& p, const WinogradBlocks& b, int
                           int64_t images, T* V, T* band) {
   const int64_t count = b.gemm_tiles(images), ds = b.block_tiles, pw = b.padded_w;
   const int64_t padding = b.slot - b.tiles_h * b.tiles_w;
-  const int64_t vs = p.ins * ds;  // between the 16 matrices
+  const int64_t vs = b.matrix_stride(p.ins);
   const int64_t copied = std::min<int64_t>(p.width, pw - p.pad_w);
   T* lines = band;              // [4][pw]: input rows 2 ty - pad_h + r, zero outside the image
   T* combined = band + 4 * pw;  // [4][pw]: (B^T d) along the rows
@@ -648,24 +652,24 @@ template <typename T>
 void winograd_run(KernelContext& context, const WinogradConv<T>& p, const T* U) {
   const WinogradBlocks b = winograd_blocks(p);
   const int64_t bt = b.block_tiles;
-  const int64_t per_chunk = (16 * (p.ins + p.outs) + 4) * bt + 8 * b.padded_w;
+  const int64_t vs = b.matrix_stride(p.ins), ms = b.matrix_stride(p.outs);
+  const int64_t per_chunk = 16 * (vs + ms) + 4 * bt + 8 * b.padded_w;
   T* scratch = context.workspace({b.chunks, per_chunk}, p.dtype).template data_ptr<T>();
 
   for_each_batch_chunk(p.batch, b.chunks, [&](int64_t chunk, int64_t first, int64_t last) {
-    T* V = scratch + chunk * per_chunk;  // [16][ins][block_tiles]: transformed input
-    T* M = V + 16 * p.ins * bt;          // [16][outs][block_tiles]: products
-    T* D = M + 16 * p.outs * bt;         // [4][block_tiles]: one output channel's 2x2 tiles
+    T* V = scratch + chunk * per_chunk;  // [16][ins][block_tiles], vs apart: transformed input
+    T* M = V + 16 * vs;                  // [16][outs][block_tiles], ms apart: products
+    T* D = M + 16 * ms;                  // [4][block_tiles]: one output channel's 2x2 tiles
     T* band = D + 4 * bt;                // 8 padded input rows
     for (int64_t n0 = first; n0 < last; n0 += b.block_images) {
       const int64_t images = std::min(b.block_images, last - n0), count = b.gemm_tiles(images);
       winograd_input_tiles(p, b, n0, images, V, band);
       for (int k = 0; k < 16; ++k)
-        cpu::gemm(false, false, p.outs, count, p.ins, T(1), U + k * p.ins, 16 * p.ins,
-                  V + k * p.ins * bt, bt, T(0), M + k * p.outs * bt, bt);
+        cpu::gemm(false, false, p.outs, count, p.ins, T(1), U + k * p.ins, 16 * p.ins, V + k * vs,
+                  bt, T(0), M + k * ms, bt);
       // Output transform Y = A^T m A, A^T = [1 1 1 0; 0 1 -1 -1], across the tiles into D's
       // first four rows, then onto the bias in the output planes.
       T *y00 = D, *y01 = D + bt, *y10 = D + 2 * bt, *y11 = D + 3 * bt;
-      const int64_t ms = p.outs * bt;  // between the 16 matrices
       for (int64_t o = 0; o < p.outs; ++o) {
         const T shift = p.bias ? p.bias[o * p.bias_stride] : T(0);
         const T* m = M + o * bt;
@@ -1198,15 +1202,16 @@ void conv2d_winograd_backward_weight(KernelContext& context, const ConvGeometry&
       g.out_channels, g.out_h, g.out_w,        g.pad_h,       g.pad_w,  out.dtype()};
   const WinogradBlocks b = winograd_blocks(p);
   const int64_t O = g.out_channels, C = g.in_channels, sums = 16 * O * C;
-  const int64_t per_chunk = (16 * (C + O) + 4) * b.block_tiles + 8 * b.padded_w + sums;
+  const int64_t vs = b.matrix_stride(C), gs = b.matrix_stride(O);
+  const int64_t per_chunk = 16 * (vs + gs) + 4 * b.block_tiles + 8 * b.padded_w + sums;
   T* scratch = context.workspace({b.chunks, per_chunk}, out.dtype()).template data_ptr<T>();
   auto sum_of = [&](int64_t chunk) { return scratch + chunk * per_chunk; };  // [16][O][C]
 
   for_each_batch_chunk(g.batch, b.chunks, [&](int64_t chunk, int64_t first, int64_t last) {
     T* M = sum_of(chunk);
-    T* V = M + sums;                     // [16][C][block_tiles]: transformed input
-    T* Gt = V + 16 * C * b.block_tiles;  // [16][O][block_tiles]: transformed gradient
-    T* D = Gt + 16 * O * b.block_tiles;  // [4][block_tiles]: one gradient channel's 2x2 tiles
+    T* V = M + sums;      // [16][C][block_tiles], vs apart: transformed input
+    T* Gt = V + 16 * vs;  // [16][O][block_tiles], gs apart: transformed gradient
+    T* D = Gt + 16 * gs;  // [4][block_tiles]: one gradient channel's 2x2 tiles
     T* band = D + 4 * b.block_tiles;
     if (first == last) std::fill(M, M + sums, T(0));
     for (int64_t n0 = first; n0 < last; n0 += b.block_images) {
@@ -1217,7 +1222,6 @@ void conv2d_winograd_backward_weight(KernelContext& context, const ConvGeometry&
       T *g00 = D, *g01 = D + b.block_tiles, *g10 = D + 2 * b.block_tiles,
         *g11 = D + 3 * b.block_tiles;
       std::fill(D, D + 4 * b.block_tiles, T(0));
-      const int64_t gs = O * b.block_tiles;  // between the 16 matrices
       for (int64_t o = 0; o < O; ++o) {
         for (int64_t i = 0; i < images; ++i) {
           const T* plane = grad.data + (n0 + i) * grad.batch_stride + o * grad.ld;
@@ -1257,8 +1261,8 @@ void conv2d_winograd_backward_weight(KernelContext& context, const ConvGeometry&
       }
       const T beta = n0 == first ? T(0) : T(1);
       for (int k = 0; k < 16; ++k)
-        cpu::gemm(false, true, O, C, count, T(1), Gt + k * O * b.block_tiles, b.block_tiles,
-                  V + k * C * b.block_tiles, b.block_tiles, beta, M + k * O * C, C);
+        cpu::gemm(false, true, O, C, count, T(1), Gt + k * gs, b.block_tiles, V + k * vs,
+                  b.block_tiles, beta, M + k * O * C, C);
     }
   });
   // The threads' sums added up, then dW = G^T M G (rows (m0 + m1/2 + m2/2, m1/2 - m2/2,
