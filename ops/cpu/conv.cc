@@ -192,6 +192,30 @@ void shifted_plane(const T* plane, int64_t H, int64_t W, int64_t dh, int64_t dw,
   }
 }
 
+// row[0..width) = even[0], odd[0], even[1], odd[1], ... (a plane row from its tiles' columns).
+template <typename T>
+inline void interleave_pair(const T* even, const T* odd, int64_t width, T* row) {
+  const int64_t pairs = width / 2;
+#pragma omp simd
+  for (int64_t t = 0; t < pairs; ++t) {
+    row[2 * t] = even[t];
+    row[2 * t + 1] = odd[t];
+  }
+  if (width % 2) row[width - 1] = even[pairs];
+}
+
+// The inverse: even[t] = row[2 t], odd[t] = row[2 t + 1]; a last odd column goes to even only.
+template <typename T>
+inline void deinterleave_pair(const T* row, int64_t width, T* even, T* odd) {
+  const int64_t pairs = width / 2;
+#pragma omp simd
+  for (int64_t t = 0; t < pairs; ++t) {
+    even[t] = row[2 * t];
+    odd[t] = row[2 * t + 1];
+  }
+  if (width % 2) even[pairs] = row[width - 1];
+}
+
 // Output rows of fewer than 8 values (late ResNet stages: 7x7, 4x4) go through per-tap index
 // tables in im2col and col2im: one pass per column row, where the run copies and fills of the
 // general paths cost more in call overhead than the few values they move (from 8 values on,
@@ -261,8 +285,29 @@ void im2col(const ConvGeometry& g, const T* image, int64_t channel_stride, int64
   // Stride 1 keeping the plane size (3x3 padding 1) over dense rows: whole shifted planes.
   const bool same_plane = g.stride_h == 1 && g.stride_w == 1 && col_stride == 1 &&
                           row_stride == g.width && g.out_h == g.height && g.out_w == g.width;
+  // Strided columns over dense rows: each row split once into its stride's phases (phase r holds
+  // columns r, r + stride, ...), so every tap copies a run of one phase instead of gathering
+  // every stride-th value (what a stride-2 convolution's im2col spent its time on).
+  const int64_t stride_w = g.stride_w;
+  const bool phased = stride_w > 1 && col_stride == 1;
+  const int64_t phase_w = (g.width + stride_w - 1) / stride_w;
+  std::vector<T> phases(phased ? static_cast<size_t>(g.height * stride_w * phase_w) : 0);
   for (int64_t c = 0; c < g.in_per_group(); ++c) {
     const T* channel = image + c * channel_stride;
+    if (phased) {
+      for (int64_t ih = 0; ih < g.height; ++ih) {
+        const T* in = channel + ih * row_stride;
+        T* phase = phases.data() + ih * stride_w * phase_w;
+        if (stride_w == 2) {
+          deinterleave_pair(in, g.width, phase, phase + phase_w);
+          continue;
+        }
+        for (int64_t r = 0; r < stride_w; ++r) {
+          const int64_t count = (g.width - r + stride_w - 1) / stride_w;
+          for (int64_t m = 0; m < count; ++m) phase[r * phase_w + m] = in[m * stride_w + r];
+        }
+      }
+    }
     for (int64_t ki = 0; ki < g.kernel_h; ++ki) {
       for (int64_t kj = 0; kj < g.kernel_w; ++kj) {
         T* row = columns + ((c * g.kernel_h + ki) * g.kernel_w + kj) * columns_ld;
@@ -273,6 +318,9 @@ void im2col(const ConvGeometry& g, const T* image, int64_t channel_stride, int64
         }
         int64_t first, last;
         valid_range(offset_w, g.stride_w, g.width, g.out_w, &first, &last);
+        // Input column ow * stride + offset_w is entry ow + shift of phase phase_of_tap.
+        const int64_t phase_of_tap = ((offset_w % stride_w) + stride_w) % stride_w;
+        const int64_t shift = (offset_w - phase_of_tap) / stride_w;
         for (int64_t oh = 0; oh < g.out_h; ++oh) {
           T* out = row + oh * g.out_w;
           const int64_t ih = oh * g.stride_h - g.pad_h + ki * g.dilation_h;
@@ -285,6 +333,9 @@ void im2col(const ConvGeometry& g, const T* image, int64_t channel_stride, int64
           if (g.stride_w == 1 && col_stride == 1) {
             std::memcpy(out + first, in + first + offset_w,
                         static_cast<size_t>(last - first) * sizeof(T));
+          } else if (phased) {
+            const T* phase = phases.data() + (ih * stride_w + phase_of_tap) * phase_w + shift;
+            std::copy(phase + first, phase + last, out + first);
           } else {
             for (int64_t ow = first; ow < last; ++ow)
               out[ow] = in[(ow * g.stride_w + offset_w) * col_stride];
@@ -511,30 +562,6 @@ struct WinogradConv {
   int64_t batch, ins, height, width, outs, out_h, out_w, pad_h, pad_w;
   DType dtype;
 };
-
-// row[0..width) = even[0], odd[0], even[1], odd[1], ... (a plane row from its tiles' columns).
-template <typename T>
-inline void interleave_pair(const T* even, const T* odd, int64_t width, T* row) {
-  const int64_t pairs = width / 2;
-#pragma omp simd
-  for (int64_t t = 0; t < pairs; ++t) {
-    row[2 * t] = even[t];
-    row[2 * t + 1] = odd[t];
-  }
-  if (width % 2) row[width - 1] = even[pairs];
-}
-
-// The inverse: even[t] = row[2 t], odd[t] = row[2 t + 1]; a last odd column goes to even only.
-template <typename T>
-inline void deinterleave_pair(const T* row, int64_t width, T* even, T* odd) {
-  const int64_t pairs = width / 2;
-#pragma omp simd
-  for (int64_t t = 0; t < pairs; ++t) {
-    even[t] = row[2 * t];
-    odd[t] = row[2 * t + 1];
-  }
-  if (width % 2) even[pairs] = row[width - 1];
-}
 
 // How the Winograd passes cut the output tiles: blocks of whole images, each image's tiles in a
 // slot of a multiple of 4 columns, and every GEMM as wide as a multiple of 48 tiles (zeros after

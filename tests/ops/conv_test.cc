@@ -171,6 +171,41 @@ TEST(Conv2d, EveryPathMatchesTheDirectDefinition) {
   }
 }
 
+// Strided convolutions with output rows of 8 or more take each input row apart into its
+// stride's phases for im2col: forward against the direct loop, and the weight gradient (which
+// runs im2col too) against the direct loop by linearity: dL/dw[j] = sum(upstream * conv(x, e_j)).
+TEST(Conv2d, StridedColumnsMatchTheDirectDefinition) {
+  struct Case {
+    Shape x, w;
+    ConvArgs args;
+  };
+  const std::vector<Case> cases = {
+      {{2, 3, 17, 19}, {4, 3, 3, 3}, {{2, 2}, {1, 1}, {1, 1}, 1}},  // odd width, stride 2
+      {{2, 2, 12, 20}, {3, 2, 3, 3}, {{2, 2}, {0, 0}, {1, 1}, 1}},  // no padding, even width
+      {{1, 2, 9, 29}, {3, 2, 3, 3}, {{1, 3}, {2, 2}, {1, 2}, 1}},   // stride 3, dilated
+  };
+  for (const auto& c : cases) {
+    Tensor x = randn(c.x);
+    Tensor w = randn(c.w).set_requires_grad(true);
+    Tensor y = run_conv(x, w, Tensor(), c.args);
+    EXPECT_TRUE(all_close(y, reference_conv2d(x, w.detach(), Tensor(), c.args), 1e-5, 1e-5))
+        << "x " << shape_str(c.x);
+    Tensor upstream = randn(y.sizes());
+    y.backward(upstream);
+    const Tensor upstream64 = upstream.to(kF64);
+    std::vector<double> expected_grad(static_cast<size_t>(w.numel()));
+    for (size_t j = 0; j < expected_grad.size(); ++j) {
+      std::vector<float> unit(expected_grad.size(), 0.0f);
+      unit[j] = 1.0f;
+      Tensor basis = from_vector<float>(unit, c.w);
+      expected_grad[j] =
+          sum(mul(upstream64, reference_conv2d(x, basis, Tensor(), c.args))).item<double>();
+    }
+    EXPECT_TRUE(all_close(w.grad(), from_vector<double>(expected_grad, c.w), 1e-4, 1e-4))
+        << "x " << shape_str(c.x);
+  }
+}
+
 // Stride-1 3x3 convolutions over 32 or more channels in f32 run as Winograd F(2x2, 3x3) (the
 // weight gradient as F(3x3, 2x2)) on planes of 16 tiles and more, im2col below: forward against
 // the direct loop, input and weight gradients against the f64 (im2col) ones, on odd and even
