@@ -94,18 +94,22 @@ void BM_Conv2dPart(benchmark::State& state) {
 }
 
 // The convolutions of a small CNN on 28x28 Fashion-MNIST (bench/compare_pytorch's
-// user_cnn_fashion), batch 128: 1 -> 32, 32 -> 64 stride 2, 64 -> 64 at 14x14.
-void user_cnn_parts(benchmark::internal::Benchmark* bench) {
+// user_cnn_fashion), batch 128: 1 -> 32, 32 -> 64 stride 2, 64 -> 64 at 14x14; then ResNet's
+// stride-1 stages at 224x224, batch 32.
+void conv_parts(benchmark::internal::Benchmark* bench) {
   for (int64_t part = 0; part < 3; ++part) {
     bench->Args({128, 1, 32, 28, 1, part});
     bench->Args({128, 32, 64, 28, 2, part});
     bench->Args({128, 64, 64, 14, 1, part});
+    for (auto [channels, size] :
+         {std::pair<int64_t, int64_t>{64, 56}, {128, 28}, {256, 14}, {512, 7}})
+      bench->Args({32, channels, channels, size, 1, part});
   }
 }
 
 }  // namespace
 
-BENCHMARK(BM_Conv2dPart)->Apply(user_cnn_parts)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Conv2dPart)->Apply(conv_parts)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Conv2dForward)->Apply(resnet_shapes)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Conv2dBackward)->Apply(resnet_shapes)->UseRealTime()->Unit(benchmark::kMillisecond);
 

@@ -515,18 +515,16 @@ inline void winograd_filter_row(T a, T b, T c, T* out, int64_t stride) {
 
 // U[o][k][c] (16 matrices of out x in channels, interleaved by output channel: rows 16 * ins
 // apart, so one channel's 16 rows are written side by side) = G w[o][c] G^T with G = [1 0 0; 1/2
-// 1/2 1/2; 1/2 -1/2 1/2; 0 0 1]. `rotated`: the kernel of the input gradient, w'[o][c] = w[c][o]
-// turned by 180 degrees (then `outs` are w's input channels). Per output channel the taps are
-// gathered tap-major first, so the transform runs along the input channels in vector lanes.
+// 1/2 1/2; 1/2 -1/2 1/2; 0 0 1]. Per output channel the taps are gathered tap-major first, so
+// the transform runs along the input channels in vector lanes.
 template <typename T>
-void winograd_weights(const T* w, int64_t outs, int64_t ins, bool rotated, T* U) {
-  const int64_t w_ins = rotated ? outs : ins;  // the weight's second dimension
+void winograd_weights(const T* w, int64_t outs, int64_t ins, T* U) {
   parallel_for(0, outs, 8, [&](int64_t o_begin, int64_t o_end) {
     std::vector<T> taps(static_cast<size_t>(9 * ins));
     for (int64_t o = o_begin; o < o_end; ++o) {
       for (int64_t c = 0; c < ins; ++c) {
-        const T* kernel = rotated ? w + (c * w_ins + o) * 9 : w + (o * w_ins + c) * 9;
-        for (int tap = 0; tap < 9; ++tap) taps[tap * ins + c] = kernel[rotated ? 8 - tap : tap];
+        const T* kernel = w + (o * ins + c) * 9;
+        for (int tap = 0; tap < 9; ++tap) taps[tap * ins + c] = kernel[tap];
       }
       const T* g = taps.data();
       T* u = U + o * 16 * ins;
@@ -673,10 +671,20 @@ void winograd_input_tiles(const WinogradConv<T>& p, const WinogradBlocks& b, int
   }
 }
 
+// Which of the 16 transformed matrices of w holds matrix k of w's kernels turned by 180 degrees:
+// G (J g J) G^T = P (G g G^T) P^T with J reversing three rows and P swapping rows 0 and 3 of
+// four, so entry (i, j) of one is entry (p(i), p(j)) of the other, p = (3, 1, 2, 0).
+inline int turned_matrix(int k) {
+  constexpr int p[4] = {3, 1, 2, 0};
+  return 4 * p[k / 4] + p[k % 4];
+}
+
 // out = conv(in, U) + bias, stride 1: images spread over threads, each block of them
-// transformed, multiplied and transformed back in a per-thread workspace.
+// transformed, multiplied and transformed back in a per-thread workspace. `U` is
+// winograd_weights of the kernel; with `turned`, of the kernel whose channels are swapped and
+// taps turned by 180 degrees (the input gradient's), read transposed and permuted.
 template <typename T>
-void winograd_run(KernelContext& context, const WinogradConv<T>& p, const T* U) {
+void winograd_run(KernelContext& context, const WinogradConv<T>& p, const T* U, bool turned) {
   const WinogradBlocks b = winograd_blocks(p);
   const int64_t bt = b.block_tiles;
   const int64_t vs = b.matrix_stride(p.ins), ms = b.matrix_stride(p.outs);
@@ -691,9 +699,15 @@ void winograd_run(KernelContext& context, const WinogradConv<T>& p, const T* U) 
     for (int64_t n0 = first; n0 < last; n0 += b.block_images) {
       const int64_t images = std::min(b.block_images, last - n0), count = b.gemm_tiles(images);
       winograd_input_tiles(p, b, n0, images, V, band);
-      for (int k = 0; k < 16; ++k)
-        cpu::gemm(false, false, p.outs, count, p.ins, T(1), U + k * p.ins, 16 * p.ins, V + k * vs,
-                  bt, T(0), M + k * ms, bt);
+      for (int k = 0; k < 16; ++k) {
+        if (turned) {
+          cpu::gemm(true, false, p.outs, count, p.ins, T(1), U + turned_matrix(k) * p.outs,
+                    16 * p.outs, V + k * vs, bt, T(0), M + k * ms, bt);
+        } else {
+          cpu::gemm(false, false, p.outs, count, p.ins, T(1), U + k * p.ins, 16 * p.ins, V + k * vs,
+                    bt, T(0), M + k * ms, bt);
+        }
+      }
       // Output transform Y = A^T m A, A^T = [1 1 1 0; 0 1 -1 -1], across the tiles into D's
       // first four rows, then onto the bias in the output planes.
       T *y00 = D, *y01 = D + bt, *y10 = D + 2 * bt, *y11 = D + 3 * bt;
@@ -740,7 +754,7 @@ void conv2d_winograd_forward(KernelContext& context, const ConvGeometry& g) {
   PlaneOutput<T> out(context, context.outputs[0]);
   T* U =
       context.workspace({g.out_channels, 16, g.in_channels}, weight.dtype()).template data_ptr<T>();
-  winograd_weights(weight.data_ptr<T>(), g.out_channels, g.in_channels, /*rotated=*/false, U);
+  winograd_weights(weight.data_ptr<T>(), g.out_channels, g.in_channels, U);
   const WinogradConv<T> planes{x.data,
                                x.ld,
                                x.batch_stride,
@@ -759,7 +773,7 @@ void conv2d_winograd_forward(KernelContext& context, const ConvGeometry& g) {
                                g.pad_h,
                                g.pad_w,
                                weight.dtype()};
-  winograd_run(context, planes, U);
+  winograd_run(context, planes, U, /*turned=*/false);
   out.finish(context.outputs[0]);
 }
 
@@ -1036,20 +1050,22 @@ void conv2d_gemm_backward_input(KernelContext& context, const ConvGeometry& g) {
 }
 
 // The input gradient of a stride-1 3x3 convolution is one too: the gradient convolved with the
-// kernel turned by 180 degrees, input and output channels swapped, padded by 2 - padding.
+// kernel turned by 180 degrees, input and output channels swapped, padded by 2 - padding. Its
+// transformed kernel is the forward's, read transposed (turning a 512 x 512 kernel in place
+// read it 512 channels apart and took a third as long as the GEMMs).
 template <typename T>
 void conv2d_winograd_backward_input(KernelContext& context, const ConvGeometry& g) {
   PlaneInput<T> grad(context, context.inputs[0]);
   Tensor weight = cpu::dense_input(context, context.inputs[1]);
   PlaneOutput<T> out(context, context.outputs[0]);
   T* U =
-      context.workspace({g.in_channels, 16, g.out_channels}, weight.dtype()).template data_ptr<T>();
-  winograd_weights(weight.data_ptr<T>(), g.in_channels, g.out_channels, /*rotated=*/true, U);
+      context.workspace({g.out_channels, 16, g.in_channels}, weight.dtype()).template data_ptr<T>();
+  winograd_weights(weight.data_ptr<T>(), g.out_channels, g.in_channels, U);
   const WinogradConv<T> planes{
       grad.data,     grad.ld,  grad.batch_stride, out.data,       out.ld,      out.batch_stride,
       nullptr,       0,        g.batch,           g.out_channels, g.out_h,     g.out_w,
       g.in_channels, g.height, g.width,           2 - g.pad_h,    2 - g.pad_w, weight.dtype()};
-  winograd_run(context, planes, U);
+  winograd_run(context, planes, U, /*turned=*/true);
   out.finish(context.outputs[0]);
 }
 
