@@ -14,6 +14,7 @@
 #include "ops/conv.h"
 #include "ops/cpu/gemm.h"
 #include "ops/cpu/strided_copy.h"
+#include "ops/cpu/winograd_gemm.h"
 #include "ops/math/dtype_visit.h"
 #include "ops/ops.h"
 #include "ops/registry_helpers.h"
@@ -573,7 +574,7 @@ struct WinogradConv {
 // thread.
 struct WinogradBlocks {
   int64_t tiles_w, tiles_h, slot, block_images, block_tiles, padded_w, chunks;
-  static constexpr int64_t kGemmColumns = 48;
+  static constexpr int64_t kGemmColumns = kWinogradColumns;
   // Between the 16 transformed matrices of `channels` rows: a cache line more than they take, so
   // that the 16 streams a transform reads or writes at once fall on different cache sets (at a
   // multiple of 4 KiB apart, 64 channels of 256 tiles, they all fell on one and thrashed L1).
@@ -690,6 +691,24 @@ void winograd_run(KernelContext& context, const WinogradConv<T>& p, const T* U, 
   const int64_t vs = b.matrix_stride(p.ins), ms = b.matrix_stride(p.outs);
   const int64_t per_chunk = 16 * (vs + ms) + 4 * bt + 8 * b.padded_w;
   T* scratch = context.workspace({b.chunks, per_chunk}, p.dtype).template data_ptr<T>();
+  // Matrix k of the products' left operand, (outs x ins) at U + offset, rows and columns apart.
+  const int64_t a_offset_per_k = turned ? p.outs : p.ins;
+  const int64_t a_row_stride = turned ? 1 : 16 * p.ins, a_col_stride = turned ? 16 * p.outs : 1;
+  auto a_offset = [&](int k) { return (turned ? turned_matrix(k) : k) * a_offset_per_k; };
+  // On AVX-512 the 16 left operands are packed once here for winograd_gemm_avx512.
+  const float* packed = nullptr;
+  const int64_t packed_size = packed_rows_size(p.outs, p.ins);
+  if constexpr (std::is_same_v<T, float>) {
+    if (avx512_kernels()) {
+      float* into = context.workspace({16, packed_size}, p.dtype).template data_ptr<float>();
+      parallel_for(0, 16, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t k = begin; k < end; ++k)
+          pack_rows(U + a_offset(static_cast<int>(k)), p.outs, p.ins, a_row_stride, a_col_stride,
+                    into + k * packed_size);
+      });
+      packed = into;
+    }
+  }
 
   for_each_batch_chunk(p.batch, b.chunks, [&](int64_t chunk, int64_t first, int64_t last) {
     T* V = scratch + chunk * per_chunk;  // [16][ins][block_tiles], vs apart: transformed input
@@ -700,13 +719,15 @@ void winograd_run(KernelContext& context, const WinogradConv<T>& p, const T* U, 
       const int64_t images = std::min(b.block_images, last - n0), count = b.gemm_tiles(images);
       winograd_input_tiles(p, b, n0, images, V, band);
       for (int k = 0; k < 16; ++k) {
-        if (turned) {
-          cpu::gemm(true, false, p.outs, count, p.ins, T(1), U + turned_matrix(k) * p.outs,
-                    16 * p.outs, V + k * vs, bt, T(0), M + k * ms, bt);
-        } else {
-          cpu::gemm(false, false, p.outs, count, p.ins, T(1), U + k * p.ins, 16 * p.ins, V + k * vs,
-                    bt, T(0), M + k * ms, bt);
+        if constexpr (std::is_same_v<T, float>) {
+          if (packed) {
+            winograd_gemm_avx512(packed + k * packed_size, p.outs, p.ins, V + k * vs, bt, count,
+                                 M + k * ms, bt);
+            continue;
+          }
         }
+        cpu::gemm(turned, false, p.outs, count, p.ins, T(1), U + a_offset(k),
+                  turned ? 16 * p.outs : 16 * p.ins, V + k * vs, bt, T(0), M + k * ms, bt);
       }
       // Output transform Y = A^T m A, A^T = [1 1 1 0; 0 1 -1 -1], across the tiles into D's
       // first four rows, then onto the bias in the output planes.

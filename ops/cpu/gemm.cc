@@ -148,6 +148,8 @@ void gemm_batched_impl(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t
 
 const char* gemm_isa() { return use_avx512() ? "avx512 (x86-64-v4)" : "avx2 (x86-64-v3)"; }
 
+bool avx512_kernels() { return use_avx512(); }
+
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   gemm_threaded(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);

@@ -46,5 +46,7 @@ void gemm_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, d
 // Which build of the kernel this CPU runs: "avx512 (x86-64-v4)" or "avx2 (x86-64-v3)"
 // (TESSEL_GEMM_ISA=avx2 forces the portable one).
 const char* gemm_isa();
+// Whether this process runs the AVX-512 kernels (the GEMM's build and the Winograd products).
+bool avx512_kernels();
 
 }  // namespace tessel::cpu
