@@ -95,7 +95,7 @@ void BM_Conv2dPart(benchmark::State& state) {
 
 // The convolutions of a small CNN on 28x28 Fashion-MNIST (bench/compare_pytorch's
 // user_cnn_fashion), batch 128: 1 -> 32, 32 -> 64 stride 2, 64 -> 64 at 14x14; then ResNet's
-// stride-1 stages at 224x224, batch 32.
+// stride-1 stages at 224x224, batch 32, and ResNet-18's on 32x32 images.
 void conv_parts(benchmark::internal::Benchmark* bench) {
   for (int64_t part = 0; part < 3; ++part) {
     bench->Args({128, 1, 32, 28, 1, part});
@@ -104,6 +104,13 @@ void conv_parts(benchmark::internal::Benchmark* bench) {
     for (auto [channels, size] :
          {std::pair<int64_t, int64_t>{64, 56}, {128, 28}, {256, 14}, {512, 7}})
       bench->Args({32, channels, channels, size, 1, part});
+    // ResNet-18 on 32x32 images (the small-image stem), batch 32: its 3x3 stages and the
+    // stride-2 convolutions between them.
+    for (auto [channels, size] :
+         {std::pair<int64_t, int64_t>{64, 32}, {128, 16}, {256, 8}, {512, 4}}) {
+      bench->Args({32, channels, channels, size, 1, part});
+      if (channels < 512) bench->Args({32, channels, 2 * channels, size, 2, part});
+    }
   }
 }
 
