@@ -397,8 +397,17 @@ void col2im(const ConvGeometry& g, T* columns, int64_t columns_ld, T* image, int
   }
   const bool same_plane = g.stride_h == 1 && g.stride_w == 1 && g.out_h == g.height &&
                           g.out_w == g.width && channel_stride >= g.height * g.width;
+  // Strided columns: each tap adds a run onto one of the stride's phases of the row (as im2col
+  // reads them), the phases interleaved into the plane once per channel, instead of adding every
+  // stride-th value (what a stride-2 convolution's input gradient spent its time on). Every pixel
+  // still sums its taps in the same order.
+  const int64_t stride_w = g.stride_w;
+  const bool phased = stride_w > 1;
+  const int64_t phase_w = (g.width + stride_w - 1) / stride_w;
+  std::vector<T> phases(phased ? static_cast<size_t>(g.height * stride_w * phase_w) : 0);
   for (int64_t c = 0; c < g.in_per_group(); ++c) {
     T* channel = image + c * channel_stride;
+    if (phased) std::fill(phases.begin(), phases.end(), T(0));
     for (int64_t ki = 0; ki < g.kernel_h; ++ki) {
       for (int64_t kj = 0; kj < g.kernel_w; ++kj) {
         T* row = columns + ((c * g.kernel_h + ki) * g.kernel_w + kj) * columns_ld;
@@ -409,21 +418,31 @@ void col2im(const ConvGeometry& g, T* columns, int64_t columns_ld, T* image, int
         }
         int64_t first, last;
         valid_range(offset_w, g.stride_w, g.width, g.out_w, &first, &last);
+        const int64_t phase_of_tap = ((offset_w % stride_w) + stride_w) % stride_w;
+        const int64_t shift = (offset_w - phase_of_tap) / stride_w;
         for (int64_t oh = 0; oh < g.out_h; ++oh) {
           const int64_t ih = oh * g.stride_h - g.pad_h + ki * g.dilation_h;
           if (ih < 0 || ih >= g.height) continue;
           const T* in = row + oh * g.out_w;
-          T* out = channel + ih * g.width;
-          if (g.stride_w == 1) {
-            T* shifted = out + offset_w;
-            // Columns and image are separate buffers: vectorise (-O2 alone does not).
+          // Columns and image are separate buffers: vectorise (-O2 alone does not).
+          T* shifted = phased ? phases.data() + (ih * stride_w + phase_of_tap) * phase_w + shift
+                              : channel + ih * g.width + offset_w;
 #pragma omp simd
-            for (int64_t ow = first; ow < last; ++ow) shifted[ow] += in[ow];
-          } else {
-            for (int64_t ow = first; ow < last; ++ow) out[ow * g.stride_w + offset_w] += in[ow];
-          }
+          for (int64_t ow = first; ow < last; ++ow) shifted[ow] += in[ow];
         }
       }
+    }
+    if (!phased) continue;
+    for (int64_t ih = 0; ih < g.height; ++ih) {
+      T* out = channel + ih * g.width;
+      const T* phase = phases.data() + ih * stride_w * phase_w;
+      if (stride_w == 2) {
+        interleave_pair(phase, phase + phase_w, g.width, out);
+        continue;
+      }
+      for (int64_t r = 0; r < stride_w; ++r)
+        for (int64_t m = 0; m * stride_w + r < g.width; ++m)
+          out[m * stride_w + r] = phase[r * phase_w + m];
     }
   }
 }

@@ -172,8 +172,9 @@ TEST(Conv2d, EveryPathMatchesTheDirectDefinition) {
 }
 
 // Strided convolutions with output rows of 8 or more take each input row apart into its
-// stride's phases for im2col: forward against the direct loop, and the weight gradient (which
-// runs im2col too) against the direct loop by linearity: dL/dw[j] = sum(upstream * conv(x, e_j)).
+// stride's phases for im2col (and put them back together for col2im): forward against the direct
+// loop, and both gradients against the direct loop by linearity: dL/dw[j] = sum(upstream *
+// conv(x, e_j)), dL/dx[j] = sum(upstream * conv(e_j, w)).
 TEST(Conv2d, StridedColumnsMatchTheDirectDefinition) {
   struct Case {
     Shape x, w;
@@ -185,10 +186,11 @@ TEST(Conv2d, StridedColumnsMatchTheDirectDefinition) {
       {{1, 2, 9, 29}, {3, 2, 3, 3}, {{1, 3}, {2, 2}, {1, 2}, 1}},   // stride 3, dilated
   };
   for (const auto& c : cases) {
-    Tensor x = randn(c.x);
+    Tensor x = randn(c.x).set_requires_grad(true);
     Tensor w = randn(c.w).set_requires_grad(true);
     Tensor y = run_conv(x, w, Tensor(), c.args);
-    EXPECT_TRUE(all_close(y, reference_conv2d(x, w.detach(), Tensor(), c.args), 1e-5, 1e-5))
+    EXPECT_TRUE(
+        all_close(y, reference_conv2d(x.detach(), w.detach(), Tensor(), c.args), 1e-5, 1e-5))
         << "x " << shape_str(c.x);
     Tensor upstream = randn(y.sizes());
     y.backward(upstream);
@@ -198,10 +200,21 @@ TEST(Conv2d, StridedColumnsMatchTheDirectDefinition) {
       std::vector<float> unit(expected_grad.size(), 0.0f);
       unit[j] = 1.0f;
       Tensor basis = from_vector<float>(unit, c.w);
-      expected_grad[j] =
-          sum(mul(upstream64, reference_conv2d(x, basis, Tensor(), c.args))).item<double>();
+      expected_grad[j] = sum(mul(upstream64, reference_conv2d(x.detach(), basis, Tensor(), c.args)))
+                             .item<double>();
     }
     EXPECT_TRUE(all_close(w.grad(), from_vector<double>(expected_grad, c.w), 1e-4, 1e-4))
+        << "x " << shape_str(c.x);
+    std::vector<double> expected_input_grad(static_cast<size_t>(x.numel()));
+    for (size_t j = 0; j < expected_input_grad.size(); ++j) {
+      std::vector<float> unit(expected_input_grad.size(), 0.0f);
+      unit[j] = 1.0f;
+      Tensor basis = from_vector<float>(unit, c.x);
+      expected_input_grad[j] =
+          sum(mul(upstream64, reference_conv2d(basis, w.detach(), Tensor(), c.args)))
+              .item<double>();
+    }
+    EXPECT_TRUE(all_close(x.grad(), from_vector<double>(expected_input_grad, c.x), 1e-4, 1e-4))
         << "x " << shape_str(c.x);
   }
 }
