@@ -115,6 +115,21 @@ def torch_case(name):
         # The gradients of the input and the weight, as autograd computes them.
         return shape, 2 * flops, lambda: torch.ops.aten.convolution_backward(
             grad, x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, False])
+    if kind == "BM_Conv2dPart":
+        batch, ins, outs, size, stride, part = args
+        x = pattern(batch, ins, size, size)
+        w = pattern(outs, ins, 3, 3)
+        out_size = (size - 1) // stride + 1
+        flops = 2.0 * batch * outs * out_size * out_size * ins * 9
+        name = ("fwd", "input grad", "weight grad")[part]
+        shape = (f"3x3 conv {name}, N={batch} {ins}->{outs} {size}x{size}"
+                 f"{f' stride {stride}' if stride > 1 else ''}")
+        if part == 0:
+            return shape, flops, lambda: F.conv2d(x, w, None, stride, 1)
+        grad = pattern(batch, outs, out_size, out_size)
+        mask = [part == 1, part == 2, False]
+        return shape, flops, lambda: torch.ops.aten.convolution_backward(
+            grad, x, w, None, [stride, stride], [1, 1], [1, 1], False, [0, 0], 1, mask)
     return None
 
 
