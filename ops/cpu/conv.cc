@@ -372,7 +372,12 @@ void add_shifted_plane(T* row, int64_t H, int64_t W, int64_t dh, int64_t dw, T* 
 
 // Adds columns (Cg*KH*KW rows of OH*OW, row stride columns_ld) back into one image's group
 // planes (dense, H*W each). The columns are scratch: the same-plane path zeroes some entries.
-// With `table` (col2im_table) the planes are written, not added to: they need no zeroing.
+// With `table` (col2im_table), or strided columns, the planes are written, not added to: they
+// need no zeroing (col2im_writes).
+inline bool col2im_writes(const ConvGeometry& g, const int64_t* table) {
+  return table || g.stride_w > 1;
+}
+
 template <typename T>
 void col2im(const ConvGeometry& g, T* columns, int64_t columns_ld, T* image, int64_t channel_stride,
             const int64_t* table) {
@@ -1079,7 +1084,7 @@ void conv2d_gemm_backward_input(KernelContext& context, const ConvGeometry& g) {
                     grad_group, grad_ld, T(0), chunk_columns, width);
           for (int64_t i = 0; i < count; ++i) {
             T* image = group_image + i * g.in_channels * in_plane + c0 * in_plane;
-            if (!tap_table) std::fill(image, image + channels * in_plane, T(0));
+            if (!col2im_writes(g, tap_table)) std::fill(image, image + channels * in_plane, T(0));
             col2im(slice, chunk_columns + i * plane, width, image, in_plane, tap_table);
           }
         }
