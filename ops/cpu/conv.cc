@@ -592,10 +592,10 @@ struct WinogradConv {
 // columns of the row-major product, 3 AVX-512 or 6 AVX2 registers), whatever its place, so every
 // image meets the same arithmetic whichever images share its block: a batch run in chunks under a
 // memory budget gives each image the same result bit for bit. A block's transformed input and
-// products take about 2 MB but at least 256 tiles (the GEMMs' width: each one packs all of its
-// transformed weights again; at 64 tiles that packing made a 512-channel 7x7 convolution 10-15%
-// slower), and no more images than a thread's share; the images go to at most one chunk per
-// thread.
+// products take about 2 MB but at least 256 tiles (the GEMMs' width: Eigen's GEMM packs all of
+// its transformed weights again for each; at 64 tiles that packing made a 512-channel 7x7
+// convolution 10-15% slower), and no more images than a thread's share; the images go to at most
+// one chunk per thread.
 struct WinogradBlocks {
   int64_t tiles_w, tiles_h, slot, block_images, block_tiles, padded_w, chunks;
   static constexpr int64_t kGemmColumns = kWinogradColumns;
