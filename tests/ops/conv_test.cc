@@ -240,6 +240,10 @@ TEST(Conv2d, WinogradPathMatchesTheDirectDefinitionAndTheF64Gradient) {
       // Paddings 0 and 2 on planes of 16 tiles and more.
       {{2, 32, 10, 11}, 48, 0, true, false},
       {{1, 33, 12, 12}, 32, 2, false, false},
+      // More than 128 input channels (the AVX-512 products' passes over the channels), output
+      // channels not a multiple of 8 (a partial block of rows), either way round.
+      {{1, 160, 8, 8}, 150, 1, true, false},
+      {{1, 150, 8, 8}, 160, 1, false, false},
       // ResNet-18's last stage on 16x16 images: 2x2 planes, 512 channels, 3x3 padding 1.
       {{3, 512, 2, 2}, 512, 1, false, false},
       {{5, 256, 4, 4}, 256, 1, false, false},
