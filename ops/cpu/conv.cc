@@ -751,7 +751,7 @@ void winograd_run(KernelContext& context, const WinogradConv<T>& p, const T* U, 
           }
         }
         cpu::gemm(turned, false, p.outs, count, p.ins, T(1), U + a_offset(k),
-                  turned ? 16 * p.outs : 16 * p.ins, V + k * vs, bt, T(0), M + k * ms, bt);
+                  std::max(a_row_stride, a_col_stride), V + k * vs, bt, T(0), M + k * ms, bt);
       }
       // Output transform Y = A^T m A, A^T = [1 1 1 0; 0 1 -1 -1], across the tiles into D's
       // first four rows, then onto the bias in the output planes.
