@@ -46,10 +46,53 @@ void aligned_free(void* ptr) { std::free(reinterpret_cast<void**>(ptr)[-1]); }
 
 }  // namespace
 
+CountingCpuAllocator::~CountingCpuAllocator() {
+  for (const auto& [bytes, ptr] : large_kept_) aligned_free(ptr);
+}
+
+// A kept block of at least `bytes` and at most an eighth more (the smallest such), or null.
+void* CountingCpuAllocator::reuse_large(size_t bytes) {
+  std::lock_guard<std::mutex> lock(large_mutex_);
+  auto best = large_kept_.end();
+  for (auto it = large_kept_.begin(); it != large_kept_.end(); ++it)
+    if (it->first >= bytes && it->first <= bytes + bytes / 8 &&
+        (best == large_kept_.end() || it->first < best->first))
+      best = it;
+  if (best == large_kept_.end()) return nullptr;
+  void* ptr = best->second;
+  large_in_use_[ptr] = best->first;
+  large_kept_bytes_ -= static_cast<int64_t>(best->first);
+  large_kept_.erase(best);
+  return ptr;
+}
+
+// Keeps a freed large block, giving back the oldest beyond kKeptLargeBytes; false when `ptr`
+// is not one.
+bool CountingCpuAllocator::keep_large(void* ptr) {
+  std::lock_guard<std::mutex> lock(large_mutex_);
+  auto used = large_in_use_.find(ptr);
+  if (used == large_in_use_.end()) return false;
+  large_kept_.emplace_back(used->second, ptr);
+  large_kept_bytes_ += static_cast<int64_t>(used->second);
+  large_in_use_.erase(used);
+  while (large_kept_bytes_ > static_cast<int64_t>(kKeptLargeBytes)) {
+    aligned_free(large_kept_.front().second);
+    large_kept_bytes_ -= static_cast<int64_t>(large_kept_.front().first);
+    large_kept_.pop_front();
+  }
+  return true;
+}
+
 void* CountingCpuAllocator::allocate(size_t nbytes, Stream) {
   size_t rounded = (nbytes + kAlignment - 1) / kAlignment * kAlignment;
   if (rounded == 0) rounded = kAlignment;
-  void* ptr = aligned_malloc(rounded);
+  const bool large = rounded >= kLargeBlock;
+  void* ptr = large ? reuse_large(rounded) : nullptr;
+  if (!ptr) ptr = aligned_malloc(rounded);
+  if (ptr && large) {
+    std::lock_guard<std::mutex> lock(large_mutex_);
+    large_in_use_.try_emplace(ptr, rounded);
+  }
   if (!ptr) {
     throw TESSEL_ERROR_TYPE(OutOfMemory, "cpu: could not allocate ", nbytes, " bytes (",
                             allocated_.load(), " bytes in use)");
@@ -64,7 +107,7 @@ void* CountingCpuAllocator::allocate(size_t nbytes, Stream) {
 
 void CountingCpuAllocator::deallocate(void* ptr, size_t nbytes, Stream) {
   if (!ptr) return;
-  aligned_free(ptr);
+  if (nbytes < kLargeBlock - kAlignment || !keep_large(ptr)) aligned_free(ptr);
   allocated_.fetch_sub(static_cast<int64_t>(nbytes));
   frees_.fetch_add(1);
 }
@@ -73,7 +116,8 @@ AllocatorStats CountingCpuAllocator::stats() const {
   AllocatorStats stats;
   stats.allocated_bytes = allocated_.load();
   stats.peak_allocated_bytes = peak_.load();
-  stats.reserved_bytes = stats.allocated_bytes;
+  std::lock_guard<std::mutex> lock(large_mutex_);
+  stats.reserved_bytes = stats.allocated_bytes + large_kept_bytes_;
   stats.num_allocations = allocations_.load();
   stats.num_frees = frees_.load();
   return stats;

@@ -495,14 +495,14 @@ void gather_grad_block(const ConvGeometry& g, const T* grad_group, int64_t grad_
                 block + o * block_ld + i * plane);
 }
 
-// ---- Winograd F(2x2, 3x3) ----
-// A 3x3 stride-1 convolution by Lavin and Gray's minimal filtering: every 4x4 tile of the padded
-// input gives a 2x2 tile of the output with 16 products per channel pair instead of 36. Weights
-// and input tiles are transformed (sums, differences and halvings), the 16 products become 16
-// GEMMs of (out channels x in channels) by (in channels x tiles), and the output transform sums
-// them back. 2.25x fewer multiply-adds than im2col (less where tiles overhang odd planes); the
-// transforms cost about as much as a GEMM with 16 channels, so wide layers use it (f32 only:
-// rounding differs from im2col's by a few ulps).
+// ---- Winograd F(2x2, 3x3) and F(4x4, 3x3) ----
+// A 3x3 stride-1 convolution by Lavin and Gray's minimal filtering: every (m + 2) x (m + 2) tile of
+// the padded input gives an m x m tile of the output with (m + 2)^2 products per channel pair
+// instead of 9 m^2 (m = 2: 16 instead of 36; m = 4: 36 instead of 144). Weights and input tiles are
+// transformed, the products become (m + 2)^2 GEMMs of (out channels x in channels) by (in channels
+// x tiles), and the output transform sums them back. The transforms cost about as much as a GEMM
+// with 16 channels, so wide layers use it (f32 only: F(2x2)'s rounding differs from im2col's by a
+// few ulps, F(4x4)'s by about 1e-5 of the outputs' magnitude, as in other libraries' Winograd).
 // The fewest 2x2 output tiles per image plane for Winograd (TESSEL_WINOGRAD_MIN_TILES, default 16:
 // planes of 7x7 and up). Below, the weight and tile transforms outweigh the products saved: a
 // ResNet-18 step on 64x64 images (batch 8, 2 ranks, one thread each) took 109 ms with Winograd on
@@ -528,46 +528,196 @@ bool winograd_applies(const ConvGeometry& g) {
          (g.out_h + 1) / 2 * ((g.out_w + 1) / 2) >= winograd_min_tiles();
 }
 
-// A row of three taps (a, b, c) times G^T: (a, (a + b + c) / 2, (a - b + c) / 2, c), `stride`
-// apart.
-template <typename T>
-inline void winograd_filter_row(T a, T b, T c, T* out, int64_t stride) {
-  out[0] = a;
-  out[stride] = T(0.5) * (a + b + c);
-  out[2 * stride] = T(0.5) * (a - b + c);
-  out[3 * stride] = c;
+// The output tile's edge: 4 (F(4x4, 3x3), 36 products for 16 outputs) over 128 channels and
+// more, else 2 (16 products for 4 outputs, but simpler transforms: over 64 channels at 32x32 the
+// two ran even, at 7x7 over 512 channels F(4x4) took 0.75-0.8 of F(2x2)'s time, one thread per
+// half of a batch of 32). TESSEL_WINOGRAD_TILE=2 or 4 takes that one everywhere.
+int winograd_tile(const ConvGeometry& g) {
+  static const int forced = [] {
+    const char* setting = std::getenv("TESSEL_WINOGRAD_TILE");
+    return setting ? std::atoi(setting) : 0;
+  }();
+  if (forced == 2 || forced == 4) return forced;
+  return std::min(g.in_channels, g.out_channels) >= 128 ? 4 : 2;
 }
 
-// U[o][k][c] (16 matrices of out x in channels, interleaved by output channel: rows 16 * ins
-// apart, so one channel's 16 rows are written side by side) = G w[o][c] G^T with G = [1 0 0; 1/2
-// 1/2 1/2; 1/2 -1/2 1/2; 0 0 1]. Per output channel the taps are gathered tap-major first, so
-// the transform runs along the input channels in vector lanes.
-template <typename T>
-void winograd_weights(const T* w, int64_t outs, int64_t ins, T* U) {
-  parallel_for(0, outs, 8, [&](int64_t o_begin, int64_t o_end) {
-    std::vector<T> taps(static_cast<size_t>(9 * ins));
-    for (int64_t o = o_begin; o < o_end; ++o) {
-      for (int64_t c = 0; c < ins; ++c) {
-        const T* kernel = w + (o * ins + c) * 9;
-        for (int tap = 0; tap < 9; ++tap) taps[tap * ins + c] = kernel[tap];
-      }
-      const T* g = taps.data();
-      T* u = U + o * 16 * ins;
-      // G g (rows r0..r3 of three taps), then each row times G^T.
-      const int64_t ks = ins;  // between the 16 rows of one output channel
+// The one-dimensional transforms of F(m, 3) on m + 2 points, each reading its values `is` apart
+// and writing them `os` apart: called in vector loops along a line of tiles (one tile a lane),
+// the two-dimensional ones apply them down the columns, then along the rows.
+template <int M>
+struct WinogradTransforms;
+
+// F(2, 3) on the points 0, 1, -1 and infinity.
+template <>
+struct WinogradTransforms<2> {
+  static constexpr int kIn = 4;
+  // G g: three taps -> kIn values.
+  template <typename T>
+  static void filter(const T* g, int64_t is, T* u, int64_t os) {
+    const T g0 = g[0], g1 = g[is], g2 = g[2 * is];
+    u[0] = g0;
+    u[os] = T(0.5) * (g0 + g1 + g2);
+    u[2 * os] = T(0.5) * (g0 - g1 + g2);
+    u[3 * os] = g2;
+  }
+  // B^T d: kIn input values -> kIn.
+  template <typename T>
+  static void input(const T* d, int64_t is, T* v, int64_t os) {
+    const T d0 = d[0], d1 = d[is], d2 = d[2 * is], d3 = d[3 * is];
+    v[0] = d0 - d2;
+    v[os] = d1 + d2;
+    v[2 * os] = d2 - d1;
+    v[3 * os] = d1 - d3;
+  }
+  // A^T m: kIn products -> M outputs.
+  template <typename T>
+  static void output(const T* m, int64_t is, T* y, int64_t os) {
+    const T m0 = m[0], m1 = m[is], m2 = m[2 * is], m3 = m[3 * is];
+    y[0] = m0 + m1 + m2;
+    y[os] = m1 - m2 - m3;
+  }
+  // A y: M values of the output's gradient -> kIn.
+  template <typename T>
+  static void gradient(const T* y, int64_t is, T* a, int64_t os) {
+    const T y0 = y[0], y1 = y[is];
+    a[0] = y0;
+    a[os] = y0 + y1;
+    a[2 * os] = y0 - y1;
+    a[3 * os] = -y1;
+  }
+  // G^T m: kIn sums -> three taps of the weight's gradient.
+  template <typename T>
+  static void filter_gradient(const T* m, int64_t is, T* w, int64_t os) {
+    const T m0 = m[0], m1 = m[is], m2 = m[2 * is], m3 = m[3 * is];
+    w[0] = m0 + T(0.5) * (m1 + m2);
+    w[os] = T(0.5) * (m1 - m2);
+    w[2 * os] = T(0.5) * (m1 + m2) + m3;
+  }
+};
+
+// F(4, 3) on the points 0, 1, -1, 2, -2 and infinity.
+template <>
+struct WinogradTransforms<4> {
+  static constexpr int kIn = 6;
+  template <typename T>
+  static void filter(const T* g, int64_t is, T* u, int64_t os) {
+    const T g0 = g[0], g1 = g[is], g2 = g[2 * is];
+    const T outer = g0 + g2, even = T(1.0 / 24) * g0 + T(1.0 / 6) * g2, odd = T(1.0 / 12) * g1;
+    u[0] = T(0.25) * g0;
+    u[os] = T(-1.0 / 6) * (outer + g1);
+    u[2 * os] = T(-1.0 / 6) * (outer - g1);
+    u[3 * os] = even + odd;
+    u[4 * os] = even - odd;
+    u[5 * os] = g2;
+  }
+  template <typename T>
+  static void input(const T* d, int64_t is, T* v, int64_t os) {
+    const T d0 = d[0], d1 = d[is], d2 = d[2 * is], d3 = d[3 * is], d4 = d[4 * is], d5 = d[5 * is];
+    const T a = d4 - d2, b = T(2) * (d3 - d1);
+    v[0] = T(4) * d0 - T(5) * d2 + d4;
+    v[os] = (d3 + d4) - T(4) * (d1 + d2);
+    v[2 * os] = (d4 - d3) + T(4) * (d1 - d2);
+    v[3 * os] = a + b;
+    v[4 * os] = a - b;
+    v[5 * os] = T(4) * d1 - T(5) * d3 + d5;
+  }
+  template <typename T>
+  static void output(const T* m, int64_t is, T* y, int64_t os) {
+    const T m1 = m[is], m2 = m[2 * is], m3 = m[3 * is], m4 = m[4 * is];
+    const T sum12 = m1 + m2, diff12 = m1 - m2, sum34 = m3 + m4, diff34 = m3 - m4;
+    y[0] = m[0] + sum12 + sum34;
+    y[os] = diff12 + T(2) * diff34;
+    y[2 * os] = sum12 + T(4) * sum34;
+    y[3 * os] = diff12 + T(8) * diff34 + m[5 * is];
+  }
+  template <typename T>
+  static void gradient(const T* y, int64_t is, T* a, int64_t os) {
+    const T y0 = y[0], y1 = y[is], y2 = y[2 * is], y3 = y[3 * is];
+    const T even1 = y0 + y2, odd1 = y1 + y3, even2 = y0 + T(4) * y2, odd2 = T(2) * y1 + T(8) * y3;
+    a[0] = y0;
+    a[os] = even1 + odd1;
+    a[2 * os] = even1 - odd1;
+    a[3 * os] = even2 + odd2;
+    a[4 * os] = even2 - odd2;
+    a[5 * os] = y3;
+  }
+  template <typename T>
+  static void filter_gradient(const T* m, int64_t is, T* w, int64_t os) {
+    const T m1 = m[is], m2 = m[2 * is], m3 = m[3 * is], m4 = m[4 * is];
+    const T sum12 = m1 + m2, diff12 = m1 - m2, sum34 = m3 + m4, diff34 = m3 - m4;
+    w[0] = T(0.25) * m[0] - T(1.0 / 6) * sum12 + T(1.0 / 24) * sum34;
+    w[os] = T(-1.0 / 6) * diff12 + T(1.0 / 12) * diff34;
+    w[2 * os] = T(1.0 / 6) * (sum34 - sum12) + m[5 * is];
+  }
+};
+
+// Tiles a two-pass transform takes at once: its intermediate lines stay in L1.
+constexpr int64_t kWinogradStrip = 64;
+
+// row[0..width) = shift + parts[0][0], ..., shift + parts[M - 1][0], shift + parts[0][1], ...
+// (a plane row from the M columns of its tiles, `part_stride` apart).
+template <int M, typename T>
+inline void interleave_tiles(const T* parts, int64_t part_stride, int64_t width, T shift, T* row) {
+  const int64_t whole = width / M;
 #pragma omp simd
-      for (int64_t c = 0; c < ins; ++c) {
-        const T g00 = g[c], g01 = g[ins + c], g02 = g[2 * ins + c];
-        const T g10 = g[3 * ins + c], g11 = g[4 * ins + c], g12 = g[5 * ins + c];
-        const T g20 = g[6 * ins + c], g21 = g[7 * ins + c], g22 = g[8 * ins + c];
-        const T r10 = T(0.5) * (g00 + g10 + g20), r11 = T(0.5) * (g01 + g11 + g21),
-                r12 = T(0.5) * (g02 + g12 + g22);
-        const T r20 = T(0.5) * (g00 - g10 + g20), r21 = T(0.5) * (g01 - g11 + g21),
-                r22 = T(0.5) * (g02 - g12 + g22);
-        winograd_filter_row(g00, g01, g02, u + c, ks);
-        winograd_filter_row(r10, r11, r12, u + 4 * ks + c, ks);
-        winograd_filter_row(r20, r21, r22, u + 8 * ks + c, ks);
-        winograd_filter_row(g20, g21, g22, u + 12 * ks + c, ks);
+  for (int64_t t = 0; t < whole; ++t)
+    for (int b = 0; b < M; ++b) row[M * t + b] = shift + parts[b * part_stride + t];
+  for (int64_t x = whole * M; x < width; ++x)
+    row[x] = shift + parts[(x - whole * M) * part_stride + whole];
+}
+
+// The inverse without the shift: parts[b][t] = row[M t + b]; the columns past the row's end are
+// left as they are.
+template <int M, typename T>
+inline void deinterleave_tiles(const T* row, int64_t width, T* parts, int64_t part_stride) {
+  const int64_t whole = width / M;
+#pragma omp simd
+  for (int64_t t = 0; t < whole; ++t)
+    for (int b = 0; b < M; ++b) parts[b * part_stride + t] = row[M * t + b];
+  for (int64_t x = whole * M; x < width; ++x) parts[(x - whole * M) * part_stride + whole] = row[x];
+}
+
+// The transformed kernels as the products read them: matrix k = G g G^T of every kernel g, as
+// the products' left operand of `rows` x `cols` (out x in channels; for the input gradient in x
+// out channels, each kernel turned by 180 degrees). In blocks of 8 rows, a column's 8 values side
+// by side: element (row, col) of matrix k at k * matrix_stride + (row / 8 * cols + col) * 8 +
+// row % 8 (winograd_gemm_avx512's packed operand), or with `column_major` at k * matrix_stride +
+// col * rows8 + row (rows8: rows rounded up to 8; a general GEMM's transposed operand). Rows past
+// the last are zero. Each block of 8 rows runs the transform in vector lanes. `matrix_stride` is
+// best a cache line more than a matrix takes: a 512 x 512 kernel's 36 matrices 1 MiB apart put
+// all their stores on one cache set (the transform took as long as the products).
+template <int M, typename T>
+void winograd_weights(const T* w, int64_t outs, int64_t ins, bool input_gradient, bool column_major,
+                      int64_t matrix_stride, T* U) {
+  using Transforms = WinogradTransforms<M>;
+  constexpr int n = Transforms::kIn;
+  const int64_t rows = input_gradient ? ins : outs, cols = input_gradient ? outs : ins;
+  const int64_t blocks = (rows + 7) / 8;
+  // Kernel (row, col) at w + row * row_step + col * col_step.
+  const int64_t row_step = input_gradient ? 9 : 9 * ins, col_step = input_gradient ? 9 * ins : 9;
+  parallel_for(0, blocks, 1, [&](int64_t block_begin, int64_t block_end) {
+    T taps[9][8];
+    T half[n][3][8];  // G times each column of taps
+    for (int64_t block = block_begin; block < block_end; ++block) {
+      const int64_t live = std::min<int64_t>(8, rows - block * 8);
+      for (int64_t col = 0; col < cols; ++col) {
+        for (int64_t lane = 0; lane < 8; ++lane) {
+          const T* kernel = w + (block * 8 + lane) * row_step + col * col_step;
+          for (int tap = 0; tap < 9; ++tap)
+            taps[tap][lane] = lane < live ? kernel[input_gradient ? 8 - tap : tap] : T(0);
+        }
+        T* out = U + (column_major ? col * blocks * 8 + block * 8 : (block * cols + col) * 8);
+        for (int j = 0; j < 3; ++j) {
+#pragma omp simd
+          for (int lane = 0; lane < 8; ++lane)
+            Transforms::filter(&taps[j][lane], 24, &half[0][j][lane], 24);
+        }
+        for (int i = 0; i < n; ++i) {
+#pragma omp simd
+          for (int lane = 0; lane < 8; ++lane)
+            Transforms::filter(&half[i][0][lane], 8, out + i * n * matrix_stride + lane,
+                               matrix_stride);
+        }
       }
     }
   });
@@ -587,34 +737,38 @@ struct WinogradConv {
 };
 
 // How the Winograd passes cut the output tiles: blocks of whole images, each image's tiles in a
-// slot of a multiple of 4 columns, and every GEMM as wide as a multiple of 48 tiles (zeros after
-// the last image): the GEMM kernel then takes every tile through the same full micro-tile (48
-// columns of the row-major product, 3 AVX-512 or 6 AVX2 registers), whatever its place, so every
-// image meets the same arithmetic whichever images share its block: a batch run in chunks under a
-// memory budget gives each image the same result bit for bit. A block's transformed input and
-// products take about 2 MB but at least 256 tiles (the GEMMs' width: Eigen's GEMM packs all of
+// slot of a multiple of 4 columns, and every GEMM as wide as a multiple of `columns` tiles (zeros
+// after the last image): 48 for Eigen's GEMM, which then takes every tile through the same full
+// micro-tile (48 columns of the row-major product, 6 AVX2 registers) whatever its place, 16 for
+// winograd_gemm_avx512, whose every entry is the same sum whatever the columns beside it. So
+// every image meets the same arithmetic whichever images share its block: a batch run in chunks
+// under a memory budget gives each image the same result bit for bit. A block's transformed input
+// and products take about 2 MB but at least 256 tiles (the GEMMs' width: Eigen's GEMM packs all of
 // its transformed weights again for each; at 64 tiles that packing made a 512-channel 7x7
 // convolution 10-15% slower), and no more images than a thread's share; the images go to at most
 // one chunk per thread.
 struct WinogradBlocks {
-  int64_t tiles_w, tiles_h, slot, block_images, block_tiles, padded_w, chunks;
-  static constexpr int64_t kGemmColumns = kWinogradColumns;
-  // Between the 16 transformed matrices of `channels` rows: a cache line more than they take, so
-  // that the 16 streams a transform reads or writes at once fall on different cache sets (at a
-  // multiple of 4 KiB apart, 64 channels of 256 tiles, they all fell on one and thrashed L1).
+  int64_t tile, matrices, columns, tiles_w, tiles_h, slot, block_images, block_tiles, padded_w,
+      chunks;
+  // Between the transformed matrices of `channels` rows: a cache line more than they take, so
+  // that the streams a transform reads or writes at once fall on different cache sets (at a
+  // multiple of 4 KiB apart, 64 channels of 256 tiles, all 16 fell on one and thrashed L1).
   int64_t matrix_stride(int64_t channels) const { return channels * block_tiles + 16; }
   // The GEMM width for `images` images: their slots, rounded up to whole micro-tiles.
   int64_t gemm_tiles(int64_t images) const {
-    return (images * slot + kGemmColumns - 1) / kGemmColumns * kGemmColumns;
+    return (images * slot + columns - 1) / columns * columns;
   }
 };
 template <typename T>
-WinogradBlocks winograd_blocks(const WinogradConv<T>& p) {
+WinogradBlocks winograd_blocks(const WinogradConv<T>& p, int tile, int64_t columns) {
   WinogradBlocks b;
-  b.tiles_w = (p.out_w + 1) / 2;
-  b.tiles_h = (p.out_h + 1) / 2;
+  b.tile = tile;
+  b.columns = columns;
+  b.matrices = (tile + 2) * (tile + 2);
+  b.tiles_w = (p.out_w + tile - 1) / tile;
+  b.tiles_h = (p.out_h + tile - 1) / tile;
   b.slot = (b.tiles_h * b.tiles_w + 3) / 4 * 4;
-  const int64_t tile_bytes = 16 * (p.ins + p.outs) * static_cast<int64_t>(sizeof(T));
+  const int64_t tile_bytes = b.matrices * (p.ins + p.outs) * static_cast<int64_t>(sizeof(T));
   const int64_t wanted_tiles = std::clamp<int64_t>((int64_t{2} << 20) / tile_bytes, 256, 1024);
   const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(get_num_threads(), p.batch));
   // Images per block: enough for the tiles wanted (no more than a thread's share), or down to
@@ -627,30 +781,32 @@ WinogradBlocks winograd_blocks(const WinogradConv<T>& p) {
         (b.gemm_tiles(b.block_images) - b.block_images * b.slot) * b.gemm_tiles(images))
       b.block_images = images;
   b.block_tiles = b.gemm_tiles(b.block_images);
-  b.padded_w = 2 * b.tiles_w + 2;  // input columns a tile row reads
+  b.padded_w = tile * b.tiles_w + 2;  // input columns a tile row reads
   b.chunks = std::max<int64_t>(
       1, std::min<int64_t>(threads, (p.batch + b.block_images - 1) / b.block_images));
   return b;
 }
 
-// V[k][c][tile] = B^T d B for the 4x4 input tile d under each output tile of images
-// [n0, n0 + images) (image i's tiles in columns i * slot ..., row by row; the rest of its slot
-// and the columns up to gemm_tiles(images) zero), every input channel c, B^T = [1 0 -1 0; 0 1 1 0;
-// 0 -1 1 0; 0 1 0 -1]. A row of tiles at a time, straight from four padded input rows: B^T
-// combines the rows along whole lines, B the columns of each tile (two apart), so every pass runs
-// along contiguous memory. `band` (8 padded rows) is scratch.
-template <typename T>
+// V[k][c][tile] = B^T d B for the (M + 2) x (M + 2) input tile d under each output tile of images
+// [n0, n0 + images) (image i's tiles in columns i * slot ..., row by row; the rest of its slot and
+// the columns up to gemm_tiles(images) zero), every input channel c. A row of tiles at a time,
+// straight from M + 2 padded input rows: B^T combines the rows along whole lines, B the columns of
+// each tile (M apart), so every pass runs along contiguous memory. `band` (2 (M + 2) padded rows)
+// is scratch.
+template <int M, typename T>
 void winograd_input_tiles(const WinogradConv<T>& p, const WinogradBlocks& b, int64_t n0,
                           int64_t images, T* V, T* band) {
+  using Transforms = WinogradTransforms<M>;
+  constexpr int n = Transforms::kIn;
   const int64_t count = b.gemm_tiles(images), ds = b.block_tiles, pw = b.padded_w;
   const int64_t padding = b.slot - b.tiles_h * b.tiles_w;
   const int64_t vs = b.matrix_stride(p.ins);
   const int64_t copied = std::min<int64_t>(p.width, pw - p.pad_w);
-  T* lines = band;              // [4][pw]: input rows 2 ty - pad_h + r, zero outside the image
-  T* combined = band + 4 * pw;  // [4][pw]: (B^T d) along the rows
+  T* lines = band;              // [n][pw]: input rows M ty - pad_h + r, zero outside the image
+  T* combined = band + n * pw;  // [n][pw]: (B^T d) along the rows
   for (int64_t c = 0; c < p.ins; ++c) {
     T* v = V + c * ds;
-    for (int k = 0; k < 16; ++k) {
+    for (int k = 0; k < n * n; ++k) {
       for (int64_t i = 0; i < images && padding > 0; ++i)
         std::fill_n(v + k * vs + (i + 1) * b.slot - padding, padding, T(0));
       std::fill(v + k * vs + images * b.slot, v + k * vs + count, T(0));
@@ -658,9 +814,9 @@ void winograd_input_tiles(const WinogradConv<T>& p, const WinogradBlocks& b, int
     for (int64_t i = 0; i < images; ++i) {
       const T* plane = p.in + (n0 + i) * p.in_batch_stride + c * p.in_ld;
       for (int64_t ty = 0; ty < b.tiles_h; ++ty) {
-        for (int row = 0; row < 4; ++row) {
+        for (int row = 0; row < n; ++row) {
           T* line = lines + row * pw;
-          const int64_t y = 2 * ty - p.pad_h + row;
+          const int64_t y = M * ty - p.pad_h + row;
           if (y < 0 || y >= p.height) {
             std::fill(line, line + pw, T(0));
             continue;
@@ -669,119 +825,89 @@ void winograd_input_tiles(const WinogradConv<T>& p, const WinogradBlocks& b, int
           std::copy(plane + y * p.width, plane + y * p.width + copied, line + p.pad_w);
           std::fill(line + p.pad_w + copied, line + pw, T(0));
         }
-        const T *d0 = lines, *d1 = lines + pw, *d2 = lines + 2 * pw, *d3 = lines + 3 * pw;
-        T *e0 = combined, *e1 = combined + pw, *e2 = combined + 2 * pw, *e3 = combined + 3 * pw;
 #pragma omp simd
-        for (int64_t x = 0; x < pw; ++x) {
-          e0[x] = d0[x] - d2[x];
-          e1[x] = d1[x] + d2[x];
-          e2[x] = d2[x] - d1[x];
-          e3[x] = d1[x] - d3[x];
-        }
+        for (int64_t x = 0; x < pw; ++x) Transforms::input(lines + x, pw, combined + x, pw);
         const int64_t at = i * b.slot + ty * b.tiles_w;
-        for (int r = 0; r < 4; ++r) {
+        for (int r = 0; r < n; ++r) {
           const T* e = combined + r * pw;
-          T* out = v + 4 * r * vs + at;
+          T* out = v + n * r * vs + at;
 #pragma omp simd
-          for (int64_t t = 0; t < b.tiles_w; ++t) {
-            const T a = e[2 * t], bb = e[2 * t + 1], cc = e[2 * t + 2], dd = e[2 * t + 3];
-            out[t] = a - cc;
-            out[vs + t] = bb + cc;
-            out[2 * vs + t] = cc - bb;
-            out[3 * vs + t] = bb - dd;
-          }
+          for (int64_t t = 0; t < b.tiles_w; ++t) Transforms::input(e + M * t, 1, out + t, vs);
         }
       }
     }
   }
 }
 
-// Which of the 16 transformed matrices of w holds matrix k of w's kernels turned by 180 degrees:
-// G (J g J) G^T = P (G g G^T) P^T with J reversing three rows and P swapping rows 0 and 3 of
-// four, so entry (i, j) of one is entry (p(i), p(j)) of the other, p = (3, 1, 2, 0).
-inline int turned_matrix(int k) {
-  constexpr int p[4] = {3, 1, 2, 0};
-  return 4 * p[k / 4] + p[k % 4];
-}
-
-// out = conv(in, U) + bias, stride 1: images spread over threads, each block of them
-// transformed, multiplied and transformed back in a per-thread workspace. `U` is
-// winograd_weights of the kernel; with `turned`, of the kernel whose channels are swapped and
-// taps turned by 180 degrees (the input gradient's), read transposed and permuted.
-template <typename T>
-void winograd_run(KernelContext& context, const WinogradConv<T>& p, const T* U, bool turned) {
-  const WinogradBlocks b = winograd_blocks(p);
+// out = conv(in, w) + bias, stride 1, `w` (outs x ins x 3 x 3) the forward's kernel, or for
+// the input gradient the forward's kernel of ins x outs, turned and read transposed: images
+// spread over threads, each block of them transformed, multiplied and transformed back in a
+// per-thread workspace.
+template <int M, typename T>
+void winograd_run(KernelContext& context, const WinogradConv<T>& p, const T* w,
+                  bool input_gradient) {
+  using Transforms = WinogradTransforms<M>;
+  constexpr int n = Transforms::kIn, matrices = n * n;
+  // The products' left operands, packed for winograd_gemm_avx512 on AVX-512, else column-major
+  // for the general GEMM.
+  bool packed = false;
+  if constexpr (std::is_same_v<T, float>) packed = avx512_kernels();
+  const WinogradBlocks b = winograd_blocks(p, M, packed ? kWinogradColumns : 48);
   const int64_t bt = b.block_tiles;
   const int64_t vs = b.matrix_stride(p.ins), ms = b.matrix_stride(p.outs);
-  const int64_t per_chunk = 16 * (vs + ms) + 4 * bt + 8 * b.padded_w;
+  const int64_t per_chunk =
+      matrices * (vs + ms) + M * M * bt + 2 * n * b.padded_w + M * n * kWinogradStrip;
   T* scratch = context.workspace({b.chunks, per_chunk}, p.dtype).template data_ptr<T>();
-  // Matrix k of the products' left operand, (outs x ins) at U + offset, rows and columns apart.
-  const int64_t a_offset_per_k = turned ? p.outs : p.ins;
-  const int64_t a_row_stride = turned ? 1 : 16 * p.ins, a_col_stride = turned ? 16 * p.outs : 1;
-  auto a_offset = [&](int k) { return (turned ? turned_matrix(k) : k) * a_offset_per_k; };
-  // On AVX-512 the 16 left operands are packed once here for winograd_gemm_avx512.
-  const float* packed = nullptr;
-  const int64_t packed_size = packed_rows_size(p.outs, p.ins);
-  if constexpr (std::is_same_v<T, float>) {
-    if (avx512_kernels()) {
-      float* into = context.workspace({16, packed_size}, p.dtype).template data_ptr<float>();
-      parallel_for(0, 16, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t k = begin; k < end; ++k)
-          pack_rows(U + a_offset(static_cast<int>(k)), p.outs, p.ins, a_row_stride, a_col_stride,
-                    into + k * packed_size);
-      });
-      packed = into;
-    }
-  }
+  const int64_t us = packed_rows_size(p.outs, p.ins) + 16;
+  T* U = context.workspace({matrices, us}, p.dtype).template data_ptr<T>();
+  winograd_weights<M>(w, input_gradient ? p.ins : p.outs, input_gradient ? p.outs : p.ins,
+                      input_gradient, /*column_major=*/!packed, us, U);
 
   for_each_batch_chunk(p.batch, b.chunks, [&](int64_t chunk, int64_t first, int64_t last) {
-    T* V = scratch + chunk * per_chunk;  // [16][ins][block_tiles], vs apart: transformed input
-    T* M = V + 16 * vs;                  // [16][outs][block_tiles], ms apart: products
-    T* D = M + 16 * ms;                  // [4][block_tiles]: one output channel's 2x2 tiles
-    T* band = D + 4 * bt;                // 8 padded input rows
+    T* V = scratch + chunk * per_chunk;   // [matrices][ins][block_tiles], vs apart: input
+    T* P = V + matrices * vs;             // [matrices][outs][block_tiles], ms apart: products
+    T* D = P + matrices * ms;             // [M * M][block_tiles]: one output channel's tiles
+    T* band = D + M * M * bt;             // 2 n padded input rows
+    T* half = band + 2 * n * b.padded_w;  // [M][n][kWinogradStrip]: A^T down the columns
     for (int64_t n0 = first; n0 < last; n0 += b.block_images) {
       const int64_t images = std::min(b.block_images, last - n0), count = b.gemm_tiles(images);
-      winograd_input_tiles(p, b, n0, images, V, band);
-      for (int k = 0; k < 16; ++k) {
+      winograd_input_tiles<M>(p, b, n0, images, V, band);
+      for (int k = 0; k < matrices; ++k) {
         if constexpr (std::is_same_v<T, float>) {
           if (packed) {
-            winograd_gemm_avx512(packed + k * packed_size, p.outs, p.ins, V + k * vs, bt, count,
-                                 M + k * ms, bt);
+            winograd_gemm_avx512(U + k * us, p.outs, p.ins, V + k * vs, bt, count, P + k * ms, bt);
             continue;
           }
         }
-        cpu::gemm(turned, false, p.outs, count, p.ins, T(1), U + a_offset(k),
-                  std::max(a_row_stride, a_col_stride), V + k * vs, bt, T(0), M + k * ms, bt);
+        cpu::gemm(true, false, p.outs, count, p.ins, T(1), U + k * us, (us - 16) / p.ins,
+                  V + k * vs, bt, T(0), P + k * ms, bt);
       }
-      // Output transform Y = A^T m A, A^T = [1 1 1 0; 0 1 -1 -1], across the tiles into D's
-      // first four rows, then onto the bias in the output planes.
-      T *y00 = D, *y01 = D + bt, *y10 = D + 2 * bt, *y11 = D + 3 * bt;
+      // Output transform Y = A^T m A across the tiles into D, a strip of tiles at a time, then
+      // onto the bias in the output planes.
+      constexpr int64_t strip = kWinogradStrip;
       for (int64_t o = 0; o < p.outs; ++o) {
-        const T shift = p.bias ? p.bias[o * p.bias_stride] : T(0);
-        const T* m = M + o * bt;
+        const T* m = P + o * bt;
+        for (int64_t t0 = 0; t0 < count; t0 += strip) {
+          const int64_t t1 = std::min(count, t0 + strip);
+          for (int j = 0; j < n; ++j) {
 #pragma omp simd
-        for (int64_t t = 0; t < count; ++t) {
-          const T* q = m + t;
-          // Rows first: s0 = m0 + m1 + m2, s1 = m1 - m2 - m3 per column.
-          const T s00 = q[0] + q[4 * ms] + q[8 * ms], s01 = q[ms] + q[5 * ms] + q[9 * ms],
-                  s02 = q[2 * ms] + q[6 * ms] + q[10 * ms],
-                  s03 = q[3 * ms] + q[7 * ms] + q[11 * ms];
-          const T s10 = q[4 * ms] - q[8 * ms] - q[12 * ms],
-                  s11 = q[5 * ms] - q[9 * ms] - q[13 * ms],
-                  s12 = q[6 * ms] - q[10 * ms] - q[14 * ms],
-                  s13 = q[7 * ms] - q[11 * ms] - q[15 * ms];
-          y00[t] = shift + s00 + s01 + s02;
-          y01[t] = shift + s01 - s02 - s03;
-          y10[t] = shift + s10 + s11 + s12;
-          y11[t] = shift + s11 - s12 - s13;
+            for (int64_t t = t0; t < t1; ++t)
+              Transforms::output(m + j * ms + t, n * ms, half + j * strip + t - t0, n * strip);
+          }
+          for (int a = 0; a < M; ++a) {
+#pragma omp simd
+            for (int64_t t = t0; t < t1; ++t)
+              Transforms::output(half + a * n * strip + t - t0, strip, D + a * M * bt + t, bt);
+          }
         }
+        const T shift = p.bias ? p.bias[o * p.bias_stride] : T(0);
         for (int64_t i = 0; i < images; ++i) {
           T* plane = p.out + (n0 + i) * p.out_batch_stride + o * p.out_ld;
           for (int64_t ty = 0; ty < b.tiles_h; ++ty) {
             const int64_t at = i * b.slot + ty * b.tiles_w;
-            T* top = plane + 2 * ty * p.out_w;
-            interleave_pair(y00 + at, y01 + at, p.out_w, top);
-            if (2 * ty + 1 < p.out_h) interleave_pair(y10 + at, y11 + at, p.out_w, top + p.out_w);
+            for (int a = 0; a < M && M * ty + a < p.out_h; ++a)
+              interleave_tiles<M>(D + a * M * bt + at, bt, p.out_w, shift,
+                                  plane + (M * ty + a) * p.out_w);
           }
         }
       }
@@ -791,15 +917,12 @@ void winograd_run(KernelContext& context, const WinogradConv<T>& p, const T* U, 
 
 // ---- forward ----
 
-template <typename T>
+template <int M, typename T>
 void conv2d_winograd_forward(KernelContext& context, const ConvGeometry& g) {
   PlaneInput<T> x(context, context.inputs[0]);
   Tensor weight = cpu::dense_input(context, context.inputs[1]);
   const Tensor& bias = context.inputs[2];
   PlaneOutput<T> out(context, context.outputs[0]);
-  T* U =
-      context.workspace({g.out_channels, 16, g.in_channels}, weight.dtype()).template data_ptr<T>();
-  winograd_weights(weight.data_ptr<T>(), g.out_channels, g.in_channels, U);
   const WinogradConv<T> planes{x.data,
                                x.ld,
                                x.batch_stride,
@@ -818,7 +941,7 @@ void conv2d_winograd_forward(KernelContext& context, const ConvGeometry& g) {
                                g.pad_h,
                                g.pad_w,
                                weight.dtype()};
-  winograd_run(context, planes, U, /*turned=*/false);
+  winograd_run<M>(context, planes, weight.data_ptr<T>(), /*input_gradient=*/false);
   out.finish(context.outputs[0]);
 }
 
@@ -1014,7 +1137,11 @@ void conv2d_forward_kernel(KernelContext& context) {
       make_geometry(context.inputs[0].sizes(), context.inputs[1].sizes(), context.attrs);
   if (context.outputs[0].numel() == 0) return;
   if (std::is_same_v<T, float> && winograd_applies(g)) {
-    conv2d_winograd_forward<T>(context, g);
+    if (winograd_tile(g) == 4) {
+      conv2d_winograd_forward<4, T>(context, g);
+    } else {
+      conv2d_winograd_forward<2, T>(context, g);
+    }
   } else if (g.depthwise()) {
     conv2d_depthwise_forward<T>(context, g);
   } else {
@@ -1095,22 +1222,18 @@ void conv2d_gemm_backward_input(KernelContext& context, const ConvGeometry& g) {
 }
 
 // The input gradient of a stride-1 3x3 convolution is one too: the gradient convolved with the
-// kernel turned by 180 degrees, input and output channels swapped, padded by 2 - padding. Its
-// transformed kernel is the forward's, read transposed (turning a 512 x 512 kernel in place
-// read it 512 channels apart and took a third as long as the GEMMs).
-template <typename T>
+// kernel turned by 180 degrees, input and output channels swapped, padded by 2 - padding
+// (winograd_weights reads the forward's kernel so, without turning it in memory first).
+template <int M, typename T>
 void conv2d_winograd_backward_input(KernelContext& context, const ConvGeometry& g) {
   PlaneInput<T> grad(context, context.inputs[0]);
   Tensor weight = cpu::dense_input(context, context.inputs[1]);
   PlaneOutput<T> out(context, context.outputs[0]);
-  T* U =
-      context.workspace({g.out_channels, 16, g.in_channels}, weight.dtype()).template data_ptr<T>();
-  winograd_weights(weight.data_ptr<T>(), g.out_channels, g.in_channels, U);
   const WinogradConv<T> planes{
       grad.data,     grad.ld,  grad.batch_stride, out.data,       out.ld,      out.batch_stride,
       nullptr,       0,        g.batch,           g.out_channels, g.out_h,     g.out_w,
       g.in_channels, g.height, g.width,           2 - g.pad_h,    2 - g.pad_w, weight.dtype()};
-  winograd_run(context, planes, U, /*turned=*/true);
+  winograd_run<M>(context, planes, weight.data_ptr<T>(), /*input_gradient=*/true);
   out.finish(context.outputs[0]);
 }
 
@@ -1170,7 +1293,11 @@ void conv2d_backward_input_kernel(KernelContext& context) {
                                             /*other_is_weight=*/true);
   if (context.outputs[0].numel() == 0) return;
   if (std::is_same_v<T, float> && winograd_applies(g)) {
-    conv2d_winograd_backward_input<T>(context, g);
+    if (winograd_tile(g) == 4) {
+      conv2d_winograd_backward_input<4, T>(context, g);
+    } else {
+      conv2d_winograd_backward_input<2, T>(context, g);
+    }
   } else if (g.depthwise()) {
     conv2d_depthwise_backward_input<T>(context, g);
   } else {
@@ -1273,13 +1400,15 @@ void conv2d_gemm_backward_weight(KernelContext& context, const ConvGeometry& g) 
   cpu::copy_strided(sum, out);
 }
 
-// The weight gradient of a stride-1 3x3 convolution as F(3x3, 2x2), the transpose of the
-// forward's F(2x2, 3x3): for each 2x2 tile g of the output gradient and the 4x4 input tile d under
-// it, dW[o][c] += G^T [(A g A^T) (.) (B^T d B)] G with A = (A^T)^T = [1 0; 1 1; 1 -1; 0 -1]. The
-// sum over tiles runs in the transformed domain as 16 GEMMs of (out channels x tiles) by (tiles x
-// in channels), one sum per thread, added up before the 4x4 -> 3x3 transform back.
-template <typename T>
+// The weight gradient of a stride-1 3x3 convolution as F(3x3, MxM), the transpose of the
+// forward's F(MxM, 3x3): for each MxM tile g of the output gradient and the input tile d under
+// it, dW[o][c] += G^T [(A g A^T) (.) (B^T d B)] G. The sum over tiles runs in the transformed
+// domain as (M + 2)^2 GEMMs of (out channels x tiles) by (tiles x in channels), one sum per
+// thread, added up before the transform back to 3x3.
+template <int M, typename T>
 void conv2d_winograd_backward_weight(KernelContext& context, const ConvGeometry& g) {
+  using Transforms = WinogradTransforms<M>;
+  constexpr int n = Transforms::kIn, matrices = n * n;
   PlaneInput<T> grad(context, context.inputs[0]);
   PlaneInput<T> x(context, context.inputs[1]);
   const Tensor& out = context.outputs[0];
@@ -1288,100 +1417,80 @@ void conv2d_winograd_backward_weight(KernelContext& context, const ConvGeometry&
       x.data,         x.ld,    x.batch_stride, nullptr,       grad.ld,  grad.batch_stride,
       nullptr,        0,       g.batch,        g.in_channels, g.height, g.width,
       g.out_channels, g.out_h, g.out_w,        g.pad_h,       g.pad_w,  out.dtype()};
-  const WinogradBlocks b = winograd_blocks(p);
-  const int64_t O = g.out_channels, C = g.in_channels, sums = 16 * O * C;
-  const int64_t vs = b.matrix_stride(C), gs = b.matrix_stride(O);
-  const int64_t per_chunk = 16 * (vs + gs) + 4 * b.block_tiles + 8 * b.padded_w + sums;
+  // The tiles are the products' inner dimension here: zero columns only pad it.
+  const WinogradBlocks b = winograd_blocks(p, M, kWinogradColumns);
+  const int64_t O = g.out_channels, C = g.in_channels, sums = matrices * O * C;
+  const int64_t bt = b.block_tiles, vs = b.matrix_stride(C), gs = b.matrix_stride(O);
+  const int64_t per_chunk =
+      matrices * (vs + gs) + M * M * bt + 2 * n * b.padded_w + M * n * kWinogradStrip + sums;
   T* scratch = context.workspace({b.chunks, per_chunk}, out.dtype()).template data_ptr<T>();
-  auto sum_of = [&](int64_t chunk) { return scratch + chunk * per_chunk; };  // [16][O][C]
+  auto sum_of = [&](int64_t chunk) { return scratch + chunk * per_chunk; };  // [matrices][O][C]
 
   for_each_batch_chunk(g.batch, b.chunks, [&](int64_t chunk, int64_t first, int64_t last) {
-    T* M = sum_of(chunk);
-    T* V = M + sums;      // [16][C][block_tiles], vs apart: transformed input
-    T* Gt = V + 16 * vs;  // [16][O][block_tiles], gs apart: transformed gradient
-    T* D = Gt + 16 * gs;  // [4][block_tiles]: one gradient channel's 2x2 tiles
-    T* band = D + 4 * b.block_tiles;
-    if (first == last) std::fill(M, M + sums, T(0));
+    T* S = sum_of(chunk);
+    T* V = S + sums;            // [matrices][C][block_tiles], vs apart: transformed input
+    T* Gt = V + matrices * vs;  // [matrices][O][block_tiles], gs apart: transformed gradient
+    T* D = Gt + matrices * gs;  // [M * M][block_tiles]: one gradient channel's tiles
+    T* band = D + M * M * bt;   // 2 n padded input rows
+    T* half = band + 2 * n * b.padded_w;  // [M][n][kWinogradStrip]: A along the rows
+    if (first == last) std::fill(S, S + sums, T(0));
     for (int64_t n0 = first; n0 < last; n0 += b.block_images) {
       const int64_t images = std::min(b.block_images, last - n0), count = b.gemm_tiles(images);
-      winograd_input_tiles(p, b, n0, images, V, band);
-      // Each gradient tile (a b; c d), zero past the plane's edge and in the slots' padding, then
-      // A g A^T across the tiles.
-      T *g00 = D, *g01 = D + b.block_tiles, *g10 = D + 2 * b.block_tiles,
-        *g11 = D + 3 * b.block_tiles;
-      std::fill(D, D + 4 * b.block_tiles, T(0));
+      winograd_input_tiles<M>(p, b, n0, images, V, band);
+      // Each gradient tile, zero past the plane's edge and in the slots' padding (the zeros
+      // filled here stay: every channel writes the same places), then A g A^T across the tiles.
+      std::fill(D, D + M * M * bt, T(0));
       for (int64_t o = 0; o < O; ++o) {
         for (int64_t i = 0; i < images; ++i) {
           const T* plane = grad.data + (n0 + i) * grad.batch_stride + o * grad.ld;
           for (int64_t ty = 0; ty < b.tiles_h; ++ty) {
-            const T* top = plane + 2 * ty * g.out_w;
-            const bool second_row = 2 * ty + 1 < g.out_h;
             const int64_t at = i * b.slot + ty * b.tiles_w;
-            // Past the plane's last row or column the tiles keep the zeros filled above.
-            deinterleave_pair(top, g.out_w, g00 + at, g01 + at);
-            if (second_row) deinterleave_pair(top + g.out_w, g.out_w, g10 + at, g11 + at);
+            for (int a = 0; a < M && M * ty + a < g.out_h; ++a)
+              deinterleave_tiles<M>(plane + (M * ty + a) * g.out_w, g.out_w, D + a * M * bt + at,
+                                    bt);
           }
         }
-        T* gt = Gt + o * b.block_tiles;
+        T* gt = Gt + o * bt;
+        constexpr int64_t strip = kWinogradStrip;
+        for (int64_t t0 = 0; t0 < count; t0 += strip) {
+          const int64_t t1 = std::min(count, t0 + strip);
+          for (int a = 0; a < M; ++a) {
 #pragma omp simd
-        for (int64_t t = 0; t < count; ++t) {
-          // Rows: (a b), (a+c b+d), (a-c b-d), (-c -d); then each row (p q) -> (p, p+q, p-q, -q).
-          const T a = g00[t], bb = g01[t], c = g10[t], d = g11[t];
-          const T p1 = a + c, q1 = bb + d, p2 = a - c, q2 = bb - d;
-          T* q = gt + t;
-          q[0] = a;
-          q[gs] = a + bb;
-          q[2 * gs] = a - bb;
-          q[3 * gs] = -bb;
-          q[4 * gs] = p1;
-          q[5 * gs] = p1 + q1;
-          q[6 * gs] = p1 - q1;
-          q[7 * gs] = -q1;
-          q[8 * gs] = p2;
-          q[9 * gs] = p2 + q2;
-          q[10 * gs] = p2 - q2;
-          q[11 * gs] = -q2;
-          q[12 * gs] = -c;
-          q[13 * gs] = -c - d;
-          q[14 * gs] = d - c;
-          q[15 * gs] = d;
+            for (int64_t t = t0; t < t1; ++t)
+              Transforms::gradient(D + a * M * bt + t, bt, half + a * n * strip + t - t0, strip);
+          }
+          for (int j = 0; j < n; ++j) {
+#pragma omp simd
+            for (int64_t t = t0; t < t1; ++t)
+              Transforms::gradient(half + j * strip + t - t0, n * strip, gt + j * gs + t, n * gs);
+          }
         }
       }
       const T beta = n0 == first ? T(0) : T(1);
-      for (int k = 0; k < 16; ++k)
-        cpu::gemm(false, true, O, C, count, T(1), Gt + k * gs, b.block_tiles, V + k * vs,
-                  b.block_tiles, beta, M + k * O * C, C);
+      for (int k = 0; k < matrices; ++k)
+        cpu::gemm(false, true, O, C, count, T(1), Gt + k * gs, bt, V + k * vs, bt, beta,
+                  S + k * O * C, C);
     }
   });
-  // The threads' sums added up, then dW = G^T M G (rows (m0 + m1/2 + m2/2, m1/2 - m2/2,
-  // m1/2 + m2/2 + m3)), into a dense (O, C, 3, 3) gradient.
+  // The threads' sums added up, then dW = G^T S G into a dense (O, C, 3, 3) gradient.
   T* total = sum_of(0);
   const bool direct = out.is_contiguous() && !shares_storage(out, context.inputs);
   Tensor dense = direct ? out : context.workspace(out.sizes(), out.dtype());
   T* dw = dense.data_ptr<T>();
   parallel_for(0, O * C, 256, [&](int64_t begin, int64_t end) {
     for (int64_t chunk = 1; chunk < b.chunks; ++chunk)
-      for (int k = 0; k < 16; ++k) {
+      for (int k = 0; k < matrices; ++k) {
         const T* partial = sum_of(chunk) + k * O * C;
         T* into = total + k * O * C;
 #pragma omp simd
         for (int64_t i = begin; i < end; ++i) into[i] += partial[i];
       }
     for (int64_t i = begin; i < end; ++i) {
-      T m[4][4];
-      for (int k = 0; k < 16; ++k) m[k / 4][k % 4] = total[k * O * C + i];
-      T h[3][4];  // G^T m
-      for (int j = 0; j < 4; ++j) {
-        h[0][j] = m[0][j] + T(0.5) * (m[1][j] + m[2][j]);
-        h[1][j] = T(0.5) * (m[1][j] - m[2][j]);
-        h[2][j] = T(0.5) * (m[1][j] + m[2][j]) + m[3][j];
-      }
-      T* kernel = dw + i * 9;
-      for (int r = 0; r < 3; ++r) {
-        kernel[r * 3] = h[r][0] + T(0.5) * (h[r][1] + h[r][2]);
-        kernel[r * 3 + 1] = T(0.5) * (h[r][1] - h[r][2]);
-        kernel[r * 3 + 2] = T(0.5) * (h[r][1] + h[r][2]) + h[r][3];
-      }
+      T half_taps[3][n];  // G^T down each column of the sums
+      for (int j = 0; j < n; ++j)
+        Transforms::filter_gradient(total + j * O * C + i, n * O * C, &half_taps[0][j], n);
+      for (int r = 0; r < 3; ++r)
+        Transforms::filter_gradient(half_taps[r], 1, dw + i * 9 + 3 * r, 1);
     }
   });
   if (!direct) cpu::copy_strided(dense, out);
@@ -1491,10 +1600,14 @@ void conv2d_backward_weight_kernel(KernelContext& context) {
   const ConvGeometry g = geometry_from_attr(context.attrs, "weight_size", context.inputs[1].sizes(),
                                             /*other_is_weight=*/false);
   if (context.outputs[0].numel() == 0) return;
-  // Each thread sums the weight gradient's 16 transformed matrices: up to 256 x 256 channels
-  // (4 MB a thread), more than im2col's columns would take beyond that.
-  if (std::is_same_v<T, float> && winograd_applies(g) && g.in_channels * g.out_channels <= 65536) {
-    conv2d_winograd_backward_weight<T>(context, g);
+  // Each thread sums the weight gradient's transformed matrices: up to 4 MB a thread (F(2x2)'s
+  // 16 over 256 x 256 channels), more than im2col's columns would take beyond that.
+  const int64_t pairs = g.in_channels * g.out_channels, most = int64_t{1} << 20;
+  const bool winograd = std::is_same_v<T, float> && winograd_applies(g);
+  if (winograd && winograd_tile(g) == 4 && 36 * pairs <= most) {
+    conv2d_winograd_backward_weight<4, T>(context, g);
+  } else if (winograd && 16 * pairs <= most) {
+    conv2d_winograd_backward_weight<2, T>(context, g);
   } else if (g.depthwise()) {
     conv2d_depthwise_backward_weight<T>(context, g);
   } else {

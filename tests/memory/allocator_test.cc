@@ -10,6 +10,7 @@
 #include <map>
 #include <random>
 #include <thread>
+#include <vector>
 
 #include "core/error.h"
 #include "memory/caching_allocator.h"
@@ -720,6 +721,38 @@ std::shared_ptr<Allocator> counting_for_factory(int index) {
   auto& allocator = (*made)[index];
   if (!allocator) allocator = std::make_shared<CountingCpuAllocator>();
   return allocator;
+}
+
+// Blocks of 32 MiB and more go back to CountingCpuAllocator's own list when freed (glibc would
+// unmap them and fault them in again): the next request of that size, or up to an eighth less,
+// gets the same block, reserved_bytes counts it while it waits, and beyond kKeptLargeBytes the
+// oldest go back to the system.
+TEST(CountingCpuAllocator, KeepsFreedLargeBlocksForTheNextOfTheirSize) {
+  CountingCpuAllocator allocator;
+  const int64_t large = static_cast<int64_t>(CountingCpuAllocator::kLargeBlock) + 4096;
+  auto* first = static_cast<char*>(allocator.allocate(large, {}));
+  std::memset(first, 1, large);
+  allocator.deallocate(first, large, {});
+  EXPECT_EQ(allocator.stats().allocated_bytes, 0);
+  EXPECT_GE(allocator.stats().reserved_bytes, large);
+  // Much smaller: a block of its own; a little smaller: the kept one.
+  void* small = allocator.allocate(large / 2, {});
+  EXPECT_NE(small, static_cast<void*>(first));
+  void* again = allocator.allocate(large - 1000, {});
+  EXPECT_EQ(again, static_cast<void*>(first));
+  EXPECT_EQ(allocator.stats().allocated_bytes, large / 2 + large - 1000);
+  EXPECT_EQ(allocator.stats().reserved_bytes, allocator.stats().allocated_bytes);
+  allocator.deallocate(small, large / 2, {});
+  allocator.deallocate(again, large - 1000, {});
+  // Freed all at once, more than the list keeps: it holds no more than kKeptLargeBytes.
+  std::vector<void*> blocks;
+  const int64_t count = CountingCpuAllocator::kKeptLargeBytes / large + 2;
+  for (int64_t i = 0; i < count; ++i) blocks.push_back(allocator.allocate(large, {}));
+  for (void* block : blocks) allocator.deallocate(block, large, {});
+  EXPECT_EQ(allocator.stats().allocated_bytes, 0);
+  EXPECT_LE(allocator.stats().reserved_bytes,
+            static_cast<int64_t>(CountingCpuAllocator::kKeptLargeBytes));
+  EXPECT_GT(allocator.stats().reserved_bytes, 0);
 }
 
 TEST(AllocatorTable, ADeviceOfItsOwnComesBeforeItsTypeAndTheFactoryLast) {

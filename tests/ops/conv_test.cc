@@ -220,10 +220,10 @@ TEST(Conv2d, StridedColumnsMatchTheDirectDefinition) {
 }
 
 // Stride-1 3x3 convolutions over 32 or more channels in f32 run as Winograd F(2x2, 3x3) (the
-// weight gradient as F(3x3, 2x2)) on planes of 16 tiles and more, im2col below: forward against
-// the direct loop, input and weight gradients against the f64 (im2col) ones, on odd and even
-// planes either side of the bound, every padding it takes, a strided (transposed) input and a
-// channel slice.
+// weight gradient as F(3x3, 2x2)), over 128 and more as F(4x4, 3x3), on planes of 16 2x2 tiles
+// and more, im2col below: forward against the direct loop, input and weight gradients against the
+// f64 (im2col) ones, on odd and even planes either side of the bound and of whole 4x4 tiles,
+// every padding it takes, a strided (transposed) input and a channel slice.
 TEST(Conv2d, WinogradPathMatchesTheDirectDefinitionAndTheF64Gradient) {
   struct Case {
     Shape x;
@@ -240,6 +240,12 @@ TEST(Conv2d, WinogradPathMatchesTheDirectDefinitionAndTheF64Gradient) {
       // Paddings 0 and 2 on planes of 16 tiles and more.
       {{2, 32, 10, 11}, 48, 0, true, false},
       {{1, 33, 12, 12}, 32, 2, false, false},
+      // F(4x4, 3x3): planes that end inside a tile either way, paddings 0 and 2, a transposed
+      // input.
+      {{2, 128, 7, 9}, 128, 1, true, false},
+      {{2, 128, 10, 11}, 136, 0, false, false},
+      {{1, 130, 12, 12}, 128, 2, true, false},
+      {{2, 128, 9, 7}, 128, 1, false, true},
       // More than 128 input channels (the AVX-512 products' passes over the channels), output
       // channels not a multiple of 8 (a partial block of rows), either way round.
       {{1, 160, 8, 8}, 150, 1, true, false},
@@ -269,15 +275,16 @@ TEST(Conv2d, WinogradPathMatchesTheDirectDefinitionAndTheF64Gradient) {
     EXPECT_TRUE(all_close(w.grad(), w64.grad(), 1e-4, 1e-4))
         << "x " << shape_str(c.x) << " padding " << c.padding;
   }
-  // Over chunks of the batch (as a memory policy runs it), each image as in the whole batch.
-  {
-    Tensor x = randn({6, 64, 14, 14}), w = randn({64, 64, 3, 3});
+  // Over chunks of the batch (as a memory policy runs it), each image as in the whole batch,
+  // with 2x2 tiles and with 4x4 ones.
+  for (const int64_t channels : {64, 128}) {
+    Tensor x = randn({6, channels, 14, 14}), w = randn({channels, channels, 3, 3});
     const ConvArgs same{{1, 1}, {1, 1}, {1, 1}, 1};
     Tensor whole = run_conv(x, w, Tensor(), same);
     Tensor first = run_conv(slice(x, 0, 0, 2), w, Tensor(), same);
     Tensor rest = run_conv(slice(x, 0, 2, 6), w, Tensor(), same);
-    EXPECT_TRUE(testing::bitwise_equal(slice(whole, 0, 0, 2), first));
-    EXPECT_TRUE(testing::bitwise_equal(slice(whole, 0, 2, 6), rest));
+    EXPECT_TRUE(testing::bitwise_equal(slice(whole, 0, 0, 2), first)) << channels;
+    EXPECT_TRUE(testing::bitwise_equal(slice(whole, 0, 2, 6), rest)) << channels;
   }
   // A channel slice of a bigger batch: the planes are dense, the channels strided.
   Tensor wide = slice(randn({2, 48, 6, 6}), 1, 8, 40);
