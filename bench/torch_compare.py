@@ -234,8 +234,10 @@ def main():
            "runs that kernel, not the one it picks for this CPU"),
         "- Tessel: Eigen 3.4 GEMM (default -c opt build, OpenMP), kernel build "
         f"{context.get('tessel_gemm_isa', '?')}; 3x3 stride-1 convolutions over 32 or more "
-        "channels (f32) as Winograd F(2x2, 3x3) over that GEMM (forward and input gradient), "
-        "other convolutions and weight gradients as im2col + that GEMM.",
+        "channels on planes of 7x7 and up (f32) as Winograd, F(2x2, 3x3) below 128 channels and "
+        "F(4x4, 3x3) from 128 (forward and both gradients; the products through Tessel's own "
+        "AVX-512 kernel where the CPU has it, else that GEMM; weight gradients whose per-thread "
+        "sums would pass 16 MB as im2col), other convolutions as im2col + that GEMM.",
         f"- Timing (bench/harness.py): {args.rounds} rounds per operation, each one loop of at "
         f"least {args.min_time} s per side after a warm-up call (Google Benchmark for Tessel, "
         "the same rule in Python for PyTorch), the first side alternating. Cells: the median "
