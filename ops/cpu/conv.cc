@@ -802,6 +802,8 @@ void winograd_input_tiles(const WinogradConv<T>& p, const WinogradBlocks& b, int
   const int64_t copied = std::min<int64_t>(p.width, pw - p.pad_w);
   T* lines = band;              // [n][pw]: input rows M ty - pad_h + r, zero outside the image
   T* combined = band + n * pw;  // [n][pw]: (B^T d) along the rows
+  // The columns of `combined` outside the image stay zero: B^T of zeros.
+  std::fill(combined, combined + n * pw, T(0));
   for (int64_t c = 0; c < p.ins; ++c) {
     T* v = V + c * ds;
     for (int k = 0; k < n * n; ++k) {
@@ -812,19 +814,28 @@ void winograd_input_tiles(const WinogradConv<T>& p, const WinogradBlocks& b, int
     for (int64_t i = 0; i < images; ++i) {
       const T* plane = p.in + (n0 + i) * p.in_batch_stride + c * p.in_ld;
       for (int64_t ty = 0; ty < b.tiles_h; ++ty) {
-        for (int row = 0; row < n; ++row) {
-          T* line = lines + row * pw;
-          const int64_t y = M * ty - p.pad_h + row;
-          if (y < 0 || y >= p.height) {
-            std::fill(line, line + pw, T(0));
-            continue;
-          }
-          std::fill(line, line + p.pad_w, T(0));
-          std::copy(plane + y * p.width, plane + y * p.width + copied, line + p.pad_w);
-          std::fill(line + p.pad_w + copied, line + pw, T(0));
-        }
+        const int64_t top = M * ty - p.pad_h;
+        if (top >= 0 && top + n <= p.height) {
+          // Every row inside the image: B^T straight from the plane, over its columns.
+          const T* first = plane + top * p.width;
 #pragma omp simd
-        for (int64_t x = 0; x < pw; ++x) Transforms::input(lines + x, pw, combined + x, pw);
+          for (int64_t x = p.pad_w; x < p.pad_w + copied; ++x)
+            Transforms::input(first + (x - p.pad_w), p.width, combined + x, pw);
+        } else {
+          for (int row = 0; row < n; ++row) {
+            T* line = lines + row * pw;
+            const int64_t y = top + row;
+            if (y < 0 || y >= p.height) {
+              std::fill(line, line + pw, T(0));
+              continue;
+            }
+            std::fill(line, line + p.pad_w, T(0));
+            std::copy(plane + y * p.width, plane + y * p.width + copied, line + p.pad_w);
+            std::fill(line + p.pad_w + copied, line + pw, T(0));
+          }
+#pragma omp simd
+          for (int64_t x = 0; x < pw; ++x) Transforms::input(lines + x, pw, combined + x, pw);
+        }
         const int64_t at = i * b.slot + ty * b.tiles_w;
         for (int r = 0; r < n; ++r) {
           const T* e = combined + r * pw;
