@@ -193,7 +193,7 @@ void shifted_plane(const T* plane, int64_t H, int64_t W, int64_t dh, int64_t dw,
   }
 }
 
-// row[0..width) = even[0], odd[0], even[1], odd[1], ... (a plane row from its tiles' columns).
+// row[0..width) = even[0], odd[0], even[1], odd[1], ... (a row from its two stride phases).
 template <typename T>
 inline void interleave_pair(const T* even, const T* odd, int64_t width, T* row) {
   const int64_t pairs = width / 2;
@@ -748,6 +748,8 @@ struct WinogradConv {
 // convolution 10-15% slower), and no more images than a thread's share; the images go to at most
 // one chunk per thread.
 struct WinogradBlocks {
+  // The GEMM widths' multiple for Eigen's GEMM (its AVX2 micro-tile).
+  static constexpr int64_t kEigenColumns = 48;
   int64_t columns, tiles_w, tiles_h, slot, block_images, block_tiles, padded_w, chunks;
   // Between the transformed matrices of `channels` rows: a cache line more than they take, so
   // that the streams a transform reads or writes at once fall on different cache sets (at a
@@ -861,7 +863,8 @@ void winograd_run(KernelContext& context, const WinogradConv<T>& p, const T* w,
   // for the general GEMM.
   bool packed = false;
   if constexpr (std::is_same_v<T, float>) packed = avx512_kernels();
-  const WinogradBlocks b = winograd_blocks(p, M, packed ? kWinogradColumns : 48);
+  const WinogradBlocks b =
+      winograd_blocks(p, M, packed ? kWinogradColumns : WinogradBlocks::kEigenColumns);
   const int64_t bt = b.block_tiles;
   const int64_t vs = b.matrix_stride(p.ins), ms = b.matrix_stride(p.outs);
   const int64_t per_chunk =
