@@ -97,13 +97,25 @@ Tensor SavedTensor::unpack(const std::string& op_name, int index, bool is_output
   return tensor;
 }
 
+namespace {
+// {tensor} when it can serve as the out= tensor of an op whose one output is `output`.
+std::vector<Tensor> whole_storage_as(const Tensor& tensor, const OutputSpec& output) {
+  if (tensor.sizes() != output.sizes || tensor.dtype() != output.dtype || !tensor.is_contiguous() ||
+      tensor.storage_offset() != 0 || tensor.nbytes() != tensor.storage()->nbytes())
+    return {};
+  return {tensor};
+}
+}  // namespace
+
 std::vector<Tensor> BackwardContext::reusable_grad(size_t k, const OutputSpec& output) const {
   if (k >= reusable_grad_outputs.size() || !reusable_grad_outputs[k]) return {};
-  const Tensor& grad = grad_outputs[k];
-  if (grad.sizes() != output.sizes || grad.dtype() != output.dtype || !grad.is_contiguous() ||
-      grad.storage_offset() != 0 || grad.nbytes() != grad.storage()->nbytes())
-    return {};
-  return {grad};
+  return whole_storage_as(grad_outputs[k], output);
+}
+
+std::vector<Tensor> BackwardContext::reusable_saved_input(size_t i,
+                                                          const OutputSpec& output) const {
+  if (i >= reusable_saved_inputs.size() || !reusable_saved_inputs[i]) return {};
+  return whole_storage_as(saved_inputs[i], output);
 }
 
 std::vector<Tensor> OpNode::apply(std::vector<Tensor>&& grad_outputs) {
@@ -127,8 +139,18 @@ std::vector<Tensor> OpNode::apply(std::vector<Tensor>&& grad_outputs) {
                     grad.storage()->user_refs() == 1 && !grad.requires_grad();
     }
   }
-  BackwardContext context{grad_outputs,     inputs, outputs, input_specs,
-                          needs_input_grad, attrs_, reusable};
+  // A saved input only this node holds (its one handle is the node's, the other this copy) may be
+  // overwritten when the node lets its saved tensors go after this call.
+  std::vector<bool> reusable_inputs(inputs.size(), false);
+  if (!GradMode::is_enabled() && releases_saved_after_apply) {
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const Tensor& input = inputs[i];
+      reusable_inputs[i] = input.defined() && input.impl_ptr().use_count() == 2 &&
+                           input.storage()->user_refs() == 1 && !input.requires_grad();
+    }
+  }
+  BackwardContext context{grad_outputs,     inputs, outputs,  input_specs,
+                          needs_input_grad, attrs_, reusable, reusable_inputs};
   std::vector<Tensor> grads = op_.backward(context);
   TESSEL_CHECK(grads.size() == input_specs.size(), op_.name, " backward returned ", grads.size(),
                " gradients for ", input_specs.size(), " inputs");
@@ -280,6 +302,7 @@ void run_engine(const std::vector<Edge>& root_edges, const std::vector<Tensor>& 
     }
     std::vector<Tensor> input_grads;
     if (!capture_only.count(node)) {
+      node->releases_saved_after_apply = !retain_graph;
       input_grads = node->apply(std::move(grads));
       if (!retain_graph) node->release_saved();
     }

@@ -68,6 +68,8 @@ class Node {
   std::vector<Device> output_devices;
   std::vector<std::vector<GradHook>> pre_hooks;  // per output
   uint64_t sequence_nr = 0;
+  // Set by the engine before apply(): release_saved() follows it (no retain_graph).
+  bool releases_saved_after_apply = false;
 };
 
 // A saved tensor: an alias without history, and the version it had when saved.

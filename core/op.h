@@ -71,9 +71,15 @@ struct BackwardContext {
   // tensor), so a backward may write its result into it: a gradient as large as the activation
   // then needs no new memory.
   const std::vector<bool>& reusable_grad_outputs;
+  // saved_inputs[i] is held by nothing but this node, which lets it go after this backward: a
+  // backward that reads it element by element may write its result over it (batch norm's input
+  // gradient over its input, where the incoming gradient is shared with a residual branch).
+  const std::vector<bool>& reusable_saved_inputs;
   // {grad_outputs[k]} as the out= tensors of an op whose one output has `output`'s shape and
   // dtype, when that gradient may be overwritten (dense, whole storage); {} otherwise.
   std::vector<Tensor> reusable_grad(size_t k, const OutputSpec& output) const;
+  // The same for saved_inputs[i].
+  std::vector<Tensor> reusable_saved_input(size_t i, const OutputSpec& output) const;
 };
 
 using ShapeRule =

@@ -1216,6 +1216,17 @@ void ResidencyManager::before_write(StorageImpl& storage) {
         ++placeholders_;
       }
     }
+    // The readers' op records made only stale outputs: they let go of the old bytes, so the new
+    // ones are not kept for them once the program drops them (batch norm's input gradient,
+    // written over its input, would otherwise stay on the device until evicted).
+    for (const auto& call : readers) {
+      for (size_t i = 0; i < call->inputs.size(); ++i) {
+        RecordedTensor& input = call->inputs[i];
+        if (input.storage.get() != &storage || is_mutated_input(*call->op, i)) continue;
+        storage.release_record_ref();
+        input.storage.reset();
+      }
+    }
   }
 
   // Its own op record no longer describes its bytes.

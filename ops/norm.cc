@@ -51,10 +51,13 @@ OpCost batch_norm_cost(const std::vector<Tensor>& in, const std::vector<Tensor>&
 }
 
 // batch_norm_backward's out= tensors: grad_x written into the incoming gradient when nothing else
-// holds it (the kernel reads each channel's gradient whole before writing that channel), the
-// per-channel gradients new. {} when the gradient cannot be reused.
+// holds it, or else over the saved input x when only the node holds that (a residual block's
+// gradient feeds its shortcut too); the kernels read a channel's gradient and input whole before
+// writing that channel, and each element once as they write it. The per-channel gradients are
+// new. {} when neither can be reused.
 std::vector<Tensor> batch_norm_backward_outputs(const BackwardContext& context, const Tensor& x) {
   std::vector<Tensor> reused = context.reusable_grad(0, {x.sizes(), x.dtype()});
+  if (reused.empty()) reused = context.reusable_saved_input(0, {x.sizes(), x.dtype()});
   if (reused.empty()) return {};
   const Shape channels{x.size(1)};
   const TensorOptions options = TensorOptions(x.dtype()).device(x.device());

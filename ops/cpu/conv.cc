@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -466,9 +467,13 @@ int64_t images_per_gemm(const ConvGeometry& g, int64_t chunk_images) {
 // MB in late ResNet stages (3x3 over 512 channels: 9 MB for 512 columns); written in one go,
 // they have left the L2 cache before the GEMM reads them back. Passes over slices of about
 // 1 MB of columns keep them there; each pass still gives the GEMM 384 or more rows of its
-// inner dimension.
-int64_t channels_per_pass(const ConvGeometry& g, int64_t width, int64_t element_size) {
+// inner dimension. Sized for the widest GEMM the geometry takes, however few images run now: a
+// batch cut into chunks (by a memory policy) sums each output over the same passes, so its
+// outputs keep the whole batch's bits.
+int64_t channels_per_pass(const ConvGeometry& g, int64_t element_size) {
   const int64_t taps = g.kernel_h * g.kernel_w, cg = g.in_per_group();
+  const int64_t width =
+      images_per_gemm(g, std::numeric_limits<int64_t>::max()) * std::max<int64_t>(g.out_plane(), 1);
   const int64_t channel_bytes = taps * width * element_size;
   if (cg * channel_bytes <= (int64_t{4} << 20)) return cg;
   const int64_t channels = std::max((int64_t{1} << 20) / channel_bytes, (384 + taps - 1) / taps);
@@ -972,7 +977,7 @@ void conv2d_gemm_forward(KernelContext& context, const ConvGeometry& g) {
   const int64_t chunks = batch_chunks(g.batch);
   const int64_t block = images_per_gemm(g, (g.batch + chunks - 1) / chunks);
   // Channels per im2col (col2im) pass, and the column rows one pass holds.
-  const int64_t step = channels_per_pass(g, block * plane, sizeof(T));
+  const int64_t step = channels_per_pass(g, sizeof(T));
   const int64_t pass_rows = step * g.kernel_h * g.kernel_w;
   const int64_t x_ld = plane_matrix_ld(x);
   const std::vector<int64_t> tap_table_data =
@@ -1178,7 +1183,7 @@ void conv2d_gemm_backward_input(KernelContext& context, const ConvGeometry& g) {
   const int64_t chunks = batch_chunks(g.batch);
   const int64_t block = images_per_gemm(g, (g.batch + chunks - 1) / chunks);
   // Channels per im2col (col2im) pass, and the column rows one pass holds.
-  const int64_t step = channels_per_pass(g, block * plane, sizeof(T));
+  const int64_t step = channels_per_pass(g, sizeof(T));
   const int64_t pass_rows = step * g.kernel_h * g.kernel_w;
   const bool columns_are_output = g.pointwise() && block == 1;
   const std::vector<int64_t> tap_table_data =
@@ -1331,7 +1336,7 @@ void conv2d_gemm_backward_weight(KernelContext& context, const ConvGeometry& g) 
   const int64_t chunks = batch_chunks(g.batch);
   const int64_t block = images_per_gemm(g, (g.batch + chunks - 1) / chunks);
   // Channels per im2col (col2im) pass, and the column rows one pass holds.
-  const int64_t step = channels_per_pass(g, block * plane, sizeof(T));
+  const int64_t step = channels_per_pass(g, sizeof(T));
   const int64_t pass_rows = step * g.kernel_h * g.kernel_w;
   const int64_t x_ld = plane_matrix_ld(x);
   const std::vector<int64_t> tap_table_data =

@@ -188,11 +188,11 @@ TEST(Autograd, DeepChainsDoNotOverflowTheStack) {
 }
 
 // The growth of the CPU allocator's peak while `loss` backpropagates.
-int64_t backward_peak_growth(const Tensor& loss) {
+int64_t backward_peak_growth(const Tensor& loss, bool retain_graph = false) {
   auto allocator = memory::allocator_for(Device::cpu());
   const int64_t before = allocator->stats().allocated_bytes;
   allocator->reset_peak();
-  loss.backward();
+  loss.backward(Tensor(), retain_graph);
   return allocator->stats().peak_allocated_bytes - before;
 }
 
@@ -279,6 +279,52 @@ TEST(Autograd, BatchNormBackwardWritesIntoAGradientNobodyElseHolds) {
   EXPECT_TRUE(all_close(reused_grad, kept_grad, 0, 0));
   EXPECT_TRUE(all_close(retained, w, 0, 0)) << "the retained gradient was overwritten";
   EXPECT_GE(kept_peak - reused_peak, bytes);
+}
+
+TEST(Autograd, BatchNormBackwardWritesOverAnInputOnlyItsNodeHolds) {
+  manual_seed(7);
+  const Tensor x0 = randn({16, 8, 32, 32}), g = randn({16, 8, 32, 32});
+  // y's gradient g is the caller's, so batch norm cannot write into it; its saved input t, which
+  // only the node holds, takes the input gradient instead, unless the graph is kept for another
+  // pass. Where t's gradient lies shows which it was.
+  auto run = [&](bool retain_graph, Tensor* x_grad) {
+    Tensor x = x0.clone().set_requires_grad(true);
+    Tensor weight = full({8}, 0.5).set_requires_grad(true);
+    Tensor bias = zeros({8}).set_requires_grad(true);
+    const void* t_storage = nullptr;
+    const void* t_grad_storage = nullptr;
+    Tensor y;
+    {
+      Tensor t = mul(x, 1.5);
+      t_storage = t.storage().get();
+      t.register_hook([&t_grad_storage](const Tensor& grad) {
+        t_grad_storage = grad.storage().get();
+        return Tensor();
+      });
+      y = batch_norm(t, weight, bias, Tensor(), Tensor(), /*training=*/true);
+    }
+    y.backward(g, retain_graph);
+    *x_grad = x.grad();
+    return t_grad_storage == t_storage;
+  };
+  const Tensor g_before = g.clone();
+  Tensor written_over_input, fresh;
+  EXPECT_TRUE(run(false, &written_over_input)) << "t's gradient was not written over t";
+  EXPECT_FALSE(run(true, &fresh)) << "t was overwritten though the graph is kept";
+  EXPECT_TRUE(all_close(written_over_input, fresh, 0, 0));
+  EXPECT_TRUE(all_close(g, g_before, 0, 0)) << "the caller's gradient was overwritten";
+}
+
+TEST(Autograd, BatchNormBackwardLeavesAnInputTheCallerHoldsAlone) {
+  manual_seed(8);
+  const Tensor x0 = randn({4, 3, 5, 5}), w = randn({4, 3, 5, 5});
+  Tensor x = x0.clone().set_requires_grad(true);
+  Tensor t = mul(x, 1.5);  // held here as well as by batch norm's node
+  Tensor y = batch_norm(t, ones({3}), zeros({3}), Tensor(), Tensor(), /*training=*/true);
+  y.retain_grad();
+  sum(mul(y, w)).backward();
+  EXPECT_TRUE(all_close(t.detach(), mul(x0, 1.5), 0, 0)) << "the caller's tensor was overwritten";
+  EXPECT_TRUE(all_close(y.grad(), w, 0, 0));
 }
 
 TEST(Autograd, NodesSaveOnlyWhatBackwardNeeds) {
