@@ -1067,8 +1067,14 @@ void ResidencyManager::on_step_boundary() {
   const int mode = static_cast<int>(auto_mode_);
   if (auto_tuned_) {
     // Steps differ by what earlier ones left behind: the way kept follows its recent steps, and
-    // gives way to another once those take longer than that way's trial did.
-    way_seconds_[mode] = 0.5 * way_seconds_[mode] + 0.5 * step_seconds;
+    // gives way to another once those take longer than that way's trial did. The first step
+    // after a change of way pays for what the other way left behind (as in the trial), so it
+    // does not count against the way taken.
+    if (way_changed_) {
+      way_changed_ = false;
+    } else {
+      way_seconds_[mode] = 0.5 * way_seconds_[mode] + 0.5 * step_seconds;
+    }
   } else {
     way_seconds_[mode] += step_seconds / kAutoTrialSteps;
     if (++tried_steps_ < kAutoTrialSteps) return;
@@ -1103,6 +1109,7 @@ void ResidencyManager::on_step_boundary() {
   for (int way = 0; way < kAutoWays; ++way)
     if (way_seconds_[way] < way_seconds_[static_cast<int>(auto_mode_)])
       auto_mode_ = static_cast<AutoMode>(way);
+  way_changed_ = static_cast<int>(auto_mode_) != mode;
 }
 
 // Forward under pressure (once a request has had to wait for room): keeps room for the largest

@@ -345,7 +345,8 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   enum class AutoMode { kMixed, kRecomputeFirst, kRecomputeOnly, kPlanned };
   AutoMode auto_mode_ = AutoMode::kMixed;
   bool auto_tuned_ = false;
-  int tried_steps_ = 0;  // steps of the current trial
+  bool way_changed_ = false;  // the step now running is the first of the way auto changed to
+  int tried_steps_ = 0;       // steps of the current trial
   static constexpr int kAutoWays = 4;
   double way_seconds_[kAutoWays] = {0, 0, 0, 0};  // each way's step time: its trial, then recent
   int64_t steps_ = 0;                             // training steps begun after the first
