@@ -65,9 +65,9 @@ def _all_pids():
     return [int(name) for name in os.listdir("/proc") if name.isdigit()]
 
 
-def _own_tree(pids_to_parent):
-    """This process and its descendants."""
-    own = {os.getpid()}
+def _own_tree(pids_to_parent, root=None):
+    """The process `root` (this one by default) and its descendants."""
+    own = {root or os.getpid()}
     grew = True
     while grew:
         grew = False
@@ -78,8 +78,9 @@ def _own_tree(pids_to_parent):
     return own
 
 
-def _snapshot():
-    """(machine busy ticks, ticks of this process tree, {pid: (name, ticks)} of other processes).
+def _snapshot(root=None):
+    """(machine busy ticks, ticks of the tree of `root` (this process by default), {pid: (name,
+    ticks)} of other processes).
 
     The tree's ticks include children that already ended (cutime/cstime of their waiting parent),
     so machine - tree counts only what ran outside it."""
@@ -93,7 +94,7 @@ def _snapshot():
         if fields:
             stats[pid] = fields
             parents[pid] = int(fields[1])
-    own = _own_tree(parents)
+    own = _own_tree(parents, root)
     tree = 0
     others = {}
     for pid, fields in stats.items():
@@ -106,15 +107,17 @@ def _snapshot():
 
 
 class OtherProcesses:
-    """Counts the CPU time processes outside this process tree use from its creation on."""
+    """Counts the CPU time processes outside a process tree (this process's by default) use from
+    its creation on."""
 
-    def __init__(self):
+    def __init__(self, root=None):
+        self.root = root
         self.start_time = time.monotonic()
-        self.machine, self.tree, self.others = _snapshot()
+        self.machine, self.tree, self.others = _snapshot(root)
 
     def cores(self):
         """Average cores other processes used since creation (0 when no time has passed)."""
-        machine, tree, _ = _snapshot()
+        machine, tree, _ = _snapshot(self.root)
         seconds = time.monotonic() - self.start_time
         if seconds <= 0:
             return 0.0
@@ -123,7 +126,7 @@ class OtherProcesses:
 
     def busiest(self, count=3):
         """The other processes that used the most CPU since creation: [(name, cores)]."""
-        _, _, now = _snapshot()
+        _, _, now = _snapshot(self.root)
         seconds = max(time.monotonic() - self.start_time, 1e-9)
         used = {}
         for pid, (name, ticks) in now.items():
@@ -187,6 +190,22 @@ def wait_for_quiet(max_wait=300.0, force=False, log=None, sample=sample_quiet, s
             log(f"harness: waiting for a quiet machine: {why}")
             said = waited
         sleep(min(10.0, max(0.0, max_wait - waited)))
+
+
+def watch_run(root, stop_file, interval=10.0, sleep=time.sleep):
+    """For a run a shell script makes: counts what processes outside the tree of `root` use until
+    `stop_file` exists or `root` has ended, and returns one line for the results: the cores they
+    used on average and at most over one interval, and the busiest of them."""
+    whole = OtherProcesses(root)
+    most = 0.0
+    while not os.path.exists(stop_file) and os.path.exists(f"/proc/{root}"):
+        part = OtherProcesses(root)
+        sleep(interval)
+        most = max(most, part.cores())
+    busiest = [(name, used) for name, used in whole.busiest() if used >= 0.005]
+    return (f"during the run other processes used {whole.cores():.2f} cores on average (at most "
+            f"{most:.2f} over {interval:g} s)" +
+            (": " + ", ".join(f"{name} {used:.2f}" for name, used in busiest) if busiest else ""))
 
 
 def round_order(sides, round_index):
@@ -387,16 +406,26 @@ class RawLog:
 def main(argv=None):
     """`harness.py quiet [--max-wait S] [--force]`: for shell scripts; waits for a quiet machine
     and prints how quiet it was (one line for a results file), or exits 1 saying why not.
+    `harness.py watch --root PID --stop FILE [--interval S]`: run in the background by a script
+    that measures (PID: the script), prints what else ran until FILE exists (watch_run).
     `harness.py blas-coretype [--threads N] [--python P]`: prints the OPENBLAS_CORETYPE the
     PyTorch side needs for its AVX2 kernel (coretype_for), or nothing."""
     import argparse
     parser = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["quiet", "blas-coretype"])
+    parser.add_argument("command", choices=["quiet", "watch", "blas-coretype"])
+    parser.add_argument("--root", type=int)
+    parser.add_argument("--stop")
+    parser.add_argument("--interval", type=float, default=10.0)
     parser.add_argument("--max-wait", type=float, default=300)
     parser.add_argument("--force", action="store_true")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--python", default="/usr/bin/python3")
     args = parser.parse_args(argv)
+    if args.command == "watch":
+        if not args.root or not args.stop:
+            parser.error("watch needs --root PID and --stop FILE")
+        print(watch_run(args.root, args.stop, args.interval))
+        return 0
     if args.command == "blas-coretype":
         print(blas_coretype(args.python, args.threads, without_blas_overrides(os.environ)) or "")
         return 0

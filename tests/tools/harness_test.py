@@ -131,6 +131,57 @@ class OtherProcesses(unittest.TestCase):
             child.wait()
 
 
+class Watch(unittest.TestCase):
+    def run_watch(self, root, busy_seconds):
+        """Runs `harness.py watch` on `root` while this process keeps a core busy."""
+        with tempfile.TemporaryDirectory() as scratch:
+            stop = os.path.join(scratch, "stop")
+            watcher = subprocess.Popen([sys.executable, harness.__file__, "watch", "--root",
+                                        str(root), "--stop", stop, "--interval", "0.5"],
+                                       stdout=subprocess.PIPE, text=True)
+            end = time.monotonic() + busy_seconds
+            while time.monotonic() < end:
+                pass
+            open(stop, "w").close()
+            out, _ = watcher.communicate(timeout=30)
+        self.assertEqual(watcher.returncode, 0)
+        return out
+
+    def cores(self, line):
+        prefix = "during the run other processes used "
+        self.assertTrue(line.startswith(prefix), line)
+        return float(line[len(prefix):].split()[0])
+
+    def test_a_busy_process_outside_the_watched_tree_is_counted(self):
+        # The watched tree is a sleeping child's: this process, busy, is outside it.
+        sleeper = subprocess.Popen(["sleep", "60"])
+        try:
+            line = self.run_watch(sleeper.pid, busy_seconds=2.0)
+        finally:
+            sleeper.kill()
+            sleeper.wait()
+        self.assertGreater(self.cores(line), 0.3)
+        self.assertRegex(line, r"at most \d+\.\d\d over 0.5 s")
+
+    def test_the_watched_tree_itself_does_not_count(self):
+        # Watching this process's tree: its own busy loop (and the watcher, its child) are not
+        # others; what else the machine runs meanwhile may be, so only the loop's core is ruled out.
+        line = self.run_watch(os.getpid(), busy_seconds=2.0)
+        self.assertLess(self.cores(line), 0.9)
+
+    def test_it_ends_with_its_root(self):
+        # No stop file ever comes: the watcher stops once the process it watches has ended.
+        sleeper = subprocess.Popen(["sleep", "0.3"])
+        with tempfile.TemporaryDirectory() as scratch:
+            watcher = subprocess.Popen([sys.executable, harness.__file__, "watch", "--root",
+                                        str(sleeper.pid), "--stop", os.path.join(scratch, "never"),
+                                        "--interval", "0.2"], stdout=subprocess.PIPE, text=True)
+            sleeper.wait()  # reaped: its /proc entry goes
+            out, _ = watcher.communicate(timeout=30)
+        self.assertEqual(watcher.returncode, 0)
+        self.assertIn("other processes used", out)
+
+
 class Raw(unittest.TestCase):
     def test_json_lines_append_or_start_over(self):
         path = os.path.join(tempfile.mkdtemp(), "results", "x.raw.jsonl")
