@@ -159,7 +159,7 @@ def main():
                "warm-up step, then its timed steps (" + steps_text(models, sweep) + "), of which "
                "it counts the median.\n")
     if args.machine:
-        out.append(f"Machine at the start (bench/harness.py): {args.machine}.\n")
+        out.append(f"Machine (bench/harness.py): {args.machine}.\n")
     out.append("Budgets are fractions f of the activation memory, `budget = fixed + f * (peak - "
                "fixed)` with fixed = parameters + gradients + momentum (as README.md, Training "
                "under a memory budget, defines it); the second column gives the same budget as a "
