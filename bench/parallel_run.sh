@@ -7,7 +7,8 @@
 #     plan run for its measured step time and peak memory.
 # Every run prints one JSON line (bench/parallel_bench.cc); they are collected in $OUT.
 # Usage: bench/parallel_run.sh [OUT.jsonl]   (FORCE=1: measure even on a busy machine, which the
-# log then says; otherwise it waits up to 300 s for a quiet one, bench/harness.py, or refuses)
+# log then says; otherwise it waits up to 300 s for a quiet one, bench/harness.py, or refuses);
+# the log's last line says how much CPU other processes used meanwhile.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-bench/results/parallel_raw.jsonl}
@@ -31,6 +32,9 @@ run() {
 # Other work on the machine slows every rank: the load average goes into the log, start and end.
 echo "# start $(date -u +%FT%TZ), load average $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) cores" >> "$out"
 echo "# machine at the start: $machine" >> "$out"
+# What else runs meanwhile goes into the log's last line (bench/harness.py watch).
+/usr/bin/python3 bench/harness.py watch --root $$ --stop "$plans/stop" >"$plans/watch" &
+watcher=$!
 
 for np in 1 2 4; do
   run "$np" --model=resnet50 --image_size=128 --batch_per_rank=4 --steps=3
@@ -84,13 +88,15 @@ control() {
     tail -n 4 >&2
   # shellcheck disable=SC2086
   run 1 --model="$model" $bench_args --threads=1 --plan="$plans/$model.1.json" --steps=3
+  local copies=()
   for copy in 1 2; do
     # shellcheck disable=SC2086
     mpirun --allow-run-as-root -np 1 "$bench" --model="$model" $bench_args --threads=1 \
       --steps=3 --plan="$plans/$model.shared.json" --label="independent copy $copy of 2" \
       > "$plans/copy$copy.json" &
+    copies+=($!)
   done
-  wait
+  wait "${copies[@]}"
   cat "$plans/copy1.json" "$plans/copy2.json" | tee -a "$out"
 }
 control resnet50 "--batch=4 --image_size=128 --optimizer=sgd_momentum" \
@@ -98,5 +104,8 @@ control resnet50 "--batch=4 --image_size=128 --optimizer=sgd_momentum" \
 control shufflenet_v2_x1_0 "--batch=8 --image_size=128 --optimizer=sgd_momentum" \
   "--image_size=128 --batch=8"
 control bert_mini "--batch=8 --seq=128 --optimizer=adamw" "--seq=128 --batch=8"
-echo "# end $(date -u +%FT%TZ), load average $(cut -d' ' -f1-3 /proc/loadavg)" >> "$out"
+touch "$plans/stop"
+during="what else ran was not recorded (the watcher failed)"
+if wait "$watcher" && [ -s "$plans/watch" ]; then during=$(cat "$plans/watch"); fi
+echo "# end $(date -u +%FT%TZ), load average $(cut -d' ' -f1-3 /proc/loadavg); $during" >> "$out"
 rm -rf "$plans"
