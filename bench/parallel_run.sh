@@ -32,9 +32,9 @@ run() {
 # Other work on the machine slows every rank: the load average goes into the log, start and end.
 echo "# start $(date -u +%FT%TZ), load average $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) cores" >> "$out"
 echo "# machine at the start: $machine" >> "$out"
-# What else runs meanwhile goes into the log's last line (bench/harness.py watch).
-/usr/bin/python3 bench/harness.py watch --root $$ --stop "$plans/stop" >"$plans/watch" &
-watcher=$!
+# What else runs meanwhile goes into the log's last line.
+. bench/watch.sh
+watch_start "$plans"
 
 for np in 1 2 4; do
   run "$np" --model=resnet50 --image_size=128 --batch_per_rank=4 --steps=3
@@ -104,8 +104,6 @@ control resnet50 "--batch=4 --image_size=128 --optimizer=sgd_momentum" \
 control shufflenet_v2_x1_0 "--batch=8 --image_size=128 --optimizer=sgd_momentum" \
   "--image_size=128 --batch=8"
 control bert_mini "--batch=8 --seq=128 --optimizer=adamw" "--seq=128 --batch=8"
-touch "$plans/stop"
-during="what else ran was not recorded (the watcher failed)"
-if wait "$watcher" && [ -s "$plans/watch" ]; then during=$(cat "$plans/watch"); fi
-echo "# end $(date -u +%FT%TZ), load average $(cut -d' ' -f1-3 /proc/loadavg); $during" >> "$out"
+watch_stop "$plans"
+echo "# end $(date -u +%FT%TZ), load average $(cut -d' ' -f1-3 /proc/loadavg); $watch_line" >> "$out"
 rm -rf "$plans"
