@@ -48,9 +48,9 @@ LARGEST = {
 }
 LARGEST_POLICIES = "none,dtr,swap,auto"
 LARGEST_MAX_SLOWDOWN = 10
-# Steps differ by what earlier ones left behind, and auto runs each of its four ways (mixed,
-# recompute first, recompute only, planned at two headrooms) for two steps each from the second
-# step under pressure: every sweep point is the median of 5 steps after 8 warm-up steps, and
+# Steps differ by what earlier ones left behind, and auto runs each of its five ways (mixed,
+# recompute first, recompute only, planned at two headrooms) for a few steps from the second step
+# under pressure (memory/way_chooser.h): every sweep point is the median of 5 steps after 8 warm-up steps, and
 # memory_sweep adds warm-up steps while auto still tries its ways.
 STEP_FLAGS = ["--warmup=8", "--steps=5"]
 # One step's memory timeline: (case, memory_sweep flags), drawn by tools/plot_memory.py.

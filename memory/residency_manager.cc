@@ -21,8 +21,6 @@ namespace {
 
 std::atomic<uint64_t> next_manager_serial{1};
 
-// Training steps auto runs each of its two ways before keeping one.
-constexpr int kAutoTrialSteps = 2;
 // Seconds added to every cost, so zero-cost candidates still order by size and staleness.
 constexpr double kCostEpsilon = 1e-9;
 // Clock ticks added to staleness, so a tensor touched just now has a finite score.
@@ -221,7 +219,7 @@ bool ResidencyManager::keeps_records() const { return keeps_records_for(options_
 
 bool ResidencyManager::auto_trying() const {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
-  return options_.policy() == Policy::kAuto && pressure_seen_ && !auto_tuned_;
+  return options_.policy() == Policy::kAuto && pressure_seen_ && way_chooser_.trying();
 }
 
 bool ResidencyManager::swaps_now() const {
@@ -1059,57 +1057,20 @@ void ResidencyManager::on_step_boundary() {
   step_started_at_ = now;
   if (options_.policy() != Policy::kAuto || !pressure_seen_) return;
   if (auto_mode_ == AutoMode::kPlanned) ++planned_steps_;
-  // The first step (warm-up: it makes the optimizer's state) is not compared. Then each way runs
-  // kAutoTrialSteps steps (the first of them also pays for what the other way left behind), and
-  // the one whose steps took least time is kept: the step's time counts what per-tensor costs
-  // miss (stalls, copies inside the device, recompute chains).
+  // The first step (warm-up: it makes the optimizer's state) is not compared; then the chooser
+  // keeps the way whose steps take least time: the step's time counts what per-tensor costs miss
+  // (stalls, copies inside the device, recompute chains).
   if (steps_ < 2) return;
-  const int mode = static_cast<int>(auto_mode_);
-  if (auto_tuned_) {
-    // Steps differ by what earlier ones left behind: the way kept follows its recent steps, and
-    // gives way to another once those take longer than that way's trial did. The first step
-    // after a change of way pays for what the other way left behind (as in the trial), so it
-    // does not count against the way taken.
-    if (way_changed_) {
-      way_changed_ = false;
-    } else {
-      way_seconds_[mode] = 0.5 * way_seconds_[mode] + 0.5 * step_seconds;
-    }
-  } else {
-    way_seconds_[mode] += step_seconds / kAutoTrialSteps;
-    if (++tried_steps_ < kAutoTrialSteps) return;
-    tried_steps_ = 0;
-    if (auto_mode_ == AutoMode::kPlanned) {
-      // The plan's headroom (what the step needs beyond the plan's reckoning: fragmentation,
-      // tensors recomputed on the way) is tried as the ways are; the faster is kept.
-      headroom_seconds_[headroom_choice_] = way_seconds_[mode];
-      if (headroom_choice_ + 1 < kPlanHeadroomChoices) {
-        ++headroom_choice_;
-        way_seconds_[mode] = 0;
-        make_plan();
-        return;
-      }
-      const int best = static_cast<int>(
-          std::min_element(headroom_seconds_, headroom_seconds_ + kPlanHeadroomChoices) -
-          headroom_seconds_);
-      way_seconds_[mode] = headroom_seconds_[best];
-      if (best != headroom_choice_) {
-        headroom_choice_ = best;
-        make_plan();
-      }
-    }
-    if (auto_mode_ != AutoMode::kPlanned) {
-      auto_mode_ = static_cast<AutoMode>(mode + 1);
-      // The plan follows the step just run: the same program, whatever way ran it.
-      if (auto_mode_ == AutoMode::kPlanned) make_plan();
-      return;
-    }
-    auto_tuned_ = true;
-  }
-  for (int way = 0; way < kAutoWays; ++way)
-    if (way_seconds_[way] < way_seconds_[static_cast<int>(auto_mode_)])
-      auto_mode_ = static_cast<AutoMode>(way);
-  way_changed_ = static_cast<int>(auto_mode_) != mode;
+  if (way_chooser_.on_step(step_seconds)) use_way(way_chooser_.way());
+}
+
+void ResidencyManager::use_way(int way) {
+  const bool planned = way >= static_cast<int>(AutoMode::kPlanned);
+  auto_mode_ = planned ? AutoMode::kPlanned : static_cast<AutoMode>(way);
+  if (!planned) return;
+  headroom_choice_ = way - static_cast<int>(AutoMode::kPlanned);
+  // The plan follows the step just run: the same program, whatever way ran it.
+  make_plan();
 }
 
 // Forward under pressure (once a request has had to wait for room): keeps room for the largest
@@ -1619,7 +1580,7 @@ ResidencyStats ResidencyManager::stats() const {
     static const char* const kModeNames[] = {"mixed", "recompute first", "recompute only",
                                              "planned"};
     result.auto_mode = kModeNames[static_cast<int>(auto_mode_)];
-    result.auto_tuning = !auto_tuned_;
+    result.auto_tuning = !pressure_seen_ || way_chooser_.trying();
     result.planned_steps = planned_steps_;
     if (plan_.length() > 0) result.plan = plan_.summary();
   }

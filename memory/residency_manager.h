@@ -25,6 +25,7 @@
 #include "memory/host_allocator.h"
 #include "memory/host_link.h"
 #include "memory/step_plan.h"
+#include "memory/way_chooser.h"
 
 namespace tessel::memory {
 
@@ -190,7 +191,7 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   size_t candidate_threshold();
   void set_host_bandwidth(double bytes_per_second);
   ResidencyStats stats() const;
-  // Whether auto is still trying its ways (two steps each, once memory has been short): a
+  // Whether auto is still trying its ways (once memory has been short; about a dozen steps): a
   // measurement of its steady state waits until this is false. False for the other policies.
   bool auto_trying() const;
   CachingAllocator& allocator() const { return *allocator_; }
@@ -331,24 +332,27 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   size_t largest_output_bytes_ = 0;  // of the managed op outputs recorded
   size_t candidate_threshold_ = 0;   // tensors below it are no candidates (see the options)
   double link_backlog_seconds_ = 0;  // until the copies queued on the host link are done
-  // auto's four ways of choosing. Mixed takes, per tensor, whichever of recompute and swap costs
+  // auto's ways of choosing. Mixed takes, per tensor, whichever of recompute and swap costs
   // less, but a swap stalls the step when its copy cannot hide behind compute (a slow link, or a
   // tensor needed soon), which per-tensor costs do not see; recompute first swaps only what
   // cannot be recomputed (state, when every activation is gone), and recompute only swaps only
   // where nothing else frees room (it never swaps ahead); planned runs the plan made from the
   // previous step (StepPlan: swaps start after their tensor's last forward read and come back
   // ahead of backward's first read, drops for recompute likewise), meets pressure the plan did not
-  // foresee as recompute first does, and keeps its prefetches until nothing else frees room. Each
-  // runs two training steps (from the second under pressure) in that order (planned twice, at
-  // each headroom), and the one whose steps took least time is kept while its steps stay faster
-  // than the others' were.
+  // foresee as recompute first does, and keeps its prefetches until nothing else frees room. The
+  // plan leaves a part of the budget for what it does not reckon with (fragmentation, tensors
+  // recomputed on the way): planned is two ways, one per headroom. Once memory has been short,
+  // way_chooser_ keeps the fastest by the steps'
+  // times (memory/way_chooser.h: trials of two steps, in that order, then a second try of the
+  // close ones).
   enum class AutoMode { kMixed, kRecomputeFirst, kRecomputeOnly, kPlanned };
+  static constexpr int kPlanHeadroomChoices = 2;
+  static constexpr double kPlanHeadrooms[kPlanHeadroomChoices] = {0.1, 0.3};
+  static constexpr int kAutoWays = 3 + kPlanHeadroomChoices;
+  void use_way(int way);  // sets auto_mode_ and headroom_choice_ (a new plan for planned ways)
   AutoMode auto_mode_ = AutoMode::kMixed;
-  bool auto_tuned_ = false;
-  bool way_changed_ = false;  // the step now running is the first of the way auto changed to
-  int tried_steps_ = 0;       // steps of the current trial
-  static constexpr int kAutoWays = 4;
-  double way_seconds_[kAutoWays] = {0, 0, 0, 0};  // each way's step time: its trial, then recent
+  int headroom_choice_ = 0;
+  WayChooser way_chooser_{kAutoWays};
   int64_t steps_ = 0;                             // training steps begun after the first
   bool backward_seen_ = false;                    // a backward pass ran since the step began
   double step_started_at_ = 0;  // on the host link's clock (simulated, or wall time)
@@ -360,12 +364,6 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   std::unordered_map<uint64_t, std::weak_ptr<StorageImpl>> step_tensors_;  // by pattern key
   std::vector<uint64_t> waiting_prefetches_;  // planned prefetches that found no room yet
   size_t boundary_output_bytes_ = 0;          // made by the op that began the step
-  // The plan leaves a part of the budget for what it does not reckon with (fragmentation,
-  // tensors recomputed on the way); both parts are tried and the faster kept.
-  static constexpr int kPlanHeadroomChoices = 2;
-  static constexpr double kPlanHeadrooms[kPlanHeadroomChoices] = {0.1, 0.3};
-  int headroom_choice_ = 0;
-  double headroom_seconds_[kPlanHeadroomChoices] = {0, 0};
   int64_t planned_steps_ = 0;
   void make_plan();
   void run_planned_actions(int64_t position);

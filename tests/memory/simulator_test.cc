@@ -214,7 +214,7 @@ TEST(MemorySimulation, AutoKeepsTheFastestOfItsWays) {
     for (Policy policy : {Policy::kDtr, Policy::kSwap, Policy::kAuto}) {
       SCOPED_TRACE(policy_name(policy));
       const std::vector<double> seconds =
-          step_seconds(simulation, on_meta(policy, budget).host_bandwidth(bandwidth), 16,
+          step_seconds(simulation, on_meta(policy, budget).host_bandwidth(bandwidth), 40,
                        policy == Policy::kAuto ? &auto_stats : nullptr);
       last_step[policy] = seconds.back();
     }
@@ -225,7 +225,7 @@ TEST(MemorySimulation, AutoKeepsTheFastestOfItsWays) {
     } else {  // every tensor is cheaper to swap: both ways swap
       EXPECT_GT(auto_stats.policy.swaps_out, 0);
     }
-    // Within 2% of the better single policy, after trying its four ways.
+    // Within 2% of the better single policy, after trying its five ways.
     EXPECT_LE(last_step[Policy::kAuto],
               1.02 * std::min(last_step[Policy::kDtr], last_step[Policy::kSwap]));
   }
@@ -235,7 +235,7 @@ TEST(MemorySimulation, AutoTrainsWhereDtrRunsOutOfMemory) {
   // ResNet-152 at batch 128 within 18% of its peak on the H200 profile: dtr runs out of memory
   // (recomputing a tensor deep in a residual stage pins the inputs it finds until their consumer
   // has run), and auto, whose third way recomputes as dtr does, swaps where nothing else frees
-  // room: it trains through the trial of its four ways and stays within the budget. (At 22%
+  // room: it trains through the trials of its five ways and stays within the budget. (At 22%
   // dtr trains since batch norm's input gradient is written over its input.)
   Simulation simulation(
       planner::simulated_device(planner::load_profile("parallel/profiles/h200_cluster.json")));
@@ -258,7 +258,7 @@ TEST(MemorySimulation, AutoTrainsWhereDtrRunsOutOfMemory) {
   const size_t peak = run_steps(MemoryOptions().device(Device::meta()), 2);
   const size_t budget = peak * 18 / 100;
   EXPECT_THROW(run_steps(on_meta(Policy::kDtr, budget), 8), OutOfMemory);
-  EXPECT_LE(run_steps(on_meta(Policy::kAuto, budget), 14), budget);
+  EXPECT_LE(run_steps(on_meta(Policy::kAuto, budget), 24), budget);
 }
 
 TEST(MemorySimulation, DtrDecidesAsACpuRunGivenTheSameCosts) {

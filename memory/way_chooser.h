@@ -1,0 +1,62 @@
+// WayChooser: which of a few interchangeable ways of running a training step to keep, judged by
+// the steps' own times (auto's ways of meeting a memory budget).
+//
+// Step times are noisy where the machine is shared (10-20% from step to step on two busy cores,
+// and now and then a step half again as long), so each way's estimate is the median of its last
+// few steps, and the first step after a change of way, which pays for what the way before left
+// behind, is never counted:
+//   1. trial: every way runs in turn for one settling step (none for the first way) and
+//      `trial_steps` counted ones;
+//   2. confirmation: each way within `close_margin` of the best estimate runs another trial;
+//   3. steady: the way with the lowest estimate runs, its estimate following its steps, and it
+//      gives way as soon as that estimate exceeds another way's.
+// Where step times do not vary (a simulated device), the kept way is the fastest. A way left in
+// the steady phase is not measured again unless the kept one's estimate comes to exceed its own:
+// an estimate left too high by a run of slow steps (five of nine) stays so.
+//   WayChooser chooser(5);
+//   for (each step) { run_step_the_way(chooser.way()); chooser.on_step(seconds); }
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+namespace tessel::memory {
+
+struct WayChooserOptions {
+  int trial_steps = 3;          // a median of three passes over one slow step
+  double close_margin = 0.10;  // relative to the best estimate
+  int window = 9;              // the steps of a way its estimate is the median of
+};
+
+class WayChooser {
+ public:
+  explicit WayChooser(int ways, WayChooserOptions options = {});
+
+  int way() const { return way_; }  // the way the next step runs
+  // Trial or confirmation under way: a measurement of the steady state waits for this to end.
+  bool trying() const { return phase_ != Phase::kSteady; }
+  // The estimated step time of a way (0 before it ran) and how many of its steps were counted.
+  double estimate(int way) const;
+  int64_t counted_steps(int way) const { return counted_[way]; }
+
+  // Records the time of the step that just ran the way way() named before the call. Returns
+  // whether way() changed.
+  bool on_step(double seconds);
+
+ private:
+  enum class Phase { kTrial, kConfirm, kSteady };
+  int best_way() const;
+  bool switch_to(int way);
+
+  WayChooserOptions options_;
+  Phase phase_ = Phase::kTrial;
+  int way_ = 0;
+  bool settling_ = false;  // the step running is the first after a change of way
+  int trial_step_ = 0;     // counted steps of the trial under way
+  std::vector<std::deque<double>> recent_;  // each way's last counted step times
+  std::vector<int64_t> counted_;
+  std::vector<int> confirm_queue_;  // confirmation: the ways still to try again, closest last
+};
+
+}  // namespace tessel::memory
