@@ -257,9 +257,9 @@ void write_step_memory_json(const std::string& path, const memory::CachingAlloca
   TESSEL_CHECK(out.good(), "memory_sweep: cannot write ", path);
 }
 
-// Warm-up steps beyond --warmup while auto still tries its ways (five ways of up to four steps
+// Warm-up steps beyond --warmup while auto still tries its ways (five ways of up to seven steps
 // each, then those close to the best again: memory/way_chooser.h).
-constexpr int kMostAutoTrialSteps = 40;
+constexpr int kMostAutoTrialSteps = 80;
 
 Point measure(const Settings& settings, int64_t batch, const MemoryOptions& options,
               bool write_memory_json = false) {

@@ -2,15 +2,16 @@
 // the steps' own times (auto's ways of meeting a memory budget).
 //
 // Step times are noisy where the machine is shared (10-20% from step to step on two busy cores,
-// and now and then a step half again as long), so each way's estimate is the median of its last
-// few steps, and the first step after a change of way, which pays for what the way before left
-// behind, is never counted:
+// and now and then a step half again as long), and after a change of way they settle over a few
+// steps (what the way before left swapped out or evicted comes back; in the simulated H200 a way
+// takes up to six steps to reach its pace). So each way's estimate is the median of its last
+// few steps, and the first step after a change of way is never counted:
 //   1. trial: every way runs in turn for one settling step (none for the first way) and
 //      `trial_steps` counted ones;
 //   2. confirmation: each way within `close_margin` of the best estimate runs another trial;
 //   3. steady: the way with the lowest estimate runs, its estimate following its steps, and it
 //      gives way as soon as that estimate exceeds another way's.
-// Where step times do not vary (a simulated device), the kept way is the fastest. A way left in
+// Where a way's settled steps all take the same time, the kept way is the fastest. A way left in
 // the steady phase is not measured again unless the kept one's estimate comes to exceed its own:
 // an estimate left too high by a run of slow steps (five of nine) stays so.
 //   WayChooser chooser(5);
@@ -24,7 +25,7 @@
 namespace tessel::memory {
 
 struct WayChooserOptions {
-  int trial_steps = 3;          // a median of three passes over one slow step
+  int trial_steps = 6;          // past most of what the way before left behind
   double close_margin = 0.10;  // relative to the best estimate
   int window = 9;              // the steps of a way its estimate is the median of
 };

@@ -214,13 +214,12 @@ TEST(MemorySimulation, AutoKeepsTheFastestOfItsWays) {
     for (Policy policy : {Policy::kDtr, Policy::kSwap, Policy::kAuto}) {
       SCOPED_TRACE(policy_name(policy));
       const std::vector<double> seconds =
-          step_seconds(simulation, on_meta(policy, budget).host_bandwidth(bandwidth), 40,
+          step_seconds(simulation, on_meta(policy, budget).host_bandwidth(bandwidth), 80,
                        policy == Policy::kAuto ? &auto_stats : nullptr);
       last_step[policy] = seconds.back();
     }
     EXPECT_FALSE(auto_stats.auto_tuning);
-    if (bandwidth < 1e9) {
-      EXPECT_STRNE(auto_stats.auto_mode, "mixed");  // recompute first, or recompute only
+    if (bandwidth < 1e9) {  // whichever way it keeps (mixed too, settled), it recomputes
       EXPECT_GT(auto_stats.policy.recomputes, 0);
     } else {  // every tensor is cheaper to swap: both ways swap
       EXPECT_GT(auto_stats.policy.swaps_out, 0);
@@ -258,7 +257,7 @@ TEST(MemorySimulation, AutoTrainsWhereDtrRunsOutOfMemory) {
   const size_t peak = run_steps(MemoryOptions().device(Device::meta()), 2);
   const size_t budget = peak * 18 / 100;
   EXPECT_THROW(run_steps(on_meta(Policy::kDtr, budget), 8), OutOfMemory);
-  EXPECT_LE(run_steps(on_meta(Policy::kAuto, budget), 24), budget);
+  EXPECT_LE(run_steps(on_meta(Policy::kAuto, budget), 45), budget);
 }
 
 TEST(MemorySimulation, DtrDecidesAsACpuRunGivenTheSameCosts) {

@@ -27,7 +27,9 @@ std::vector<int> run(WayChooser& chooser, const std::vector<double>& seconds, in
 }
 
 TEST(WayChooser, TriesEachWayInTurnThenKeepsTheFastest) {
-  WayChooser chooser(5);
+  WayChooserOptions options;
+  options.trial_steps = 3;
+  WayChooser chooser(5, options);
   EXPECT_TRUE(chooser.trying());
   const std::vector<double> seconds = {3, 2, 5, 1.5, 4};
   const std::vector<int> ways = run(chooser, seconds, 60);
@@ -56,7 +58,7 @@ TEST(WayChooser, TriesTheWaysCloseToTheBestAgain) {
 // The first step after a change pays for what the way before left behind (here twice the way's
 // time): it is not held against the way, whose later steps are its own.
 TEST(WayChooser, DoesNotCountTheStepAfterAChange) {
-  WayChooser chooser(2);
+  WayChooser chooser(2);  // six counted steps a trial
   const std::vector<double> seconds = {1.0, 0.9};
   int previous = chooser.way();
   for (int step = 0; step < 30; ++step) {
@@ -71,9 +73,9 @@ TEST(WayChooser, DoesNotCountTheStepAfterAChange) {
 // The kept way follows its steps: once it is slower than another way was, that way runs.
 TEST(WayChooser, GivesWayWhenTheKeptWayBecomesSlower) {
   WayChooser chooser(2);
-  run(chooser, {1.0, 1.5}, 20);
+  run(chooser, {1.0, 1.5}, 30);
   EXPECT_EQ(chooser.way(), 0);
-  const std::vector<int> ways = run(chooser, {2.0, 1.5}, 20);
+  const std::vector<int> ways = run(chooser, {2.0, 1.5}, 30);
   EXPECT_EQ(ways.back(), 1);
 }
 
