@@ -342,9 +342,8 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   // foresee as recompute first does, and keeps its prefetches until nothing else frees room. The
   // plan leaves a part of the budget for what it does not reckon with (fragmentation, tensors
   // recomputed on the way): planned is two ways, one per headroom. Once memory has been short,
-  // way_chooser_ keeps the fastest by the steps'
-  // times (memory/way_chooser.h: trials of two steps, in that order, then a second try of the
-  // close ones).
+  // way_chooser_ keeps the fastest by the steps' times (memory/way_chooser.h: a trial of each in
+  // that order, then a second one of those close to the best).
   enum class AutoMode { kMixed, kRecomputeFirst, kRecomputeOnly, kPlanned };
   static constexpr int kPlanHeadroomChoices = 2;
   static constexpr double kPlanHeadrooms[kPlanHeadroomChoices] = {0.1, 0.3};
@@ -353,8 +352,8 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   AutoMode auto_mode_ = AutoMode::kMixed;
   int headroom_choice_ = 0;
   WayChooser way_chooser_{kAutoWays};
-  int64_t steps_ = 0;                             // training steps begun after the first
-  bool backward_seen_ = false;                    // a backward pass ran since the step began
+  int64_t steps_ = 0;           // training steps begun after the first
+  bool backward_seen_ = false;  // a backward pass ran since the step began
   double step_started_at_ = 0;  // on the host link's clock (simulated, or wall time)
 
   AccessPattern pattern_;  // auto: which tensors each op of a step reads, this step and the last

@@ -25,7 +25,7 @@
 namespace tessel::memory {
 
 struct WayChooserOptions {
-  int trial_steps = 6;          // past most of what the way before left behind
+  int trial_steps = 6;         // past most of what the way before left behind
   double close_margin = 0.10;  // relative to the best estimate
   int window = 9;              // the steps of a way its estimate is the median of
 };
@@ -53,8 +53,8 @@ class WayChooser {
   WayChooserOptions options_;
   Phase phase_ = Phase::kTrial;
   int way_ = 0;
-  bool settling_ = false;  // the step running is the first after a change of way
-  int trial_step_ = 0;     // counted steps of the trial under way
+  bool settling_ = false;                   // the step running is the first after a change of way
+  int trial_step_ = 0;                      // counted steps of the trial under way
   std::vector<std::deque<double>> recent_;  // each way's last counted step times
   std::vector<int64_t> counted_;
   std::vector<int> confirm_queue_;  // confirmation: the ways still to try again, closest last
