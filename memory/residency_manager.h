@@ -191,7 +191,7 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   size_t candidate_threshold();
   void set_host_bandwidth(double bytes_per_second);
   ResidencyStats stats() const;
-  // Whether auto is still trying its ways (once memory has been short; about a dozen steps): a
+  // Whether auto is still trying its ways (once memory has been short; 35 to 63 steps): a
   // measurement of its steady state waits until this is false. False for the other policies.
   bool auto_trying() const;
   CachingAllocator& allocator() const { return *allocator_; }
