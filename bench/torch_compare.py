@@ -232,7 +232,8 @@ def main():
         + ("unset for the PyTorch side" if "OPENBLAS_CORETYPE" not in os.environ
            else f"set ({os.environ.get('OPENBLAS_CORETYPE')}) for the PyTorch side: OpenBLAS "
            "runs that kernel, not the one it picks for this CPU"),
-        "- Tessel: Eigen 3.4 GEMM (default -c opt build, OpenMP), kernel build "
+        "- Tessel: GEMM (default -c opt build, OpenMP): f32 through Tessel's own AVX-512 kernel "
+        "where the CPU has it, else (and f64) Eigen 3.4's; kernel build "
         f"{context.get('tessel_gemm_isa', '?')}; 3x3 stride-1 convolutions over 32 or more "
         "channels on planes of 7x7 and up (f32) as Winograd, F(2x2, 3x3) below 128 channels and "
         "F(4x4, 3x3) from 128 (forward and both gradients; the products through Tessel's own "

@@ -1,8 +1,8 @@
-// Strided batched GEMM. The Eigen kernel is built twice: here for the portable x86-64-v3
-// target and in gemm_avx512.cc for x86-64-v4; the AVX-512 build runs where the CPU has it
-// (about twice the f32 throughput on CPUs with full-width AVX-512 units). Set
-// TESSEL_GEMM_ISA=avx2 to force the portable build. Threads each compute one slice of C (or
-// whole matrices of a batch) with a single-threaded Eigen product.
+// Strided batched GEMM. Where the CPU has AVX-512, f32 products run Tessel's own kernel
+// (sgemm_avx512.cc) and f64 ones Eigen's kernel built for x86-64-v4 (gemm_avx512.cc); elsewhere
+// Eigen's kernel built here for the portable x86-64-v3 target. Set TESSEL_GEMM_ISA=avx2 to
+// force the portable build. Threads each compute one slice of C (or whole matrices of a batch)
+// with a single-threaded product.
 #include "ops/cpu/gemm.h"
 
 #include <omp.h>
@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "core/threading.h"
+#include "ops/cpu/sgemm_avx512.h"
 
 #define TESSEL_GEMM_VARIANT portable
 #include "ops/cpu/gemm_eigen.inc"
@@ -19,10 +20,7 @@
 namespace tessel::cpu {
 
 namespace avx512 {
-// Defined in gemm_avx512.cc.
-void gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-              const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-              int64_t ldc);
+// Eigen's f64 kernel built for AVX-512 (gemm_avx512.cc).
 void gemm_f64(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
               const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c,
               int64_t ldc);
@@ -47,7 +45,7 @@ void gemm_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, fl
                  const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
                  int64_t ldc) {
   if (use_avx512()) {
-    avx512::gemm_f32(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    avx512::sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   } else {
     portable::gemm<float>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
@@ -146,7 +144,9 @@ void gemm_batched_impl(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t
 
 }  // namespace
 
-const char* gemm_isa() { return use_avx512() ? "avx512 (x86-64-v4)" : "avx2 (x86-64-v3)"; }
+const char* gemm_isa() {
+  return use_avx512() ? "avx512 (x86-64-v4; f32: Tessel's kernel)" : "avx2 (x86-64-v3)";
+}
 
 bool avx512_kernels() { return use_avx512(); }
 

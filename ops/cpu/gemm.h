@@ -1,6 +1,8 @@
 // Strided batched GEMM on CPU (f32, f64): C = alpha * op(A) * op(B) + beta * C per batch entry,
 // row-major with leading dimensions, threaded with OpenMP. Eigen stays inside gemm.cc (and its
-// AVX-512 build, gemm_avx512.cc).
+// AVX-512 build, gemm_avx512.cc). On AVX-512 CPUs f32 products run Tessel's own kernel
+// (sgemm_avx512.cc), whose every element of C is beta * C plus its products in order of k by
+// fused multiply-adds: the same bits however C is sliced, a batch chunked or k cut into passes.
 //   cpu::gemm(false, true, m, n, k, 1.0f, a, k, w, k, 0.0f, y, n);  // y = a * w^T
 #pragma once
 
@@ -43,8 +45,8 @@ void gemm_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, d
                   int64_t ldb, int64_t batch_stride_b, double beta, double* c, int64_t ldc,
                   int64_t batch_stride_c, int64_t batch);
 
-// Which build of the kernel this CPU runs: "avx512 (x86-64-v4)" or "avx2 (x86-64-v3)"
-// (TESSEL_GEMM_ISA=avx2 forces the portable one).
+// Which build of the kernel this CPU runs: "avx512 (x86-64-v4; f32: Tessel's kernel)" or
+// "avx2 (x86-64-v3)" (TESSEL_GEMM_ISA=avx2 forces the portable one).
 const char* gemm_isa();
 // Whether this process runs the AVX-512 kernels (the GEMM's build and the Winograd products).
 bool avx512_kernels();

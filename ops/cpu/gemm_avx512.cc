@@ -1,4 +1,4 @@
-// The GEMM built for AVX-512 (x86-64-v4; see ops/BUILD), called by gemm.cc only on CPUs that
+// The f64 GEMM built for AVX-512 (x86-64-v4; see ops/BUILD), called by gemm.cc only on CPUs that
 // have it. Eigen's namespace is renamed here so none of its templates, compiled with AVX-512
 // instructions, can stand in for the portable build's copies at link time.
 #define Eigen tessel_eigen_avx512
@@ -6,12 +6,6 @@
 #include "ops/cpu/gemm_eigen.inc"
 
 namespace tessel::cpu::avx512 {
-
-void gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-              const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-              int64_t ldc) {
-  gemm<float>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
 
 void gemm_f64(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
               const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c,
