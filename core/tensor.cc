@@ -21,8 +21,18 @@ TensorImpl::TensorImpl(std::shared_ptr<StorageImpl> storage_in, Shape sizes_in, 
 
 TensorImpl::~TensorImpl() { storage->release_user_ref(); }
 
-int64_t Tensor::size(int64_t dim_index) const { return sizes()[wrap_dim(dim_index, dim())]; }
-int64_t Tensor::stride(int64_t dim_index) const { return strides()[wrap_dim(dim_index, dim())]; }
+namespace {
+// shape[dim], a negative dim counting from the end; wrap_dim (its error) only when out of range.
+int64_t dim_entry(const Shape& shape, int64_t dim) {
+  const auto ndim = static_cast<int64_t>(shape.size());
+  const int64_t wrapped = dim < 0 ? dim + ndim : dim;
+  if (wrapped >= 0 && wrapped < ndim) return shape[wrapped];
+  return shape[wrap_dim(dim, ndim)];
+}
+}  // namespace
+
+int64_t Tensor::size(int64_t dim_index) const { return dim_entry(sizes(), dim_index); }
+int64_t Tensor::stride(int64_t dim_index) const { return dim_entry(strides(), dim_index); }
 
 bool Tensor::is_contiguous() const {
   if (numel() == 0) return true;  // no element to place: any strides will do

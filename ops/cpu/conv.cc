@@ -288,25 +288,45 @@ void im2col(const ConvGeometry& g, const T* image, int64_t channel_stride, int64
   const bool same_plane = g.stride_h == 1 && g.stride_w == 1 && col_stride == 1 &&
                           row_stride == g.width && g.out_h == g.height && g.out_w == g.width;
   // Strided columns over dense rows: each row split once into its stride's phases (phase r holds
-  // columns r, r + stride, ...), so every tap copies a run of one phase instead of gathering
-  // every stride-th value (what a stride-2 convolution's im2col spent its time on).
+  // columns r, r + stride, ...), zeros on both sides, so every tap's output row is one straight
+  // run of a phase (no gather of every stride-th value, no fills around it: output rows of a
+  // stride-2 layer are short, 14 or 7 values, and calls per run cost more than the values).
   const int64_t stride_w = g.stride_w;
   const bool phased = stride_w > 1 && col_stride == 1;
   const int64_t phase_w = (g.width + stride_w - 1) / stride_w;
-  std::vector<T> phases(phased ? static_cast<size_t>(g.height * stride_w * phase_w) : 0);
+  // Input column ow * stride + offset_w of tap kj is entry ow + shift(kj) of phase
+  // phase_of(kj); a padded phase row holds `left` zeros before entry 0.
+  auto phase_of = [&](int64_t kj) {
+    const int64_t offset_w = kj * g.dilation_w - g.pad_w;
+    return ((offset_w % stride_w) + stride_w) % stride_w;
+  };
+  auto shift_of = [&](int64_t kj) {
+    return (kj * g.dilation_w - g.pad_w - phase_of(kj)) / stride_w;
+  };
+  int64_t left = 0, padded_w = 0;
+  if (phased) {
+    int64_t reach = phase_w;
+    for (int64_t kj = 0; kj < g.kernel_w; ++kj) {
+      left = std::max(left, -shift_of(kj));
+      reach = std::max(reach, g.out_w + shift_of(kj));
+    }
+    padded_w = left + reach;
+  }
+  // Zero once: each channel writes the same entries (a phase's columns), the rest stay zero.
+  std::vector<T> phases(phased ? static_cast<size_t>(g.height * stride_w * padded_w) : 0);
   for (int64_t c = 0; c < g.in_per_group(); ++c) {
     const T* channel = image + c * channel_stride;
     if (phased) {
       for (int64_t ih = 0; ih < g.height; ++ih) {
         const T* in = channel + ih * row_stride;
-        T* phase = phases.data() + ih * stride_w * phase_w;
+        T* phase = phases.data() + ih * stride_w * padded_w + left;
         if (stride_w == 2) {
-          deinterleave_pair(in, g.width, phase, phase + phase_w);
+          deinterleave_pair(in, g.width, phase, phase + padded_w);
           continue;
         }
         for (int64_t r = 0; r < stride_w; ++r) {
           const int64_t count = (g.width - r + stride_w - 1) / stride_w;
-          for (int64_t m = 0; m < count; ++m) phase[r * phase_w + m] = in[m * stride_w + r];
+          for (int64_t m = 0; m < count; ++m) phase[r * padded_w + m] = in[m * stride_w + r];
         }
       }
     }
@@ -318,16 +338,21 @@ void im2col(const ConvGeometry& g, const T* image, int64_t channel_stride, int64
           shifted_plane(channel, g.height, g.width, ki * g.dilation_h - g.pad_h, offset_w, row);
           continue;
         }
-        int64_t first, last;
-        valid_range(offset_w, g.stride_w, g.width, g.out_w, &first, &last);
-        // Input column ow * stride + offset_w is entry ow + shift of phase phase_of_tap.
-        const int64_t phase_of_tap = ((offset_w % stride_w) + stride_w) % stride_w;
-        const int64_t shift = (offset_w - phase_of_tap) / stride_w;
+        int64_t first = 0, last = 0;
+        if (!phased) valid_range(offset_w, g.stride_w, g.width, g.out_w, &first, &last);
+        const int64_t tap_start = phased ? phase_of(kj) * padded_w + left + shift_of(kj) : 0;
         for (int64_t oh = 0; oh < g.out_h; ++oh) {
           T* out = row + oh * g.out_w;
           const int64_t ih = oh * g.stride_h - g.pad_h + ki * g.dilation_h;
           if (ih < 0 || ih >= g.height) {
-            std::fill(out, out + g.out_w, T(0));
+#pragma omp simd
+            for (int64_t ow = 0; ow < g.out_w; ++ow) out[ow] = T(0);
+            continue;
+          }
+          if (phased) {
+            const T* run = phases.data() + ih * stride_w * padded_w + tap_start;
+#pragma omp simd
+            for (int64_t ow = 0; ow < g.out_w; ++ow) out[ow] = run[ow];
             continue;
           }
           const T* in = channel + ih * row_stride;
@@ -335,9 +360,6 @@ void im2col(const ConvGeometry& g, const T* image, int64_t channel_stride, int64
           if (g.stride_w == 1 && col_stride == 1) {
             std::memcpy(out + first, in + first + offset_w,
                         static_cast<size_t>(last - first) * sizeof(T));
-          } else if (phased) {
-            const T* phase = phases.data() + (ih * stride_w + phase_of_tap) * phase_w + shift;
-            std::copy(phase + first, phase + last, out + first);
           } else {
             for (int64_t ow = first; ow < last; ++ow)
               out[ow] = in[(ow * g.stride_w + offset_w) * col_stride];

@@ -40,20 +40,29 @@ bool use_avx512() {
   return chosen;
 }
 
-// One single-threaded GEMM on the kernel build this CPU runs.
+// Every row of C (m x n) set to `row`: the start of a product onto a row for Eigen's kernel.
+template <typename T>
+void fill_rows(const T* row, int64_t m, int64_t n, T* c, int64_t ldc) {
+  for (int64_t i = 0; i < m; ++i) std::copy(row, row + n, c + i * ldc);
+}
+
+// One single-threaded GEMM on the kernel build this CPU runs; with a start row, onto that row
+// (beta is then 1).
 void gemm_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                  const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-                 int64_t ldc) {
+                 int64_t ldc, const float* start_row = nullptr) {
   if (use_avx512()) {
-    avx512::sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  } else {
-    portable::gemm<float>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    avx512::sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, start_row);
+    return;
   }
+  if (start_row) fill_rows(start_row, m, n, c, ldc), beta = 1.0f;
+  portable::gemm<float>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 void gemm_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
                  const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c,
-                 int64_t ldc) {
+                 int64_t ldc, const double* start_row = nullptr) {
+  if (start_row) fill_rows(start_row, m, n, c, ldc), beta = 1.0;
   if (use_avx512()) {
     avx512::gemm_f64(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   } else {
@@ -73,7 +82,7 @@ constexpr int64_t kSliceAlign = 16;
 template <typename T>
 void gemm_threaded(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
                    int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc,
-                   const PrepareBlock* prepare = nullptr) {
+                   const T* start_row = nullptr) {
   if (m == 0 || n == 0) return;
   const int64_t threads = get_num_threads();
   const bool split_rows = m >= n;
@@ -82,8 +91,7 @@ void gemm_threaded(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, 
   if (slices <= 1 || omp_in_parallel() ||
       static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) <
           kThreadedGemmWork) {
-    if (prepare) (*prepare)(0, m, 0, n);
-    gemm_serial(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    gemm_serial(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, start_row);
     return;
   }
   auto boundary = [&](int64_t slice) {
@@ -95,16 +103,14 @@ void gemm_threaded(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, 
       const int64_t lo = boundary(slice), hi = boundary(slice + 1);
       if (hi <= lo) continue;
       if (split_rows) {
-        if (prepare) (*prepare)(lo, hi, 0, n);
         // Rows lo..hi of op(A): row i is at a + i * lda, or column i of a stored transpose.
         const T* a_slice = trans_a ? a + lo : a + lo * lda;
         gemm_serial(trans_a, trans_b, hi - lo, n, k, alpha, a_slice, lda, b, ldb, beta,
-                    c + lo * ldc, ldc);
+                    c + lo * ldc, ldc, start_row);
       } else {
-        if (prepare) (*prepare)(0, m, lo, hi);
         const T* b_slice = trans_b ? b + lo * ldb : b + lo;
-        gemm_serial(trans_a, trans_b, m, hi - lo, k, alpha, a, lda, b_slice, ldb, beta, c + lo,
-                    ldc);
+        gemm_serial(trans_a, trans_b, m, hi - lo, k, alpha, a, lda, b_slice, ldb, beta, c + lo, ldc,
+                    start_row ? start_row + lo : nullptr);
       }
     }
   });
@@ -161,16 +167,16 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double al
   gemm_threaded(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
-void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
-          const PrepareBlock& prepare) {
-  gemm_threaded(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, &prepare);
+void gemm_onto_row(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                   const float* a, int64_t lda, const float* b, int64_t ldb, const float* row,
+                   float* c, int64_t ldc) {
+  gemm_threaded(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, 1.0f, c, ldc, row);
 }
 
-void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
-          const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c,
-          int64_t ldc, const PrepareBlock& prepare) {
-  gemm_threaded(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, &prepare);
+void gemm_onto_row(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
+                   const double* a, int64_t lda, const double* b, int64_t ldb, const double* row,
+                   double* c, int64_t ldc) {
+  gemm_threaded(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, 1.0, c, ldc, row);
 }
 
 void gemm_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,

@@ -7,15 +7,8 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 
 namespace tessel::cpu {
-
-// Writes the block of C at rows [row_begin, row_end), columns [col_begin, col_end) before the
-// GEMM adds its product there (beta != 0), on the thread that multiplies that block, so its
-// lines are in that core's cache when the GEMM reads them (linear's bias).
-using PrepareBlock =
-    std::function<void(int64_t row_begin, int64_t row_end, int64_t col_begin, int64_t col_end)>;
 
 // One GEMM. Row-major: op(A) is m x k, op(B) is k x n, C is m x n. Without a transpose A is
 // stored m x k with row stride lda; with trans_a it is stored k x m (row stride lda) and read
@@ -25,13 +18,14 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
           const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c,
           int64_t ldc);
-// The same, with every block of C first written by `prepare` (blocks cover C exactly once).
-void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
-          const PrepareBlock& prepare);
-void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
-          const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c,
-          int64_t ldc, const PrepareBlock& prepare);
+// C = row + alpha * op(A) * op(B), `row` (n dense values) added to every row of C (linear's
+// bias): the bits of beta = 1 onto C filled with the row, without writing C twice.
+void gemm_onto_row(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                   const float* a, int64_t lda, const float* b, int64_t ldb, const float* row,
+                   float* c, int64_t ldc);
+void gemm_onto_row(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
+                   const double* a, int64_t lda, const double* b, int64_t ldb, const double* row,
+                   double* c, int64_t ldc);
 
 // `batch` GEMMs; entry i reads A at a + i * batch_stride_a (a stride of 0 reuses one matrix),
 // B likewise, and writes C at c + i * batch_stride_c (entries of C must not overlap). Threads

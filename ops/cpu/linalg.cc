@@ -129,22 +129,11 @@ void linear_product_kernel(KernelContext& context) {
     cpu::gemm(x_transposed, !w.transposed, rows, out_features, in_features, T(1), x.data_ptr<T>(),
               x_ld, w.data, w.ld, T(0), result, ldc);
   } else {
-    // Each thread copies the bias into its block of the output, then adds its product there
-    // (beta = 1): the block stays in that core's cache between the two.
-    const T* bias_data = bias.data_ptr<T>();
-    const int64_t bias_stride = bias.stride(0);
-    auto fill = [&](int64_t row_begin, int64_t row_end, int64_t col_begin, int64_t col_end) {
-      for (int64_t r = row_begin; r < row_end; ++r) {
-        T* row = result + r * out_features;
-        if (bias_stride == 1) {
-          std::copy(bias_data + col_begin, bias_data + col_end, row + col_begin);
-        } else {
-          for (int64_t j = col_begin; j < col_end; ++j) row[j] = bias_data[j * bias_stride];
-        }
-      }
-    };
-    cpu::gemm(x_transposed, !w.transposed, rows, out_features, in_features, T(1), x.data_ptr<T>(),
-              x_ld, w.data, w.ld, T(1), result, ldc, fill);
+    // The product starts from the bias in every row (the kernel reads it where C's old value
+    // would be), so the output is written once.
+    const Tensor dense_bias = cpu::dense_input(context, bias);
+    cpu::gemm_onto_row(x_transposed, !w.transposed, rows, out_features, in_features, T(1),
+                       x.data_ptr<T>(), x_ld, w.data, w.ld, dense_bias.data_ptr<T>(), result, ldc);
   }
   if (staged) cpu::copy_strided(target, out);
 }

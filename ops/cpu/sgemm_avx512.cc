@@ -14,6 +14,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -60,60 +61,65 @@ struct ALayout {
   int64_t column_stride;  // rows of A: 1; a stored transpose: lda; a packed panel: kRows
 };
 
-// C[r][c] for r < kRows, c < 16 * kVectors: C's old value (load) or zero, plus the products
-// over `depth` columns of A and rows of the packed panel of B.
-template <int kVectors>
-void micro_kernel(ALayout a, const float* panel, int64_t depth, float* c, int64_t ldc, bool load) {
+// C[r][c] for r < kTileRows, c < 16 * kVectors (the last register's columns those of
+// last_mask): the value at from[r * from_ld + c] (load; C itself, or a start row with
+// from_ld 0) or zero, plus the products over `depth` columns of A and rows of the packed panel
+// of B. Partial tiles (the last rows, the last columns) run their own instance and masks, so
+// nothing is written outside C and no tile goes through a copy.
+template <int kTileRows, int kVectors>
+void micro_kernel(ALayout a, const float* panel, int64_t depth, const float* from, int64_t from_ld,
+                  float* c, int64_t ldc, bool load, __mmask16 last_mask) {
   // Every loop over the tile unrolled whole (-O2 would not), so the accumulators stay in
   // registers.
-  __m512 acc[kRows][kVectors];
+  __m512 acc[kTileRows][kVectors];
 #pragma GCC unroll 8
-  for (int r = 0; r < kRows; ++r) {
+  for (int r = 0; r < kTileRows; ++r) {
 #pragma GCC unroll 4
-    for (int q = 0; q < kVectors; ++q)
-      acc[r][q] = load ? _mm512_loadu_ps(c + r * ldc + 16 * q) : _mm512_setzero_ps();
+    for (int q = 0; q < kVectors; ++q) {
+      const __mmask16 mask = q == kVectors - 1 ? last_mask : __mmask16(0xFFFF);
+      acc[r][q] =
+          load ? _mm512_maskz_loadu_ps(mask, from + r * from_ld + 16 * q) : _mm512_setzero_ps();
+    }
   }
-  const float* rows[kRows];
+  const float* rows[kTileRows];
 #pragma GCC unroll 8
-  for (int r = 0; r < kRows; ++r) rows[r] = a.data + r * a.row_stride;
+  for (int r = 0; r < kTileRows; ++r) rows[r] = a.data + r * a.row_stride;
   for (int64_t p = 0; p < depth; ++p) {
     __m512 b[kVectors];
 #pragma GCC unroll 4
     for (int q = 0; q < kVectors; ++q) b[q] = _mm512_load_ps(panel + p * (16 * kVectors) + 16 * q);
     const int64_t offset = p * a.column_stride;
 #pragma GCC unroll 8
-    for (int r = 0; r < kRows; ++r) {
+    for (int r = 0; r < kTileRows; ++r) {
       const __m512 value = _mm512_set1_ps(rows[r][offset]);
 #pragma GCC unroll 4
       for (int q = 0; q < kVectors; ++q) acc[r][q] = _mm512_fmadd_ps(value, b[q], acc[r][q]);
     }
   }
 #pragma GCC unroll 8
-  for (int r = 0; r < kRows; ++r) {
+  for (int r = 0; r < kTileRows; ++r) {
 #pragma GCC unroll 4
-    for (int q = 0; q < kVectors; ++q) _mm512_storeu_ps(c + r * ldc + 16 * q, acc[r][q]);
+    for (int q = 0; q < kVectors; ++q) {
+      const __mmask16 mask = q == kVectors - 1 ? last_mask : __mmask16(0xFFFF);
+      _mm512_mask_storeu_ps(c + r * ldc + 16 * q, mask, acc[r][q]);
+    }
   }
 }
 
-// One tile of C (live_rows x live_columns, at most kRows x 16 * vectors), through a local tile
-// when it is partial.
-template <int kVectors>
-void tile(ALayout a, const float* panel, int64_t depth, float* c, int64_t ldc, int64_t live_rows,
-          int64_t live_columns, bool load) {
-  constexpr int64_t kTileWidth = 16 * kVectors;
-  if (live_rows == kRows && live_columns == kTileWidth) {
-    micro_kernel<kVectors>(a, panel, depth, c, ldc, load);
-    return;
-  }
-  alignas(64) float local[kRows * kTileWidth];
-  if (load) {
-    for (int64_t r = 0; r < live_rows; ++r)
-      std::memcpy(local + r * kTileWidth, c + r * ldc, live_columns * sizeof(float));
-  }
-  micro_kernel<kVectors>(a, panel, depth, local, kTileWidth, load);
-  for (int64_t r = 0; r < live_rows; ++r)
-    std::memcpy(c + r * ldc, local + r * kTileWidth, live_columns * sizeof(float));
+using MicroKernel = void (*)(ALayout, const float*, int64_t, const float*, int64_t, float*, int64_t,
+                             bool, __mmask16);
+
+template <int kTileRows>
+constexpr std::array<MicroKernel, kMaxVectors> kernels_of_rows() {
+  return {&micro_kernel<kTileRows, 1>, &micro_kernel<kTileRows, 2>, &micro_kernel<kTileRows, 3>,
+          &micro_kernel<kTileRows, 4>};
 }
+
+// kMicroKernels[rows - 1][registers - 1]: the instance for a tile of that many rows of C and
+// registers across.
+constexpr std::array<std::array<MicroKernel, kMaxVectors>, kRows> kMicroKernels = {
+    kernels_of_rows<1>(), kernels_of_rows<2>(), kernels_of_rows<3>(),
+    kernels_of_rows<4>(), kernels_of_rows<5>(), kernels_of_rows<6>()};
 
 // Packs rows [0, live_rows) of op(A) over `depth` columns into a panel (column p's kRows values
 // side by side, zero past live_rows), scaled by alpha.
@@ -188,8 +194,11 @@ void pack_b(bool trans_b, const float* b, int64_t ldb, int64_t depth, int64_t wi
                                  : _mm512_setzero_ps();
           }
           transpose16(block);
-          for (int64_t t = 0; t < count; ++t)
-            _mm512_store_ps(panel + (p + t) * panel_width + 16 * q, block[t]);
+          // Unrolled whole, so the block stays in registers.
+#pragma GCC unroll 16
+          for (int64_t t = 0; t < 16; ++t) {
+            if (t < count) _mm512_store_ps(panel + (p + t) * panel_width + 16 * q, block[t]);
+          }
         }
       }
     }
@@ -208,13 +217,22 @@ struct Product {
   float beta;
   float* c;
   int64_t ldc;
+  const float* start_row;
 };
 
 // C before the products: scaled by beta, or zero where there are no products and beta is 0
-// (beta = 0 ignores what C holds, NaN included). Returns whether the products' first block adds
-// onto C (else it starts from zero).
+// (beta = 0 ignores what C holds, NaN included); the start row where one is given and there are
+// no products (the first block reads it otherwise). Returns whether the products' first block
+// adds onto a value (else it starts from zero).
 bool prepare_c(const Product& p) {
   const bool no_products = p.k == 0 || p.alpha == 0.0f;
+  if (p.start_row) {
+    if (no_products) {
+      for (int64_t i = 0; i < p.m; ++i)
+        std::memcpy(p.c + i * p.ldc, p.start_row, p.n * sizeof(float));
+    }
+    return true;
+  }
   if (no_products || (p.beta != 0.0f && p.beta != 1.0f)) {
     for (int64_t i = 0; i < p.m; ++i) {
       float* row = p.c + i * p.ldc;
@@ -226,14 +244,14 @@ bool prepare_c(const Product& p) {
 
 // C times one packed block of B (columns j0.., rows p0.. of op(B)): six rows of A at a time,
 // read where they lie (L1 holds them while the kernel goes across the block's panels) or, for
-// the last few rows or a scale alpha, packed first.
+// a scale alpha, packed first.
 void multiply_block(const Product& p, int64_t j0, int64_t width, int64_t p0, int64_t depth,
                     const float* packed_b, bool load, float* packed_a) {
   for (int64_t i = 0; i < p.m; i += kRows) {
     const int64_t live_rows = std::min<int64_t>(kRows, p.m - i);
     const float* a_rows = p.trans_a ? p.a + p0 * p.lda + i : p.a + i * p.lda + p0;
     ALayout a;
-    if (live_rows < kRows || p.alpha != 1.0f) {
+    if (p.alpha != 1.0f) {
       pack_a_panel(p.trans_a, a_rows, p.lda, live_rows, depth, p.alpha, packed_a);
       a = {packed_a, 1, kRows};
     } else if (p.trans_a) {
@@ -241,23 +259,20 @@ void multiply_block(const Product& p, int64_t j0, int64_t width, int64_t p0, int
     } else {
       a = {a_rows, p.lda, 1};
     }
+    const auto& row_kernels = kMicroKernels[live_rows - 1];
     float* c_rows = p.c + i * p.ldc + j0;
+    // The first block adds onto the start row (every row reads it), later ones onto C.
+    const bool from_start_row = p0 == 0 && p.start_row;
+    const float* from = from_start_row ? p.start_row + j0 : c_rows;
+    const int64_t from_ld = from_start_row ? 0 : p.ldc;
     for (int64_t j = 0; j < width; j += kPanel) {
       const int64_t live = std::min(kPanel, width - j);
       const float* panel = packed_b + j * depth;
-      switch ((live + 15) / 16) {
-        case 4:
-          tile<4>(a, panel, depth, c_rows + j, p.ldc, live_rows, live, load);
-          break;
-        case 3:
-          tile<3>(a, panel, depth, c_rows + j, p.ldc, live_rows, live, load);
-          break;
-        case 2:
-          tile<2>(a, panel, depth, c_rows + j, p.ldc, live_rows, live, load);
-          break;
-        default:
-          tile<1>(a, panel, depth, c_rows + j, p.ldc, live_rows, live, load);
-      }
+      const int64_t vectors = (live + 15) / 16;
+      const int tail = static_cast<int>(live - 16 * (vectors - 1));
+      const auto last_mask = static_cast<__mmask16>((1u << tail) - 1u);
+      row_kernels[vectors - 1](a, panel, depth, from + j, from_ld, c_rows + j, p.ldc, load,
+                               last_mask);
     }
   }
 }
@@ -275,17 +290,22 @@ float* packed_a_buffer() {
 }  // namespace
 
 void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  const Product p{trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc};
+           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
+           const float* start_row) {
+  const Product p{trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, start_row};
   if (m == 0 || n == 0) return;
   const bool load_first = prepare_c(p);
   if (k == 0 || alpha == 0.0f) return;
   float* packed_b = packed_b_buffer(p);
   float* packed_a = packed_a_buffer();
+  // Blocks of k as even as whole vectors allow (288 as 2 x 144, not 256 + 32: a thin last block
+  // loads and stores C for few products).
+  const int64_t depth_blocks = (k + kDepth - 1) / kDepth;
+  const int64_t depth_step = ((k + depth_blocks - 1) / depth_blocks + 15) / 16 * 16;
   for (int64_t j0 = 0; j0 < n; j0 += kWidth) {
     const int64_t width = std::min(kWidth, n - j0);
-    for (int64_t p0 = 0; p0 < k; p0 += kDepth) {
-      const int64_t depth = std::min(kDepth, k - p0);
+    for (int64_t p0 = 0; p0 < k; p0 += depth_step) {
+      const int64_t depth = std::min(depth_step, k - p0);
       pack_b(trans_b, trans_b ? b + j0 * ldb + p0 : b + p0 * ldb + j0, ldb, depth, width, packed_b);
       multiply_block(p, j0, width, p0, depth, packed_b, p0 > 0 || load_first, packed_a);
     }

@@ -8,8 +8,10 @@
 
 namespace tessel::cpu::avx512 {
 
-// One product on the calling thread.
+// One product on the calling thread. With a start row (n values), every row of C starts as
+// that row instead of beta * C (C is only written): the bits of beta = 1 onto C filled with it.
 void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
+           const float* start_row = nullptr);
 
 }  // namespace tessel::cpu::avx512

@@ -4,6 +4,7 @@
 // in gemm_test_avx2, on Eigen's kernel) the values are checked within rounding.
 #include "ops/cpu/gemm.h"
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -120,6 +121,40 @@ TEST(CpuGemm, WideProductsAndEmptySums) {
               p.c.data(), p.ldc);
     EXPECT_EQ(mismatches(p.c, expected, 1), 0) << "alpha " << alpha;
   }
+}
+
+TEST(CpuGemm, ProductsOntoARowAreBetaOneOntoThatRowRepeated) {
+  // Tile edges, one thread and both thread splits (rows when m >= n, columns otherwise), k = 0
+  // and alpha = 0: C's old contents (NaN) are never read.
+  const int threads = get_num_threads();
+  unsigned seed = 40;
+  for (int thread_count : {1, 2}) {
+    set_num_threads(thread_count);
+    for (bool trans_b : {false, true}) {
+      for (auto [m, n, k] : {std::array<int64_t, 3>{7, 65, 31},
+                             {64, 64, 64},
+                             {300, 70, 257},
+                             {40, 700, 300},
+                             {5, 9, 0}}) {
+        for (float alpha : {1.0f, 0.0f}) {
+          Product p = random_product(false, trans_b, m, n, k, 2, true, ++seed);
+          std::vector<float> row(static_cast<size_t>(n));
+          for (int64_t j = 0; j < n; ++j) row[j] = static_cast<float>(j % 11) * 0.25f - 1.0f;
+          Product filled = p;
+          for (int64_t i = 0; i < m; ++i)
+            std::copy(row.begin(), row.end(), filled.c.begin() + i * p.ldc);
+          const std::vector<float> expected = written_out(filled, alpha, 1.0f);
+          cpu::gemm_onto_row(false, trans_b, m, n, k, alpha, p.a.data(), p.lda, p.b.data(), p.ldb,
+                             row.data(), p.c.data(), p.ldc);
+          // The padding after each row stays NaN, as in `expected`.
+          EXPECT_EQ(mismatches(p.c, expected, k), 0)
+              << thread_count << " threads, trans_b " << trans_b << " m " << m << " n " << n
+              << " k " << k << " alpha " << alpha;
+        }
+      }
+    }
+  }
+  set_num_threads(threads);
 }
 
 TEST(CpuGemm, SlicesThreadsBatchesAndPassesGiveTheWholeProductsBits) {
