@@ -1,8 +1,8 @@
 // Tessel's own f32 GEMM for AVX-512 (built for x86-64-v4; see ops/BUILD). gemm.cc calls it
 // only on CPUs that have AVX-512, one call per thread's slice of C.
 //
-// Blocking: B is packed in blocks of kDepth rows by up to kWidth columns (L2), as panels of 64
-// columns (the micro-kernel's width: four registers). Six rows of A at a time, read where they
+// Blocking: B is packed in blocks of up to kDepth rows by up to kWidth columns (L2), as panels of
+// 64 columns (the micro-kernel's width: four registers). Six rows of A at a time, read where they
 // lie, go across every panel of the block, L1 holding them.
 //
 // Every element of C is beta * C (nothing when beta is 0) plus its k products added in order
