@@ -2,6 +2,7 @@
 
 #include <malloc.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <map>
@@ -131,12 +132,24 @@ struct AllocatorTable {
   std::shared_ptr<Allocator> by_type[kNumDeviceTypes];
   std::map<std::pair<DeviceType, int>, std::shared_ptr<Allocator>> by_device;
   AllocatorFactory factories[kNumDeviceTypes] = {};
+  // The CPU's own allocator (never replaced, so it can be read without the lock) and whether it
+  // is the one for every CPU device: every CPU tensor asks, so that answer takes no lock.
+  std::shared_ptr<Allocator> default_cpu;
+  std::atomic<bool> cpu_default_only{true};
+
+  // After a change, under the lock.
+  void update_cpu_default_only() {
+    bool only = by_type[static_cast<int>(DeviceType::kCpu)] == default_cpu;
+    for (const auto& [key, allocator] : by_device) only = only && key.first != DeviceType::kCpu;
+    cpu_default_only.store(only, std::memory_order_release);
+  }
 };
 AllocatorTable& table() {
   static AllocatorTable* instance = [] {
     auto* t = new AllocatorTable;
     keep_freed_tensor_memory();
-    t->by_type[static_cast<int>(DeviceType::kCpu)] = std::make_shared<CountingCpuAllocator>();
+    t->default_cpu = std::make_shared<CountingCpuAllocator>();
+    t->by_type[static_cast<int>(DeviceType::kCpu)] = t->default_cpu;
     return t;
   }();
   return *instance;
@@ -159,6 +172,8 @@ std::shared_ptr<Allocator> allocator_for(Device device) {
 
 std::shared_ptr<Allocator> installed_allocator(Device device) {
   auto& t = table();
+  if (device.type == DeviceType::kCpu && t.cpu_default_only.load(std::memory_order_acquire))
+    return t.default_cpu;
   std::lock_guard<std::mutex> lock(t.mutex);
   auto found = t.by_device.find({device.type, device.index});
   if (found != t.by_device.end()) return found->second;
@@ -169,6 +184,7 @@ std::shared_ptr<Allocator> set_allocator(DeviceType type, std::shared_ptr<Alloca
   auto& t = table();
   std::lock_guard<std::mutex> lock(t.mutex);
   std::swap(t.by_type[static_cast<int>(type)], allocator);
+  t.update_cpu_default_only();
   return allocator;
 }
 
@@ -183,6 +199,7 @@ std::shared_ptr<Allocator> set_allocator(Device device, std::shared_ptr<Allocato
     t.by_device.erase(found);
   }
   if (allocator) t.by_device.emplace(key, std::move(allocator));
+  t.update_cpu_default_only();
   return previous;
 }
 

@@ -2,27 +2,7 @@
 
 namespace tessel {
 
-size_t element_size(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return 4;
-    case DType::kFloat64:
-      return 8;
-    case DType::kBFloat16:
-      return 2;
-    case DType::kFloat16:
-      return 2;
-    case DType::kInt32:
-      return 4;
-    case DType::kInt64:
-      return 8;
-    case DType::kUInt8:
-      return 1;
-    case DType::kBool:
-      return 1;
-  }
-  TESSEL_FAIL("unknown dtype ", static_cast<int>(dtype));
-}
+void fail_unknown_dtype(DType dtype) { TESSEL_FAIL("unknown dtype ", static_cast<int>(dtype)); }
 
 const char* dtype_name(DType dtype) {
   switch (dtype) {

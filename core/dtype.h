@@ -26,7 +26,24 @@ enum class DType : uint8_t {
 
 constexpr int kNumDTypes = 8;
 
-size_t element_size(DType dtype);
+[[noreturn]] void fail_unknown_dtype(DType dtype);
+inline size_t element_size(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+    case DType::kInt32:
+      return 4;
+    case DType::kFloat64:
+    case DType::kInt64:
+      return 8;
+    case DType::kBFloat16:
+    case DType::kFloat16:
+      return 2;
+    case DType::kUInt8:
+    case DType::kBool:
+      return 1;
+  }
+  fail_unknown_dtype(dtype);
+}
 const char* dtype_name(DType dtype);             // "f32", "f64", ...
 DType dtype_from_name(const std::string& name);  // accepts "f32" and "float32"; throws on unknown
 bool is_floating(DType dtype);

@@ -170,15 +170,40 @@ class OperandsOutOfMemory : public OutOfMemory {
       : OutOfMemory(error.message(), error.file(), error.line()) {}
 };
 
+// The storages of the kernels running on this thread, pinned: one stack, as a kernel (or bringing
+// an operand back, by recomputing it) may dispatch ops itself; reused from op to op so that
+// pinning allocates nothing. Each access is made before it is pushed, so that the ops it runs
+// push and pop theirs first.
+thread_local std::vector<StorageAccess> pinned_operands;
+
+// Unpins what was pinned since it was made.
+class PinnedOperandsScope {
+ public:
+  PinnedOperandsScope() : mark_(pinned_operands.size()) {}
+  ~PinnedOperandsScope() {
+    while (pinned_operands.size() > mark_) pinned_operands.pop_back();
+  }
+  PinnedOperandsScope(const PinnedOperandsScope&) = delete;
+  PinnedOperandsScope& operator=(const PinnedOperandsScope&) = delete;
+
+ private:
+  size_t mark_;
+};
+
 void run_kernel_once(const OpDef& op, const Kernel& kernel, const std::vector<Tensor>& inputs,
                      std::vector<Tensor>& outputs, const Attrs& attrs, bool replay,
                      KernelInProgress progress, const ChunkPass* chunk = nullptr) {
-  std::vector<StorageAccess> accesses;
-  accesses.reserve(inputs.size() + outputs.size());
+  PinnedOperandsScope pinned;
   try {
-    for (const auto& input : inputs)
-      if (input.defined()) accesses.emplace_back(*input.storage());
-    for (const auto& output : outputs) accesses.emplace_back(*output.storage());
+    for (const auto& input : inputs) {
+      if (!input.defined()) continue;
+      StorageAccess access(*input.storage());
+      pinned_operands.push_back(std::move(access));
+    }
+    for (const auto& output : outputs) {
+      StorageAccess access(*output.storage());
+      pinned_operands.push_back(std::move(access));
+    }
   } catch (const OutOfMemory& error) {
     throw OperandsOutOfMemory(error);
   }
@@ -842,8 +867,10 @@ std::vector<Tensor> dispatch(const OpDef& op, const std::vector<Tensor>& inputs,
     std::vector<OutputSpec> specs = op.shape(inputs, attrs);
     if (out.empty()) {
       try {
-        for (const auto& spec : specs)
-          outputs.push_back(empty(spec.sizes, TensorOptions(spec.dtype).device(out_device)));
+        outputs.reserve(specs.size());
+        for (auto& spec : specs)
+          outputs.push_back(
+              empty(std::move(spec.sizes), TensorOptions(spec.dtype).device(out_device)));
       } catch (const OutOfMemory& error) {
         rethrow_explained(op, inputs, error);
       }

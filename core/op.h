@@ -27,6 +27,13 @@ struct OutputSpec {
   DType dtype;
 };
 
+// The one output of an op's shape rule, its shape moved in (a braced list would copy it).
+inline std::vector<OutputSpec> one_output(Shape sizes, DType dtype) {
+  std::vector<OutputSpec> specs;
+  specs.push_back({std::move(sizes), dtype});
+  return specs;
+}
+
 struct OpCost {
   double flops = 0;  // floating-point operations
   double bytes = 0;  // bytes read plus written

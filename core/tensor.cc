@@ -21,18 +21,7 @@ TensorImpl::TensorImpl(std::shared_ptr<StorageImpl> storage_in, Shape sizes_in, 
 
 TensorImpl::~TensorImpl() { storage->release_user_ref(); }
 
-namespace {
-// shape[dim], a negative dim counting from the end; wrap_dim (its error) only when out of range.
-int64_t dim_entry(const Shape& shape, int64_t dim) {
-  const auto ndim = static_cast<int64_t>(shape.size());
-  const int64_t wrapped = dim < 0 ? dim + ndim : dim;
-  if (wrapped >= 0 && wrapped < ndim) return shape[wrapped];
-  return shape[wrap_dim(dim, ndim)];
-}
-}  // namespace
-
-int64_t Tensor::size(int64_t dim_index) const { return dim_entry(sizes(), dim_index); }
-int64_t Tensor::stride(int64_t dim_index) const { return dim_entry(strides(), dim_index); }
+void Tensor::fail_undefined() { TESSEL_FAIL("use of an undefined tensor"); }
 
 bool Tensor::is_contiguous() const {
   if (numel() == 0) return true;  // no element to place: any strides will do
@@ -233,13 +222,14 @@ void Tensor::retain_grad() const {
   });
 }
 
-Tensor empty(const Shape& sizes, TensorOptions options) {
+Tensor empty(Shape sizes, TensorOptions options) {
   for (int64_t size : sizes)
     TESSEL_CHECK(size >= 0, "empty: negative size in shape ", shape_str(sizes));
   size_t nbytes = static_cast<size_t>(shape_numel(sizes)) * element_size(options.dtype_);
   auto storage = std::make_shared<StorageImpl>(nbytes, options.device_);
-  Tensor result(std::make_shared<TensorImpl>(std::move(storage), sizes, contiguous_strides(sizes),
-                                             0, options.dtype_));
+  Shape strides = contiguous_strides(sizes);
+  Tensor result(std::make_shared<TensorImpl>(std::move(storage), std::move(sizes),
+                                             std::move(strides), 0, options.dtype_));
   if (options.requires_grad_) result.set_requires_grad(true);
   return result;
 }

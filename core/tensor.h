@@ -91,8 +91,8 @@ class Tensor {
   // Metadata.
   const Shape& sizes() const { return checked().sizes; }
   const Shape& strides() const { return checked().strides; }
-  int64_t size(int64_t dim) const;
-  int64_t stride(int64_t dim) const;
+  int64_t size(int64_t dim) const { return shape_entry(sizes(), dim); }
+  int64_t stride(int64_t dim) const { return shape_entry(strides(), dim); }
   int64_t dim() const { return static_cast<int64_t>(sizes().size()); }
   int64_t numel() const { return shape_numel(sizes()); }
   DType dtype() const { return checked().dtype; }
@@ -260,15 +260,17 @@ class Tensor {
   Tensor& operator/=(double value) { return div_(value); }
 
  private:
+  // Inline with its error out of line: every accessor goes through it.
   TensorImpl& checked() const {
-    TESSEL_CHECK(impl_ != nullptr, "use of an undefined tensor");
+    if (impl_ == nullptr) fail_undefined();
     return *impl_;
   }
+  [[noreturn]] static void fail_undefined();
   std::shared_ptr<TensorImpl> impl_;
 };
 
 // Creation that needs no kernel.
-Tensor empty(const Shape& sizes, TensorOptions options = {});
+Tensor empty(Shape sizes, TensorOptions options = {});
 // A new tensor sharing `base`'s storage with the given geometry (for view ops).
 Tensor make_view(const Tensor& base, const Shape& sizes, const Shape& strides, int64_t offset);
 // A row-major tensor holding `values` (converted to options.dtype).

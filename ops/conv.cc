@@ -78,7 +78,7 @@ void register_conv2d() {
                    " output channels (weight shape ", shape_str(weight.sizes()), ")");
       check_same_dtype("conv2d", bias, "bias", weight, "weight");
     }
-    return std::vector<OutputSpec>{{g.output_sizes(), x.dtype()}};
+    return one_output(g.output_sizes(), x.dtype());
   };
   op.kernels[kCpu] = cpu::with_f32_fallback(cpu::conv2d_forward);
   op.save_inputs = {0, 1};
@@ -124,7 +124,7 @@ void register_conv2d_backward_input() {
     check_float("conv2d_backward_input", grad, "grad_output");
     check_same_dtype("conv2d_backward_input", grad, "grad_output", weight, "weight");
     check_grad_shape("conv2d_backward_input", grad, g);
-    return std::vector<OutputSpec>{{{g.batch, g.in_channels, g.height, g.width}, grad.dtype()}};
+    return one_output({g.batch, g.in_channels, g.height, g.width}, grad.dtype());
   };
   op.kernels[kCpu] = cpu::with_f32_fallback(cpu::conv2d_backward_input);
   op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out, const Attrs& attrs) {
@@ -146,7 +146,7 @@ void register_conv2d_backward_weight() {
     check_float("conv2d_backward_weight", grad, "grad_output");
     check_same_dtype("conv2d_backward_weight", grad, "grad_output", x, "input");
     check_grad_shape("conv2d_backward_weight", grad, g);
-    return std::vector<OutputSpec>{{g.weight_sizes(), grad.dtype()}};
+    return one_output(g.weight_sizes(), grad.dtype());
   };
   op.kernels[kCpu] = cpu::summed_over_chunks(cpu::with_f32_fallback(cpu::conv2d_backward_weight));
   op.cost = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out, const Attrs& attrs) {

@@ -82,7 +82,7 @@ void register_binary(const OpHandle& handle, Binary kind, double flops) {
                  " and ", dtype_name(inputs[1].dtype()), " (convert with .to(DType::kFloat32))");
     TESSEL_CHECK(dtype != DType::kBool || math::binary_allows_bool(kind), name,
                  ": not supported for two bool tensors");
-    return std::vector<OutputSpec>{{sizes, dtype}};
+    return one_output(std::move(sizes), dtype);
   };
   op.kernels[kCpu] = [kind](KernelContext& context) { cpu::binary_kernel(kind, context); };
   op.cost = elementwise_cost(flops);
@@ -193,7 +193,7 @@ void register_scalar(const OpHandle& handle, ScalarOp kind, const char* attr) {
   op.autocast = AutocastPolicy::kWiden;
   op.planner.split = ParallelSplit::kPointwise;
   op.shape = [](const std::vector<Tensor>& inputs, const Attrs&) {
-    return std::vector<OutputSpec>{{inputs.at(0).sizes(), inputs[0].dtype()}};
+    return one_output(inputs.at(0).sizes(), inputs[0].dtype());
   };
   op.kernels[kCpu] = cpu::scalar_kernel(name, kind, attr);
   op.cost = elementwise_cost(kind == ScalarOp::kPow ? 10 : 1);
@@ -244,7 +244,7 @@ void register_unary(const OpHandle& handle, Unary kind, double flops) {
     TESSEL_CHECK(ok, name, ": expected a f32 or f64 tensor",
                  math::unary_allows_integers(kind) ? " (or an integer one)" : "", ", got ",
                  dtype_name(dtype));
-    return std::vector<OutputSpec>{{inputs[0].sizes(), dtype}};
+    return one_output(inputs[0].sizes(), dtype);
   };
   op.kernels[kCpu] = cpu::unary_kernel(name, kind);
   op.cost = elementwise_cost(flops);
@@ -341,7 +341,7 @@ void register_gelu() {
     op.shape = [](const std::vector<Tensor>& inputs, const Attrs& attrs) {
       gelu_uses_tanh(attrs);
       visit_float_dtype(inputs.at(0).dtype(), "gelu", [](auto) {});
-      return std::vector<OutputSpec>{{inputs[0].sizes(), inputs[0].dtype()}};
+      return one_output(inputs[0].sizes(), inputs[0].dtype());
     };
     op.kernels[kCpu] = cpu::gelu_kernel;
     op.save_inputs = {0};
@@ -417,7 +417,7 @@ void register_clamp() {
                  "clamp: expected a f32, f64 or integer tensor, got ", dtype_name(dtype));
     TESSEL_CHECK(!std::isnan(attrs.get<double>("min")) && !std::isnan(attrs.get<double>("max")),
                  "clamp: bounds must not be NaN");
-    return std::vector<OutputSpec>{{inputs[0].sizes(), dtype}};
+    return one_output(inputs[0].sizes(), dtype);
   };
   op.kernels[kCpu] = cpu::clamp_kernel;
   op.save_inputs = {0};
@@ -481,7 +481,7 @@ void register_selection() {
       TESSEL_CHECK(broadcastable_to(inputs[1].sizes(), inputs[0].sizes()),
                    "masked_fill: mask of shape ", shape_str(inputs[1].sizes()),
                    " cannot be broadcast to input shape ", shape_str(inputs[0].sizes()));
-      return std::vector<OutputSpec>{{inputs[0].sizes(), inputs[0].dtype()}};
+      return one_output(inputs[0].sizes(), inputs[0].dtype());
     };
     op.kernels[kCpu] = cpu::masked_fill_kernel;
     op.save_inputs = {1};

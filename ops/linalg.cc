@@ -56,7 +56,7 @@ void register_matmul() {
     TESSEL_CHECK(a.size(1) == b.size(0), "matmul: inner dimensions differ: a has shape ",
                  shape_str(a.sizes()), " and b has shape ", shape_str(b.sizes()), " (", a.size(1),
                  " vs ", b.size(0), ")");
-    return std::vector<OutputSpec>{{{a.size(0), b.size(1)}, a.dtype()}};
+    return one_output({a.size(0), b.size(1)}, a.dtype());
   };
   op.kernels[static_cast<int>(DeviceType::kCpu)] = cpu::with_f32_fallback(cpu::matmul_kernel);
   op.save_inputs = {0, 1};
@@ -93,7 +93,7 @@ void register_bmm() {
     TESSEL_CHECK(a.size(2) == b.size(1), "bmm: inner dimensions differ: a has shape ",
                  shape_str(a.sizes()), " and b has shape ", shape_str(b.sizes()), " (", a.size(2),
                  " vs ", b.size(1), ")");
-    return std::vector<OutputSpec>{{{a.size(0), a.size(1), b.size(2)}, a.dtype()}};
+    return one_output({a.size(0), a.size(1), b.size(2)}, a.dtype());
   };
   op.kernels[static_cast<int>(DeviceType::kCpu)] = cpu::with_f32_fallback(cpu::bmm_kernel);
   op.save_inputs = {0, 1};
@@ -140,7 +140,7 @@ void register_linear() {
     }
     Shape sizes = x.sizes();
     sizes.back() = weight.size(0);
-    return std::vector<OutputSpec>{{sizes, x.dtype()}};
+    return one_output(std::move(sizes), x.dtype());
   };
   op.kernels[static_cast<int>(DeviceType::kCpu)] = cpu::with_f32_fallback(cpu::linear_kernel);
   op.save_inputs = {0, 1};

@@ -143,7 +143,7 @@ void register_batch_norm_eval() {
     check_batch_norm_inputs("batch_norm", in);
     TESSEL_CHECK(in[3].defined() && in[4].defined(),
                  "batch_norm: running_mean and running_var must be defined in evaluation mode");
-    return std::vector<OutputSpec>{{in[0].sizes(), in[0].dtype()}};
+    return one_output(in[0].sizes(), in[0].dtype());
   };
   op.kernels[static_cast<int>(DeviceType::kCpu)] = cpu::batch_norm_eval_kernel;
   op.save_inputs = {0, 1, 3, 4};
