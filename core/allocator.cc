@@ -132,9 +132,11 @@ struct AllocatorTable {
   std::shared_ptr<Allocator> by_type[kNumDeviceTypes];
   std::map<std::pair<DeviceType, int>, std::shared_ptr<Allocator>> by_device;
   AllocatorFactory factories[kNumDeviceTypes] = {};
-  // The CPU's own allocator (never replaced, so it can be read without the lock) and whether it
-  // is the one for every CPU device: every CPU tensor asks, so that answer takes no lock.
+  // The CPU's own allocator and whether it is the one for every CPU device: every CPU tensor
+  // asks, so that answer takes no lock. It lives as long as the program (the table is never
+  // freed), so storages hold it by a handle that counts no references.
   std::shared_ptr<Allocator> default_cpu;
+  std::shared_ptr<Allocator> default_cpu_handle;
   std::atomic<bool> cpu_default_only{true};
 
   // After a change, under the lock.
@@ -149,6 +151,8 @@ AllocatorTable& table() {
     auto* t = new AllocatorTable;
     keep_freed_tensor_memory();
     t->default_cpu = std::make_shared<CountingCpuAllocator>();
+    t->default_cpu_handle =
+        std::shared_ptr<Allocator>(std::shared_ptr<Allocator>(), t->default_cpu.get());
     t->by_type[static_cast<int>(DeviceType::kCpu)] = t->default_cpu;
     return t;
   }();
@@ -173,7 +177,7 @@ std::shared_ptr<Allocator> allocator_for(Device device) {
 std::shared_ptr<Allocator> installed_allocator(Device device) {
   auto& t = table();
   if (device.type == DeviceType::kCpu && t.cpu_default_only.load(std::memory_order_acquire))
-    return t.default_cpu;
+    return t.default_cpu_handle;
   std::lock_guard<std::mutex> lock(t.mutex);
   auto found = t.by_device.find({device.type, device.index});
   if (found != t.by_device.end()) return found->second;

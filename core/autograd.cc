@@ -39,7 +39,7 @@ Tensor sum_to(const Tensor& grad, const Shape& sizes) {
   }
   Tensor reduced =
       dims.empty() ? grad : dispatch(ops::sum, {grad}, Attrs{{"dims", dims}, {"keepdim", true}})[0];
-  return dispatch(ops::reshape, {reduced}, Attrs{{"shape", sizes}})[0];
+  return first_output(dispatch(ops::reshape, {reduced}, Attrs{{"shape", sizes}}));
 }
 
 Tensor accumulate(const Tensor& existing, const Tensor& incoming) {
@@ -49,7 +49,8 @@ Tensor accumulate(const Tensor& existing, const Tensor& incoming) {
   if (dtype == DType::kBFloat16 || dtype == DType::kFloat16) {
     // 16-bit gradients (autocast outputs used twice) are summed in f32 and rounded once.
     auto to = [](const Tensor& t, DType target) {
-      return dispatch(ops::to_dtype, {t}, Attrs{{"dtype", std::string(dtype_name(target))}})[0];
+      return first_output(
+          dispatch(ops::to_dtype, {t}, Attrs{{"dtype", std::string(dtype_name(target))}}));
     };
     return to(dispatch(ops::add, {to(existing, DType::kFloat32), to(incoming, DType::kFloat32)})[0],
               dtype);
@@ -67,7 +68,7 @@ Tensor accumulate(const Tensor& existing, const Tensor& incoming) {
     sum.add_(incoming);
     return sum;
   }
-  return dispatch(ops::add, {existing, incoming})[0];
+  return first_output(dispatch(ops::add, {existing, incoming}));
 }
 }  // namespace
 

@@ -316,6 +316,9 @@ DispatchInterceptor* set_dispatch_interceptor(DispatchInterceptor* interceptor);
 
 // Runs an op: checks devices, applies the shape rule, allocates outputs (or writes into `out`),
 // runs the kernel for the inputs' device, records autograd and the op record.
+// An op's only output, moved out of dispatch's result: return first_output(dispatch(...));
+inline Tensor first_output(std::vector<Tensor>&& outputs) { return std::move(outputs.at(0)); }
+
 std::vector<Tensor> dispatch(const OpDef& op, const std::vector<Tensor>& inputs, Attrs attrs = {},
                              const std::vector<Tensor>& out = {});
 

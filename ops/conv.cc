@@ -231,7 +231,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
     }
   }
   Attrs attrs{{"stride", stride}, {"padding", padding}, {"dilation", dilation}, {"groups", groups}};
-  return dispatch(ops::conv2d, {x, used_weight, bias}, std::move(attrs))[0];
+  return first_output(dispatch(ops::conv2d, {x, used_weight, bias}, std::move(attrs)));
 }
 
 }  // namespace tessel

@@ -58,7 +58,7 @@ TESSEL_REGISTER_OPS(dropout) {
 Tensor dropout(const Tensor& x, double p, bool training) {
   check_probability(p);
   if (!training || p == 0.0) return x;
-  return dispatch(ops::dropout, {x}, Attrs{{"p", p}})[0];
+  return first_output(dispatch(ops::dropout, {x}, Attrs{{"p", p}}));
 }
 
 }  // namespace tessel

@@ -496,14 +496,14 @@ void register_selection() {
 }
 
 Tensor binary(const OpHandle& op, const Tensor& a, const Tensor& b) {
-  return dispatch(op, {a, b})[0];
+  return first_output(dispatch(op, {a, b}));
 }
 
 Tensor scalar_op(const OpHandle& op, const Tensor& a, double value) {
-  return dispatch(op, {a}, Attrs{{"value", value}})[0];
+  return first_output(dispatch(op, {a}, Attrs{{"value", value}}));
 }
 
-Tensor unary(const OpHandle& op, const Tensor& x) { return dispatch(op, {x})[0]; }
+Tensor unary(const OpHandle& op, const Tensor& x) { return first_output(dispatch(op, {x})); }
 
 }  // namespace
 
@@ -545,11 +545,11 @@ TESSEL_REGISTER_OPS(elementwise) {
 
 Tensor add(const Tensor& a, const Tensor& b, double alpha) {
   if (alpha == 1.0) return binary(ops::add, a, b);
-  return dispatch(ops::add, {a, b}, Attrs{{"alpha", alpha}})[0];
+  return first_output(dispatch(ops::add, {a, b}, Attrs{{"alpha", alpha}}));
 }
 Tensor sub(const Tensor& a, const Tensor& b, double alpha) {
   if (alpha == 1.0) return binary(ops::sub, a, b);
-  return dispatch(ops::sub, {a, b}, Attrs{{"alpha", alpha}})[0];
+  return first_output(dispatch(ops::sub, {a, b}, Attrs{{"alpha", alpha}}));
 }
 Tensor mul(const Tensor& a, const Tensor& b) { return binary(ops::mul, a, b); }
 Tensor div(const Tensor& a, const Tensor& b) { return binary(ops::div, a, b); }
@@ -562,7 +562,7 @@ Tensor sub(const Tensor& a, double b) { return scalar_op(ops::add_scalar, a, -b)
 Tensor mul(const Tensor& a, double b) { return scalar_op(ops::mul_scalar, a, b); }
 Tensor div(const Tensor& a, double b) { return scalar_op(ops::div_scalar, a, b); }
 Tensor pow(const Tensor& a, double exponent) {
-  return dispatch(ops::pow_scalar, {a}, Attrs{{"exponent", exponent}})[0];
+  return first_output(dispatch(ops::pow_scalar, {a}, Attrs{{"exponent", exponent}}));
 }
 
 Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
@@ -586,17 +586,17 @@ Tensor tanh(const Tensor& x) { return unary(ops::tanh, x); }
 Tensor sigmoid(const Tensor& x) { return unary(ops::sigmoid, x); }
 Tensor relu(const Tensor& x) { return unary(ops::relu, x); }
 Tensor gelu(const Tensor& x, const std::string& approximate) {
-  return dispatch(ops::gelu, {x}, Attrs{{"approximate", approximate}})[0];
+  return first_output(dispatch(ops::gelu, {x}, Attrs{{"approximate", approximate}}));
 }
 Tensor clamp(const Tensor& x, double min, double max) {
-  return dispatch(ops::clamp, {x}, Attrs{{"min", min}, {"max", max}})[0];
+  return first_output(dispatch(ops::clamp, {x}, Attrs{{"min", min}, {"max", max}}));
 }
 
 Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
-  return dispatch(ops::where, {condition, a, b})[0];
+  return first_output(dispatch(ops::where, {condition, a, b}));
 }
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
-  return dispatch(ops::masked_fill, {x, mask}, Attrs{{"value", value}})[0];
+  return first_output(dispatch(ops::masked_fill, {x, mask}, Attrs{{"value", value}}));
 }
 Tensor eq(const Tensor& a, const Tensor& b) { return binary(ops::eq, a, b); }
 Tensor ne(const Tensor& a, const Tensor& b) { return binary(ops::ne, a, b); }

@@ -304,16 +304,17 @@ Tensor& normal_(Tensor& tensor, double mean, double stddev) {
   return tensor;
 }
 
-Tensor clone(const Tensor& x) { return dispatch(ops::clone, {x})[0]; }
+Tensor clone(const Tensor& x) { return first_output(dispatch(ops::clone, {x})); }
 
 Tensor contiguous(const Tensor& x) {
   if (x.is_contiguous()) return x;
-  return dispatch(ops::contiguous, {x})[0];
+  return first_output(dispatch(ops::contiguous, {x}));
 }
 
 Tensor to_dtype(const Tensor& x, DType dtype) {
   if (x.dtype() == dtype) return x;
-  return dispatch(ops::to_dtype, {x}, Attrs{{"dtype", std::string(dtype_name(dtype))}})[0];
+  return first_output(
+      dispatch(ops::to_dtype, {x}, Attrs{{"dtype", std::string(dtype_name(dtype))}}));
 }
 
 }  // namespace tessel

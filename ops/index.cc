@@ -273,7 +273,7 @@ TESSEL_REGISTER_OPS(index) {
 }
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
-  return dispatch(ops::cat, tensors, Attrs{{"dim", dim}})[0];
+  return first_output(dispatch(ops::cat, tensors, Attrs{{"dim", dim}}));
 }
 
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
@@ -314,15 +314,16 @@ std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {
 }
 
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
-  return dispatch(ops::index_select, {x, index}, Attrs{{"dim", dim}})[0];
+  return first_output(dispatch(ops::index_select, {x, index}, Attrs{{"dim", dim}}));
 }
 
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
-  return dispatch(ops::gather, {x, index}, Attrs{{"dim", dim}})[0];
+  return first_output(dispatch(ops::gather, {x, index}, Attrs{{"dim", dim}}));
 }
 
 Tensor embedding(const Tensor& weight, const Tensor& indices, int64_t padding_idx) {
-  return dispatch(ops::embedding, {weight, indices}, Attrs{{"padding_idx", padding_idx}})[0];
+  return first_output(
+      dispatch(ops::embedding, {weight, indices}, Attrs{{"padding_idx", padding_idx}}));
 }
 
 }  // namespace tessel

@@ -40,7 +40,9 @@ Tensor sum_in_f32(const Tensor& grad, const std::vector<int64_t>& dims) {
   return to_dtype(sum(to_dtype(grad, DType::kFloat32), dims), grad.dtype());
 }
 
-Tensor matmul_2d(const Tensor& a, const Tensor& b) { return dispatch(ops::matmul, {a, b})[0]; }
+Tensor matmul_2d(const Tensor& a, const Tensor& b) {
+  return first_output(dispatch(ops::matmul, {a, b}));
+}
 
 void register_matmul() {
   // matmul: a (n, k) x b (k, m) -> (n, m). The public matmul builds every other form on it.
@@ -222,6 +224,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   const int64_t k_b = b_dims == 1 ? b.size(0) : b.size(-2);
   TESSEL_CHECK(k_a == k_b, "matmul: inner dimensions differ: a has shape ", shape_str(a.sizes()),
                " and b has shape ", shape_str(b.sizes()), " (", k_a, " vs ", k_b, ")");
+  if (a_dims == 2 && b_dims == 2) return matmul_2d(a, b);
   if (a_dims <= 2 && b_dims <= 2) {
     Tensor a_matrix = a_dims == 1 ? unsqueeze(a, 0) : a;
     Tensor b_matrix = b_dims == 1 ? unsqueeze(b, 1) : b;
@@ -263,17 +266,17 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return reshape(product, sizes);
 }
 
-Tensor bmm(const Tensor& a, const Tensor& b) { return dispatch(ops::bmm, {a, b})[0]; }
+Tensor bmm(const Tensor& a, const Tensor& b) { return first_output(dispatch(ops::bmm, {a, b})); }
 
 Tensor addmm(const Tensor& c, const Tensor& a, const Tensor& b) {
-  return dispatch(ops::addmm, {c, a, b})[0];
+  return first_output(dispatch(ops::addmm, {c, a, b}));
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   TESSEL_CHECK(x.dim() >= 1, "linear: input must have at least 1 dimension, got shape ",
                shape_str(x.sizes()));
   if (x.dim() == 1) return squeeze(dispatch(ops::linear, {unsqueeze(x, 0), weight, bias})[0], 0);
-  return dispatch(ops::linear, {x, weight, bias})[0];
+  return first_output(dispatch(ops::linear, {x, weight, bias}));
 }
 
 }  // namespace tessel

@@ -216,18 +216,19 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
   parse_reduction("cross_entropy", reduction);
   Attrs attrs = class_loss_attrs(ignore_index, reduction);
   attrs.set("label_smoothing", label_smoothing);
-  return dispatch(ops::cross_entropy, {logits, target}, attrs)[0];
+  return first_output(dispatch(ops::cross_entropy, {logits, target}, attrs));
 }
 
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, int64_t ignore_index,
                 const std::string& reduction) {
   parse_reduction("nll_loss", reduction);
-  return dispatch(ops::nll_loss, {log_probs, target}, class_loss_attrs(ignore_index, reduction))[0];
+  return first_output(
+      dispatch(ops::nll_loss, {log_probs, target}, class_loss_attrs(ignore_index, reduction)));
 }
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, const std::string& reduction) {
   parse_reduction("mse_loss", reduction);
-  return dispatch(ops::mse_loss, {input, target}, Attrs{{"reduction", reduction}})[0];
+  return first_output(dispatch(ops::mse_loss, {input, target}, Attrs{{"reduction", reduction}}));
 }
 
 }  // namespace tessel

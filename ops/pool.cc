@@ -234,7 +234,7 @@ Tensor max_pool2d(const Tensor& x, std::vector<int64_t> kernel_size, std::vector
               {"dilation", pool_pair(std::move(dilation), "max_pool2d", "dilation")},
               {"ceil_mode", ceil_mode}};
   return with_batch("max_pool2d", x, [&](const Tensor& batched) {
-    return dispatch(ops::max_pool2d, {batched}, attrs)[0];
+    return first_output(dispatch(ops::max_pool2d, {batched}, attrs));
   });
 }
 
@@ -248,7 +248,7 @@ Tensor avg_pool2d(const Tensor& x, std::vector<int64_t> kernel_size, std::vector
               {"ceil_mode", ceil_mode},
               {"count_include_pad", count_include_pad}};
   return with_batch("avg_pool2d", x, [&](const Tensor& batched) {
-    return dispatch(ops::avg_pool2d, {batched}, attrs)[0];
+    return first_output(dispatch(ops::avg_pool2d, {batched}, attrs));
   });
 }
 
@@ -256,7 +256,7 @@ Tensor adaptive_avg_pool2d(const Tensor& x, std::vector<int64_t> output_size) {
   Attrs attrs{
       {"output_size", pool_pair(std::move(output_size), "adaptive_avg_pool2d", "output_size")}};
   return with_batch("adaptive_avg_pool2d", x, [&](const Tensor& batched) {
-    return dispatch(ops::adaptive_avg_pool2d, {batched}, attrs)[0];
+    return first_output(dispatch(ops::adaptive_avg_pool2d, {batched}, attrs));
   });
 }
 

@@ -266,26 +266,26 @@ TESSEL_REGISTER_OPS(reduce) {
 }
 
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
-  return dispatch(ops::sum, {x}, Attrs{{"dims", dims}, {"keepdim", keepdim}})[0];
+  return first_output(dispatch(ops::sum, {x}, Attrs{{"dims", dims}, {"keepdim", keepdim}}));
 }
 
 Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
-  return dispatch(ops::mean, {x}, Attrs{{"dims", dims}, {"keepdim", keepdim}})[0];
+  return first_output(dispatch(ops::mean, {x}, Attrs{{"dims", dims}, {"keepdim", keepdim}}));
 }
 
 Tensor max(const Tensor& x, int64_t dim, bool keepdim) {
-  return dispatch(ops::max, {x}, Attrs{{"dim", dim}, {"keepdim", keepdim}})[0];
+  return first_output(dispatch(ops::max, {x}, Attrs{{"dim", dim}, {"keepdim", keepdim}}));
 }
 
 Tensor min(const Tensor& x, int64_t dim, bool keepdim) {
-  return dispatch(ops::min, {x}, Attrs{{"dim", dim}, {"keepdim", keepdim}})[0];
+  return first_output(dispatch(ops::min, {x}, Attrs{{"dim", dim}, {"keepdim", keepdim}}));
 }
 
-Tensor max(const Tensor& x) { return dispatch(ops::max_all, {x})[0]; }
-Tensor min(const Tensor& x) { return dispatch(ops::min_all, {x})[0]; }
+Tensor max(const Tensor& x) { return first_output(dispatch(ops::max_all, {x})); }
+Tensor min(const Tensor& x) { return first_output(dispatch(ops::min_all, {x})); }
 
 Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {
-  return dispatch(ops::argmax, {x}, Attrs{{"dim", dim}, {"keepdim", keepdim}})[0];
+  return first_output(dispatch(ops::argmax, {x}, Attrs{{"dim", dim}, {"keepdim", keepdim}}));
 }
 
 Tensor var(const Tensor& x, const std::vector<int64_t>& dims, bool unbiased, bool keepdim) {
@@ -294,11 +294,11 @@ Tensor var(const Tensor& x, const std::vector<int64_t>& dims, bool unbiased, boo
 }
 
 Tensor softmax(const Tensor& x, int64_t dim) {
-  return dispatch(ops::softmax, {x}, Attrs{{"dim", dim}})[0];
+  return first_output(dispatch(ops::softmax, {x}, Attrs{{"dim", dim}}));
 }
 
 Tensor log_softmax(const Tensor& x, int64_t dim) {
-  return dispatch(ops::log_softmax, {x}, Attrs{{"dim", dim}})[0];
+  return first_output(dispatch(ops::log_softmax, {x}, Attrs{{"dim", dim}}));
 }
 
 }  // namespace tessel

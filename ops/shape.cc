@@ -384,19 +384,19 @@ TESSEL_REGISTER_OPS(shape) {
 }
 
 Tensor reshape(const Tensor& x, const Shape& sizes) {
-  return dispatch(ops::reshape, {x}, Attrs{{"shape", sizes}})[0];
+  return first_output(dispatch(ops::reshape, {x}, Attrs{{"shape", sizes}}));
 }
 
 Tensor view(const Tensor& x, const Shape& sizes) {
-  return dispatch(ops::view, {x}, Attrs{{"shape", sizes}})[0];
+  return first_output(dispatch(ops::view, {x}, Attrs{{"shape", sizes}}));
 }
 
 Tensor transpose(const Tensor& x, int64_t dim0, int64_t dim1) {
-  return dispatch(ops::transpose, {x}, Attrs{{"dim0", dim0}, {"dim1", dim1}})[0];
+  return first_output(dispatch(ops::transpose, {x}, Attrs{{"dim0", dim0}, {"dim1", dim1}}));
 }
 
 Tensor permute(const Tensor& x, const std::vector<int64_t>& dims) {
-  return dispatch(ops::permute, {x}, Attrs{{"dims", dims}})[0];
+  return first_output(dispatch(ops::permute, {x}, Attrs{{"dims", dims}}));
 }
 
 Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t step) {
@@ -418,19 +418,19 @@ Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length) {
 }
 
 Tensor select(const Tensor& x, int64_t dim, int64_t index) {
-  return dispatch(ops::select, {x}, Attrs{{"dim", dim}, {"index", index}})[0];
+  return first_output(dispatch(ops::select, {x}, Attrs{{"dim", dim}, {"index", index}}));
 }
 
 Tensor expand(const Tensor& x, const Shape& sizes) {
-  return dispatch(ops::expand, {x}, Attrs{{"shape", sizes}})[0];
+  return first_output(dispatch(ops::expand, {x}, Attrs{{"shape", sizes}}));
 }
 
 Tensor squeeze(const Tensor& x, int64_t dim) {
-  return dispatch(ops::squeeze, {x}, Attrs{{"dim", dim}})[0];
+  return first_output(dispatch(ops::squeeze, {x}, Attrs{{"dim", dim}}));
 }
 
 Tensor unsqueeze(const Tensor& x, int64_t dim) {
-  return dispatch(ops::unsqueeze, {x}, Attrs{{"dim", dim}})[0];
+  return first_output(dispatch(ops::unsqueeze, {x}, Attrs{{"dim", dim}}));
 }
 
 Tensor flatten(const Tensor& x, int64_t start_dim, int64_t end_dim) {

@@ -51,26 +51,24 @@ bool shares_storage(const Tensor& output, const std::vector<Tensor>& inputs) {
 // and it aliases no input, else a dense workspace copied back by `finish`.
 template <typename T>
 struct GemmResult {
-  Tensor target;
+  Tensor workspace;  // defined when staged
   T* data = nullptr;
   int64_t ld = 0;
   int64_t batch_stride = 0;
-  bool staged = false;
 
-  GemmResult(KernelContext& context, const Tensor& output) : target(output) {
+  GemmResult(KernelContext& context, const Tensor& output) {
     const int64_t ndim = output.dim();
     const MatrixLayout layout =
         result_layout(output.size(ndim - 2), output.size(ndim - 1), output.stride(ndim - 2),
                       output.stride(ndim - 1), ndim == 3 ? output.size(0) : 1,
                       ndim == 3 ? output.stride(0) : 0, shares_storage(output, context.inputs));
-    staged = !layout.in_place;
-    if (staged) target = context.workspace(output.sizes(), output.dtype());
-    data = target.data_ptr<T>();
+    if (!layout.in_place) workspace = context.workspace(output.sizes(), output.dtype());
+    data = (layout.in_place ? output : workspace).template data_ptr<T>();
     ld = layout.ld;
     batch_stride = layout.batch_stride;
   }
   void finish(const Tensor& output) const {
-    if (staged) cpu::copy_strided(target, output);
+    if (workspace.defined()) cpu::copy_strided(workspace, output);
   }
 };
 
@@ -96,7 +94,7 @@ void batched_product_kernel(KernelContext& context) {
 // out (..., out_features) = x (..., in) W^T + bias.
 template <typename T>
 void linear_product_kernel(KernelContext& context) {
-  Tensor x = context.inputs[0];
+  const Tensor& x = context.inputs[0];
   const Tensor& weight = context.inputs[1];
   const Tensor& bias = context.inputs[2];
   const Tensor& out = context.outputs[0];
@@ -112,30 +110,27 @@ void linear_product_kernel(KernelContext& context) {
     int64_t column_ld = row_major_ld(in_features, rows, x.stride(1), x.stride(0));
     if (column_ld >= 0) x_ld = column_ld, x_transposed = true;
   }
-  if (x_ld < 0) {
-    x = cpu::dense_input(context, x);
-    x_ld = std::max<int64_t>(in_features, 1);
-  }
+  const T* x_data = x_ld < 0 ? cpu::dense_data<T>(context, x) : x.data_ptr<T>();
+  if (x_ld < 0) x_ld = std::max<int64_t>(in_features, 1);
   // Dense scratch when the output is strided or aliases an input; one row-major matrix otherwise.
-  Tensor target = out;
-  const bool staged = !out.is_contiguous() || shares_storage(out, context.inputs);
-  if (staged) target = context.workspace(out.sizes(), out.dtype());
-  T* result = target.data_ptr<T>();
+  Tensor staged;
+  if (!out.is_contiguous() || shares_storage(out, context.inputs))
+    staged = context.workspace(out.sizes(), out.dtype());
+  T* result = (staged.defined() ? staged : out).data_ptr<T>();
 
   // W^T: a row-major W (out, in) is read transposed; a transposed view of one is read as is.
   GemmOperand<T> w = gemm_operand<T>(context, weight);
   const int64_t ldc = std::max<int64_t>(out_features, 1);
   if (!bias.defined()) {
-    cpu::gemm(x_transposed, !w.transposed, rows, out_features, in_features, T(1), x.data_ptr<T>(),
-              x_ld, w.data, w.ld, T(0), result, ldc);
+    cpu::gemm(x_transposed, !w.transposed, rows, out_features, in_features, T(1), x_data, x_ld,
+              w.data, w.ld, T(0), result, ldc);
   } else {
     // The product starts from the bias in every row (the kernel reads it where C's old value
     // would be), so the output is written once.
-    const Tensor dense_bias = cpu::dense_input(context, bias);
-    cpu::gemm_onto_row(x_transposed, !w.transposed, rows, out_features, in_features, T(1),
-                       x.data_ptr<T>(), x_ld, w.data, w.ld, dense_bias.data_ptr<T>(), result, ldc);
+    cpu::gemm_onto_row(x_transposed, !w.transposed, rows, out_features, in_features, T(1), x_data,
+                       x_ld, w.data, w.ld, cpu::dense_data<T>(context, bias), result, ldc);
   }
-  if (staged) cpu::copy_strided(target, out);
+  if (staged.defined()) cpu::copy_strided(staged, out);
 }
 
 // out (n, m) = c + a (n, k) b (k, m): out holds c first (it is c when called in place), then the

@@ -124,4 +124,12 @@ inline Tensor dense_input(KernelContext& context, const Tensor& input) {
   return dense;
 }
 
+// The elements of `input` in row-major order: its own, or a dense copy's in the kernel's
+// workspace.
+template <typename T>
+const T* dense_data(KernelContext& context, const Tensor& input) {
+  if (input.is_contiguous()) return input.data_ptr<T>();
+  return dense_input(context, input).template data_ptr<T>();
+}
+
 }  // namespace tessel::cpu
