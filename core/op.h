@@ -30,6 +30,7 @@ struct OutputSpec {
 // The one output of an op's shape rule, its shape moved in (a braced list would copy it).
 inline std::vector<OutputSpec> one_output(Shape sizes, DType dtype) {
   std::vector<OutputSpec> specs;
+  specs.reserve(1);
   specs.push_back({std::move(sizes), dtype});
   return specs;
 }
@@ -316,6 +317,16 @@ DispatchInterceptor* set_dispatch_interceptor(DispatchInterceptor* interceptor);
 
 // Runs an op: checks devices, applies the shape rule, allocates outputs (or writes into `out`),
 // runs the kernel for the inputs' device, records autograd and the op record.
+// An op's inputs as dispatch takes them, each handle copied once (a braced list copies each
+// twice, and every copy of a handle counts a reference): dispatch(op, inputs_of(a, b)).
+template <typename... Inputs>
+std::vector<Tensor> inputs_of(const Inputs&... inputs) {
+  std::vector<Tensor> result;
+  result.reserve(sizeof...(inputs));
+  (result.push_back(inputs), ...);
+  return result;
+}
+
 // An op's only output, moved out of dispatch's result: return first_output(dispatch(...));
 inline Tensor first_output(std::vector<Tensor>&& outputs) { return std::move(outputs.at(0)); }
 

@@ -496,14 +496,16 @@ void register_selection() {
 }
 
 Tensor binary(const OpHandle& op, const Tensor& a, const Tensor& b) {
-  return first_output(dispatch(op, {a, b}));
+  return first_output(dispatch(op, inputs_of(a, b)));
 }
 
 Tensor scalar_op(const OpHandle& op, const Tensor& a, double value) {
-  return first_output(dispatch(op, {a}, Attrs{{"value", value}}));
+  return first_output(dispatch(op, inputs_of(a), Attrs{{"value", value}}));
 }
 
-Tensor unary(const OpHandle& op, const Tensor& x) { return first_output(dispatch(op, {x})); }
+Tensor unary(const OpHandle& op, const Tensor& x) {
+  return first_output(dispatch(op, inputs_of(x)));
+}
 
 }  // namespace
 

@@ -41,7 +41,7 @@ Tensor sum_in_f32(const Tensor& grad, const std::vector<int64_t>& dims) {
 }
 
 Tensor matmul_2d(const Tensor& a, const Tensor& b) {
-  return first_output(dispatch(ops::matmul, {a, b}));
+  return first_output(dispatch(ops::matmul, inputs_of(a, b)));
 }
 
 void register_matmul() {
@@ -266,17 +266,19 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return reshape(product, sizes);
 }
 
-Tensor bmm(const Tensor& a, const Tensor& b) { return first_output(dispatch(ops::bmm, {a, b})); }
+Tensor bmm(const Tensor& a, const Tensor& b) {
+  return first_output(dispatch(ops::bmm, inputs_of(a, b)));
+}
 
 Tensor addmm(const Tensor& c, const Tensor& a, const Tensor& b) {
-  return first_output(dispatch(ops::addmm, {c, a, b}));
+  return first_output(dispatch(ops::addmm, inputs_of(c, a, b)));
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   TESSEL_CHECK(x.dim() >= 1, "linear: input must have at least 1 dimension, got shape ",
                shape_str(x.sizes()));
   if (x.dim() == 1) return squeeze(dispatch(ops::linear, {unsqueeze(x, 0), weight, bias})[0], 0);
-  return first_output(dispatch(ops::linear, {x, weight, bias}));
+  return first_output(dispatch(ops::linear, inputs_of(x, weight, bias)));
 }
 
 }  // namespace tessel
