@@ -780,6 +780,31 @@ TEST(AllocatorTable, ADeviceOfItsOwnComesBeforeItsTypeAndTheFactoryLast) {
   EXPECT_TRUE(throws_error([] { allocator_for(Device::cuda(1)); }, "build with --config=cuda"));
 }
 
+// The CPU's own allocator is found without the table's lock while nothing else is installed for
+// the CPU; one installed for the CPU device or for its type takes over at once, and the CPU's own
+// comes back when it is removed.
+TEST(AllocatorTable, AnAllocatorInstalledForTheCpuTakesOverFromItsOwn) {
+  const std::shared_ptr<Allocator> own = allocator_for(Device::cpu());
+  auto for_device = std::make_shared<CountingCpuAllocator>();
+  auto for_type = std::make_shared<CountingCpuAllocator>();
+  {
+    RestoreCpuAllocator restore;
+    EXPECT_EQ(set_allocator(Device::cpu(), for_device), nullptr);
+    EXPECT_EQ(allocator_for(Device::cpu()).get(), for_device.get());
+    Tensor x = empty({4, 4});
+    EXPECT_EQ(x.storage()->allocator().get(), for_device.get());
+    EXPECT_EQ(for_device->stats().allocated_bytes, 64);
+    EXPECT_EQ(set_allocator(Device::cpu(), nullptr).get(), for_device.get());
+    EXPECT_EQ(allocator_for(Device::cpu()).get(), own.get());
+    set_allocator(DeviceType::kCpu, for_type);
+    EXPECT_EQ(allocator_for(Device::cpu()).get(), for_type.get());
+    EXPECT_EQ(empty({2}).storage()->allocator().get(), for_type.get());
+  }
+  EXPECT_EQ(for_device->stats().allocated_bytes, 0);  // x went back to the allocator it came from
+  EXPECT_EQ(allocator_for(Device::cpu()).get(), own.get());
+  EXPECT_EQ(empty({2}).storage()->allocator().get(), own.get());
+}
+
 TEST(CachingAllocator, ABudgetOnAGpuNeedsTheCudaBackend) {
   EXPECT_TRUE(
       throws_error([] { make_caching_allocator(Device::cuda(0), CachingAllocatorOptions()); },
