@@ -25,6 +25,7 @@ namespace {
 
 using testing::all_close;
 using testing::bitwise_equal;
+using testing::throws_error;
 
 constexpr double kModelRtol = 1e-4;  // the closeness rule for whole f32 models (tests/testing.h)
 constexpr double kModelAtol = 1e-6;
@@ -46,8 +47,14 @@ struct PolicyCase {
   // Convolutions take im2col workspaces that a split shrinks; BERT's ops need none, so under
   // the split policy every op fits once others are evicted and nothing is split.
   bool splits_expected = true;
-  // Activation fractions to train at: budget = fixed + f * (peak - fixed).
+  // Activation fractions to train at: budget = fixed + f * (peak - fixed); on the CPU the
+  // low ones too.
   std::vector<double> fractions = {0.7, 0.5, 0.3};
+  std::vector<double> cpu_low_fractions = {0.2, 0.1};
+  // dtr moves only tensors with op records: below this fraction what it cannot move (parameters,
+  // their gradients and momentum, inputs) and one op's operands leave it no room, and it must
+  // fail saying so and naming the least budget that op needs.
+  double dtr_lowest_fraction = 0;
   // The batch must make activations at least this share of the peak, or budgets cut little.
   double min_activation_share = 0.75;
 };
@@ -173,6 +180,7 @@ void expect_same(const TrainingRun& actual, const TrainingRun& expected, bool bi
 PolicyCase resnet18_case() {
   PolicyCase result;
   result.name = "resnet18";
+  result.dtr_lowest_fraction = 0.3;
   result.make_model = [] {
     return models::resnet18(models::ResNetOptions().num_classes(10).small_image_stem(true));
   };
@@ -208,8 +216,10 @@ PolicyCase bert_case(int64_t vocab) {
   constexpr int64_t kBatch = 8, kSequence = 128;
   PolicyCase result;
   result.name = vocab == kBertVocab ? "bert_tiny_vocab30522" : "bert_tiny";
+  result.dtr_lowest_fraction = 0.2;
   if (vocab == kBertVocab) {
     result.fractions = {0.2, 0.1};
+    result.cpu_low_fractions = {};
     // The word table (30522 x 128, with its gradient and momentum) is most of the fixed memory.
     result.min_activation_share = 0.55;
   }
@@ -285,17 +295,27 @@ void check_policy_equality(const std::string& model, Policy policy, Device devic
       << 100 * policy_case.min_activation_share << "% of the peak";
 
   PolicyCounters total;
-  for (double fraction : policy_case.fractions) {
+  std::vector<double> fractions = policy_case.fractions;
+  if (device.is_cpu())
+    fractions.insert(fractions.end(), policy_case.cpu_low_fractions.begin(),
+                     policy_case.cpu_low_fractions.end());
+  for (double fraction : fractions) {
     const size_t budget = activation_budget(expected.fixed, expected.peak, fraction);
     SCOPED_TRACE(policy_case.name + " under " + policy_name(policy) +
                  " at f = " + std::to_string(fraction) + " (" + format_bytes(budget) + ")");
-    const TrainingRun run = train(policy_case, MemoryOptions()
-                                                   .device(device)
-                                                   .budget(budget)
-                                                   .policy(policy)
-                                                   .min_candidate_bytes(kMinCandidateBytes)
-                                                   .cost_source(CostSource::kEstimated)
-                                                   .fixed_bytes(expected.fixed));
+    const MemoryOptions options = MemoryOptions()
+                                      .device(device)
+                                      .budget(budget)
+                                      .policy(policy)
+                                      .min_candidate_bytes(kMinCandidateBytes)
+                                      .cost_source(CostSource::kEstimated)
+                                      .fixed_bytes(expected.fixed);
+    if (policy == Policy::kDtr && fraction < policy_case.dtr_lowest_fraction) {
+      EXPECT_TRUE(
+          throws_error([&] { train(policy_case, options); }, "least budget for this op under dtr"));
+      continue;
+    }
+    const TrainingRun run = train(policy_case, options);
     if (probing()) {
       std::cout << "  " << policy_case.name << " " << policy_name(policy) << " f=" << fraction
                 << ": peak " << format_bytes(run.peak) << " of " << format_bytes(budget) << "; "
