@@ -134,9 +134,12 @@ struct ResidencyManager::Record {
   double component_cost = 0;             // what this storage added to it
   std::shared_ptr<HostTransfer> pending_out;
   std::shared_ptr<HostTransfer> pending_in;  // a prefetch: device bytes held, host copy kept
-  bool consumed = false;                     // a recorded op has read it since it was made
-  bool rematerializing = false;              // being recomputed: not a candidate
-  bool producer_stale = false;  // an input of its op record was (or is being) written in place
+  // A recorded op has read it, or another output of its op, since it was made: an output read
+  // only by backward (dropout's mask, pooling's indices) waits for it as long as the saved
+  // activations do, and is a candidate once its op's result has been read.
+  bool consumed = false;
+  bool rematerializing = false;  // being recomputed: not a candidate
+  bool producer_stale = false;   // an input of its op record was (or is being) written in place
   bool read_back_in_forward = false;  // swapped out, then read again while gradients recorded
   // Made by a backward op: a gradient on its way to its consumers. Never recomputed: its op
   // record reads upstream gradients that backward drops as soon as they are consumed, so a
@@ -845,12 +848,21 @@ void ResidencyManager::rematerialize(StorageImpl& target) {
     std::shared_ptr<OpCall> done = frame.record;
     replay(*done);
     // The replay read its inputs: they are candidates again, as after their first reader.
-    for (const StorageAccess& input : frame.pinned_inputs)
-      record_of(*input.storage()).consumed = true;
+    for (const StorageAccess& input : frame.pinned_inputs) mark_consumed(*input.storage());
     release_held(frame.held);
     on_stack.erase(&storage);
     stack.pop_back();  // unpins the inputs
   }
+}
+
+void ResidencyManager::mark_consumed(StorageImpl& storage) {
+  Record& record = record_of(storage);
+  if (record.consumed) return;
+  record.consumed = true;
+  if (!storage.producer) return;
+  for (const auto& weak : storage.producer->output_storages)
+    if (auto sibling = weak.lock(); sibling && sibling.get() != &storage)
+      record_of(*sibling).consumed = true;
 }
 
 void ResidencyManager::hold_waiting_inputs() {
@@ -973,9 +985,9 @@ void ResidencyManager::on_op_recorded(const std::shared_ptr<OpCall>& call, doubl
   if (keeps_records()) {
     for (const auto& input : call->inputs) {
       if (!input.storage) continue;
-      Record& record = record_of(*input.storage);
-      record.consumed = true;
+      mark_consumed(*input.storage);
       if (!keep) continue;
+      Record& record = record_of(*input.storage);
       record.consumers.push_back(call);
       if (record.consumers.size() > record.consumers_pruned_at) {
         auto& consumers = record.consumers;

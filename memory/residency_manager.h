@@ -277,6 +277,7 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   void release_held(std::vector<std::shared_ptr<StorageImpl>>& held);
   void snapshot_for_readers(StorageImpl& storage,
                             const std::vector<std::shared_ptr<OpCall>>& readers);
+  void mark_consumed(StorageImpl& storage);  // and the other outputs of its op record
   void join_component(StorageImpl& storage);
   void leave_component(StorageImpl& storage);
   void label(StorageImpl& storage);

@@ -216,7 +216,6 @@ PolicyCase bert_case(int64_t vocab) {
   constexpr int64_t kBatch = 8, kSequence = 128;
   PolicyCase result;
   result.name = vocab == kBertVocab ? "bert_tiny_vocab30522" : "bert_tiny";
-  result.dtr_lowest_fraction = 0.2;
   if (vocab == kBertVocab) {
     result.fractions = {0.2, 0.1};
     result.cpu_low_fractions = {};

@@ -3,8 +3,8 @@
 // x0.5 and BERT tiny (with dropout) train 3 SGD steps (lr 1e-3) on one device at activation
 // budgets f = 0.7, 0.5, 0.3 (budget = fixed + f * (peak - fixed)) and on the CPU at 0.2 and 0.1
 // too, and BERT tiny with a vocabulary of 30522 (its MLM head scored in chunks) at f = 0.2 and
-// 0.1; where dtr cannot train (ResNet-18 below 0.3, BERT tiny below 0.2: what it cannot move
-// and one op's operands exceed the budget) it must fail naming the least budget that op needs.
+// 0.1; where dtr cannot train (ResNet-18 below 0.3: what it cannot move and one op's operands
+// exceed the budget) it must fail naming the least budget that op needs.
 // Every run that trains must match the unbudgeted
 // run on that device: the first step's gradients and parameter changes and every loss (bitwise
 // for dtr and swap, which run the same kernels in the same order; the closeness rule for split
