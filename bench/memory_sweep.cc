@@ -225,6 +225,7 @@ struct Point {
   double link_wait_seconds = 0;     // per timed step: compute blocked on the host link
   double prefetches = 0;            // per timed step: swap-ins started ahead of need
   double prefetch_hits = 0;         // per timed step: of them, read before being dropped
+  std::string auto_way;             // auto: the way it kept (ResidencyStats::auto_mode)
   // Per timed step, by op: {"count", "bytes", "seconds"} of the recomputes (replays).
   nlohmann::ordered_json replays_by_op = nlohmann::ordered_json::object();
   double loss = 0;
@@ -316,6 +317,7 @@ Point measure(const Settings& settings, int64_t batch, const MemoryOptions& opti
       point.link_busy_seconds = (manager->host_link().busy_seconds() - busy_start) / settings.steps;
       point.link_wait_seconds = (manager->host_link().wait_seconds() - wait_start) / settings.steps;
       const memory::ResidencyStats residency = manager->stats();
+      point.auto_way = residency.auto_mode;
       point.prefetches =
           static_cast<double>(residency.prefetches - residency_start.prefetches) / settings.steps;
       point.prefetch_hits =
@@ -431,6 +433,7 @@ void sweep(const Settings& settings) {
       // its reference.
       const int pairs = settings.simulation ? 1 : settings.pairs;
       std::vector<double> ratios, cpu_ratios, base_seconds, base_cpu_seconds, point_seconds;
+      std::vector<std::string> auto_ways;  // the way auto kept in each pair's run
       Point point;
       for (int pair = 0; pair < pairs && point.ok; ++pair) {
         Point base = reference;
@@ -447,6 +450,7 @@ void sweep(const Settings& settings) {
         base_seconds.push_back(base.step_seconds);
         base_cpu_seconds.push_back(base.cpu_seconds);
         if (!point.ok) break;
+        if (!point.auto_way.empty()) auto_ways.push_back(point.auto_way);
         point_seconds.push_back(point.step_seconds);
         ratios.push_back(point.step_seconds / base.step_seconds);
         cpu_ratios.push_back(point.cpu_seconds / base.cpu_seconds);
@@ -471,6 +475,7 @@ void sweep(const Settings& settings) {
       line["cpu_slowdown"] = point.ok ? median(cpu_ratios) : 0.0;
       line["pair_slowdowns"] = ratios;
       line["pair_cpu_slowdowns"] = cpu_ratios;
+      if (!auto_ways.empty()) line["auto_ways"] = auto_ways;
       if (point.ok) {
         line["slowdown_min"] = *std::min_element(ratios.begin(), ratios.end());
         line["slowdown_max"] = *std::max_element(ratios.begin(), ratios.end());
@@ -482,8 +487,10 @@ void sweep(const Settings& settings) {
                              : "failed: " + point.error)
                 << "; " << memory::format_counters(point.counters) << "; host link busy "
                 << point.link_busy_seconds << " s, waited for " << point.link_wait_seconds << " s; "
-                << point.prefetches << " prefetches, " << point.prefetch_hits << " read"
-                << std::endl;
+                << point.prefetches << " prefetches, " << point.prefetch_hits << " read";
+      for (size_t pair = 0; pair < auto_ways.size(); ++pair)
+        std::cerr << (pair == 0 ? "; ways kept: " : ", ") << auto_ways[pair];
+      std::cerr << std::endl;
     }
   }
   // The header's step time: the median of the unconstrained runs.
