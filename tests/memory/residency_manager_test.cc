@@ -25,6 +25,7 @@
 #include "memory/host_link.h"
 #include "memory/memory.h"
 #include "nn/nn.h"
+#include "ops/dropout.h"
 #include "ops/ops.h"
 #include "optim/sgd.h"
 #include "tests/testing.h"
@@ -299,6 +300,26 @@ TEST(Dtr, DropoutReplaysItsMask) {
   scope.manager()->evict(*y.storage());
   EXPECT_TRUE(bitwise_equal(y, expected));
   EXPECT_EQ(scope.manager()->stats().policy.recomputes, 1);
+}
+
+// An output only backward reads (dropout's mask) waits for it as long as the saved activations
+// do: once its op's result has been read it is a candidate like them, and comes back as it was.
+TEST(Dtr, AnOutputOnlyBackwardReadsIsACandidateOnceItsOpsResultIsRead) {
+  MemoryScope scope(MemoryOptions().policy(Policy::kDtr).min_candidate_bytes(0));
+  ResidencyManager& manager = *scope.manager();
+  manual_seed(9);
+  Tensor x = randn({64, 64});
+  const std::vector<Tensor> outputs = dispatch(ops::dropout, {x}, Attrs{{"p", 0.5}});
+  const Tensor& mask = outputs[1];
+  // Nothing has read the result yet: it and the mask are about to be read.
+  EXPECT_EQ(manager.planned_action(*mask.storage()), ResidencyAction::kNone);
+  Tensor next = neg(outputs[0]);
+  EXPECT_EQ(manager.planned_action(*mask.storage()), ResidencyAction::kRecompute);
+  const std::vector<bool> expected = mask.to_vector<bool>();
+  randn({1000});  // the generator moves on
+  manager.evict(*mask.storage());
+  EXPECT_EQ(mask.storage()->state(), Residency::kEvicted);
+  EXPECT_EQ(mask.to_vector<bool>(), expected);
 }
 
 // Runs `body` on a thread with a small stack: recursion 2000 deep would not fit in it.
