@@ -248,17 +248,16 @@ def main():
     if not args.no_cpu:
         for case, flags in CPU_SWEEPS.items():
             jobs.append((("cpu", case), "%s at %s of the activations" % (case, CPU_FRACTIONS),
-                         flags + ["--policies=" + POLICIES, "--fractions=" + CPU_FRACTIONS],
-                         CPU_PROFILE))
+                         flags + ["--policies=" + POLICIES, "--fractions=" + CPU_FRACTIONS]))
     json_path = os.path.join(args.out, "memory_sim_timeline.json")
     if TIMELINE[0] in cases:
         jobs.append((("timeline", TIMELINE[0]), "one step's timeline (%s)" % " ".join(TIMELINE[1]),
                      TIMELINE[1] + ["--memory_json=" + json_path]))
 
     def run_job(job):
-        key, title, flags = job[:3]
+        key, title, flags = job
         print("memory_sim: started %s" % title, flush=True)
-        lines = run_sweep(flags, log, *job[3:])
+        lines = run_sweep(flags, log, CPU_PROFILE if key[0] == "cpu" else PROFILE)
         print("memory_sim: finished %s (%.0f s)" % (title, lines[0]["simulator_wall_s"]),
               flush=True)
         return key, lines
