@@ -2,7 +2,8 @@
 """The memory policies in the simulated H200: bench/results/memory_sim.md, .jsonl and .png.
 
 Runs //bench:memory_sweep --simulate (the memory layer over ops on the meta device, step times
-from a device profile, deterministic: the same figures on any machine at any load) for each
+from a device profile, deterministic: the same figures on any machine at any load, for the same
+build) for each
 model below: slowdown against the unconstrained step at fractions of the whole peak (the DTR
 paper's measure) and of the activation memory (the goals), and the largest batch that trains
 within a fixed budget, per policy (a batch whose step is more than 10x the unconstrained step
@@ -295,7 +296,8 @@ def main():
           "simulated: the memory layer (caching allocator, residency manager, policies) runs for "
           "real over ops on the meta device, and time comes from the device profile `%s` (f32 "
           "GEMM 50 TFLOP/s, convolution 40 TFLOP/s, HBM 4 TB/s, 5 us per op, host link "
-          "50 GB/s each way). The same command gives the same figures on any machine at any "
+          "50 GB/s each way). The same command, built the same way (`bazel build -c opt`, gcc), "
+          "gives the same figures on any machine at any "
           "load; raw lines (one per point, with the command): memory_sim.jsonl." %
           (stamp, commit, PROFILE), "",
           "- Slowdown: the simulated time of a training step (SGD with momentum; the median of "
