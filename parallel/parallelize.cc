@@ -1,6 +1,7 @@
 #include "parallel/parallelize.h"
 
 #include <algorithm>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -9,6 +10,7 @@
 #include "ops/factory.h"
 #include "ops/ops.h"
 #include "parallel/dtensor.h"
+#include "parallel/planner/views.h"
 #include "parallel/subgroup_communicator.h"
 #include "parallel/tensor_parallel.h"
 
@@ -19,32 +21,6 @@ using planner::SplitKind;
 
 bool is_conv(const planner::TracedOp& op) {
   return op.def->planner.split == ParallelSplit::kConvChannels;
-}
-
-int64_t suffix_numel(const Shape& sizes, size_t begin) {
-  int64_t numel = 1;
-  for (size_t d = begin; d < sizes.size(); ++d) numel *= sizes[d];
-  return numel;
-}
-
-// Where a model split of dim `axis` of a tensor of shape `from` (blocks of `period` elements cut
-// in `parts`, 0: the whole dim) lies after a reshape to `to`. A reshape keeps the order of the
-// elements, so the split is a run of blocks of the flat elements, each cut in `parts`: the dim of
-// `to` that holds one block and cuts it between elements of the dims after it. Returns that dim
-// and its period there (0: the whole dim), or dim -1 when no dim holds it so.
-std::pair<int64_t, int64_t> reshaped_split(const Shape& from, const Shape& to, int64_t axis,
-                                           int64_t period, int parts) {
-  const size_t a = static_cast<size_t>(axis);
-  const int64_t block = (period > 0 ? period : from[a]) * suffix_numel(from, a + 1);
-  for (size_t d = 0; d < to.size(); ++d) {
-    const int64_t inner = suffix_numel(to, d + 1);
-    const int64_t span = inner * to[d];
-    if (!(inner < block && block <= span)) continue;
-    if (block % inner != 0 || (block / parts) % inner != 0 || span % block != 0) return {-1, 0};
-    const int64_t new_period = block / inner;
-    return {static_cast<int64_t>(d), new_period == to[d] ? 0 : new_period};
-  }
-  return {-1, 0};
 }
 
 // `x` with dim `axis` seen as (blocks, block): the dim after `axis` then holds one block.
@@ -189,6 +165,9 @@ ParallelModule::ParallelModule(std::shared_ptr<nn::Module> model,
       }
     }
   }
+  for (const planner::TracedOp& op : graph_.ops)
+    for (size_t slot = 0; slot < op.inputs.size(); ++slot)
+      if (auto read = input_read(op, slot)) planned_view_gathers_ += read->gathers.size();
   if (one_group_) {
     // The grids of the factors the plan's ops use: 1 (the batch over the group) and N (the model
     // over it) are the group itself; the others are made of groups over part of the ranks.
@@ -393,6 +372,7 @@ Tensor ParallelModule::loss(const std::vector<Tensor>& inputs) {
                " inputs, got ", inputs.size());
   const Layout rows{dp_ > 1, false, -1, 0, one_group_ ? 1 : 0};
   next_op_ = 0;
+  view_gathers_ = 0;
   struct Clear {
     ParallelModule& self;
     ~Clear() {
@@ -420,10 +400,24 @@ Tensor ParallelModule::loss(const std::vector<Tensor>& inputs) {
   TESSEL_CHECK(next_op_ == graph_.ops.size(), "parallelize: ", trace_.name(), " ran ", next_op_,
                " ops but its trace has ", graph_.ops.size(),
                ": the model runs other ops than when it was traced");
+  unplanned_moves_ += std::max(0, view_gathers_ - planned_view_gathers_);
   const Local& result = local_of(loss_proxy);
   TESSEL_CHECK(!result.layout.batch && !result.layout.model,
                "parallelize: the loss is left split over the grid");
   return result.tensor;
+}
+
+std::optional<planner::InputRead> ParallelModule::input_read(const planner::TracedOp& op,
+                                                              size_t slot) const {
+  if (op.inputs[slot] < 0) return std::nullopt;
+  const planner::TracedTensor& tensor = graph_.tensors[op.inputs[slot]];
+  // The data arrive as this rank's rows (loss()); an op over the whole batch gathers them
+  // (labels as they are, 64-bit ids).
+  if (tensor.is_input() && tensor.has_batch)
+    return planner::input_read(graph_, op, slot, planner::Layout{dp_, 1});
+  if (tensor.producer < 0) return std::nullopt;
+  return planner::input_read(graph_, op, slot,
+                             strategies_[tensor.producer].output_layouts[tensor.producer_slot]);
 }
 
 std::vector<StepCollective> ParallelModule::planned_collectives() const {
@@ -524,23 +518,16 @@ std::vector<StepCollective> ParallelModule::planned_collectives() const {
       }
     }
     for (size_t slot = 0; slot < op.inputs.size(); ++slot) {
-      const int id = op.inputs[slot];
-      if (id < 0) continue;
-      const planner::TracedTensor& tensor = graph_.tensors[id];
-      if (tensor.is_input() && tensor.has_batch) {
-        // Not priced by the planner: the data arrive as this rank's rows (loss()), and an op over
-        // the whole batch gathers them (labels as they are, 64-bit ids).
-        gather(planner::Layout{dp_, 1}, s.input_layouts[slot],
-               shape_numel(op.input_shapes[slot]) * element_size(tensor.dtype));
-        continue;
-      }
-      if (tensor.producer < 0) continue;
-      const planner::Layout& from =
-          strategies_[tensor.producer].output_layouts[tensor.producer_slot];
+      const auto found = input_read(op, slot);
+      if (!found) continue;
+      const planner::InputRead& read = *found;
+      const bool data = graph_.tensors[op.inputs[slot]].producer < 0;  // no gradient moves back
+      for (const planner::ViewGather& step : read.gathers)
+        gather(step.from, step.to, static_cast<int64_t>(std::llround(step.bytes)));
       const planner::Layout& to = s.input_layouts[slot];
-      const int64_t bytes = bytes_of(op.input_shapes[slot]);
-      gather(from, to, bytes);
-      if (tensor.requires_grad && op.differentiable) gather(to, from, bytes);
+      const auto bytes = static_cast<int64_t>(std::llround(read.bytes));
+      gather(read.found, to, bytes);
+      if (read.gradient && !data) gather(to, read.found, bytes);
     }
   }
   std::sort(planned.begin(), planned.end());
@@ -730,81 +717,55 @@ std::vector<Tensor> ParallelModule::dispatch(const OpDef& op, const std::vector<
 }
 
 Tensor ParallelModule::run_view(const OpDef& op, const Tensor& input, const Attrs& attrs) {
-  Local source = local_of(input);
+  Local& source = local_of(input);
   const Tensor whole_out = tessel::dispatch(op, {input}, attrs)[0];
-  const Shape& from = input.sizes();
-  const Shape& to = whole_out.sizes();
+  const planner::ViewStep step{op.name, attrs, input.sizes(), whole_out.sizes()};
+  auto place_of = [](const Layout& layout) {
+    return planner::SplitPlace{layout.batch, layout.model ? layout.axis : -1, layout.period};
+  };
   Layout layout = source.layout;
-  bool kept = true;
-  if (op.name == "transpose" || op.name == "permute") {
-    std::vector<int64_t> order(to.size());
-    for (size_t d = 0; d < order.size(); ++d) order[d] = static_cast<int64_t>(d);
-    if (op.name == "transpose") {
-      const int64_t rank = static_cast<int64_t>(from.size());
-      int64_t a = attrs.get<int64_t>("dim0"), b = attrs.get<int64_t>("dim1");
-      std::swap(order[a < 0 ? a + rank : a], order[b < 0 ? b + rank : b]);
-    } else {
-      order = attrs.get<std::vector<int64_t>>("dims");
-      for (int64_t& d : order)
-        if (d < 0) d += static_cast<int64_t>(from.size());
+  std::optional<planner::SplitPlace> seen = planner::place_through_view(
+      step, place_of(layout), batch_parts(layout), model_parts(layout));
+  Tensor local = source.tensor;
+  if (!seen) {
+    // The view cuts across the parts: the value gathered along the model where that is enough,
+    // else whole, once for all its views (planner::read_through_views prices it so).
+    Layout to{layout.batch, false, -1, 0, layout.batch ? layout.factor : 0};
+    if (layout.model) seen = planner::place_through_view(step, place_of(to), batch_parts(to), 1);
+    if (!seen) {
+      to = Layout{};
+      seen = planner::place_through_view(step, planner::SplitPlace{}, 1, 1);
     }
-    auto position = [&](int64_t dim) {
-      return static_cast<int64_t>(std::find(order.begin(), order.end(), dim) - order.begin());
-    };
-    kept = !layout.batch || position(0) == 0;
-    if (layout.model) layout.axis = position(layout.axis);
-    if (kept) return proxy_for(whole_out, tessel::dispatch(op, {source.tensor}, attrs)[0], layout);
-  } else if (op.name == "view" || op.name == "reshape" || op.name == "squeeze" ||
-             op.name == "unsqueeze") {
-    Shape local_sizes = to;
-    if (layout.batch) {
-      // Dim 0 keeps the batch's rows whole (a block of the flat elements, cut in dp parts).
-      const int parts = batch_parts(layout);
-      kept = kept && reshaped_split(from, to, 0, 0, parts) == std::pair<int64_t, int64_t>{0, 0};
-      if (kept) local_sizes[0] /= parts;
+    Tensor& gathered = source.gathered[to.batch];
+    if (!gathered.defined()) {
+      gathered = move(source.tensor, layout, to);
+      ++view_gathers_;
     }
-    if (layout.model) {
-      const int parts = model_parts(layout);
-      const auto [axis, period] = reshaped_split(from, to, layout.axis, layout.period, parts);
-      kept = kept && axis >= 0;
-      if (kept) {
-        layout.axis = axis;
-        layout.period = period;
-        local_sizes[static_cast<size_t>(axis)] /= parts;
-      }
-    }
-    if (kept) return proxy_for(whole_out, reshape(source.tensor, local_sizes), layout);
-  } else if (op.name == "slice" || op.name == "select") {
-    // Along a dim no split cuts: the same view of the local tensor.
-    const int64_t rank = static_cast<int64_t>(from.size());
-    int64_t dim = attrs.get<int64_t>("dim");
-    if (dim < 0) dim += rank;
-    kept = !(layout.batch && dim == 0) && !(layout.model && dim == layout.axis);
-    if (kept && op.name == "select" && layout.model && layout.axis > dim) --layout.axis;
-    if (kept) return proxy_for(whole_out, tessel::dispatch(op, {source.tensor}, attrs)[0], layout);
+    local = gathered;
+    layout = to;
+  }
+  const int64_t axis_before = layout.axis;
+  layout.axis = seen->axis;
+  layout.period = seen->period;
+  Tensor local_out;
+  if (op.name == "view" || op.name == "reshape" || op.name == "squeeze" ||
+      op.name == "unsqueeze") {
+    Shape local_sizes = whole_out.sizes();
+    if (layout.batch) local_sizes[0] /= batch_parts(layout);
+    if (layout.model) local_sizes[static_cast<size_t>(layout.axis)] /= model_parts(layout);
+    local_out = reshape(local, local_sizes);
   } else if (op.name == "expand") {
     Shape local_sizes = attrs.get<Shape>("shape");
-    const size_t lead = local_sizes.size() - from.size();  // dims expand puts in front
-    if (layout.batch) local_sizes[lead] = source.tensor.size(0);
-    if (layout.model) {
-      local_sizes[lead + static_cast<size_t>(layout.axis)] = source.tensor.size(layout.axis);
-      layout.axis += static_cast<int64_t>(lead);
-    }
-    kept = !(layout.batch && lead > 0);
-    if (kept) {
-      Attrs local_attrs = attrs;
-      local_attrs.set("shape", local_sizes);
-      return proxy_for(whole_out, tessel::dispatch(op, {source.tensor}, local_attrs)[0], layout);
-    }
-    layout = source.layout;
+    const size_t lead = local_sizes.size() - static_cast<size_t>(input.dim());
+    if (layout.batch) local_sizes[lead] = local.size(0);
+    if (layout.model) local_sizes[static_cast<size_t>(layout.axis)] = local.size(axis_before);
+    Attrs local_attrs = attrs;
+    local_attrs.set("shape", local_sizes);
+    local_out = tessel::dispatch(op, {local}, local_attrs)[0];
   } else {
-    kept = !layout.batch && !layout.model;
-    if (kept) return proxy_for(whole_out, tessel::dispatch(op, {source.tensor}, attrs)[0], layout);
+    local_out = tessel::dispatch(op, {local}, attrs)[0];
   }
-  // The view cuts across a split: make the tensor whole first (not in the plan: counted).
-  ++unplanned_moves_;
-  Tensor whole_local = move(source.tensor, source.layout, Layout{});
-  return proxy_for(whole_out, tessel::dispatch(op, {whole_local}, attrs)[0], Layout{});
+  return proxy_for(whole_out, local_out, layout);
 }
 
 std::vector<Tensor> ParallelModule::run_op(const OpDef& op, const std::vector<Tensor>& inputs,
@@ -821,10 +782,8 @@ std::vector<Tensor> ParallelModule::run_op(const OpDef& op, const std::vector<Te
   const SplitKind kind = s.kind;
   const bool split_model = s.tp > 1 && kind != SplitKind::kReplicate;
 
-  // The axis the op splits over tp: channels for convolutions, normalisation and pooling, the
-  // features (last dim) for linear layers and column-split tables, else that of an input already
-  // split (with its period: heads inside batch * heads), for attention's softmax any dim but the
-  // normalised one, for its products the batch of heads.
+  // The axis the op splits over tp: that of an input already split (with its period: heads
+  // inside batch * heads) unless the op's kind forces its own (planner::forced_model_axis).
   const ParallelSplit split = traced.def->planner.split;
   const bool embedding_table = split == ParallelSplit::kEmbeddingTable;
   int64_t axis = -1, period = 0, axis_size = 0;
@@ -839,28 +798,9 @@ std::vector<Tensor> ParallelModule::run_op(const OpDef& op, const std::vector<Te
         axis_size = inputs[k].size(axis);
       }
     }
-    const bool channels =
-        split == ParallelSplit::kConvChannels || split == ParallelSplit::kChannels ||
-        split == ParallelSplit::kSpatialReduction || split == ParallelSplit::kConcat;
-    const int64_t rank = static_cast<int64_t>(traced.input_shapes.at(0).size());
-    const int64_t out_rank = static_cast<int64_t>(traced.output_shapes.at(0).size());
-    int64_t forced = -1;
-    if (channels || kind == SplitKind::kVocab) {
-      forced = 1;
-    } else if (kind == SplitKind::kColumn) {
-      forced = out_rank - 1;
-    } else if (kind == SplitKind::kRow) {
-      forced = rank - 1;
-    } else if (split == ParallelSplit::kSoftmaxHeads) {
-      int64_t normalised = attrs.get_or<int64_t>("dim", -1);
-      if (normalised < 0) normalised += rank;
-      if (axis < 0 || axis == normalised) forced = normalised == 1 ? rank - 1 : 1;
-    } else if (kind == SplitKind::kHeads) {
-      if (axis < 0) forced = 0;
-    } else if (axis < 0) {
-      // An element-wise op starting a split: along the channels of images, else the features.
-      forced = rank >= 4 ? 1 : rank - 1;
-    }
+    const int64_t forced = planner::forced_model_axis(
+        split, kind, attrs, static_cast<int64_t>(traced.input_shapes.at(0).size()),
+        static_cast<int64_t>(traced.output_shapes.at(0).size()), axis);
     if (forced >= 0) {
       axis = forced;
       period = 0;

@@ -48,6 +48,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <tuple>
@@ -152,7 +153,9 @@ class ParallelModule : private DispatchInterceptor {
   // planner's prices: the gather of the data's rows for an op over the whole batch. The
   // data-parallel gradient all-reduce (synchronize_gradients) is not in it.
   std::vector<StepCollective> planned_collectives() const;
-  // Moves run by the interceptor that the plan's layouts did not imply (views of split dims).
+  // Moves run by the interceptor beyond those the plan prices, over all steps so far: gathers for
+  // views that cut across a split, where the planner's placing of the parts (planner::views.h)
+  // misses the runtime's.
   int unplanned_moves() const { return unplanned_moves_; }
 
   // How a local tensor lies on the grid: dim 0 split over dp, `axis` split over tp: the whole dim
@@ -209,6 +212,9 @@ class ParallelModule : private DispatchInterceptor {
     bool persistent = false;  // a parameter or buffer (kept across steps)
     // Its whole copy entering column splits: their input gradients summed by one all-reduce.
     std::map<int, Tensor> column_input;  // by the grid of the column splits
+    // It gathered for views that cut across its parts: along the model (keeping the batch's
+    // split, key true) or whole (false).
+    std::map<bool, Tensor> gathered;
   };
   std::vector<Tensor> dispatch(const OpDef& op, const std::vector<Tensor>& inputs,
                                const Attrs& attrs, const std::vector<Tensor>& out) override;
@@ -216,6 +222,10 @@ class ParallelModule : private DispatchInterceptor {
   std::vector<Tensor> run_op(const OpDef& op, const std::vector<Tensor>& inputs, const Attrs& attrs,
                              const std::vector<Tensor>& out);
   Local& local_of(const Tensor& proxy);
+  // How op reads its input `slot` under the plan: the gathers of views and the move the planner
+  // prices (planner::input_read), from the rows of the data or its producer's layout; nullopt for
+  // parameters, buffers and absent inputs.
+  std::optional<planner::InputRead> input_read(const planner::TracedOp& op, size_t slot) const;
   Tensor proxy_for(const Tensor& whole_shape, Tensor local, Layout layout);
   Tensor move(const Tensor& local, const Layout& from, const Layout& to);
   // A parameter's local as an op's strategy cuts it (dim -1: whole), from its stored cut (its
@@ -264,6 +274,8 @@ class ParallelModule : private DispatchInterceptor {
   size_t purge_at_ = 8;  // the size at which proxy_for drops locals of expired proxies
   Local scratch_;        // local_of's answer for a real tensor
   size_t next_op_ = 0;
+  int view_gathers_ = 0;          // gathers for views in this forward
+  int planned_view_gathers_ = 0;  // those the plan prices per forward (planner::input_read)
   int unplanned_moves_ = 0;
 };
 

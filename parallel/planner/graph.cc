@@ -4,8 +4,10 @@
 #include <map>
 #include <sstream>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "core/op.h"
+#include "parallel/planner/views.h"
 
 namespace tessel::planner {
 
@@ -84,12 +86,19 @@ class Tracer {
       // contiguous made, an op of its own: what reads it reads that op's result, which carries
       // the gradient (the copy was made inside the view, where autograd records nothing).
       auto copy = made_storage_.find(outputs[0].storage().get());
+      ViewStep step{op.name, attrs, inputs[0].sizes(), outputs[0].sizes(), 0, false};
       if (outputs[0].storage() != inputs[0].storage() && copy != made_storage_.end()) {
         root_of_[outputs[0].impl()] = copy->second;
         TracedTensor& made = graph_.tensors[static_cast<size_t>(tensor_of_.at(copy->second))];
         made.requires_grad = made.requires_grad || outputs[0].requires_grad();
+        step.source = value_id(copy->second);
+        views_of_[outputs[0].impl()] = {step};
       } else {
         root_of_[outputs[0].impl()] = root(inputs[0].impl());
+        std::vector<ViewStep> chain = views_of(inputs[0].impl());
+        step.source = value_id(inputs[0].impl());
+        chain.push_back(std::move(step));
+        views_of_[outputs[0].impl()] = std::move(chain);
       }
       return;
     }
@@ -108,6 +117,7 @@ class Tracer {
         traced.inputs.push_back(-1);
         traced.input_shapes.emplace_back();
         traced.input_has_batch.push_back(false);
+        traced.input_views.emplace_back();
         continue;
       }
       const int id = tensor_for(input);
@@ -115,6 +125,9 @@ class Tracer {
       traced.inputs.push_back(id);
       traced.input_shapes.push_back(input.sizes());
       traced.input_has_batch.push_back(batch);
+      std::vector<ViewStep> chain = views_of(input.impl());
+      for (ViewStep& step : chain) step.first = viewed_.insert(step.source).second;
+      traced.input_views.push_back(std::move(chain));
       any_batch = any_batch || batch;
       io_bytes += static_cast<double>(input.nbytes());
     }
@@ -122,6 +135,7 @@ class Tracer {
       const Tensor& output = outputs[k];
       TracedTensor& result = add_tensor(output);
       root_of_.erase(output.impl());  // an out= view written in place: now its own value
+      views_of_.erase(output.impl());
       tensor_of_[output.impl()] = result.id;
       made_storage_[output.storage().get()] = output.impl();
       result.producer = traced.id;
@@ -133,6 +147,7 @@ class Tracer {
       io_bytes += static_cast<double>(output.nbytes());
     }
     traced.bytes = io_bytes;
+    place_model_split(traced);
     if (op.cost) {
       try {
         OpCost cost = op.cost(inputs, outputs, attrs);
@@ -158,6 +173,66 @@ class Tracer {
     keep_alive_.push_back(tensor);
     graph_.tensors.push_back(std::move(traced));
     return graph_.tensors.back();
+  }
+
+  // Where a model split of each output lies, as the runtime places one when the op and those
+  // before it split the model (in two: a place survives a view whatever the parts when it
+  // survives it in two and they divide the dims): that of the first input still split after its
+  // views, unless the op's kind forces its own.
+  void place_model_split(const TracedOp& op) {
+    const ParallelSplit split = op.def->planner.split;
+    SplitKind kind = SplitKind::kFeature;
+    if (split == ParallelSplit::kLinearWeight || split == ParallelSplit::kEmbeddingTable ||
+        split == ParallelSplit::kConvChannels)
+      kind = SplitKind::kColumn;
+    if (split == ParallelSplit::kBatchedHeads) kind = SplitKind::kHeads;
+    if (split == ParallelSplit::kLossClasses || split == ParallelSplit::kSoftmaxLossClasses)
+      kind = SplitKind::kVocab;
+    std::optional<SplitPlace> inherited;
+    int64_t axis_size = 0;
+    for (size_t slot = 0; slot < op.inputs.size() && !inherited; ++slot) {
+      if (op.inputs[slot] < 0) continue;
+      const TracedTensor& input = graph_.tensors[static_cast<size_t>(op.inputs[slot])];
+      if (input.is_parameter() || input.model_axis < 0) continue;
+      std::optional<SplitPlace> place = SplitPlace{false, input.model_axis, input.model_period};
+      for (const ViewStep& step : op.input_views[slot])
+        if (place) place = place_through_view(step, *place, 1, 2);
+      if (place) {
+        inherited = place;
+        axis_size = op.input_shapes[slot][static_cast<size_t>(place->axis)];
+      }
+    }
+    if (op.outputs.empty() || op.input_shapes.empty()) return;
+    const int64_t rank = static_cast<int64_t>(op.input_shapes[0].size());
+    const Shape& first = op.output_shapes[0];
+    const int64_t forced = forced_model_axis(split, kind, op.attrs, rank,
+                                             static_cast<int64_t>(first.size()),
+                                             inherited ? inherited->axis : -1);
+    const int64_t axis = forced >= 0 ? forced : inherited->axis;
+    if (axis < 0 || axis >= static_cast<int64_t>(first.size())) return;
+    for (size_t k = 0; k < op.outputs.size(); ++k) {
+      TracedTensor& output = graph_.tensors[static_cast<size_t>(op.outputs[k])];
+      const Shape& sizes = op.output_shapes[k];
+      if (sizes.size() == first.size()) {
+        output.model_axis = axis;
+        if (forced < 0 && sizes[static_cast<size_t>(axis)] == axis_size)
+          output.model_period = inherited->period;
+      } else {
+        // Further outputs of fewer dims (batch norm's per-channel statistics): along the dim as
+        // long as the first output's split one.
+        auto same = std::find(sizes.begin(), sizes.end(), first[static_cast<size_t>(axis)]);
+        if (same != sizes.end()) output.model_axis = same - sizes.begin();
+      }
+    }
+  }
+
+  int64_t value_id(TensorImpl* impl) {
+    return value_ids_.try_emplace(impl, static_cast<int64_t>(value_ids_.size())).first->second;
+  }
+
+  std::vector<ViewStep> views_of(TensorImpl* impl) const {
+    auto found = views_of_.find(impl);
+    return found == views_of_.end() ? std::vector<ViewStep>{} : found->second;
   }
 
   TensorImpl* root(TensorImpl* impl) const {
@@ -189,6 +264,9 @@ class Tracer {
   std::unordered_map<TensorImpl*, int> tensor_of_;
   std::unordered_map<TensorImpl*, TensorImpl*> root_of_;              // view -> what it views
   std::unordered_map<const StorageImpl*, TensorImpl*> made_storage_;  // -> the op result on it
+  std::unordered_map<TensorImpl*, std::vector<ViewStep>> views_of_;  // view -> its chain
+  std::unordered_map<TensorImpl*, int64_t> value_ids_;  // ViewStep::source
+  std::unordered_set<int64_t> viewed_;                  // sources a read view has viewed
   std::vector<Tensor> keep_alive_;  // no address is reused while the trace runs
 };
 

@@ -29,8 +29,21 @@ struct TracedTensor {
   std::string input;       // data input name, empty otherwise
   bool has_batch = false;  // dim 0 is the batch (or batch-major, such as batch * heads)
   bool requires_grad = false;
+  // Where a model split of it lies (the dim its producer splits over the model, and the period
+  // there), as the runtime splits it (forced_model_axis, views.h); -1 for parameters and data.
+  int64_t model_axis = -1;
+  int64_t model_period = 0;
   bool is_parameter() const { return !parameter.empty(); }
   bool is_input() const { return !input.empty(); }
+};
+
+// A view an op's input is read through, from the tensor the graph names outward.
+struct ViewStep {
+  std::string op;  // the view op's registry name ("slice", "reshape", "transpose", ...)
+  Attrs attrs;
+  Shape from, to;      // the shapes it views and gives
+  int64_t source = 0;  // the value it views: the same for every view of one tensor or view
+  bool first = false;  // the first view of `source` in the order the ops read them
 };
 
 // One non-view op call. Inputs name tensors with views folded away: a view of a tensor is read as
@@ -43,6 +56,7 @@ struct TracedOp {
   std::vector<int> inputs;  // tensor ids; -1 for an undefined (optional) input
   std::vector<Shape> input_shapes;
   std::vector<bool> input_has_batch;  // the view the op saw keeps the batch in dim 0
+  std::vector<std::vector<ViewStep>> input_views;  // per input, the views it is read through
   std::vector<int> outputs;
   std::vector<Shape> output_shapes;
   double flops = 0;                // OpDef::cost (forward); 0 when the op has none

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "parallel/planner/views.h"
 
 namespace tessel::planner {
 
@@ -721,19 +722,23 @@ SequencedWaits sequenced_waits(const Graph& graph,
   SequencedWaits waits;
   if (profile.sync_jitter <= 0) return waits;
   auto chosen = [&](int op) -> const Strategy& { return strategies[op][choice[op]]; };
-  // Whether a tensor read by `op` at `slot` moves between layouts: forward (its value) or
-  // backward (its gradient, from the op's layout back to its producer's).
+  // How many collectives reading a tensor at `slot` of `op` makes: forward (the gathers of the
+  // views it reads through and its move between layouts) or backward (its gradient's move from
+  // the op's layout back to what it found).
   auto moves = [&](const TracedOp& op, size_t slot, bool backward) {
     const int id = op.inputs[slot];
-    if (id < 0 || graph.tensors[id].producer < 0) return false;
+    if (id < 0 || graph.tensors[id].producer < 0) return 0;
     const TracedTensor& tensor = graph.tensors[id];
-    if (backward && !(tensor.requires_grad && op.differentiable)) return false;
-    const Layout& have = chosen(tensor.producer).output_layouts[tensor.producer_slot];
+    const InputRead read =
+        input_read(graph, op, slot, chosen(tensor.producer).output_layouts[tensor.producer_slot]);
     const Layout& need = chosen(op.id).input_layouts[slot];
-    const double bytes =
-        static_cast<double>(shape_numel(op.input_shapes[slot])) * element_size(tensor.dtype);
-    return backward ? move_collectives_time(need, have, bytes, profile, config.devices) > 0
-                    : move_collectives_time(have, need, bytes, profile, config.devices) > 0;
+    auto moved = [&](const Layout& have, const Layout& to, double bytes) {
+      return move_collectives_time(have, to, bytes, profile, config.devices) > 0 ? 1 : 0;
+    };
+    if (backward) return read.gradient ? moved(need, read.found, read.bytes) : 0;
+    int count = moved(read.found, need, read.bytes);
+    for (const ViewGather& gather : read.gathers) count += moved(gather.from, gather.to, gather.bytes);
+    return count;
   };
   double since = 0;  // work since the previous collective
   auto collective = [&](double& total) {
@@ -742,7 +747,7 @@ SequencedWaits sequenced_waits(const Graph& graph,
   };
   for (const TracedOp& op : graph.ops) {
     for (size_t slot = 0; slot < op.inputs.size(); ++slot)
-      if (moves(op, slot, false)) collective(waits.forward);
+      for (int k = moves(op, slot, false); k > 0; --k) collective(waits.forward);
     const Strategy& s = chosen(op.id);
     since += s.forward_compute;
     if (s.forward_comm > s.forward_wait) collective(waits.forward);
@@ -753,18 +758,38 @@ SequencedWaits sequenced_waits(const Graph& graph,
     since += s.backward_compute;
     if (s.backward_comm > s.backward_wait) collective(waits.backward);
     for (size_t slot = 0; slot < op->inputs.size(); ++slot)
-      if (moves(*op, slot, true)) collective(waits.backward);
+      for (int k = moves(*op, slot, true); k > 0; --k) collective(waits.backward);
   }
   return waits;
 }
 
-double redistribution_time(const Strategy& producer, int producer_slot, const Strategy& consumer,
-                           int consumer_slot, double bytes, bool gradient,
-                           const DeviceProfile& profile, int devices) {
-  return redistribution_time(producer.output_layouts[static_cast<size_t>(producer_slot)],
-                             consumer.input_layouts[static_cast<size_t>(consumer_slot)], bytes,
-                             gradient, profile, devices, producer.forward_compute,
-                             consumer.backward_compute);
+InputRead input_read(const Graph& graph, const TracedOp& op, size_t slot, const Layout& have) {
+  const TracedTensor& tensor = graph.tensors[static_cast<size_t>(op.inputs[slot])];
+  InputRead read;
+  read.found = have;
+  read.bytes =
+      static_cast<double>(shape_numel(op.input_shapes[slot])) * element_size(tensor.dtype);
+  read.gradient = tensor.requires_grad && op.differentiable;
+  if (op.input_views[slot].empty()) return read;
+  ViewRead views = read_through_views(tensor, op.input_views[slot], have);
+  read.found = views.layout;
+  for (const ViewGather& gather : views.gathers)
+    if (gather.first) read.gathers.push_back(gather);
+  return read;
+}
+
+double read_time(const Graph& graph, const TracedOp& op, size_t slot, const Strategy& producer,
+                 const Strategy& consumer, const PlannerConfig& config) {
+  const TracedTensor& tensor = graph.tensors[static_cast<size_t>(op.inputs[slot])];
+  const InputRead read =
+      input_read(graph, op, slot, producer.output_layouts[static_cast<size_t>(tensor.producer_slot)]);
+  double time = 0;
+  for (const ViewGather& gather : read.gathers)
+    time += redistribution_time(gather.from, gather.to, gather.bytes, /*gradient=*/false,
+                                config.profile, config.devices, producer.forward_compute);
+  return time + redistribution_time(read.found, consumer.input_layouts[slot], read.bytes,
+                                    read.gradient, config.profile, config.devices,
+                                    producer.forward_compute, consumer.backward_compute);
 }
 
 std::vector<SharedParameter> shared_parameters(const Graph& graph) {
@@ -838,16 +863,11 @@ CostGraph build_cost_graph(const Graph& graph, const std::vector<std::vector<Str
       if (tensor.producer < 0) continue;  // parameters and data arrive in any layout
       const auto& from = strategies[tensor.producer];
       const auto& to = strategies[op.id];
-      const double bytes =
-          static_cast<double>(shape_numel(op.input_shapes[slot])) * element_size(tensor.dtype);
-      const bool gradient = tensor.requires_grad && op.differentiable;
       std::vector<Cost> table(from.size() * to.size());
       bool any = false;
       for (size_t a = 0; a < from.size(); ++a)
         for (size_t b = 0; b < to.size(); ++b) {
-          const double time =
-              redistribution_time(from[a], tensor.producer_slot, to[b], static_cast<int>(slot),
-                                  bytes, gradient, config.profile, config.devices);
+          const double time = read_time(graph, op, slot, from[a], to[b], config);
           table[a * to.size() + b].time = time;
           any = any || time > 0;
         }

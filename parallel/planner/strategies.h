@@ -196,10 +196,28 @@ double move_collectives_time(const Layout& from, const Layout& to, double bytes,
 double redistribution_time(const Layout& from, const Layout& to, double bytes, bool gradient,
                            const DeviceProfile& profile, int devices, double forward_interval = 0,
                            double backward_interval = 0);
-// The same between the producer's strategy and the consumer's, the intervals their compute.
-double redistribution_time(const Strategy& producer, int producer_slot, const Strategy& consumer,
-                           int consumer_slot, double bytes, bool gradient,
-                           const DeviceProfile& profile, int devices);
+
+// How `op` reads its input `slot` (made by an op, in layout `have`): read through views that cut
+// across its parts, the viewed value is gathered first (views.h, read_through_views; the first
+// reader of a value runs its gathers, the others find them made), then moved from what the reader
+// finds to the layout it needs; its gradient moves back.
+struct ViewGather {
+  Layout from, to;
+  double bytes = 0;    // the viewed value, whole
+  bool first = false;  // the first reader's (ViewStep::first): the one that runs it
+};
+struct InputRead {
+  std::vector<ViewGather> gathers;  // those this reader runs
+  Layout found;                            // `have`, or what the gathers left
+  double bytes = 0;                        // the view it reads, whole
+  bool gradient = false;                   // its gradient moves back to the producer
+};
+InputRead input_read(const Graph& graph, const TracedOp& op, size_t slot, const Layout& have);
+// Seconds of `op`'s reading input `slot` (made by an op) under strategy `consumer` from
+// `producer`'s: the gathers of input_read and the move, each waiting for the ranks after the
+// producer's forward (the move's gradient after the consumer's backward).
+double read_time(const Graph& graph, const TracedOp& op, size_t slot, const Strategy& producer,
+                 const Strategy& consumer, const PlannerConfig& config);
 
 // A parameter read by more than one op (a tied weight): its first user owns it (memory, and the
 // data-parallel all-reduce of its gradient when that user splits the batch); each later user is

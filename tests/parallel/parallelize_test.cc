@@ -4,11 +4,11 @@
 // row- and column-split classifiers) on a line of tensor-parallel ranks, and an MLP and a CNN
 // without batch norm on a dp x tp grid at 4 ranks, and plans with per-op degrees (ops splitting
 // the batch or the model over both of two ranks, and on four ranks ops on a 2 x 2 grid beside
-// ops over all four, for the MLP, the CNNs, a tagger, ResNet-18 and BERT). For several points of
+// ops over all four, for the MLP, the CNNs, a tagger, ShuffleNet, ResNet-18 and BERT). For several points of
 // each frontier: two SGD steps give the same losses, first gradients and final parameters within
 // the closeness rule, and each step issues exactly the collectives the planner priced (kind, group,
-// bytes). ShuffleNet v2 trains the same, but its channel split and shuffle cut across channel-split
-// tensors, which the runtime gathers beyond the plan (unplanned_moves). BERT pre-training (a step
+// bytes). ShuffleNet v2 trains the same; its channel split and shuffle are views that cut across
+// channel-split tensors, which the runtime gathers as the planner prices. BERT pre-training (a step
 // of five inputs) runs its frontier points with attention split by heads, embedding tables split
 // by vocabulary or by columns (the word table tied to the decoder), the loss split by classes,
 // on a line and on a dp x tp grid (masked-LM rows ignored unevenly over dp). A user's tagger runs
@@ -111,6 +111,18 @@ Case labelled(std::function<std::shared_ptr<nn::Module>()> make, const Shape& in
             Tensor input = randn(input_shape);
             return std::vector<Tensor>{input, randint(0, 8, {input_shape[0]})};
           }};
+}
+
+// ShuffleNet v2 x0.5 of the zoo on 64 x 64 images: its channel split (chunk) and shuffle are views
+// across channel-split tensors.
+Case shufflenet_case() {
+  return labelled(
+      [] {
+        manual_seed(5);
+        return std::shared_ptr<nn::Module>(models::make_shufflenet(
+            "shufflenet_v2_x0_5", models::ShuffleNetV2Options().num_classes(8)));
+      },
+      {8, 3, 64, 64});
 }
 
 // BERT pre-training: ids, token types, a mask with padding, masked-LM labels that ignore most
@@ -270,7 +282,7 @@ std::string listed(const std::vector<StepCollective>& calls) {
 }
 
 RunResult planned_run(const Case& c, const std::vector<planner::PlanFile::Op>& ops,
-                      const ProcessGrid& grid, bool as_priced, bool one_group = false,
+                      const ProcessGrid& grid, bool one_group = false,
                       bool per_rank_batch_norm = false) {
   auto dp = std::make_shared<CountingCommunicator>(grid.data_parallel_on_device());
   auto tp =
@@ -289,16 +301,14 @@ RunResult planned_run(const Case& c, const std::vector<planner::PlanFile::Op>& o
     // The step sends what the planner priced for it, no more and no less.
     const auto planned = parallel.planned_collectives();
     const auto calls = issued(*dp, *tp);
-    if (as_priced) {
-      std::string plan_text;
-      for (const auto& op : ops)
-        plan_text += std::to_string(op.index) + " " + op.op + " " + op.strategy +
-                     " dp=" + std::to_string(op.dp) + " tp=" + std::to_string(op.tp) + "\n";
-      EXPECT_TRUE(calls == planned) << "issued:\n"
-                                    << listed(calls) << "planned:\n"
-                                    << listed(planned) << "plan:\n"
-                                    << plan_text;
-    }
+    std::string plan_text;
+    for (const auto& op : ops)
+      plan_text += std::to_string(op.index) + " " + op.op + " " + op.strategy +
+                   " dp=" + std::to_string(op.dp) + " tp=" + std::to_string(op.tp) + "\n";
+    EXPECT_TRUE(calls == planned) << "issued:\n"
+                                  << listed(calls) << "planned:\n"
+                                  << listed(planned) << "plan:\n"
+                                  << plan_text;
     parallel.synchronize_gradients();
     issued(*dp, *tp);  // the gradient all-reduce: not the plan's business
     run.gradients.push_back(parallel.full_gradients());
@@ -306,10 +316,7 @@ RunResult planned_run(const Case& c, const std::vector<planner::PlanFile::Op>& o
     sgd.step();
     run.losses.push_back(loss.item<float>());
   }
-  if (as_priced)
-    EXPECT_EQ(parallel.unplanned_moves(), 0);
-  else
-    EXPECT_GT(parallel.unplanned_moves(), 0);
+  EXPECT_EQ(parallel.unplanned_moves(), 0);
   run.state = parallel.full_state_dict();
   return run;
 }
@@ -398,16 +405,15 @@ void expect_per_op_plans_train_like_one_process(
   for (size_t p = 0; p < plans.size(); ++p) {
     SCOPED_TRACE(what[p]);
     if (parallel::world_rank() == 0) std::cout << "  per-op plan: " << what[p] << "\n";
-    expect_same_run(planned_run(c, plans[p], grid, /*as_priced=*/true, /*one_group=*/true), whole);
+    expect_same_run(planned_run(c, plans[p], grid, /*one_group=*/true), whole);
   }
 }
 
 class ParallelizeTest : public MpiTest {
  protected:
-  // as_priced: each step issues the planner's collectives and nothing else; otherwise views that
-  // cut across a split make the model gather more than priced (and results still agree).
+  // Each step issues the planner's collectives and nothing else (planned_run).
   static void check_frontier(
-      const Case& c, int dp, int tp, bool as_priced = true,
+      const Case& c, int dp, int tp,
       const std::vector<std::function<bool(const planner::PlanFile::Op&)>>& wanted = {}) {
     ProcessGrid grid(dp, tp);
     std::vector<std::string> summaries;
@@ -422,7 +428,7 @@ class ParallelizeTest : public MpiTest {
     for (size_t p = 0; p < plans.size(); ++p) {
       SCOPED_TRACE(summaries[p]);
       if (rank() == 0) std::cout << "plan: " << summaries[p] << "\n";
-      expect_same_run(planned_run(c, plans[p], grid, as_priced), whole);
+      expect_same_run(planned_run(c, plans[p], grid), whole);
     }
   }
 };
@@ -443,14 +449,7 @@ TEST_F(ParallelizeTest, ResNet18OfTheZooAsPlannedOnATensorParallelLine) {
 }
 
 TEST_F(ParallelizeTest, ShuffleNetOfTheZooAsPlannedOnATensorParallelLine) {
-  check_frontier(labelled(
-                     [] {
-                       manual_seed(5);
-                       return std::shared_ptr<nn::Module>(models::make_shufflenet(
-                           "shufflenet_v2_x0_5", models::ShuffleNetV2Options().num_classes(8)));
-                     },
-                     {8, 3, 64, 64}),
-                 1, size(), /*as_priced=*/false);
+  check_frontier(shufflenet_case(), 1, size());
 }
 
 // A planned step holds what the planner prices it at: what the step adds to the memory held
@@ -460,13 +459,7 @@ TEST_F(ParallelizeTest, ShuffleNetOfTheZooAsPlannedOnATensorParallelLine) {
 // step at once).
 TEST_F(ParallelizeTest, APlannedStepHoldsWhatThePlannerPrices) {
   if (size() != 2) GTEST_SKIP() << "priced for 2 ranks";
-  const Case c = labelled(
-      [] {
-        manual_seed(5);
-        return std::shared_ptr<nn::Module>(models::make_shufflenet(
-            "shufflenet_v2_x0_5", models::ShuffleNetV2Options().num_classes(8)));
-      },
-      {8, 3, 64, 64});
+  const Case c = shufflenet_case();
   planner::PlanOptions options;
   options.config.devices = 2;
   options.config.min_tp = 2;
@@ -519,7 +512,7 @@ TEST_F(ParallelizeTest, OpsOverTheWholeBatchInADataParallelPlan) {
   ASSERT_FALSE(plans.empty());
   auto plan = plans.back();
   for (size_t op = 0; op < 2; ++op) plan[op] = {plan[op].index, plan[op].op, "replicate", 1, 1, {}};
-  expect_same_run(planned_run(c, plan, grid, /*as_priced=*/true), whole_run(c));
+  expect_same_run(planned_run(c, plan, grid), whole_run(c));
 }
 
 // TensorOpt's whole space on a line of two ranks: each op splits the batch or the model over
@@ -531,6 +524,7 @@ TEST_F(ParallelizeTest, PerOpDegreesOnALineOfTwoRanks) {
            {"mlp", labelled(mlp, {8, 12})},
            {"cnn", labelled([] { return residual_cnn(false); }, {8, 3, 8, 8})},
            {"cnn with batch norm", labelled([] { return residual_cnn(true); }, {32, 3, 8, 8})},
+           {"shufflenet", shufflenet_case()},
            {"bert", bert_case()},
            {"tagger", tagger_case()}}) {
     SCOPED_TRACE(name);
@@ -568,7 +562,7 @@ TEST_F(ParallelizeTest, TaggerWithAPaddingRowAndNllLossAsPlannedOnATensorParalle
   };
   for (size_t p = 0; p < plans.size(); ++p) {
     SCOPED_TRACE(summaries[p]);
-    expect_same_run(planned_run(c, plans[p], grid, /*as_priced=*/true), whole);
+    expect_same_run(planned_run(c, plans[p], grid), whole);
     for (const auto& [op_name, strategy] : std::vector<std::pair<std::string, std::string>>{
              {"nll_loss", "vocab"}, {"embedding", "vocab"}, {"embedding", "column"}}) {
       SCOPED_TRACE(op_name + " " + strategy);
@@ -576,7 +570,7 @@ TEST_F(ParallelizeTest, TaggerWithAPaddingRowAndNllLossAsPlannedOnATensorParalle
       ASSERT_TRUE(std::any_of(plan.begin(), plan.end(), [&](const planner::PlanFile::Op& op) {
         return op.op == op_name && op.strategy == strategy;
       }));
-      expect_same_run(planned_run(c, plan, grid, /*as_priced=*/true), whole);
+      expect_same_run(planned_run(c, plan, grid), whole);
     }
   }
 }
@@ -686,7 +680,7 @@ TEST_F(ParallelizeTest, CnnWithoutBatchNormAsPlannedOnADataTimesTensorParallelGr
 TEST_F(ParallelizeTest, ResidualCnnWithBatchNormAsPlannedOnAGrid) {
   if (size() != 4) GTEST_SKIP() << "a 2 x 2 grid needs 4 ranks";
   check_frontier(
-      labelled([] { return residual_cnn(true); }, {8, 3, 8, 8}), 2, 2, true,
+      labelled([] { return residual_cnn(true); }, {8, 3, 8, 8}), 2, 2,
       {[](const planner::PlanFile::Op& op) { return op.op == "batch_norm" && op.dp > 1; }});
 }
 
@@ -706,7 +700,7 @@ TEST_F(ParallelizeTest, PerRankBatchNormNormalisesEachRanksRows) {
     return std::any_of(ops.begin(), ops.end(), batch_split_norm);
   });
   ASSERT_NE(plan, plans.end()) << "no data-parallel point splits a batch norm's batch";
-  const RunResult run = planned_run(c, *plan, grid, /*as_priced=*/true, /*one_group=*/false,
+  const RunResult run = planned_run(c, *plan, grid, /*one_group=*/false,
                                     /*per_rank_batch_norm=*/true);
   auto model = c.make();
   const std::vector<Tensor> batch = c.batch(0);
@@ -851,13 +845,13 @@ TEST_F(ParallelizeTest, ZeroStagesBesideAPlanTrainLikeThePlanAlone) {
 }
 
 TEST_F(ParallelizeTest, BertAsPlannedOnATensorParallelLine) {
-  check_frontier(bert_case(), 1, size(), /*as_priced=*/true,
+  check_frontier(bert_case(), 1, size(),
                  {heads_split, table_by_columns, loss_by_classes});
 }
 
 TEST_F(ParallelizeTest, BertAsPlannedOnADataTimesTensorParallelGrid) {
   if (size() != 4) GTEST_SKIP() << "a 2 x 2 grid needs 4 ranks";
-  check_frontier(bert_case(), 2, 2, /*as_priced=*/true, {heads_split, table_by_columns});
+  check_frontier(bert_case(), 2, 2, {heads_split, table_by_columns});
 }
 
 // The word table split by vocabulary rows (Megatron-LM's split; on the test profile's fast links
@@ -872,7 +866,7 @@ TEST_F(ParallelizeTest, BertWithTheWordTableSplitByVocabulary) {
                            [](const auto& ops) { return table_by_columns(ops[0]); });
   ASSERT_TRUE(plan != plans.end()) << "no frontier point splits the word table by columns";
   (*plan)[0].strategy = "vocab";
-  expect_same_run(planned_run(c, *plan, ProcessGrid(dp, tp), /*as_priced=*/true), whole_run(c));
+  expect_same_run(planned_run(c, *plan, ProcessGrid(dp, tp)), whole_run(c));
 }
 
 // A state gathered under one plan loads into a run under another, and into the unsplit model.
