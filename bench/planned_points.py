@@ -199,8 +199,9 @@ def main():
         f"{args.steps} steps after {args.warmup} warm-up steps; a step is the slowest rank's) "
         "with the interquartile range; peak: the largest rank's allocator peak over the timed "
         "steps (parameters, gradients, optimizer state, activations and the moves' buffers), the median "
-        "over the rounds; moves beyond the plan: gathers the runtime adds where a view cuts across "
-        "a split (ShuffleNet's channel split and shuffle), which the planner does not price. "
+        "over the rounds; moves beyond the plan: gathers for views that cut across a split "
+        "which the runtime made beyond those the planner prices (ShuffleNet's channel split and "
+        "shuffle are priced gathers). "
         f"Raw lines (with the commands): {os.path.basename(raw_path)}.",
         "",
         f"- Machine: {'quiet' if not quiet.forced else 'NOT quiet (--force)'}; load average "

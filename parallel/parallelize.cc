@@ -408,7 +408,7 @@ Tensor ParallelModule::loss(const std::vector<Tensor>& inputs) {
 }
 
 std::optional<planner::InputRead> ParallelModule::input_read(const planner::TracedOp& op,
-                                                              size_t slot) const {
+                                                             size_t slot) const {
   if (op.inputs[slot] < 0) return std::nullopt;
   const planner::TracedTensor& tensor = graph_.tensors[op.inputs[slot]];
   // The data arrive as this rank's rows (loss()); an op over the whole batch gathers them
@@ -724,8 +724,8 @@ Tensor ParallelModule::run_view(const OpDef& op, const Tensor& input, const Attr
     return planner::SplitPlace{layout.batch, layout.model ? layout.axis : -1, layout.period};
   };
   Layout layout = source.layout;
-  std::optional<planner::SplitPlace> seen = planner::place_through_view(
-      step, place_of(layout), batch_parts(layout), model_parts(layout));
+  std::optional<planner::SplitPlace> seen =
+      planner::place_through_view(step, place_of(layout), batch_parts(layout), model_parts(layout));
   Tensor local = source.tensor;
   if (!seen) {
     // The view cuts across the parts: the value gathered along the model where that is enough,
@@ -748,8 +748,7 @@ Tensor ParallelModule::run_view(const OpDef& op, const Tensor& input, const Attr
   layout.axis = seen->axis;
   layout.period = seen->period;
   Tensor local_out;
-  if (op.name == "view" || op.name == "reshape" || op.name == "squeeze" ||
-      op.name == "unsqueeze") {
+  if (op.name == "view" || op.name == "reshape" || op.name == "squeeze" || op.name == "unsqueeze") {
     Shape local_sizes = whole_out.sizes();
     if (layout.batch) local_sizes[0] /= batch_parts(layout);
     if (layout.model) local_sizes[static_cast<size_t>(layout.axis)] /= model_parts(layout);

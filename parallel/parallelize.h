@@ -40,10 +40,13 @@
 // vocabulary rows (a partial sum, all-reduced) or by columns, and a table tied to a decoder is
 // moved between the two users' cuts as the planner prices it.
 //
+// Views keep a split where it survives them (reshapes, transposes, permutes, slices, selects and
+// expands, planner/views.h); one that cuts across a split (ShuffleNet's chunk of channel-split
+// tensors) gathers the viewed value along the model, or whole where the view also cuts the batch,
+// once for all its views, as the planner prices it.
+//
 // Not run yet: a parameter cut over part of the ranks that an op of another grid reads (the
-// planner marks such plans); views that cut across a split (other than reshapes, transposes,
-// permutes, slices, selects and expands keeping it) gather it first, counted in
-// unplanned_moves().
+// planner marks such plans).
 #pragma once
 
 #include <map>

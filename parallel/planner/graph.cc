@@ -205,9 +205,9 @@ class Tracer {
     if (op.outputs.empty() || op.input_shapes.empty()) return;
     const int64_t rank = static_cast<int64_t>(op.input_shapes[0].size());
     const Shape& first = op.output_shapes[0];
-    const int64_t forced = forced_model_axis(split, kind, op.attrs, rank,
-                                             static_cast<int64_t>(first.size()),
-                                             inherited ? inherited->axis : -1);
+    const int64_t forced =
+        forced_model_axis(split, kind, op.attrs, rank, static_cast<int64_t>(first.size()),
+                          inherited ? inherited->axis : -1);
     const int64_t axis = forced >= 0 ? forced : inherited->axis;
     if (axis < 0 || axis >= static_cast<int64_t>(first.size())) return;
     for (size_t k = 0; k < op.outputs.size(); ++k) {
@@ -264,10 +264,10 @@ class Tracer {
   std::unordered_map<TensorImpl*, int> tensor_of_;
   std::unordered_map<TensorImpl*, TensorImpl*> root_of_;              // view -> what it views
   std::unordered_map<const StorageImpl*, TensorImpl*> made_storage_;  // -> the op result on it
-  std::unordered_map<TensorImpl*, std::vector<ViewStep>> views_of_;  // view -> its chain
-  std::unordered_map<TensorImpl*, int64_t> value_ids_;  // ViewStep::source
-  std::unordered_set<int64_t> viewed_;                  // sources a read view has viewed
-  std::vector<Tensor> keep_alive_;  // no address is reused while the trace runs
+  std::unordered_map<TensorImpl*, std::vector<ViewStep>> views_of_;   // view -> its chain
+  std::unordered_map<TensorImpl*, int64_t> value_ids_;                // ViewStep::source
+  std::unordered_set<int64_t> viewed_;  // sources a read view has viewed
+  std::vector<Tensor> keep_alive_;      // no address is reused while the trace runs
 };
 
 }  // namespace

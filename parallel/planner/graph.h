@@ -55,7 +55,7 @@ struct TracedOp {
   Attrs attrs;
   std::vector<int> inputs;  // tensor ids; -1 for an undefined (optional) input
   std::vector<Shape> input_shapes;
-  std::vector<bool> input_has_batch;  // the view the op saw keeps the batch in dim 0
+  std::vector<bool> input_has_batch;               // the view the op saw keeps the batch in dim 0
   std::vector<std::vector<ViewStep>> input_views;  // per input, the views it is read through
   std::vector<int> outputs;
   std::vector<Shape> output_shapes;

@@ -68,10 +68,9 @@ double backward_working_bytes(const Graph& graph,
         continue;
       const TracedTensor& tensor = graph.tensors[id];
       const Strategy& from = strategies[tensor.producer][choice[tensor.producer]];
-      const InputRead read =
-          input_read(graph, op, slot, from.output_layouts[tensor.producer_slot]);
-      moved = std::max(moved,
-                       redistribution_gradient_bytes(read.found, s.input_layouts[slot], read.bytes));
+      const InputRead read = input_read(graph, op, slot, from.output_layouts[tensor.producer_slot]);
+      moved = std::max(
+          moved, redistribution_gradient_bytes(read.found, s.input_layouts[slot], read.bytes));
     }
     most = std::max(most, s.backward_working_bytes + moved);
   }
@@ -98,14 +97,13 @@ PlanBreakdown plan_breakdown(const Graph& graph,
       const int id = op.inputs[slot];
       if (id < 0 || graph.tensors[id].producer < 0) continue;
       const TracedTensor& tensor = graph.tensors[id];
-      const InputRead read = input_read(
-          graph, op, slot,
-          strategies[tensor.producer][choice[tensor.producer]].output_layouts[tensor.producer_slot]);
+      const InputRead read = input_read(graph, op, slot,
+                                        strategies[tensor.producer][choice[tensor.producer]]
+                                            .output_layouts[tensor.producer_slot]);
       const Layout& need = s.input_layouts[slot];
       for (const ViewGather& gather : read.gathers)
-        b.redistribution_s +=
-            move_collectives_time(gather.from, gather.to, gather.bytes, config.profile,
-                                  config.devices);
+        b.redistribution_s += move_collectives_time(gather.from, gather.to, gather.bytes,
+                                                    config.profile, config.devices);
       b.redistribution_s +=
           move_collectives_time(read.found, need, read.bytes, config.profile, config.devices);
       if (read.gradient)

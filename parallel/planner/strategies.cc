@@ -737,7 +737,8 @@ SequencedWaits sequenced_waits(const Graph& graph,
     };
     if (backward) return read.gradient ? moved(need, read.found, read.bytes) : 0;
     int count = moved(read.found, need, read.bytes);
-    for (const ViewGather& gather : read.gathers) count += moved(gather.from, gather.to, gather.bytes);
+    for (const ViewGather& gather : read.gathers)
+      count += moved(gather.from, gather.to, gather.bytes);
     return count;
   };
   double since = 0;  // work since the previous collective
@@ -767,8 +768,7 @@ InputRead input_read(const Graph& graph, const TracedOp& op, size_t slot, const 
   const TracedTensor& tensor = graph.tensors[static_cast<size_t>(op.inputs[slot])];
   InputRead read;
   read.found = have;
-  read.bytes =
-      static_cast<double>(shape_numel(op.input_shapes[slot])) * element_size(tensor.dtype);
+  read.bytes = static_cast<double>(shape_numel(op.input_shapes[slot])) * element_size(tensor.dtype);
   read.gradient = tensor.requires_grad && op.differentiable;
   if (op.input_views[slot].empty()) return read;
   ViewRead views = read_through_views(tensor, op.input_views[slot], have);
@@ -778,18 +778,14 @@ InputRead input_read(const Graph& graph, const TracedOp& op, size_t slot, const 
   return read;
 }
 
-double read_time(const Graph& graph, const TracedOp& op, size_t slot, const Strategy& producer,
-                 const Strategy& consumer, const PlannerConfig& config) {
-  const TracedTensor& tensor = graph.tensors[static_cast<size_t>(op.inputs[slot])];
-  const InputRead read =
-      input_read(graph, op, slot, producer.output_layouts[static_cast<size_t>(tensor.producer_slot)]);
+double read_time(const InputRead& read, const Strategy& producer, const Layout& need,
+                 double consumer_backward, const PlannerConfig& config) {
   double time = 0;
   for (const ViewGather& gather : read.gathers)
     time += redistribution_time(gather.from, gather.to, gather.bytes, /*gradient=*/false,
                                 config.profile, config.devices, producer.forward_compute);
-  return time + redistribution_time(read.found, consumer.input_layouts[slot], read.bytes,
-                                    read.gradient, config.profile, config.devices,
-                                    producer.forward_compute, consumer.backward_compute);
+  return time + redistribution_time(read.found, need, read.bytes, read.gradient, config.profile,
+                                    config.devices, producer.forward_compute, consumer_backward);
 }
 
 std::vector<SharedParameter> shared_parameters(const Graph& graph) {
@@ -865,12 +861,16 @@ CostGraph build_cost_graph(const Graph& graph, const std::vector<std::vector<Str
       const auto& to = strategies[op.id];
       std::vector<Cost> table(from.size() * to.size());
       bool any = false;
-      for (size_t a = 0; a < from.size(); ++a)
+      for (size_t a = 0; a < from.size(); ++a) {
+        const InputRead read =
+            input_read(graph, op, slot, from[a].output_layouts[tensor.producer_slot]);
         for (size_t b = 0; b < to.size(); ++b) {
-          const double time = read_time(graph, op, slot, from[a], to[b], config);
+          const double time =
+              read_time(read, from[a], to[b].input_layouts[slot], to[b].backward_compute, config);
           table[a * to.size() + b].time = time;
           any = any || time > 0;
         }
+      }
       // Edges that never cost anything need not tie the two ops together.
       if (any) costs.add_edge(tensor.producer, op.id, std::move(table));
     }

@@ -208,16 +208,16 @@ struct ViewGather {
 };
 struct InputRead {
   std::vector<ViewGather> gathers;  // those this reader runs
-  Layout found;                            // `have`, or what the gathers left
-  double bytes = 0;                        // the view it reads, whole
-  bool gradient = false;                   // its gradient moves back to the producer
+  Layout found;                     // `have`, or what the gathers left
+  double bytes = 0;                 // the view it reads, whole
+  bool gradient = false;            // its gradient moves back to the producer
 };
 InputRead input_read(const Graph& graph, const TracedOp& op, size_t slot, const Layout& have);
-// Seconds of `op`'s reading input `slot` (made by an op) under strategy `consumer` from
-// `producer`'s: the gathers of input_read and the move, each waiting for the ranks after the
-// producer's forward (the move's gradient after the consumer's backward).
-double read_time(const Graph& graph, const TracedOp& op, size_t slot, const Strategy& producer,
-                 const Strategy& consumer, const PlannerConfig& config);
+// Seconds of a read (input_read from `producer`'s layout) into the layout `need`: the gathers
+// and the move, each waiting for the ranks after the producer's forward (the move's gradient
+// after the consumer's backward, `consumer_backward` seconds).
+double read_time(const InputRead& read, const Strategy& producer, const Layout& need,
+                 double consumer_backward, const PlannerConfig& config);
 
 // A parameter read by more than one op (a tied weight): its first user owns it (memory, and the
 // data-parallel all-reduce of its gradient when that user splits the batch); each later user is

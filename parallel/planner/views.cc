@@ -91,15 +91,15 @@ std::optional<SplitPlace> place_through_view(const ViewStep& step, const SplitPl
 
 int64_t forced_model_axis(ParallelSplit split, SplitKind kind, const Attrs& attrs, int64_t rank,
                           int64_t out_rank, int64_t inherited) {
-  const bool channels = split == ParallelSplit::kConvChannels ||
-                        split == ParallelSplit::kChannels ||
-                        split == ParallelSplit::kSpatialReduction || split == ParallelSplit::kConcat;
+  const bool channels =
+      split == ParallelSplit::kConvChannels || split == ParallelSplit::kChannels ||
+      split == ParallelSplit::kSpatialReduction || split == ParallelSplit::kConcat;
   if (channels || kind == SplitKind::kVocab) return 1;
   if (kind == SplitKind::kColumn) return out_rank - 1;
   if (kind == SplitKind::kRow) return rank - 1;
   if (split == ParallelSplit::kSoftmaxHeads) {
-    const int64_t normalised = normalized_dim(attrs.get_or<int64_t>("dim", -1),
-                                              static_cast<size_t>(rank));
+    const int64_t normalised =
+        normalized_dim(attrs.get_or<int64_t>("dim", -1), static_cast<size_t>(rank));
     return inherited < 0 || inherited == normalised ? (normalised == 1 ? rank - 1 : 1) : -1;
   }
   if (kind == SplitKind::kHeads) return inherited < 0 ? 0 : -1;
@@ -125,8 +125,8 @@ ViewRead read_through_views(const TracedTensor& tensor, const std::vector<ViewSt
         gathered = SplitPlace{};
         seen = place_through_view(step, gathered, 1, 1);
       }
-      const double bytes =
-          static_cast<double>(shape_numel(step.from)) * static_cast<double>(element_size(tensor.dtype));
+      const double bytes = static_cast<double>(shape_numel(step.from)) *
+                           static_cast<double>(element_size(tensor.dtype));
       read.gathers.push_back({read.layout, to, bytes, step.first});
       read.layout = to;
     }

@@ -4,19 +4,19 @@
 // row- and column-split classifiers) on a line of tensor-parallel ranks, and an MLP and a CNN
 // without batch norm on a dp x tp grid at 4 ranks, and plans with per-op degrees (ops splitting
 // the batch or the model over both of two ranks, and on four ranks ops on a 2 x 2 grid beside
-// ops over all four, for the MLP, the CNNs, a tagger, ShuffleNet, ResNet-18 and BERT). For several points of
-// each frontier: two SGD steps give the same losses, first gradients and final parameters within
-// the closeness rule, and each step issues exactly the collectives the planner priced (kind, group,
-// bytes). ShuffleNet v2 trains the same; its channel split and shuffle are views that cut across
-// channel-split tensors, which the runtime gathers as the planner prices. BERT pre-training (a step
-// of five inputs) runs its frontier points with attention split by heads, embedding tables split
-// by vocabulary or by columns (the word table tied to the decoder), the loss split by classes,
-// on a line and on a dp x tp grid (masked-LM rows ignored unevenly over dp). A user's tagger runs
-// its word table (with a padding row) split by vocabulary or by columns and its nll_loss split by
-// classes. A plan made for
-// another model, or with degrees the grid does not have, is a clear error on every rank. ZeRO's
-// three stages over the dp group (2 x 1 at 2 ranks, 2 x 2 at 4) train what the same plan trains
-// without ZeRO, with SGD and AdamW, and keep the whole optimizer state.
+// ops over all four, for the MLP, the CNNs, a tagger, ShuffleNet, ResNet-18 and BERT). For several
+// points of each frontier: two SGD steps give the same losses, first gradients and final parameters
+// within the closeness rule, and each step issues exactly the collectives the planner priced (kind,
+// group, bytes). ShuffleNet v2 trains the same; its channel split and shuffle are views that cut
+// across channel-split tensors, which the runtime gathers as the planner prices. BERT pre-training
+// (a step of five inputs) runs its frontier points with attention split by heads, embedding tables
+// split by vocabulary or by columns (the word table tied to the decoder), the loss split by
+// classes, on a line and on a dp x tp grid (masked-LM rows ignored unevenly over dp). A user's
+// tagger runs its word table (with a padding row) split by vocabulary or by columns and its
+// nll_loss split by classes. A plan made for another model, or with degrees the grid does not have,
+// is a clear error on every rank. ZeRO's three stages over the dp group (2 x 1 at 2 ranks, 2 x 2 at
+// 4) train what the same plan trains without ZeRO, with SGD and AdamW, and keep the whole optimizer
+// state.
 #include "parallel/parallelize.h"
 
 #include <algorithm>
@@ -845,8 +845,7 @@ TEST_F(ParallelizeTest, ZeroStagesBesideAPlanTrainLikeThePlanAlone) {
 }
 
 TEST_F(ParallelizeTest, BertAsPlannedOnATensorParallelLine) {
-  check_frontier(bert_case(), 1, size(),
-                 {heads_split, table_by_columns, loss_by_classes});
+  check_frontier(bert_case(), 1, size(), {heads_split, table_by_columns, loss_by_classes});
 }
 
 TEST_F(ParallelizeTest, BertAsPlannedOnADataTimesTensorParallelGrid) {

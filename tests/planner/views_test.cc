@@ -50,8 +50,8 @@ TEST(Views, ATransposeMovesTheSplitAndCutsWhereItMovesTheBatch) {
   Attrs batch_last;
   batch_last.set("dim0", int64_t{0});
   batch_last.set("dim1", int64_t{1});
-  EXPECT_FALSE(place_through_view(step("transpose", {2, 4}, {4, 2}, batch_last),
-                                  SplitPlace{true}, 2, 1));
+  EXPECT_FALSE(
+      place_through_view(step("transpose", {2, 4}, {4, 2}, batch_last), SplitPlace{true}, 2, 1));
 }
 
 // ShuffleNet's channel shuffle ends in a view of (n, c / 2, 2, h, w) split along its dim of 2 as
@@ -65,9 +65,8 @@ TEST(Views, TheShufflesReshapeGivesAPeriodicSplitInTwoAndCutsFour) {
   EXPECT_EQ(strided->period, 2);
   EXPECT_FALSE(place_through_view(merge, SplitPlace{false, 2, 0}, 1, 4));
   // Splitting the channels into (2, c / 2) keeps a split of the channels in two on the first.
-  const auto blocks =
-      place_through_view(step("view", {2, 8, 3, 3}, {2, 2, 4, 3, 3}), SplitPlace{false, 1, 0}, 1,
-                         2);
+  const auto blocks = place_through_view(step("view", {2, 8, 3, 3}, {2, 2, 4, 3, 3}),
+                                         SplitPlace{false, 1, 0}, 1, 2);
   ASSERT_TRUE(blocks);
   EXPECT_EQ(blocks->axis, 1);
   EXPECT_EQ(blocks->period, 0);
@@ -167,16 +166,18 @@ TEST(Views, AChannelSplitIsGatheredOnceForItsHalvesAndABatchSplitIsKept) {
   config.profile = round_number_profile();
   const auto strategies = enumerate_strategies(g.graph, config);
   auto find = [](const std::vector<Strategy>& list, int tp, SplitKind kind) {
-    return *std::find_if(list.begin(), list.end(),
-                         [&](const Strategy& s) { return s.dp == 1 && s.tp == tp && s.kind == kind; });
+    return *std::find_if(list.begin(), list.end(), [&](const Strategy& s) {
+      return s.dp == 1 && s.tp == tp && s.kind == kind;
+    });
   };
   const Strategy split = find(strategies[0], 2, SplitKind::kColumn);
-  const Strategy whole_conv = find(strategies[g.second_conv->id], 1, SplitKind::kReplicate);
   // The gather of the whole output, and nothing for the half the convolution reads whole.
-  EXPECT_DOUBLE_EQ(read_time(g.graph, *g.second_conv, 0, split, whole_conv, config),
+  const InputRead convolved = input_read(g.graph, *g.second_conv, 0, split.output_layouts[0]);
+  EXPECT_DOUBLE_EQ(read_time(convolved, split, Layout{1, 1}, 0, config),
                    move_collectives_time({1, 2}, {1, 1}, whole, config.profile, 2));
-  const Strategy whole_join = find(strategies[g.join->id], 1, SplitKind::kReplicate);
-  EXPECT_DOUBLE_EQ(read_time(g.graph, *g.join, 0, split, whole_join, config), 0);
+  EXPECT_DOUBLE_EQ(read_time(input_read(g.graph, *g.join, 0, split.output_layouts[0]), split,
+                             Layout{1, 1}, 0, config),
+                   0);
 }
 
 }  // namespace
