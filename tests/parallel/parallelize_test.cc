@@ -563,12 +563,12 @@ TEST_F(ParallelizeTest, TaggerWithAPaddingRowAndNllLossAsPlannedOnATensorParalle
   for (size_t p = 0; p < plans.size(); ++p) {
     SCOPED_TRACE(summaries[p]);
     expect_same_run(planned_run(c, plans[p], grid), whole);
-    for (const auto& [op_name, strategy] : std::vector<std::pair<std::string, std::string>>{
+    for (const auto& cut : std::vector<std::pair<std::string, std::string>>{
              {"nll_loss", "vocab"}, {"embedding", "vocab"}, {"embedding", "column"}}) {
-      SCOPED_TRACE(op_name + " " + strategy);
-      const auto plan = recut(plans[p], op_name, strategy);
+      SCOPED_TRACE(cut.first + " " + cut.second);
+      const auto plan = recut(plans[p], cut.first, cut.second);
       ASSERT_TRUE(std::any_of(plan.begin(), plan.end(), [&](const planner::PlanFile::Op& op) {
-        return op.op == op_name && op.strategy == strategy;
+        return op.op == cut.first && op.strategy == cut.second;
       }));
       expect_same_run(planned_run(c, plan, grid), whole);
     }
