@@ -730,12 +730,10 @@ Tensor ParallelModule::run_view(const OpDef& op, const Tensor& input, const Attr
   if (!seen) {
     // The view cuts across the parts: the value gathered along the model where that is enough,
     // else whole, once for all its views (planner::read_through_views prices it so).
-    Layout to{layout.batch, false, -1, 0, layout.batch ? layout.factor : 0};
-    if (layout.model) seen = planner::place_through_view(step, place_of(to), batch_parts(to), 1);
-    if (!seen) {
-      to = Layout{};
-      seen = planner::place_through_view(step, planner::SplitPlace{}, 1, 1);
-    }
+    const planner::GatheredView view =
+        planner::gather_for_view(step, place_of(layout), batch_parts(layout));
+    const Layout to{view.batch, false, -1, 0, view.batch ? layout.factor : 0};
+    seen = view.seen;
     Tensor& gathered = source.gathered[to.batch];
     if (!gathered.defined()) {
       gathered = move(source.tensor, layout, to);

@@ -89,6 +89,13 @@ std::optional<SplitPlace> place_through_view(const ViewStep& step, const SplitPl
   return seen;
 }
 
+GatheredView gather_for_view(const ViewStep& step, const SplitPlace& place, int batch_parts) {
+  if (place.model() && place.batch)
+    if (auto seen = place_through_view(step, SplitPlace{true}, batch_parts, 1))
+      return {true, *seen};
+  return {false, *place_through_view(step, SplitPlace{}, 1, 1)};
+}
+
 int64_t forced_model_axis(ParallelSplit split, SplitKind kind, const Attrs& attrs, int64_t rank,
                           int64_t out_rank, int64_t inherited) {
   const bool channels =
@@ -116,15 +123,9 @@ ViewRead read_through_views(const TracedTensor& tensor, const std::vector<ViewSt
     std::optional<SplitPlace> seen =
         place_through_view(step, place, read.layout.batch, read.layout.model);
     if (!seen) {
-      // Gathered along the model where that is enough for the view, else whole.
-      Layout to{read.layout.batch, 1};
-      SplitPlace gathered{place.batch};
-      if (place.model()) seen = place_through_view(step, gathered, to.batch, 1);
-      if (!seen) {
-        to = Layout{};
-        gathered = SplitPlace{};
-        seen = place_through_view(step, gathered, 1, 1);
-      }
+      const GatheredView gathered = gather_for_view(step, place, read.layout.batch);
+      const Layout to{gathered.batch ? read.layout.batch : 1, 1};
+      seen = gathered.seen;
       const double bytes = static_cast<double>(shape_numel(step.from)) *
                            static_cast<double>(element_size(tensor.dtype));
       read.gathers.push_back({read.layout, to, bytes, step.first});

@@ -36,6 +36,15 @@ std::pair<int64_t, int64_t> reshaped_split(const Shape& from, const Shape& to, i
 std::optional<SplitPlace> place_through_view(const ViewStep& step, const SplitPlace& place,
                                              int batch_parts, int model_parts);
 
+// How the runtime reads a view that cuts across `place` (place_through_view gave nullopt): it
+// gathers the viewed value along the model where the batch's split (in `batch_parts`) survives
+// the view, else whole. Whether the batch stays split, and where the parts lie in the view.
+struct GatheredView {
+  bool batch = false;
+  SplitPlace seen;
+};
+GatheredView gather_for_view(const ViewStep& step, const SplitPlace& place, int batch_parts);
+
 // The dim an op of `kind` splits over the model whatever its inputs' splits (-1: that of an input
 // already split, `inherited`, -1 when none), as the runtime splits it: channels for convolutions,
 // normalisation, pooling, joins and classes, the features (last dim) for column splits, the input
