@@ -226,6 +226,7 @@ struct Point {
   double prefetches = 0;            // per timed step: swap-ins started ahead of need
   double prefetch_hits = 0;         // per timed step: of them, read before being dropped
   std::string auto_way;             // auto: the way it kept (ResidencyStats::auto_mode)
+  int64_t auto_ways_given_up = 0;   // auto: ways whose trial step thrashed
   // Per timed step, by op: {"count", "bytes", "seconds"} of the recomputes (replays).
   nlohmann::ordered_json replays_by_op = nlohmann::ordered_json::object();
   double loss = 0;
@@ -318,6 +319,7 @@ Point measure(const Settings& settings, int64_t batch, const MemoryOptions& opti
       point.link_wait_seconds = (manager->host_link().wait_seconds() - wait_start) / settings.steps;
       const memory::ResidencyStats residency = manager->stats();
       point.auto_way = residency.auto_mode;
+      point.auto_ways_given_up = residency.ways_given_up;
       point.prefetches =
           static_cast<double>(residency.prefetches - residency_start.prefetches) / settings.steps;
       point.prefetch_hits =
@@ -396,6 +398,7 @@ nlohmann::ordered_json point_json(const Settings& settings, int64_t batch, const
     out["compute_s"] = point.compute_seconds;
     out["stall_s"] = point.stall_seconds;
   }
+  if (!point.auto_way.empty()) out["auto_ways_given_up"] = point.auto_ways_given_up;
   if (!point.ok) out["error"] = point.error;
   return out;
 }

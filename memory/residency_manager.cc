@@ -1002,6 +1002,7 @@ void ResidencyManager::on_op_recorded(const std::shared_ptr<OpCall>& call, doubl
     trace_.op(pattern_.position(), cost, in_backward);
     if (auto_mode_ == AutoMode::kPlanned) run_planned_actions(pattern_.position());
     pattern_.next_op();
+    give_up_thrashing_way();
   }
   swap_ahead();
 }
@@ -1073,10 +1074,24 @@ void ResidencyManager::on_step_boundary() {
   // keeps the way whose steps take least time: the step's time counts what per-tensor costs miss
   // (stalls, copies inside the device, recompute chains).
   if (steps_ < 2) return;
-  if (way_chooser_.on_step(step_seconds)) use_way(way_chooser_.way());
+  way_chooser_.on_step(step_seconds);
+  if (way_chooser_.way() != running_way_) use_way(way_chooser_.way());
+}
+
+// A way on trial that thrashes is given up within its step (memory/way_chooser.h): checked after
+// each op and whenever an allocation waits for room, since one op's recomputes can take a step's
+// time many times over.
+void ResidencyManager::give_up_thrashing_way() {
+  if (options_.policy() != Policy::kAuto) return;
+  const double give_up_after = way_chooser_.give_up_after();
+  if (give_up_after > 0 && link_.now() - step_started_at_ > give_up_after) {
+    use_way(way_chooser_.give_up());
+    running_way_ = -1;  // the next step takes its way afresh (a plan made at a step's start)
+  }
 }
 
 void ResidencyManager::use_way(int way) {
+  running_way_ = way;
   const bool planned = way >= static_cast<int>(AutoMode::kPlanned);
   auto_mode_ = planned ? AutoMode::kPlanned : static_cast<AutoMode>(way);
   if (!planned) return;
@@ -1277,6 +1292,7 @@ bool ResidencyManager::relieve(size_t bytes_needed, size_t largest_free_block) {
   }
   if (prefetching_) return false;  // a prefetch only takes room that is free anyway
   pressure_seen_ = true;
+  give_up_thrashing_way();
   // A planned prefetch was timed to be read soon: it goes back only where nothing else can.
   const bool keep_prefetches = auto_mode_ == AutoMode::kPlanned;
   if (release_finished_swaps() || (!keep_prefetches && drop_prefetch())) return true;
@@ -1594,6 +1610,7 @@ ResidencyStats ResidencyManager::stats() const {
     result.auto_mode = kModeNames[static_cast<int>(auto_mode_)];
     result.auto_tuning = !pressure_seen_ || way_chooser_.trying();
     result.planned_steps = planned_steps_;
+    for (int way = 0; way < kAutoWays; ++way) result.ways_given_up += way_chooser_.given_up(way);
     if (plan_.length() > 0) result.plan = plan_.summary();
   }
   return result;

@@ -134,6 +134,7 @@ struct ResidencyStats {
   const char* auto_mode = "";
   bool auto_tuning = false;
   int64_t planned_steps = 0;  // auto: steps run under a plan made from the previous step
+  int64_t ways_given_up = 0;  // auto: ways whose trial step thrashed (memory/way_chooser.h)
   std::string plan;           // auto: the last plan's summary (StepPlan::summary), if any
 };
 
@@ -350,8 +351,10 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   static constexpr double kPlanHeadrooms[kPlanHeadroomChoices] = {0.1, 0.3};
   static constexpr int kAutoWays = 3 + kPlanHeadroomChoices;
   void use_way(int way);  // sets auto_mode_ and headroom_choice_ (a new plan for planned ways)
+  void give_up_thrashing_way();
   AutoMode auto_mode_ = AutoMode::kMixed;
   int headroom_choice_ = 0;
+  int running_way_ = 0;  // way_chooser_'s way as last applied by use_way (-1 in a step given up)
   WayChooser way_chooser_{kAutoWays};
   int64_t steps_ = 0;           // training steps begun after the first
   bool backward_seen_ = false;  // a backward pass ran since the step began

@@ -10,8 +10,11 @@ WayChooser::WayChooser(int ways, WayChooserOptions options) : options_(options) 
   TESSEL_CHECK(ways >= 1, "WayChooser: needs at least one way, got ", ways);
   TESSEL_CHECK(options_.trial_steps >= 1 && options_.window >= 1 && options_.close_margin >= 0,
                "WayChooser: trial_steps and window must be at least 1 and close_margin at least 0");
+  TESSEL_CHECK(options_.give_up_factor > 1, "WayChooser: give_up_factor must be above 1, got ",
+               options_.give_up_factor);
   recent_.resize(static_cast<size_t>(ways));
   counted_.assign(static_cast<size_t>(ways), 0);
+  given_up_.assign(static_cast<size_t>(ways), 0);
 }
 
 double WayChooser::estimate(int way) const {
@@ -23,9 +26,10 @@ double WayChooser::estimate(int way) const {
 }
 
 int WayChooser::best_way() const {
-  int best = 0;
-  for (int way = 1; way < static_cast<int>(recent_.size()); ++way)
-    if (estimate(way) < estimate(best)) best = way;
+  int best = -1;
+  for (int way = 0; way < static_cast<int>(recent_.size()); ++way)
+    if (counted_[way] > 0 && !given_up_[way] && (best < 0 || estimate(way) < estimate(best)))
+      best = way;
   return best;
 }
 
@@ -38,6 +42,10 @@ bool WayChooser::switch_to(int way) {
 }
 
 bool WayChooser::on_step(double seconds) {
+  if (given_up_step_) {
+    given_up_step_ = false;
+    return false;
+  }
   if (settling_) {
     settling_ = false;
     return false;
@@ -51,13 +59,17 @@ bool WayChooser::on_step(double seconds) {
     return best != way_ && switch_to(best);
   }
   if (++trial_step_ < options_.trial_steps) return false;
+  return end_trial_of_way();
+}
+
+bool WayChooser::end_trial_of_way() {
   const int ways = static_cast<int>(recent_.size());
   if (phase_ == Phase::kTrial) {
     if (way_ + 1 < ways) return switch_to(way_ + 1);
     const int best = best_way();
     const double close = (1 + options_.close_margin) * estimate(best);
     for (int way = 0; way < ways; ++way)
-      if (way != best && estimate(way) <= close) confirm_queue_.push_back(way);
+      if (way != best && !given_up_[way] && estimate(way) <= close) confirm_queue_.push_back(way);
     std::sort(confirm_queue_.begin(), confirm_queue_.end(),
               [&](int a, int b) { return estimate(a) > estimate(b); });
     phase_ = Phase::kConfirm;
@@ -69,6 +81,27 @@ bool WayChooser::on_step(double seconds) {
   }
   phase_ = Phase::kSteady;
   return switch_to(best_way());
+}
+
+double WayChooser::give_up_after() const {
+  if (phase_ == Phase::kSteady || given_up_step_) return 0;
+  bool other_way_left = false;
+  for (int way = 0; way < static_cast<int>(given_up_.size()); ++way)
+    if (way != way_ && !given_up_[way]) other_way_left = true;
+  const int best = best_way();
+  if (!other_way_left || best < 0) return 0;
+  return options_.give_up_factor * estimate(best);
+}
+
+int WayChooser::give_up() {
+  TESSEL_CHECK(give_up_after() > 0,
+               "WayChooser: no step to give up (steady phase, nothing counted "
+               "yet, or the last way left)");
+  given_up_[way_] = 1;
+  end_trial_of_way();
+  given_up_step_ = true;
+  const int fastest = best_way();
+  return fastest >= 0 ? fastest : way_;
 }
 
 }  // namespace tessel::memory

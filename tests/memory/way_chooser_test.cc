@@ -1,10 +1,11 @@
 // WayChooser (auto's choice among its ways by step times): the order of its trials, the second
-// try of close ways, settling steps not counted, and keeping the fastest way when step times are
-// noisy.
+// try of close ways, settling steps not counted, keeping the fastest way when step times are
+// noisy, and giving up a way whose trial step thrashes.
 #include "memory/way_chooser.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <random>
 #include <vector>
@@ -119,11 +120,61 @@ TEST(WayChooser, KeepsTheFastestWayWhenStepTimesAreNoisy) {
   EXPECT_LE(steady_excess, 0.01);
 }
 
+// A step on trial that runs past give_up_factor times the best estimate is given up: the rest of
+// it runs the fastest way counted so far, it is not counted, and its way never runs again (here
+// way 1, which would otherwise be kept).
+TEST(WayChooser, GivesUpAWayWhoseTrialStepThrashes) {
+  WayChooserOptions options;
+  options.trial_steps = 2;
+  WayChooser chooser(3, options);
+  EXPECT_EQ(chooser.give_up_after(), 0);  // nothing counted yet
+  chooser.on_step(1.0);
+  EXPECT_DOUBLE_EQ(chooser.give_up_after(), 3.0);
+  chooser.on_step(1.0);
+  ASSERT_EQ(chooser.way(), 1);
+  chooser.on_step(1.2);  // settling
+  chooser.on_step(0.5);
+  EXPECT_DOUBLE_EQ(chooser.give_up_after(), 1.5);  // 3 x way 1's own 0.5
+  EXPECT_EQ(chooser.give_up(), 0);
+  EXPECT_TRUE(chooser.given_up(1));
+  EXPECT_EQ(chooser.way(), 2);            // the trial goes on
+  EXPECT_EQ(chooser.give_up_after(), 0);  // no second bound in the step given up
+  chooser.on_step(40.0);                  // that step: not counted
+  EXPECT_EQ(chooser.counted_steps(1), 1);
+  EXPECT_DOUBLE_EQ(chooser.estimate(1), 0.5);
+  const std::vector<int> ways = run(chooser, {1.0, 0.5, 2.0}, 40);
+  EXPECT_EQ(std::count(ways.begin(), ways.end(), 1), 0);
+  EXPECT_FALSE(chooser.trying());
+  EXPECT_EQ(ways.back(), 0);
+}
+
+// The last way left, and the kept way in the steady phase, are never given up.
+TEST(WayChooser, NeverGivesUpTheLastWayOrTheKeptOne) {
+  WayChooser chooser(2);
+  chooser.on_step(1.0);
+  EXPECT_EQ(chooser.give_up(), 1);  // nothing else counted: the rest runs the next way
+  EXPECT_EQ(chooser.way(), 1);
+  EXPECT_EQ(chooser.give_up_after(), 0);
+  run(chooser, {1.0, 2.0}, 20);
+  EXPECT_EQ(chooser.way(), 1);
+  EXPECT_FALSE(chooser.trying());
+  EXPECT_EQ(chooser.give_up_after(), 0);
+  EXPECT_TRUE(throws_error([&] { chooser.give_up(); }, "no step to give up"));
+
+  WayChooser steady(2);
+  run(steady, {1.0, 2.0}, 20);
+  EXPECT_FALSE(steady.trying());
+  EXPECT_EQ(steady.give_up_after(), 0);
+}
+
 TEST(WayChooser, RejectsBadSettings) {
   EXPECT_TRUE(throws_error([] { WayChooser chooser(0); }, "at least one way"));
   WayChooserOptions options;
   options.trial_steps = 0;
   EXPECT_TRUE(throws_error([&] { WayChooser chooser(2, options); }, "trial_steps"));
+  options = WayChooserOptions();
+  options.give_up_factor = 1;
+  EXPECT_TRUE(throws_error([&] { WayChooser chooser(2, options); }, "give_up_factor"));
 }
 
 }  // namespace
