@@ -29,10 +29,14 @@ class AccessPattern {
     if (positions.empty() || positions.back() != position_) positions.push_back(position_);
   }
   void next_op() { ++position_; }
+  // At each step boundary. What ran before the first one is no step to go by: it holds what came
+  // before the first step (building the model, moving it to the device, the first batch), which
+  // would put every read of the next step at the wrong place.
   void begin_step() {
     previous_.swap(current_);
     current_.clear();
-    previous_length_ = position_;
+    previous_length_ = step_begun_ ? position_ : 0;
+    step_begun_ = true;
     position_ = 0;
   }
   bool known() const { return previous_length_ > 0; }
@@ -57,6 +61,7 @@ class AccessPattern {
   static constexpr int64_t kMaxPositions = int64_t{1} << 18;
   int64_t position_ = 0;
   int64_t previous_length_ = 0;
+  bool step_begun_ = false;  // begin_step() was called: the ops since then are a step
   // key -> the positions it was read at, ascending.
   std::unordered_map<uint64_t, std::vector<int64_t>> current_, previous_;
 };

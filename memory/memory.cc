@@ -92,6 +92,10 @@ void remove_manager(MemorySetup& setup) {
 
 std::shared_ptr<MemorySetup> install(const MemoryOptions& options, bool scoped) {
   check_budget(options.budget(), options.fixed_bytes());
+  // Checked before anything is replaced: a bad option leaves the memory settings as they were.
+  TESSEL_CHECK(options.residency().auto_give_up_factor() > 1,
+               "memory options: auto_give_up_factor must be above 1, got ",
+               options.residency().auto_give_up_factor());
   auto setup = std::make_shared<MemorySetup>();
   setup->options = options;
   setup->scoped = scoped;

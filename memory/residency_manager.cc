@@ -164,6 +164,12 @@ ResidencyManager::ResidencyManager(std::shared_ptr<CachingAllocator> allocator,
       options_(options),
       link_(options.host_bandwidth(),
             copy_engine_for(allocator_ ? allocator_->device().type : DeviceType::kCpu)),
+      way_chooser_(kAutoWays,
+                   [&] {
+                     WayChooserOptions chooser;
+                     chooser.give_up_factor = options.auto_give_up_factor();
+                     return chooser;
+                   }()),
       sampler_(options.sample_seed()) {
   TESSEL_CHECK(allocator_ != nullptr, "ResidencyManager: allocator must not be null");
 }

@@ -92,6 +92,9 @@ class ResidencyOptions {
   // In forward under pressure, start swap-outs before an allocation must wait for them, keeping
   // room for the largest output seen; on by default.
   TESSEL_ARG(bool, swap_ahead) = true;
+  // auto: a trial step that runs this many times the best estimate of its ways so far is given
+  // up, with its way (memory/way_chooser.h); above 1.
+  TESSEL_ARG(double, auto_give_up_factor) = 3;
 
  private:
   bool sample_candidates_ = false;
@@ -355,7 +358,7 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   AutoMode auto_mode_ = AutoMode::kMixed;
   int headroom_choice_ = 0;
   int running_way_ = 0;  // way_chooser_'s way as last applied by use_way (-1 in a step given up)
-  WayChooser way_chooser_{kAutoWays};
+  WayChooser way_chooser_;
   int64_t steps_ = 0;           // training steps begun after the first
   bool backward_seen_ = false;  // a backward pass ran since the step began
   double step_started_at_ = 0;  // on the host link's clock (simulated, or wall time)

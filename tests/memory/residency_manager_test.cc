@@ -251,6 +251,27 @@ TEST(Auto, PlannedStepsTrainTheSameAsWithoutABudget) {
   EXPECT_NE(stats.plan.find("plan: swap"), std::string::npos) << stats.plan;
 }
 
+// A trial step that runs past auto_give_up_factor times the best estimate of auto's ways is given
+// up where it stands: the rest of it runs another way, and the way is not tried again. With a
+// factor just above 1 most of the trial's steps are given up part way (step times vary more than
+// that); the values are those of the run without a budget, bit for bit.
+TEST(Auto, StepsGivenUpPartWayTrainTheSameAsWithoutABudget) {
+  ModelCase model = conv_case();
+  constexpr int kSteps = 40;
+  RunResult reference = train(model, MemoryOptions(), kSteps);
+  MemoryOptions options = budgeted(reference, 0.5, Policy::kAuto);
+  options.residency().auto_give_up_factor(1.0001);
+  RunResult automatic = train(model, options, kSteps);
+  expect_bitwise_same_training(automatic, reference);
+  EXPECT_GE(automatic.residency.ways_given_up, 1);
+  EXPECT_LE(automatic.residency.ways_given_up, 4);  // never the last way left
+  EXPECT_FALSE(automatic.residency.auto_tuning);
+
+  options.residency().auto_give_up_factor(1);
+  EXPECT_TRUE(throws_error([&] { MemoryScope scope(options); }, "auto_give_up_factor"));
+  EXPECT_FALSE(status().active);  // nothing was installed
+}
+
 TEST(Counters, StepCountersAddUpToTheTotalsAndFormatIntoAStatusLine) {
   ModelCase model = mlp_case();
   RunResult reference = train(model, MemoryOptions());
@@ -520,6 +541,11 @@ TEST(Auto, SwapsWhatIsCheapToCopyAndRecomputesWhatIsCheapToRecompute) {
 
 TEST(AccessPattern, TheNextReadComesFromThePreviousStepAtTheSamePlace) {
   AccessPattern pattern;
+  EXPECT_FALSE(pattern.known());
+  // Before the first step: building the model, whose ops shift every position after them.
+  pattern.read(pattern.output_key(0));
+  pattern.next_op();
+  pattern.begin_step();
   EXPECT_FALSE(pattern.known());
   // Step one: op 0 makes a tensor (output 0) and reads a parameter; op 1 reads nothing; op 2
   // reads the tensor; op 3 makes another that nobody reads.
