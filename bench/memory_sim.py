@@ -301,7 +301,7 @@ def main():
           "load; raw lines (one per point, with the command): memory_sim.jsonl." %
           (stamp, commit, PROFILE), "",
           "- Slowdown: the simulated time of a training step (SGD with momentum; the median of "
-          "5 steps after 8 or more warm-up steps under the budget, in which auto tries its four "
+          "5 steps after 8 or more warm-up steps under the budget, in which auto tries its five "
           "ways) "
           "over the unconstrained step. Fractions: budget over the whole "
           "unconstrained peak (the DTR paper's measure), in brackets the part of the "
