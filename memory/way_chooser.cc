@@ -42,6 +42,12 @@ bool WayChooser::switch_to(int way) {
 }
 
 bool WayChooser::on_step(double seconds) {
+  const bool changed = record_step(seconds);
+  give_up_after_ = compute_give_up_after();
+  return changed;
+}
+
+bool WayChooser::record_step(double seconds) {
   if (given_up_step_) {
     given_up_step_ = false;
     return false;
@@ -83,7 +89,7 @@ bool WayChooser::end_trial_of_way() {
   return switch_to(best_way());
 }
 
-double WayChooser::give_up_after() const {
+double WayChooser::compute_give_up_after() const {
   if (phase_ == Phase::kSteady || given_up_step_) return 0;
   bool other_way_left = false;
   for (int way = 0; way < static_cast<int>(given_up_.size()); ++way)
@@ -100,6 +106,7 @@ int WayChooser::give_up() {
   given_up_[way_] = 1;
   end_trial_of_way();
   given_up_step_ = true;
+  give_up_after_ = 0;  // no second bound in the step given up
   const int fastest = best_way();
   return fastest >= 0 ? fastest : way_;
 }

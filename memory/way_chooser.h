@@ -55,8 +55,9 @@ class WayChooser {
   bool on_step(double seconds);
 
   // How long the step under way may run before it is given up: 0 (no bound) in the steady phase,
-  // before any step was counted, or where no other way is left.
-  double give_up_after() const;
+  // before any step was counted, or where no other way is left. Read after every op: kept, not
+  // computed.
+  double give_up_after() const { return give_up_after_; }
   // Gives up the step under way and its way for good: way() moves on as at the end of that way's
   // trial, and the step's on_step() is not counted. Returns the way to run the rest of the step
   // (the fastest counted so far, or way() where none is).
@@ -67,6 +68,8 @@ class WayChooser {
   enum class Phase { kTrial, kConfirm, kSteady };
   int best_way() const;  // the lowest estimate among the counted ways not given up (-1: none)
   bool switch_to(int way);
+  bool record_step(double seconds);  // on_step() but for the bound
+  double compute_give_up_after() const;
   bool end_trial_of_way();  // the way under trial has had its steps: the next, or the steady phase
 
   WayChooserOptions options_;
@@ -74,6 +77,7 @@ class WayChooser {
   int way_ = 0;
   bool settling_ = false;                   // the step running is the first after a change of way
   bool given_up_step_ = false;              // the step running was given up
+  double give_up_after_ = 0;                // compute_give_up_after() since the last change
   int trial_step_ = 0;                      // counted steps of the trial under way
   std::vector<std::deque<double>> recent_;  // each way's last counted step times
   std::vector<int64_t> counted_;
