@@ -90,7 +90,7 @@ bool WayChooser::end_trial_of_way() {
 }
 
 double WayChooser::compute_give_up_after() const {
-  if (phase_ == Phase::kSteady || given_up_step_) return 0;
+  if (phase_ == Phase::kSteady) return 0;
   bool other_way_left = false;
   for (int way = 0; way < static_cast<int>(given_up_.size()); ++way)
     if (way != way_ && !given_up_[way]) other_way_left = true;

@@ -21,8 +21,13 @@
 // the step is not counted.
 //   WayChooser chooser(5);
 //   for (each step) {
-//     for (each op) { run_op(way); if (elapsed > chooser.give_up_after()) way = chooser.give_up();
-//     } chooser.on_step(seconds); way = chooser.way();
+//     for (each op) {
+//       run_op(way);
+//       if (chooser.give_up_after() > 0 && elapsed > chooser.give_up_after())
+//         way = chooser.give_up();
+//     }
+//     chooser.on_step(seconds);
+//     way = chooser.way();
 //   }
 #pragma once
 
