@@ -47,6 +47,26 @@ void aligned_free(void* ptr) { std::free(reinterpret_cast<void**>(ptr)[-1]); }
 
 }  // namespace
 
+namespace {
+std::atomic<int> threads_counting{0};
+}  // namespace
+
+void CountingCpuAllocator::EventCount::add() {
+  thread_local const int slot = threads_counting.fetch_add(1);
+  if (slot >= kSlots) {
+    shared_.fetch_add(1);
+    return;
+  }
+  std::atomic<int64_t>& value = slots_[slot].value;
+  value.store(value.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+}
+
+int64_t CountingCpuAllocator::EventCount::total() const {
+  int64_t total = shared_.load();
+  for (const Slot& slot : slots_) total += slot.value.load(std::memory_order_relaxed);
+  return total;
+}
+
 CountingCpuAllocator::~CountingCpuAllocator() {
   for (const auto& [bytes, ptr] : large_kept_) aligned_free(ptr);
 }
@@ -102,7 +122,7 @@ void* CountingCpuAllocator::allocate(size_t nbytes, Stream) {
   int64_t peak = peak_.load();
   while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
   }
-  allocations_.fetch_add(1);
+  allocations_.add();
   return ptr;
 }
 
@@ -110,7 +130,7 @@ void CountingCpuAllocator::deallocate(void* ptr, size_t nbytes, Stream) {
   if (!ptr) return;
   if (nbytes < kLargeBlock - kAlignment || !keep_large(ptr)) aligned_free(ptr);
   allocated_.fetch_sub(static_cast<int64_t>(nbytes));
-  frees_.fetch_add(1);
+  frees_.add();
 }
 
 AllocatorStats CountingCpuAllocator::stats() const {
@@ -119,8 +139,8 @@ AllocatorStats CountingCpuAllocator::stats() const {
   stats.peak_allocated_bytes = peak_.load();
   std::lock_guard<std::mutex> lock(large_mutex_);
   stats.reserved_bytes = stats.allocated_bytes + large_kept_bytes_;
-  stats.num_allocations = allocations_.load();
-  stats.num_frees = frees_.load();
+  stats.num_allocations = allocations_.total();
+  stats.num_frees = frees_.total();
   return stats;
 }
 

@@ -59,14 +59,30 @@ class CountingCpuAllocator : public Allocator {
   void* reuse_large(size_t bytes);
   bool keep_large(void* ptr);
 
+  // Counts events from many threads without a locked instruction: each of the first kSlots
+  // threads to count adds to a slot of its own (a plain load and store), later ones share one.
+  class EventCount {
+   public:
+    void add();
+    int64_t total() const;
+
+   private:
+    static constexpr int kSlots = 64;
+    struct alignas(64) Slot {
+      std::atomic<int64_t> value{0};
+    };
+    Slot slots_[kSlots];
+    std::atomic<int64_t> shared_{0};
+  };
+
   mutable std::mutex large_mutex_;
   std::unordered_map<void*, size_t> large_in_use_;  // pointer -> its block's size
   std::list<std::pair<size_t, void*>> large_kept_;  // freed blocks, oldest first
   int64_t large_kept_bytes_ = 0;
   std::atomic<int64_t> allocated_{0};
   std::atomic<int64_t> peak_{0};
-  std::atomic<int64_t> allocations_{0};
-  std::atomic<int64_t> frees_{0};
+  EventCount allocations_;
+  EventCount frees_;
 };
 
 // The allocator of a device (meta has none): the one installed for that device, else the one

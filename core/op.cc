@@ -112,7 +112,7 @@ Tensor KernelContext::workspace(const Shape& sizes, DType dtype) {
 }
 
 Tensor RecordedTensor::materialize() const {
-  return Tensor(std::make_shared<TensorImpl>(storage, sizes, strides, offset, dtype));
+  return Tensor(make_tensor_impl(storage, sizes, strides, offset, dtype));
 }
 
 OpCall::~OpCall() {
@@ -143,15 +143,16 @@ thread_local bool intercepting = false;
 std::atomic<int> running_kernels{0};
 
 // Marks the kernel this thread runs, for the memory layer (nested replays restore the outer one).
+// Kernels are counted process-wide only while a memory layer is installed, the one reader.
 class KernelInProgressScope {
  public:
-  explicit KernelInProgressScope(KernelInProgress state)
-      : state_(state), previous_(current_kernel) {
+  KernelInProgressScope(KernelInProgress state, bool counted)
+      : state_(state), previous_(current_kernel), counted_(counted) {
     current_kernel = &state_;
-    running_kernels.fetch_add(1);
+    if (counted_) running_kernels.fetch_add(1);
   }
   ~KernelInProgressScope() {
-    running_kernels.fetch_sub(1);
+    if (counted_) running_kernels.fetch_sub(1);
     current_kernel = previous_;
   }
   KernelInProgressScope(const KernelInProgressScope&) = delete;
@@ -160,6 +161,7 @@ class KernelInProgressScope {
  private:
   KernelInProgress state_;
   const KernelInProgress* previous_;
+  bool counted_;
 };
 
 // An op's operands (its inputs and outputs whole) did not fit on the device: running it in
@@ -194,21 +196,25 @@ void run_kernel_once(const OpDef& op, const Kernel& kernel, const std::vector<Te
                      std::vector<Tensor>& outputs, const Attrs& attrs, bool replay,
                      KernelInProgress progress, const ChunkPass* chunk = nullptr) {
   PinnedOperandsScope pinned;
+  // With no memory layer installed nothing can take a resident storage's bytes away, so those
+  // are not pinned (each pin is a locked instruction; Tensor::raw_data lets a running kernel
+  // reach them).
+  const bool pin_all = residency_hooks() != nullptr;
+  auto pin = [&](StorageImpl& storage) {
+    if (!pin_all && storage.state() == Residency::kResident && !storage.sharded) return;
+    StorageAccess access(storage);
+    pinned_operands.push_back(std::move(access));
+  };
   try {
-    for (const auto& input : inputs) {
-      if (!input.defined()) continue;
-      StorageAccess access(*input.storage());
-      pinned_operands.push_back(std::move(access));
-    }
-    for (const auto& output : outputs) {
-      StorageAccess access(*output.storage());
-      pinned_operands.push_back(std::move(access));
-    }
+    for (const auto& input : inputs)
+      if (input.defined()) pin(*input.storage());
+    for (const auto& output : outputs) pin(*output.storage());
   } catch (const OutOfMemory& error) {
     throw OperandsOutOfMemory(error);
   }
   KernelContext context{op, inputs, outputs, attrs, replay, {}, {}, chunk};
-  KernelInProgressScope scope(progress);
+  KernelInProgressScope scope(progress, pin_all);
+  UnpinnedKernelScope unpinned(!pin_all);
   kernel(context);
 }
 
@@ -686,8 +692,8 @@ void replay_op_call(const OpCall& call) {
     auto storage = call.output_storages[k].lock();
     if (storage && storage->state() == Residency::kEvicted) {
       storage->allocate_bytes();
-      outputs.emplace_back(std::make_shared<TensorImpl>(storage, geometry.sizes, geometry.strides,
-                                                        geometry.offset, geometry.dtype));
+      outputs.emplace_back(make_tensor_impl(storage, geometry.sizes, geometry.strides,
+                                            geometry.offset, geometry.dtype));
     } else {
       // Resident or gone: computed again into scratch so the kernel sees every output.
       Device device = inputs.empty() ? Device::cpu() : inputs[0].device();

@@ -277,8 +277,9 @@ struct KernelInProgress {
   bool can_split_further = false;
 };
 const KernelInProgress* kernel_in_progress();  // null outside kernels
-// Kernels running now on any thread: while there are none, no code holds a raw address of a
-// tensor, so the memory layer may move even pinned tensors (defragmentation).
+// Kernels running now on any thread, counted while a memory layer is installed: while there are
+// none, no code holds a raw address of a tensor, so the memory layer may move even pinned tensors
+// (defragmentation). A memory layer is installed while no other thread runs ops.
 int kernels_running();
 
 // Runs ops on the meta device in place of kernels while one is installed (the memory

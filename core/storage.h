@@ -118,6 +118,8 @@ class StorageImpl : public std::enable_shared_from_this<StorageImpl> {
   int user_refs() const { return user_refs_.load(); }
   int record_refs() const { return record_refs_.load(); }
   void add_user_ref() { user_refs_.fetch_add(1); }
+  // The first user reference of a storage no other thread can see yet: set, not counted.
+  void set_first_user_ref() { user_refs_.store(1, std::memory_order_relaxed); }
   void release_user_ref();
   void add_record_ref() { record_refs_.fetch_add(1); }
   void release_record_ref() { record_refs_.fetch_sub(1); }

@@ -1,5 +1,7 @@
 #include "core/tensor.h"
 
+#include <omp.h>
+
 #include <cstring>
 #include <sstream>
 
@@ -19,7 +21,23 @@ TensorImpl::TensorImpl(std::shared_ptr<StorageImpl> storage_in, Shape sizes_in, 
   storage->add_user_ref();
 }
 
-TensorImpl::~TensorImpl() { storage->release_user_ref(); }
+TensorImpl::TensorImpl(NewStorage, std::shared_ptr<StorageImpl> storage_in, Shape sizes_in,
+                       Shape strides_in, DType dtype_in)
+    : storage(std::move(storage_in)),
+      sizes(std::move(sizes_in)),
+      strides(std::move(strides_in)),
+      offset(0),
+      dtype(dtype_in) {
+  storage->set_first_user_ref();
+}
+
+TensorImpl::~TensorImpl() {
+  // A storage dropped with its last tensor, no memory layer installed, has no reader of its user
+  // count left (the memory layer's and the op records' weak references exist only under one):
+  // the locked decrement is skipped.
+  if (storage.use_count() == 1 && residency_hooks() == nullptr) return;
+  storage->release_user_ref();
+}
 
 void Tensor::fail_undefined() { TESSEL_FAIL("use of an undefined tensor"); }
 
@@ -40,17 +58,45 @@ bool Tensor::has_internal_overlap() const {
   return false;
 }
 
-void* Tensor::raw_data() const {
-  const TensorImpl& self = checked();
-  TESSEL_CHECK(!self.storage->device().is_meta(), "a meta tensor has no data (shape ",
+namespace {
+// Kernels this thread runs with their operands unpinned (see UnpinnedKernelScope).
+thread_local int unpinned_kernels = 0;
+
+// An unpinned resident storage is reachable inside such a kernel, and, while no memory layer is
+// installed, from the threads of a parallel region (a kernel's workers).
+bool reachable_unpinned(const StorageImpl& storage) {
+  return !storage.sharded &&
+         (unpinned_kernels > 0 || (omp_in_parallel() && residency_hooks() == nullptr));
+}
+
+[[noreturn]] void fail_raw_data(const TensorImpl& self) {
+  const StorageImpl& storage = *self.storage;
+  TESSEL_CHECK(!storage.device().is_meta(), "a meta tensor has no data (shape ",
                shape_str(self.sizes), ")");
   TESSEL_CHECK(
-      self.storage->pins() > 0,
+      storage.pins() > 0 ||
+          (storage.state() == Residency::kResident && reachable_unpinned(storage)),
       "raw bytes reached outside an access scope: read values with to_vector()/item(), or hold a "
       "StorageAccess on the storage");
-  TESSEL_CHECK(self.storage->state() == Residency::kResident, "raw bytes of a storage that is ",
-               residency_name(self.storage->state()));
-  return static_cast<char*>(self.storage->data_unchecked()) +
+  TESSEL_FAIL("raw bytes of a storage that is ", residency_name(storage.state()));
+}
+}  // namespace
+
+UnpinnedKernelScope::UnpinnedKernelScope(bool unpinned) : unpinned_(unpinned) {
+  if (unpinned_) ++unpinned_kernels;
+}
+
+UnpinnedKernelScope::~UnpinnedKernelScope() {
+  if (unpinned_) --unpinned_kernels;
+}
+
+void* Tensor::raw_data() const {
+  const TensorImpl& self = checked();
+  const StorageImpl& storage = *self.storage;
+  if (storage.state() != Residency::kResident || storage.device().is_meta() ||
+      (storage.pins() == 0 && !reachable_unpinned(storage)))
+    fail_raw_data(self);
+  return static_cast<char*>(storage.data_unchecked()) +
          self.offset * static_cast<int64_t>(tessel::element_size(self.dtype));
 }
 
@@ -185,8 +231,7 @@ void Tensor::backward(const Tensor& grad, bool retain_graph) const {
 
 Tensor Tensor::detach() const {
   const TensorImpl& self = checked();
-  return Tensor(std::make_shared<TensorImpl>(self.storage, self.sizes, self.strides, self.offset,
-                                             self.dtype));
+  return Tensor(make_tensor_impl(self.storage, self.sizes, self.strides, self.offset, self.dtype));
 }
 
 void Tensor::register_hook(GradHook hook) const {
@@ -226,16 +271,17 @@ Tensor empty(Shape sizes, TensorOptions options) {
   for (int64_t size : sizes)
     TESSEL_CHECK(size >= 0, "empty: negative size in shape ", shape_str(sizes));
   size_t nbytes = static_cast<size_t>(shape_numel(sizes)) * element_size(options.dtype_);
-  auto storage = std::make_shared<StorageImpl>(nbytes, options.device_);
+  auto storage =
+      std::allocate_shared<StorageImpl>(PoolAllocator<StorageImpl>(), nbytes, options.device_);
   Shape strides = contiguous_strides(sizes);
-  Tensor result(std::make_shared<TensorImpl>(std::move(storage), std::move(sizes),
-                                             std::move(strides), 0, options.dtype_));
+  Tensor result(make_tensor_impl(TensorImpl::NewStorage{}, std::move(storage), std::move(sizes),
+                                 std::move(strides), options.dtype_));
   if (options.requires_grad_) result.set_requires_grad(true);
   return result;
 }
 
 Tensor make_view(const Tensor& base, const Shape& sizes, const Shape& strides, int64_t offset) {
-  return Tensor(std::make_shared<TensorImpl>(base.storage(), sizes, strides, offset, base.dtype()));
+  return Tensor(make_tensor_impl(base.storage(), sizes, strides, offset, base.dtype()));
 }
 
 template <typename T>

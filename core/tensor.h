@@ -10,12 +10,14 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "core/device.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/shape.h"
+#include "core/small_object_pool.h"
 #include "core/storage.h"
 
 namespace tessel {
@@ -57,6 +59,10 @@ class TensorImpl {
  public:
   TensorImpl(std::shared_ptr<StorageImpl> storage, Shape sizes, Shape strides, int64_t offset,
              DType dtype);
+  // Over a storage just made for this tensor, which no other tensor or thread holds yet.
+  struct NewStorage {};
+  TensorImpl(NewStorage, std::shared_ptr<StorageImpl> storage, Shape sizes, Shape strides,
+             DType dtype);
   ~TensorImpl();
   TensorImpl(const TensorImpl&) = delete;
   TensorImpl& operator=(const TensorImpl&) = delete;
@@ -77,6 +83,25 @@ class TensorImpl {
   std::vector<PostAccumulateHook> post_accumulate_hooks;
   std::weak_ptr<Node> grad_accumulator;
 };
+
+// Marks, on this thread, a kernel the dispatcher runs with its operands unpinned (when no memory
+// layer is installed nothing takes resident bytes away): Tensor::raw_data lets it reach them.
+class UnpinnedKernelScope {
+ public:
+  explicit UnpinnedKernelScope(bool unpinned);
+  ~UnpinnedKernelScope();
+  UnpinnedKernelScope(const UnpinnedKernelScope&) = delete;
+  UnpinnedKernelScope& operator=(const UnpinnedKernelScope&) = delete;
+
+ private:
+  bool unpinned_;
+};
+
+// A tensor header from this thread's pool of small blocks (core/small_object_pool.h).
+template <typename... Args>
+std::shared_ptr<TensorImpl> make_tensor_impl(Args&&... args) {
+  return std::allocate_shared<TensorImpl>(PoolAllocator<TensorImpl>(), std::forward<Args>(args)...);
+}
 
 class Tensor {
  public:

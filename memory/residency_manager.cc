@@ -938,7 +938,7 @@ void ResidencyManager::on_op_recorded(const std::shared_ptr<OpCall>& call, doubl
       auto storage = call->output_storages[k].lock();
       const RecordedTensor& geometry = call->outputs[k];
       outputs.push_back(
-          storage ? Tensor(std::make_shared<TensorImpl>(storage, geometry.sizes, geometry.strides,
+          storage ? Tensor(make_tensor_impl(storage, geometry.sizes, geometry.strides,
                                                         geometry.offset, geometry.dtype))
                   : Tensor());
     }

@@ -100,7 +100,7 @@ void tp_all_to_all_kernel(KernelContext& ctx) {
   Tensor buffer = ctx.workspace(buffer_sizes, input.dtype());
   const Shape piece_strides = contiguous_strides(g.piece_sizes);
   auto slot_of = [&](int q) {
-    return Tensor(std::make_shared<TensorImpl>(buffer.storage(), g.piece_sizes, piece_strides,
+    return Tensor(make_tensor_impl(buffer.storage(), g.piece_sizes, piece_strides,
                                                buffer.storage_offset() + q * piece_numel,
                                                buffer.dtype()));
   };

@@ -106,7 +106,7 @@ struct ZeroOptimizer::Stage3 {
   // The flattened whole parameter `i` over `storage`'s bytes.
   Tensor whole(StorageImpl& storage, size_t i) const {
     const int64_t elements = static_cast<int64_t>(storage.nbytes() / parts[i].element_size());
-    return Tensor(std::make_shared<TensorImpl>(storage.shared_from_this(), Shape{elements},
+    return Tensor(make_tensor_impl(storage.shared_from_this(), Shape{elements},
                                                Shape{1}, 0, parts[i].dtype()));
   }
 

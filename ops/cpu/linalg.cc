@@ -28,10 +28,12 @@ struct GemmOperand {
 // reading it in place when possible and from a dense copy otherwise.
 template <typename T>
 GemmOperand<T> gemm_operand(KernelContext& context, const Tensor& matrix) {
-  const int64_t ndim = matrix.dim();
-  const MatrixLayout layout = operand_layout(
-      matrix.size(ndim - 2), matrix.size(ndim - 1), matrix.stride(ndim - 2),
-      matrix.stride(ndim - 1), ndim == 3 ? matrix.size(0) : 1, ndim == 3 ? matrix.stride(0) : 0);
+  const Shape& sizes = matrix.sizes();
+  const Shape& strides = matrix.strides();
+  const size_t ndim = sizes.size();
+  const MatrixLayout layout =
+      operand_layout(sizes[ndim - 2], sizes[ndim - 1], strides[ndim - 2], strides[ndim - 1],
+                     ndim == 3 ? sizes[0] : 1, ndim == 3 ? strides[0] : 0);
   GemmOperand<T> operand;
   operand.data = layout.in_place ? matrix.data_ptr<T>()
                                  : cpu::dense_input(context, matrix).template data_ptr<T>();
@@ -57,11 +59,13 @@ struct GemmResult {
   int64_t batch_stride = 0;
 
   GemmResult(KernelContext& context, const Tensor& output) {
-    const int64_t ndim = output.dim();
+    const Shape& sizes = output.sizes();
+    const Shape& strides = output.strides();
+    const size_t ndim = sizes.size();
     const MatrixLayout layout =
-        result_layout(output.size(ndim - 2), output.size(ndim - 1), output.stride(ndim - 2),
-                      output.stride(ndim - 1), ndim == 3 ? output.size(0) : 1,
-                      ndim == 3 ? output.stride(0) : 0, shares_storage(output, context.inputs));
+        result_layout(sizes[ndim - 2], sizes[ndim - 1], strides[ndim - 2], strides[ndim - 1],
+                      ndim == 3 ? sizes[0] : 1, ndim == 3 ? strides[0] : 0,
+                      shares_storage(output, context.inputs));
     if (!layout.in_place) workspace = context.workspace(output.sizes(), output.dtype());
     data = (layout.in_place ? output : workspace).template data_ptr<T>();
     ld = layout.ld;
@@ -78,16 +82,22 @@ void batched_product_kernel(KernelContext& context) {
   const Tensor& a = context.inputs[0];
   const Tensor& b = context.inputs[1];
   const Tensor& out = context.outputs[0];
-  if (out.numel() == 0) return;
-  const int64_t ndim = out.dim();
-  const int64_t n = out.size(ndim - 2), m = out.size(ndim - 1), k = a.size(ndim - 1);
-  const int64_t batch = ndim == 3 ? out.size(0) : 1;
+  const Shape& sizes = out.sizes();
+  const size_t ndim = sizes.size();
+  const int64_t n = sizes[ndim - 2], m = sizes[ndim - 1], k = a.sizes()[ndim - 1];
+  const int64_t batch = ndim == 3 ? sizes[0] : 1;
+  if (n == 0 || m == 0 || batch == 0) return;
   GemmOperand<T> lhs = gemm_operand<T>(context, a);
   GemmOperand<T> rhs = gemm_operand<T>(context, b);
   GemmResult<T> result(context, out);
-  cpu::gemm_batched(lhs.transposed, rhs.transposed, n, m, k, T(1), lhs.data, lhs.ld,
-                    lhs.batch_stride, rhs.data, rhs.ld, rhs.batch_stride, T(0), result.data,
-                    result.ld, result.batch_stride, batch);
+  if (batch == 1) {
+    cpu::gemm(lhs.transposed, rhs.transposed, n, m, k, T(1), lhs.data, lhs.ld, rhs.data, rhs.ld,
+              T(0), result.data, result.ld);
+  } else {
+    cpu::gemm_batched(lhs.transposed, rhs.transposed, n, m, k, T(1), lhs.data, lhs.ld,
+                      lhs.batch_stride, rhs.data, rhs.ld, rhs.batch_stride, T(0), result.data,
+                      result.ld, result.batch_stride, batch);
+  }
   result.finish(out);
 }
 
