@@ -10,7 +10,8 @@ only on a quiet machine (waits, or refuses unless --force, which the result then
 bench/results/op_overhead.md and the raw rounds beside it (op_overhead.jsonl).
 
   bazel build //bench:gemm_bench
-  /usr/bin/python3 bench/op_overhead.py [--threads 2] [--rounds 10] [--min-time 0.3] [--force]
+  /usr/bin/python3 bench/op_overhead.py [--threads 2] [--rounds 10] [--min-time 0.3] [--pause 1]
+      [--force]
 """
 
 import argparse
@@ -57,6 +58,10 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--min-time", type=float, default=0.3)
+    # Without a rest the process started right after another read up to 17% slower at 64^3,
+    # where a loop lasts a fraction of a second (results/op_overhead.md, notes of 2026-12-06).
+    parser.add_argument("--pause", type=float, default=1.0,
+                        help="seconds of rest before each timed process")
     parser.add_argument("--filter", default=".", help="which pairs (a regular expression)")
     parser.add_argument("--force", action="store_true")
     parser.add_argument("--out", default=os.path.join(ROOT, "bench/results/op_overhead.md"))
@@ -72,12 +77,13 @@ def main():
     with harness.RawLog(raw_path) as raw:
         raw.write(kind="run", command=command,
                   environment=harness.environment(ROOT, args.threads), quiet=quiet.__dict__,
-                  rounds=args.rounds, min_time=args.min_time)
+                  rounds=args.rounds, min_time=args.min_time, pause=args.pause)
         for op, description, op_name, kernel_name, kernel_text in pairs:
             times = {"op": [], "kernel": []}
 
             def side(which, name):
                 def run():
+                    time.sleep(args.pause)
                     times[which].append(run_ms(name, args.threads, args.min_time))
                 return run
 
@@ -105,7 +111,8 @@ def main():
         "the bias for linear) and the kernel it runs (ops/cpu/gemm.h into a preallocated output "
         "of the same shape) timed by `gemm_bench` in alternating rounds, the first side "
         f"alternating: {args.rounds} rounds, each one Google Benchmark loop of at least "
-        f"{args.min_time} s per side. Cells: the median over the rounds (interquartile range); "
+        f"{args.min_time} s per side, in a process of its own started after {args.pause} s of "
+        "rest. Cells: the median over the rounds (interquartile range); "
         "the ratio is that of the medians with the interquartile range of the per-round ratios "
         "(1.00: the op costs nothing beyond its kernel). Raw rounds: op_overhead.jsonl.",
         "",
