@@ -937,10 +937,9 @@ void ResidencyManager::on_op_recorded(const std::shared_ptr<OpCall>& call, doubl
     for (size_t k = 0; k < call->outputs.size(); ++k) {
       auto storage = call->output_storages[k].lock();
       const RecordedTensor& geometry = call->outputs[k];
-      outputs.push_back(
-          storage ? Tensor(make_tensor_impl(storage, geometry.sizes, geometry.strides,
-                                                        geometry.offset, geometry.dtype))
-                  : Tensor());
+      outputs.push_back(storage ? Tensor(make_tensor_impl(storage, geometry.sizes, geometry.strides,
+                                                          geometry.offset, geometry.dtype))
+                                : Tensor());
     }
     try {
       if (modelled) {

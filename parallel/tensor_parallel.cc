@@ -79,7 +79,7 @@ Attrs all_to_all_attrs(int64_t group, int64_t split_dim, int64_t concat_dim) {
 // A view of `t` with `sizes` and `strides` at `offset` elements past its own first element.
 Tensor strided_view(const Tensor& t, Shape sizes, Shape strides, int64_t offset) {
   return Tensor(make_tensor_impl(t.storage(), std::move(sizes), std::move(strides),
-                                             t.storage_offset() + offset, t.dtype()));
+                                 t.storage_offset() + offset, t.dtype()));
 }
 
 OpCost copy_cost(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,

@@ -101,8 +101,7 @@ void tp_all_to_all_kernel(KernelContext& ctx) {
   const Shape piece_strides = contiguous_strides(g.piece_sizes);
   auto slot_of = [&](int q) {
     return Tensor(make_tensor_impl(buffer.storage(), g.piece_sizes, piece_strides,
-                                               buffer.storage_offset() + q * piece_numel,
-                                               buffer.dtype()));
+                                   buffer.storage_offset() + q * piece_numel, buffer.dtype()));
   };
   for (int q = 0; q < group->size(); ++q)
     gather_into(slot_of(q),

@@ -106,8 +106,8 @@ struct ZeroOptimizer::Stage3 {
   // The flattened whole parameter `i` over `storage`'s bytes.
   Tensor whole(StorageImpl& storage, size_t i) const {
     const int64_t elements = static_cast<int64_t>(storage.nbytes() / parts[i].element_size());
-    return Tensor(make_tensor_impl(storage.shared_from_this(), Shape{elements},
-                                               Shape{1}, 0, parts[i].dtype()));
+    return Tensor(make_tensor_impl(storage.shared_from_this(), Shape{elements}, Shape{1}, 0,
+                                   parts[i].dtype()));
   }
 
   void gather(size_t i, StorageImpl& storage) {
