@@ -7,7 +7,8 @@ gemm_bench in alternating rounds (the first side alternating, bench/harness.py),
 share the machine's drift; a cell is the median over the rounds with the interquartile range,
 and the ratio op / kernel that of the medians with the spread of the per-round ratios. Measures
 only on a quiet machine (waits, or refuses unless --force, which the result then says). Writes
-bench/results/op_overhead.md and the raw rounds beside it (op_overhead.jsonl).
+bench/results/op_overhead.md and the raw rounds beside it (op_overhead.jsonl), keeping the earlier
+runs below this one in both.
 
   bazel build //bench:gemm_bench
   /usr/bin/python3 bench/op_overhead.py [--threads 2] [--rounds 10] [--min-time 0.3] [--pause 1]
@@ -53,6 +54,18 @@ def run_ms(name, threads, min_time):
     return entry["real_time"] * scale
 
 
+def earlier_runs(path):
+    """What `path` and its raw log hold before this run writes them (empty strings when new): the
+    results file with its heading made that of a kept run, and the raw lines."""
+    text = open(path).read() if os.path.isfile(path) else ""
+    raw_path = os.path.splitext(path)[0] + ".jsonl"
+    raw = open(raw_path).read() if os.path.isfile(raw_path) else ""
+    made = re.search(r"on (\d{4}-\d{2}-\d{2} \d{2}:\d{2} UTC)", text)
+    if text.startswith("# ") and made:
+        text = f"## The run of {made.group(1)}" + text[text.index("\n"):]
+    return text, raw
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -73,6 +86,7 @@ def main():
     start_load = harness.load_average()
     rows = []
     raw_path = os.path.splitext(args.out)[0] + ".jsonl"
+    kept_text, kept_raw = earlier_runs(args.out)
     command = "bench/op_overhead.py" + "".join(f" {a}" for a in sys.argv[1:])
     with harness.RawLog(raw_path) as raw:
         raw.write(kind="run", command=command,
@@ -114,7 +128,9 @@ def main():
         f"{args.min_time} s per side, in a process of its own started after {args.pause} s of "
         "rest. Cells: the median over the rounds (interquartile range); "
         "the ratio is that of the medians with the interquartile range of the per-round ratios "
-        "(1.00: the op costs nothing beyond its kernel). Raw rounds: op_overhead.jsonl.",
+        "(1.00: the op costs nothing beyond its kernel). Raw rounds: op_overhead.jsonl"
+        + (". The earlier runs are kept below, their rounds after this run's in it."
+           if kept_text else "."),
         "",
         f"- Machine: {'quiet' if not quiet.forced else 'NOT quiet (--force)'}; load average "
         f"{start_load:.2f} at the start, {end_load:.2f} at the end (this run's own work "
@@ -128,7 +144,9 @@ def main():
                      f"{k.median:.4f} ({k.spread(4)}) | {o.median / k.median:.2f} "
                      f"({ratio.q1:.2f}-{ratio.q3:.2f}) |")
     with open(args.out, "w") as handle:
-        handle.write("\n".join(lines) + "\n")
+        handle.write("\n".join(lines) + "\n" + ("\n" + kept_text if kept_text else ""))
+    with open(raw_path, "a") as handle:
+        handle.write(kept_raw)
     print("\n".join(lines))
 
 
