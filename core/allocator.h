@@ -16,6 +16,20 @@
 
 namespace tessel::memory {
 
+// Whether this is an AddressSanitizer build (gcc says so by __SANITIZE_ADDRESS__, clang by
+// __has_feature): its malloc quarantines freed memory, and caches of freed blocks step aside.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kAddressSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kAddressSanitizer = true;
+#else
+constexpr bool kAddressSanitizer = false;
+#endif
+#else
+constexpr bool kAddressSanitizer = false;
+#endif
+
 // A stream orders work on a device; CPU has one implicit stream (id 0).
 struct Stream {
   int64_t id = 0;

@@ -1,5 +1,7 @@
 #include "core/small_object_pool.h"
 
+#include "core/allocator.h"
+
 namespace tessel {
 
 namespace {
@@ -34,19 +36,8 @@ ThreadLists::~ThreadLists() {
   }
 }
 
-// Address sanitizer builds take every block from the heap, so that it sees each use after free
-// (gcc says so by __SANITIZE_ADDRESS__, clang by __has_feature).
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kPooling = false;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kPooling = false;
-#else
-constexpr bool kPooling = true;
-#endif
-#else
-constexpr bool kPooling = true;
-#endif
+// AddressSanitizer builds take every block from the heap, so that it sees each use after free.
+constexpr bool kPooling = !memory::kAddressSanitizer;
 
 }  // namespace
 

@@ -13,19 +13,6 @@
 namespace tessel {
 namespace {
 
-// AddressSanitizer replaces malloc with its own allocator, which quarantines freed memory.
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kAddressSanitizer = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kAddressSanitizer = true;
-#else
-constexpr bool kAddressSanitizer = false;
-#endif
-#else
-constexpr bool kAddressSanitizer = false;
-#endif
-
 int64_t minor_page_faults() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
@@ -45,7 +32,7 @@ int64_t faults_of_a_written_tensor(int64_t bytes) {
 TEST(CpuAllocator, ASecondTensorOfTheSameSizeReusesTheFreedPages) {
   if (std::getenv("MALLOC_MMAP_THRESHOLD_") || std::getenv("MALLOC_TRIM_THRESHOLD_"))
     GTEST_SKIP() << "the environment sets glibc's thresholds";
-  if (kAddressSanitizer) GTEST_SKIP() << "AddressSanitizer's allocator replaces glibc's";
+  if (memory::kAddressSanitizer) GTEST_SKIP() << "AddressSanitizer's allocator replaces glibc's";
   constexpr int64_t kBytes = 24 << 20;  // an activation of evaluation at batch 500 is this large
   const int64_t pages = kBytes / 4096;
   const int64_t held = memory::allocator_for(Device::cpu())->stats().allocated_bytes;
