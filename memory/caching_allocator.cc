@@ -178,7 +178,8 @@ void* CachingAllocator::allocate(size_t nbytes, Stream /*stream*/) {
   size_t size = nbytes > kMaxRequest ? kMaxRequest : round_size(nbytes);
   if (nbytes <= kMaxRequest) {
     while (true) {
-      if (Block* block = try_allocate_locked(size, nbytes)) {
+      // While a policy can make room, large free blocks are kept whole (kKeepWholeFrom).
+      if (Block* block = try_allocate_locked(size, nbytes, pressure_handler_ != nullptr)) {
         return reinterpret_cast<void*>(block->address);
       }
       PressureHandler* handler = pressure_handler_;
@@ -189,7 +190,12 @@ void* CachingAllocator::allocate(size_t nbytes, Stream /*stream*/) {
       lock.unlock();
       bool retry = handler->relieve(size, largest);
       lock.lock();
-      if (!retry) break;
+      if (retry) continue;
+      // Nothing more to free: cut a large block after all.
+      if (Block* block = try_allocate_locked(size, nbytes, /*keep_large_whole=*/false)) {
+        return reinterpret_cast<void*>(block->address);
+      }
+      break;
     }
   }
   ++ooms_;
@@ -202,9 +208,10 @@ void* CachingAllocator::allocate(size_t nbytes, Stream /*stream*/) {
   throw TESSEL_ERROR_TYPE(OutOfMemory, report);
 }
 
-CachingAllocator::Block* CachingAllocator::try_allocate_locked(size_t size, size_t nbytes) {
+CachingAllocator::Block* CachingAllocator::try_allocate_locked(size_t size, size_t nbytes,
+                                                               bool keep_large_whole) {
   Pool& pool = pool_for(size);
-  Block* block = best_fit_locked(pool, size);
+  Block* block = best_fit_locked(pool, size, keep_large_whole);
   if (!block && !arena_mode()) block = new_segment_locked(pool, size);
   if (!block) return nullptr;
 
@@ -240,12 +247,18 @@ CachingAllocator::Block* CachingAllocator::try_allocate_locked(size_t size, size
   return block;
 }
 
-CachingAllocator::Block* CachingAllocator::best_fit_locked(Pool& pool, size_t size) {
+CachingAllocator::Block* CachingAllocator::best_fit_locked(Pool& pool, size_t size,
+                                                           bool keep_large_whole) {
   Block key;
   key.size = size;
   key.address = 0;
   auto it = pool.free_blocks.lower_bound(&key);
-  return it == pool.free_blocks.end() ? nullptr : *it;
+  if (it == pool.free_blocks.end()) return nullptr;
+  // The best fit is the smallest block that fits: if it is too large to cut, so is every other.
+  if (keep_large_whole && pool.kind == Pool::kLarge && (*it)->size >= kKeepWholeFrom &&
+      static_cast<double>((*it)->size) > kKeepWholeRatio * static_cast<double>(size))
+    return nullptr;
+  return *it;
 }
 
 CachingAllocator::Block* CachingAllocator::new_segment_locked(Pool& pool, size_t size) {

@@ -197,6 +197,14 @@ class CachingAllocator : public Allocator {
   static constexpr size_t kSmallRequest = 1 << 20;  // up to this: the small pool
   static constexpr size_t kSmallSegment = 2 << 20;
   static constexpr size_t kLargeSegmentRound = 2 << 20;
+  // While a memory policy can make room (a pressure handler is set), a free block of at least
+  // kKeepWholeFrom bytes is not cut for a request of less than 1 / kKeepWholeRatio of it: the
+  // policy frees a block nearer the request's size first, and the large hole stays whole for the
+  // large tensors that need it (cutting 48 MiB pieces from the 384 MiB holes of attention
+  // tensors otherwise leaves gigabytes free in holes no request fits). Where the policy can free
+  // nothing, the block is cut after all.
+  static constexpr size_t kKeepWholeFrom = 32 << 20;
+  static constexpr double kKeepWholeRatio = 2.5;
   static size_t round_size(size_t nbytes);
 
  private:
@@ -209,8 +217,9 @@ class CachingAllocator : public Allocator {
 
   bool arena_mode() const { return (device_.is_cpu() || arena_) && has_budget_; }
   Pool& pool_for(size_t size);
-  Block* try_allocate_locked(size_t size, size_t nbytes);
-  Block* best_fit_locked(Pool& pool, size_t size);
+  // keep_large_whole: see kKeepWholeFrom.
+  Block* try_allocate_locked(size_t size, size_t nbytes, bool keep_large_whole);
+  Block* best_fit_locked(Pool& pool, size_t size, bool keep_large_whole);
   Block* new_segment_locked(Pool& pool, size_t size);
   Segment* add_segment_locked(Pool& pool, size_t bytes);
   void release_segment_locked(Segment* segment);

@@ -619,6 +619,39 @@ TEST(CachingAllocator, SegmentedModeCapsReservedBytesByTheBudget) {
   release(allocator, small);
 }
 
+// While a policy can make room, a small request does not cut a large free block: the policy frees
+// a block near its size first, and the large hole stays whole for the large tensors that need it.
+// Where the policy can free nothing, the block is cut after all.
+TEST(CachingAllocator, ASmallRequestCutsALargeHoleOnlyWhenThePolicyCanFreeNothing) {
+  auto source = std::make_shared<CountingSource>();
+  CachingAllocator allocator(Device::cuda(), arena(150 * MiB), source);
+  void* small = alloc(allocator, 30 * MiB);   // its own segment
+  void* large = alloc(allocator, 120 * MiB);  // the rest of the budget
+  release(allocator, large);
+  void* front = alloc(allocator, 40 * MiB);  // no policy: cuts the 120 MiB block
+  EXPECT_EQ(front, large);
+  EXPECT_EQ(allocator.largest_free_block(), 80 * MiB);
+
+  CallbackPressureHandler frees_small([&](size_t, size_t) {
+    release(allocator, small);
+    return true;
+  });
+  allocator.set_pressure_handler(&frees_small);
+  void* again = alloc(allocator, 30 * MiB);
+  EXPECT_EQ(frees_small.calls.size(), 1u);
+  EXPECT_EQ(again, small);                              // the freed block of its size
+  EXPECT_EQ(allocator.largest_free_block(), 80 * MiB);  // the large hole still whole
+
+  CallbackPressureHandler gives_up([](size_t, size_t) { return false; });
+  allocator.set_pressure_handler(&gives_up);
+  void* cut = alloc(allocator, 30 * MiB);
+  EXPECT_EQ(gives_up.calls.size(), 1u);
+  EXPECT_EQ(address(cut), address(front) + 40 * MiB);
+  EXPECT_EQ(allocator.largest_free_block(), 50 * MiB);
+  allocator.set_pressure_handler(nullptr);
+  for (void* ptr : {again, front, cut}) release(allocator, ptr);
+}
+
 TEST(CachingAllocator, TimelineRecordsEventsInOrder) {
   CachingAllocator allocator(Device::cpu(), arena(8 * KiB));
   void* a = alloc(allocator, KiB);
