@@ -464,10 +464,34 @@ size_t CachingAllocator::largest_free_block() const {
 size_t CachingAllocator::largest_allocatable() const {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!has_budget_) return std::numeric_limits<size_t>::max();
-  const size_t largest = largest_free_locked(nullptr);
-  if (arena_mode()) return largest;
+  return std::max(largest_free_locked(nullptr), unreserved_locked());
+}
+
+size_t CachingAllocator::unreserved_locked() const {
+  if (!has_budget_ || arena_mode()) return 0;
   const auto reserved = static_cast<size_t>(stats_.reserved_bytes);
-  return std::max(largest, budget_ > reserved ? budget_ - reserved : 0);
+  return budget_ > reserved ? budget_ - reserved : 0;
+}
+
+size_t CachingAllocator::unreserved_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return unreserved_locked();
+}
+
+size_t CachingAllocator::room_if_freed(const void* ptr) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = allocated_blocks_.find(ptr);
+  TESSEL_CHECK(it != allocated_blocks_.end(),
+               "CachingAllocator::room_if_freed: ", hex_address(reinterpret_cast<uintptr_t>(ptr)),
+               " is not an allocated block");
+  const Block* block = it->second;
+  size_t bytes = block->size;
+  if (block->prev && !block->prev->allocated) bytes += block->prev->size;
+  if (block->next && !block->next->allocated) bytes += block->next->size;
+  if (!has_budget_ || arena_mode()) return bytes;
+  for (const Block* other = block->segment->head; other; other = other->next)
+    if (other != block && other->allocated) return bytes;
+  return block->segment->size + unreserved_locked();
 }
 
 size_t CachingAllocator::free_bytes_adjacent(const void* ptr) const {

@@ -165,6 +165,13 @@ class CachingAllocator : public Allocator {
   size_t free_bytes_adjacent(const void* ptr) const;
   // Bytes of the free block directly below the allocated block at `ptr` (0 when none).
   size_t free_bytes_below(const void* ptr) const;
+  // When segments come on demand under a budget, the part of it not reserved as segments yet
+  // (room a new segment may still take); 0 otherwise.
+  size_t unreserved_bytes() const;
+  // The largest request that freeing the allocated block at `ptr` would make room for: the block
+  // with its free neighbours or, where it is the last allocated block of its segment and segments
+  // come on demand under a budget, the whole segment (given back) plus the budget not reserved.
+  size_t room_if_freed(const void* ptr) const;
   // Moves the allocated block at `ptr` down to the start of the free block below it, so the free
   // bytes join those above; returns the new address. `move_bytes(to)` moves the contents (the
   // two ranges may overlap); it runs under the allocator's lock, so no other allocation takes
@@ -228,6 +235,7 @@ class CachingAllocator : public Allocator {
   void build_arena_locked(size_t usable_bytes);
   void push_event_locked(std::string kind, size_t bytes, uintptr_t address);
   size_t largest_free_locked(const Pool* pool) const;
+  size_t unreserved_locked() const;
   size_t free_bytes_locked() const;
   std::string oom_report_locked(size_t nbytes, size_t size, const Pool& pool) const;
   void check_invariants_locked() const;

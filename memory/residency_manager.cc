@@ -1340,12 +1340,14 @@ bool ResidencyManager::relieve(size_t bytes_needed, size_t largest_free_block) {
   return defragment(bytes_needed);
 }
 
-// Last resort when the free bytes would fit the request but no single block does: move a live
-// tensor, of any size and with or without an op record, to host memory (it comes back elsewhere on
-// its next access), choosing the one whose block joins the largest hole with its free neighbours.
+// Last resort when the free bytes (with the budget not reserved yet) would fit the request but no
+// single block does: move a live tensor, of any size and with or without an op record, to host
+// memory (it comes back elsewhere on its next access), choosing the one whose move makes room for
+// the largest request: its block with its free neighbours, or its whole segment, given back, where
+// it is the last tensor there.
 bool ResidencyManager::defragment(size_t bytes_needed) {
   const MemoryStats stats = allocator_->memory_stats();
-  if (stats.free_bytes < bytes_needed) return false;
+  if (stats.free_bytes + allocator_->unreserved_bytes() < bytes_needed) return false;
   std::vector<std::shared_ptr<StorageImpl>> pool;
   for (const Registered& entry : storages_)
     if (auto storage = entry.weak.lock()) pool.push_back(std::move(storage));
@@ -1357,8 +1359,7 @@ bool ResidencyManager::defragment(size_t bytes_needed) {
       continue;
     Record* record = find_record(*storage);
     if (!record || record->rematerializing) continue;
-    const size_t hole = CachingAllocator::round_size(storage->nbytes()) +
-                        allocator_->free_bytes_adjacent(storage->data_unchecked());
+    const size_t hole = allocator_->room_if_freed(storage->data_unchecked());
     if (hole > best_hole || (hole == best_hole && best && storage->nbytes() < best->nbytes())) {
       best = storage.get();
       best_hole = hole;

@@ -652,6 +652,26 @@ TEST(CachingAllocator, ASmallRequestCutsALargeHoleOnlyWhenThePolicyCanFreeNothin
   for (void* ptr : {again, front, cut}) release(allocator, ptr);
 }
 
+// What freeing a block makes room for, as the residency manager's last resort ranks the tensors
+// it may move: the block with its free neighbours, or, for the last block of a segment, the
+// segment given back plus the budget not reserved yet.
+TEST(CachingAllocator, RoomIfFreedCountsAWholeSegmentAndTheUnreservedBudget) {
+  auto source = std::make_shared<CountingSource>();
+  CachingAllocator allocator(Device::cuda(), arena(150 * MiB), source);
+  void* alone = alloc(allocator, 30 * MiB);   // its own segment
+  void* shared = alloc(allocator, 60 * MiB);  // another
+  EXPECT_EQ(allocator.unreserved_bytes(), 60 * MiB);
+  EXPECT_EQ(allocator.room_if_freed(alone), 30 * MiB + 60 * MiB);
+  release(allocator, shared);
+  void* first = alloc(allocator, 20 * MiB);   // cut from the free 60 MiB segment
+  void* second = alloc(allocator, 10 * MiB);  // cut from its 40 MiB rest, 30 MiB left after it
+  EXPECT_EQ(allocator.room_if_freed(first), 20 * MiB);
+  EXPECT_EQ(allocator.room_if_freed(second), 10 * MiB + 30 * MiB);
+  CachingAllocator cpu_arena(Device::cpu(), arena(8 * MiB));
+  EXPECT_EQ(cpu_arena.unreserved_bytes(), 0u);  // one arena, reserved whole
+  for (void* ptr : {alone, first, second}) release(allocator, ptr);
+}
+
 TEST(CachingAllocator, TimelineRecordsEventsInOrder) {
   CachingAllocator allocator(Device::cpu(), arena(8 * KiB));
   void* a = alloc(allocator, KiB);
