@@ -478,33 +478,31 @@ size_t CachingAllocator::unreserved_bytes() const {
   return unreserved_locked();
 }
 
-size_t CachingAllocator::room_if_freed(const void* ptr) const {
-  std::lock_guard<std::mutex> lock(mutex_);
+size_t CachingAllocator::free_bytes_adjacent_locked(const void* ptr, const char* caller) const {
   auto it = allocated_blocks_.find(ptr);
-  TESSEL_CHECK(it != allocated_blocks_.end(),
-               "CachingAllocator::room_if_freed: ", hex_address(reinterpret_cast<uintptr_t>(ptr)),
-               " is not an allocated block");
-  const Block* block = it->second;
-  size_t bytes = block->size;
-  if (block->prev && !block->prev->allocated) bytes += block->prev->size;
-  if (block->next && !block->next->allocated) bytes += block->next->size;
-  if (!has_budget_ || arena_mode()) return bytes;
-  for (const Block* other = block->segment->head; other; other = other->next)
-    if (other != block && other->allocated) return bytes;
-  return block->segment->size + unreserved_locked();
-}
-
-size_t CachingAllocator::free_bytes_adjacent(const void* ptr) const {
-  if (!ptr) return 0;
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = allocated_blocks_.find(ptr);
-  TESSEL_CHECK(it != allocated_blocks_.end(), "CachingAllocator::free_bytes_adjacent: ",
+  TESSEL_CHECK(it != allocated_blocks_.end(), "CachingAllocator::", caller, ": ",
                hex_address(reinterpret_cast<uintptr_t>(ptr)), " is not an allocated block");
   const Block* block = it->second;
   size_t bytes = 0;
   if (block->prev && !block->prev->allocated) bytes += block->prev->size;
   if (block->next && !block->next->allocated) bytes += block->next->size;
   return bytes;
+}
+
+size_t CachingAllocator::room_if_freed(const void* ptr) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const size_t with_neighbours = free_bytes_adjacent_locked(ptr, "room_if_freed");
+  const Block* block = allocated_blocks_.at(ptr);
+  if (!has_budget_ || arena_mode()) return block->size + with_neighbours;
+  for (const Block* other = block->segment->head; other; other = other->next)
+    if (other != block && other->allocated) return block->size + with_neighbours;
+  return block->segment->size + unreserved_locked();
+}
+
+size_t CachingAllocator::free_bytes_adjacent(const void* ptr) const {
+  if (!ptr) return 0;
+  std::lock_guard<std::mutex> lock(mutex_);
+  return free_bytes_adjacent_locked(ptr, "free_bytes_adjacent");
 }
 
 size_t CachingAllocator::free_bytes_below(const void* ptr) const {

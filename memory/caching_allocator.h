@@ -236,6 +236,8 @@ class CachingAllocator : public Allocator {
   void push_event_locked(std::string kind, size_t bytes, uintptr_t address);
   size_t largest_free_locked(const Pool* pool) const;
   size_t unreserved_locked() const;
+  // Bytes of the free blocks beside the allocated block at `ptr`; `caller` names it in the error.
+  size_t free_bytes_adjacent_locked(const void* ptr, const char* caller) const;
   size_t free_bytes_locked() const;
   std::string oom_report_locked(size_t nbytes, size_t size, const Pool& pool) const;
   void check_invariants_locked() const;
