@@ -192,6 +192,33 @@ class PinnedOperandsScope {
   size_t mark_;
 };
 
+// An op's resident inputs stay where they are while its outputs are allocated, so that making
+// room for an output does not push out what the op reads next (DTR locks an op's inputs so).
+// Where the outputs fit only with an input moved, the allocation runs again without the pins.
+class ResidentInputsHeld {
+ public:
+  explicit ResidentInputsHeld(const std::vector<Tensor>& inputs) {
+    if (!residency_hooks()) return;
+    for (const Tensor& input : inputs)
+      if (input.defined() && input.storage()->state() == Residency::kResident &&
+          !input.storage()->sharded)
+        pins_.emplace_back(*input.storage());
+  }
+  template <class Allocate>
+  auto allocate(Allocate&& allocate_output) -> decltype(allocate_output()) {
+    try {
+      return allocate_output();
+    } catch (const OutOfMemory&) {
+      if (pins_.empty()) throw;
+      pins_.clear();
+      return allocate_output();
+    }
+  }
+
+ private:
+  std::vector<StoragePin> pins_;
+};
+
 void run_kernel_once(const OpDef& op, const Kernel& kernel, const std::vector<Tensor>& inputs,
                      std::vector<Tensor>& outputs, const Attrs& attrs, bool replay,
                      KernelInProgress progress, const ChunkPass* chunk = nullptr) {
@@ -206,9 +233,19 @@ void run_kernel_once(const OpDef& op, const Kernel& kernel, const std::vector<Te
     pinned_operands.push_back(std::move(access));
   };
   try {
+    // Resident operands first: bringing another back then cannot push them out.
+    std::vector<StorageImpl*> not_resident;
+    auto pin_if_resident = [&](StorageImpl& storage) {
+      if (storage.state() == Residency::kResident) {
+        pin(storage);
+      } else {
+        not_resident.push_back(&storage);
+      }
+    };
     for (const auto& input : inputs)
-      if (input.defined()) pin(*input.storage());
-    for (const auto& output : outputs) pin(*output.storage());
+      if (input.defined()) pin_if_resident(*input.storage());
+    for (const auto& output : outputs) pin_if_resident(*output.storage());
+    for (StorageImpl* storage : not_resident) pin(*storage);
   } catch (const OutOfMemory& error) {
     throw OperandsOutOfMemory(error);
   }
@@ -687,17 +724,19 @@ void replay_op_call(const OpCall& call) {
     inputs.push_back(input.materialize());
   }
   std::vector<Tensor> outputs;
+  ResidentInputsHeld held(inputs);
   for (size_t k = 0; k < call.outputs.size(); ++k) {
     const RecordedTensor& geometry = call.outputs[k];
     auto storage = call.output_storages[k].lock();
     if (storage && storage->state() == Residency::kEvicted) {
-      storage->allocate_bytes();
+      held.allocate([&] { storage->allocate_bytes(); });
       outputs.emplace_back(make_tensor_impl(storage, geometry.sizes, geometry.strides,
                                             geometry.offset, geometry.dtype));
     } else {
       // Resident or gone: computed again into scratch so the kernel sees every output.
       Device device = inputs.empty() ? Device::cpu() : inputs[0].device();
-      outputs.push_back(empty(geometry.sizes, TensorOptions(geometry.dtype).device(device)));
+      outputs.push_back(held.allocate(
+          [&] { return empty(geometry.sizes, TensorOptions(geometry.dtype).device(device)); }));
     }
   }
   run_kernel(op, inputs, outputs, call.attrs, /*replay=*/true);
@@ -874,9 +913,10 @@ std::vector<Tensor> dispatch(const OpDef& op, const std::vector<Tensor>& inputs,
     if (out.empty()) {
       try {
         outputs.reserve(specs.size());
-        for (auto& spec : specs)
-          outputs.push_back(
-              empty(std::move(spec.sizes), TensorOptions(spec.dtype).device(out_device)));
+        ResidentInputsHeld held(inputs);
+        for (const auto& spec : specs)
+          outputs.push_back(held.allocate(
+              [&] { return empty(spec.sizes, TensorOptions(spec.dtype).device(out_device)); }));
       } catch (const OutOfMemory& error) {
         rethrow_explained(op, inputs, error);
       }

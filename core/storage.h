@@ -147,6 +147,7 @@ class StorageImpl : public std::enable_shared_from_this<StorageImpl> {
 
  private:
   friend class StorageAccess;
+  friend class StoragePin;
   void pin() { pins_.fetch_add(1); }
   void unpin() { pins_.fetch_sub(1); }
 
@@ -177,6 +178,23 @@ class StorageAccess {
   }
   void* data() const { return storage_->data_; }
   StorageImpl* storage() const { return storage_; }
+
+ private:
+  StorageImpl* storage_;
+};
+
+// Keeps a resident storage's bytes where they are (the memory layer moves no pinned storage)
+// without bringing it back or counting an access: an op's resident inputs while its outputs are
+// allocated.
+class StoragePin {
+ public:
+  explicit StoragePin(StorageImpl& storage) : storage_(&storage) { storage.pin(); }
+  ~StoragePin() {
+    if (storage_) storage_->unpin();
+  }
+  StoragePin(const StoragePin&) = delete;
+  StoragePin& operator=(const StoragePin&) = delete;
+  StoragePin(StoragePin&& other) noexcept : storage_(other.storage_) { other.storage_ = nullptr; }
 
  private:
   StorageImpl* storage_;

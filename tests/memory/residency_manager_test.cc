@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -450,6 +451,74 @@ TEST(Dtr, ScoreRisesWithFreshnessAndTheEvictedNeighbourhood) {
   }
   EXPECT_EQ(manager.planned_action(*output.storage()), ResidencyAction::kRecompute);
   EXPECT_TRUE(manager.evict_one());
+}
+
+// An op's resident inputs stay on the device while the room for its outputs, and for its inputs
+// that must come back, is made: the stalest candidate here is the op's own input, and moving it
+// off would only bring it straight back (DTR locks an op's inputs so).
+struct FourTensors {
+  Tensor x, a, b, c;  // 4 MiB each, in a 17 MiB arena with the small ones
+};
+
+// Time passes for every other tensor: these are read again and again.
+void touch(const std::vector<Tensor>& tensors) {
+  for (int i = 0; i < 20; ++i)
+    for (const Tensor& tensor : tensors) tensor.to_vector<float>();
+}
+
+FourTensors four_tensors_with_a_stalest() {
+  constexpr int64_t kFloats = int64_t{1} << 20;
+  FourTensors t;
+  t.x = randn({kFloats});
+  t.a = exp(t.x);
+  sum(t.a);  // read once: a candidate
+  t.b = exp(t.x);
+  t.c = neg(t.x);
+  sum(t.b);
+  sum(t.c);
+  return t;
+}
+
+MemoryOptions seventeen_mib_under_dtr() {
+  return MemoryOptions().budget(17 * kMiB).policy(Policy::kDtr).min_candidate_bytes(0);
+}
+
+TEST(Dtr, AnOpsResidentInputStaysWhileItsOutputIsAllocated) {
+  MemoryScope scope(seventeen_mib_under_dtr());
+  ResidencyManager& manager = *scope.manager();
+  manual_seed(21);
+  FourTensors t = four_tensors_with_a_stalest();
+  const std::vector<float> a_values = t.a.to_vector<float>();
+  touch({t.x, t.b, t.c});
+  const PolicyCounters before = manager.stats().policy;
+  ASSERT_EQ(before.evictions, 0);
+  Tensor y = tanh(t.a);  // its output needs a 4 MiB tensor moved off: not a
+  EXPECT_EQ(manager.stats().policy.evictions, 1);
+  EXPECT_EQ(manager.stats().policy.recomputes, 0);
+  EXPECT_EQ(t.a.storage()->state(), Residency::kResident);
+  std::vector<float> expected = a_values;
+  for (float& value : expected) value = std::tanh(value);
+  EXPECT_EQ(y.to_vector<float>(), expected);
+}
+
+TEST(Dtr, AnOpsResidentInputStaysWhileAnotherOfItsInputsIsRecomputed) {
+  MemoryScope scope(seventeen_mib_under_dtr());
+  ResidencyManager& manager = *scope.manager();
+  manual_seed(22);
+  FourTensors t = four_tensors_with_a_stalest();
+  const std::vector<float> a_values = t.a.to_vector<float>(), b_values = t.b.to_vector<float>();
+  touch({t.x, t.c});
+  ASSERT_EQ(manager.stats().policy.evictions, 0);
+  manager.evict(*t.b.storage());
+  // The output takes b's room; bringing b back then needs a 4 MiB tensor moved off: c (x is
+  // what b is recomputed from), not a.
+  Tensor y = add(t.b, t.a);
+  EXPECT_EQ(manager.stats().policy.recomputes, 1);
+  EXPECT_EQ(t.a.storage()->state(), Residency::kResident);
+  EXPECT_NE(t.c.storage()->state(), Residency::kResident);
+  std::vector<float> expected(a_values.size());
+  for (size_t i = 0; i < expected.size(); ++i) expected[i] = b_values[i] + a_values[i];
+  EXPECT_EQ(y.to_vector<float>(), expected);
 }
 
 // The minimum candidate size follows the model: 1% of the mean size of the resident tensors (the
