@@ -661,11 +661,13 @@ TEST_F(DistributedRecipe, ZeroBesideAGridPlanOnFourRanksTrainsLikeThePlanAlone) 
   const auto zero_runs = expect_zero_stages_like(
       plain, expected, "resnet_grid", resnet_grid_plan,
       {"dp 2 x tp 2", "the recipes run the plan's ops as priced beside ZeRO"});
-  if (rank() == 0)
-    for (const RecipeResult& run : zero_runs)  // whole tensors in the checkpoint
+  if (rank() == 0) {
+    for (const RecipeResult& run : zero_runs) {  // whole tensors in the checkpoint
       EXPECT_EQ(
           load_safetensors(run.last_checkpoint + "/model.safetensors").at("fc.weight").sizes(),
           Shape({10, 512}));
+    }
+  }
   // Across layouts: the plan without ZeRO resumes ZeRO-2's checkpoint, and ZeRO-3 the plain one.
   TrainConfig resume_plain = plain;
   resume_plain.resume = folder("resnet_grid_zero2") + "/step_2";

@@ -536,10 +536,11 @@ TEST_F(ParallelizeTest, PerOpDegreesOnALineOfTwoRanks) {
     const auto plans =
         frontier_plans(c, 2, 2, &summaries, /*per_op_degrees=*/true, {batch_split_norm});
     ASSERT_FALSE(plans.empty()) << "no per-op point mixes batch and model splits";
-    if (name == "cnn with batch norm")
+    if (name == "cnn with batch norm") {
       ASSERT_TRUE(std::any_of(plans.begin(), plans.end(), [&](const auto& plan) {
         return std::any_of(plan.begin(), plan.end(), batch_split_norm);
       })) << "no per-op point splits a batch norm's batch";
+    }
     expect_per_op_plans_train_like_one_process(c, plans, summaries, grid);
   }
 }
@@ -838,8 +839,9 @@ TEST_F(ParallelizeTest, ZeroStagesBesideAPlanTrainLikeThePlanAlone) {
           }
         }
       }
-      if (one_line && size() == 4)
+      if (one_line && size() == 4) {
         EXPECT_GT(shared_shards, 0u) << name << ": nothing cut on the 2 x 2 grid";
+      }
     }
   }
 }
