@@ -204,6 +204,7 @@ class ResidentInputsHeld {
           !input.storage()->sharded)
         pins_.emplace_back(*input.storage());
   }
+  bool holding() const { return !pins_.empty(); }
   template <class Allocate>
   auto allocate(Allocate&& allocate_output) -> decltype(allocate_output()) {
     try {
@@ -914,9 +915,13 @@ std::vector<Tensor> dispatch(const OpDef& op, const std::vector<Tensor>& inputs,
       try {
         outputs.reserve(specs.size());
         ResidentInputsHeld held(inputs);
-        for (const auto& spec : specs)
-          outputs.push_back(held.allocate(
-              [&] { return empty(spec.sizes, TensorOptions(spec.dtype).device(out_device)); }));
+        for (auto& spec : specs) {
+          const TensorOptions options = TensorOptions(spec.dtype).device(out_device);
+          // The sizes are moved where no second try can need them.
+          outputs.push_back(held.holding()
+                                ? held.allocate([&] { return empty(spec.sizes, options); })
+                                : empty(std::move(spec.sizes), options));
+        }
       } catch (const OutOfMemory& error) {
         rethrow_explained(op, inputs, error);
       }
