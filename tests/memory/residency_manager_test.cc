@@ -466,12 +466,13 @@ void touch(const std::vector<Tensor>& tensors) {
     for (const Tensor& tensor : tensors) tensor.to_vector<float>();
 }
 
-FourTensors four_tensors_with_a_stalest() {
+// Each read once: candidates (the tests then make a the stalest).
+FourTensors four_candidates() {
   constexpr int64_t kFloats = int64_t{1} << 20;
   FourTensors t;
   t.x = randn({kFloats});
   t.a = exp(t.x);
-  sum(t.a);  // read once: a candidate
+  sum(t.a);
   t.b = exp(t.x);
   t.c = neg(t.x);
   sum(t.b);
@@ -487,11 +488,10 @@ TEST(Dtr, AnOpsResidentInputStaysWhileItsOutputIsAllocated) {
   MemoryScope scope(seventeen_mib_under_dtr());
   ResidencyManager& manager = *scope.manager();
   manual_seed(21);
-  FourTensors t = four_tensors_with_a_stalest();
+  FourTensors t = four_candidates();
   const std::vector<float> a_values = t.a.to_vector<float>();
   touch({t.x, t.b, t.c});
-  const PolicyCounters before = manager.stats().policy;
-  ASSERT_EQ(before.evictions, 0);
+  ASSERT_EQ(manager.stats().policy.evictions, 0);
   Tensor y = tanh(t.a);  // its output needs a 4 MiB tensor moved off: not a
   EXPECT_EQ(manager.stats().policy.evictions, 1);
   EXPECT_EQ(manager.stats().policy.recomputes, 0);
@@ -505,7 +505,7 @@ TEST(Dtr, AnOpsResidentInputStaysWhileAnotherOfItsInputsIsRecomputed) {
   MemoryScope scope(seventeen_mib_under_dtr());
   ResidencyManager& manager = *scope.manager();
   manual_seed(22);
-  FourTensors t = four_tensors_with_a_stalest();
+  FourTensors t = four_candidates();
   const std::vector<float> a_values = t.a.to_vector<float>(), b_values = t.b.to_vector<float>();
   touch({t.x, t.c});
   ASSERT_EQ(manager.stats().policy.evictions, 0);
