@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <optional>
 #include <sstream>
 #include <unordered_set>
@@ -756,7 +757,8 @@ void ResidencyManager::drop_if_unreferenced(StorageImpl& storage) {
 struct ResidencyManager::RecomputeFrame {
   StorageImpl* storage;
   std::shared_ptr<OpCall> record;
-  size_t next_input = 0;
+  size_t next_input = 0;      // into `order`
+  std::vector<size_t> order;  // of the record's inputs (recompute_order)
   std::vector<StorageAccess> pinned_inputs;
   // Resident inputs left unpinned (held_for_replay) while another input is recomputed.
   std::vector<std::shared_ptr<StorageImpl>> held;
@@ -798,7 +800,7 @@ void ResidencyManager::rematerialize(StorageImpl& target) {
   // (dtr, and auto's third way) pins them as DTR does, and auto lets go of them only where
   // nothing else frees room (hold_waiting_inputs).
   const bool hold_unpinned = swaps_now();
-  stack.push_back(Frame{&target, nullptr, 0, {}, {}});
+  stack.push_back(Frame{&target, nullptr, 0, {}, {}, {}});
   on_stack.insert(&target);
   while (!stack.empty()) {
     Frame& frame = stack.back();
@@ -829,8 +831,9 @@ void ResidencyManager::rematerialize(StorageImpl& target) {
     }
     const OpCall& record = *frame.record;
     bool waiting = false;
+    if (frame.order.empty()) frame.order = recompute_order(record, !hold_unpinned);
     while (frame.next_input < record.inputs.size()) {
-      const RecordedTensor& input = record.inputs[frame.next_input];
+      const RecordedTensor& input = record.inputs[frame.order[frame.next_input]];
       if (!input.storage) {
         ++frame.next_input;
         continue;
@@ -844,7 +847,7 @@ void ResidencyManager::rematerialize(StorageImpl& target) {
       TESSEL_CHECK(on_stack.insert(&needed).second, "cannot recompute ", record.op->name,
                    ": its op record depends on its own output");
       if (hold_unpinned) frame.hold_pinned(*this);
-      stack.push_back(Frame{&needed, nullptr, 0, {}, {}});
+      stack.push_back(Frame{&needed, nullptr, 0, {}, {}, {}});
       waiting = true;
       break;
     }
@@ -859,6 +862,53 @@ void ResidencyManager::rematerialize(StorageImpl& target) {
     on_stack.erase(&storage);
     stack.pop_back();  // unpins the inputs
   }
+}
+
+// The order in which a recompute looks at its op's inputs. Those that are not resident go by the
+// bytes of evicted tensors their recompute chains make again (as far as a bounded walk goes),
+// largest first: the result of the largest chain then waits alone while the smaller ones run,
+// rather than their results waiting through it (Sethi-Ullman's order). Pinning (`pin_resident`):
+// the resident inputs come first, so each is pinned before any chain runs (as in DTR, computing
+// one input never evicts another). Holding: the resident inputs keep their places, and one past
+// the first chain stays an ordinary candidate until reached (dropped and recomputed where room is
+// short, where a held one would only be swapped, and read straight back).
+std::vector<size_t> ResidencyManager::recompute_order(const OpCall& record, bool pin_resident) {
+  constexpr size_t kMaxWalk = 256;
+  std::vector<size_t> chain_bytes(record.inputs.size(), 0);
+  std::vector<size_t> slots;  // of the inputs that are not resident, ascending
+  std::vector<StorageImpl*> pending;
+  std::unordered_set<StorageImpl*> seen;
+  for (size_t i = 0; i < record.inputs.size(); ++i) {
+    StorageImpl* input = record.inputs[i].storage.get();
+    if (!input || input->state() == Residency::kResident) continue;
+    slots.push_back(i);
+    pending.assign(1, input);
+    seen.clear();
+    while (!pending.empty() && seen.size() < kMaxWalk) {
+      StorageImpl* storage = pending.back();
+      pending.pop_back();
+      if (storage->state() != Residency::kEvicted || !seen.insert(storage).second) continue;
+      chain_bytes[i] += storage->nbytes();
+      if (!storage->producer) continue;
+      for (const RecordedTensor& ancestor : storage->producer->inputs)
+        if (ancestor.storage) pending.push_back(ancestor.storage.get());
+    }
+  }
+  std::vector<size_t> chains = slots;
+  std::stable_sort(chains.begin(), chains.end(),
+                   [&](size_t a, size_t b) { return chain_bytes[a] > chain_bytes[b]; });
+  std::vector<size_t> order(record.inputs.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  if (!pin_resident) {
+    for (size_t k = 0; k < slots.size(); ++k) order[slots[k]] = chains[k];
+    return order;
+  }
+  order.erase(
+      std::remove_if(order.begin(), order.end(),
+                     [&](size_t i) { return std::binary_search(slots.begin(), slots.end(), i); }),
+      order.end());
+  order.insert(order.end(), chains.begin(), chains.end());
+  return order;
 }
 
 void ResidencyManager::mark_consumed(StorageImpl& storage) {

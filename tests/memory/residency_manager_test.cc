@@ -521,6 +521,27 @@ TEST(Dtr, AnOpsResidentInputStaysWhileAnotherOfItsInputsIsRecomputed) {
   EXPECT_EQ(y.to_vector<float>(), expected);
 }
 
+// A recompute whose op has two evicted inputs remakes the one with the larger chain first: its
+// result then waits alone while the smaller chain runs. Here the other way round needs room for
+// four 4 MiB tensors at once (the small result pinned beside add's two inputs and its output)
+// where nothing else can go; this way needs three.
+TEST(Dtr, ARecomputeRemakesItsInputWithTheLargerChainFirst) {
+  constexpr int64_t kFloats = int64_t{1} << 20;
+  manual_seed(23);
+  const Tensor x = randn({kFloats});  // made outside the scope: no candidate, not counted
+  MemoryScope scope(MemoryOptions().budget(14 * kMiB).policy(Policy::kDtr).min_candidate_bytes(0));
+  ResidencyManager& manager = *scope.manager();
+  Tensor large = add(exp(x), neg(x));  // exp's and neg's outputs: evicted placeholders
+  Tensor small = tanh(x);
+  Tensor y = add(small, large);
+  const std::vector<float> expected = y.to_vector<float>();
+  for (Tensor* evicted : {&y, &small, &large}) manager.evict(*evicted->storage());
+  const int64_t recomputes = manager.stats().policy.recomputes;
+  EXPECT_EQ(y.to_vector<float>(), expected);
+  // exp, neg and the inner add, then tanh, then y's add: each once.
+  EXPECT_EQ(manager.stats().policy.recomputes - recomputes, 5);
+}
+
 // The minimum candidate size follows the model: 1% of the mean size of the resident tensors (the
 // DTR paper's rule), with min_candidate_bytes as a floor.
 TEST(Dtr, CandidatesAreTensorsOfAtLeastOnePercentOfTheMeanSize) {
