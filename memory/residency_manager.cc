@@ -831,7 +831,7 @@ void ResidencyManager::rematerialize(StorageImpl& target) {
     }
     const OpCall& record = *frame.record;
     bool waiting = false;
-    if (frame.order.empty()) frame.order = recompute_order(record, !hold_unpinned);
+    if (frame.order.empty()) frame.order = recompute_order(record);
     while (frame.next_input < record.inputs.size()) {
       const RecordedTensor& input = record.inputs[frame.order[frame.next_input]];
       if (!input.storage) {
@@ -864,15 +864,12 @@ void ResidencyManager::rematerialize(StorageImpl& target) {
   }
 }
 
-// The order in which a recompute looks at its op's inputs. Those that are not resident go by the
-// bytes of evicted tensors their recompute chains make again (as far as a bounded walk goes),
-// largest first: the result of the largest chain then waits alone while the smaller ones run,
-// rather than their results waiting through it (Sethi-Ullman's order). Pinning (`pin_resident`):
-// the resident inputs come first, so each is pinned before any chain runs (as in DTR, computing
-// one input never evicts another). Holding: the resident inputs keep their places, and one past
-// the first chain stays an ordinary candidate until reached (dropped and recomputed where room is
-// short, where a held one would only be swapped, and read straight back).
-std::vector<size_t> ResidencyManager::recompute_order(const OpCall& record, bool pin_resident) {
+// The order in which a recompute looks at its op's inputs: the resident ones keep their places
+// (each pinned, or held, once reached), and those that are not take the places of the others by
+// the bytes of evicted tensors their recompute chains make again (as far as a bounded walk goes),
+// largest first. The result of the largest chain then waits alone while the smaller ones run,
+// rather than their results waiting through it (Sethi-Ullman's order).
+std::vector<size_t> ResidencyManager::recompute_order(const OpCall& record) {
   constexpr size_t kMaxWalk = 256;
   std::vector<size_t> chain_bytes(record.inputs.size(), 0);
   std::vector<size_t> slots;  // of the inputs that are not resident, ascending
@@ -899,15 +896,7 @@ std::vector<size_t> ResidencyManager::recompute_order(const OpCall& record, bool
                    [&](size_t a, size_t b) { return chain_bytes[a] > chain_bytes[b]; });
   std::vector<size_t> order(record.inputs.size());
   std::iota(order.begin(), order.end(), size_t{0});
-  if (!pin_resident) {
-    for (size_t k = 0; k < slots.size(); ++k) order[slots[k]] = chains[k];
-    return order;
-  }
-  order.erase(
-      std::remove_if(order.begin(), order.end(),
-                     [&](size_t i) { return std::binary_search(slots.begin(), slots.end(), i); }),
-      order.end());
-  order.insert(order.end(), chains.begin(), chains.end());
+  for (size_t k = 0; k < slots.size(); ++k) order[slots[k]] = chains[k];
   return order;
 }
 

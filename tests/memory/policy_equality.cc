@@ -180,7 +180,7 @@ void expect_same(const TrainingRun& actual, const TrainingRun& expected, bool bi
 PolicyCase resnet18_case() {
   PolicyCase result;
   result.name = "resnet18";
-  result.dtr_lowest_fraction = 0.3;
+  result.dtr_lowest_fraction = 0.2;
   result.make_model = [] {
     return models::resnet18(models::ResNetOptions().num_classes(10).small_image_stem(true));
   };

@@ -231,12 +231,13 @@ TEST(MemorySimulation, AutoKeepsTheFastestOfItsWays) {
 }
 
 TEST(MemorySimulation, AutoTrainsWhereDtrRunsOutOfMemory) {
-  // ResNet-152 at batch 128 within 16% of its peak on the H200 profile: dtr runs out of memory
+  // ResNet-152 at batch 128 within 8% of its peak on the H200 profile: dtr runs out of memory
   // (recomputing a tensor deep in a residual stage pins the inputs it finds until their consumer
   // has run), and auto, whose third way recomputes as dtr does, swaps where nothing else frees
   // room: it trains through the trials of its five ways and stays within the budget. (At 22%
-  // dtr trains since batch norm's input gradient is written over its input, and at 18% since
-  // outputs read only by backward, such as pooling's indices, are candidates.)
+  // dtr trains since batch norm's input gradient is written over its input, at 18% since
+  // outputs read only by backward, such as pooling's indices, are candidates, and at 16-10%
+  // since a recompute remakes its inputs' larger chains first.)
   Simulation simulation(
       planner::simulated_device(planner::load_profile("parallel/profiles/h200_cluster.json")));
   auto run_steps = [](const MemoryOptions& options, int steps) {
@@ -256,7 +257,7 @@ TEST(MemorySimulation, AutoTrainsWhereDtrRunsOutOfMemory) {
     return static_cast<size_t>(scope.allocator().memory_stats().base.peak_allocated_bytes);
   };
   const size_t peak = run_steps(MemoryOptions().device(Device::meta()), 2);
-  const size_t budget = peak * 16 / 100;
+  const size_t budget = peak * 8 / 100;
   EXPECT_THROW(run_steps(on_meta(Policy::kDtr, budget), 8), OutOfMemory);
   EXPECT_LE(run_steps(on_meta(Policy::kAuto, budget), 45), budget);
 }
