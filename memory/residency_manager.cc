@@ -754,6 +754,48 @@ void ResidencyManager::drop_if_unreferenced(StorageImpl& storage) {
   ++placeholders_;
 }
 
+namespace {
+
+// The order in which a recompute looks at its op's inputs: the resident ones keep their places
+// (each pinned, or held, once reached), and those that are not take the places of the others by
+// the bytes of evicted tensors their recompute chains make again (as far as a bounded walk goes),
+// largest first. The result of the largest chain then waits alone while the smaller ones run,
+// rather than their results waiting through it (Sethi-Ullman's order).
+std::vector<size_t> recompute_order(const OpCall& record) {
+  std::vector<size_t> order(record.inputs.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::vector<size_t> slots;  // of the inputs that are not resident, ascending
+  for (size_t i = 0; i < record.inputs.size(); ++i) {
+    const StorageImpl* input = record.inputs[i].storage.get();
+    if (input && input->state() != Residency::kResident) slots.push_back(i);
+  }
+  if (slots.size() < 2) return order;
+  constexpr size_t kMaxWalk = 256;
+  std::vector<size_t> chain_bytes(record.inputs.size(), 0);
+  std::vector<StorageImpl*> pending;
+  std::unordered_set<StorageImpl*> seen;
+  for (size_t i : slots) {
+    pending.assign(1, record.inputs[i].storage.get());
+    seen.clear();
+    while (!pending.empty() && seen.size() < kMaxWalk) {
+      StorageImpl* storage = pending.back();
+      pending.pop_back();
+      if (storage->state() != Residency::kEvicted || !seen.insert(storage).second) continue;
+      chain_bytes[i] += storage->nbytes();
+      if (!storage->producer) continue;
+      for (const RecordedTensor& ancestor : storage->producer->inputs)
+        if (ancestor.storage) pending.push_back(ancestor.storage.get());
+    }
+  }
+  std::vector<size_t> chains = slots;
+  std::stable_sort(chains.begin(), chains.end(),
+                   [&](size_t a, size_t b) { return chain_bytes[a] > chain_bytes[b]; });
+  for (size_t k = 0; k < slots.size(); ++k) order[slots[k]] = chains[k];
+  return order;
+}
+
+}  // namespace
+
 struct ResidencyManager::RecomputeFrame {
   StorageImpl* storage;
   std::shared_ptr<OpCall> record;
@@ -862,42 +904,6 @@ void ResidencyManager::rematerialize(StorageImpl& target) {
     on_stack.erase(&storage);
     stack.pop_back();  // unpins the inputs
   }
-}
-
-// The order in which a recompute looks at its op's inputs: the resident ones keep their places
-// (each pinned, or held, once reached), and those that are not take the places of the others by
-// the bytes of evicted tensors their recompute chains make again (as far as a bounded walk goes),
-// largest first. The result of the largest chain then waits alone while the smaller ones run,
-// rather than their results waiting through it (Sethi-Ullman's order).
-std::vector<size_t> ResidencyManager::recompute_order(const OpCall& record) {
-  constexpr size_t kMaxWalk = 256;
-  std::vector<size_t> chain_bytes(record.inputs.size(), 0);
-  std::vector<size_t> slots;  // of the inputs that are not resident, ascending
-  std::vector<StorageImpl*> pending;
-  std::unordered_set<StorageImpl*> seen;
-  for (size_t i = 0; i < record.inputs.size(); ++i) {
-    StorageImpl* input = record.inputs[i].storage.get();
-    if (!input || input->state() == Residency::kResident) continue;
-    slots.push_back(i);
-    pending.assign(1, input);
-    seen.clear();
-    while (!pending.empty() && seen.size() < kMaxWalk) {
-      StorageImpl* storage = pending.back();
-      pending.pop_back();
-      if (storage->state() != Residency::kEvicted || !seen.insert(storage).second) continue;
-      chain_bytes[i] += storage->nbytes();
-      if (!storage->producer) continue;
-      for (const RecordedTensor& ancestor : storage->producer->inputs)
-        if (ancestor.storage) pending.push_back(ancestor.storage.get());
-    }
-  }
-  std::vector<size_t> chains = slots;
-  std::stable_sort(chains.begin(), chains.end(),
-                   [&](size_t a, size_t b) { return chain_bytes[a] > chain_bytes[b]; });
-  std::vector<size_t> order(record.inputs.size());
-  std::iota(order.begin(), order.end(), size_t{0});
-  for (size_t k = 0; k < slots.size(); ++k) order[slots[k]] = chains[k];
-  return order;
 }
 
 void ResidencyManager::mark_consumed(StorageImpl& storage) {

@@ -270,7 +270,6 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
   // Waits for a prefetch copy of `storage`, keeping its device bytes (true) or dropping them.
   void settle_prefetch(StorageImpl& storage, bool keep);
   void rematerialize(StorageImpl& storage);
-  std::vector<size_t> recompute_order(const OpCall& record);
   // Lets go of the pinned inputs of recomputes waiting for another input (held_for_replay
   // instead): they may then be swapped.
   void hold_waiting_inputs();
