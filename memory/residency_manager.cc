@@ -387,6 +387,9 @@ ResidencyManager::Candidate ResidencyManager::assess(StorageImpl& storage, Spare
   // A tensor every forward reads (a parameter) comes right back when moved off during forward.
   if (spare != Spare::kNothing && record->read_back_in_forward && GradMode::is_enabled())
     return none;
+  // An input held for a waiting recompute is read again as soon as the chain under it ends:
+  // swapping it out sends it straight back over the link. It goes only where nothing else can.
+  if (spare != Spare::kNothing && record->held_for_replay > 0) return none;
   // State comes back every step (and a gradient soon, for the optimizer), while activations are
   // read once more at most; staleness alone, counted within a step, cannot tell them apart.
   if (spare == Spare::kStateAndForwardReads && (!storage.producer || record->made_in_backward))

@@ -229,6 +229,7 @@ class ResidencyManager : public ResidencyHooks, public PressureHandler {
     kStateAndForwardReads,  // state (no op record from forward: parameters, optimizer state,
                             // inputs, gradients) and what kForwardReads spares
     kForwardReads,          // tensors forward has read back (while gradients are recorded)
+                            // and inputs held for a waiting recompute
     kNothing,
   };
   // Candidate action and score; action kNone for a non-candidate or one `spare` leaves alone.

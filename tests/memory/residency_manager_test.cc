@@ -542,6 +542,30 @@ TEST(Dtr, ARecomputeRemakesItsInputWithTheLargerChainFirst) {
   EXPECT_EQ(manager.stats().policy.recomputes - recomputes, 5);
 }
 
+// Under the swapping ways a recompute waiting for another input holds its resident inputs
+// without pinning them. Such an input is read again as soon as the chain under it ends, so room
+// for that chain comes from any other tensor first: here a 4 MiB state tensor fresher than it.
+TEST(Auto, ARecomputeHoldsItsWaitingInputWhileAnotherTensorCanGo) {
+  constexpr int64_t kFloats = int64_t{1} << 20;
+  manual_seed(24);
+  const Tensor x = randn({kFloats});  // made outside the scope: no candidate, not counted
+  MemoryScope scope(MemoryOptions().budget(18 * kMiB).policy(Policy::kAuto).min_candidate_bytes(0));
+  ResidencyManager& manager = *scope.manager();
+  Tensor state = tensor(std::vector<float>(kFloats, 1.0f), {kFloats});  // no op record
+  Tensor large = add(exp(x), neg(state));  // exp's and neg's outputs: evicted placeholders
+  Tensor small = tanh(x);
+  Tensor y = add(small, large);
+  const std::vector<float> expected = y.to_vector<float>();
+  for (Tensor* evicted : {&y, &large}) manager.evict(*evicted->storage());
+  const int64_t swaps_in = manager.stats().policy.swaps_in;
+  // y's add holds small while large's chain runs; neg then reads the state tensor, and the
+  // chain's last add needs room for 4 MiB: the state tensor goes, not the held (staler) input.
+  EXPECT_EQ(y.to_vector<float>(), expected);
+  EXPECT_EQ(manager.stats().policy.swaps_in - swaps_in, 0);
+  EXPECT_EQ(small.storage()->state(), Residency::kResident);
+  EXPECT_EQ(state.storage()->state(), Residency::kOnHost);
+}
+
 // The minimum candidate size follows the model: 1% of the mean size of the resident tensors (the
 // DTR paper's rule), with min_candidate_bytes as a floor.
 TEST(Dtr, CandidatesAreTensorsOfAtLeastOnePercentOfTheMeanSize) {
