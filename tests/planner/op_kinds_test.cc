@@ -71,9 +71,10 @@ void expect_ops_over_part_of_four_devices_run(const Graph& graph, const PlanOpti
   for (const PlannedPoint& point : with_zero.frontier) {
     zero_on_part =
         zero_on_part || (mixes_the_two_by_two_grid(with_zero, point) && point.executable);
-    if (!point.executable)
+    if (!point.executable) {
       EXPECT_NE(point.not_executable_reason.find("another grid"), std::string::npos)
           << point.not_executable_reason;
+    }
   }
   EXPECT_TRUE(zero_on_part) << "expected a runnable ZeRO point with ops on the 2 x 2 grid";
 }
