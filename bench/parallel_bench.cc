@@ -105,19 +105,33 @@ void print_breakdown(const planner::ModelSpec& spec, const planner::PlanFile& pl
       planner::describe_choice(graph, strategies, config, choice, 1.0).breakdown.redistribution_s;
   const planner::SequencedWaits waits = planner::sequenced_waits(graph, strategies, choice, config);
 
-  std::map<std::string, Totals> measured[3];  // forward, backward, optimizer
+  std::map<std::string, Totals> measured[3];      // forward, backward, optimizer
+  std::map<std::string, Totals> measured_shapes;  // forward calls of ops priced by their shapes
   int phase = 0;
   auto last = Clock::now();
-  TraceHook previous = set_trace_hook(
-      [&](const OpDef& op, const std::vector<Tensor>&, const std::vector<Tensor>&, const Attrs&) {
-        const auto now = Clock::now();
-        if (phase >= 0) {
-          Totals& totals = measured[phase][op.name];
-          totals.calls++;
-          totals.seconds += std::chrono::duration<double>(now - last).count();
+  TraceHook previous = set_trace_hook([&](const OpDef& op, const std::vector<Tensor>& inputs,
+                                          const std::vector<Tensor>&, const Attrs& attrs) {
+    const auto now = Clock::now();
+    if (phase >= 0) {
+      const double seconds = std::chrono::duration<double>(now - last).count();
+      Totals& totals = measured[phase][op.name];
+      totals.calls++;
+      totals.seconds += seconds;
+      if (phase == 0 && (op.name == "conv2d" || op.name == "linear")) {
+        std::vector<std::optional<Shape>> shapes;
+        std::vector<bool> needs_gradient;
+        for (const Tensor& input : inputs) {
+          shapes.push_back(input.defined() ? std::optional<Shape>(input.sizes()) : std::nullopt);
+          needs_gradient.push_back(input.defined() && input.requires_grad());
         }
-        last = now;
-      });
+        Totals& call =
+            measured_shapes[planner::op_shape_key(op.name, shapes, needs_gradient, attrs)];
+        call.calls++;
+        call.seconds += seconds;
+      }
+    }
+    last = now;
+  });
   double phase_seconds[3] = {0, 0, 0};
   for (int i = 0; i < steps; ++i) {
     MPI_Barrier(MPI_COMM_WORLD);
@@ -156,6 +170,17 @@ void print_breakdown(const planner::ModelSpec& spec, const planner::PlanFile& pl
     if (!priced.count(name))
       std::printf("%-24s %6d %10.4f %10s\n", name.c_str(), totals.calls / steps,
                   totals.seconds / steps, "-");
+  // The calls priced by their own measured shapes (calibrate --shapes_of), one by one.
+  bool header = false;
+  for (const auto& [key, totals] : measured_shapes) {
+    const auto found = config.profile.op_shapes.find(key);
+    if (found == config.profile.op_shapes.end()) continue;
+    if (!header)
+      std::printf("\n%-10s %10s %10s  %s\n", "calls/step", "measured", "priced", "forward call");
+    header = true;
+    std::printf("%-10d %10.5f %10.5f  %s\n", totals.calls / steps, totals.seconds / totals.calls,
+                found->second.forward_s, key.c_str());
+  }
   std::printf("\n%-24s %6s %10s\n", "backward op", "calls", "measured");
   for (const auto& [name, totals] : measured[1])
     std::printf("%-24s %6d %10.4f\n", name.c_str(), totals.calls / steps, totals.seconds / steps);
