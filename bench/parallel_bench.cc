@@ -217,10 +217,18 @@ int run(int argc, char** argv) {
 
   const int world = parallel::world_size();
   std::optional<planner::PlanFile> plan;
+  // A plan whose ops run on a grid of fewer ranks than it was made for (every op whole on every
+  // rank) runs as plans with per-op degrees do: over one line of every rank.
+  bool under_world = false;
   if (!plan_path.empty()) {
     plan = planner::read_plan(plan_path);
     dp = plan->mesh_dp;
     tp = plan->mesh_tp;
+    under_world = planned && dp * tp < world;
+    if (under_world) {
+      dp = world;
+      tp = 1;
+    }
   }
   if (dp == 0) dp = world / tp;
   TESSEL_CHECK(dp * tp == world, "dp ", dp, " x tp ", tp, " != ", world, " ranks");
@@ -231,7 +239,7 @@ int run(int argc, char** argv) {
   const int64_t group = tp > 1 ? parallel::register_tp_group(tp_comm) : -1;
   // A plan with per-op degrees (ops at other degrees than its mesh's) runs over one group of every
   // rank for both dp and tp: the data then arrive as this rank's rows of the world.
-  bool per_op = false;
+  bool per_op = under_world;
   if (planned && plan)
     for (const auto& op : plan->ops)
       per_op = per_op || (op.dp != 1 && op.dp != dp) || (op.tp != 1 && op.tp != tp);

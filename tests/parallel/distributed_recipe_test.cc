@@ -382,7 +382,7 @@ planner::PlanFile first_frontier_point(const planner::Graph& graph,
 
 // A grid point of dp=2 x tp=2 without per-op degrees.
 bool is_two_by_two_grid(const planner::PlanFile& plan) {
-  return plan.mesh_dp == 2 && plan.mesh_tp == 2 && !has_per_op_degrees(plan);
+  return plan.mesh_dp == 2 && plan.mesh_tp == 2 && !runs_on_one_line(plan);
 }
 
 // A plan with a tensor-parallel group runs its own ops as the planner priced them (channel-split
@@ -429,7 +429,7 @@ TEST_F(DistributedRecipe, PlanWithATensorParallelGroupRunsItsOwnOps) {
 std::string resnet_per_op_plan(
     const std::string& name, const std::function<void(planner::PlanFile&)>& change = {},
     int devices = 2,
-    const std::function<bool(const planner::PlanFile&)>& wanted = has_per_op_degrees) {
+    const std::function<bool(const planner::PlanFile&)>& wanted = runs_on_one_line) {
   const planner::ModelSpec spec{"resnet18", 16, 0, 28, 10, 1, false};
   const std::string path = test_folder(name + ".json");
   if (world_rank() == 0) {
@@ -485,6 +485,27 @@ TEST_F(DistributedRecipe, VisionPlanWithPerOpDegreesTrainsLikeOneProcess) {
   expect_resnet_plan_trains_like_one_process(
       resnet_per_op_plan("resnet_per_op_plan"), "resnet_per_op",
       {"dp 1 x tp 2 from plan", "per-op degrees: each op on the grid its strategy chose"});
+}
+
+// The frontier's point where every op runs whole on every rank (a grid of one rank in a plan for
+// two) trains what one process trains: each rank gathers the batch and runs all of it.
+TEST_F(DistributedRecipe, VisionPlanWithEveryOpWholeOnEveryRankTrainsLikeOneProcess) {
+  const auto whole_everywhere = [](planner::PlanFile& plan) {
+    plan.mesh_dp = plan.mesh_tp = 1;
+    for (planner::PlanFile::Op& op : plan.ops) {
+      op.dp = op.tp = 1;
+      op.strategy = "replicate";
+    }
+    for (planner::PlanFile::Parameter& parameter : plan.parameters) {
+      parameter.split_dim = -1;
+      parameter.parts = 1;
+    }
+    plan.summary = "replicated on every device";
+  };
+  const std::string path = resnet_per_op_plan("resnet_whole_everywhere", whole_everywhere);
+  EXPECT_TRUE(runs_on_one_line(planner::read_plan(path)));
+  expect_resnet_plan_trains_like_one_process(path, "resnet_whole_everywhere",
+                                             {"dp 1 x tp 2 from plan"});
 }
 
 // Whether a plan for 4 ranks puts ops on a 2 x 2 grid (each of its groups over part of the ranks)
@@ -608,7 +629,7 @@ void DistributedRecipe::expect_zero_beside_per_op_plan(
 }
 
 TEST_F(DistributedRecipe, ZeroBesideAPlanWithPerOpDegreesTrainsLikeThePlanAlone) {
-  expect_zero_beside_per_op_plan("resnet_per_op", 2, has_per_op_degrees);
+  expect_zero_beside_per_op_plan("resnet_per_op", 2, runs_on_one_line);
 }
 
 // On 4 ranks, beside a plan with ops on a 2 x 2 grid beside ops over all four: the shards cut on
@@ -1169,7 +1190,7 @@ planner::PlanFile bert_recipe_plan(const std::string& checkpoint, bool per_op_de
   return first_frontier_point(
       graph, result, spec, options,
       [&](const planner::PlanFile& plan) {
-        return has_per_op_degrees(plan) == per_op_degrees && (per_op_degrees || plan.mesh_tp == 2);
+        return runs_on_one_line(plan) == per_op_degrees && (per_op_degrees || plan.mesh_tp == 2);
       },
       per_op_degrees ? "with per-op degrees" : "without per-op degrees");
 }

@@ -79,11 +79,11 @@ Device rank_training_device(const TrainConfig& config, const ParallelLayout& lay
   return Device::cuda(local_rank % gpus);
 }
 
-bool has_per_op_degrees(const planner::PlanFile& plan) {
+bool runs_on_one_line(const planner::PlanFile& plan) {
   std::set<std::pair<int, int>> degrees;
   for (const planner::PlanFile::Op& op : plan.ops)
     if (op.dp * op.tp > 1) degrees.insert({op.dp, op.tp});
-  return degrees.size() > 1;
+  return degrees.size() > 1 || plan.mesh_dp * plan.mesh_tp < plan.devices;
 }
 
 ParallelLayout resolve_layout(const TrainConfig& config, int world_size) {
@@ -107,7 +107,7 @@ ParallelLayout resolve_layout(const TrainConfig& config, int world_size) {
     TESSEL_CHECK(config.zero == 0 || config.zero == plan.zero_stage, "--plan: '", config.plan,
                  "' sets ZeRO stage ", plan.zero_stage, " itself; pass either --plan or --zero");
     layout.zero = plan.zero_stage;
-    if (has_per_op_degrees(plan)) {
+    if (runs_on_one_line(plan)) {
       // parallel::ParallelModule runs per-op degrees over one group of every rank (and ZeRO
       // over that group: make_run_optimizer).
       layout.dp = 1;
@@ -133,7 +133,7 @@ ParallelLayout resolve_layout(const TrainConfig& config, int world_size) {
                " x --tp=", layout.tp, " = ", static_cast<int64_t>(layout.dp) * layout.tp,
                " ranks, but ", ranks_text(world_size), "; choose dp x tp = the rank count");
   if (config.plan.empty()) layout.zero = config.zero;
-  const bool one_line = layout.plan && has_per_op_degrees(*layout.plan);
+  const bool one_line = layout.plan && runs_on_one_line(*layout.plan);
   TESSEL_CHECK(layout.zero == 0 || layout.dp > 1 || one_line, "--zero=", layout.zero,
                " shards the optimizer over data-parallel ranks: it needs --dp > 1 (this run: dp ",
                layout.dp, " x tp ", layout.tp, ")");
@@ -275,7 +275,7 @@ RunLayout lay_out_ranks(const TrainConfig& config, std::ostream& log, TrainConfi
     if (run.tp > 1)
       rank_log << "; the recipes run the plan's ops as priced"
                << (run.zero > 0 ? " beside ZeRO" : "");
-    if (has_per_op_degrees(*run.plan))
+    if (runs_on_one_line(*run.plan))
       rank_log << "; per-op degrees: each op on the grid its strategy chose (the batch over every "
                   "rank, the model over every rank, or both over part of them), or whole";
     rank_log << ")";
@@ -303,7 +303,7 @@ std::unique_ptr<optim::Optimizer> make_run_optimizer(
   if (layout.zero == 0) return make(module.named_parameters());
   std::shared_ptr<nn::Module> alias(&module, [](nn::Module*) {});
   const auto stage = static_cast<parallel::ZeroStage>(layout.zero);
-  if (layout.plan && has_per_op_degrees(*layout.plan)) {
+  if (layout.plan && runs_on_one_line(*layout.plan)) {
     // Per-op degrees over one group of the ranks: ZeRO over it; the tensors the plan cuts over
     // all of them stay each rank's own shards, those cut over part of them are ZeRO's over the
     // ranks holding the same part.

@@ -42,8 +42,10 @@ struct ParallelLayout {
   std::optional<planner::PlanFile> plan;  // with --plan
 };
 
-// Whether a plan's ops split at more than one pair of degrees (a plan of --per_op_degrees).
-bool has_per_op_degrees(const planner::PlanFile& plan);
+// Whether a plan runs over one group of every rank (parallel::ParallelModule's line): its ops
+// split at more than one pair of degrees (a plan of --per_op_degrees), or its grid holds fewer
+// ranks than the plan's devices (every op whole on every rank, a frontier point too).
+bool runs_on_one_line(const planner::PlanFile& plan);
 
 // dp x tp for `world_size` ranks: --plan's mesh, else --dp and --tp (one unset fills the other
 // ranks; both unset: dp = world_size, tp = 1), and the ZeRO stage (--plan's or --zero). A plan

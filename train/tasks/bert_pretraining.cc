@@ -371,7 +371,7 @@ ParallelBert::ParallelBert(models::BertForPreTraining& model, const RunLayout& l
     traced->train(model.is_training());
     // Per-op degrees run over one group of every rank (resolve_layout lays them out as tp).
     planned_cuts_ = layout.tp_device_group;
-    planned_rows_ = has_per_op_degrees(plan) ? layout.tp_device_group : layout.dp_device_group;
+    planned_rows_ = runs_on_one_line(plan) ? layout.tp_device_group : layout.dp_device_group;
     auto parallel = std::make_shared<parallel::ParallelModule>(
         traced, plan.ops, planned_rows_, planned_cuts_,
         models::bert_pretraining_step(plan.batch, plan.seq));

@@ -59,7 +59,7 @@ std::shared_ptr<nn::Module> parallel_classifier_model(const RunLayout& layout,
 bool runs_planned_ops(const RunLayout& layout) { return layout.plan && layout.tp > 1; }
 
 std::pair<int64_t, int64_t> batch_part(const RunLayout& layout) {
-  if (runs_planned_ops(layout) && has_per_op_degrees(*layout.plan))
+  if (runs_planned_ops(layout) && runs_on_one_line(*layout.plan))
     return {layout.tp_rank, layout.tp};
   return {layout.dp_rank, layout.dp};
 }
@@ -83,7 +83,7 @@ std::shared_ptr<nn::Module> planned_classifier_model(const RunLayout& layout,
                plan.small_image_stem ? " --small_image_stem" : "", " --out=FILE)");
   // Per-op degrees run over one group of every rank: the ops that split the batch read rows over
   // it too (batch_part).
-  auto rows = has_per_op_degrees(plan) ? layout.tp_device_group : layout.dp_device_group;
+  auto rows = runs_on_one_line(plan) ? layout.tp_device_group : layout.dp_device_group;
   auto parallel = std::make_shared<parallel::ParallelModule>(
       std::move(trained), plan.ops, rows, layout.tp_device_group,
       planner::ModuleTraceOptions(input_shape));
