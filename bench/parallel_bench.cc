@@ -61,20 +61,29 @@ struct Totals {
   double seconds = 0;
 };
 
-// Rank 0's time per op name over `steps` steps, forward, backward and optimizer apart (the time
-// from one op's end to the next's, so collectives inside an op count as that op's), beside the
-// planner's prices of the plan's strategies for the same ops.
-void print_breakdown(const planner::ModelSpec& spec, const planner::PlanFile& plan,
-                     const std::string& profile_name, int world, int steps,
-                     const std::function<void(int*)>& step) {
-  const planner::Graph graph = models::trace_model(spec);
+// The planner's prices of a plan file's strategies under `profile_name`'s profile: per pass, per
+// op name (forward, without the waits for the ranks, which are priced over the whole sequence).
+struct PlanPrices {
   planner::PlannerConfig config;
+  std::map<std::string, Totals> forward_ops;
+  double forward = 0, backward = 0, optimizer = 0, sync = 0, moves = 0;
+  planner::SequencedWaits waits;
+  double step() const {
+    return forward + backward + optimizer + sync + moves + waits.forward + waits.backward;
+  }
+};
+
+PlanPrices price_plan(const planner::ModelSpec& spec, const planner::PlanFile& plan,
+                      const std::string& profile_name, int world) {
+  const planner::Graph graph = models::trace_model(spec);
+  PlanPrices prices;
+  planner::PlannerConfig& config = prices.config;
   config.devices = world;
   config.max_tp = world;
   config.optimizer_states = planner::is_bert(spec.name) ? 2 : 1;  // AdamW, SGD with momentum
   config.profile = planner::load_profile(planner::find_profile(profile_name));
   const auto strategies = planner::enumerate_strategies(graph, config);
-  TESSEL_CHECK(plan.ops.size() == graph.ops.size(), "--breakdown: the plan has ", plan.ops.size(),
+  TESSEL_CHECK(plan.ops.size() == graph.ops.size(), "pricing the plan: it has ", plan.ops.size(),
                " ops, the model's trace ", graph.ops.size());
   std::vector<const planner::Strategy*> chosen;
   std::vector<int> choice;
@@ -83,27 +92,39 @@ void print_breakdown(const planner::ModelSpec& spec, const planner::PlanFile& pl
     auto found = std::find_if(list.begin(), list.end(), [&](const planner::Strategy& s) {
       return s.dp == op.dp && s.tp == op.tp && planner::split_kind_name(s.kind) == op.strategy;
     });
-    TESSEL_CHECK(found != list.end(), "--breakdown: no strategy ", op.strategy, " at dp ", op.dp,
-                 " x tp ", op.tp, " for op ", op.index);
+    TESSEL_CHECK(found != list.end(), "pricing the plan: no strategy ", op.strategy, " at dp ",
+                 op.dp, " x tp ", op.tp, " for op ", op.index);
     chosen.push_back(&*found);
     choice.push_back(static_cast<int>(found - list.begin()));
   }
-  std::map<std::string, Totals> priced;  // forward: compute and collectives of the strategy
-  double forward = 0, backward = 0, optimizer = 0, sync = 0;
   for (const planner::TracedOp& op : graph.ops) {
     const planner::Strategy& s = *chosen[static_cast<size_t>(op.id)];
-    // Without the waits for the ranks, which are priced over the whole sequence below.
-    priced[op.name].calls++;
-    priced[op.name].seconds += s.forward_time() - s.forward_wait;
-    forward += s.forward_time() - s.forward_wait;
-    backward += s.backward_compute + s.backward_comm - s.backward_wait;
-    optimizer += s.optimizer_compute;
-    sync += s.gradient_sync;
+    prices.forward_ops[op.name].calls++;
+    prices.forward_ops[op.name].seconds += s.forward_time() - s.forward_wait;
+    prices.forward += s.forward_time() - s.forward_wait;
+    prices.backward += s.backward_compute + s.backward_comm - s.backward_wait;
+    prices.optimizer += s.optimizer_compute;
+    prices.sync += s.gradient_sync;
   }
   // The moves between ops' layouts, as the plan's breakdown prices them.
-  const double moves =
+  prices.moves =
       planner::describe_choice(graph, strategies, config, choice, 1.0).breakdown.redistribution_s;
-  const planner::SequencedWaits waits = planner::sequenced_waits(graph, strategies, choice, config);
+  prices.waits = planner::sequenced_waits(graph, strategies, choice, config);
+  return prices;
+}
+
+// Rank 0's time per op name over `steps` steps, forward, backward and optimizer apart (the time
+// from one op's end to the next's, so collectives inside an op count as that op's), beside the
+// planner's prices of the plan's strategies for the same ops.
+void print_breakdown(const planner::ModelSpec& spec, const planner::PlanFile& plan,
+                     const std::string& profile_name, int world, int steps,
+                     const std::function<void(int*)>& step) {
+  const PlanPrices prices = price_plan(spec, plan, profile_name, world);
+  const planner::PlannerConfig& config = prices.config;
+  const std::map<std::string, Totals>& priced = prices.forward_ops;
+  const double forward = prices.forward, backward = prices.backward;
+  const double optimizer = prices.optimizer, sync = prices.sync, moves = prices.moves;
+  const planner::SequencedWaits& waits = prices.waits;
 
   std::map<std::string, Totals> measured[3];      // forward, backward, optimizer
   std::map<std::string, Totals> measured_shapes;  // forward calls of ops priced by their shapes
@@ -159,8 +180,7 @@ void print_breakdown(const planner::ModelSpec& spec, const planner::PlanFile& pl
   std::printf("%-22s %10s %10.4f forward, %.4f backward\n", "waits for the ranks", "(in ops)",
               waits.forward, waits.backward);
   std::printf("%-22s %10.4f %10.4f (the plan's %.4f)\n", "step",
-              (phase_seconds[0] + phase_seconds[1] + phase_seconds[2]) / steps,
-              forward + backward + optimizer + sync + moves + waits.forward + waits.backward,
+              (phase_seconds[0] + phase_seconds[1] + phase_seconds[2]) / steps, prices.step(),
               plan.predicted_time);
   std::printf("\n%-24s %6s %10s %10s\n", "forward op", "calls", "measured", "priced");
   for (const auto& [name, totals] : priced)
@@ -209,7 +229,10 @@ int run(int argc, char** argv) {
   app.add_option("--warmup", warmup, "untimed steps first");
   app.add_option("--threads", threads, "(read by run_ranks)");
   app.add_option("--label", label, "copied into the JSON line");
-  std::string breakdown_profile;
+  std::string breakdown_profile, price_with;
+  app.add_option("--price_with", price_with,
+                 "with --planned: also price the plan's ops under this profile (repriced_step_s "
+                 "in the JSON line; a profile measured just before this run)");
   app.add_option("--breakdown", breakdown_profile,
                  "with --planned: also print rank 0's step op by op against the prices of this "
                  "profile (the plan's)");
@@ -370,6 +393,12 @@ int run(int argc, char** argv) {
     step();
     times.push_back(max_over_world(std::chrono::duration<double>(Clock::now() - start).count()));
   }
+  planner::ModelSpec spec;  // as the planner traces the model
+  spec.name = model_name;
+  spec.batch = batch;
+  spec.seq = seq;
+  spec.image_size = image_size;
+  spec.num_classes = classes;
   const std::vector<double> in_order = times;
   std::sort(times.begin(), times.end());
   const double median = times[times.size() / 2];
@@ -406,6 +435,11 @@ int run(int argc, char** argv) {
                                   {"tp_bytes_per_step", tp_bytes}};
     if (!label.empty()) out["label"] = label;
     if (planned_model) out["planned"] = per_op ? "per-op degrees" : "grid";
+    if (!price_with.empty()) {
+      TESSEL_CHECK(planned_model, "--price_with needs --planned");
+      out["repriced_step_s"] = price_plan(spec, *plan, price_with, world).step();
+      out["repriced_profile"] = price_with;
+    }
     if (plan) {
       out["plan"] = plan_path;
       out["plan_profile"] = plan->profile;
@@ -418,12 +452,6 @@ int run(int argc, char** argv) {
   }
   if (!breakdown_profile.empty()) {
     TESSEL_CHECK(planned_model, "--breakdown needs --planned");
-    planner::ModelSpec spec;
-    spec.name = model_name;
-    spec.batch = batch;
-    spec.seq = seq;
-    spec.image_size = image_size;
-    spec.num_classes = classes;
     print_breakdown(spec, *plan, breakdown_profile, world, steps, step);
   }
   return 0;

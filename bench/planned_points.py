@@ -10,10 +10,14 @@ than the rest; on other rank counts with --per_op_ranks) are written as plan fil
 (bench/harness.py). Each run times the median of its steps after warm-up; a cell is the median
 over the rounds with the interquartile range. Writes bench/results/planned_points.md and the raw
 lines beside it. With --calibrate the plans are priced with profiles measured by this run just
-before its first round (written beside the table), as the shared machine's speed drifts.
+before its first round (written beside the table), as the shared machine's speed drifts; with
+--calibrate_each_round each round first measures profiles of its own
+(planned_points_profiles/round_R_Nranks.json), and every run of that round is also priced
+under them (`parallel_bench --price_with`): a cell's predicted step is then the median of the
+rounds' prices and its ratio the median of the rounds' own measured / predicted.
 
   bazel build //bench:parallel_bench //tools/plan //tools/calibrate
-  /usr/bin/python3 bench/planned_points.py [--rounds 5] [--models resnet18,shufflenet_v2_x0_5,bert_mini] [--calibrate] [--force]
+  /usr/bin/python3 bench/planned_points.py [--rounds 5] [--models resnet18,shufflenet_v2_x0_5,bert_mini] [--calibrate | --calibrate_each_round] [--force]
 """
 
 import argparse
@@ -73,11 +77,12 @@ def plan_command(model, ranks, point, out, per_op=False):
                 f"--frontier_json={out}.frontier"] + (["--per_op_degrees"] if per_op else [])
 
 
-def bench_command(model, ranks, plan_path, steps, warmup):
+def bench_command(model, ranks, plan_path, steps, warmup, price_with=None):
     return ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(ranks),
             os.path.join(ROOT, "bazel-bin/bench/parallel_bench"), f"--model={model}"] + \
         MODELS[model]["flags"] + [f"--plan={plan_path}", "--planned", f"--steps={steps}",
-                                  f"--warmup={warmup}", "--threads=1"]
+                                  f"--warmup={warmup}", "--threads=1"] + \
+        ([f"--price_with={price_with}"] if price_with else [])
 
 
 def run_json(argv):
@@ -86,6 +91,11 @@ def run_json(argv):
         raise SystemExit(f"failed ({done.returncode}): {' '.join(argv)}\n{done.stderr[-2000:]}")
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     return json.loads(lines[-1]) if lines else None
+
+
+def predicted_step_s(line):
+    """The run's predicted step: under its round's own profile where it was priced again."""
+    return line.get("repriced_step_s", line["predicted_step_s"])
 
 
 def pick_points(model, ranks, workdir, per_op=False):
@@ -128,8 +138,12 @@ def main():
                         help="plan with profiles measured at the start of this run (written "
                              "beside --out) instead of the committed ones: the shared machine's "
                              "speed drifts from hour to hour")
+    parser.add_argument("--calibrate_each_round", action="store_true",
+                        help="measure profiles before every round and price that round's runs "
+                             "with them too (implies --calibrate)")
     parser.add_argument("--out", default=os.path.join(ROOT, "bench/results/planned_points.md"))
     args = parser.parse_args()
+    args.calibrate = args.calibrate or args.calibrate_each_round
     workdir = os.path.join(os.environ.get("TMPDIR", "/tmp"), "planned_points")
     os.makedirs(workdir, exist_ok=True)
     raw_path = os.path.splitext(args.out)[0] + ".jsonl"
@@ -139,7 +153,21 @@ def main():
     start_load = harness.load_average()
     rank_counts = [int(r) for r in args.ranks.split(",")]
     models = args.models.split(",")
-    if args.calibrate:
+    round_profiles_dir = os.path.splitext(args.out)[0] + "_profiles"
+
+    def round_profile(round_index, ranks):
+        return os.path.join(round_profiles_dir, f"round_{round_index}_{ranks}ranks.json")
+
+    def calibrate_round(round_index):
+        os.makedirs(round_profiles_dir, exist_ok=True)
+        for ranks in rank_counts:
+            out = round_profile(round_index, ranks)
+            print(f"round {round_index}: calibrating {ranks} ranks into {out}", flush=True)
+            calibrate(ranks, out, models)
+
+    if args.calibrate_each_round:
+        calibrate_round(0)  # round 0's profiles also pick the points
+    elif args.calibrate:
         for ranks in rank_counts:
             out = os.path.splitext(args.out)[0] + f"_profile_{ranks}ranks.json"
             print(f"calibrating {ranks} ranks into {out}", flush=True)
@@ -160,9 +188,13 @@ def main():
                   steps=args.steps,
                   warmup=args.warmup)
         for round_index in range(args.rounds):
+            if args.calibrate_each_round and round_index > 0:
+                calibrate_round(round_index)
             for side in harness.round_order(sides, round_index):
+                price_with = (round_profile(round_index, side["ranks"])
+                              if args.calibrate_each_round else None)
                 argv = bench_command(side["model"], side["ranks"], side["path"], args.steps,
-                                     args.warmup)
+                                     args.warmup, price_with)
                 line = run_json(argv)
                 results[id(side)].append(line)
                 raw.write(kind="step_median", round=round_index, model=side["model"],
@@ -173,7 +205,7 @@ def main():
                       f"{side['frontier']} point "
                       f"{side['point']}: "
                       f"{line['step_s'] * 1e3:.1f} ms (predicted "
-                      f"{line['predicted_step_s'] * 1e3:.1f}), peak "
+                      f"{predicted_step_s(line) * 1e3:.1f}), peak "
                       f"{line['peak_bytes'] / 2**20:.1f} MiB (predicted "
                       f"{line['predicted_memory_bytes'] / 2**20:.1f})", flush=True)
     busy = watch.cores()
@@ -189,15 +221,23 @@ def main():
         "plans from `plan --profile=P --any_plan --remat=1 --point=K` (P: "
         + ", ".join(f"`{name}` for {ranks} ranks" for ranks, name in PROFILES.items())
         + ", each calibrated with that many ranks measuring at once"
-        + (", by this run just before its first round, with the models' convolutions and "
-           "linear layers timed at every local shape their strategies make (`calibrate "
-           "--shapes_of`)" if args.calibrate else "") + ") "
+        + (", by this run before each of its rounds (the plans picked with round 0's; "
+           f"every run priced again under its round's, `parallel_bench --price_with`: "
+           f"{os.path.basename(round_profiles_dir)}/round_R_Nranks.json)"
+           if args.calibrate_each_round else
+           ", by this run just before its first round" if args.calibrate else "")
+        + (", with the models' convolutions and linear layers timed at every local shape "
+           "their strategies make (`calibrate --shapes_of`)" if args.calibrate else "") + ") "
         "(the smallest, the middle and the fastest point of each frontier; on 2 ranks also of "
         "`--per_op_degrees` among points with ops at other degrees), trained by "
         "`parallel_bench --planned` (parallel::ParallelModule: every op with its planned split). "
         f"Per cell: the median over {args.rounds} interleaved rounds (each the median of "
         f"{args.steps} steps after {args.warmup} warm-up steps; a step is the slowest rank's) "
-        "with the interquartile range; peak: the largest rank's allocator peak over the timed "
+        "with the interquartile range"
+        + ("; predicted: the median of the rounds' prices, measured / predicted: the median of "
+           "the rounds' own ratios (their interquartile range)" if args.calibrate_each_round
+           else "")
+        + "; peak: the largest rank's allocator peak over the timed "
         "steps (parameters, gradients, optimizer state, activations and the moves' buffers), the median "
         "over the rounds; moves beyond the plan: gathers for views that cut across a split "
         "which the runtime made beyond those the planner prices (ShuffleNet's channel split and "
@@ -218,13 +258,17 @@ def main():
         runs = results[id(side)]
         step = harness.summarize([r["step_s"] * 1e3 for r in runs])
         peak = harness.summarize([r["peak_bytes"] / 2**20 for r in runs])
-        predicted_step = runs[0]["predicted_step_s"] * 1e3
+        predicted_step = harness.summarize([predicted_step_s(r) * 1e3 for r in runs]).median
+        ratio = harness.ratio_quartiles([r["step_s"] for r in runs],
+                                        [predicted_step_s(r) for r in runs])
         predicted_peak = runs[0]["predicted_memory_bytes"] / 2**20
         lines.append(
             f"| {side['model']} | {side['ranks']} | {side['frontier']} | {side['point']} | "
             f"{side['summary']} | "
             f"{step.median:.1f} ms "
-            f"({step.spread()}) | {predicted_step:.1f} ms | {step.median / predicted_step:.2f} | "
+            f"({step.spread()}) | {predicted_step:.1f} ms | "
+            + (f"{ratio.median:.2f} ({ratio.q1:.2f}-{ratio.q3:.2f})"
+               if args.calibrate_each_round else f"{step.median / predicted_step:.2f}") + " | "
             f"{peak.median:.1f} MiB | {predicted_peak:.1f} MiB | "
             f"{peak.median / predicted_peak:.2f} | "
             f"{runs[0].get('unplanned_moves_per_step', 0):.0f} |")

@@ -33,7 +33,7 @@ grep -q '"ranks_at_once": 2' "$dir/two.json"
 grep -q '"sync_exponent"' "$dir/two.json"
 grep -q '"conv2d \[2, 64, 8, 8\]' "$dir/two.json"
 grep -q 'local calls of the convolutions and linear layers of resnet18' "$dir/two.json"
-grep -q 'each pass with the caches evicted first' "$dir/two.json"
+grep -q 'each pass after writing as many bytes as' "$dir/two.json"
 "$plan" --model=resnet18 --devices=2 --batch=4 --image_size=32 --num_classes=10 \
   --profile="$dir/two.json" > "$dir/resnet.txt"
 grep -q -- '<- chosen' "$dir/resnet.txt"

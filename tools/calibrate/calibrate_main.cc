@@ -158,19 +158,24 @@ std::pair<double, double> fit_call_and_rate(const std::vector<double>& work,
   return {call, total_work / (total_time - cases * call)};
 }
 
-// Evicts the caches, the shared last level included: one write per cache line of a buffer twice
-// the last level's size (at least 64 MiB). In a training step every other op runs between two
-// calls of one layer, so its weights and its workspace come from memory; timed back to back
-// they come from cache (on a 2-core Xeon a 64-channel 3x3 convolution at 16x16, batch 4, took
-// 0.69 ms back to back, 1.11 ms after an eviction and 1.15 ms inside ResNet-18's step).
-void evict_caches() {
-  static std::vector<char> buffer = [] {
-    const long last_level = std::max(::sysconf(_SC_LEVEL3_CACHE_SIZE), 0L);
-    return std::vector<char>(std::max<size_t>(64u << 20, 2 * static_cast<size_t>(last_level)));
-  }();
+// The most bytes evict_caches writes: twice the last-level cache (at least 64 MiB).
+size_t largest_eviction() {
+  const long last_level = std::max(::sysconf(_SC_LEVEL3_CACHE_SIZE), 0L);
+  return std::max<size_t>(64u << 20, 2 * static_cast<size_t>(last_level));
+}
+
+// Writes one value per cache line of `bytes` (at most largest_eviction()) of a buffer, pushing
+// that much of what the caches held out. In a training step the rest of the step runs between
+// two calls of one layer, so what the layer reads comes from as far as the step's other data
+// pushed it: from memory in a large model (on a 2-core Xeon a 64-channel 3x3 convolution at
+// 16x16, batch 4, took 0.69 ms back to back, 1.11 ms after evicting every cache and 1.15 ms
+// inside ResNet-18's step), from the last-level cache in a small one.
+void evict_caches(size_t bytes) {
+  static std::vector<char> buffer(largest_eviction());
   static char value = 0;
   ++value;
-  for (size_t i = 0; i < buffer.size(); i += 64) buffer[i] += value;
+  bytes = std::min(bytes, buffer.size());
+  for (size_t i = 0; i < bytes; i += 64) buffer[i] += value;
 }
 
 // Forward and backward times of every case, measured in rounds (each round runs every case once,
@@ -182,12 +187,13 @@ void evict_caches() {
 // ranks' mean.
 // `skew`: with `comm`, how much longer a round takes from one synchronisation to the next than
 // the average rank's own work in it (the wait for the slowest rank, as every training step has),
-// as a fraction; 0 without, and 0 when `cold`.
-// `cold`: the caches are evicted before each forward and each backward (evict_caches), outside
-// the time taken.
+// as a fraction; 0 without, and 0 with `evictions`.
+// `evictions`: bytes per case evicted from the caches before its forward and its backward
+// (evict_caches; with `comm`, every rank's before any rank goes on), outside the time taken.
 std::vector<PassTimes> time_in_rounds(const std::vector<KindCase>& cases, double budget_s,
                                       parallel::Communicator* comm, double* skew,
-                                      double* wall_per_cpu = nullptr, bool cold = false) {
+                                      double* wall_per_cpu = nullptr,
+                                      const std::vector<size_t>* evictions = nullptr) {
   auto clear = [](const KindCase& c) {
     for (const Tensor& leaf : c.leaves) leaf.set_grad(Tensor());
   };
@@ -217,14 +223,20 @@ std::vector<PassTimes> time_in_rounds(const std::vector<KindCase>& cases, double
     round_start = now;
     if (!more) break;
     busy.push_back(0);
+    // Every rank evicts before any times: one rank's eviction would slow another's op.
+    auto evict = [&](size_t i) {
+      if (!evictions) return;
+      evict_caches((*evictions)[i]);
+      if (comm) comm->barrier();
+    };
     for (size_t i = 0; i < cases.size(); ++i) {
-      if (cold) evict_caches();
+      evict(i);
       const auto begin = Clock::now();
       const double cpu_begin = process_cpu_seconds();
       Tensor out = cases[i].forward();
       const double cpu_middle = process_cpu_seconds();
       const auto middle = Clock::now();
-      if (cold) evict_caches();
+      evict(i);
       const auto backward_begin = Clock::now();
       const double cpu_backward_begin = process_cpu_seconds();
       out.backward(seeds[i]);
@@ -257,7 +269,7 @@ std::vector<PassTimes> time_in_rounds(const std::vector<KindCase>& cases, double
     comm->all_reduce(average, parallel::ReduceOp::kSum);
     means = average.to_vector<float>();
     for (float& value : means) value /= static_cast<float>(comm->size());
-    if (!cold) *skew = std::max(0.0, trimmed_mean(walls) / means.back() - 1);
+    if (!evictions) *skew = std::max(0.0, trimmed_mean(walls) / means.back() - 1);
     means.pop_back();
   }
   std::vector<PassTimes> times;
@@ -686,6 +698,7 @@ std::vector<KindEntry> op_kind_cases(bool quick, int64_t scale) {
 struct OpKindTexts {
   std::string kinds, share;
   double wall_per_cpu = 1;  // rank 0's wall time over its CPU time in those rounds
+  PassTimes network_unit;   // the network unit's times in the same rounds
 };
 
 // Fits one kind's rates from its cases' times (from `times[next]` on; `next` is advanced).
@@ -710,16 +723,20 @@ OpKindRate fit_kind(const KindEntry& entry, const std::vector<PassTimes>& times,
 // Times every case of every kind in shared rounds and fits each kind's rates into
 // profile.op_kinds, and the ranks' skew into profile.rank_skew. `entries` is taken by value so
 // that the cases' tensors are freed on return, before the next measurement.
-OpKindTexts fit_op_kind_rates(std::vector<KindEntry> entries, DeviceProfile& profile,
-                              nlohmann::json& sources, parallel::Communicator* world, double budget,
-                              bool quick, int ranks) {
+// `network_unit` (measure_network_overhead's) is timed in the same rounds, last: the machine's
+// pace, which moves from minute to minute on a shared one, is then the same for it and its ops.
+OpKindTexts fit_op_kind_rates(std::vector<KindEntry> entries, const KindCase& network_unit,
+                              DeviceProfile& profile, nlohmann::json& sources,
+                              parallel::Communicator* world, double budget, bool quick, int ranks) {
   OpKindTexts texts;
   std::vector<KindCase> all;
   for (const KindEntry& entry : entries)
     for (const KindCase& c : entry.cases) all.push_back(c);
+  all.push_back(network_unit);
   double wall_per_cpu = 1;
   const std::vector<PassTimes> times =
       time_in_rounds(all, quick ? 0.5 : 24 * budget, world, &profile.rank_skew, &wall_per_cpu);
+  texts.network_unit = times.back();
   char share[160];
   std::snprintf(share, sizeof share,
                 "; rank 0's wall time was %.2f x its CPU time over these rounds (the share of "
@@ -783,27 +800,41 @@ void measure_op_shapes(DeviceProfile& profile, nlohmann::json& sources,
   config.devices = options.devices > 0 ? options.devices : ranks;
   config.max_tp = config.devices;
   config.profile = profile;
-  std::map<std::string, ShardCall> calls;  // by key: every rank lists them in the same order
+  std::map<std::string, ShardCall> calls;   // by key: every rank lists them in the same order
+  std::map<std::string, size_t> evictions;  // by key: the largest step bytes of its models
   for (const std::string& model : options.shape_models) {
     ModelSpec spec = options.spec;
     spec.name = model;
     const Graph graph = models::trace_model(spec);
+    // What a device's step touches between two calls of one layer, about: every parameter with
+    // its gradient and optimizer state, every activation with its gradient, over the devices.
+    double step_bytes = 0;
+    for (const TracedTensor& tensor : graph.tensors)
+      step_bytes += static_cast<double>(tensor.bytes) * (tensor.is_parameter() ? 3 : 2);
+    const auto eviction = static_cast<size_t>(step_bytes / config.devices);
     const auto strategies = enumerate_strategies(graph, config);
     for (size_t op = 0; op < graph.ops.size(); ++op)
       for (const Strategy& s : strategies[op])
-        if (const auto call = shard_call(graph, graph.ops[op], s.dp, s.tp, s.kind))
+        if (const auto call = shard_call(graph, graph.ops[op], s.dp, s.tp, s.kind)) {
           calls.emplace(call->key(), *call);
+          size_t& bytes = evictions[call->key()];
+          bytes = std::max(bytes, eviction);
+        }
   }
   // In groups, whose pools of inputs are freed before the next group's are made.
   constexpr size_t kGroup = 12;
   std::vector<const ShardCall*> pending;
   auto measure = [&] {
     std::vector<KindCase> cases;
-    for (const ShardCall* call : pending) cases.push_back(shard_case(*call));
+    std::vector<size_t> case_evictions;
+    for (const ShardCall* call : pending) {
+      cases.push_back(shard_case(*call));
+      case_evictions.push_back(evictions.at(call->key()));
+    }
     double unused_skew = 0;
     const std::vector<PassTimes> times = time_in_rounds(
         cases, options.quick ? 0.2 : 0.25 * budget * static_cast<double>(cases.size()), world,
-        &unused_skew, nullptr, /*cold=*/true);
+        &unused_skew, nullptr, &case_evictions);
     for (size_t i = 0; i < pending.size(); ++i)
       profile.op_shapes[pending[i]->key()] = {times[i].forward, times[i].backward};
     pending.clear();
@@ -820,8 +851,9 @@ void measure_op_shapes(DeviceProfile& profile, nlohmann::json& sources,
       std::to_string(calls.size()) + " local calls of the convolutions and linear layers of " +
       models + " (global batch " + std::to_string(options.spec.batch) +
       ") under every strategy the planner lists on " + std::to_string(config.devices) +
-      " devices, timed in shared rounds like op_kinds, each pass with the caches evicted first "
-      "(as inside a training step)";
+      " devices, timed in shared rounds like op_kinds, each pass after writing as many bytes as "
+      "a device's step touches (parameters with gradients and optimizer state, activations with "
+      "gradients), as the rest of a step does between two calls of one layer";
   if (parallel::world_rank() == 0)
     std::printf("op shapes: %zu local calls of %s measured\n", calls.size(), models.c_str());
 }
@@ -864,16 +896,10 @@ KindCase shuffle_unit_case(int64_t batch, int64_t c, int64_t size) {
 
 // What ops cost inside a network beyond their kinds' rates (dispatch, autograd's records and
 // engine, allocation, gradients scattered into views): a ShuffleNet v2 unit, forward and backward
-// against its ops priced with the op_kinds rates; the rest, per op and pass, is op_overhead_s (if
-// above the bare dispatch cost).
-void measure_network_overhead(DeviceProfile& profile, nlohmann::json& sources,
-                              parallel::Communicator* world, double budget, bool quick,
-                              int64_t scale) {
-  const int64_t batch = 8 / scale, c = 58, size = 16;
-  KindCase unit = shuffle_unit_case(batch, c, size);
-  double unused_skew = 0;
-  const PassTimes measured =
-      time_in_rounds({unit}, quick ? 0.3 : 4 * budget, world, &unused_skew)[0];
+// against its ops priced with the op_kinds rates (`measured` in the same rounds as the op-kind
+// cases); the rest, per op and pass, is op_overhead_s (if above the bare dispatch cost).
+void measure_network_overhead(DeviceProfile& profile, nlohmann::json& sources, const KindCase& unit,
+                              const PassTimes& measured, int64_t batch) {
   const Graph graph = trace_graph([&] { unit.forward(); }, {}, {}, 1);
   double priced = 0;
   int passes = 0;
@@ -1082,10 +1108,12 @@ int calibrate(int argc, char** argv) {
     world->barrier();
   }
   const int64_t scale = quick ? 4 : 1;  // --quick: smaller batches
-  const OpKindTexts texts = fit_op_kind_rates(op_kind_cases(quick, scale), profile, sources,
+  const int64_t unit_batch = 8 / scale;
+  const KindCase unit = shuffle_unit_case(unit_batch, 58, 16);
+  const OpKindTexts texts = fit_op_kind_rates(op_kind_cases(quick, scale), unit, profile, sources,
                                               world.get(), budget, quick, ranks);
   measure_op_shapes(profile, sources, options, world.get(), budget, ranks);
-  measure_network_overhead(profile, sources, world.get(), budget, quick, scale);
+  measure_network_overhead(profile, sources, unit, texts.network_unit, unit_batch);
   measure_optimizer_updates(profile, sources, world.get(), budget, scale);
   describe_layout_and_memory(profile, sources, ranks, texts.share);
   measure_collectives(profile, sources, world.get(), ranks, texts.wall_per_cpu, quick);
