@@ -46,14 +46,15 @@ MODELS = {
 }
 # Each rank count's profile, calibrated with that many ranks measuring at once (4 ranks share the
 # 2 cores: each rank's device is half a core).
-PROFILES = {2: "cpu_2core_quiet", 4: "cpu_2core_quiet_4ranks"}
+BASE_PROFILES = {2: "cpu_2core_quiet", 4: "cpu_2core_quiet_4ranks"}
+PROFILES = dict(BASE_PROFILES)  # what the plans are priced with (--calibrate: this run's)
 
 
 def calibrate(ranks, out, models):
     """Measures a profile with `ranks` ranks at once, on top of the committed one for that count
     (its collectives and memory as measured now, its description kept), into `out`; with the
     convolutions and linear layers of `models` timed at every local shape the planner prices."""
-    base = os.path.join(ROOT, "parallel/profiles", PROFILES[ranks] + ".json")
+    base = os.path.join(ROOT, "parallel/profiles", BASE_PROFILES[ranks] + ".json")
     sizes = {}  # the models' sizes, as calibrate --shapes_of takes them (one set for all)
     for model in models:
         for flag in MODELS[model]["flags"]:
@@ -62,7 +63,7 @@ def calibrate(ranks, out, models):
                 raise SystemExit(f"calibrate --shapes_of takes one {name} for all models")
     subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(ranks),
                     os.path.join(ROOT, "bazel-bin/tools/calibrate/calibrate"), "--threads=1",
-                    f"--name={PROFILES[ranks]}_now", f"--out={out}", f"--base={base}",
+                    f"--name={BASE_PROFILES[ranks]}_now", f"--out={out}", f"--base={base}",
                     "--shapes_of=" + ",".join(models)] +
                    [f"{name}={value}" for name, value in sizes.items()],
                    cwd=ROOT, check=True, capture_output=True)
