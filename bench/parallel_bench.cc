@@ -120,11 +120,7 @@ void print_breakdown(const planner::ModelSpec& spec, const planner::PlanFile& pl
                      const std::string& profile_name, int world, int steps,
                      const std::function<void(int*)>& step) {
   const PlanPrices prices = price_plan(spec, plan, profile_name, world);
-  const planner::PlannerConfig& config = prices.config;
   const std::map<std::string, Totals>& priced = prices.forward_ops;
-  const double forward = prices.forward, backward = prices.backward;
-  const double optimizer = prices.optimizer, sync = prices.sync, moves = prices.moves;
-  const planner::SequencedWaits& waits = prices.waits;
 
   std::map<std::string, Totals> measured[3];      // forward, backward, optimizer
   std::map<std::string, Totals> measured_shapes;  // forward calls of ops priced by their shapes
@@ -170,15 +166,15 @@ void print_breakdown(const planner::ModelSpec& spec, const planner::PlanFile& pl
     for (const auto& [name, totals] : measured[p]) phase_seconds[p] += totals.seconds;
   phase_seconds[2] -= phase_seconds[0] + phase_seconds[1];  // the rest: the optimizer and between
   std::printf("rank 0's step against the prices of %s (seconds per step)\n",
-              config.profile.name.c_str());
+              prices.config.profile.name.c_str());
   std::printf("%-22s %10s %10s\n", "", "measured", "priced");
-  std::printf("%-22s %10.4f %10.4f\n", "forward ops", phase_seconds[0] / steps, forward);
-  std::printf("%-22s %10.4f %10.4f\n", "backward ops", phase_seconds[1] / steps, backward);
+  std::printf("%-22s %10.4f %10.4f\n", "forward ops", phase_seconds[0] / steps, prices.forward);
+  std::printf("%-22s %10.4f %10.4f\n", "backward ops", phase_seconds[1] / steps, prices.backward);
   std::printf("%-22s %10.4f %10.4f\n", "optimizer, sync, rest", phase_seconds[2] / steps,
-              optimizer + sync);
-  std::printf("%-22s %10s %10.4f\n", "moves between ops", "(in ops)", moves);
+              prices.optimizer + prices.sync);
+  std::printf("%-22s %10s %10.4f\n", "moves between ops", "(in ops)", prices.moves);
   std::printf("%-22s %10s %10.4f forward, %.4f backward\n", "waits for the ranks", "(in ops)",
-              waits.forward, waits.backward);
+              prices.waits.forward, prices.waits.backward);
   std::printf("%-22s %10.4f %10.4f (the plan's %.4f)\n", "step",
               (phase_seconds[0] + phase_seconds[1] + phase_seconds[2]) / steps, prices.step(),
               plan.predicted_time);
@@ -193,8 +189,8 @@ void print_breakdown(const planner::ModelSpec& spec, const planner::PlanFile& pl
   // The calls priced by their own measured shapes (calibrate --shapes_of), one by one.
   bool header = false;
   for (const auto& [key, totals] : measured_shapes) {
-    const auto found = config.profile.op_shapes.find(key);
-    if (found == config.profile.op_shapes.end()) continue;
+    const auto found = prices.config.profile.op_shapes.find(key);
+    if (found == prices.config.profile.op_shapes.end()) continue;
     if (!header)
       std::printf("\n%-10s %10s %10s  %s\n", "calls/step", "measured", "priced", "forward call");
     header = true;

@@ -209,6 +209,12 @@ std::vector<PassTimes> time_in_rounds(const std::vector<KindCase>& cases, double
   std::vector<std::vector<double>> forwards(cases.size()), backwards(cases.size());
   std::vector<double> walls, busy;
   double busy_wall = 0, busy_cpu = 0;
+  // Every rank evicts before any times: one rank's eviction would slow another's op.
+  auto evict = [&](size_t i) {
+    if (!evictions) return;
+    evict_caches((*evictions)[i]);
+    if (comm) comm->barrier();
+  };
   const auto start = Clock::now();
   auto round_start = start;
   for (int round = 0; round < 10000; ++round) {
@@ -223,12 +229,6 @@ std::vector<PassTimes> time_in_rounds(const std::vector<KindCase>& cases, double
     round_start = now;
     if (!more) break;
     busy.push_back(0);
-    // Every rank evicts before any times: one rank's eviction would slow another's op.
-    auto evict = [&](size_t i) {
-      if (!evictions) return;
-      evict_caches((*evictions)[i]);
-      if (comm) comm->barrier();
-    };
     for (size_t i = 0; i < cases.size(); ++i) {
       evict(i);
       const auto begin = Clock::now();
