@@ -173,6 +173,7 @@ def main():
             out = os.path.splitext(args.out)[0] + f"_profile_{ranks}ranks.json"
             print(f"calibrating {ranks} ranks into {out}", flush=True)
             calibrate(ranks, out, models)
+    plan_profiles = dict(PROFILES)  # what the points were picked and planned with
     sides = []
     for model in models:
         for ranks in rank_counts:
@@ -220,7 +221,7 @@ def main():
         + "; ".join(f"{m}: {MODELS[m]['text']}" for m in models) +
         "; f32, 1 thread per rank, ranks under `mpirun --oversubscribe` on the 2-core machine; "
         "plans from `plan --profile=P --any_plan --remat=1 --point=K` (P: "
-        + ", ".join(f"`{name}` for {ranks} ranks" for ranks, name in PROFILES.items())
+        + ", ".join(f"`{name}` for {ranks} ranks" for ranks, name in plan_profiles.items())
         + ", each calibrated with that many ranks measuring at once"
         + (", by this run before each of its rounds (the plans picked with round 0's; "
            f"every run priced again under its round's, `parallel_bench --price_with`: "
