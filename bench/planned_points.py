@@ -11,10 +11,11 @@ than the rest; on other rank counts with --per_op_ranks) are written as plan fil
 over the rounds with the interquartile range. Writes bench/results/planned_points.md and the raw
 lines beside it. With --calibrate the plans are priced with profiles measured by this run just
 before its first round (written beside the table), as the shared machine's speed drifts; with
---calibrate_each_round each round first measures profiles of its own
-(planned_points_profiles/round_R_Nranks.json), and every run of that round is also priced
-under them (`parallel_bench --price_with`): a cell's predicted step is then the median of the
-rounds' prices and its ratio the median of the rounds' own measured / predicted.
+--calibrate_each_round each round measures profiles of its own
+(planned_points_profiles/round_R_Nranks.json), each rank count's just before that rank count's
+runs, and every run of that round is also priced under them (`parallel_bench --price_with`): a
+cell's predicted step is then the median of the rounds' prices and its ratio the median of the
+rounds' own measured / predicted.
 
   bazel build //bench:parallel_bench //tools/plan //tools/calibrate
   /usr/bin/python3 bench/planned_points.py [--rounds 5] [--models resnet18,shufflenet_v2_x0_5,bert_mini] [--calibrate | --calibrate_each_round] [--force]
@@ -159,9 +160,9 @@ def main():
     def round_profile(round_index, ranks):
         return os.path.join(round_profiles_dir, f"round_{round_index}_{ranks}ranks.json")
 
-    def calibrate_round(round_index):
+    def calibrate_round(round_index, counts=None):
         os.makedirs(round_profiles_dir, exist_ok=True)
-        for ranks in rank_counts:
+        for ranks in counts or rank_counts:
             out = round_profile(round_index, ranks)
             print(f"round {round_index}: calibrating {ranks} ranks into {out}", flush=True)
             calibrate(ranks, out, models)
@@ -189,10 +190,21 @@ def main():
                   models={m: MODELS[m] for m in models}, profiles=PROFILES, rounds=args.rounds,
                   steps=args.steps,
                   warmup=args.warmup)
+        def round_sides(round_index):
+            """The round's runs in order; with --calibrate_each_round each rank count's runs come
+            right after that rank count's calibration (round 0's came before the points were
+            picked), so that a price is as close as it can be to the runs it prices."""
+            if not args.calibrate_each_round:
+                yield from harness.round_order(sides, round_index)
+                return
+            for ranks in harness.round_order(rank_counts, round_index):
+                if round_index > 0:
+                    calibrate_round(round_index, [ranks])
+                yield from harness.round_order([s for s in sides if s["ranks"] == ranks],
+                                               round_index)
+
         for round_index in range(args.rounds):
-            if args.calibrate_each_round and round_index > 0:
-                calibrate_round(round_index)
-            for side in harness.round_order(sides, round_index):
+            for side in round_sides(round_index):
                 price_with = (round_profile(round_index, side["ranks"])
                               if args.calibrate_each_round else None)
                 argv = bench_command(side["model"], side["ranks"], side["path"], args.steps,
@@ -223,7 +235,8 @@ def main():
         "plans from `plan --profile=P --any_plan --remat=1 --point=K` (P: "
         + ", ".join(f"`{name}` for {ranks} ranks" for ranks, name in plan_profiles.items())
         + ", each calibrated with that many ranks measuring at once"
-        + (", by this run before each of its rounds (the plans picked with round 0's; "
+        + (", by this run before each of its rounds, each rank count's just before its runs "
+           "(the plans picked with round 0's; "
            f"every run priced again under its round's, `parallel_bench --price_with`: "
            f"{os.path.basename(round_profiles_dir)}/round_R_Nranks.json)"
            if args.calibrate_each_round else
