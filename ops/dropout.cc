@@ -27,6 +27,7 @@ TESSEL_REGISTER_OPS(dropout) {
   op.kind = OpKind::kPointwise;
   op.autocast = AutocastPolicy::kWiden;
   op.planner.split = ParallelSplit::kPointwise;
+  op.planner.rate = "dropout";  // its random numbers cost more than a pointwise op's bytes
   op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
     const Tensor& x = in.at(0);
     TESSEL_CHECK(x.dtype() == DType::kFloat32 || x.dtype() == DType::kFloat64,

@@ -112,8 +112,8 @@ struct PlannerConfig {
 };
 
 // The kind of op the profile prices `op` as (DeviceProfile::op_kinds): the rate its OpDef
-// declares (planner.rate: "batch_norm", "layer_norm", "softmax", "pool", "concat", "loss",
-// "embedding"), else by its OpKind: "gemm", "conv", "conv_grouped" (groups > 1, depthwise),
+// declares (planner.rate: "batch_norm", "layer_norm", "softmax", "pool", "concat", "dropout",
+// "loss", "embedding"), else by its OpKind: "gemm", "conv", "conv_grouped" (groups > 1, depthwise),
 // "activation" (gelu, tanh, exp, ...) or "elementwise".
 std::string op_kind(const TracedOp& op);
 

@@ -56,6 +56,28 @@ TEST(Dropout, LargeTensorFollowsTheSameRuleOnEveryThread) {
   EXPECT_EQ(mismatches, 0);
 }
 
+// Probabilities whose threshold p * 2^24 is and is not a whole number, in f32 and f64, over a
+// length that is not a whole number of Philox counters: values exact.
+TEST(Dropout, EveryProbabilityAndTypeFollowsTheRuleExactly) {
+  for (const DType dtype : {DType::kFloat32, DType::kFloat64}) {
+    for (const double p : {0.1, 1.0 / 3.0, 0.5, 0.9}) {
+      Tensor x = randn({5 * 64 + 7}).to(dtype);
+      manual_seed(21);
+      const RngState state = get_rng_state();
+      const std::vector<double> xs = x.to(kF64).to_vector<double>();
+      const std::vector<double> ys = dropout(x, p, true).to(kF64).to_vector<double>();
+      for (size_t i = 0; i < xs.size(); ++i) {
+        const bool keep = uniform_at(state, i) >= p;
+        const double expected = dtype == DType::kFloat32
+                                    ? static_cast<double>(static_cast<float>(xs[i]) *
+                                                          static_cast<float>(1.0 / (1.0 - p)))
+                                    : xs[i] * (1.0 / (1.0 - p));
+        ASSERT_EQ(ys[i], keep ? expected : 0.0) << dtype_name(dtype) << " p " << p << " i " << i;
+      }
+    }
+  }
+}
+
 TEST(Dropout, SameSeedGivesTheSameMaskAndNextCallADifferentOne) {
   Tensor x = ones({1000}, kF64);
   manual_seed(99);

@@ -46,9 +46,9 @@ TEST(OpContract, ThePlannerPricesEveryKind) {
 }
 
 TEST(OpContract, DeclaredRatesAreKindsTheProfilesMeasure) {
-  const std::set<std::string> measured = {"gemm",       "conv",       "conv_grouped", "elementwise",
-                                          "activation", "batch_norm", "layer_norm",   "softmax",
-                                          "pool",       "concat",     "loss",         "embedding"};
+  const std::set<std::string> measured = {
+      "gemm",    "conv", "conv_grouped", "elementwise", "activation", "batch_norm", "layer_norm",
+      "softmax", "pool", "concat",       "dropout",     "loss",       "embedding"};
   for (const std::string& name : OpRegistry::get().names()) {
     const OpDef& op = OpRegistry::get().find(name);
     if (op.planner.rate) {

@@ -588,6 +588,11 @@ KindCase loss_case(int64_t rows, int64_t classes) {
       1);
 }
 
+// Every kind's cases end with a tiny call, nearly all fixed cost: the fit's weights (1 / time^2)
+// then pin the fixed cost per call to it. Without it two or three large cases set that cost by
+// their noise alone (between 10 and 100 us for cat from one calibration to the next).
+const std::string kTinyCase = ", and a tiny call for the fixed cost per call";
+
 // Kinds priced by FLOPs: matrix products and convolutions.
 void add_matrix_kinds(std::vector<KindEntry>& entries, bool quick, int64_t scale) {
   {
@@ -595,10 +600,11 @@ void add_matrix_kinds(std::vector<KindEntry>& entries, bool quick, int64_t scale
     add_kind(entries, "gemm", "flops",
              {linear_case(tokens, 256, 256), linear_case(tokens, 256, 1024),
               linear_case(tokens, 1024, 256), linear_case(tokens, 256, 8192),
-              linear_case(tokens / 8, 256, 256)},
+              linear_case(tokens / 8, 256, 256), linear_case(8, 16, 16)},
              "linear with bias, " + std::to_string(tokens) +
                  " tokens: 256 -> 256, 256 -> 1024, 1024 -> 256, 256 -> 8192, and 256 -> 256 "
-                 "at 1/8 of the tokens");
+                 "at 1/8 of the tokens" +
+                 kTinyCase);
   }
   {
     const int64_t batch = 4 / (quick ? 2 : 1), small = 8 / scale;
@@ -608,14 +614,15 @@ void add_matrix_kinds(std::vector<KindEntry>& entries, bool quick, int64_t scale
          conv_case(batch, 256, 64, 32, 1, 1, 1, true), conv_case(batch, 256, 256, 8, 3, 1, 1, true),
          conv_case(batch, 1024, 256, 8, 1, 1, 1, true),
          conv_case(batch, 512, 512, 4, 3, 1, 1, true), shuffle_case(small, 58, 16),
-         shuffle_case(small, 232, 4), shuffle_case(std::max<int64_t>(1, small / 2), 24, 8)},
+         shuffle_case(small, 232, 4), shuffle_case(std::max<int64_t>(1, small / 2), 24, 8),
+         conv_case(1, 8, 8, 4, 3, 1, 1, true)},
         "conv2d of ResNet-50 at 128x128 (7x7 stem; 3x3 and 1x1 at 32x32, 8x8, 4x4), "
         "batch " +
             std::to_string(batch) +
             ", and ShuffleNet's 1x1 58 -> 58 at 16x16 and 232 -> 232 at 4x4 on one half of a "
             "block's channels, batch " +
             std::to_string(small) + ", and x0.5's 24 -> 24 at 8x8, batch " +
-            std::to_string(std::max<int64_t>(1, small / 2)));
+            std::to_string(std::max<int64_t>(1, small / 2)) + kTinyCase);
   }
   {
     const int64_t batch = 8 / scale;
@@ -625,12 +632,13 @@ void add_matrix_kinds(std::vector<KindEntry>& entries, bool quick, int64_t scale
               conv_case(batch, 232, 232, 8, 3, 1, 232, true),
               conv_case(batch, 464, 464, 4, 3, 1, 464, true),
               conv_case(std::max<int64_t>(1, batch / 2), 48, 48, 8, 3, 1, 48, true),
-              conv_case(std::max<int64_t>(1, batch / 2), 192, 192, 2, 3, 1, 192, true)},
+              conv_case(std::max<int64_t>(1, batch / 2), 192, 192, 2, 3, 1, 192, true),
+              conv_case(1, 8, 8, 4, 3, 1, 8, true)},
              "depthwise conv2d 3x3 of ShuffleNet v2 at 128x128 (24 channels stride 2 at "
              "32x32, 116 at 16x16, 232 at 8x8, 464 at 4x4), batch " +
                  std::to_string(batch) +
                  ", and of ShuffleNet v2 x0.5 at 64x64 (48 at 8x8, 192 at 2x2), batch " +
-                 std::to_string(std::max<int64_t>(1, batch / 2)));
+                 std::to_string(std::max<int64_t>(1, batch / 2)) + kTinyCase);
   }
 }
 
@@ -641,47 +649,65 @@ void add_bandwidth_kinds(std::vector<KindEntry>& entries, bool quick, int64_t sc
   add_kind(entries, "elementwise", "bytes",
            {unary_case({batch, 256, 32, 32}, relu_op), unary_case({batch, 64, 64, 64}, relu_op),
             unary_case({batch, 512, 8, 8}, relu_op), unary_case({8, 58, 16, 16}, relu_op),
-            unary_case({4, 24, 8, 8}, relu_op)},
-           "relu of ResNet-50 and ShuffleNet activations (x0.5's smallest too), priced by bytes");
+            unary_case({4, 24, 8, 8}, relu_op), unary_case({64}, relu_op)},
+           "relu of ResNet-50 and ShuffleNet activations (x0.5's smallest too), priced by bytes" +
+               kTinyCase);
   auto gelu_op = [](const Tensor& x) { return gelu(x); };
   add_kind(entries, "activation", "bytes",
-           {unary_case({1024 / scale, 1024}, gelu_op), unary_case({128, 1024}, gelu_op)},
-           "gelu of (1024, 1024) and (128, 1024), priced by bytes");
+           {unary_case({1024 / scale, 1024}, gelu_op), unary_case({128, 1024}, gelu_op),
+            unary_case({64}, gelu_op)},
+           "gelu of (1024, 1024) and (128, 1024), priced by bytes" + kTinyCase);
   auto batch_norm_op = [](const Tensor& x) {
     const int64_t channels = x.size(1);
     Tensor weight = ones({channels}), bias = zeros({channels});
     return batch_norm(x, weight, bias, zeros({channels}), ones({channels}), true);
   };
-  add_kind(
-      entries, "batch_norm", "bytes",
-      {unary_case({batch, 256, 32, 32}, batch_norm_op),
-       unary_case({batch, 64, 64, 64}, batch_norm_op),
-       unary_case({batch, 512, 8, 8}, batch_norm_op), unary_case({8, 58, 16, 16}, batch_norm_op),
-       unary_case({8, 232, 4, 4}, batch_norm_op), unary_case({4, 24, 8, 8}, batch_norm_op)},
-      "batch_norm (training) of ResNet-50 and ShuffleNet activations (x0.5's smallest too), "
-      "priced by bytes");
+  add_kind(entries, "batch_norm", "bytes",
+           {unary_case({batch, 256, 32, 32}, batch_norm_op),
+            unary_case({batch, 64, 64, 64}, batch_norm_op),
+            unary_case({batch, 512, 8, 8}, batch_norm_op),
+            unary_case({8, 58, 16, 16}, batch_norm_op), unary_case({8, 232, 4, 4}, batch_norm_op),
+            unary_case({4, 24, 8, 8}, batch_norm_op), unary_case({2, 8, 2, 2}, batch_norm_op)},
+           "batch_norm (training) of ResNet-50 and ShuffleNet activations (x0.5's smallest too), "
+           "priced by bytes" +
+               kTinyCase);
   auto layer_norm_op = [](const Tensor& x) {
     return layer_norm(x, {256}, ones({256}), zeros({256}));
   };
   auto softmax_op = [](const Tensor& x) { return softmax(x, -1); };
   add_kind(entries, "layer_norm", "bytes",
-           {unary_case({1024 / scale, 256}, layer_norm_op), unary_case({128, 256}, layer_norm_op)},
-           "layer_norm of (1024, 256) and (128, 256), priced by bytes");
+           {unary_case({1024 / scale, 256}, layer_norm_op), unary_case({128, 256}, layer_norm_op),
+            unary_case({1, 256}, layer_norm_op)},
+           "layer_norm of (1024, 256) and (128, 256), priced by bytes" + kTinyCase);
   add_kind(entries, "softmax", "bytes",
-           {unary_case({32 / scale, 128, 128}, softmax_op), unary_case({4, 128, 128}, softmax_op)},
-           "softmax of (32, 128, 128) and (4, 128, 128), priced by bytes");
+           {unary_case({32 / scale, 128, 128}, softmax_op), unary_case({4, 128, 128}, softmax_op),
+            unary_case({1, 8, 8}, softmax_op)},
+           "softmax of (32, 128, 128) and (4, 128, 128), priced by bytes" + kTinyCase);
   auto pool_op = [](const Tensor& x) { return max_pool2d(x, {3, 3}, {2, 2}, {1, 1}); };
   add_kind(entries, "pool", "bytes",
-           {unary_case({batch, 64, 64, 64}, pool_op), unary_case({8, 24, 64, 64}, pool_op)},
+           {unary_case({batch, 64, 64, 64}, pool_op), unary_case({8, 24, 64, 64}, pool_op),
+            unary_case({1, 8, 4, 4}, pool_op)},
            "max_pool2d 3x3 stride 2 of (" + std::to_string(batch) +
-               ", 64, 64, 64) and (8, 24, 64, 64), priced by bytes");
+               ", 64, 64, 64) and (8, 24, 64, 64), priced by bytes" + kTinyCase);
   auto concat_op = [](const Tensor& x) { return cat({x, x}, 1); };
   add_kind(entries, "concat", "bytes",
-           {unary_case({8, 58, 16, 16}, concat_op), unary_case({8, 232, 4, 4}, concat_op)},
-           "cat of (8, 58, 16, 16) and (8, 232, 4, 4) pairs along channels, priced by bytes");
-  add_kind(entries, "loss", "bytes", {loss_case(512 / scale, 30522), loss_case(8, 1000)},
+           {unary_case({8, 58, 16, 16}, concat_op), unary_case({8, 232, 4, 4}, concat_op),
+            unary_case({1, 8, 2, 2}, concat_op)},
+           "cat of (8, 58, 16, 16) and (8, 232, 4, 4) pairs along channels, priced by bytes" +
+               kTinyCase);
+  auto dropout_op = [](const Tensor& x) { return dropout(x, 0.1, true); };
+  add_kind(entries, "dropout", "bytes",
+           {unary_case({1024 / scale, 256}, dropout_op),
+            unary_case({32 / scale, 64, 64}, dropout_op), unary_case({64}, dropout_op)},
+           "dropout (p 0.1, training) of (" + std::to_string(1024 / scale) + ", 256) and (" +
+               std::to_string(32 / scale) +
+               ", 64, 64), priced by bytes: its random numbers cost more than an element-wise op's "
+               "bytes" +
+               kTinyCase);
+  add_kind(entries, "loss", "bytes",
+           {loss_case(512 / scale, 30522), loss_case(8, 1000), loss_case(2, 10)},
            "cross_entropy of (" + std::to_string(512 / scale) +
-               ", 30522) and (8, 1000), priced by bytes");
+               ", 30522) and (8, 1000), priced by bytes" + kTinyCase);
 }
 
 // Per-kind rates, forward and backward, over shapes of the model zoo's layers (ResNet-50 and
