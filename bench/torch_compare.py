@@ -102,6 +102,11 @@ def torch_case(name):
         (n,) = args
         a, b = pattern(8, n, n), pattern(8, n, n)
         return f"bmm op f32 8 x {n}^3", 2.0 * 8 * n**3, lambda: torch.bmm(a, b)
+    if kind == "BM_DropoutF32":
+        (n,) = args
+        x = pattern(n)
+        return (f"dropout op f32 p 0.1 (training), {n} elements (G elements/s)", float(n),
+                lambda: F.dropout(x, 0.1, training=True))
     if kind in ("BM_Conv2dForward", "BM_Conv2dBackward"):
         batch, channels, size = args
         x = pattern(batch, channels, size, size)

@@ -16,23 +16,25 @@ struct PhiloxWords {
   uint32_t w[4];
 };
 
+// Each round multiplies words 0 and 2 by these and adds the Weyl constants to the key.
+constexpr uint32_t kPhiloxMul0 = 0xD2511F53, kPhiloxMul1 = 0xCD9E8D57;
+constexpr uint32_t kPhiloxWeyl0 = 0x9E3779B9, kPhiloxWeyl1 = 0xBB67AE85;
+
 TESSEL_HOST_DEVICE inline PhiloxWords philox4x32_words(uint64_t seed, uint64_t counter) {
-  constexpr uint32_t kMul0 = 0xD2511F53, kMul1 = 0xCD9E8D57;
-  constexpr uint32_t kWeyl0 = 0x9E3779B9, kWeyl1 = 0xBB67AE85;
   uint32_t c0 = static_cast<uint32_t>(counter), c1 = static_cast<uint32_t>(counter >> 32), c2 = 0,
            c3 = 0;
   uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
   TESSEL_UNROLL
   for (int round = 0; round < 10; ++round) {
-    const uint64_t product0 = static_cast<uint64_t>(kMul0) * c0;
-    const uint64_t product1 = static_cast<uint64_t>(kMul1) * c2;
+    const uint64_t product0 = static_cast<uint64_t>(kPhiloxMul0) * c0;
+    const uint64_t product1 = static_cast<uint64_t>(kPhiloxMul1) * c2;
     const uint32_t next0 = static_cast<uint32_t>(product1 >> 32) ^ c1 ^ k0;
     const uint32_t next1 = static_cast<uint32_t>(product1);
     const uint32_t next2 = static_cast<uint32_t>(product0 >> 32) ^ c3 ^ k1;
     const uint32_t next3 = static_cast<uint32_t>(product0);
     c0 = next0, c1 = next1, c2 = next2, c3 = next3;
-    k0 += kWeyl0;
-    k1 += kWeyl1;
+    k0 += kPhiloxWeyl0;
+    k1 += kPhiloxWeyl1;
   }
   return PhiloxWords{{c0, c1, c2, c3}};
 }

@@ -942,7 +942,7 @@ void measure_network_overhead(DeviceProfile& profile, nlohmann::json& sources, c
   const double extra = (measured.forward + measured.backward - priced) / std::max(1, passes);
   char line[200];
   std::snprintf(line, sizeof line,
-                "; a ShuffleNet v2 unit (58 + 58 channels at 16x16, batch %lld) took %s "
+                "; a ShuffleNet v2 unit (24 + 24 channels at 8x8, batch %lld) took %s "
                 "forward and backward against %s priced by op_kinds over %d op passes",
                 static_cast<long long>(batch),
                 format_seconds(measured.forward + measured.backward).c_str(),
@@ -1134,8 +1134,10 @@ int calibrate(int argc, char** argv) {
     world->barrier();
   }
   const int64_t scale = quick ? 4 : 1;  // --quick: smaller batches
-  const int64_t unit_batch = 8 / scale;
-  const KindCase unit = shuffle_unit_case(unit_batch, 58, 16);
+  // The unit at ShuffleNet v2 x0.5's size, batch 8 over two devices: the overhead per op pass
+  // matters where ops are small, and a larger unit's residual grows with its work instead.
+  const int64_t unit_batch = std::max<int64_t>(1, 4 / scale);
+  const KindCase unit = shuffle_unit_case(unit_batch, 24, 8);
   const OpKindTexts texts = fit_op_kind_rates(op_kind_cases(quick, scale), unit, profile, sources,
                                               world.get(), budget, quick, ranks);
   measure_op_shapes(profile, sources, options, world.get(), budget, ranks);
