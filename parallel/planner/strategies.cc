@@ -374,7 +374,9 @@ Strategy make_strategy(const OpContext& c, int dp, int tp, SplitKind kind) {
 
   // Batch norm in training mode over a batch split normalises by the whole batch's statistics:
   // each rank's per-channel mean and centred squares all-gathered, their gradient all-reduced
-  // (parallel::ParallelModule).
+  // (parallel::ParallelModule), through some forty op calls each way instead of one: each pays
+  // the per-op overhead (most work on per-channel vectors or are views), and their passes over
+  // the input its bytes at the element-wise rate.
   if (c.batch_ok && s.dp > 1 && op.name == "batch_norm" && c.config.whole_batch_norm) {
     const double parts = 2.0 * static_cast<double>(op.input_shapes[0][1]) /
                          s.input_layouts[0].model * s.dp *
@@ -382,6 +384,16 @@ Strategy make_strategy(const OpContext& c, int dp, int tp, SplitKind kind) {
     const LinkLevel level = profile.level_for(static_cast<int64_t>(s.dp) * tp);
     s.forward_comm += profile.collective_time(Collective::kAllGather, s.dp, parts, level);
     s.backward_comm += profile.collective_time(Collective::kAllReduce, s.dp, parts, level);
+    const double local_bytes = c.input_bytes(0) / (s.dp * s.input_layouts[0].model);
+    auto decomposition = [&](int calls, int passes, bool backward) {
+      return skew * (calls * profile.op_overhead_s +
+                     profile.op_time("elementwise", 0, passes * local_bytes, backward) -
+                     profile.op_time("elementwise", 0, 0, backward));
+    };
+    s.forward_compute +=
+        decomposition(kBatchNormOverDpForwardCalls, kBatchNormOverDpForwardPasses, false);
+    s.backward_compute +=
+        decomposition(kBatchNormOverDpBackwardCalls, kBatchNormOverDpBackwardPasses, true);
   }
 
   // DDP's broadcast of the buffers before each forward: every byte reaches every rank, and the

@@ -111,6 +111,16 @@ struct PlannerConfig {
   DeviceProfile profile;
 };
 
+// Batch norm in training over a batch split (PlannerConfig::whole_batch_norm) runs as
+// element-wise ops, reductions, views and collectives (ParallelModule's batch_norm_over_dp): this
+// many op calls beyond one batch_norm forward and its backward (parallelize_test counts them), and
+// about this many more passes over a tensor of the input's size (reads and writes, counted from
+// its ops, less the fused op's); the rest of its calls are per channel.
+constexpr int kBatchNormOverDpForwardCalls = 37;
+constexpr int kBatchNormOverDpBackwardCalls = 60;
+constexpr int kBatchNormOverDpForwardPasses = 11;
+constexpr int kBatchNormOverDpBackwardPasses = 28;
+
 // The kind of op the profile prices `op` as (DeviceProfile::op_kinds): the rate its OpDef
 // declares (planner.rate: "batch_norm", "layer_norm", "softmax", "pool", "concat", "dropout",
 // "loss", "embedding"), else by its OpKind: "gemm", "conv", "conv_grouped" (groups > 1, depthwise),

@@ -340,7 +340,26 @@ std::vector<std::vector<planner::PlanFile::Op>> frontier_plans(
   options.config.profile = test_profile(devices);
   options.remat_fractions = {1.0};
   options.per_op_degrees = per_op_degrees;
-  const planner::PlanResult result = planner::plan_graph(graph, options);
+  planner::PlanResult result = planner::plan_graph(graph, options);
+  // Batch norm over a batch split is priced as the forty-odd element-wise calls it runs as: on
+  // models this small no frontier point then splits its batch. Where a test wants such an op,
+  // the points come from a device whose element-wise work and per-op overhead cost nothing.
+  const auto has_wanted_ops = [&] {
+    for (const auto& want : wanted) {
+      bool found = false;
+      for (size_t p = 0; p < result.frontier.size() && !found; ++p) {
+        const auto ops = planned_ops(graph, result, static_cast<int>(p));
+        found = std::any_of(ops.begin(), ops.end(), want);
+      }
+      if (!found) return false;
+    }
+    return true;
+  };
+  if (!has_wanted_ops()) {
+    options.config.profile.op_overhead_s = 0;
+    options.config.profile.op_kinds["elementwise"] = {"bytes", 1e18, 1e18, 0, 0};
+    result = planner::plan_graph(graph, options);
+  }
   std::vector<int> usable;
   for (size_t p = 0; p < result.frontier.size(); ++p) {
     const auto ops = planned_ops(graph, result, static_cast<int>(p));
@@ -713,6 +732,48 @@ TEST_F(ParallelizeTest, PerRankBatchNormNormalisesEachRanksRows) {
   EXPECT_NEAR(run.losses.at(0), expected, 1e-4 * std::abs(expected));
   EXPECT_GT(std::abs(run.losses.at(0) - whole_run(c).losses.at(0)), 1e-4)
       << "per-rank statistics should differ from the whole batch's";
+}
+
+// Batch norm over a dp split runs as element-wise ops and reductions (batch_norm_over_dp), not
+// one batch_norm call: the planner prices that many op calls beyond the one (each op and
+// collective dispatched, counted forward and backward against per-rank statistics, which run
+// batch_norm and its backward alone).
+TEST_F(ParallelizeTest, BatchNormOverDataParallelRanksRunsTheCallsThePlannerPrices) {
+  if (size() != 2) GTEST_SKIP() << "two data-parallel ranks";
+  ProcessGrid grid(2, 1);
+  const Case c = labelled([] { return residual_cnn(true); }, {8, 3, 8, 8});
+  const auto batch_split_norm = [](const planner::PlanFile::Op& op) {
+    return op.op == "batch_norm" && op.dp > 1;
+  };
+  std::vector<std::string> summaries;
+  const auto plans = frontier_plans(c, 2, 1, &summaries, false, {batch_split_norm});
+  auto plan = std::find_if(plans.begin(), plans.end(), [&](const auto& ops) {
+    return std::any_of(ops.begin(), ops.end(), batch_split_norm);
+  });
+  ASSERT_NE(plan, plans.end()) << "no data-parallel point splits a batch norm's batch";
+  const auto norms = std::count_if(plan->begin(), plan->end(), batch_split_norm);
+  // Op calls of one forward and one backward.
+  auto calls = [&](bool per_rank_batch_norm) {
+    auto dp = std::make_shared<CountingCommunicator>(grid.data_parallel_on_device());
+    ParallelModule parallel(c.make(), *plan, dp, dp, c.trace);
+    parallel.set_per_rank_batch_norm(per_rank_batch_norm);
+    std::vector<Tensor> local;
+    for (const Tensor& whole : c.batch(0))
+      local.push_back(rows(whole, grid.dp_size(), grid.dp_index()));
+    int64_t counted = 0;
+    TraceHook previous =
+        set_trace_hook([&](const OpDef&, const std::vector<Tensor>&, const std::vector<Tensor>&,
+                           const Attrs&) { ++counted; });
+    Tensor loss = parallel.loss(local);
+    const int64_t forward = counted;
+    loss.backward();
+    set_trace_hook(previous);
+    return std::make_pair(forward, counted - forward);
+  };
+  const auto [whole_forward, whole_backward] = calls(false);
+  const auto [own_forward, own_backward] = calls(true);
+  EXPECT_EQ(whole_forward - own_forward, norms * planner::kBatchNormOverDpForwardCalls);
+  EXPECT_EQ(whole_backward - own_backward, norms * planner::kBatchNormOverDpBackwardCalls);
 }
 
 // A plan's training under an optimizer of `stage` (0: none; else ZeroOptimizer over the dp
