@@ -37,7 +37,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-bazel build //bench:gemm_bench //bench:conv_bench
+bazel build //bench:gemm_bench //bench:conv_bench //bench:dropout_bench
 machine=$(/usr/bin/python3 bench/harness.py quiet --max-wait "$max_wait" "${force[@]}")
 
 # Some CPUs here have OPENBLAS_CORETYPE (and OPENBLAS_L2_SIZE) set so that old OpenBLAS builds
@@ -54,6 +54,7 @@ env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE ${coretype:+OPENBLAS_CORETYPE=$core
   /usr/bin/python3 bench/torch_compare.py --threads "$threads" --min-time "$min_time" \
   --rounds "$rounds" --filter "$filter" \
   --tessel-binary bazel-bin/bench/gemm_bench --tessel-binary bazel-bin/bench/conv_bench \
+  --tessel-binary bazel-bin/bench/dropout_bench \
   --output bench/results/cpu_ops.md --command "$command_line" --machine "$machine"
 echo "run.sh: wrote bench/results/cpu_ops.md" >&2
 
