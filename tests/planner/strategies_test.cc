@@ -263,6 +263,39 @@ TEST(Strategies, DataParallelBroadcastsBuffersOnceAndGathersBatchStatistics) {
   EXPECT_DOUBLE_EQ(find(strategies[norms[0]], 1, 1, SplitKind::kReplicate).forward_comm, 0);
 }
 
+// The whole batch's statistics run as kBatchNormOverDp*Calls op calls and about *Passes passes
+// over the input beyond one batch_norm (ParallelModule's batch_norm_over_dp): each call at the
+// per-op overhead, each pass over this rank's rows (8 / 2 x 16 x 4 x 4 floats) at the memory
+// bandwidth (no element-wise rate in this profile).
+TEST(Strategies, BatchNormOverABatchSplitPaysForTheCallsItRunsAs) {
+  TwoBatchNorms net;
+  int norm = -1;
+  for (const TracedOp& op : net.graph.ops)
+    if (op.name == "batch_norm" && norm < 0) norm = op.id;
+  ASSERT_GE(norm, 0);
+  PlannerConfig whole = config_for(2);
+  whole.profile.op_overhead_s = 1e-6;
+  whole.profile.memory_bandwidth = 1e9;
+  PlannerConfig per_rank = whole;
+  per_rank.whole_batch_norm = false;
+  const auto whole_strategies = enumerate_strategies(net.graph, whole);
+  const auto per_rank_strategies = enumerate_strategies(net.graph, per_rank);
+  const Strategy& over_batch = find(whole_strategies[norm], 2, 1, SplitKind::kReplicate);
+  const Strategy& own_rows = find(per_rank_strategies[norm], 2, 1, SplitKind::kReplicate);
+  const double local_bytes = 4 * 16 * 4 * 4 * 4.0;
+  EXPECT_NEAR(
+      over_batch.forward_compute - own_rows.forward_compute,
+      kBatchNormOverDpForwardCalls * 1e-6 + kBatchNormOverDpForwardPasses * local_bytes / 1e9,
+      1e-12);
+  EXPECT_NEAR(
+      over_batch.backward_compute - own_rows.backward_compute,
+      kBatchNormOverDpBackwardCalls * 1e-6 + kBatchNormOverDpBackwardPasses * local_bytes / 1e9,
+      1e-12);
+  // Without a batch split it is one batch_norm call.
+  EXPECT_DOUBLE_EQ(find(whole_strategies[norm], 1, 1, SplitKind::kReplicate).forward_compute,
+                   find(per_rank_strategies[norm], 1, 1, SplitKind::kReplicate).forward_compute);
+}
+
 // While backward moves a gradient back to its producer's layout, each device holds the part of
 // that layout beside the part it had: the plan's peak counts it where the move happens.
 TEST(Strategies, MovingAGradientBackHoldsBothParts) {
