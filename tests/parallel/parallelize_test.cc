@@ -704,6 +704,18 @@ TEST_F(ParallelizeTest, ResidualCnnWithBatchNormAsPlannedOnAGrid) {
       {[](const planner::PlanFile::Op& op) { return op.op == "batch_norm" && op.dp > 1; }});
 }
 
+// A data-parallel frontier point of `c`'s model on 2 ranks that splits a batch norm's batch
+// (empty if there is none).
+std::vector<planner::PlanFile::Op> plan_splitting_a_batch_norm(const Case& c) {
+  const auto batch_split_norm = [](const planner::PlanFile::Op& op) {
+    return op.op == "batch_norm" && op.dp > 1;
+  };
+  std::vector<std::string> summaries;
+  for (const auto& ops : frontier_plans(c, 2, 1, &summaries, false, {batch_split_norm}))
+    if (std::any_of(ops.begin(), ops.end(), batch_split_norm)) return ops;
+  return {};
+}
+
 // With per-rank statistics (DDP's way) a data-parallel plan normalises each rank's rows by their
 // own, with no collective for them: its first loss is the mean of the two halves' losses, each
 // half normalised alone.
@@ -711,16 +723,9 @@ TEST_F(ParallelizeTest, PerRankBatchNormNormalisesEachRanksRows) {
   if (size() != 2) GTEST_SKIP() << "two data-parallel ranks";
   ProcessGrid grid(2, 1);
   const Case c = labelled([] { return residual_cnn(true); }, {8, 3, 8, 8});
-  const auto batch_split_norm = [](const planner::PlanFile::Op& op) {
-    return op.op == "batch_norm" && op.dp > 1;
-  };
-  std::vector<std::string> summaries;
-  const auto plans = frontier_plans(c, 2, 1, &summaries, false, {batch_split_norm});
-  auto plan = std::find_if(plans.begin(), plans.end(), [&](const auto& ops) {
-    return std::any_of(ops.begin(), ops.end(), batch_split_norm);
-  });
-  ASSERT_NE(plan, plans.end()) << "no data-parallel point splits a batch norm's batch";
-  const RunResult run = planned_run(c, *plan, grid, /*one_group=*/false,
+  const auto plan = plan_splitting_a_batch_norm(c);
+  ASSERT_FALSE(plan.empty()) << "no data-parallel point splits a batch norm's batch";
+  const RunResult run = planned_run(c, plan, grid, /*one_group=*/false,
                                     /*per_rank_batch_norm=*/true);
   auto model = c.make();
   const std::vector<Tensor> batch = c.batch(0);
@@ -742,20 +747,15 @@ TEST_F(ParallelizeTest, BatchNormOverDataParallelRanksRunsTheCallsThePlannerPric
   if (size() != 2) GTEST_SKIP() << "two data-parallel ranks";
   ProcessGrid grid(2, 1);
   const Case c = labelled([] { return residual_cnn(true); }, {8, 3, 8, 8});
-  const auto batch_split_norm = [](const planner::PlanFile::Op& op) {
+  const auto plan = plan_splitting_a_batch_norm(c);
+  ASSERT_FALSE(plan.empty()) << "no data-parallel point splits a batch norm's batch";
+  const auto norms = std::count_if(plan.begin(), plan.end(), [](const planner::PlanFile::Op& op) {
     return op.op == "batch_norm" && op.dp > 1;
-  };
-  std::vector<std::string> summaries;
-  const auto plans = frontier_plans(c, 2, 1, &summaries, false, {batch_split_norm});
-  auto plan = std::find_if(plans.begin(), plans.end(), [&](const auto& ops) {
-    return std::any_of(ops.begin(), ops.end(), batch_split_norm);
   });
-  ASSERT_NE(plan, plans.end()) << "no data-parallel point splits a batch norm's batch";
-  const auto norms = std::count_if(plan->begin(), plan->end(), batch_split_norm);
   // Op calls of one forward and one backward.
   auto calls = [&](bool per_rank_batch_norm) {
     auto dp = std::make_shared<CountingCommunicator>(grid.data_parallel_on_device());
-    ParallelModule parallel(c.make(), *plan, dp, dp, c.trace);
+    ParallelModule parallel(c.make(), plan, dp, dp, c.trace);
     parallel.set_per_rank_batch_norm(per_rank_batch_norm);
     std::vector<Tensor> local;
     for (const Tensor& whole : c.batch(0))
