@@ -520,9 +520,13 @@ struct KindEntry {
   std::vector<KindCase> cases;
 };
 
+// Every kind's cases end with a tiny call, nearly all fixed cost: the fit's weights (1 / time^2)
+// then pin the fixed cost per call to it. Without it two or three large cases set that cost by
+// their noise alone (up to 100 us for cat in one calibration, 10 us in the next).
 void add_kind(std::vector<KindEntry>& entries, const std::string& kind, const std::string& per,
               std::vector<KindCase> cases, const std::string& what) {
-  entries.push_back({kind, per, what, std::move(cases)});
+  entries.push_back(
+      {kind, per, what + ", and a tiny call for the fixed cost per call", std::move(cases)});
 }
 
 KindCase conv_case(int64_t batch, int64_t in, int64_t out, int64_t size, int64_t kernel,
@@ -588,11 +592,6 @@ KindCase loss_case(int64_t rows, int64_t classes) {
       1);
 }
 
-// Every kind's cases end with a tiny call, nearly all fixed cost: the fit's weights (1 / time^2)
-// then pin the fixed cost per call to it. Without it two or three large cases set that cost by
-// their noise alone (between 10 and 100 us for cat from one calibration to the next).
-const std::string kTinyCase = ", and a tiny call for the fixed cost per call";
-
 // Kinds priced by FLOPs: matrix products and convolutions.
 void add_matrix_kinds(std::vector<KindEntry>& entries, bool quick, int64_t scale) {
   {
@@ -603,8 +602,7 @@ void add_matrix_kinds(std::vector<KindEntry>& entries, bool quick, int64_t scale
               linear_case(tokens / 8, 256, 256), linear_case(8, 16, 16)},
              "linear with bias, " + std::to_string(tokens) +
                  " tokens: 256 -> 256, 256 -> 1024, 1024 -> 256, 256 -> 8192, and 256 -> 256 "
-                 "at 1/8 of the tokens" +
-                 kTinyCase);
+                 "at 1/8 of the tokens");
   }
   {
     const int64_t batch = 4 / (quick ? 2 : 1), small = 8 / scale;
@@ -622,7 +620,7 @@ void add_matrix_kinds(std::vector<KindEntry>& entries, bool quick, int64_t scale
             ", and ShuffleNet's 1x1 58 -> 58 at 16x16 and 232 -> 232 at 4x4 on one half of a "
             "block's channels, batch " +
             std::to_string(small) + ", and x0.5's 24 -> 24 at 8x8, batch " +
-            std::to_string(std::max<int64_t>(1, small / 2)) + kTinyCase);
+            std::to_string(std::max<int64_t>(1, small / 2)));
   }
   {
     const int64_t batch = 8 / scale;
@@ -638,7 +636,7 @@ void add_matrix_kinds(std::vector<KindEntry>& entries, bool quick, int64_t scale
              "32x32, 116 at 16x16, 232 at 8x8, 464 at 4x4), batch " +
                  std::to_string(batch) +
                  ", and of ShuffleNet v2 x0.5 at 64x64 (48 at 8x8, 192 at 2x2), batch " +
-                 std::to_string(std::max<int64_t>(1, batch / 2)) + kTinyCase);
+                 std::to_string(std::max<int64_t>(1, batch / 2)));
   }
 }
 
@@ -650,13 +648,12 @@ void add_bandwidth_kinds(std::vector<KindEntry>& entries, bool quick, int64_t sc
            {unary_case({batch, 256, 32, 32}, relu_op), unary_case({batch, 64, 64, 64}, relu_op),
             unary_case({batch, 512, 8, 8}, relu_op), unary_case({8, 58, 16, 16}, relu_op),
             unary_case({4, 24, 8, 8}, relu_op), unary_case({64}, relu_op)},
-           "relu of ResNet-50 and ShuffleNet activations (x0.5's smallest too), priced by bytes" +
-               kTinyCase);
+           "relu of ResNet-50 and ShuffleNet activations (x0.5's smallest too), priced by bytes");
   auto gelu_op = [](const Tensor& x) { return gelu(x); };
   add_kind(entries, "activation", "bytes",
            {unary_case({1024 / scale, 1024}, gelu_op), unary_case({128, 1024}, gelu_op),
             unary_case({64}, gelu_op)},
-           "gelu of (1024, 1024) and (128, 1024), priced by bytes" + kTinyCase);
+           "gelu of (1024, 1024) and (128, 1024), priced by bytes");
   auto batch_norm_op = [](const Tensor& x) {
     const int64_t channels = x.size(1);
     Tensor weight = ones({channels}), bias = zeros({channels});
@@ -669,8 +666,7 @@ void add_bandwidth_kinds(std::vector<KindEntry>& entries, bool quick, int64_t sc
             unary_case({8, 58, 16, 16}, batch_norm_op), unary_case({8, 232, 4, 4}, batch_norm_op),
             unary_case({4, 24, 8, 8}, batch_norm_op), unary_case({2, 8, 2, 2}, batch_norm_op)},
            "batch_norm (training) of ResNet-50 and ShuffleNet activations (x0.5's smallest too), "
-           "priced by bytes" +
-               kTinyCase);
+           "priced by bytes");
   auto layer_norm_op = [](const Tensor& x) {
     return layer_norm(x, {256}, ones({256}), zeros({256}));
   };
@@ -678,23 +674,22 @@ void add_bandwidth_kinds(std::vector<KindEntry>& entries, bool quick, int64_t sc
   add_kind(entries, "layer_norm", "bytes",
            {unary_case({1024 / scale, 256}, layer_norm_op), unary_case({128, 256}, layer_norm_op),
             unary_case({1, 256}, layer_norm_op)},
-           "layer_norm of (1024, 256) and (128, 256), priced by bytes" + kTinyCase);
+           "layer_norm of (1024, 256) and (128, 256), priced by bytes");
   add_kind(entries, "softmax", "bytes",
            {unary_case({32 / scale, 128, 128}, softmax_op), unary_case({4, 128, 128}, softmax_op),
             unary_case({1, 8, 8}, softmax_op)},
-           "softmax of (32, 128, 128) and (4, 128, 128), priced by bytes" + kTinyCase);
+           "softmax of (32, 128, 128) and (4, 128, 128), priced by bytes");
   auto pool_op = [](const Tensor& x) { return max_pool2d(x, {3, 3}, {2, 2}, {1, 1}); };
   add_kind(entries, "pool", "bytes",
            {unary_case({batch, 64, 64, 64}, pool_op), unary_case({8, 24, 64, 64}, pool_op),
             unary_case({1, 8, 4, 4}, pool_op)},
            "max_pool2d 3x3 stride 2 of (" + std::to_string(batch) +
-               ", 64, 64, 64) and (8, 24, 64, 64), priced by bytes" + kTinyCase);
+               ", 64, 64, 64) and (8, 24, 64, 64), priced by bytes");
   auto concat_op = [](const Tensor& x) { return cat({x, x}, 1); };
   add_kind(entries, "concat", "bytes",
            {unary_case({8, 58, 16, 16}, concat_op), unary_case({8, 232, 4, 4}, concat_op),
             unary_case({1, 8, 2, 2}, concat_op)},
-           "cat of (8, 58, 16, 16) and (8, 232, 4, 4) pairs along channels, priced by bytes" +
-               kTinyCase);
+           "cat of (8, 58, 16, 16) and (8, 232, 4, 4) pairs along channels, priced by bytes");
   auto dropout_op = [](const Tensor& x) { return dropout(x, 0.1, true); };
   add_kind(entries, "dropout", "bytes",
            {unary_case({1024 / scale, 256}, dropout_op),
@@ -702,12 +697,11 @@ void add_bandwidth_kinds(std::vector<KindEntry>& entries, bool quick, int64_t sc
            "dropout (p 0.1, training) of (" + std::to_string(1024 / scale) + ", 256) and (" +
                std::to_string(32 / scale) +
                ", 64, 64), priced by bytes: its random numbers cost more than an element-wise op's "
-               "bytes" +
-               kTinyCase);
+               "bytes");
   add_kind(entries, "loss", "bytes",
            {loss_case(512 / scale, 30522), loss_case(8, 1000), loss_case(2, 10)},
            "cross_entropy of (" + std::to_string(512 / scale) +
-               ", 30522) and (8, 1000), priced by bytes" + kTinyCase);
+               ", 30522) and (8, 1000), priced by bytes");
 }
 
 // Per-kind rates, forward and backward, over shapes of the model zoo's layers (ResNet-50 and
