@@ -395,6 +395,11 @@ std::vector<std::vector<planner::PlanFile::Op>> frontier_plans(
   return plans;
 }
 
+// An op of a plan that runs batch norm over a batch split.
+bool splits_batch_norm_batch(const planner::PlanFile::Op& op) {
+  return op.op == "batch_norm" && op.dp > 1;
+}
+
 void expect_same_run(const RunResult& planned, const RunResult& whole) {
   ASSERT_EQ(planned.losses.size(), whole.losses.size());
   for (size_t step = 0; step < whole.losses.size(); ++step)
@@ -549,15 +554,12 @@ TEST_F(ParallelizeTest, PerOpDegreesOnALineOfTwoRanks) {
     SCOPED_TRACE(name);
     std::vector<std::string> summaries;
     // With batch norm: a point that normalises over a batch split among those run.
-    const auto batch_split_norm = [](const planner::PlanFile::Op& op) {
-      return op.op == "batch_norm" && op.dp > 1;
-    };
     const auto plans =
-        frontier_plans(c, 2, 2, &summaries, /*per_op_degrees=*/true, {batch_split_norm});
+        frontier_plans(c, 2, 2, &summaries, /*per_op_degrees=*/true, {splits_batch_norm_batch});
     ASSERT_FALSE(plans.empty()) << "no per-op point mixes batch and model splits";
     if (name == "cnn with batch norm") {
       ASSERT_TRUE(std::any_of(plans.begin(), plans.end(), [&](const auto& plan) {
-        return std::any_of(plan.begin(), plan.end(), batch_split_norm);
+        return std::any_of(plan.begin(), plan.end(), splits_batch_norm_batch);
       })) << "no per-op point splits a batch norm's batch";
     }
     expect_per_op_plans_train_like_one_process(c, plans, summaries, grid);
@@ -699,20 +701,16 @@ TEST_F(ParallelizeTest, CnnWithoutBatchNormAsPlannedOnADataTimesTensorParallelGr
 // the plan trains what one process trains, running statistics included.
 TEST_F(ParallelizeTest, ResidualCnnWithBatchNormAsPlannedOnAGrid) {
   if (size() != 4) GTEST_SKIP() << "a 2 x 2 grid needs 4 ranks";
-  check_frontier(
-      labelled([] { return residual_cnn(true); }, {8, 3, 8, 8}), 2, 2,
-      {[](const planner::PlanFile::Op& op) { return op.op == "batch_norm" && op.dp > 1; }});
+  check_frontier(labelled([] { return residual_cnn(true); }, {8, 3, 8, 8}), 2, 2,
+                 {splits_batch_norm_batch});
 }
 
 // A data-parallel frontier point of `c`'s model on 2 ranks that splits a batch norm's batch
 // (empty if there is none).
 std::vector<planner::PlanFile::Op> plan_splitting_a_batch_norm(const Case& c) {
-  const auto batch_split_norm = [](const planner::PlanFile::Op& op) {
-    return op.op == "batch_norm" && op.dp > 1;
-  };
   std::vector<std::string> summaries;
-  for (const auto& ops : frontier_plans(c, 2, 1, &summaries, false, {batch_split_norm}))
-    if (std::any_of(ops.begin(), ops.end(), batch_split_norm)) return ops;
+  for (const auto& ops : frontier_plans(c, 2, 1, &summaries, false, {splits_batch_norm_batch}))
+    if (std::any_of(ops.begin(), ops.end(), splits_batch_norm_batch)) return ops;
   return {};
 }
 
@@ -749,9 +747,7 @@ TEST_F(ParallelizeTest, BatchNormOverDataParallelRanksRunsTheCallsThePlannerPric
   const Case c = labelled([] { return residual_cnn(true); }, {8, 3, 8, 8});
   const auto plan = plan_splitting_a_batch_norm(c);
   ASSERT_FALSE(plan.empty()) << "no data-parallel point splits a batch norm's batch";
-  const auto norms = std::count_if(plan.begin(), plan.end(), [](const planner::PlanFile::Op& op) {
-    return op.op == "batch_norm" && op.dp > 1;
-  });
+  const auto norms = std::count_if(plan.begin(), plan.end(), splits_batch_norm_batch);
   // Op calls of one forward and one backward.
   auto calls = [&](bool per_rank_batch_norm) {
     auto dp = std::make_shared<CountingCommunicator>(grid.data_parallel_on_device());
