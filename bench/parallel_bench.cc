@@ -50,6 +50,14 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using parallel::CountingCommunicator;
 
+std::vector<std::vector<double>> per_rank(const std::vector<double>& flat, int steps) {
+  std::vector<std::vector<double>> ranks;
+  for (size_t begin = 0; begin < flat.size(); begin += static_cast<size_t>(steps))
+    ranks.emplace_back(flat.begin() + static_cast<long>(begin),
+                       flat.begin() + static_cast<long>(begin) + steps);
+  return ranks;
+}
+
 double max_over_world(double value) {
   double result = value;
   MPI_Allreduce(&value, &result, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
@@ -67,6 +75,7 @@ struct PlanPrices {
   planner::PlannerConfig config;
   std::map<std::string, Totals> forward_ops;
   double forward = 0, backward = 0, optimizer = 0, sync = 0, moves = 0;
+  double forward_comm = 0, backward_comm = 0;  // the splits' collectives, in forward and backward
   planner::SequencedWaits waits;
   double step() const {
     return forward + backward + optimizer + sync + moves + waits.forward + waits.backward;
@@ -103,6 +112,8 @@ PlanPrices price_plan(const planner::ModelSpec& spec, const planner::PlanFile& p
     prices.forward_ops[op.name].seconds += s.forward_time() - s.forward_wait;
     prices.forward += s.forward_time() - s.forward_wait;
     prices.backward += s.backward_compute + s.backward_comm - s.backward_wait;
+    prices.forward_comm += s.forward_comm - s.forward_wait;
+    prices.backward_comm += s.backward_comm - s.backward_wait;
     prices.optimizer += s.optimizer_compute;
     prices.sync += s.gradient_sync;
   }
@@ -162,8 +173,12 @@ void print_breakdown(const planner::ModelSpec& spec, const planner::PlanFile& pl
   set_trace_hook(previous);
   phase = -1;
   if (!parallel::is_main_rank()) return;
+  double collectives[2] = {0, 0};  // the runtime's tp_* ops: the splits' collectives and waits
   for (int p = 0; p < 2; ++p)
-    for (const auto& [name, totals] : measured[p]) phase_seconds[p] += totals.seconds;
+    for (const auto& [name, totals] : measured[p]) {
+      phase_seconds[p] += totals.seconds;
+      if (name.rfind("tp_", 0) == 0) collectives[p] += totals.seconds;
+    }
   phase_seconds[2] -= phase_seconds[0] + phase_seconds[1];  // the rest: the optimizer and between
   std::printf("rank 0's step against the prices of %s (seconds per step)\n",
               prices.config.profile.name.c_str());
@@ -172,6 +187,9 @@ void print_breakdown(const planner::ModelSpec& spec, const planner::PlanFile& pl
   std::printf("%-22s %10.4f %10.4f\n", "backward ops", phase_seconds[1] / steps, prices.backward);
   std::printf("%-22s %10.4f %10.4f\n", "optimizer, sync, rest", phase_seconds[2] / steps,
               prices.optimizer + prices.sync);
+  std::printf("%-22s %10.4f %10.4f forward, %.4f %.4f backward\n", "the splits' collectives",
+              collectives[0] / steps, prices.forward_comm, collectives[1] / steps,
+              prices.backward_comm);
   std::printf("%-22s %10s %10.4f\n", "moves between ops", "(in ops)", prices.moves);
   std::printf("%-22s %10s %10.4f forward, %.4f backward\n", "waits for the ranks", "(in ops)",
               prices.waits.forward, prices.waits.backward);
@@ -197,9 +215,14 @@ void print_breakdown(const planner::ModelSpec& spec, const planner::PlanFile& pl
     std::printf("%-10d %10.5f %10.5f  %s\n", totals.calls / steps, totals.seconds / totals.calls,
                 found->second.forward_s, key.c_str());
   }
-  std::printf("\n%-24s %6s %10s\n", "backward op", "calls", "measured");
-  for (const auto& [name, totals] : measured[1])
-    std::printf("%-24s %6d %10.4f\n", name.c_str(), totals.calls / steps, totals.seconds / steps);
+  for (int p = 1; p < 3; ++p) {
+    std::printf("\n%-24s %6s %10s\n", p == 1 ? "backward op" : "op after backward", "calls",
+                "measured");
+    for (const auto& [name, totals] : measured[p])
+      std::printf("%-24s %6d %10.4f\n", name.c_str(), totals.calls / steps, totals.seconds / steps);
+  }
+  std::printf("priced: optimizer %.4f, gradient synchronization %.4f\n", prices.optimizer,
+              prices.sync);
 }
 
 int run(int argc, char** argv) {
@@ -382,13 +405,18 @@ int run(int argc, char** argv) {
   tp_comm->reset();
   allocator->reset_peak();
   const int unplanned_before = planned_model ? planned_model->unplanned_moves() : 0;
-  std::vector<double> times;
+  std::vector<double> times, own_times;
   for (int i = 0; i < steps; ++i) {
     MPI_Barrier(MPI_COMM_WORLD);
     const auto start = Clock::now();
     step();
-    times.push_back(max_over_world(std::chrono::duration<double>(Clock::now() - start).count()));
+    own_times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    times.push_back(max_over_world(own_times.back()));
   }
+  // Every rank's own step times, to tell a slow rank from a slow step.
+  std::vector<double> rank_times(static_cast<size_t>(steps) * static_cast<size_t>(world));
+  MPI_Gather(own_times.data(), steps, MPI_DOUBLE, rank_times.data(), steps, MPI_DOUBLE, 0,
+             MPI_COMM_WORLD);
   planner::ModelSpec spec;  // as the planner traces the model
   spec.name = model_name;
   spec.batch = batch;
@@ -423,6 +451,7 @@ int run(int argc, char** argv) {
                                   {"seq", bert ? seq : 0},
                                   {"step_s", median},
                                   {"step_times_s", in_order},
+                                  {"rank_step_times_s", per_rank(rank_times, steps)},
                                   {"samples_per_s", static_cast<double>(batch) / median},
                                   {"peak_bytes", peak},
                                   {"parameter_bytes_per_rank", parameter_bytes},

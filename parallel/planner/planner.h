@@ -61,7 +61,7 @@ struct PlanBreakdown {
   double backward_working_bytes = 0;  // the largest op's gradients alive at once in backward
   double compute_s = 0;               // forward and backward kernels, and the optimizer update
   double comm_s = 0;                  // collectives of the splits (row, column, vocabulary, loss)
-  double gradient_sync_s = 0;         // data-parallel gradient all-reduce
+  double gradient_sync_s = 0;         // data-parallel gradient all-reduce (and bucket copies)
   double redistribution_s = 0;        // moving tensors between layouts of consecutive ops
   double sync_wait_s =
       0;  // waiting for the slowest rank before those collectives (sequenced_waits)

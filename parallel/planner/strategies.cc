@@ -452,9 +452,11 @@ Strategy make_strategy(const OpContext& c, int dp, int tp, SplitKind kind) {
     if (zero >= 2) {
       s.gradient_sync += profile.collective_time(Collective::kReduceScatter, s.dp, bytes, dp_level);
     } else if (data_parallel) {
-      s.gradient_sync += gradient_all_reduce(s, bytes, c.config);
-      // DDP reduces gradients in flat bucket buffers that live beside .grad: one more copy
-      // (measured: bench/results/parallel.md).
+      // DDP reduces gradients in flat bucket buffers that live beside .grad: one more copy in
+      // memory (measured: bench/results/parallel.md), and in time the gradient's copy into the
+      // bucket and the sum's copy back, each a copy op priced as concatenation's bytes.
+      s.gradient_sync += gradient_all_reduce(s, bytes, c.config) +
+                         2 * skew * profile.op_time("concat", 0, 2 * bytes, false);
       s.parameter_bytes += bytes;
     }
     const double gather = profile.collective_time(Collective::kAllGather, s.dp, bytes, dp_level);

@@ -61,8 +61,9 @@ struct Strategy {
   double backward_compute = 0;
   double forward_comm = 0;   // collectives of the strategy itself (row: all-reduce of the output)
   double backward_comm = 0;  // (column: all-reduce of the input gradient)
-  double gradient_sync = 0;  // data-parallel all-reduce of the owned parameters' gradients (ZeRO:
-                             // reduce-scatter and all-gathers of the parameters)
+  double gradient_sync = 0;  // data-parallel all-reduce of the owned parameters' gradients and
+                             // their copies to and from its bucket (ZeRO: reduce-scatter and
+                             // all-gathers of the parameters)
   double optimizer_compute = 0;  // the optimizer's update of the owned parameters (its shard)
   // The parts of forward_comm and backward_comm that wait for the ranks to arrive, priced after
   // the op's own compute (DeviceProfile::sync_wait); a whole plan's price puts the work since the

@@ -152,6 +152,31 @@ TEST(Strategies, DataParallelSplitsTheBatchAndAllReducesGradients) {
   EXPECT_EQ(dp.input_layouts[0], (Layout{2, 1}));
 }
 
+// DDP and ParallelModule copy each gradient into a flat bucket before the all-reduce and the sum
+// back after it: two copy calls per parameter tensor, each reading and writing its bytes, priced
+// at the concatenation rate. ZeRO stage 2 reduce-scatters each gradient where it lies: no copies.
+TEST(Strategies, DataParallelGradientsPayTheirCopiesIntoAndOutOfTheBucket) {
+  OneLinear net;
+  auto gradient_sync = [&](int zero_stage, bool priced_copies) {
+    PlannerConfig config = config_for(2);
+    config.zero_stage = zero_stage;
+    if (priced_copies) {
+      OpKindRate copy;
+      copy.per = "bytes";
+      copy.forward = copy.backward = 2e9;
+      copy.forward_call_s = copy.backward_call_s = 1e-5;
+      config.profile.op_kinds["concat"] = copy;
+    }
+    return find(enumerate_strategies(net.graph, config)[0], 2, 1, SplitKind::kReplicate)
+        .gradient_sync;
+  };
+  const double weight = 128 * 64 * 4.0, bias = 128 * 4.0;
+  auto copies = [](double bytes) { return 2 * (1e-5 + 2 * bytes / 2e9); };
+  EXPECT_NEAR(gradient_sync(0, true), gradient_sync(0, false) + copies(weight) + copies(bias),
+              1e-15);
+  EXPECT_DOUBLE_EQ(gradient_sync(2, true), gradient_sync(2, false));
+}
+
 // ZeRO (parallel/zero.h) on 4 data-parallel ranks: stage 1 keeps a quarter of the Adam moments
 // and all-gathers the updated parameters; stage 2 also keeps a quarter of the gradients, which
 // are reduce-scattered instead of all-reduced; stage 3 also keeps a quarter of the values and
