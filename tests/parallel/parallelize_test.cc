@@ -343,7 +343,8 @@ std::vector<std::vector<planner::PlanFile::Op>> frontier_plans(
   planner::PlanResult result = planner::plan_graph(graph, options);
   // Batch norm over a batch split is priced as the forty-odd element-wise calls it runs as: on
   // models this small no frontier point then splits its batch. Where a test wants such an op,
-  // the points come from a device whose element-wise work and per-op overhead cost nothing.
+  // the points come from a device whose element-wise work, copies (data parallelism's gradient
+  // buckets) and per-op overhead cost nothing.
   const auto has_wanted_ops = [&] {
     for (const auto& want : wanted) {
       bool found = false;
@@ -358,6 +359,7 @@ std::vector<std::vector<planner::PlanFile::Op>> frontier_plans(
   if (!has_wanted_ops()) {
     options.config.profile.op_overhead_s = 0;
     options.config.profile.op_kinds["elementwise"] = {"bytes", 1e18, 1e18, 0, 0};
+    options.config.profile.op_kinds["concat"] = {"bytes", 1e18, 1e18, 0, 0};
     result = planner::plan_graph(graph, options);
   }
   std::vector<int> usable;
