@@ -66,10 +66,7 @@ void check_mpi(int code, const std::string& what) {
 std::chrono::duration<double> seconds(double value) { return std::chrono::duration<double>(value); }
 
 // Waiting ranks yield, then sleep a little longer each round, leaving the cores to the ranks
-// still computing (ranks are often oversubscribed). Capped at 32 us: a non-blocking collective
-// moves on only while its ranks call MPI_Test, so every step of its algorithm waits for the
-// sleepiest rank. With a 1 ms cap, training steps of 4 ranks on 2 cores (ResNet-18 and BERT mini
-// split over them, a collective every millisecond or so) took 10-20% longer than with 16-64 us.
+// still computing (ranks are often oversubscribed). Capped at about a millisecond.
 class Backoff {
  public:
   void pause() {
@@ -77,7 +74,7 @@ class Backoff {
       std::this_thread::yield();
       return;
     }
-    int shift = std::min(rounds_ - 64, 2);
+    int shift = std::min(rounds_ - 64, 7);
     std::this_thread::sleep_for(std::chrono::microseconds(8 << shift));
   }
 
