@@ -187,7 +187,7 @@ void print_breakdown(const planner::ModelSpec& spec, const planner::PlanFile& pl
   std::printf("%-22s %10.4f %10.4f\n", "backward ops", phase_seconds[1] / steps, prices.backward);
   std::printf("%-22s %10.4f %10.4f\n", "optimizer, sync, rest", phase_seconds[2] / steps,
               prices.optimizer + prices.sync);
-  std::printf("%-22s %10.4f %10.4f forward, %.4f %.4f backward\n", "the splits' collectives",
+  std::printf("%-22s %10.4f %10.4f forward, %.4f %.4f backward\n", "splits' collectives",
               collectives[0] / steps, prices.forward_comm, collectives[1] / steps,
               prices.backward_comm);
   std::printf("%-22s %10s %10.4f\n", "moves between ops", "(in ops)", prices.moves);
