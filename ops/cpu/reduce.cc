@@ -3,6 +3,7 @@
 // reduced dims, when adjacent, are the middle; otherwise a permuted copy puts them last. f32
 // data is summed in double so long sums stay accurate; partial sums combine in a fixed order
 // (deterministic for any thread count).
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -117,32 +118,42 @@ void sum_block(const T* x, const ReduceLayout& layout, Out* out, Finalize finali
   });
 }
 
-// The extremum of a contiguous floating-point row and its first index (the first NaN if any):
-// a vectorised maximum (or minimum) with NaNs noted apart, then a search for the first entry
-// holding it: the value and index of comparing entry by entry.
+// The extremum of a contiguous floating-point row and its first index (the first NaN if any),
+// as comparing entry by entry gives them, in one pass over the row: a vectorised maximum (or
+// minimum) and NaN count per chunk small enough to stay in L1, then a search for the first entry
+// equal to the winner in the chunk that first held it (of +0 and -0, the first one).
 template <typename T, bool kIsMax>
 void extremum_row(const T* row, int64_t count, T* value, int64_t* index) {
-  // Separate loops with plain reductions: GCC vectorises each (a bool reduction beside the
-  // maximum kept the loop scalar).
+  constexpr int64_t kChunk = 256;
   T best = row[0];
-  if constexpr (kIsMax) {
-#pragma omp simd reduction(max : best)
-    for (int64_t i = 0; i < count; ++i) best = best < row[i] ? row[i] : best;
-  } else {
-#pragma omp simd reduction(min : best)
-    for (int64_t i = 0; i < count; ++i) best = best > row[i] ? row[i] : best;
-  }
-  int64_t nans = 0;
+  int64_t best_chunk = 0;
+  for (int64_t begin = 0; begin < count; begin += kChunk) {
+    const T* chunk = row + begin;
+    const int64_t size = std::min(kChunk, count - begin);
+    // Separate loops with plain reductions: GCC vectorises each (a bool reduction beside the
+    // maximum kept the loop scalar).
+    T extreme = chunk[0];
+    if constexpr (kIsMax) {
+#pragma omp simd reduction(max : extreme)
+      for (int64_t i = 0; i < size; ++i) extreme = extreme < chunk[i] ? chunk[i] : extreme;
+    } else {
+#pragma omp simd reduction(min : extreme)
+      for (int64_t i = 0; i < size; ++i) extreme = extreme > chunk[i] ? chunk[i] : extreme;
+    }
+    int64_t nans = 0;
 #pragma omp simd reduction(+ : nans)
-  for (int64_t i = 0; i < count; ++i) nans += row[i] != row[i];
-  const bool unordered = nans > 0;
-  // The first entry equal to it (of +0 and -0, the first one, as entry by entry).
-  int64_t at = 0;
-  if (unordered) {
-    while (row[at] == row[at]) ++at;
-  } else {
-    while (row[at] != best) ++at;
+    for (int64_t i = 0; i < size; ++i) nans += chunk[i] != chunk[i];
+    if (nans > 0) {  // NaN wins, the first one
+      int64_t at = 0;
+      while (chunk[at] == chunk[at]) ++at;
+      if (value) *value = chunk[at];
+      if (index) *index = begin + at;
+      return;
+    }
+    if (kIsMax ? extreme > best : extreme < best) best = extreme, best_chunk = begin;
   }
+  int64_t at = best_chunk;
+  while (row[at] != best) ++at;
   if (value) *value = row[at];
   if (index) *index = at;
 }

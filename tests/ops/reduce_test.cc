@@ -145,6 +145,33 @@ TEST(Max, AlongLongContiguousRowsKeepsFirstIndexNanAndSignedZero) {
   EXPECT_EQ(min(x, 1).to_vector<float>()[0], -200.0f);
 }
 
+// The row's pass goes chunk by chunk: a NaN in a chunk after the one holding the maximum still
+// wins, a larger value in a later chunk replaces an earlier one, and of ties across chunks the
+// first wins; min takes the same pass.
+TEST(Max, AlongLongContiguousRowsAcrossChunks) {
+  constexpr int64_t kWidth = 3000;
+  std::vector<float> values(3 * kWidth, 0.5f);
+  values[0 * kWidth + 100] = 9.0f;  // row 0: the maximum early, a NaN late
+  values[0 * kWidth + 2900] = std::numeric_limits<float>::quiet_NaN();
+  values[1 * kWidth + 10] = 4.0f;  // row 1: a larger value in a later chunk, then a tie
+  values[1 * kWidth + 1500] = 6.0f;
+  values[1 * kWidth + 2999] = 6.0f;
+  values[2 * kWidth + 700] = -3.0f;  // row 2: the minimum in two chunks
+  values[2 * kWidth + 2000] = -3.0f;
+  const Tensor x = from_vector(values, {3, kWidth});
+  const std::vector<float> maxima = max(x, 1).to_vector<float>();
+  const std::vector<int64_t> where = argmax(x, 1).to_vector<int64_t>();
+  EXPECT_TRUE(std::isnan(maxima[0]));
+  EXPECT_EQ(where[0], 2900);
+  EXPECT_EQ(maxima[1], 6.0f);
+  EXPECT_EQ(where[1], 1500);
+  EXPECT_EQ(maxima[2], 0.5f);
+  EXPECT_EQ(where[2], 0);
+  const std::vector<float> minima = min(x, 1).to_vector<float>();
+  EXPECT_TRUE(std::isnan(minima[0]));
+  EXPECT_EQ(minima[2], -3.0f);
+}
+
 TEST(Max, OverAllElements) {
   Tensor x = tensor({4, -1, 9, 2}, {2, 2});
   EXPECT_EQ(max(x).sizes(), Shape{});
