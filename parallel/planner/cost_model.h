@@ -77,7 +77,8 @@ struct DeviceProfile {
   double remat_overhead_k = 1.0;
   // Per op kind (see op_rate_kind: "gemm", "conv", "conv_grouped", "elementwise",
   // "activation", "batch_norm", "layer_norm", "softmax", "pool", "concat", "dropout", "loss",
-  // "sgd_update", "adam_update"); a kind not listed falls back to the roofline numbers above.
+  // "sgd_update", "adam_update"; "vocab_loss" for cross_entropy over a vocabulary split); a kind
+  // not listed falls back to the roofline numbers above.
   std::map<std::string, OpKindRate> op_kinds;
   // Calls measured at their exact local shapes (op_shape_key), which price them instead of their
   // kind's rate: a convolution cut by channels into thin shards runs below the rate fitted on

@@ -282,7 +282,13 @@ std::pair<double, double> compute_seconds(const OpContext& c, int dp, int tp, Sp
   }
   const int model_parts = kind == SplitKind::kReplicate ? 1 : tp;
   const double fraction = 1.0 / (static_cast<double>(dp) * model_parts);
-  const std::string kind_name = op_kind_of(op);
+  // A vocabulary-split cross entropy runs as a dozen element-wise ops and reductions
+  // (parallel::vocab_parallel_cross_entropy), not as the fused op: priced at their own rate when
+  // the profile measured it, by the fused op's bytes.
+  const bool vocab_loss = tp > 1 && kind == SplitKind::kVocab &&
+                          c.split == ParallelSplit::kSoftmaxLossClasses &&
+                          profile.op_kinds.count(kVocabLossKind) > 0;
+  const std::string kind_name = vocab_loss ? kVocabLossKind : op_kind_of(op);
   const double forward =
       profile.op_time(kind_name, op.flops * fraction, op.bytes * fraction, false);
   const double backward = c.backward_factor > 0

@@ -122,6 +122,12 @@ constexpr int kBatchNormOverDpBackwardCalls = 60;
 constexpr int kBatchNormOverDpForwardPasses = 11;
 constexpr int kBatchNormOverDpBackwardPasses = 28;
 
+// The profile's rate (DeviceProfile::op_kinds) for cross_entropy over vocabulary-split logits,
+// which runs as its decomposition (parallel::vocab_parallel_cross_entropy) instead of the fused
+// op: per byte of the fused op's work on the local shard. Profiles without it price the split at
+// the fused op's "loss" rate.
+inline constexpr const char* kVocabLossKind = "vocab_loss";
+
 // The kind of op the profile prices `op` as (DeviceProfile::op_kinds): the rate its OpDef
 // declares (planner.rate: "batch_norm", "layer_norm", "softmax", "pool", "concat", "dropout",
 // "loss", "embedding"), else by its OpKind: "gemm", "conv", "conv_grouped" (groups > 1, depthwise),

@@ -321,6 +321,37 @@ TEST(Strategies, BatchNormOverABatchSplitPaysForTheCallsItRunsAs) {
                    find(per_rank_strategies[norm], 1, 1, SplitKind::kReplicate).forward_compute);
 }
 
+// cross_entropy over vocabulary-split logits runs as parallel::vocab_parallel_cross_entropy's
+// ops, not the fused op: priced at the profile's "vocab_loss" rate where it has one (here half
+// the fused rate: twice the time), at the fused op's "loss" rate where not; unsplit, the fused
+// op's rate either way.
+TEST(Strategies, AVocabularySplitLossIsPricedAtItsDecompositionsRate) {
+  Tensor logits = meta({8, 64}), target = meta({8}, DType::kInt64);
+  logits.set_requires_grad(true);
+  const Graph graph = trace_graph([&] { cross_entropy(logits, target); }, {},
+                                  {{"logits", logits}, {"target", target}}, 8);
+  int loss = -1;
+  for (const TracedOp& op : graph.ops)
+    if (op.name == "cross_entropy") loss = op.id;
+  ASSERT_GE(loss, 0);
+  PlannerConfig fused = config_for(2);
+  fused.profile.op_overhead_s = 0;
+  fused.profile.rank_skew = 0;
+  fused.profile.op_kinds["loss"] = OpKindRate{"bytes", 1e9, 1e9, 0, 0};
+  PlannerConfig decomposed = fused;
+  decomposed.profile.op_kinds[kVocabLossKind] = OpKindRate{"bytes", 0.5e9, 0.5e9, 0, 0};
+  const auto fused_strategies = enumerate_strategies(graph, fused);
+  const auto decomposed_strategies = enumerate_strategies(graph, decomposed);
+  const double local_bytes = graph.ops[loss].bytes / 2;
+  const Strategy& split_fused = find(fused_strategies[loss], 1, 2, SplitKind::kVocab);
+  const Strategy& split = find(decomposed_strategies[loss], 1, 2, SplitKind::kVocab);
+  EXPECT_DOUBLE_EQ(split_fused.forward_compute, local_bytes / 1e9);
+  EXPECT_DOUBLE_EQ(split.forward_compute, local_bytes / 0.5e9);
+  EXPECT_DOUBLE_EQ(split.backward_compute, 2 * split_fused.backward_compute);
+  EXPECT_DOUBLE_EQ(find(decomposed_strategies[loss], 1, 1, SplitKind::kReplicate).forward_compute,
+                   find(fused_strategies[loss], 1, 1, SplitKind::kReplicate).forward_compute);
+}
+
 // While backward moves a gradient back to its producer's layout, each device holds the part of
 // that layout beside the part it had: the plan's peak counts it where the move happens.
 TEST(Strategies, MovingAGradientBackHoldsBothParts) {

@@ -42,6 +42,7 @@
 #include "parallel/planner/cost_model.h"
 #include "parallel/planner/graph.h"
 #include "parallel/planner/strategies.h"
+#include "parallel/tensor_parallel.h"
 #include "tools/plan/plan_cli.h"
 
 namespace tessel::planner {
@@ -104,6 +105,9 @@ struct KindCase {
   std::function<Tensor()> forward;
   std::vector<Tensor> leaves;
   double backward_factor = 1;
+  // The planner's (FLOPs, bytes) for the case, when not those of the forward's own ops of its
+  // kind (a decomposition priced by the bytes of the op it stands for).
+  std::function<std::pair<double, double>()> work;
 };
 
 // Several copies of one case, used in turn, so that together they overflow the last-level cache
@@ -592,6 +596,28 @@ KindCase loss_case(int64_t rows, int64_t classes) {
       1);
 }
 
+// cross_entropy over a vocabulary split as it runs (parallel::vocab_parallel_cross_entropy's
+// element-wise ops and reductions), over a group of this rank alone so that only its own work is
+// timed: priced by the bytes of the fused cross_entropy on the same logits, as the planner does.
+KindCase vocab_loss_case(int64_t rows, int64_t classes, int64_t own_group) {
+  KindCase result = pooled(
+      [=] {
+        Tensor logits = randn({rows, classes}).set_requires_grad(true);
+        Tensor target = randint(0, classes, {rows});
+        std::function<Tensor()> forward = [=] {
+          return parallel::vocab_parallel_cross_entropy(logits, target, own_group);
+        };
+        return std::make_pair(forward, std::vector<Tensor>{logits});
+      },
+      1);
+  result.work = [=] {
+    Tensor logits = empty({rows, classes}, TensorOptions().device(Device::meta()));
+    Tensor target = empty({rows}, TensorOptions(DType::kInt64).device(Device::meta()));
+    return planner_work([=] { return cross_entropy(logits, target); }, "loss");
+  };
+  return result;
+}
+
 // Kinds priced by FLOPs: matrix products and convolutions.
 void add_matrix_kinds(std::vector<KindEntry>& entries, bool quick, int64_t scale) {
   {
@@ -702,6 +728,16 @@ void add_bandwidth_kinds(std::vector<KindEntry>& entries, bool quick, int64_t sc
            {loss_case(512 / scale, 30522), loss_case(8, 1000), loss_case(2, 10)},
            "cross_entropy of (" + std::to_string(512 / scale) +
                ", 30522) and (8, 1000), priced by bytes");
+  const int64_t own_group = parallel::register_tp_group(parallel::make_device_communicator(
+      MPI_COMM_SELF, Device::cpu(), parallel::CommOptions().name("calibrate_own_rank")));
+  add_kind(entries, planner::kVocabLossKind, "bytes",
+           {vocab_loss_case(512 / scale, 15261, own_group), vocab_loss_case(8, 500, own_group),
+            vocab_loss_case(2, 10, own_group)},
+           "vocab_parallel_cross_entropy's ops (max, sub, exp, sum, log, the target's gather and "
+           "their backward) over (" +
+               std::to_string(512 / scale) +
+               ", 15261) and (8, 500) logits (one rank's half of BERT's vocabulary), priced by the "
+               "bytes of cross_entropy on them");
 }
 
 // Per-kind rates, forward and backward, over shapes of the model zoo's layers (ResNet-50 and
@@ -725,7 +761,7 @@ struct OpKindTexts {
 OpKindRate fit_kind(const KindEntry& entry, const std::vector<PassTimes>& times, size_t& next) {
   std::vector<double> work, backward_work, forward_s, backward_s;
   for (const KindCase& c : entry.cases) {
-    const auto [flops, bytes] = planner_work(c.forward, entry.kind);
+    const auto [flops, bytes] = c.work ? c.work() : planner_work(c.forward, entry.kind);
     const double units = entry.per == "bytes" ? bytes : flops;
     work.push_back(units);
     backward_work.push_back(c.backward_factor * units);
