@@ -720,8 +720,15 @@ std::vector<MoveStep> redistribution_steps(const Layout& from, const Layout& to,
 double move_collectives_time(const Layout& from, const Layout& to, double bytes,
                              const DeviceProfile& profile, int devices) {
   double seconds = 0;
-  for (const MoveStep& step : redistribution_steps(from, to, bytes, devices))
+  for (const MoveStep& step : redistribution_steps(from, to, bytes, devices)) {
     seconds += profile.collective_time(Collective::kAllGather, step.group, step.bytes);
+    // The all-to-all copies its part into the pieces it sends and keeps, and the pieces it
+    // received into its output: two copies, each reading and writing the part, at the rate of
+    // concatenation (a copy), within the one call.
+    if (step.kind == MoveStep::Kind::kAllToAll)
+      seconds += profile.op_time("concat", 0, 4 * step.bytes, false) -
+                 profile.op_time("concat", 0, 0, false);
+  }
   return seconds;
 }
 

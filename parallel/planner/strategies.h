@@ -201,7 +201,8 @@ std::vector<MoveStep> redistribution_steps(const Layout& from, const Layout& to,
                                            int devices);
 
 // Seconds of the collectives that move a tensor of `bytes` from layout `from` to layout `to`
-// (redistribution_steps), without any wait for the ranks.
+// (redistribution_steps), the all-to-all's copies of its part included, without any wait for the
+// ranks.
 double move_collectives_time(const Layout& from, const Layout& to, double bytes,
                              const DeviceProfile& profile, int devices);
 

@@ -431,6 +431,25 @@ TEST(Redistribution, BatchToColumnIsAnAllGather) {
                    1e-6 + 0.5 * needed / 1e9);
 }
 
+// Between the batch's line and the model's on the same ranks, each rank sends every other a
+// part's size-th of its part and copies the part twice (into the pieces, then the received pieces
+// into its output), each copy reading and writing it at the concatenation rate.
+TEST(Redistribution, BatchLineToModelLineIsAnAllToAllThatCopiesItsPartTwice) {
+  DeviceProfile profile = round_number_profile();
+  profile.op_kinds["concat"] = OpKindRate{"bytes", 2e9, 2e9, 5e-6, 5e-6};
+  const double bytes = 8e6, part = bytes / 2;
+  const auto steps = redistribution_steps({2, 1}, {1, 2}, bytes, 2);
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(steps[0].kind, MoveStep::Kind::kAllToAll);
+  EXPECT_DOUBLE_EQ(move_collectives_time({2, 1}, {1, 2}, bytes, profile, 2),
+                   1e-6 + 0.5 * part / 1e9 + 4 * part / 2e9);
+  EXPECT_DOUBLE_EQ(move_collectives_time({1, 2}, {2, 1}, bytes, profile, 2),
+                   1e-6 + 0.5 * part / 1e9 + 4 * part / 2e9);
+  // A gather copies nothing beyond the collective.
+  EXPECT_DOUBLE_EQ(move_collectives_time({1, 2}, {1, 1}, bytes, profile, 2),
+                   1e-6 + 0.5 * bytes / 1e9);
+}
+
 // Ranks reach a collective apart by the jitter of the work before it: a row-parallel op's
 // all-reduce waits sync_jitter * sqrt(its forward compute), a move the same after the producer's
 // forward and, for the gradient, after the consumer's backward; nothing where nothing moves. The
