@@ -23,6 +23,8 @@ grep -q 'not measured (one rank)' "$dir/one.json"
 # Per-kind rates and the layout they were measured under.
 grep -q '"conv_grouped"' "$dir/one.json"
 grep -q '"adam_update"' "$dir/one.json"
+# The vocabulary-split loss as it runs (its decomposition over a group of the rank alone).
+grep -q '"vocab_loss"' "$dir/one.json"
 grep -q '"ranks_at_once": 1' "$dir/one.json"
 
 # With --shapes_of, a model's convolutions are also timed at every local shape the planner prices.
