@@ -1,5 +1,11 @@
 #include "nn/container.h"
 
+#include <iterator>
+#include <typeinfo>
+
+#include "nn/activation.h"
+#include "nn/normalization.h"
+
 namespace tessel::nn {
 
 void ModuleSequence::push_back(std::shared_ptr<Module> module) {
@@ -34,7 +40,17 @@ Sequential::Sequential(const std::vector<std::pair<std::string, std::shared_ptr<
 
 Tensor Sequential::forward(const Tensor& input) {
   Tensor value = input;
-  for (const auto& module : *this) value = module->forward(value);
+  for (auto module = begin(); module != end(); ++module) {
+    // A BatchNorm2d followed by a ReLU (both exactly those classes, nothing overriding their
+    // forward) runs as one pass where it can: half the memory traffic of evaluation's two.
+    if (std::next(module) != end() && typeid(**module) == typeid(BatchNorm2d) &&
+        typeid(**std::next(module)) == typeid(ReLU)) {
+      value = static_cast<BatchNorm2d&>(**module).forward_relu(value);
+      ++module;
+      continue;
+    }
+    value = (*module)->forward(value);
+  }
   return value;
 }
 

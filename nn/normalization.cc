@@ -58,6 +58,14 @@ Tensor BatchNorm2d::forward(const Tensor& input) {
                     options.momentum(), options.eps());
 }
 
+Tensor BatchNorm2d::forward_relu(const Tensor& input) {
+  const bool one_pass = !is_training() && options.track_running_stats() &&
+                        !GradMode::is_enabled() && input.device().is_cpu() && input.dim() == 4 &&
+                        input.size(1) == options.num_features();
+  if (!one_pass) return relu(forward(input));
+  return batch_norm_relu_eval(input, weight, bias, running_mean, running_var, options.eps());
+}
+
 std::string BatchNorm2d::extra_repr() const {
   return std::to_string(options.num_features()) + ", eps=" + detail::format_double(options.eps()) +
          ", momentum=" + detail::format_double(options.momentum()) +

@@ -32,6 +32,9 @@ class BatchNorm2d : public Module {
   explicit BatchNorm2d(const BatchNormOptions& options);
   // input (N, C, H, W) -> same shape
   Tensor forward(const Tensor& input) override;
+  // relu(forward(input)): in one pass over the input where it can be (eval mode on running
+  // statistics, no autograd, on the CPU), as Sequential runs a BatchNorm2d followed by a ReLU.
+  Tensor forward_relu(const Tensor& input);
   std::string extra_repr() const override;
   void reset_running_stats();
   void reset_parameters();

@@ -6,6 +6,7 @@
 
 #include <vector>
 
+#include "core/autograd.h"
 #include "ops/cpu/kernels.h"
 #include "ops/math/channel_layout.h"
 #include "ops/ops.h"
@@ -148,6 +149,9 @@ void register_batch_norm_eval() {
   op.kernels[static_cast<int>(DeviceType::kCpu)] = cpu::batch_norm_eval_kernel;
   op.save_inputs = {0, 1, 3, 4};
   op.backward = [](const BackwardContext& context) -> std::vector<Tensor> {
+    TESSEL_CHECK(!context.attrs.get_or<bool>("relu", false),
+                 "batch_norm_eval: the form with relu fused in is for inference and has no "
+                 "backward; call relu(batch_norm(...)) where gradients are needed");
     std::vector<Tensor> grads =
         dispatch(ops::batch_norm_backward,
                  {context.grad_outputs[0], context.saved_inputs[0], context.saved_inputs[1],
@@ -260,6 +264,19 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias,
   }
   return dispatch(ops::batch_norm_eval, {x, weight, bias, running_mean, running_var},
                   Attrs{{"eps", eps}})[0];
+}
+
+Tensor batch_norm_relu_eval(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                            const Tensor& running_mean, const Tensor& running_var, double eps) {
+  if (GradMode::is_enabled()) {
+    for (const Tensor* input : {&x, &weight, &bias})
+      TESSEL_CHECK(!input->defined() || !input->requires_grad(),
+                   "batch_norm_relu_eval: is for inference and has no backward, but an input "
+                   "requires a gradient; run it under NoGradGuard or call "
+                   "relu(batch_norm(...))");
+  }
+  return dispatch(ops::batch_norm_eval, {x, weight, bias, running_mean, running_var},
+                  Attrs{{"eps", eps}, {"relu", true}})[0];
 }
 
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,

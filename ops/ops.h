@@ -180,6 +180,11 @@ Tensor adaptive_avg_pool2d(const Tensor& x, std::vector<int64_t> output_size);
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias,
                   const Tensor& running_mean, const Tensor& running_var, bool training,
                   double momentum = 0.1, double eps = 1e-5);
+// Eval batch_norm and relu in one pass over x, the bits of relu(batch_norm(..., false, ...)):
+// for inference only (an error where an input would need a gradient).
+Tensor batch_norm_relu_eval(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                            const Tensor& running_mean, const Tensor& running_var,
+                            double eps = 1e-5);
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
                   const Tensor& bias = Tensor(), double eps = 1e-5);
 Tensor embedding(const Tensor& weight, const Tensor& indices, int64_t padding_idx = -1);

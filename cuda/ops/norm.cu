@@ -344,6 +344,8 @@ void batch_norm_train(KernelContext& context) {
 
 void batch_norm_eval(KernelContext& context) {
   const double eps = context.attrs.get<double>("eps");
+  TESSEL_CHECK(!context.attrs.get_or<bool>("relu", false),
+               "batch_norm_eval: relu fused in runs on the CPU only; call relu(batch_norm(...))");
   KernelDevice device(context);
   visit_float_dtype(context.inputs[0].dtype(), ops::batch_norm.name(), [&](auto tag) {
     using T = decltype(tag);

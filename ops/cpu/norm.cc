@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "ops/cpu/kernels.h"
@@ -267,9 +268,11 @@ void batch_norm_train_kernel(KernelContext& context) {
   });
 }
 
-// Eval: y = (x - running_mean) / sqrt(running_var + eps) * weight + bias, plane by plane.
+// Eval: y = (x - running_mean) / sqrt(running_var + eps) * weight + bias, plane by plane; with
+// attr relu, then max(y, 0) in the same pass (the bits of relu's kernel on y).
 void batch_norm_eval_kernel(KernelContext& context) {
   const double eps = context.attrs.get<double>("eps");
+  const bool relu = context.attrs.get_or<bool>("relu", false);
   visit_float_dtype(context.inputs[0].dtype(), "batch_norm", [&](auto tag) {
     using T = decltype(tag);
     const Tensor x = cpu::dense_input(context, context.inputs[0]);
@@ -288,17 +291,30 @@ void batch_norm_eval_kernel(KernelContext& context) {
     const T* x_data = x.data_ptr<T>();
     T* y_data = y.data<T>();
     const int64_t planes = layout.batch * C;
-    parallel_for(0, planes, std::max<int64_t>(1, 32768 / std::max<int64_t>(S, 1)),
-                 [&](int64_t begin, int64_t end) {
-                   for (int64_t plane = begin; plane < end; ++plane) {
-                     const int64_t c = plane % C;
-                     const T* in = x_data + plane * S;
-                     T* out = y_data + plane * S;
+    auto normalize = [&](auto then_relu) {
+      parallel_for(0, planes, std::max<int64_t>(1, 32768 / std::max<int64_t>(S, 1)),
+                   [&](int64_t begin, int64_t end) {
+                     for (int64_t plane = begin; plane < end; ++plane) {
+                       const int64_t c = plane % C;
+                       const T* in = x_data + plane * S;
+                       T* out = y_data + plane * S;
 #pragma omp simd
-                     for (int64_t s = 0; s < S; ++s)
-                       out[s] = static_cast<T>(in[s] * scale[c] + shift[c]);
-                   }
-                 });
+                       for (int64_t s = 0; s < S; ++s) {
+                         const T value = static_cast<T>(in[s] * scale[c] + shift[c]);
+                         if constexpr (decltype(then_relu)::value) {
+                           out[s] = value < T(0) ? T(0) : value;
+                         } else {
+                           out[s] = value;
+                         }
+                       }
+                     }
+                   });
+    };
+    if (relu) {
+      normalize(std::true_type{});
+    } else {
+      normalize(std::false_type{});
+    }
     y.finish();
   });
 }

@@ -6,6 +6,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/autograd.h"
+#include "core/op.h"
 #include "gtest/gtest.h"
 #include "nn/nn.h"
 #include "ops/ops.h"
@@ -71,6 +73,39 @@ TEST(Sequential, MixesFormsAndNestsByValue) {
   EXPECT_EQ(outer(randn({3, 2})).sizes(), (Shape{3, 4}));
   auto made = std::make_shared<Sequential>(std::make_shared<Linear>(2, 2), ReLU());
   EXPECT_EQ(made->size(), 2u);
+}
+
+// Evaluation runs a BatchNorm2d followed by a ReLU as one pass (batch_norm_eval with relu):
+// the same bits as the two modules one after the other, and training is untouched by it.
+TEST(Sequential, RunsBatchNormThenReluInOnePassInEvaluation) {
+  Sequential block(Conv2d(Conv2dOptions(3, 8, 3).padding(1)), BatchNorm2d(8), ReLU());
+  auto norm = block.at<BatchNorm2d>(1);
+  norm->running_mean.copy_(randn({8}));
+  norm->running_var.copy_(rand({8}) + 0.5);
+  const Tensor x = randn({2, 3, 6, 6});
+  block.eval();
+  std::vector<std::string> ops_run;
+  TraceHook previous =
+      set_trace_hook([&](const OpDef& op, const std::vector<Tensor>&, const std::vector<Tensor>&,
+                         const Attrs&) { ops_run.push_back(op.name); });
+  Tensor fused;
+  {
+    NoGradGuard no_grad;
+    fused = block.forward(x);
+  }
+  set_trace_hook(previous);
+  EXPECT_EQ(ops_run, (std::vector<std::string>{"conv2d", "batch_norm_eval"}));
+  Tensor apart;
+  {
+    NoGradGuard no_grad;
+    apart = block[2]->forward(block[1]->forward(block[0]->forward(x)));
+  }
+  EXPECT_TRUE(bitwise_equal(fused, apart));
+  // With autograd on, two ops and a gradient as before.
+  const Tensor with_grad = block.forward(x);
+  EXPECT_TRUE(bitwise_equal(with_grad, apart));
+  with_grad.sum().backward();
+  EXPECT_TRUE(block.at<Conv2d>(0)->weight.grad().defined());
 }
 
 TEST(Sequential, PrintsItsStructure) {

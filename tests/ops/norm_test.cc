@@ -270,6 +270,39 @@ TEST(BatchNorm, BadInputsAreErrors) {
       "f32 or f64"));
 }
 
+TEST(BatchNorm, ReluFusedInEvalHasTheBitsOfReluAfterBatchNorm) {
+  NchwCase c;
+  // Both signs after normalising, a NaN that must stay NaN, f64 and f32, and planes long enough
+  // for the vector loop (7x9) beside the short ones.
+  std::vector<double> values = c.x.to_vector<double>();
+  values[5] = std::nan("");
+  const Tensor x = f64(values, c.x.sizes());
+  Tensor wide = randn({3, 3, 7, 9}, kF64);
+  for (const Tensor& input : {x, wide, wide.to(DType::kFloat32)}) {
+    const DType dtype = input.dtype();
+    const Tensor w = c.weight.to(dtype), b = c.bias.to(dtype);
+    const Tensor mean = c.running_mean.to(dtype), var = c.running_var.to(dtype);
+    NoGradGuard no_grad;
+    const Tensor fused = batch_norm_relu_eval(input, w, b, mean, var, 1e-5);
+    const Tensor apart = relu(batch_norm(input, w, b, mean, var, false, 0.1, 1e-5));
+    EXPECT_TRUE(bitwise_equal(fused, apart)) << dtype_name(dtype);
+    EXPECT_GT(fused.eq(zeros_like(fused)).sum().item<double>(), 0);
+  }
+}
+
+TEST(BatchNorm, ReluFusedInEvalRefusesAutograd) {
+  NchwCase c;
+  Tensor x = c.x.clone().requires_grad_(true);
+  EXPECT_TRUE(throws_error(
+      [&] { batch_norm_relu_eval(x, c.weight, c.bias, c.running_mean, c.running_var); },
+      "is for inference and has no backward"));
+  // Dispatched directly, the op records a backward that refuses to run.
+  Tensor y = dispatch(ops::batch_norm_eval, {x, c.weight, c.bias, c.running_mean, c.running_var},
+                      Attrs{{"eps", 1e-5}, {"relu", true}})[0];
+  EXPECT_TRUE(throws_error([&] { y.sum().backward(); }, "has no backward"));
+  EXPECT_FALSE(x.grad().defined());
+}
+
 // (2, 3, 4) input, normalized over (3, 4) with affine parameters.
 struct LayerNormCase {
   Tensor x = f64({-1.13, -0.09, 1,     -0.08, 0.18, 0.95, -1.76, 1.01,  0.54, 0.28,  -0.51, -1.47,
