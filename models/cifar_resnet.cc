@@ -40,7 +40,7 @@ CifarBasicBlock::CifarBasicBlock(int64_t in_planes, int64_t planes, int64_t stri
 }
 
 Tensor CifarBasicBlock::forward(const Tensor& x) {
-  Tensor out = relu(bn1->forward(conv1->forward(x)));
+  Tensor out = bn1->forward_relu(conv1->forward(x));
   out = bn2->forward(conv2->forward(out));
   Tensor shortcut = x;
   if (stride_ != 1) {
@@ -94,7 +94,7 @@ Tensor CifarResNet::forward(const Tensor& x) {
   TESSEL_CHECK(x.dim() == 4 && x.size(1) == options.in_channels(),
                "CifarResNet: expected images (N, ", options.in_channels(), ", H, W), got shape ",
                shape_str(x.sizes()));
-  Tensor out = relu(bn1->forward(conv1->forward(x)));
+  Tensor out = bn1->forward_relu(conv1->forward(x));
   out = layer3->forward(layer2->forward(layer1->forward(out)));
   out = mean(out, {2, 3});
   return linear->forward(out);

@@ -44,7 +44,7 @@ BasicBlock::BasicBlock(int64_t in_planes, int64_t planes, int64_t stride,
 }
 
 Tensor BasicBlock::forward(const Tensor& x) {
-  Tensor out = relu->forward(bn1->forward(conv1->forward(x)));
+  Tensor out = bn1->forward_relu(conv1->forward(x));
   out = bn2->forward(conv2->forward(out));
   Tensor identity = downsample ? downsample->forward(x) : x;
   return relu->forward(add(out, identity));
@@ -65,8 +65,8 @@ Bottleneck::Bottleneck(int64_t in_planes, int64_t planes, int64_t stride,
 }
 
 Tensor Bottleneck::forward(const Tensor& x) {
-  Tensor out = relu->forward(bn1->forward(conv1->forward(x)));
-  out = relu->forward(bn2->forward(conv2->forward(out)));
+  Tensor out = bn1->forward_relu(conv1->forward(x));
+  out = bn2->forward_relu(conv2->forward(out));
   out = bn3->forward(conv3->forward(out));
   Tensor identity = downsample ? downsample->forward(x) : x;
   return relu->forward(add(out, identity));
@@ -165,7 +165,7 @@ Tensor ResNet::forward(const Tensor& x) {
                " channels but the model was built for in_channels=", options.in_channels(),
                " (input shape ", shape_str(x.sizes()), ", conv1.weight shape ",
                shape_str(conv1->weight.sizes()), ")");
-  Tensor out = maxpool->forward(relu->forward(bn1->forward(conv1->forward(x))));
+  Tensor out = maxpool->forward(bn1->forward_relu(conv1->forward(x)));
   out = layer4->forward(layer3->forward(layer2->forward(layer1->forward(out))));
   out = flatten(avgpool->forward(out), 1);
   return fc->forward(out);
