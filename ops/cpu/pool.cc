@@ -88,47 +88,14 @@ void scatter_planes(KernelContext& context, const Fill& fill) {
 
 // ---- max_pool2d ----
 
-// The outputs [*first, *last] along `axis` whose windows lie wholly inside the input (none when
-// first > last): their reads need no bounds checks.
-void inside_outputs(const PoolAxis& axis, int64_t* first, int64_t* last) {
-  *first = (axis.padding + axis.stride - 1) / axis.stride;  // o * stride - padding >= 0
-  const int64_t reach = axis.input - 1 + axis.padding - (axis.kernel - 1) * axis.dilation;
-  *last = reach < 0 ? -1 : std::min(reach / axis.stride, axis.output - 1);
-}
-
-// Outputs [begin, end) of output row `oh` whose windows lie inside the input (rows dense): each
-// window tap in window_max's order, applied across the row's outputs at once so the loop over
-// outputs vectorises; the same comparisons per output, so the same values and indices.
-template <typename T>
-void max_row_inside(const T* plane, int64_t row_stride, const PoolAxis& rows, const PoolAxis& cols,
-                    int64_t oh, int64_t begin, int64_t end, T* best, int64_t* best_index) {
-  const int64_t h0 = oh * rows.stride - rows.padding;
-  const int64_t count = end - begin;
-  const int64_t col_stride = cols.stride;
-  for (int64_t i = 0; i < rows.kernel; ++i) {
-    const int64_t h = h0 + i * rows.dilation;
-    for (int64_t j = 0; j < cols.kernel; ++j) {
-      const T* tap = plane + h * row_stride + begin * col_stride - cols.padding + j * cols.dilation;
-      const int64_t position = h * cols.input - cols.padding + j * cols.dilation;
-      if (i == 0 && j == 0) {
-#pragma omp simd
-        for (int64_t k = 0; k < count; ++k) {
-          best[k] = tap[k * col_stride];
-          best_index[k] = position + (begin + k) * col_stride;
-        }
-        continue;
-      }
-#pragma omp simd
-      for (int64_t k = 0; k < count; ++k) {
-        const T value = tap[k * col_stride];
-        const bool take = value > best[k] || value != value;
-        best[k] = take ? value : best[k];
-        best_index[k] = take ? position + (begin + k) * col_stride : best_index[k];
-      }
-    }
-  }
-}
-
+// Tap by tap over all of a plane's windows at once. Each plane is copied into a padded plane of
+// its own (-inf around it, room for every window, ceil_mode's last ones included); its taps are
+// gathered as rows of columns (row t: tap t of every window), and each row is folded into the
+// running maxima by a loop over the windows that vectorises and has no branch to mispredict (a
+// comparison per tap chained through one window's taps mispredicts on data like activations).
+// The taps are taken in window_max's order with its rule (a window's first real tap starts it,
+// a later one wins when greater or NaN); a padding tap, -inf at position -1, is never greater
+// and never counts as a start, so the value and position are window_max's.
 template <typename T>
 void max_pool_forward(KernelContext& context) {
   const Tensor& x = context.inputs[0];
@@ -142,41 +109,67 @@ void max_pool_forward(KernelContext& context) {
   const T* x_data = x.data_ptr<T>();
   T* value_data = values.data_ptr<T>();
   int64_t* index_data = indices.data_ptr<int64_t>();
-  const int64_t work = rows.output * cols.output * rows.kernel * cols.kernel;
-  // Windows inside the input run a row at a time without bounds checks where rows are dense (the
-  // common layout); the others (edges, strided rows) are checked one by one.
-  int64_t first_row = 0, last_row = -1, first_col = 0, last_col = -1;
-  if (in.stride_w == 1) {
-    inside_outputs(rows, &first_row, &last_row);
-    inside_outputs(cols, &first_col, &last_col);
+  auto padded_extent = [](const PoolAxis& axis) {
+    return std::max(axis.input + 2 * axis.padding,
+                    (axis.output - 1) * axis.stride + (axis.kernel - 1) * axis.dilation + 1);
+  };
+  const int64_t padded_h = padded_extent(rows), padded_w = padded_extent(cols);
+  const int64_t windows = rows.output * cols.output, taps = rows.kernel * cols.kernel;
+  // For tap t of window k (entry t * windows + k): its entry in the padded plane and its
+  // position h * W + w in the input plane (-1 in the padding), the same for every plane.
+  std::vector<int64_t> padded_at(static_cast<size_t>(taps * windows));
+  std::vector<int64_t> position(padded_at.size());
+  for (int64_t i = 0; i < rows.kernel; ++i) {
+    for (int64_t j = 0; j < cols.kernel; ++j) {
+      for (int64_t oh = 0; oh < rows.output; ++oh) {
+        for (int64_t ow = 0; ow < cols.output; ++ow) {
+          const int64_t padded_row = oh * rows.stride + i * rows.dilation;
+          const int64_t padded_col = ow * cols.stride + j * cols.dilation;
+          const int64_t h = padded_row - rows.padding, w = padded_col - cols.padding;
+          const bool inside = h >= 0 && h < rows.input && w >= 0 && w < cols.input;
+          const int64_t at = (i * cols.kernel + j) * windows + oh * cols.output + ow;
+          padded_at[at] = padded_row * padded_w + padded_col;
+          position[at] = inside ? h * cols.input + w : -1;
+        }
+      }
+    }
   }
-  parallel_for(0, plane_count(x), plane_grain(work), [&](int64_t begin, int64_t end) {
-    // One output row's inside windows at a time (max_row_inside).
-    std::vector<T> row_best(static_cast<size_t>(std::max<int64_t>(cols.output, 0)));
-    std::vector<int64_t> row_index(row_best.size());
+  parallel_for(0, plane_count(x), plane_grain(windows * taps), [&](int64_t begin, int64_t end) {
+    std::vector<T> padded(static_cast<size_t>(padded_h * padded_w), -static_cast<T>(INFINITY));
+    std::vector<T> columns(position.size()), best(static_cast<size_t>(windows));
+    std::vector<int64_t> best_index(best.size());
+    T* best_data = best.data();
+    int64_t* best_index_data = best_index.data();
     for (int64_t p = begin; p < end; ++p) {
       const T* plane = x_data + in.plane_offset(p);
+      for (int64_t h = 0; h < rows.input; ++h) {
+        T* row = padded.data() + (h + rows.padding) * padded_w + cols.padding;
+        if (in.stride_w == 1) {
+          std::copy(plane + h * in.stride_h, plane + h * in.stride_h + cols.input, row);
+        } else {
+          for (int64_t w = 0; w < cols.input; ++w) row[w] = plane[in.at(h, w)];
+        }
+      }
+      for (size_t e = 0; e < columns.size(); ++e) columns[e] = padded[padded_at[e]];
+      std::copy(columns.begin(), columns.begin() + windows, best.begin());
+      std::copy(position.begin(), position.begin() + windows, best_index.begin());
+      for (int64_t t = 1; t < taps; ++t) {
+        const T* tap_value = columns.data() + t * windows;
+        const int64_t* tap_position = position.data() + t * windows;
+#pragma omp simd
+        for (int64_t k = 0; k < windows; ++k) {
+          const T value = tap_value[k];
+          const bool take = (best_index_data[k] < 0) | (value > best_data[k]) | (value != value);
+          best_data[k] = take ? value : best_data[k];
+          best_index_data[k] = take ? tap_position[k] : best_index_data[k];
+        }
+      }
       T* value_plane = value_data + out.plane_offset(p);
       int64_t* index_plane = index_data + index.plane_offset(p);
       for (int64_t oh = 0; oh < rows.output; ++oh) {
-        const bool inside_row = oh >= first_row && oh <= last_row && first_col <= last_col;
-        if (inside_row) {
-          max_row_inside(plane, in.stride_h, rows, cols, oh, first_col, last_col + 1,
-                         row_best.data(), row_index.data());
-          for (int64_t ow = first_col; ow <= last_col; ++ow) {
-            value_plane[out.at(oh, ow)] = row_best[ow - first_col];
-            index_plane[index.at(oh, ow)] = row_index[ow - first_col];
-          }
-        }
         for (int64_t ow = 0; ow < cols.output; ++ow) {
-          if (inside_row && ow >= first_col && ow <= last_col) continue;
-          T best;
-          int64_t best_index;
-          window_max(
-              rows, cols, oh, ow, [&](int64_t h, int64_t w) { return plane[in.at(h, w)]; }, &best,
-              &best_index);
-          value_plane[out.at(oh, ow)] = best;
-          index_plane[index.at(oh, ow)] = best_index;
+          value_plane[out.at(oh, ow)] = best_data[oh * cols.output + ow];
+          index_plane[index.at(oh, ow)] = best_index_data[oh * cols.output + ow];
         }
       }
     }

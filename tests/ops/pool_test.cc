@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/op.h"
+#include "ops/math/pooling.h"
 #include "ops/ops.h"
 #include "tests/ops/patterns.h"
 #include "tests/testing.h"
@@ -83,21 +84,24 @@ TEST(MaxPool2d, PropagatesNaNLikePyTorch) {
   EXPECT_TRUE(std::isnan(max_pool2d(x, {2, 2}).item<double>()));
 }
 
-// In contiguous inputs, windows inside the input are read without bounds checks; in a view with
-// strided rows every window is checked. Both give the same maxima and the same indices (the first
-// maximum of ties, the last NaN), with and without padding.
-TEST(MaxPool2d, UncheckedWindowsAgreeWithCheckedOnes) {
+// Every window's value and index are those of window_max (ops/math/pooling.h, what the CUDA
+// kernel runs), the window-by-window rule: the first maximum of ties, the last NaN, -inf counted
+// as a value, -1 for a window wholly in the padding. Dense and strided rows, padding, dilation
+// and ceil_mode's partial windows.
+TEST(MaxPool2d, MatchesTheWindowByWindowRule) {
   // pattern() repeats every 17 values: 3x3 windows hold ties.
   std::vector<double> values = pattern({2, 3, 9, 8}).to_vector<double>();
   for (size_t i : {5, 6, 40, 77, 200, 201, 333}) values[i] = std::nan("");
+  for (size_t i : {0, 1, 8, 9, 100, 250}) values[i] = -INFINITY;
   struct Case {
-    Shape kernel, stride, padding;
+    Shape kernel, stride, padding, dilation;
+    bool ceil_mode;
   };
-  const std::vector<Case> cases = {{{2, 2}, {2, 2}, {0, 0}},
-                                   {{3, 3}, {2, 2}, {1, 1}},
-                                   {{3, 3}, {1, 1}, {1, 1}},
-                                   {{2, 3}, {1, 2}, {1, 0}},
-                                   {{3, 1}, {3, 1}, {0, 0}}};
+  const std::vector<Case> cases = {
+      {{2, 2}, {2, 2}, {0, 0}, {1, 1}, false}, {{3, 3}, {2, 2}, {1, 1}, {1, 1}, false},
+      {{3, 3}, {1, 1}, {1, 1}, {1, 1}, false}, {{2, 3}, {1, 2}, {1, 0}, {1, 1}, false},
+      {{3, 1}, {3, 1}, {0, 0}, {1, 1}, false}, {{3, 3}, {2, 2}, {1, 1}, {2, 1}, true},
+      {{2, 2}, {3, 3}, {1, 1}, {1, 1}, true}};
   for (DType dtype : {DType::kFloat32, DType::kFloat64}) {
     Tensor x = from_vector<double>(values, {2, 3, 9, 8}, dtype);
     // The same values, with the plane's rows strided (a transposed copy, transposed back).
@@ -105,17 +109,42 @@ TEST(MaxPool2d, UncheckedWindowsAgreeWithCheckedOnes) {
     ASSERT_NE(strided.stride(3), 1);
     for (const Case& c : cases) {
       SCOPED_TRACE("kernel " + shape_str(c.kernel) + " stride " + shape_str(c.stride) +
-                   " padding " + shape_str(c.padding));
-      std::vector<Tensor> dense =
-          max_pool_with_indices(x, c.kernel, c.stride, c.padding, {1, 1}, false);
-      std::vector<Tensor> checked =
-          max_pool_with_indices(strided, c.kernel, c.stride, c.padding, {1, 1}, false);
-      EXPECT_EQ(dense[1].to_vector<int64_t>(), checked[1].to_vector<int64_t>());
-      const std::vector<double> a = dense[0].to_vector<double>(),
-                                b = checked[0].to_vector<double>();
-      ASSERT_EQ(a.size(), b.size());
-      for (size_t i = 0; i < a.size(); ++i)
-        EXPECT_TRUE(a[i] == b[i] || (std::isnan(a[i]) && std::isnan(b[i]))) << i;
+                   " padding " + shape_str(c.padding) + " dilation " + shape_str(c.dilation));
+      const std::vector<Tensor> dense =
+          max_pool_with_indices(x, c.kernel, c.stride, c.padding, c.dilation, c.ceil_mode);
+      const std::vector<Tensor> from_strided =
+          max_pool_with_indices(strided, c.kernel, c.stride, c.padding, c.dilation, c.ceil_mode);
+      const int64_t out_h = dense[0].size(2), out_w = dense[0].size(3);
+      PoolAxis axes[2];
+      for (int d = 0; d < 2; ++d)
+        axes[d] = {x.size(2 + d), c.kernel[d],   c.stride[d],
+                   c.padding[d],  c.dilation[d], d == 0 ? out_h : out_w};
+      std::vector<double> want_values;
+      std::vector<int64_t> want_indices;
+      for (int64_t plane = 0; plane < 6; ++plane) {
+        for (int64_t oh = 0; oh < out_h; ++oh) {
+          for (int64_t ow = 0; ow < out_w; ++ow) {
+            double best;
+            int64_t at;
+            window_max(
+                axes[0], axes[1], oh, ow,
+                [&](int64_t h, int64_t w) { return values[(plane * 9 + h) * 8 + w]; }, &best, &at);
+            // f32 holds these values exactly (pattern's are small fractions of 17ths in f64,
+            // compared after the same rounding).
+            want_values.push_back(dtype == DType::kFloat32 ? static_cast<float>(best) : best);
+            want_indices.push_back(at);
+          }
+        }
+      }
+      for (const std::vector<Tensor>& got : {dense, from_strided}) {
+        EXPECT_EQ(got[1].to_vector<int64_t>(), want_indices);
+        const std::vector<double> got_values = got[0].to_vector<double>();
+        ASSERT_EQ(got_values.size(), want_values.size());
+        for (size_t i = 0; i < got_values.size(); ++i)
+          EXPECT_TRUE(got_values[i] == want_values[i] ||
+                      (std::isnan(got_values[i]) && std::isnan(want_values[i])))
+              << i;
+      }
     }
   }
 }
