@@ -95,7 +95,8 @@ void scatter_planes(KernelContext& context, const Fill& fill) {
 // comparison per tap chained through one window's taps mispredicts on data like activations).
 // The taps are taken in window_max's order with its rule (a window's first real tap starts it,
 // a later one wins when greater or NaN); a padding tap, -inf at position -1, is never greater
-// and never counts as a start, so the value and position are window_max's.
+// and never counts as a start, so the value and position are window_max's. Large planes go by
+// blocks of output rows, so the tables stay small.
 template <typename T>
 void max_pool_forward(KernelContext& context) {
   const Tensor& x = context.inputs[0];
@@ -109,71 +110,88 @@ void max_pool_forward(KernelContext& context) {
   const T* x_data = x.data_ptr<T>();
   T* value_data = values.data_ptr<T>();
   int64_t* index_data = indices.data_ptr<int64_t>();
-  auto padded_extent = [](const PoolAxis& axis) {
-    return std::max(axis.input + 2 * axis.padding,
-                    (axis.output - 1) * axis.stride + (axis.kernel - 1) * axis.dilation + 1);
-  };
-  const int64_t padded_h = padded_extent(rows), padded_w = padded_extent(cols);
-  const int64_t windows = rows.output * cols.output, taps = rows.kernel * cols.kernel;
-  // For tap t of window k (entry t * windows + k): its entry in the padded plane and its
-  // position h * W + w in the input plane (-1 in the padding), the same for every plane.
-  std::vector<int64_t> padded_at(static_cast<size_t>(taps * windows));
+  const int64_t taps = rows.kernel * cols.kernel;
+  constexpr int64_t kMaxTableEntries = int64_t{1} << 16;
+  const int64_t block_rows =
+      std::clamp<int64_t>(kMaxTableEntries / (taps * cols.output), 1, rows.output);
+  const int64_t block_windows = block_rows * cols.output;
+  // A block's padded rows (from the first its windows read) and columns.
+  const int64_t padded_h = (block_rows - 1) * rows.stride + (rows.kernel - 1) * rows.dilation + 1;
+  const int64_t padded_w =
+      std::max(cols.input + 2 * cols.padding,
+               (cols.output - 1) * cols.stride + (cols.kernel - 1) * cols.dilation + 1);
+  // For tap t of window k of a block (entry t * block_windows + k): its entry in the block's
+  // padded rows (the same for every block) and its position h * W + w in the input plane (-1 in
+  // the padding; per block).
+  std::vector<int64_t> padded_at(static_cast<size_t>(taps * block_windows));
   std::vector<int64_t> position(padded_at.size());
-  for (int64_t i = 0; i < rows.kernel; ++i) {
-    for (int64_t j = 0; j < cols.kernel; ++j) {
-      for (int64_t oh = 0; oh < rows.output; ++oh) {
-        for (int64_t ow = 0; ow < cols.output; ++ow) {
-          const int64_t padded_row = oh * rows.stride + i * rows.dilation;
-          const int64_t padded_col = ow * cols.stride + j * cols.dilation;
-          const int64_t h = padded_row - rows.padding, w = padded_col - cols.padding;
-          const bool inside = h >= 0 && h < rows.input && w >= 0 && w < cols.input;
-          const int64_t at = (i * cols.kernel + j) * windows + oh * cols.output + ow;
-          padded_at[at] = padded_row * padded_w + padded_col;
-          position[at] = inside ? h * cols.input + w : -1;
-        }
-      }
-    }
-  }
-  parallel_for(0, plane_count(x), plane_grain(windows * taps), [&](int64_t begin, int64_t end) {
-    std::vector<T> padded(static_cast<size_t>(padded_h * padded_w), -static_cast<T>(INFINITY));
-    std::vector<T> columns(position.size()), best(static_cast<size_t>(windows));
-    std::vector<int64_t> best_index(best.size());
-    T* best_data = best.data();
-    int64_t* best_index_data = best_index.data();
-    for (int64_t p = begin; p < end; ++p) {
-      const T* plane = x_data + in.plane_offset(p);
-      for (int64_t h = 0; h < rows.input; ++h) {
-        T* row = padded.data() + (h + rows.padding) * padded_w + cols.padding;
-        if (in.stride_w == 1) {
-          std::copy(plane + h * in.stride_h, plane + h * in.stride_h + cols.input, row);
-        } else {
-          for (int64_t w = 0; w < cols.input; ++w) row[w] = plane[in.at(h, w)];
-        }
-      }
-      for (size_t e = 0; e < columns.size(); ++e) columns[e] = padded[padded_at[e]];
-      std::copy(columns.begin(), columns.begin() + windows, best.begin());
-      std::copy(position.begin(), position.begin() + windows, best_index.begin());
-      for (int64_t t = 1; t < taps; ++t) {
-        const T* tap_value = columns.data() + t * windows;
-        const int64_t* tap_position = position.data() + t * windows;
-#pragma omp simd
+  for (int64_t i = 0; i < rows.kernel; ++i)
+    for (int64_t j = 0; j < cols.kernel; ++j)
+      for (int64_t r = 0; r < block_rows; ++r)
+        for (int64_t ow = 0; ow < cols.output; ++ow)
+          padded_at[(i * cols.kernel + j) * block_windows + r * cols.output + ow] =
+              (r * rows.stride + i * rows.dilation) * padded_w + ow * cols.stride +
+              j * cols.dilation;
+  for (int64_t first_row = 0; first_row < rows.output; first_row += block_rows) {
+    const int64_t windows = std::min(block_rows, rows.output - first_row) * cols.output;
+    const int64_t top = first_row * rows.stride - rows.padding;  // input row of padded row 0
+    for (int64_t i = 0; i < rows.kernel; ++i) {
+      for (int64_t j = 0; j < cols.kernel; ++j) {
         for (int64_t k = 0; k < windows; ++k) {
-          const T value = tap_value[k];
-          const bool take = (best_index_data[k] < 0) | (value > best_data[k]) | (value != value);
-          best_data[k] = take ? value : best_data[k];
-          best_index_data[k] = take ? tap_position[k] : best_index_data[k];
-        }
-      }
-      T* value_plane = value_data + out.plane_offset(p);
-      int64_t* index_plane = index_data + index.plane_offset(p);
-      for (int64_t oh = 0; oh < rows.output; ++oh) {
-        for (int64_t ow = 0; ow < cols.output; ++ow) {
-          value_plane[out.at(oh, ow)] = best_data[oh * cols.output + ow];
-          index_plane[index.at(oh, ow)] = best_index_data[oh * cols.output + ow];
+          const int64_t h = top + (k / cols.output) * rows.stride + i * rows.dilation;
+          const int64_t w = (k % cols.output) * cols.stride + j * cols.dilation - cols.padding;
+          const bool inside = h >= 0 && h < rows.input && w >= 0 && w < cols.input;
+          position[(i * cols.kernel + j) * block_windows + k] = inside ? h * cols.input + w : -1;
         }
       }
     }
-  });
+    parallel_for(0, plane_count(x), plane_grain(windows * taps), [&](int64_t begin, int64_t end) {
+      std::vector<T> padded(static_cast<size_t>(padded_h * padded_w), -static_cast<T>(INFINITY));
+      std::vector<T> columns(position.size()), best(static_cast<size_t>(windows));
+      std::vector<int64_t> best_index(best.size());
+      T* best_data = best.data();
+      int64_t* best_index_data = best_index.data();
+      for (int64_t p = begin; p < end; ++p) {
+        const T* plane = x_data + in.plane_offset(p);
+        for (int64_t padded_row = 0; padded_row < padded_h; ++padded_row) {
+          T* row = padded.data() + padded_row * padded_w + cols.padding;
+          const int64_t h = top + padded_row;
+          if (h < 0 || h >= rows.input) {
+            std::fill(row, row + cols.input, -static_cast<T>(INFINITY));
+          } else if (in.stride_w == 1) {
+            std::copy(plane + h * in.stride_h, plane + h * in.stride_h + cols.input, row);
+          } else {
+            for (int64_t w = 0; w < cols.input; ++w) row[w] = plane[in.at(h, w)];
+          }
+        }
+        for (int64_t t = 0; t < taps; ++t) {
+          const int64_t* tap_at = padded_at.data() + t * block_windows;
+          T* tap_value = columns.data() + t * block_windows;
+          for (int64_t k = 0; k < windows; ++k) tap_value[k] = padded[tap_at[k]];
+        }
+        std::copy(columns.begin(), columns.begin() + windows, best.begin());
+        std::copy(position.begin(), position.begin() + windows, best_index.begin());
+        for (int64_t t = 1; t < taps; ++t) {
+          const T* tap_value = columns.data() + t * block_windows;
+          const int64_t* tap_position = position.data() + t * block_windows;
+#pragma omp simd
+          for (int64_t k = 0; k < windows; ++k) {
+            const T value = tap_value[k];
+            const bool take = (best_index_data[k] < 0) | (value > best_data[k]) | (value != value);
+            best_data[k] = take ? value : best_data[k];
+            best_index_data[k] = take ? tap_position[k] : best_index_data[k];
+          }
+        }
+        T* value_plane = value_data + out.plane_offset(p);
+        int64_t* index_plane = index_data + index.plane_offset(p);
+        for (int64_t k = 0; k < windows; ++k) {
+          const int64_t oh = first_row + k / cols.output, ow = k % cols.output;
+          value_plane[out.at(oh, ow)] = best_data[k];
+          index_plane[index.at(oh, ow)] = best_index_data[k];
+        }
+      }
+    });
+  }
 }
 
 template <typename T>

@@ -149,6 +149,36 @@ TEST(MaxPool2d, MatchesTheWindowByWindowRule) {
   }
 }
 
+// A plane large enough to go by blocks of output rows (300 x 300 windows of 9 taps), with ceil_mode
+// adding a last partial row and column: the same values and positions as window_max.
+TEST(MaxPool2d, LargePlanesGoByBlocksWithTheSameResults) {
+  std::vector<double> values = randn({1, 1, 599, 600}, kF64).to_vector<double>();
+  for (size_t i : {0, 7, 1200, 90000, 359399}) values[i] = std::nan("");
+  const Tensor x = from_vector<double>(values, {1, 1, 599, 600});
+  const std::vector<Tensor> got = max_pool_with_indices(x, {3, 3}, {2, 2}, {1, 1}, {1, 1}, true);
+  const int64_t out_h = got[0].size(2), out_w = got[0].size(3);
+  ASSERT_EQ(out_h, 300);
+  ASSERT_EQ(out_w, 301);
+  const PoolAxis rows{599, 3, 2, 1, 1, out_h}, cols{600, 3, 2, 1, 1, out_w};
+  const std::vector<double> got_values = got[0].to_vector<double>();
+  const std::vector<int64_t> got_indices = got[1].to_vector<int64_t>();
+  int64_t mismatches = 0;
+  for (int64_t oh = 0; oh < out_h; ++oh) {
+    for (int64_t ow = 0; ow < out_w; ++ow) {
+      double best;
+      int64_t at;
+      window_max(
+          rows, cols, oh, ow, [&](int64_t h, int64_t w) { return values[h * 600 + w]; }, &best,
+          &at);
+      const size_t k = static_cast<size_t>(oh * out_w + ow);
+      const bool same_value =
+          got_values[k] == best || (std::isnan(got_values[k]) && std::isnan(best));
+      if (!same_value || got_indices[k] != at) ++mismatches;
+    }
+  }
+  EXPECT_EQ(mismatches, 0);
+}
+
 TEST(MaxPool2d, GradientsMatchFiniteDifferences) {
   // Random values have no ties, so the maxima do not move under the small perturbations.
   struct Case {
