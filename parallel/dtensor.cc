@@ -154,6 +154,15 @@ DTensor DTensor::redistribute(std::vector<Placement> target) const {
     local = all_to_all_tp(local, target[i].dim, current[i].dim, mesh_->group(i));
     current[i] = target[i];
   }
+  // Partial -> Shard(d) over one mesh dim, where no other mesh dim cuts d: a reduce-scatter (half
+  // an all-reduce's traffic, no slice after it).
+  for (int i = 0; i < mesh_->ndim(); ++i) {
+    if (!current[i].is_partial() || !target[i].is_shard() || !is_floating(local.dtype()) ||
+        cut_elsewhere(i, target[i].dim) || local.size(target[i].dim) % mesh_->size(i) != 0)
+      continue;
+    local = reduce_scatter_to_tp(local, mesh_->group(i), target[i].dim);
+    current[i] = target[i];
+  }
   // Then everything that leaves a Shard or a Partial becomes Replicate, then the new shards are
   // sliced: no tensor dim is ever sharded over two mesh dims on the way.
   for (int i = 0; i < mesh_->ndim(); ++i) {

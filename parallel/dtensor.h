@@ -14,7 +14,9 @@
 // (parallel/tensor_parallel.h), so autograd runs through every move and every rank must call the
 // same moves in the same order: Shard -> Replicate is an all-gather (backward: this rank's part of
 // the gradient), Replicate -> Shard a local slice (backward: all-gather), Partial -> Replicate an
-// all-reduce (backward: identity), Partial -> Shard an all-reduce and a local slice, Shard(i) ->
+// all-reduce (backward: identity), Partial -> Shard a reduce-scatter (reduce_scatter_to_tp;
+// backward: all-gather; an all-reduce and a local slice where another mesh dim cuts that dim or
+// the group's size does not divide it), Shard(i) ->
 // Shard(j) an all-to-all (all_to_all_tp; an all-gather along i and a slice along j where another
 // mesh dim cuts i or j). Replicate -> Partial is not offered.
 //

@@ -257,6 +257,54 @@ TESSEL_REGISTER_OPS(tensor_parallel) {
     op.cost = copy_cost;
     op.flags.pure = false;
   }
+  {
+    OpDef& op = OpRegistry::get().define(ops::tp_reduce_scatter);
+    op.kind = OpKind::kCommunication;
+    op.autocast = AutocastPolicy::kWiden;
+    op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
+      check_tp_input("reduce_scatter_to_tp", in, attrs, true);
+      const int tp = group_of(attrs)->size();
+      Shape sizes = in[0].sizes();
+      const auto dim = static_cast<size_t>(gather_geometry(in[0], 1, attrs).dim);
+      TESSEL_CHECK(sizes[dim] % tp == 0, "reduce_scatter_to_tp: dim ", dim, " (", sizes[dim],
+                   ", input shape ", shape_str(sizes), ") is not divisible by the group size ", tp);
+      sizes[dim] /= tp;
+      return std::vector<OutputSpec>{{sizes, in[0].dtype()}};
+    };
+    op.kernels[static_cast<int>(DeviceType::kCpu)] = [](KernelContext& ctx) {
+      const Tensor& input = ctx.inputs[0];
+      Communicator& group = *group_of(ctx.attrs);
+      const int64_t dim = gather_geometry(input, 1, ctx.attrs).dim;
+      const ReduceScatterGeometry g = reduce_scatter_geometry(input, group.size(), dim);
+      // Rank r's part of every rank's input as row r of a dense buffer; this rank's row of the
+      // sum comes back dense, in the output's shape.
+      const int64_t part_numel = ctx.outputs[0].numel();
+      Tensor send = ctx.workspace({group.size(), part_numel}, input.dtype());
+      cpu::copy_strided(strided_view(input, g.parts_sizes, g.parts_strides, 0),
+                        strided_view(send, g.parts_sizes, contiguous_strides(g.parts_sizes), 0));
+      Tensor received = ctx.workspace({1, part_numel}, input.dtype());
+      group.reduce_scatter(send, received);
+      const Shape& out_sizes = ctx.outputs[0].sizes();
+      cpu::copy_strided(strided_view(received, out_sizes, contiguous_strides(out_sizes), 0),
+                        ctx.outputs[0]);
+    };
+    op.backward = [](const BackwardContext& ctx) -> std::vector<Tensor> {
+      if (!ctx.grad_outputs[0].defined()) return {Tensor()};
+      return {gather_from_tp(ctx.grad_outputs[0], ctx.attrs.get<int64_t>("group"),
+                             ctx.attrs.get<int64_t>("dim"))};
+    };
+    op.cost = copy_cost;
+    op.flags.pure = false;
+  }
+}
+
+ReduceScatterGeometry reduce_scatter_geometry(const Tensor& input, int parts, int64_t dim) {
+  ReduceScatterGeometry g{input.sizes(), input.strides()};
+  const auto d = static_cast<size_t>(dim);
+  g.parts_sizes[d] /= parts;
+  g.parts_sizes.insert(g.parts_sizes.begin(), parts);
+  g.parts_strides.insert(g.parts_strides.begin(), g.parts_sizes[d + 1] * input.stride(dim));
+  return g;
 }
 
 std::vector<AllToAllStep> all_to_all_schedule(int rank, int size) {
@@ -318,6 +366,11 @@ Tensor scatter_to_tp(const Tensor& x, int64_t group, int64_t dim) {
 }
 Tensor all_to_all_tp(const Tensor& x, int64_t split_dim, int64_t concat_dim, int64_t group) {
   return dispatch(ops::tp_all_to_all, {x}, all_to_all_attrs(group, split_dim, concat_dim))[0];
+}
+Tensor reduce_scatter_to_tp(const Tensor& x, int64_t group, int64_t dim) {
+  TESSEL_CHECK(x.defined(), "reduce_scatter_to_tp: the input is undefined");
+  return dispatch(ops::tp_reduce_scatter, {x},
+                  group_attrs(group, wrap_dim(dim, x.dim(), "reduce_scatter_to_tp: dim")))[0];
 }
 Tensor max_from_tp(const Tensor& x, int64_t group) {
   NoGradGuard no_grad;

@@ -25,6 +25,7 @@ inline const OpHandle tp_reduce{"tp_reduce"};
 inline const OpHandle tp_gather{"tp_gather"};
 inline const OpHandle tp_scatter{"tp_scatter"};
 inline const OpHandle tp_all_to_all{"tp_all_to_all"};
+inline const OpHandle tp_reduce_scatter{"tp_reduce_scatter"};
 }  // namespace tessel::ops
 
 namespace tessel::parallel {
@@ -39,10 +40,10 @@ const std::shared_ptr<Communicator>& tp_group(int64_t id);
 ReduceOp tp_reduce_op(const Attrs& attrs);
 
 // ---- collectives with backward; each op's backward is its dual [tp_copy tp_reduce tp_gather
-// tp_scatter tp_all_to_all]. f32 and f64 tensors of any strides. Every rank of the group must call
-// them in the same order, also in backward (autograd runs the duals in reverse order on every rank
-// alike). Identity forward, all-reduce (sum) of the gradient backward: where a replicated input
-// enters rank-local computation.
+// tp_scatter tp_all_to_all tp_reduce_scatter]. f32 and f64 tensors of any strides. Every rank of
+// the group must call them in the same order, also in backward (autograd runs the duals in reverse
+// order on every rank alike). Identity forward, all-reduce (sum) of the gradient backward: where a
+// replicated input enters rank-local computation.
 Tensor copy_to_tp(const Tensor& x, int64_t group);
 // All-reduce (sum) forward, identity backward: where partial results are combined.
 Tensor reduce_from_tp(const Tensor& x, int64_t group);
@@ -53,6 +54,16 @@ Tensor gather_from_tp(const Tensor& x, int64_t group, int64_t dim = -1);
 // (..., n) -> this rank's columns (..., n / tp) (n divisible by tp); backward all-gathers. With
 // `dim`, along that dim.
 Tensor scatter_to_tp(const Tensor& x, int64_t group, int64_t dim = -1);
+// Partial sums (..., n, ...) on every rank -> this rank's part (..., n / tp, ...) along `dim` of
+// their sum (n divisible by tp): a reduce-scatter, half an all-reduce's traffic; backward
+// all-gathers the gradient along `dim`.
+Tensor reduce_scatter_to_tp(const Tensor& x, int64_t group, int64_t dim);
+// The (parts, part...) view of a reduce-scatter's input (part r: rank r's part along `dim`, the
+// output's shape), whose dense copy is the buffer Communicator::reduce_scatter cuts by rows.
+struct ReduceScatterGeometry {
+  Shape parts_sizes, parts_strides;
+};
+ReduceScatterGeometry reduce_scatter_geometry(const Tensor& input, int parts, int64_t dim);
 // A tensor cut along `concat_dim` over the group (rank r holds part r) -> cut along `split_dim`
 // instead: each rank sends every other rank that rank's part of `split_dim` (divisible by the
 // group's size) and keeps the parts it receives, in rank order along `concat_dim`. It moves

@@ -1,8 +1,8 @@
 // The CUDA kernels of the tensor-parallel collectives (tp_copy, tp_reduce, tp_gather, tp_scatter,
-// tp_all_to_all; defined with their CPU kernels in tensor_parallel.cc). The same steps as on the
-// CPU: strided copies into dense buffers, the group's collective (NCCL on a GPU), a strided copy
-// back. NCCL queues on the device's compute stream like the copies, so the host never waits in
-// between.
+// tp_all_to_all, tp_reduce_scatter; defined with their CPU kernels in tensor_parallel.cc). The same
+// steps as on the CPU: strided copies into dense buffers, the group's collective (NCCL on a GPU), a
+// strided copy back. NCCL queues on the device's compute stream like the copies, so the host never
+// waits in between.
 #include <cuda_runtime.h>
 
 #include "core/op.h"
@@ -120,6 +120,25 @@ void tp_all_to_all_kernel(KernelContext& ctx) {
   gather_into(ctx.outputs[0], buffer.raw_data(), g.received_sizes, g.received_strides, stream);
 }
 
+void tp_reduce_scatter_kernel(KernelContext& ctx) {
+  const auto& group = device_group_of("reduce_scatter_to_tp", ctx);
+  const Tensor& input = ctx.inputs[0];
+  const int device = input.device().index;
+  cuda::DeviceGuard guard(device);
+  cudaStream_t stream = cuda::compute_stream(device);
+  const int64_t dim = gather_geometry(input, 1, ctx.attrs).dim;
+  const ReduceScatterGeometry g = reduce_scatter_geometry(input, group->size(), dim);
+  // Rank r's part of every rank's input as row r of a dense buffer, as on the CPU.
+  const int64_t part_numel = ctx.outputs[0].numel();
+  Tensor send = ctx.workspace({group->size(), part_numel}, input.dtype());
+  gather_into(send, input.raw_data(), g.parts_sizes, g.parts_strides, stream);
+  Tensor received = ctx.workspace({1, part_numel}, input.dtype());
+  group->reduce_scatter(send, received);
+  TESSEL_CHECK(ctx.outputs[0].is_contiguous(),
+               "reduce_scatter_to_tp (cuda): the output must be dense");
+  gather_into(ctx.outputs[0], received, stream);
+}
+
 }  // namespace
 
 TESSEL_REGISTER_OPS(tensor_parallel_cuda) {
@@ -128,6 +147,7 @@ TESSEL_REGISTER_OPS(tensor_parallel_cuda) {
   ops::tp_gather.set_kernel(DeviceType::kCuda, tp_gather_kernel);
   ops::tp_scatter.set_kernel(DeviceType::kCuda, tp_scatter_kernel);
   ops::tp_all_to_all.set_kernel(DeviceType::kCuda, tp_all_to_all_kernel);
+  ops::tp_reduce_scatter.set_kernel(DeviceType::kCuda, tp_reduce_scatter_kernel);
 }
 
 }  // namespace tessel::parallel

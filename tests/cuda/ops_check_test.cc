@@ -45,6 +45,7 @@ const std::map<std::string, std::string>& skip_reasons() {
       {"tp_gather", "tensor-parallel communication: checked by the parallel tests"},
       {"tp_scatter", "tensor-parallel communication: checked by the parallel tests"},
       {"tp_all_to_all", "tensor-parallel communication: checked by the parallel tests"},
+      {"tp_reduce_scatter", "tensor-parallel communication: checked by the parallel tests"},
   };
   return reasons;
 }

@@ -16,6 +16,7 @@
 #include "core/autograd.h"
 #include "core/rng.h"
 #include "ops/ops.h"
+#include "parallel/counting_communicator.h"
 #include "parallel/process_group.h"
 #include "tests/parallel/mpi_testing.h"
 #include "tests/testing.h"
@@ -99,6 +100,25 @@ TEST_F(DTensorTest, EveryRedistributionKeepsValuesAndGradients) {
       EXPECT_TRUE(bitwise_equal(local.grad(), expected_grad));
     }
   }
+}
+
+// Partial -> Shard is one reduce-scatter (half an all-reduce's traffic), Shard(i) -> Shard(j) one
+// all-to-all's sends, Partial -> Replicate one all-reduce.
+TEST_F(DTensorTest, RedistributionsIssueTheirOwnCollective) {
+  auto counted = std::make_shared<parallel::CountingCommunicator>(shared_world());
+  auto mesh = std::make_shared<const DeviceMesh>(counted, "counted");
+  const int64_t rows = 4 * size();
+  const DTensor partial(ones({rows, 4}), mesh, {Placement::partial()});
+  counted->records.clear();
+  const DTensor sharded = partial.redistribute({Placement::shard(0)});
+  ASSERT_EQ(counted->records.size(), 1u);
+  EXPECT_EQ(counted->records[0].kind, "reduce_scatter");
+  EXPECT_EQ(counted->records[0].bytes, rows * 4 * 4);
+  EXPECT_TRUE(bitwise_equal(sharded.local(), full(Shape{4, 4}, static_cast<double>(size()))));
+  counted->records.clear();
+  partial.redistribute({Placement::replicate()});
+  ASSERT_EQ(counted->records.size(), 1u);
+  EXPECT_EQ(counted->records[0].kind, "all_reduce");
 }
 
 // y = W2 relu(W1 x + b1) + b2, loss = sum(y * target): the whole computation on every rank.

@@ -17,6 +17,7 @@
 #include "models/bert.h"
 #include "nn/nn.h"
 #include "ops/ops.h"
+#include "parallel/counting_communicator.h"
 #include "parallel/process_group.h"
 #include "tests/parallel/mpi_testing.h"
 #include "tests/testing.h"
@@ -313,6 +314,51 @@ TEST_F(TensorParallel, AllToAllMovesASplitToAnotherDimAndBack) {
         all_to_all_tp(zeros({parts, parts}), 1, 1, world_group);
       },
       "must be two different dims"));
+}
+
+TEST_F(TensorParallel, ReduceScatterSumsTheSummandsAndKeepsThisRanksPart) {
+  // Over every rank: rank q holds summand q (small integers, so every order of the sum gives the
+  // same bits); each gets its part of the sum along the dim asked for, and the gradient of every
+  // summand is the whole upstream gradient, gathered from the ranks' parts.
+  const int64_t world_group = register_tp_group(shared_world());
+  const int parts = size();
+  auto summand = [&](int q, const Shape& sizes) {
+    manual_seed(40 + q);
+    return randint(-8, 8, sizes, DType::kFloat64);
+  };
+  const Shape sizes{2, 3 * parts, 5};
+  Tensor whole = zeros(sizes, DType::kFloat64);
+  for (int q = 0; q < parts; ++q) whole = add(whole, summand(q, sizes));
+  manual_seed(7);  // the same upstream gradient on every rank
+  const Tensor upstream = randn(sizes, DType::kFloat64);
+  Tensor x = summand(rank(), sizes).set_requires_grad(true);
+  const Tensor y = reduce_scatter_to_tp(x, world_group, 1);
+  EXPECT_TRUE(bitwise_equal(y, narrow(whole, 1, 3 * rank(), 3)));
+  sum(mul(y, narrow(upstream, 1, 3 * rank(), 3))).backward();
+  EXPECT_TRUE(bitwise_equal(x.grad(), upstream));
+
+  // A strided input (a transposed view) cut along its first dim, f32.
+  const Shape wide{5, 2 * parts};
+  Tensor whole_f = zeros(wide);
+  for (int q = 0; q < parts; ++q) whole_f = add(whole_f, summand(q, wide).to(DType::kFloat32));
+  const Tensor mine = transpose(summand(rank(), wide).to(DType::kFloat32), 0, 1);
+  EXPECT_TRUE(bitwise_equal(reduce_scatter_to_tp(mine, world_group, 0),
+                            narrow(transpose(whole_f, 0, 1), 0, 2 * rank(), 2).contiguous()));
+
+  // One reduce-scatter of the whole input, nothing else.
+  auto counted = std::make_shared<CountingCommunicator>(shared_world());
+  reduce_scatter_to_tp(zeros({parts, 4}), register_tp_group(counted), 0);
+  ASSERT_EQ(counted->records.size(), 1u);
+  EXPECT_EQ(counted->records[0].kind, "reduce_scatter");
+  EXPECT_EQ(counted->records[0].bytes, parts * 4 * 4);
+
+  EXPECT_TRUE(throws_error(
+      [&] {
+        reduce_scatter_to_tp(zeros({parts + 1, 3}), world_group, 0);
+      },
+      "is not divisible by the group size"));
+  EXPECT_TRUE(throws_error([&] { reduce_scatter_to_tp(zeros({parts}), world_group, 1); },
+                           "reduce_scatter_to_tp: dim"));
 }
 
 TEST(AllToAllSchedule, EveryPairMeetsOnceWithOneSenderFirst) {
