@@ -82,6 +82,19 @@ Tensor strided_view(const Tensor& t, Shape sizes, Shape strides, int64_t offset)
                                  t.storage_offset() + offset, t.dtype()));
 }
 
+// The shape of this rank's part of the input along the op's dim (tp_scatter, tp_reduce_scatter).
+std::vector<OutputSpec> part_shape(const char* op, const std::vector<Tensor>& in,
+                                   const Attrs& attrs) {
+  check_tp_input(op, in, attrs, true);
+  const int tp = group_of(attrs)->size();
+  Shape sizes = in[0].sizes();
+  const auto dim = static_cast<size_t>(gather_geometry(in[0], 1, attrs).dim);
+  TESSEL_CHECK(sizes[dim] % tp == 0, op, ": dim ", dim, " (", sizes[dim], ", input shape ",
+               shape_str(sizes), ") is not divisible by the group size ", tp);
+  sizes[dim] /= tp;
+  return std::vector<OutputSpec>{{sizes, in[0].dtype()}};
+}
+
 OpCost copy_cost(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
                  const Attrs&) {
   return OpCost{0, static_cast<double>(inputs[0].nbytes() + outputs[0].nbytes())};
@@ -178,14 +191,7 @@ TESSEL_REGISTER_OPS(tensor_parallel) {
     op.kind = OpKind::kCommunication;
     op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
-      check_tp_input("scatter_to_tp", in, attrs, true);
-      const int tp = group_of(attrs)->size();
-      Shape sizes = in[0].sizes();
-      const auto dim = static_cast<size_t>(gather_geometry(in[0], 1, attrs).dim);
-      TESSEL_CHECK(sizes[dim] % tp == 0, "scatter_to_tp: dim ", dim, " (", sizes[dim],
-                   ", input shape ", shape_str(sizes), ") is not divisible by the group size ", tp);
-      sizes[dim] /= tp;
-      return std::vector<OutputSpec>{{sizes, in[0].dtype()}};
+      return part_shape("scatter_to_tp", in, attrs);
     };
     op.kernels[static_cast<int>(DeviceType::kCpu)] = [](KernelContext& ctx) {
       const Tensor& input = ctx.inputs[0];
@@ -262,14 +268,7 @@ TESSEL_REGISTER_OPS(tensor_parallel) {
     op.kind = OpKind::kCommunication;
     op.autocast = AutocastPolicy::kWiden;
     op.shape = [](const std::vector<Tensor>& in, const Attrs& attrs) {
-      check_tp_input("reduce_scatter_to_tp", in, attrs, true);
-      const int tp = group_of(attrs)->size();
-      Shape sizes = in[0].sizes();
-      const auto dim = static_cast<size_t>(gather_geometry(in[0], 1, attrs).dim);
-      TESSEL_CHECK(sizes[dim] % tp == 0, "reduce_scatter_to_tp: dim ", dim, " (", sizes[dim],
-                   ", input shape ", shape_str(sizes), ") is not divisible by the group size ", tp);
-      sizes[dim] /= tp;
-      return std::vector<OutputSpec>{{sizes, in[0].dtype()}};
+      return part_shape("reduce_scatter_to_tp", in, attrs);
     };
     op.kernels[static_cast<int>(DeviceType::kCpu)] = [](KernelContext& ctx) {
       const Tensor& input = ctx.inputs[0];
