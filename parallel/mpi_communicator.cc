@@ -65,21 +65,27 @@ void check_mpi(int code, const std::string& what) {
 
 std::chrono::duration<double> seconds(double value) { return std::chrono::duration<double>(value); }
 
-// Waiting ranks yield, then sleep a little longer each round, leaving the cores to the ranks
-// still computing (ranks are often oversubscribed). Capped at about a millisecond.
+// How a rank waits between polls of a collective. A nonblocking collective advances only while
+// its ranks poll, round by round, so a rank asleep holds up every other: waiting ranks poll
+// without sleeping, yielding the core between polls to a rank that shares it and is still
+// computing (ranks are often oversubscribed). A wait past kPollWithoutSleep (a rank held up by
+// I/O, a checkpoint, a much longer step) sleeps between polls, a little longer each round up to
+// about a millisecond, so that long waits do not keep a core busy.
 class Backoff {
  public:
   void pause() {
-    if (++rounds_ < 64) {
+    if (sleep_rounds_ == 0 && Clock::now() - start_ < kPollWithoutSleep) {
       std::this_thread::yield();
       return;
     }
-    int shift = std::min(rounds_ - 64, 7);
+    const int shift = std::min(sleep_rounds_++, 7);
     std::this_thread::sleep_for(std::chrono::microseconds(8 << shift));
   }
 
  private:
-  int rounds_ = 0;
+  static constexpr std::chrono::milliseconds kPollWithoutSleep{50};
+  const Clock::time_point start_ = Clock::now();
+  int sleep_rounds_ = 0;
 };
 
 // bf16 and f16 travel as 16-bit words; MPI cannot add them, so reductions run in f32.
