@@ -54,7 +54,7 @@ void BM_GemmF32(benchmark::State& state) {
   set_gflops(state, n);
 }
 
-// The linear op's GEMM alone: B read transposed, C holding the bias (beta = 1).
+// A GEMM with B read transposed, into C (beta = 0) or added to what C holds (beta = 1).
 void BM_GemmF32TransposedB(benchmark::State& state) {
   const int64_t n = state.range(0);
   const bool accumulate = state.range(1) != 0;
@@ -66,6 +66,25 @@ void BM_GemmF32TransposedB(benchmark::State& state) {
   for (auto _ : state) {
     tessel::cpu::gemm(false, true, n, n, n, 1.0f, a.data(), n, b.data(), n,
                       accumulate ? 1.0f : 0.0f, c.data(), n);
+    benchmark::DoNotOptimize(c.data());
+    benchmark::ClobberMemory();
+  }
+  set_gflops(state, n);
+}
+
+// The linear op's kernel alone: B read transposed, every row of C starting from the bias row
+// (gemm_onto_row), into a preallocated C.
+void BM_GemmF32OntoRow(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  Matrix a(n * n), b(n * n), c(n * n), row(n);
+  for (int64_t i = 0; i < n * n; ++i) {
+    a[i] = static_cast<float>((i * 37) % 17 - 8) / 8.0f;
+    b[i] = static_cast<float>((i * 29) % 13 - 6) / 6.0f;
+  }
+  for (int64_t j = 0; j < n; ++j) row[j] = static_cast<float>(j % 7 - 3) / 3.0f;
+  for (auto _ : state) {
+    tessel::cpu::gemm_onto_row(false, true, n, n, n, 1.0f, a.data(), n, b.data(), n, row.data(),
+                               c.data(), n);
     benchmark::DoNotOptimize(c.data());
     benchmark::ClobberMemory();
   }
@@ -144,6 +163,7 @@ BENCHMARK(BM_GemmF32TransposedB)
     ->ArgsProduct({{64, 128, 256, 512, 1024, 2048}, {0, 1}})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_GemmF32OntoRow)->Apply(up_to_2048);
 BENCHMARK(BM_MatmulF32)->Apply(up_to_2048);
 BENCHMARK(BM_LinearF32)->Apply(up_to_2048);
 BENCHMARK(BM_BmmF32)->Apply(up_to_512);

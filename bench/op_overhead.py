@@ -35,7 +35,7 @@ PAIRS = (
     [("matmul", f"matmul f32 {n}^3", f"BM_MatmulF32/{n}/real_time", f"BM_GemmF32/{n}/real_time",
       "GEMM into C") for n in SIZES]
     + [("linear", f"linear f32 {n}^3 (+ bias)", f"BM_LinearF32/{n}/real_time",
-        f"BM_GemmF32TransposedB/{n}/1/real_time", "GEMM, B transposed, added to C")
+        f"BM_GemmF32OntoRow/{n}/real_time", "GEMM, B transposed, onto the bias row")
        for n in SIZES]
     + [("bmm", f"bmm f32 8 x {n}^3", f"BM_BmmF32/{n}/real_time",
         f"BM_GemmF32Batched/{n}/real_time", "8 GEMMs into C") for n in BMM_SIZES])
