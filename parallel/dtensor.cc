@@ -6,6 +6,7 @@
 #include <sstream>
 #include <utility>
 
+#include "core/autograd.h"
 #include "core/error.h"
 #include "ops/ops.h"
 #include "parallel/tensor_parallel.h"
@@ -49,6 +50,52 @@ Tensor gather_along(const Tensor& x, int64_t dim, int64_t group) {
   Tensor receive = empty(sizes, TensorOptions(x.dtype()).device(x.device()));
   comm.all_gather(send, receive);
   return transpose(receive, 0, dim).contiguous();
+}
+
+Tensor batch_norm_across(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                         const Tensor& running_mean, const Tensor& running_var, double momentum,
+                         double eps, const std::vector<int64_t>& groups) {
+  TESSEL_CHECK(x.defined() && x.dim() >= 2, "batch_norm_across: expected x (N, C, ...), got ",
+               x.defined() ? shape_str(x.sizes()) : std::string("an undefined tensor"));
+  const int64_t channels = x.size(1);
+  std::vector<int64_t> reduced{0};
+  for (int64_t d = 2; d < x.dim(); ++d) reduced.push_back(d);
+  Shape per_channel(static_cast<size_t>(x.dim()), 1);
+  per_channel[1] = channels;
+  Tensor batch_mean = mean(x, reduced);
+  const Tensor centred = sub(x, reshape(batch_mean, per_channel));
+  Tensor squares = sum(mul(centred, centred), reduced);
+  // Rows behind each rank's statistics: this rank's, then each group's ranks' together.
+  double rows =
+      static_cast<double>(x.numel()) / static_cast<double>(std::max<int64_t>(channels, 1));
+  for (int64_t group : groups) {
+    // Gathered forward; backward each rank's gradient of the parts covers its own rows only, so
+    // it is summed over the group first.
+    const Tensor parts = copy_to_tp(
+        gather_along(reshape(cat({batch_mean, squares}), {1, 2 * channels}), 0, group), group);
+    const Tensor means = narrow(parts, 1, 0, channels);
+    const Tensor group_mean = mean(means, {0});
+    const Tensor spread = sub(means, group_mean);
+    squares = add(sum(narrow(parts, 1, channels, channels), {0}),
+                  mul(sum(mul(spread, spread), {0}), rows));
+    batch_mean = group_mean;
+    rows *= static_cast<double>(tp_group(group)->size());
+  }
+  const Tensor variance = div(squares, rows);
+  Tensor y = mul(sub(x, reshape(batch_mean, per_channel)),
+                 reshape(rsqrt(add(variance, eps)), per_channel));
+  if (weight.defined()) y = mul(y, reshape(weight, per_channel));
+  if (bias.defined()) y = add(y, reshape(bias, per_channel));
+  // The running statistics as one process's batch_norm keeps them (an unbiased variance).
+  NoGradGuard no_grad;
+  auto update = [&](const Tensor& running, const Tensor& batch) {
+    if (!running.defined()) return;
+    Tensor target = running;
+    target.copy_(add(mul(running, 1.0 - momentum), mul(batch.detach(), momentum)));
+  };
+  update(running_mean, batch_mean);
+  update(running_var, mul(variance, rows / std::max(rows - 1.0, 1.0)));
+  return y;
 }
 
 Tensor shard_along(const Tensor& x, int64_t dim, int64_t group) {
@@ -541,20 +588,25 @@ DTensor batch_norm(const DTensor& x, const DTensor& weight, const DTensor& bias,
                    double momentum, double eps) {
   TESSEL_CHECK(x.defined() && x.dim() >= 2, "dt::batch_norm: expected x (N, C, ...), got ",
                x.defined() ? x.str() : "an undefined operand");
-  std::vector<int64_t> statistics_dims;  // every dim but the channels
-  for (int64_t d = 0; d < x.dim(); ++d)
-    if (d != 1) statistics_dims.push_back(d);
-  const DTensor moved =
-      training ? gathered_along(x, statistics_dims, /*keep_partial=*/false) : combine_partials(x);
-  Tensor y = tessel::batch_norm(moved.local(), local_or_none(as_channels(weight, moved, false)),
-                                local_or_none(as_channels(bias, moved, false)),
-                                local_or_none(as_channels(running_mean, moved, true)),
-                                local_or_none(as_channels(running_var, moved, true)), training,
-                                momentum, eps);
-  const DTensor result(y, moved.mesh(), moved.placements());
   const DTensor laid_out = combine_partials(x);  // x's layout, Partial combined
-  return result.placements() == laid_out.placements() ? result
-                                                      : result.redistribute(laid_out.placements());
+  // Training with rows cut over mesh dims: the statistics are combined across those dims' ranks
+  // and each rank normalises its own rows, x staying where it is. Eval (running statistics) and
+  // channel shards normalise each rank's part alone.
+  std::vector<int64_t> row_groups;
+  for (int i = 0; training && i < laid_out.mesh()->ndim(); ++i)
+    if (laid_out.placements()[i].is_shard() && !laid_out.placements()[i].is_shard(1))
+      row_groups.push_back(laid_out.mesh()->group(i));
+  auto local_channels = [&](const DTensor& per_channel, bool written_in_place) {
+    return local_or_none(as_channels(per_channel, laid_out, written_in_place));
+  };
+  const Tensor w = local_channels(weight, false), b = local_channels(bias, false);
+  const Tensor stats_mean = local_channels(running_mean, true);
+  const Tensor stats_var = local_channels(running_var, true);
+  const Tensor y = row_groups.empty() ? tessel::batch_norm(laid_out.local(), w, b, stats_mean,
+                                                           stats_var, training, momentum, eps)
+                                      : batch_norm_across(laid_out.local(), w, b, stats_mean,
+                                                          stats_var, momentum, eps, row_groups);
+  return DTensor(y, laid_out.mesh(), laid_out.placements());
 }
 
 DTensor layer_norm(const DTensor& x, const Shape& normalized_shape, const DTensor& weight,

@@ -115,6 +115,18 @@ Tensor gather_along(const Tensor& x, int64_t dim, int64_t group);
 // backward all-gathers the gradient.
 Tensor shard_along(const Tensor& x, int64_t dim, int64_t group);
 
+// Batch norm in training over x (N, C, ...) whose rows (every dim but the channels) are split
+// in equal parts over the ranks of each group of `groups` (register_tp_group ids): each rank's
+// per-channel mean and centred sum of squares are all-gathered over each group in turn and
+// combined (Chan's formula: no cancellation as in E[x^2] - E[x]^2), and this rank's x is
+// normalised by the whole batch's statistics, so y equals one process's batch_norm on this
+// rank's rows; the running statistics (this rank's channels, updated in place) as one process
+// keeps them. Backward sums the statistics' gradient over the groups; `weight` and `bias`
+// receive the gradient of this rank's rows only.
+Tensor batch_norm_across(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                         const Tensor& running_mean, const Tensor& running_var, double momentum,
+                         double eps, const std::vector<int64_t>& groups);
+
 // `full`, the whole tensor with the same values on every rank, laid out as `placements` without
 // communication (each rank keeps its slices; Partial keeps the values on coordinate 0 and zeros
 // elsewhere). Differentiable: the gradient reaching `full` is the whole tensor's.
@@ -164,10 +176,13 @@ DTensor avg_pool2d(const DTensor& x, std::vector<int64_t> kernel_size,
 DTensor adaptive_avg_pool2d(const DTensor& x, std::vector<int64_t> output_size);
 // Batch norm of x (N, C, ...) with per-channel weight, bias and running statistics, laid out as
 // x's channels (Shard(0) where x is Shard(1), else Replicate; other layouts are moved there).
-// Channel shards normalise locally. In training the statistics need the whole batch: batch and
-// spatial shards are gathered, normalised on every rank and sliced back (no cross-rank statistics
-// yet: the gather costs the whole activation); in eval the op is per-channel affine and any shard
-// stays. Partial is combined first. Running statistics are updated in place on every rank.
+// Every shard stays where it is; Partial is combined first. Channel shards normalise locally. In
+// training with batch or spatial shards each rank's per-channel statistics are combined over the
+// mesh dims that cut them (batch_norm_across: one all-gather of 2 C values per rank, and one
+// all-reduce of their gradient backward), so each rank's rows are normalised by the whole
+// batch's; a replicated weight or bias then receives its rank's part of the gradient (sum it
+// over those mesh dims, as DDP does). In eval the op is per-channel affine. Running statistics
+// are updated in place on every rank.
 DTensor batch_norm(const DTensor& x, const DTensor& weight, const DTensor& bias,
                    const DTensor& running_mean, const DTensor& running_var, bool training,
                    double momentum = 0.1, double eps = 1e-5);

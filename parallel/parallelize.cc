@@ -662,45 +662,9 @@ Tensor ParallelModule::mean_over_dp(const Tensor& local_sum, const Tensor& targe
 
 Tensor ParallelModule::batch_norm_over_dp(const std::vector<Tensor>& in, const Attrs& attrs,
                                           const Grid& g) {
-  const Tensor& x = in.at(0);
-  const int64_t channels = x.size(1);
-  std::vector<int64_t> reduced{0};
-  for (int64_t d = 2; d < x.dim(); ++d) reduced.push_back(d);
-  Shape per_channel(static_cast<size_t>(x.dim()), 1);
-  per_channel[1] = channels;
-  // Each rank's mean and centred sum of squares, combined as parts of one batch (Chan's
-  // formula): no cancellation as in E[x^2] - E[x]^2. Gathered forward; backward each rank's
-  // gradient of them covers its own rows only, so it is summed over dp first.
-  const Tensor local_mean = mean(x, reduced);
-  const Tensor centred = sub(x, reshape(local_mean, per_channel));
-  const Tensor local_squares = sum(mul(centred, centred), reduced);
-  const Tensor parts = copy_to_tp(
-      gather_along(reshape(cat({local_mean, local_squares}), {1, 2 * channels}), 0, g.dp_group),
-      g.dp_group);
-  const Tensor means = narrow(parts, 1, 0, channels);
-  const int64_t rows = x.numel() / channels;  // per rank; every rank holds as many
-  const double count = static_cast<double>(rows) * g.dp;
-  const Tensor batch_mean = mean(means, {0});
-  const Tensor spread = sub(means, batch_mean);
-  const Tensor squares = add(sum(narrow(parts, 1, channels, channels), {0}),
-                             mul(sum(mul(spread, spread), {0}), static_cast<double>(rows)));
-  const Tensor variance = div(squares, count);
-  const double eps = attrs.get<double>("eps");
-  Tensor y = mul(sub(x, reshape(batch_mean, per_channel)),
-                 reshape(rsqrt(add(variance, eps)), per_channel));
-  if (in.size() > 1 && in[1].defined()) y = mul(y, reshape(in[1], per_channel));
-  if (in.size() > 2 && in[2].defined()) y = add(y, reshape(in[2], per_channel));
-  // The running statistics as one process's batch_norm keeps them (an unbiased variance).
-  NoGradGuard no_grad;
-  const double momentum = attrs.get<double>("momentum");
-  auto update = [&](const Tensor& running, const Tensor& batch) {
-    if (!running.defined()) return;
-    Tensor target = running;
-    target.copy_(add(mul(running, 1.0 - momentum), mul(batch.detach(), momentum)));
-  };
-  update(in.size() > 3 ? in[3] : Tensor(), batch_mean);
-  update(in.size() > 4 ? in[4] : Tensor(), mul(variance, count / std::max(count - 1.0, 1.0)));
-  return y;
+  auto input = [&](size_t i) { return in.size() > i ? in[i] : Tensor(); };
+  return batch_norm_across(in.at(0), input(1), input(2), input(3), input(4),
+                           attrs.get<double>("momentum"), attrs.get<double>("eps"), {g.dp_group});
 }
 
 std::vector<Tensor> ParallelModule::dispatch(const OpDef& op, const std::vector<Tensor>& inputs,

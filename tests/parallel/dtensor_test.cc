@@ -405,6 +405,30 @@ TEST_F(DTensorTest, PoolingKeepsBatchAndChannelShardsAndGathersSpatialOnes) {
   }
 }
 
+TEST_F(DTensorTest, TrainingBatchNormOverSplitRowsMovesOnlyStatistics) {
+  auto counted = std::make_shared<parallel::CountingCommunicator>(shared_world());
+  auto mesh = std::make_shared<const DeviceMesh>(counted, "counted");
+  const int64_t channels = 3;
+  const Tensor x = whole({2 * size(), channels, 4, 4}, 80);
+  Tensor local;
+  const DTensor input = leaf_on(mesh, x, {Placement::shard(0)}, &local);
+  counted->records.clear();
+  const DTensor y = dt::batch_norm(input, DTensor(), DTensor(), DTensor(), DTensor(), true);
+  // One all-gather of every rank's per-channel mean and centred sum of squares; x stays put.
+  ASSERT_EQ(counted->records.size(), 1u);
+  EXPECT_EQ(counted->records[0].kind, "all_gather");
+  EXPECT_EQ(counted->records[0].bytes, size() * 2 * channels * 4);
+  EXPECT_EQ(y.placements()[0], Placement::shard(0));
+  const Tensor expected = batch_norm(x, Tensor(), Tensor(), Tensor(), Tensor(), true);
+  EXPECT_TRUE(all_close(y.local(), expected_part(expected, Placement::shard(0), size(), rank()),
+                        1e-5, 1e-6));
+  // Backward: the statistics' gradient summed over the ranks, one all-reduce.
+  counted->records.clear();
+  sum(y.local()).backward();
+  ASSERT_EQ(counted->records.size(), 1u);
+  EXPECT_EQ(counted->records[0].kind, "all_reduce");
+}
+
 TEST_F(DTensorTest, BatchAndLayerNormMatchOneProcess) {
   const Placement r = Placement::replicate();
   {  // batch norm, training and eval, x split by batch, channels or rows of the image
@@ -435,9 +459,9 @@ TEST_F(DTensorTest, BatchAndLayerNormMatchOneProcess) {
         EXPECT_TRUE(all_close(local.grad(), expected_part(expected.x_grad, layout, size(), rank()),
                               1e-4, 1e-5));
         Tensor weight_grad = weight_local.grad().clone(), bias_grad = bias_local.grad().clone();
-        // Eval normalises each rank's part alone, so a whole parameter's gradient covers that
-        // part: summed, as DDP does. Training gathers the batch and computes it whole.
-        if (!training && !layout.is_shard(1)) {
+        // Each rank normalises its own rows (in training by the whole batch's statistics), so a
+        // whole parameter's gradient covers that part: summed, as DDP does.
+        if (!layout.is_shard(1)) {
           world().all_reduce(weight_grad);
           world().all_reduce(bias_grad);
         }
