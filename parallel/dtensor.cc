@@ -177,15 +177,8 @@ DTensor::DTensor(Tensor local, std::shared_ptr<const DeviceMesh> mesh,
 DTensor DTensor::redistribute(std::vector<Placement> target) const {
   TESSEL_CHECK(defined(), "DTensor::redistribute: the DTensor is undefined");
   target = normalized(std::move(target), *mesh_, dim(), "DTensor::redistribute");
-  for (int i = 0; i < mesh_->ndim(); ++i) {
-    TESSEL_CHECK(!target[i].is_partial() || placements_[i].is_partial(),
-                 "DTensor::redistribute: ", placements_[i].str(), " -> Partial over mesh dim ",
-                 mesh_->dim_name(i), " is not offered (from ", placements_str(placements_), " to ",
-                 placements_str(target), ")");
-  }
   Tensor local = local_;
   std::vector<Placement> current = placements_;
-  // Shard(a) -> Shard(b) over one mesh dim, where no other mesh dim cuts a or b: an all-to-all.
   auto cut_elsewhere = [&](int mesh_dim, int64_t tensor_dim) {
     for (int k = 0; k < mesh_->ndim(); ++k)
       if (k != mesh_dim && ((current[k].is_shard() && current[k].dim == tensor_dim) ||
@@ -193,6 +186,40 @@ DTensor DTensor::redistribute(std::vector<Placement> target) const {
         return true;
     return false;
   };
+  // Into Partial over a mesh dim, without communication: from Shard(d), each rank's part at its
+  // place in zeros of the whole dim (the parts sum to the whole; backward each rank keeps its
+  // part of the gradient); from Replicate, the values on the dim's coordinate 0 and zeros
+  // elsewhere (backward the gradient reaches coordinate 0's copy, the other ranks' is zero).
+  for (int i = 0; i < mesh_->ndim(); ++i) {
+    if (!target[i].is_partial() || current[i].is_partial()) continue;
+    TESSEL_CHECK(is_floating(local.dtype()), "DTensor::redistribute: a ", dtype_name(local.dtype()),
+                 " tensor cannot be Partial (sums of ids or labels are not offered)");
+    const Communicator& group = *tp_group(mesh_->group(i));
+    if (current[i].is_shard()) {
+      const int64_t d = current[i].dim;
+      TESSEL_CHECK(!cut_elsewhere(i, d), "DTensor::redistribute: ", current[i].str(),
+                   " -> Partial over mesh dim ", mesh_->dim_name(i),
+                   " where another mesh dim also cuts dim ", d, " is not offered (from ",
+                   placements_str(placements_), " to ", placements_str(target), ")");
+      auto zeros_of = [&](int64_t length) {
+        Shape sizes = local.sizes();
+        sizes[d] = length;
+        return zeros(sizes, TensorOptions(local.dtype()).device(local.device()));
+      };
+      const int64_t part = local.size(d);
+      std::vector<Tensor> pieces;
+      if (group.rank() > 0) pieces.push_back(zeros_of(part * group.rank()));
+      pieces.push_back(local);
+      if (group.rank() < group.size() - 1)
+        pieces.push_back(zeros_of(part * (group.size() - 1 - group.rank())));
+      local = pieces.size() == 1 ? local : cat(pieces, d);
+    } else if (group.rank() != 0) {
+      local = masked_fill(
+          local, full(Shape{}, 1.0, TensorOptions(DType::kBool).device(local.device())), 0.0);
+    }
+    current[i] = target[i];
+  }
+  // Shard(a) -> Shard(b) over one mesh dim, where no other mesh dim cuts a or b: an all-to-all.
   for (int i = 0; i < mesh_->ndim(); ++i) {
     if (!current[i].is_shard() || !target[i].is_shard() || current[i] == target[i] ||
         !is_floating(local.dtype()) || cut_elsewhere(i, current[i].dim) ||
@@ -246,9 +273,6 @@ std::string DTensor::str() const {
 DTensor distribute_tensor(const Tensor& full, std::shared_ptr<const DeviceMesh> mesh,
                           std::vector<Placement> placements) {
   TESSEL_CHECK(mesh != nullptr, "distribute_tensor: the mesh is null");
-  for (const Placement& placement : placements)
-    TESSEL_CHECK(!placement.is_partial(), "distribute_tensor: ", placements_str(placements),
-                 ": Partial is not a layout of a whole tensor; distribute as Replicate");
   const int ndim = mesh->ndim();
   return DTensor(full, std::move(mesh), std::vector<Placement>(ndim, Placement::replicate()))
       .redistribute(std::move(placements));

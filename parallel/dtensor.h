@@ -18,7 +18,10 @@
 // backward: all-gather; an all-reduce and a local slice where another mesh dim cuts that dim or
 // the group's size does not divide it), Shard(i) ->
 // Shard(j) an all-to-all (all_to_all_tp; an all-gather along i and a slice along j where another
-// mesh dim cuts i or j). Replicate -> Partial is not offered.
+// mesh dim cuts i or j). Into Partial takes no collective: Replicate -> Partial keeps the values
+// on the dimension's coordinate 0 and zeros elsewhere (backward: the gradient on coordinate 0,
+// zeros elsewhere), Shard(d) -> Partial puts each rank's part at its place in zeros (backward:
+// this rank's part of the gradient; not where another mesh dim also cuts d).
 //
 // The ops of namespace dt propagate placements (linear, matmul and conv2d by output or input
 // features, embedding by rows or features, cross_entropy by classes or rows, element-wise ops,

@@ -41,6 +41,14 @@ Tensor part(const Tensor& full, int64_t dim, int parts, int index) {
   return narrow(full, dim, index * length, length).contiguous();
 }
 
+// `full` with zeros everywhere but rank `index`'s part along `dim`.
+Tensor placed_part(const Tensor& full, int64_t dim, int parts, int index) {
+  const int64_t length = full.size(dim) / parts;
+  Tensor placed = zeros_like(full);
+  narrow(placed, dim, index * length, length).copy_(part(full, dim, parts, index));
+  return placed;
+}
+
 class DTensorTest : public MpiTest {
  protected:
   // One mesh dimension over every rank.
@@ -81,7 +89,6 @@ TEST_F(DTensorTest, EveryRedistributionKeepsValuesAndGradients) {
                                           Placement::shard(1), Placement::partial()};
   for (const Placement& from : layouts) {
     for (const Placement& to : layouts) {
-      if (to.is_partial() && !from.is_partial()) continue;  // not offered (tested below)
       SCOPED_TRACE(from.str() + " -> " + to.str());
       // The source as a leaf: a Partial one holds the whole tensor on rank 0 and zeros elsewhere.
       Tensor local = from.is_partial() ? (rank() == 0 ? full.clone() : zeros_like(full))
@@ -95,9 +102,15 @@ TEST_F(DTensorTest, EveryRedistributionKeepsValuesAndGradients) {
       EXPECT_TRUE(bitwise_equal(y_full, full));
       // The same loss on every rank: the gradient of each summand or part is weight's.
       sum(mul(y_full, weight)).backward();
-      const Tensor expected_grad =
-          from.is_shard() ? part(weight, from.dim, size(), rank()) : weight;
+      Tensor expected_grad = from.is_shard() ? part(weight, from.dim, size(), rank()) : weight;
+      // Replicate -> Partial keeps the values on rank 0 only, and so their gradient.
+      if (from.is_replicate() && to.is_partial() && rank() != 0) expected_grad = zeros_like(weight);
       EXPECT_TRUE(bitwise_equal(local.grad(), expected_grad));
+      if (to.is_partial() && !from.is_partial()) {  // a local move: this rank's summand
+        const Tensor summand = from.is_replicate() ? (rank() == 0 ? full : zeros_like(full))
+                                                   : placed_part(full, from.dim, size(), rank());
+        EXPECT_TRUE(bitwise_equal(y.local(), summand));
+      }
     }
   }
 }
@@ -512,15 +525,25 @@ TEST_F(DTensorTest, BadLayoutsAreClearErrors) {
   EXPECT_TRUE(throws_error([&] { distribute_tensor(full, line(), {}); }, "1 dims"));
   EXPECT_TRUE(throws_error([&] { distribute_tensor(full, line(), {Placement::shard(2)}); },
                            "out of range"));
-  EXPECT_TRUE(throws_error([&] { distribute_tensor(full, line(), {Placement::partial()}); },
-                           "Partial is not a layout of a whole tensor"));
+  EXPECT_TRUE(throws_error(
+      [&] {
+        distribute_tensor(ones(Shape{8, 6}, TensorOptions(DType::kInt64)), line(),
+                          {Placement::partial()});
+      },
+      "cannot be Partial"));
   EXPECT_TRUE(throws_error(
       [&] {
         distribute_tensor(whole({8, 5}, 21), line(), {Placement::shard(1)});
       },
       "equal parts"));
   const DTensor x = distribute_tensor(full, line(), {Placement::shard(0)});
-  EXPECT_TRUE(throws_error([&] { x.redistribute({Placement::partial()}); }, "not offered"));
+  const DTensor on_grid = distribute_tensor(whole({8, 6}, 23), grid_mesh(),
+                                            {Placement::shard(0), Placement::replicate()});
+  EXPECT_TRUE(throws_error(
+      [&] {
+        on_grid.redistribute({Placement::partial(), Placement::shard(0)});
+      },
+      "another mesh dim also cuts dim 0 is not offered"));
   const DTensor other = distribute_tensor(whole({6, 8}, 22), line(), {Placement::replicate()});
   EXPECT_TRUE(throws_error([&] { dt::add(x, other); }, "broadcasting is not offered"));
   EXPECT_TRUE(throws_error([&] { dt::linear(x, other); }, "does not match the weight"));
