@@ -38,7 +38,7 @@ double DeviceProfile::collective_time(Collective collective, int64_t ranks, doub
   const double steps = collective == Collective::kAllReduce ? 2 * (p - 1) : p - 1;
   const double moved =
       collective == Collective::kAllReduce ? 2 * (p - 1) / p * bytes : (p - 1) / p * bytes;
-  return steps * cost.alpha_s + moved / cost.bus_bandwidth;
+  return steps * (cost.alpha_s + collective_turn_s) + moved / cost.bus_bandwidth;
 }
 
 double DeviceProfile::compute_time(double flops, double bytes, const std::string& kind,
@@ -287,6 +287,7 @@ DeviceProfile parse_profile(const std::string& json_text, const std::string& whe
   profile.sync_exponent = optional_number(root, "sync_exponent", 0.5, where, true);
   TESSEL_CHECK(profile.sync_exponent <= 1, "profile ", where,
                ": field 'sync_exponent' must be in [0, 1], got ", profile.sync_exponent);
+  profile.collective_turn_s = optional_number(root, "collective_turn_s", 0.0, where, true);
   auto layout = root.find("calibrated_layout");
   if (layout != root.end()) {
     profile.calibrated_ranks = whole_count(*layout, "ranks_at_once", "calibrated_layout", where);
@@ -361,6 +362,7 @@ std::string profile_to_json(const DeviceProfile& profile) {
     root["sync_jitter"] = profile.sync_jitter;
     root["sync_exponent"] = profile.sync_exponent;
   }
+  if (profile.collective_turn_s > 0) root["collective_turn_s"] = profile.collective_turn_s;
   if (profile.calibrated_ranks > 0)
     root["calibrated_layout"] = {{"ranks_at_once", profile.calibrated_ranks},
                                  {"threads_per_rank", profile.calibrated_threads}};

@@ -101,6 +101,10 @@ struct DeviceProfile {
   double sync_wait(double interval_s) const {
     return sync_jitter * std::pow(std::max(0.0, interval_s), sync_exponent);
   }
+  // Inside a step, each ring step of a collective also waits this long for the ranks' turns on
+  // cores they share (work just before it leaves them out of step), beyond the back-to-back alpha
+  // and bandwidth of `collectives`; 0: devices that do not share cores.
+  double collective_turn_s = 0;
   // [level][collective]
   std::array<std::array<AlphaBeta, 3>, 2> collectives{};
   std::string sources_json = "{}";  // where the numbers come from (JSON object, kept verbatim)
@@ -114,8 +118,8 @@ struct DeviceProfile {
     return ranks <= devices_per_node ? LinkLevel::kIntraNode : LinkLevel::kInterNode;
   }
   // Ring algorithms; `bytes` is the full buffer per rank (for all_gather: the gathered result):
-  //   all_reduce:      2(p-1) alpha + 2(p-1)/p * bytes / bandwidth
-  //   all_gather, reduce_scatter: (p-1) alpha + (p-1)/p * bytes / bandwidth
+  //   all_reduce:      2(p-1) (alpha + turn) + 2(p-1)/p * bytes / bandwidth
+  //   all_gather, reduce_scatter: (p-1) (alpha + turn) + (p-1)/p * bytes / bandwidth
   double collective_time(Collective collective, int64_t ranks, double bytes, LinkLevel level) const;
   // Same, on the level level_for(ranks) picks.
   double collective_time(Collective collective, int64_t ranks, double bytes) const {

@@ -33,6 +33,7 @@ mpirun --allow-run-as-root --oversubscribe -np 2 "$calibrate" --quick --threads=
 grep -q 'MpiCommunicator over 2 ranks' "$dir/two.json"
 grep -q '"ranks_at_once": 2' "$dir/two.json"
 grep -q '"sync_exponent"' "$dir/two.json"
+grep -q 'per ring step (least squares)' "$dir/two.json"
 grep -q '"conv2d \[2, 64, 8, 8\]' "$dir/two.json"
 grep -q 'local calls of the convolutions and linear layers of resnet18' "$dir/two.json"
 grep -q 'each pass after writing as many bytes as' "$dir/two.json"

@@ -603,6 +603,12 @@ TEST(DeviceProfile, RingFormulas) {
   EXPECT_DOUBLE_EQ(profile.collective_time(Collective::kAllReduce, 16, 1e6),
                    30 * 5e-6 + 2 * 15.0 / 16 * 1e6 / 1e8);
   EXPECT_DOUBLE_EQ(profile.collective_time(Collective::kAllReduce, 1, 1e6), 0);
+  // Ranks that share cores wait for each other's turns at every ring step.
+  profile.collective_turn_s = 2e-6;
+  EXPECT_DOUBLE_EQ(profile.collective_time(Collective::kAllReduce, 8, 1e6),
+                   14 * 3e-6 + 1.75e6 / 1e9);
+  EXPECT_DOUBLE_EQ(profile.collective_time(Collective::kAllGather, 8, 1e6),
+                   7 * 3e-6 + 0.875e6 / 1e9);
 }
 
 TEST(DeviceProfile, ShippedProfilesParseAndCiteSources) {
@@ -690,6 +696,13 @@ TEST(DeviceProfile, OutOfRangeCountsAndNonStringNamesAreErrors) {
                                     "field 'name' must be a string, got 7"));
   EXPECT_TRUE(testing::throws_error([&] { parse_profile(with("sync_exponent", "1.5"), "p.json"); },
                                     "field 'sync_exponent' must be in [0, 1], got 1.5"));
+  EXPECT_TRUE(
+      testing::throws_error([&] { parse_profile(with("collective_turn_s", "-1e-6"), "p.json"); },
+                            "field 'collective_turn_s' must be non-negative, got -1e-06"));
+  // A measured turn survives the round trip through JSON.
+  DeviceProfile turning = round_number_profile();
+  turning.collective_turn_s = 3e-5;
+  EXPECT_DOUBLE_EQ(parse_profile(profile_to_json(turning), "p.json").collective_turn_s, 3e-5);
   EXPECT_TRUE(testing::throws_error(
       [&] { parse_profile(with("op_shapes", R"({"conv2d [1]": {"backward_s": 1}})"), "p.json"); },
       "missing field 'op_shapes.conv2d [1].forward_s'"));

@@ -401,6 +401,67 @@ CollectiveFit fit_collective(parallel::Communicator& comm, Collective collective
   return fit;
 }
 
+// What a collective costs inside a step beyond its back-to-back price (fit_collective's tight
+// loop): after a millisecond or so of work, the ranks come to each ring step of it out of step
+// and, where they share cores, wait for each other's turns. Timed after the same work (four
+// 256 x 256 matmuls): all_reduces and all_gathers of 32768 and 131072 floats, and a one-element
+// all_reduce as the reference, which carries the wait for the ranks (sync_wait) the others carry
+// too. What each took beyond the reference, less what `profile` already prices beyond it, over
+// its ring steps: the mean over the ranks, fitted as one latency per step (least squares).
+// `text` gets the points.
+double collective_turns(parallel::Communicator& comm, const DeviceProfile& profile, bool quick,
+                        std::string* text) {
+  const int p = comm.size();
+  struct Case {
+    Collective collective;
+    Tensor full, part;
+    double wall_s = 0;
+  };
+  std::vector<Case> cases;
+  for (auto [collective, elements] : {std::pair{Collective::kAllReduce, int64_t{1}},
+                                      {Collective::kAllReduce, int64_t{32768}},
+                                      {Collective::kAllReduce, int64_t{131072}},
+                                      {Collective::kAllGather, int64_t{32768}},
+                                      {Collective::kAllGather, int64_t{131072}}}) {
+    const int64_t rows = collective == Collective::kAllGather ? elements / p * p : elements;
+    cases.push_back({collective, ones({rows}), ones({rows / p})});
+  }
+  const Tensor a = randn({256, 256}), b = randn({256, 256}), product = empty({256, 256});
+  const int rounds = quick ? 2 : 20, repetitions = quick ? 2 : 10;
+  comm.barrier();
+  for (int round = 0; round < rounds; ++round)
+    for (Case& c : cases)
+      for (int rep = 0; rep < repetitions; ++rep) {
+        const auto start = Clock::now();
+        for (int k = 0; k < 4; ++k) into(ops::matmul, {a, b}, {}, product);
+        if (c.collective == Collective::kAllReduce)
+          comm.all_reduce(c.full);
+        else
+          comm.all_gather(c.part, c.full);
+        c.wall_s += std::chrono::duration<double>(Clock::now() - start).count();
+      }
+  auto priced = [&](const Case& c) {
+    return profile.collective_time(c.collective, p, static_cast<double>(c.full.numel()) * 4);
+  };
+  std::vector<float> beyond;
+  for (const Case& c : cases)
+    beyond.push_back(static_cast<float>((c.wall_s - cases[0].wall_s) / (rounds * repetitions) -
+                                        (priced(c) - priced(cases[0]))));
+  Tensor means = tensor(beyond, {static_cast<int64_t>(beyond.size())});
+  comm.all_reduce(means, parallel::ReduceOp::kSum);
+  const std::vector<float> sums = means.to_vector<float>();
+  double weighted = 0, squares = 0;
+  for (size_t i = 1; i < cases.size(); ++i) {
+    const double steps = cases[i].collective == Collective::kAllReduce ? 2.0 * (p - 1) : p - 1.0;
+    const double mean = sums[i] / p;
+    weighted += steps * mean;
+    squares += steps * steps;
+    *text += std::string(collective_name(cases[i].collective)) + " of " +
+             std::to_string(cases[i].full.numel()) + " floats " + format_seconds(mean) + ", ";
+  }
+  return std::max(0.0, weighted / squares);
+}
+
 struct CalibrateOptions {
   std::string out_path, name = "calibrated", base = "cpu_2core_example";
   int threads = 0;
@@ -1097,6 +1158,12 @@ void measure_collectives(DeviceProfile& profile, nlohmann::json& sources,
     text += std::string(collective_name(collective)) + " small " + format_seconds(fit.small_s) +
             ", " + std::to_string(large * 4 >> 20) + " MiB " + format_seconds(fit.large_s) + "; ";
   }
+  std::string turns;
+  profile.collective_turn_s = collective_turns(*world, profile, quick, &turns);
+  sources["collective_turn_s"] =
+      "beyond a one-element all_reduce after the same work (four 256 x 256 matmuls), what "
+      "collectives took over what their alpha and bandwidth price (" +
+      turns + "the mean over the ranks), per ring step (least squares)";
   sources["sync_jitter"] =
       "the mean wait in a one-element all_reduce beyond a rank's own compute, both as the op rates "
       "count time: CPU time times the rank's share of the cores (" +
@@ -1134,6 +1201,8 @@ void print_summary(const DeviceProfile& profile, int ranks, const std::string& b
                   link_level_name(level), format_seconds(cost.alpha_s).c_str(),
                   cost.bus_bandwidth / 1e9);
     }
+    std::printf("collectives after work: %s more per ring step\n",
+                format_seconds(profile.collective_turn_s).c_str());
   } else {
     std::printf("collectives: one rank, copied from %s (run under mpirun -np N to measure)\n",
                 base_name.c_str());
