@@ -402,20 +402,22 @@ CollectiveFit fit_collective(parallel::Communicator& comm, Collective collective
 }
 
 // What a collective costs inside a step beyond its back-to-back price (fit_collective's tight
-// loop): after a millisecond or so of work, the ranks come to each ring step of it out of step
-// and, where they share cores, wait for each other's turns. Timed after the same work (four
-// 256 x 256 matmuls): all_reduces and all_gathers of 32768 and 131072 floats, and a one-element
-// all_reduce as the reference, which carries the wait for the ranks (sync_wait) the others carry
-// too. What each took beyond the reference, less what `profile` already prices beyond it, over
-// its ring steps: the mean over the ranks, fitted as one latency per step (least squares).
-// `text` gets the points.
+// loop, which takes the best of its repetitions): after work, with caches holding the work's data
+// and ranks that share cores taking turns at each ring step. Each collective is timed alone,
+// right after the same work (two 256 x 256 matmuls): all_reduces and all_gathers of 32768 and
+// 131072 floats, and a one-element all_reduce as the reference, which carries the ranks' wait for
+// each other, priced apart as sync_wait (a one-element all_reduce after work is what sync_jitter
+// is fitted to). The cases take turns repetition by repetition, so the machine's spells fall on
+// all alike. What each case's median took beyond the reference's, less what `profile` already
+// prices beyond it, over its ring steps: the mean over the ranks, fitted as one latency per step
+// (least squares). `text` gets the points.
 double collective_turns(parallel::Communicator& comm, const DeviceProfile& profile, bool quick,
                         std::string* text) {
   const int p = comm.size();
   struct Case {
     Collective collective;
     Tensor full, part;
-    double wall_s = 0;
+    std::vector<double> seconds;
   };
   std::vector<Case> cases;
   for (auto [collective, elements] : {std::pair{Collective::kAllReduce, int64_t{1}},
@@ -424,29 +426,32 @@ double collective_turns(parallel::Communicator& comm, const DeviceProfile& profi
                                       {Collective::kAllGather, int64_t{32768}},
                                       {Collective::kAllGather, int64_t{131072}}}) {
     const int64_t rows = collective == Collective::kAllGather ? elements / p * p : elements;
-    cases.push_back({collective, ones({rows}), ones({rows / p})});
+    cases.push_back({collective, ones({rows}), ones({rows / p}), {}});
   }
   const Tensor a = randn({256, 256}), b = randn({256, 256}), product = empty({256, 256});
-  const int rounds = quick ? 2 : 20, repetitions = quick ? 2 : 10;
   comm.barrier();
-  for (int round = 0; round < rounds; ++round)
-    for (Case& c : cases)
-      for (int rep = 0; rep < repetitions; ++rep) {
-        const auto start = Clock::now();
-        for (int k = 0; k < 4; ++k) into(ops::matmul, {a, b}, {}, product);
-        if (c.collective == Collective::kAllReduce)
-          comm.all_reduce(c.full);
-        else
-          comm.all_gather(c.part, c.full);
-        c.wall_s += std::chrono::duration<double>(Clock::now() - start).count();
-      }
+  for (int rep = 0; rep < (quick ? 4 : 200); ++rep)
+    for (Case& c : cases) {
+      for (int k = 0; k < 2; ++k) into(ops::matmul, {a, b}, {}, product);
+      const auto start = Clock::now();
+      if (c.collective == Collective::kAllReduce)
+        comm.all_reduce(c.full);
+      else
+        comm.all_gather(c.part, c.full);
+      c.seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    }
   auto priced = [&](const Case& c) {
     return profile.collective_time(c.collective, p, static_cast<double>(c.full.numel()) * 4);
   };
+  auto median = [](std::vector<double> values) {
+    std::nth_element(values.begin(), values.begin() + values.size() / 2, values.end());
+    return values[values.size() / 2];
+  };
+  const double reference = median(cases[0].seconds);
   std::vector<float> beyond;
   for (const Case& c : cases)
-    beyond.push_back(static_cast<float>((c.wall_s - cases[0].wall_s) / (rounds * repetitions) -
-                                        (priced(c) - priced(cases[0]))));
+    beyond.push_back(
+        static_cast<float>(median(c.seconds) - reference - (priced(c) - priced(cases[0]))));
   Tensor means = tensor(beyond, {static_cast<int64_t>(beyond.size())});
   comm.all_reduce(means, parallel::ReduceOp::kSum);
   const std::vector<float> sums = means.to_vector<float>();
@@ -1161,8 +1166,8 @@ void measure_collectives(DeviceProfile& profile, nlohmann::json& sources,
   std::string turns;
   profile.collective_turn_s = collective_turns(*world, profile, quick, &turns);
   sources["collective_turn_s"] =
-      "beyond a one-element all_reduce after the same work (four 256 x 256 matmuls), what "
-      "collectives took over what their alpha and bandwidth price (" +
+      "beyond a one-element all_reduce after the same work (two 256 x 256 matmuls), what "
+      "collectives took (medians of 200) over what their alpha and bandwidth price (" +
       turns + "the mean over the ranks), per ring step (least squares)";
   sources["sync_jitter"] =
       "the mean wait in a one-element all_reduce beyond a rank's own compute, both as the op rates "
