@@ -39,14 +39,37 @@ std::vector<Placement> normalized(std::vector<Placement> placements, const Devic
   return placements;
 }
 
+// `x` grown along `dim` to `length` indices with zeros after its own (differentiable).
+Tensor padded_to(const Tensor& x, int64_t dim, int64_t length) {
+  if (x.size(dim) == length) return x;
+  Shape sizes = x.sizes();
+  sizes[dim] = length - x.size(dim);
+  return cat({x, zeros(sizes, TensorOptions(x.dtype()).device(x.device()))}, dim);
+}
+
+int64_t longest_part(int64_t whole_size, int parts) { return (whole_size + parts - 1) / parts; }
+
 }  // namespace
 
-Tensor gather_along(const Tensor& x, int64_t dim, int64_t group) {
-  if (is_floating(x.dtype())) return gather_from_tp(x, group, dim);
+Tensor gather_along(const Tensor& x, int64_t dim, int64_t group, int64_t whole_size) {
   Communicator& comm = *tp_group(group);
+  const int parts = comm.size();
+  if (whole_size >= 0 && whole_size != x.size(dim) * parts) {
+    // Unequal parts: every rank's padded to the longest, gathered, then each cut back to its own.
+    const int64_t longest = longest_part(whole_size, parts);
+    TESSEL_CHECK(x.size(dim) == part_rows(whole_size, parts, comm.rank()), "DTensor: dim ", dim,
+                 " holds ", x.size(dim), " indices, not this rank's part of ", whole_size);
+    const Tensor gathered = gather_along(padded_to(x, dim, longest), dim, group);
+    std::vector<Tensor> pieces;
+    for (int r = 0; r < parts; ++r)
+      if (part_rows(whole_size, parts, r) > 0)
+        pieces.push_back(narrow(gathered, dim, r * longest, part_rows(whole_size, parts, r)));
+    return pieces.size() == 1 ? pieces[0].contiguous() : cat(pieces, dim);
+  }
+  if (is_floating(x.dtype())) return gather_from_tp(x, group, dim);
   Tensor send = transpose(x, 0, dim).contiguous();
   Shape sizes = send.sizes();
-  sizes[0] *= comm.size();
+  sizes[0] *= parts;
   Tensor receive = empty(sizes, TensorOptions(x.dtype()).device(x.device()));
   comm.all_gather(send, receive);
   return transpose(receive, 0, dim).contiguous();
@@ -99,16 +122,20 @@ Tensor batch_norm_across(const Tensor& x, const Tensor& weight, const Tensor& bi
 }
 
 Tensor shard_along(const Tensor& x, int64_t dim, int64_t group) {
-  const int parts = tp_group(group)->size();
-  TESSEL_CHECK(x.size(dim) % parts == 0, "DTensor: dim ", dim, " of size ", x.size(dim),
-               " (local shape ", shape_str(x.sizes()), ") does not split into ", parts,
-               " equal parts; shards must be equal");
-  if (!is_floating(x.dtype())) {
-    const int64_t length = x.size(dim) / parts;
-    return narrow(x, dim, length * tp_group(group)->rank(), length)
-        .clone();  // not a view that keeps x whole
-  }
-  return scatter_to_tp(x, group, dim);
+  const int parts = tp_group(group)->size(), rank = tp_group(group)->rank();
+  const int64_t whole_size = x.size(dim), length = part_rows(whole_size, parts, rank);
+  if (!is_floating(x.dtype()))  // a copy, not a view that keeps x whole
+    return narrow(x, dim, part_start(whole_size, parts, rank), length).clone();
+  if (whole_size % parts == 0) return scatter_to_tp(x, group, dim);
+  // Unequal parts: each padded to the longest, so that the slice is one of equal parts and its
+  // backward all-gathers the gradient.
+  const int64_t longest = longest_part(whole_size, parts);
+  std::vector<Tensor> blocks;
+  for (int r = 0; r < parts; ++r)
+    blocks.push_back(
+        padded_to(narrow(x, dim, part_start(whole_size, parts, r), part_rows(whole_size, parts, r)),
+                  dim, longest));
+  return narrow(scatter_to_tp(cat(blocks, dim), group, dim), dim, 0, length).contiguous();
 }
 
 std::string Placement::str() const {
@@ -174,6 +201,25 @@ DTensor::DTensor(Tensor local, std::shared_ptr<const DeviceMesh> mesh,
     if (placements_[i].is_shard()) shape_[placements_[i].dim] *= mesh_->size(i);
 }
 
+DTensor::DTensor(Tensor local, std::shared_ptr<const DeviceMesh> mesh,
+                 std::vector<Placement> placements, Shape global_shape)
+    : DTensor(std::move(local), std::move(mesh), std::move(placements)) {
+  Shape expected = global_shape;
+  TESSEL_CHECK(expected.size() == shape_.size(), "DTensor: the global shape ",
+               shape_str(global_shape), " does not have the local tensor's ", local_.dim(),
+               " dims");
+  for (int i = 0; i < mesh_->ndim(); ++i) {
+    if (!placements_[i].is_shard()) continue;
+    int64_t& length = expected[placements_[i].dim];
+    length = part_rows(length, mesh_->size(i), mesh_->coordinate(i));
+  }
+  TESSEL_CHECK(expected == local_.sizes(), "DTensor: the local shape ", shape_str(local_.sizes()),
+               " is not this rank's part ", shape_str(expected), " of the global shape ",
+               shape_str(global_shape), " laid out as ", placements_str(placements_), " on ",
+               mesh_->str());
+  shape_ = std::move(global_shape);
+}
+
 DTensor DTensor::redistribute(std::vector<Placement> target) const {
   TESSEL_CHECK(defined(), "DTensor::redistribute: the DTensor is undefined");
   target = normalized(std::move(target), *mesh_, dim(), "DTensor::redistribute");
@@ -206,12 +252,12 @@ DTensor DTensor::redistribute(std::vector<Placement> target) const {
         sizes[d] = length;
         return zeros(sizes, TensorOptions(local.dtype()).device(local.device()));
       };
-      const int64_t part = local.size(d);
+      const int64_t before = part_start(shape_[d], group.size(), group.rank());
+      const int64_t after = shape_[d] - before - local.size(d);
       std::vector<Tensor> pieces;
-      if (group.rank() > 0) pieces.push_back(zeros_of(part * group.rank()));
+      if (before > 0) pieces.push_back(zeros_of(before));
       pieces.push_back(local);
-      if (group.rank() < group.size() - 1)
-        pieces.push_back(zeros_of(part * (group.size() - 1 - group.rank())));
+      if (after > 0) pieces.push_back(zeros_of(after));
       local = pieces.size() == 1 ? local : cat(pieces, d);
     } else if (group.rank() != 0) {
       local = masked_fill(
@@ -223,7 +269,8 @@ DTensor DTensor::redistribute(std::vector<Placement> target) const {
   for (int i = 0; i < mesh_->ndim(); ++i) {
     if (!current[i].is_shard() || !target[i].is_shard() || current[i] == target[i] ||
         !is_floating(local.dtype()) || cut_elsewhere(i, current[i].dim) ||
-        cut_elsewhere(i, target[i].dim) || local.size(target[i].dim) % mesh_->size(i) != 0)
+        cut_elsewhere(i, target[i].dim) || shape_[current[i].dim] % mesh_->size(i) != 0 ||
+        shape_[target[i].dim] % mesh_->size(i) != 0)
       continue;
     local = all_to_all_tp(local, target[i].dim, current[i].dim, mesh_->group(i));
     current[i] = target[i];
@@ -242,7 +289,7 @@ DTensor DTensor::redistribute(std::vector<Placement> target) const {
   for (int i = 0; i < mesh_->ndim(); ++i) {
     if (current[i] == target[i]) continue;
     if (current[i].is_shard()) {
-      local = gather_along(local, current[i].dim, mesh_->group(i));
+      local = gather_along(local, current[i].dim, mesh_->group(i), shape_[current[i].dim]);
     } else if (current[i].is_partial()) {
       TESSEL_CHECK(is_floating(local.dtype()), "DTensor::redistribute: a Partial ",
                    dtype_name(local.dtype()), " tensor cannot be summed here");
@@ -255,7 +302,7 @@ DTensor DTensor::redistribute(std::vector<Placement> target) const {
     local = shard_along(local, target[i].dim, mesh_->group(i));
     current[i] = target[i];
   }
-  return DTensor(local, mesh_, current);
+  return DTensor(local, mesh_, current, shape_);
 }
 
 Tensor DTensor::full_tensor() const {
@@ -287,6 +334,19 @@ void check_same_mesh(const DTensor& a, const DTensor& b, const char* op) {
   TESSEL_CHECK(a.defined() && b.defined(), op, ": an operand is undefined");
   TESSEL_CHECK(a.mesh() == b.mesh(), op, ": the operands live on different meshes (",
                a.mesh()->str(), " and ", b.mesh()->str(), ")");
+}
+
+// An op's result: `local` laid out as `placements`, each sharded dim as long as `reference`'s
+// (the operand whose dim it keeps), every other dim as long as `local`'s.
+DTensor result_of(Tensor local, const std::shared_ptr<const DeviceMesh>& mesh,
+                  std::vector<Placement> placements, const Shape& reference) {
+  Shape global_shape = local.sizes();
+  for (const Placement& placement : placements)
+    if (placement.is_shard()) {
+      const int64_t d = placement.dim < 0 ? placement.dim + local.dim() : placement.dim;
+      global_shape.at(static_cast<size_t>(d)) = reference.at(static_cast<size_t>(d));
+    }
+  return DTensor(std::move(local), mesh, std::move(placements), std::move(global_shape));
 }
 
 std::vector<Placement> replicated(const DTensor& x) {
@@ -344,7 +404,9 @@ DTensor contract(const DTensor& x, const DTensor& weight, const DTensor& bias,
   Tensor x_local = moved.local();
   for (int i = 0; i < mesh.ndim(); ++i)
     if (weight.placements()[i].is_shard(how.w_out)) x_local = copy_to_tp(x_local, mesh.group(i));
-  DTensor y(how.multiply(x_local, weight.local()), x.mesh(), y_placements);
+  Shape y_reference = x.shape();  // y's dims are x's, but for the weight's output features
+  y_reference.at(static_cast<size_t>(how.y_out)) = weight.shape()[how.w_out];
+  DTensor y = result_of(how.multiply(x_local, weight.local()), x.mesh(), y_placements, y_reference);
   if (!bias.defined()) return y;
   check_same_mesh(y, bias, op);
   TESSEL_CHECK(bias.dim() == 1 && bias.shape()[0] == weight.shape()[how.w_out], op, ": the bias ",
@@ -355,7 +417,7 @@ DTensor contract(const DTensor& x, const DTensor& weight, const DTensor& bias,
   for (int i = 0; i < mesh.ndim(); ++i)
     if (y.placements()[i].is_shard(how.y_out)) bias_target[i] = Placement::shard(0);
   const DTensor b = bias.placements() == bias_target ? bias : bias.redistribute(bias_target);
-  return DTensor(how.add_bias(y.local(), b.local()), y.mesh(), y.placements());
+  return result_of(how.add_bias(y.local(), b.local()), y.mesh(), y.placements(), y.shape());
 }
 
 bool any_other_dim(int64_t dim, int64_t x_in) { return dim != x_in; }
@@ -391,7 +453,7 @@ DTensor binary(const DTensor& a_in, const DTensor& b_in, Binary kind, const char
       result = tessel::mul(a.local(), b.local());
       break;
   }
-  return DTensor(result, a.mesh(), a.placements());
+  return result_of(result, a.mesh(), a.placements(), a.shape());
 }
 
 }  // namespace
@@ -465,7 +527,8 @@ DTensor embedding(const DTensor& weight, const DTensor& ids) {
     rows = tessel::embedding(weight.local(), index);
   } else {
     const int64_t count = weight.local().size(0);
-    const int64_t start = count * mesh.coordinate(vocab_dim);
+    const int64_t start =
+        part_start(weight.shape()[0], mesh.size(vocab_dim), mesh.coordinate(vocab_dim));
     const DType dtype = weight.local().dtype();
     const Tensor in_range =
         tessel::mul(to_dtype(ge(index, static_cast<double>(start)), dtype),
@@ -474,7 +537,9 @@ DTensor embedding(const DTensor& weight, const DTensor& ids) {
         where(gt(in_range, 0.5), tessel::sub(index, static_cast<double>(start)), zeros_like(index));
     rows = tessel::mul(tessel::embedding(weight.local(), local_index), unsqueeze(in_range, -1));
   }
-  return DTensor(rows, weight.mesh(), out);
+  Shape reference = ids.shape();  // the ids' dims, then the table's features
+  reference.push_back(weight.shape()[1]);
+  return result_of(rows, weight.mesh(), out, reference);
 }
 
 DTensor cross_entropy(const DTensor& logits_in, const DTensor& target, int64_t ignore_index) {
@@ -509,7 +574,9 @@ DTensor cross_entropy(const DTensor& logits_in, const DTensor& target, int64_t i
     // The vocabulary-parallel loss gives the mean over this rank's rows, the same on every rank
     // of the class dimension.
     local_sum = tessel::mul(
-        vocab_parallel_cross_entropy(logits.local(), labels, mesh.group(class_dim), ignore_index),
+        vocab_parallel_cross_entropy(
+            logits.local(), labels, mesh.group(class_dim), ignore_index, /*sum_rows=*/false,
+            part_start(logits.shape()[1], mesh.size(class_dim), mesh.coordinate(class_dim))),
         local_count);
   } else {
     local_sum = tessel::mul(tessel::sum(logits.local()), 0.0);  // no rows here: zero, in the graph
@@ -529,13 +596,15 @@ DTensor mul(const DTensor& a, const DTensor& b) { return binary(a, b, Binary::kM
 DTensor relu(const DTensor& x) {
   TESSEL_CHECK(x.defined(), "dt::relu: the operand is undefined");
   const DTensor combined = combine_partials(x);
-  return DTensor(tessel::relu(combined.local()), combined.mesh(), combined.placements());
+  return result_of(tessel::relu(combined.local()), combined.mesh(), combined.placements(),
+                   combined.shape());
 }
 
 DTensor gelu(const DTensor& x) {
   TESSEL_CHECK(x.defined(), "dt::gelu: the operand is undefined");
   const DTensor combined = combine_partials(x);
-  return DTensor(tessel::gelu(combined.local()), combined.mesh(), combined.placements());
+  return result_of(tessel::gelu(combined.local()), combined.mesh(), combined.placements(),
+                   combined.shape());
 }
 
 DTensor softmax(const DTensor& x, int64_t dim) {
@@ -545,7 +614,8 @@ DTensor softmax(const DTensor& x, int64_t dim) {
   for (Placement& placement : target)
     if (placement.is_partial() || placement.is_shard(dim)) placement = Placement::replicate();
   const DTensor moved = target == x.placements() ? x : x.redistribute(target);
-  return DTensor(tessel::softmax(moved.local(), dim), moved.mesh(), moved.placements());
+  return result_of(tessel::softmax(moved.local(), dim), moved.mesh(), moved.placements(),
+                   moved.shape());
 }
 
 namespace {
@@ -567,7 +637,7 @@ DTensor pool(const DTensor& x, const char* op, bool linear,
   TESSEL_CHECK(x.defined() && x.dim() == 4, op, ": expected x (N, C, H, W), got ",
                x.defined() ? x.str() : "an undefined operand");
   const DTensor moved = gathered_along(x, {2, 3}, /*keep_partial=*/linear);
-  return DTensor(run(moved.local()), moved.mesh(), moved.placements());
+  return result_of(run(moved.local()), moved.mesh(), moved.placements(), moved.shape());
 }
 
 // A per-channel tensor laid out as x's channel dim (1) is: moved there, or for running statistics
@@ -617,9 +687,16 @@ DTensor batch_norm(const DTensor& x, const DTensor& weight, const DTensor& bias,
   // and each rank normalises its own rows, x staying where it is. Eval (running statistics) and
   // channel shards normalise each rank's part alone.
   std::vector<int64_t> row_groups;
-  for (int i = 0; training && i < laid_out.mesh()->ndim(); ++i)
-    if (laid_out.placements()[i].is_shard() && !laid_out.placements()[i].is_shard(1))
-      row_groups.push_back(laid_out.mesh()->group(i));
+  for (int i = 0; training && i < laid_out.mesh()->ndim(); ++i) {
+    const Placement placement = laid_out.placements()[i];
+    if (!placement.is_shard() || placement.is_shard(1)) continue;
+    // batch_norm_across weighs every rank's statistics alike.
+    TESSEL_CHECK(laid_out.shape()[placement.dim] % laid_out.mesh()->size(i) == 0,
+                 "dt::batch_norm: in training the rows must be cut into equal parts, but x ",
+                 laid_out.str(), " cuts dim ", placement.dim, " into ", laid_out.mesh()->size(i),
+                 " unequal parts over ", laid_out.mesh()->dim_name(i));
+    row_groups.push_back(laid_out.mesh()->group(i));
+  }
   auto local_channels = [&](const DTensor& per_channel, bool written_in_place) {
     return local_or_none(as_channels(per_channel, laid_out, written_in_place));
   };
@@ -630,7 +707,7 @@ DTensor batch_norm(const DTensor& x, const DTensor& weight, const DTensor& bias,
                                                            stats_var, training, momentum, eps)
                                       : batch_norm_across(laid_out.local(), w, b, stats_mean,
                                                           stats_var, momentum, eps, row_groups);
-  return DTensor(y, laid_out.mesh(), laid_out.placements());
+  return result_of(y, laid_out.mesh(), laid_out.placements(), laid_out.shape());
 }
 
 DTensor layer_norm(const DTensor& x, const Shape& normalized_shape, const DTensor& weight,
@@ -647,9 +724,9 @@ DTensor layer_norm(const DTensor& x, const Shape& normalized_shape, const DTenso
     check_same_mesh(x, parameter, "dt::layer_norm");
     return parameter.full_tensor();
   };
-  const DTensor result(
+  const DTensor result = result_of(
       tessel::layer_norm(moved.local(), normalized_shape, whole(weight), whole(bias), eps),
-      moved.mesh(), moved.placements());
+      moved.mesh(), moved.placements(), moved.shape());
   const DTensor laid_out = combine_partials(x);
   return result.placements() == laid_out.placements() ? result
                                                       : result.redistribute(laid_out.placements());

@@ -8,7 +8,9 @@
 //
 // A DTensor is this rank's local shard plus, per mesh dimension, a placement:
 //   Replicate   every rank of that dimension holds the same values;
-//   Shard(d)    the tensor's dim d is cut into equal parts in rank order (the size must divide);
+//   Shard(d)    the tensor's dim d is cut into parts in rank order as torch.tensor_split cuts it:
+//               where the ranks do not divide its size, the first size % ranks parts hold one
+//               index more (and parts are empty where the size is below the ranks);
 //   Partial     each rank holds a summand: the tensor is the sum over that dimension's ranks.
 // redistribute() moves between placements with the collectives of the tensor-parallel ops
 // (parallel/tensor_parallel.h), so autograd runs through every move and every rank must call the
@@ -18,7 +20,9 @@
 // backward: all-gather; an all-reduce and a local slice where another mesh dim cuts that dim or
 // the group's size does not divide it), Shard(i) ->
 // Shard(j) an all-to-all (all_to_all_tp; an all-gather along i and a slice along j where another
-// mesh dim cuts i or j). Into Partial takes no collective: Replicate -> Partial keeps the values
+// mesh dim cuts i or j, or the group's size divides either not). Unequal parts travel padded to
+// the longest part (one all-gather or scatter of equal parts, then the padding is cut off).
+// Into Partial takes no collective: Replicate -> Partial keeps the values
 // on the dimension's coordinate 0 and zeros elsewhere (backward: the gradient on coordinate 0,
 // zeros elsewhere), Shard(d) -> Partial puts each rank's part at its place in zeros (backward:
 // this rank's part of the gradient; not where another mesh dim also cuts d).
@@ -86,8 +90,13 @@ class DTensor {
  public:
   DTensor() = default;
   // From a local shard laid out as `placements` say (one per mesh dimension); the global shape is
-  // derived. Errors for a placement count that differs from the mesh's, a shard dim out of range.
+  // derived as if every part were equal (each sharded dim's local size times its ranks). Errors
+  // for a placement count that differs from the mesh's, a shard dim out of range.
   DTensor(Tensor local, std::shared_ptr<const DeviceMesh> mesh, std::vector<Placement> placements);
+  // The same with the global shape given, for unequal parts: an error unless `local` has this
+  // rank's part of it.
+  DTensor(Tensor local, std::shared_ptr<const DeviceMesh> mesh, std::vector<Placement> placements,
+          Shape global_shape);
 
   bool defined() const { return local_.defined(); }
   const Tensor& local() const { return local_; }
@@ -111,11 +120,12 @@ class DTensor {
 };
 
 // Every rank's part along `dim` of tensor-parallel group `group` (register_tp_group), in rank
-// order; backward keeps this rank's part of the gradient. Integer tensors (ids, labels) carry no
-// gradient and go through the communicator directly.
-Tensor gather_along(const Tensor& x, int64_t dim, int64_t group);
-// This rank's part along `dim` (equal parts in rank order; an error when they are not equal);
-// backward all-gathers the gradient.
+// order, into `whole_size` indices (parts as torch.tensor_split cuts them; -1: every part as long
+// as this rank's); backward keeps this rank's part of the gradient. Integer tensors (ids,
+// labels) carry no gradient and go through the communicator directly.
+Tensor gather_along(const Tensor& x, int64_t dim, int64_t group, int64_t whole_size = -1);
+// This rank's part along `dim` (parts in rank order as torch.tensor_split cuts them); backward
+// all-gathers the gradient.
 Tensor shard_along(const Tensor& x, int64_t dim, int64_t group);
 
 // Batch norm in training over x (N, C, ...) whose rows (every dim but the channels) are split
@@ -184,8 +194,8 @@ DTensor adaptive_avg_pool2d(const DTensor& x, std::vector<int64_t> output_size);
 // mesh dims that cut them (batch_norm_across: one all-gather of 2 C values per rank, and one
 // all-reduce of their gradient backward), so each rank's rows are normalised by the whole
 // batch's; a replicated weight or bias then receives its rank's part of the gradient (sum it
-// over those mesh dims, as DDP does). In eval the op is per-channel affine. Running statistics
-// are updated in place on every rank.
+// over those mesh dims, as DDP does); unequal row parts are an error in training. In eval the op
+// is per-channel affine. Running statistics are updated in place on every rank.
 DTensor batch_norm(const DTensor& x, const DTensor& weight, const DTensor& bias,
                    const DTensor& running_mean, const DTensor& running_var, bool training,
                    double momentum = 0.1, double eps = 1e-5);

@@ -541,10 +541,11 @@ void check_class_split(const char* what, const Tensor& values, const Tensor& tar
 }
 
 // Each row's value at its target class, summed over the group: this rank's columns [start,
-// start + width) hold it or give 0 (one all-reduce).
-Tensor target_values(const Tensor& values, const Tensor& target, int64_t group) {
+// start + width) hold it or give 0 (one all-reduce). `first_class` -1: start = width * rank.
+Tensor target_values(const Tensor& values, const Tensor& target, int64_t group,
+                     int64_t first_class = -1) {
   const int64_t width = values.size(1);
-  const int64_t start = width * tp_group(group)->rank();
+  const int64_t start = first_class >= 0 ? first_class : width * tp_group(group)->rank();
   const DType dtype = values.dtype();
   Tensor in_range =
       mul(to_dtype(ge(target, scalar_on(target, static_cast<double>(start), DType::kInt64)), dtype),
@@ -569,13 +570,13 @@ Tensor reduce_counted(const Tensor& losses, const Tensor& target, int64_t ignore
 }  // namespace
 
 Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& target, int64_t group,
-                                    int64_t ignore_index, bool sum_rows) {
+                                    int64_t ignore_index, bool sum_rows, int64_t first_class) {
   check_class_split("vocab_parallel_cross_entropy", logits, target);
   // Subtracting the global max keeps exp finite; it cancels out of the loss and its gradient.
   Tensor global_max = max_from_tp(max(logits.detach(), 1), group);
   Tensor shifted = sub(logits, unsqueeze(global_max, 1));
   Tensor sum_exp = reduce_from_tp(sum(exp(shifted), {1}), group);
-  Tensor losses = sub(log(sum_exp), target_values(shifted, target, group));
+  Tensor losses = sub(log(sum_exp), target_values(shifted, target, group, first_class));
   return reduce_counted(losses, target, ignore_index, sum_rows);
 }
 

@@ -188,9 +188,11 @@ Tensor vocab_parallel_embedding(const Tensor& local_table, const Tensor& indices
 // cross_entropy over logits whose last dim (the vocabulary) is split over the group: logits
 // (M, V / tp) are this rank's columns [r V/tp, (r+1) V/tp), target (M) i64 full ids. The max,
 // the sum of exponentials and the target logit are all-reduced; the mean over targets that are
-// not ignore_index is the same on every rank (with sum_rows, their sum instead).
+// not ignore_index is the same on every rank (with sum_rows, their sum instead). Columns of
+// unequal width: `first_class` is this rank's first (-1: r times its column count).
 Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& target, int64_t group,
-                                    int64_t ignore_index = -100, bool sum_rows = false);
+                                    int64_t ignore_index = -100, bool sum_rows = false,
+                                    int64_t first_class = -1);
 
 // nll_loss over log-probabilities whose last dim (the classes) is split over the group, as
 // vocab_parallel_cross_entropy takes its logits: each rank picks the targets' values among its

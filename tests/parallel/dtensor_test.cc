@@ -1,16 +1,19 @@
 // Sharded tensors against one process computing on the whole tensors: every placement round
-// trips, every redistribution gives the whole tensor's values and gradients, a Megatron MLP built
-// from DTensor ops (columns then rows) matches the unsharded one on a 1-D mesh over every rank
-// and, at 4 ranks, on a 2-D mesh (dp = 2 x tp = 2, the batch split over dp); conv2d by batch,
-// output and input channels, embedding by rows and features, cross-entropy by classes and rows,
+// trips, every redistribution gives the whole tensor's values and gradients (over equal parts,
+// unequal ones and, at 4 ranks, an empty one), a Megatron MLP built from DTensor ops (columns
+// then rows, equal or not) matches the unsharded one on a 1-D mesh over every rank and, at 4
+// ranks, on a 2-D mesh (dp = 2 x tp = 2, the batch split over dp); conv2d by batch, output and
+// input channels, embedding by rows and features, cross-entropy by classes and rows (equal or not),
 // pooling by batch, channels, rows of the image and Partial sums, batch norm (training and eval)
 // and layer norm by batch, channels or features match too; bad layouts are clear errors on every
 // rank.
 #include "parallel/dtensor.h"
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/autograd.h"
@@ -35,18 +38,32 @@ Tensor whole(const Shape& sizes, uint64_t seed) {
   return randint(-4, 5, sizes).to(DType::kFloat32);
 }
 
+// Where rank `index` of `parts` starts along a dim of `size` and how long its part is: the first
+// size % parts parts hold one index more (as torch.tensor_split cuts).
+std::pair<int64_t, int64_t> part_bounds(int64_t size, int parts, int index) {
+  return {index * (size / parts) + std::min<int64_t>(index, size % parts),
+          size / parts + (index < size % parts ? 1 : 0)};
+}
+
 // This rank's part of `full` along `dim` on a mesh dim of `parts` ranks, at `index`.
 Tensor part(const Tensor& full, int64_t dim, int parts, int index) {
-  const int64_t length = full.size(dim) / parts;
-  return narrow(full, dim, index * length, length).contiguous();
+  const auto [start, length] = part_bounds(full.size(dim), parts, index);
+  return narrow(full, dim, start, length).contiguous();
 }
 
 // `full` with zeros everywhere but rank `index`'s part along `dim`.
 Tensor placed_part(const Tensor& full, int64_t dim, int parts, int index) {
-  const int64_t length = full.size(dim) / parts;
+  const auto [start, length] = part_bounds(full.size(dim), parts, index);
   Tensor placed = zeros_like(full);
-  narrow(placed, dim, index * length, length).copy_(part(full, dim, parts, index));
+  narrow(placed, dim, start, length).copy_(part(full, dim, parts, index));
   return placed;
+}
+
+// Shapes cut into equal parts, into unequal ones (7 and 5 over 2 or 4 ranks) and, for 3 rows over
+// 4 ranks, into parts of which one is empty.
+const std::vector<Shape>& shapes_to_cut() {
+  static const std::vector<Shape> shapes = {{8, 4}, {7, 5}, {3, 6}};
+  return shapes;
 }
 
 class DTensorTest : public MpiTest {
@@ -68,48 +85,55 @@ class DTensorTest : public MpiTest {
 };
 
 TEST_F(DTensorTest, EveryPlacementRoundTrips) {
-  const Tensor full = whole({8, 12}, 1);
-  for (const Placement& placement :
-       {Placement::replicate(), Placement::shard(0), Placement::shard(1), Placement::shard(-1)}) {
-    SCOPED_TRACE(placement.str());
-    const DTensor x = distribute_tensor(full, line(), {placement});
-    EXPECT_EQ(x.shape(), full.sizes());
-    const Tensor expected_local =
-        placement.is_shard()
-            ? part(full, placement.dim < 0 ? placement.dim + 2 : placement.dim, size(), rank())
-            : full;
-    EXPECT_TRUE(bitwise_equal(x.local(), expected_local));
-    EXPECT_TRUE(bitwise_equal(x.full_tensor(), full));
-  }
+  for (const Shape& sizes : shapes_to_cut())
+    for (const Placement& placement :
+         {Placement::replicate(), Placement::shard(0), Placement::shard(1), Placement::shard(-1)}) {
+      SCOPED_TRACE(shape_str(sizes) + " " + placement.str());
+      const Tensor full = whole(sizes, 1);
+      const DTensor x = distribute_tensor(full, line(), {placement});
+      EXPECT_EQ(x.shape(), full.sizes());
+      const Tensor expected_local =
+          placement.is_shard()
+              ? part(full, placement.dim < 0 ? placement.dim + 2 : placement.dim, size(), rank())
+              : full;
+      EXPECT_TRUE(bitwise_equal(x.local(), expected_local));
+      EXPECT_TRUE(bitwise_equal(x.full_tensor(), full));
+    }
 }
 
 TEST_F(DTensorTest, EveryRedistributionKeepsValuesAndGradients) {
-  const Tensor full = whole({8, 4}, 2), weight = whole({8, 4}, 3);
   const std::vector<Placement> layouts = {Placement::replicate(), Placement::shard(0),
                                           Placement::shard(1), Placement::partial()};
-  for (const Placement& from : layouts) {
-    for (const Placement& to : layouts) {
-      SCOPED_TRACE(from.str() + " -> " + to.str());
-      // The source as a leaf: a Partial one holds the whole tensor on rank 0 and zeros elsewhere.
-      Tensor local = from.is_partial() ? (rank() == 0 ? full.clone() : zeros_like(full))
-                     : from.is_shard() ? part(full, from.dim, size(), rank())
-                                       : full.clone();
-      local.set_requires_grad(true);
-      const DTensor x(local, line(), {from});
-      const DTensor y = x.redistribute({to});
-      EXPECT_EQ(y.placements()[0], to);
-      const Tensor y_full = y.full_tensor();
-      EXPECT_TRUE(bitwise_equal(y_full, full));
-      // The same loss on every rank: the gradient of each summand or part is weight's.
-      sum(mul(y_full, weight)).backward();
-      Tensor expected_grad = from.is_shard() ? part(weight, from.dim, size(), rank()) : weight;
-      // Replicate -> Partial keeps the values on rank 0 only, and so their gradient.
-      if (from.is_replicate() && to.is_partial() && rank() != 0) expected_grad = zeros_like(weight);
-      EXPECT_TRUE(bitwise_equal(local.grad(), expected_grad));
-      if (to.is_partial() && !from.is_partial()) {  // a local move: this rank's summand
-        const Tensor summand = from.is_replicate() ? (rank() == 0 ? full : zeros_like(full))
-                                                   : placed_part(full, from.dim, size(), rank());
-        EXPECT_TRUE(bitwise_equal(y.local(), summand));
+  for (const Shape& sizes : shapes_to_cut()) {
+    const Tensor full = whole(sizes, 2), weight = whole(sizes, 3);
+    for (const Placement& from : layouts) {
+      for (const Placement& to : layouts) {
+        SCOPED_TRACE(shape_str(sizes) + " " + from.str() + " -> " + to.str());
+        // The source as a leaf: a Partial one holds the whole tensor on rank 0 and zeros elsewhere.
+        Tensor local = from.is_partial() ? (rank() == 0 ? full.clone() : zeros_like(full))
+                       : from.is_shard() ? part(full, from.dim, size(), rank())
+                                         : full.clone();
+        local.set_requires_grad(true);
+        const DTensor x(local, line(), {from}, sizes);
+        const DTensor y = x.redistribute({to});
+        EXPECT_EQ(y.placements()[0], to);
+        EXPECT_EQ(y.shape(), sizes);
+        EXPECT_EQ(y.local().sizes(),
+                  (to.is_shard() ? part(full, to.dim, size(), rank()) : full).sizes());
+        const Tensor y_full = y.full_tensor();
+        EXPECT_TRUE(bitwise_equal(y_full, full));
+        // The same loss on every rank: the gradient of each summand or part is weight's.
+        sum(mul(y_full, weight)).backward();
+        Tensor expected_grad = from.is_shard() ? part(weight, from.dim, size(), rank()) : weight;
+        // Replicate -> Partial keeps the values on rank 0 only, and so their gradient.
+        if (from.is_replicate() && to.is_partial() && rank() != 0)
+          expected_grad = zeros_like(weight);
+        EXPECT_TRUE(bitwise_equal(local.grad(), expected_grad));
+        if (to.is_partial() && !from.is_partial()) {  // a local move: this rank's summand
+          const Tensor summand = from.is_replicate() ? (rank() == 0 ? full : zeros_like(full))
+                                                     : placed_part(full, from.dim, size(), rank());
+          EXPECT_TRUE(bitwise_equal(y.local(), summand));
+        }
       }
     }
   }
@@ -137,12 +161,12 @@ TEST_F(DTensorTest, RedistributionsIssueTheirOwnCollective) {
 // y = W2 relu(W1 x + b1) + b2, loss = sum(y * target): the whole computation on every rank.
 struct Mlp {
   Tensor x, w1, b1, w2, b2, target;
-  static Mlp make() {
+  static Mlp make(int64_t hidden = 8) {
     Mlp mlp;
     mlp.x = whole({8, 6}, 10);
-    mlp.w1 = mul(whole({8, 6}, 11), 0.25);
-    mlp.b1 = whole({8}, 12);
-    mlp.w2 = mul(whole({6, 8}, 13), 0.5);
+    mlp.w1 = mul(whole({hidden, 6}, 11), 0.25);
+    mlp.b1 = whole({hidden}, 12);
+    mlp.w2 = mul(whole({6, hidden}, 13), 0.5);
     mlp.b2 = whole({6}, 14);
     mlp.target = whole({8, 6}, 15);
     return mlp;
@@ -163,39 +187,42 @@ struct MlpReference {
 };
 
 TEST_F(DTensorTest, MegatronMlpMatchesOneProcessOnALine) {
-  const Mlp mlp = Mlp::make();
-  const MlpReference reference(mlp);
+  for (const int64_t width : {8, 7}) {  // 7: unequal columns of W1 and rows of W2
+    SCOPED_TRACE("hidden width " + std::to_string(width));
+    const Mlp mlp = Mlp::make(width);
+    const MlpReference reference(mlp);
 
-  // Columns of W1 (and b1) and rows of W2 per rank; x, b2 and the target replicated.
-  const std::vector<Placement> layouts = {Placement::shard(0), Placement::shard(0),
-                                          Placement::shard(1), Placement::replicate()};
-  std::vector<DTensor> params;
-  std::vector<Tensor> locals;
-  for (size_t i = 0; i < layouts.size(); ++i) {
-    DTensor param = distribute_tensor(mlp.leaves()[i], line(), {layouts[i]});
-    Tensor local = param.local().detach().contiguous().set_requires_grad(true);
-    locals.push_back(local);
-    params.emplace_back(local, line(), param.placements());
+    // Columns of W1 (and b1) and rows of W2 per rank; x, b2 and the target replicated.
+    const std::vector<Placement> layouts = {Placement::shard(0), Placement::shard(0),
+                                            Placement::shard(1), Placement::replicate()};
+    std::vector<DTensor> params;
+    std::vector<Tensor> locals;
+    for (size_t i = 0; i < layouts.size(); ++i) {
+      DTensor param = distribute_tensor(mlp.leaves()[i], line(), {layouts[i]});
+      Tensor local = param.local().detach().contiguous().set_requires_grad(true);
+      locals.push_back(local);
+      params.emplace_back(local, line(), param.placements(), param.shape());
+    }
+    // x a leaf too: each rank's columns give part of its gradient, summed in backward.
+    Tensor x_local = mlp.x.clone().set_requires_grad(true);
+    const DTensor x(x_local, line(), {Placement::replicate()});
+    const DTensor hidden = dt::relu(dt::linear(x, params[0], params[1]));
+    EXPECT_EQ(hidden.placements()[0], Placement::shard(1)) << hidden.str();
+    const DTensor y = dt::linear(hidden, params[2], params[3]);
+    EXPECT_EQ(y.placements()[0], Placement::replicate()) << y.str();
+    const DTensor loss =
+        dt::sum(dt::mul(y, distribute_tensor(mlp.target, line(), {Placement::replicate()})));
+    EXPECT_TRUE(all_close(loss.local(), reference.loss, 1e-6, 1e-6));
+    loss.local().backward();
+    for (size_t i = 0; i < layouts.size(); ++i) {
+      SCOPED_TRACE("parameter " + std::to_string(i));
+      const Tensor& full_grad = reference.leaves[i].grad();
+      const Tensor expected =
+          layouts[i].is_shard() ? part(full_grad, layouts[i].dim, size(), rank()) : full_grad;
+      EXPECT_TRUE(all_close(locals[i].grad(), expected, 1e-5, 1e-6));
+    }
+    EXPECT_TRUE(all_close(x_local.grad(), reference.x.grad(), 1e-5, 1e-6));
   }
-  // x a leaf too: each rank's columns give part of its gradient, summed in backward.
-  Tensor x_local = mlp.x.clone().set_requires_grad(true);
-  const DTensor x(x_local, line(), {Placement::replicate()});
-  const DTensor hidden = dt::relu(dt::linear(x, params[0], params[1]));
-  EXPECT_EQ(hidden.placements()[0], Placement::shard(1)) << hidden.str();
-  const DTensor y = dt::linear(hidden, params[2], params[3]);
-  EXPECT_EQ(y.placements()[0], Placement::replicate()) << y.str();
-  const DTensor loss =
-      dt::sum(dt::mul(y, distribute_tensor(mlp.target, line(), {Placement::replicate()})));
-  EXPECT_TRUE(all_close(loss.local(), reference.loss, 1e-6, 1e-6));
-  loss.local().backward();
-  for (size_t i = 0; i < layouts.size(); ++i) {
-    SCOPED_TRACE("parameter " + std::to_string(i));
-    const Tensor& full_grad = reference.leaves[i].grad();
-    const Tensor expected =
-        layouts[i].is_shard() ? part(full_grad, layouts[i].dim, size(), rank()) : full_grad;
-    EXPECT_TRUE(all_close(locals[i].grad(), expected, 1e-5, 1e-6));
-  }
-  EXPECT_TRUE(all_close(x_local.grad(), reference.x.grad(), 1e-5, 1e-6));
 }
 
 TEST_F(DTensorTest, MegatronMlpMatchesOneProcessOnADataByTensorGrid) {
@@ -246,7 +273,7 @@ DTensor leaf_on(const std::shared_ptr<const DeviceMesh>& mesh, const Tensor& ful
                 std::vector<Placement> placements, Tensor* local) {
   const DTensor laid_out = distribute_tensor(full, mesh, std::move(placements));
   *local = laid_out.local().detach().contiguous().set_requires_grad(true);
-  return DTensor(*local, mesh, laid_out.placements());
+  return DTensor(*local, mesh, laid_out.placements(), laid_out.shape());
 }
 
 TEST_F(DTensorTest, Conv2dByBatchOutputAndInputChannelsMatchesOneProcess) {
@@ -290,58 +317,66 @@ TEST_F(DTensorTest, Conv2dByBatchOutputAndInputChannelsMatchesOneProcess) {
 }
 
 TEST_F(DTensorTest, EmbeddingByRowsAndFeaturesMatchesOneProcess) {
-  const Tensor table = whole({8, 4}, 40), target = whole({3, 5, 4}, 41);
-  manual_seed(42);
-  const Tensor ids = randint(0, 8, {3, 5});
-  Tensor full_table = table.clone().set_requires_grad(true);
-  sum(mul(embedding(full_table, ids), target)).backward();
-  for (const Placement& layout : {Placement::shard(0), Placement::shard(1)}) {
-    SCOPED_TRACE(layout.str());
-    Tensor table_local;
-    const DTensor weight = leaf_on(line(), table, {layout}, &table_local);
-    const DTensor rows =
-        dt::embedding(weight, distribute_tensor(ids, line(), {Placement::replicate()}));
-    EXPECT_EQ(rows.placements()[0],
-              layout.is_shard(0) ? Placement::partial() : Placement::shard(2));
-    EXPECT_TRUE(bitwise_equal(rows.full_tensor(), embedding(table, ids)));
-    dt::sum(dt::mul(rows, distribute_tensor(target, line(), {Placement::replicate()})))
-        .local()
-        .backward();
-    EXPECT_TRUE(all_close(table_local.grad(),
-                          expected_part(full_table.grad(), layout, size(), rank()), 1e-6, 1e-6));
+  for (const Shape& table_sizes : {Shape{8, 4}, Shape{7, 5}}) {  // rows and features unequal
+    SCOPED_TRACE("table " + shape_str(table_sizes));
+    const Tensor table = whole(table_sizes, 40), target = whole({3, 5, table_sizes[1]}, 41);
+    manual_seed(42);
+    const Tensor ids = randint(0, table_sizes[0], {3, 5});
+    Tensor full_table = table.clone().set_requires_grad(true);
+    sum(mul(embedding(full_table, ids), target)).backward();
+    for (const Placement& layout : {Placement::shard(0), Placement::shard(1)}) {
+      SCOPED_TRACE(layout.str());
+      Tensor table_local;
+      const DTensor weight = leaf_on(line(), table, {layout}, &table_local);
+      const DTensor rows =
+          dt::embedding(weight, distribute_tensor(ids, line(), {Placement::replicate()}));
+      EXPECT_EQ(rows.placements()[0],
+                layout.is_shard(0) ? Placement::partial() : Placement::shard(2));
+      EXPECT_TRUE(bitwise_equal(rows.full_tensor(), embedding(table, ids)));
+      dt::sum(dt::mul(rows, distribute_tensor(target, line(), {Placement::replicate()})))
+          .local()
+          .backward();
+      EXPECT_TRUE(all_close(table_local.grad(),
+                            expected_part(full_table.grad(), layout, size(), rank()), 1e-6, 1e-6));
+    }
   }
 }
 
 TEST_F(DTensorTest, CrossEntropyByClassesAndRowsMatchesOneProcess) {
-  const Tensor logits = mul(whole({8, 12}, 50), 0.5);
-  manual_seed(51);
-  Tensor labels = randint(0, 12, {8});
-  labels = where(eq(labels, 3.0), full({8}, -100, TensorOptions(DType::kInt64)), labels);
-  Tensor full_logits = logits.clone().set_requires_grad(true);
-  const Tensor expected = cross_entropy(full_logits, labels);
-  expected.backward();
-  for (const Placement& layout : {Placement::shard(1), Placement::shard(0)}) {
-    SCOPED_TRACE(layout.str());
-    Tensor local;
-    const DTensor input = leaf_on(line(), logits, {layout}, &local);
-    const DTensor loss =
-        dt::cross_entropy(input, distribute_tensor(labels, line(), {Placement::replicate()}));
-    EXPECT_TRUE(all_close(loss.local(), expected, 1e-5, 1e-6));
-    loss.local().backward();
-    EXPECT_TRUE(all_close(local.grad(), expected_part(full_logits.grad(), layout, size(), rank()),
-                          1e-5, 1e-6));
-  }
-  if (size() == 4) {  // rows over dp and classes over tp at once
-    Tensor local;
-    const DTensor input =
-        leaf_on(grid_mesh(), logits, {Placement::shard(0), Placement::shard(1)}, &local);
-    const DTensor loss = dt::cross_entropy(
-        input,
-        distribute_tensor(labels, grid_mesh(), {Placement::replicate(), Placement::replicate()}));
-    EXPECT_TRUE(all_close(loss.local(), expected, 1e-5, 1e-6));
-    loss.local().backward();
-    const Tensor rows = part(full_logits.grad(), 0, 2, grid_mesh()->coordinate(0));
-    EXPECT_TRUE(all_close(local.grad(), part(rows, 1, 2, grid_mesh()->coordinate(1)), 1e-5, 1e-6));
+  for (const int64_t classes : {12, 11}) {  // 11: unequal parts of the classes and of the rows
+    SCOPED_TRACE(std::to_string(classes) + " classes");
+    const int64_t row_count = classes == 12 ? 8 : 7;
+    const Tensor logits = mul(whole({row_count, classes}, 50), 0.5);
+    manual_seed(51);
+    Tensor labels = randint(0, classes, {row_count});
+    labels = where(eq(labels, 3.0), full({row_count}, -100, TensorOptions(DType::kInt64)), labels);
+    Tensor full_logits = logits.clone().set_requires_grad(true);
+    const Tensor expected = cross_entropy(full_logits, labels);
+    expected.backward();
+    for (const Placement& layout : {Placement::shard(1), Placement::shard(0)}) {
+      SCOPED_TRACE(layout.str());
+      Tensor local;
+      const DTensor input = leaf_on(line(), logits, {layout}, &local);
+      const DTensor loss =
+          dt::cross_entropy(input, distribute_tensor(labels, line(), {Placement::replicate()}));
+      EXPECT_TRUE(all_close(loss.local(), expected, 1e-5, 1e-6));
+      loss.local().backward();
+      EXPECT_TRUE(all_close(local.grad(), expected_part(full_logits.grad(), layout, size(), rank()),
+                            1e-5, 1e-6));
+    }
+    if (size() == 4) {  // rows over dp and classes over tp at once
+      Tensor local;
+      const DTensor input =
+          leaf_on(grid_mesh(), logits, {Placement::shard(0), Placement::shard(1)}, &local);
+      const DTensor loss = dt::cross_entropy(
+          input,
+          distribute_tensor(labels, grid_mesh(), {Placement::replicate(), Placement::replicate()}));
+      EXPECT_TRUE(all_close(loss.local(), expected, 1e-5, 1e-6));
+      loss.local().backward();
+      const Tensor rows = part(full_logits.grad(), 0, 2, grid_mesh()->coordinate(0));
+      EXPECT_TRUE(
+          all_close(local.grad(), part(rows, 1, 2, grid_mesh()->coordinate(1)), 1e-5, 1e-6));
+    }
   }
 }
 
@@ -533,9 +568,22 @@ TEST_F(DTensorTest, BadLayoutsAreClearErrors) {
       "cannot be Partial"));
   EXPECT_TRUE(throws_error(
       [&] {
-        distribute_tensor(whole({8, 5}, 21), line(), {Placement::shard(1)});
+        DTensor(whole({part_bounds(7, size(), rank()).second + 1, 6}, 21), line(),
+                {Placement::shard(0)}, {7, 6});
       },
-      "equal parts"));
+      "is not this rank's part"));
+  EXPECT_TRUE(throws_error(
+      [&] {
+        DTensor(whole({7, 6}, 21), line(), {Placement::replicate()}, {7, 6, 1});
+      },
+      "does not have the local tensor's 2 dims"));
+  EXPECT_TRUE(throws_error(
+      [&] {
+        const DTensor rows =
+            distribute_tensor(whole({size() + 1, 2, 1, 1}, 24), line(), {Placement::shard(0)});
+        dt::batch_norm(rows, DTensor(), DTensor(), DTensor(), DTensor(), /*training=*/true);
+      },
+      "the rows must be cut into equal parts"));
   const DTensor x = distribute_tensor(full, line(), {Placement::shard(0)});
   const DTensor on_grid = distribute_tensor(whole({8, 6}, 23), grid_mesh(),
                                             {Placement::shard(0), Placement::replicate()});
