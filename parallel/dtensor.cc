@@ -349,6 +349,11 @@ DTensor result_of(Tensor local, const std::shared_ptr<const DeviceMesh>& mesh,
   return DTensor(std::move(local), mesh, std::move(placements), std::move(global_shape));
 }
 
+// An op's result laid out as `like`, of `like`'s global size in its sharded dims.
+DTensor result_like(Tensor local, const DTensor& like) {
+  return result_of(std::move(local), like.mesh(), like.placements(), like.shape());
+}
+
 std::vector<Placement> replicated(const DTensor& x) {
   return std::vector<Placement>(x.mesh()->ndim(), Placement::replicate());
 }
@@ -417,7 +422,7 @@ DTensor contract(const DTensor& x, const DTensor& weight, const DTensor& bias,
   for (int i = 0; i < mesh.ndim(); ++i)
     if (y.placements()[i].is_shard(how.y_out)) bias_target[i] = Placement::shard(0);
   const DTensor b = bias.placements() == bias_target ? bias : bias.redistribute(bias_target);
-  return result_of(how.add_bias(y.local(), b.local()), y.mesh(), y.placements(), y.shape());
+  return result_like(how.add_bias(y.local(), b.local()), y);
 }
 
 bool any_other_dim(int64_t dim, int64_t x_in) { return dim != x_in; }
@@ -453,7 +458,7 @@ DTensor binary(const DTensor& a_in, const DTensor& b_in, Binary kind, const char
       result = tessel::mul(a.local(), b.local());
       break;
   }
-  return result_of(result, a.mesh(), a.placements(), a.shape());
+  return result_like(result, a);
 }
 
 }  // namespace
@@ -596,15 +601,13 @@ DTensor mul(const DTensor& a, const DTensor& b) { return binary(a, b, Binary::kM
 DTensor relu(const DTensor& x) {
   TESSEL_CHECK(x.defined(), "dt::relu: the operand is undefined");
   const DTensor combined = combine_partials(x);
-  return result_of(tessel::relu(combined.local()), combined.mesh(), combined.placements(),
-                   combined.shape());
+  return result_like(tessel::relu(combined.local()), combined);
 }
 
 DTensor gelu(const DTensor& x) {
   TESSEL_CHECK(x.defined(), "dt::gelu: the operand is undefined");
   const DTensor combined = combine_partials(x);
-  return result_of(tessel::gelu(combined.local()), combined.mesh(), combined.placements(),
-                   combined.shape());
+  return result_like(tessel::gelu(combined.local()), combined);
 }
 
 DTensor softmax(const DTensor& x, int64_t dim) {
@@ -614,8 +617,7 @@ DTensor softmax(const DTensor& x, int64_t dim) {
   for (Placement& placement : target)
     if (placement.is_partial() || placement.is_shard(dim)) placement = Placement::replicate();
   const DTensor moved = target == x.placements() ? x : x.redistribute(target);
-  return result_of(tessel::softmax(moved.local(), dim), moved.mesh(), moved.placements(),
-                   moved.shape());
+  return result_like(tessel::softmax(moved.local(), dim), moved);
 }
 
 namespace {
@@ -637,7 +639,7 @@ DTensor pool(const DTensor& x, const char* op, bool linear,
   TESSEL_CHECK(x.defined() && x.dim() == 4, op, ": expected x (N, C, H, W), got ",
                x.defined() ? x.str() : "an undefined operand");
   const DTensor moved = gathered_along(x, {2, 3}, /*keep_partial=*/linear);
-  return result_of(run(moved.local()), moved.mesh(), moved.placements(), moved.shape());
+  return result_like(run(moved.local()), moved);
 }
 
 // A per-channel tensor laid out as x's channel dim (1) is: moved there, or for running statistics
@@ -707,7 +709,7 @@ DTensor batch_norm(const DTensor& x, const DTensor& weight, const DTensor& bias,
                                                            stats_var, training, momentum, eps)
                                       : batch_norm_across(laid_out.local(), w, b, stats_mean,
                                                           stats_var, momentum, eps, row_groups);
-  return result_of(y, laid_out.mesh(), laid_out.placements(), laid_out.shape());
+  return result_like(y, laid_out);
 }
 
 DTensor layer_norm(const DTensor& x, const Shape& normalized_shape, const DTensor& weight,
@@ -724,9 +726,8 @@ DTensor layer_norm(const DTensor& x, const Shape& normalized_shape, const DTenso
     check_same_mesh(x, parameter, "dt::layer_norm");
     return parameter.full_tensor();
   };
-  const DTensor result = result_of(
-      tessel::layer_norm(moved.local(), normalized_shape, whole(weight), whole(bias), eps),
-      moved.mesh(), moved.placements(), moved.shape());
+  const DTensor result = result_like(
+      tessel::layer_norm(moved.local(), normalized_shape, whole(weight), whole(bias), eps), moved);
   const DTensor laid_out = combine_partials(x);
   return result.placements() == laid_out.placements() ? result
                                                       : result.redistribute(laid_out.placements());
