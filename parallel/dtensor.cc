@@ -341,11 +341,8 @@ void check_same_mesh(const DTensor& a, const DTensor& b, const char* op) {
 DTensor result_of(Tensor local, const std::shared_ptr<const DeviceMesh>& mesh,
                   std::vector<Placement> placements, const Shape& reference) {
   Shape global_shape = local.sizes();
-  for (const Placement& placement : placements)
-    if (placement.is_shard()) {
-      const int64_t d = placement.dim < 0 ? placement.dim + local.dim() : placement.dim;
-      global_shape.at(static_cast<size_t>(d)) = reference.at(static_cast<size_t>(d));
-    }
+  for (const Placement& placement : placements)  // the ops' shard dims are non-negative
+    if (placement.is_shard()) global_shape.at(placement.dim) = reference.at(placement.dim);
   return DTensor(std::move(local), mesh, std::move(placements), std::move(global_shape));
 }
 
