@@ -20,7 +20,7 @@
 // backward: all-gather; an all-reduce and a local slice where another mesh dim cuts that dim or
 // the group's size does not divide it), Shard(i) ->
 // Shard(j) an all-to-all (all_to_all_tp; an all-gather along i and a slice along j where another
-// mesh dim cuts i or j, or the group's size divides either not). Unequal parts travel padded to
+// mesh dim cuts i or j, or the group's size does not divide both). Unequal parts travel padded to
 // the longest part (one all-gather or scatter of equal parts, then the padding is cut off).
 // Into Partial takes no collective: Replicate -> Partial keeps the values
 // on the dimension's coordinate 0 and zeros elsewhere (backward: the gradient on coordinate 0,
